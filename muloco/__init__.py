@@ -1,0 +1,1 @@
+"""muloco: communication-efficient DiLoCo / MuLoCo training on TorchTitan and torchft."""

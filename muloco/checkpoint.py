@@ -1,0 +1,36 @@
+"""torchtitan's DCP checkpointing with one clear error for an unreadable checkpoint.
+
+Loading goes through ``muloco.compat.checkpoint_safety`` (no arbitrary unpickling).
+When a checkpoint cannot be read the user gets the folder, the cause and the fix
+instead of a DCP traceback from deep inside a collective.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchtitan.components.checkpointer.dcp import CheckpointManager
+
+
+class CheckpointLoadError(RuntimeError):
+    pass
+
+
+class MulocoCheckpointManager(CheckpointManager):
+    @dataclass(kw_only=True, slots=True)
+    class Config(CheckpointManager.Config):
+        initial_load_model_only: bool = False
+        """Load only model weights from checkpoint.initial_load_path (fine-tuning)."""
+
+    def _load(self, step: int = -1) -> bool:
+        try:
+            return super()._load(step)
+        except Exception as err:  # noqa: BLE001 - re-raised with the fix attached
+            found = self._find_load_step() if step == -1 else step
+            where = self._create_checkpoint_id(found) if found >= 0 else self.folder
+            raise CheckpointLoadError(
+                f"cannot load checkpoint '{where}': {type(err).__name__}: {err}. "
+                "It is corrupt, incomplete or from an incompatible run. Delete that "
+                "step folder to resume from an earlier one, pick one with "
+                "--checkpoint.load_step N, or start afresh with a new --dump_folder."
+            ) from err

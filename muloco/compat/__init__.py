@@ -1,0 +1,41 @@
+"""The one place where muloco adapts third-party behaviour (torch 2.13, torchtitan 0.3.0).
+
+Every entry point calls :func:`apply` before it imports torchtitan: torchtitan copies
+the device type into module globals at import time, so a later fix would be too late.
+Each adaptation is idempotent, leaves CUDA runs unchanged, and has a test in
+``tests/test_compat.py``. Why each one exists is in its own module's docstring.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from muloco.compat import checkpoint_safety, cpu_device, distributed, triton_stub
+
+_applied = False
+
+
+def apply() -> None:
+    """Apply every adaptation once, before torchtitan is imported."""
+    global _applied
+    if _applied:
+        return
+    cpu_device.apply()
+    triton_stub.apply()
+    distributed.apply()
+    checkpoint_safety.apply()
+    _applied = True
+
+
+def assert_applied_before_torchtitan() -> None:
+    """Fail loudly if torchtitan was imported with the wrong device type baked in."""
+    utils = sys.modules.get("torchtitan.tools.utils")
+    if utils is not None and utils.device_type != cpu_device.device_type():
+        raise RuntimeError(
+            f"torchtitan was imported before muloco.compat.apply() and chose device "
+            f"'{utils.device_type}' on a machine whose device is "
+            f"'{cpu_device.device_type()}'; call muloco.compat.apply() first."
+        )
+
+
+__all__ = ["apply", "assert_applied_before_torchtitan"]

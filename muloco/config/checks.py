@@ -1,0 +1,100 @@
+"""Checks that run before anything is built or written.
+
+Each failure is one :class:`ConfigError` naming the key, the bad value and what is
+allowed, so a bad run stops before it creates folders, logs or checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+
+from muloco.config.loader import ConfigError
+from muloco.models.model_map import UnknownFlavorError, parse_flavor
+
+
+def _positive(key: str, value, what: str = "a positive number") -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(f"{key} is {value!r}; it must be {what}.")
+
+
+def _check_training(config) -> None:
+    t = config.training
+    _positive("training.seq_len", t.seq_len, "a positive integer")
+    _positive("training.local_batch_size", t.local_batch_size, "a positive integer")
+    _positive("training.steps", t.steps, "a positive integer")
+    if t.global_batch_size != -1:
+        _positive("training.global_batch_size", t.global_batch_size, "a positive integer or -1")
+        if t.global_batch_size % t.local_batch_size:
+            raise ConfigError(
+                f"training.global_batch_size {t.global_batch_size} is not a multiple of "
+                f"training.local_batch_size {t.local_batch_size}."
+            )
+    _positive("training.max_norm", t.max_norm)
+
+
+def _check_optimizer(config) -> None:
+    opt = config.optimizer
+    lr = getattr(opt, "lr", None)
+    if lr is not None:
+        _positive("optimizer.lr", lr, "a positive learning rate (e.g. 3e-3)")
+    for key in ("beta1", "beta2"):
+        value = getattr(opt, key, None)
+        if value is not None and not 0 <= value < 1:
+            raise ConfigError(f"optimizer.{key} is {value!r}; it must be in [0, 1).")
+    wd = getattr(opt, "weight_decay", 0.0)
+    if wd < 0:
+        raise ConfigError(f"optimizer.weight_decay is {wd!r}; it must be >= 0.")
+    if config.lr_scheduler.warmup_steps < 0:
+        raise ConfigError("lr_scheduler.warmup_steps must be >= 0.")
+
+
+def _check_model(config) -> None:
+    try:
+        parse_flavor(config.model.flavor)
+    except UnknownFlavorError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _check_paths(config) -> None:
+    dl = config.dataloader
+    if getattr(dl, "source", "stdlib") == "jsonl":
+        path = dl.dataset_path or dl.dataset
+        if not path:
+            raise ConfigError(
+                "dataloader.dataset_path is empty; give the JSONL file, directory or glob "
+                "to read (dataloader.source is 'jsonl')."
+            )
+        if not any(ch in path for ch in "*?[") and not os.path.exists(path):
+            raise ConfigError(
+                f"dataloader.dataset_path '{path}' does not exist; give an existing JSONL "
+                "file or directory, or use --dataloader.source stdlib for the embedded corpus."
+            )
+    if getattr(dl, "source", "") == "huggingface" and dl.dataset_path and not os.path.exists(dl.dataset_path):
+        raise ConfigError(
+            f"dataloader.dataset_path '{dl.dataset_path}' does not exist; for a dataset on "
+            "the Hugging Face hub set --dataloader.dataset <name> and leave dataset_path empty."
+        )
+    tok_path = getattr(config.tokenizer, "path", "")
+    if tok_path and not os.path.exists(tok_path):
+        raise ConfigError(
+            f"tokenizer.path '{tok_path}' does not exist; give a tiktoken BPE file, a "
+            "tokenizer.json or a directory holding one, or leave it empty for the "
+            "embedded standard-library BPE."
+        )
+
+
+def _check_metrics(config) -> None:
+    _positive("metrics.log_freq", config.metrics.log_freq, "a positive integer")
+    if config.validator.enable:
+        _positive("validator.freq", config.validator.freq, "a positive integer")
+    if config.checkpoint.enable:
+        _positive("checkpoint.interval", config.checkpoint.interval, "a positive integer")
+
+
+def check_config(config) -> None:
+    """Raise ConfigError for the first problem found."""
+    _check_training(config)
+    _check_optimizer(config)
+    _check_model(config)
+    _check_paths(config)
+    _check_metrics(config)

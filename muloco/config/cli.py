@@ -1,0 +1,107 @@
+"""Command line: ``--config <module> [--section.key value ...]``.
+
+Overrides are parsed by tyro with torchtitan's rules, so every dataclass field is
+reachable and ``--help`` lists each with its default. Before tyro sees them, every
+``--key`` is checked against the config's fields: a misspelt key is an error that
+names the closest valid keys (MuLoCo's own launcher silently drops them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+from collections.abc import Iterator
+
+import tyro
+from torchtitan.config.manager import ConfigManager, custom_registry
+
+from muloco.config.loader import ConfigError, load_config
+
+DEFAULT_CONFIG = "base"
+
+
+def _leaf_keys(obj, prefix: str = "") -> Iterator[tuple[str, object]]:
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_") or not f.init:
+            continue
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            yield from _leaf_keys(value, key + ".")
+        else:
+            yield key, value
+
+
+def valid_keys(config) -> dict[str, object]:
+    """Every overridable key (underscore spelling) mapped to its current value."""
+    keys = dict(_leaf_keys(config))
+    keys.pop("model_spec", None)
+    return keys
+
+
+def _normalise(flag: str) -> str:
+    return flag[2:].split("=", 1)[0].replace("-", "_")
+
+
+def check_keys(config, args: list[str]) -> None:
+    keys = valid_keys(config)
+    for arg in args:
+        if not arg.startswith("--") or arg in ("--help", "-h"):
+            continue
+        key = _normalise(arg)
+        section, _, leaf = key.rpartition(".")
+        negated = f"{section}.{leaf[3:]}" if section else leaf[3:]
+        if key in keys or (leaf.startswith("no_") and isinstance(keys.get(negated), bool)):
+            continue
+        close = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.5)
+        if not close and section:
+            close = [k for k in keys if k.startswith(section + ".")][:8]
+        hint = f" Closest valid keys: {', '.join('--' + c for c in close)}." if close else ""
+        raise ConfigError(f"unknown config key '--{key}'.{hint} See --help for all keys.")
+
+
+def _split_config_arg(argv: list[str]) -> tuple[str, list[str]]:
+    name, rest, i = DEFAULT_CONFIG, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--config":
+            if i + 1 >= len(argv):
+                raise ConfigError("--config needs a value, e.g. --config ddp/adamw")
+            name, i = argv[i + 1], i + 2
+            continue
+        if arg.startswith("--config="):
+            name = arg.split("=", 1)[1]
+        else:
+            rest.append(arg)
+        i += 1
+    return name, rest
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m muloco.train"):
+    """Load the config module named by --config and apply the overrides."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name, rest = _split_config_arg(argv)
+    loaded = load_config(name)
+    check_keys(loaded, rest)
+    _ensure_tyro_rules()
+    config = tyro.cli(
+        type(loaded),
+        args=rest,
+        default=loaded,
+        registry=custom_registry,
+        prog=prog,
+        description=f"muloco trainer (config module: {name})",
+    )
+    return name, config
+
+
+_tyro_rules_registered = False
+
+
+def _ensure_tyro_rules() -> None:
+    """torchtitan's list[str] and override-import rules, registered once per process."""
+    global _tyro_rules_registered
+    if not _tyro_rules_registered:
+        ConfigManager()  # its constructor registers the rules on custom_registry
+        _tyro_rules_registered = True

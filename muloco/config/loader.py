@@ -1,0 +1,72 @@
+"""Find and run config modules.
+
+A config module is a Python file under the project's ``config/`` folder (or any
+path) with a function ``config()`` returning a complete trainer config, usually by
+calling its parent's: ``c = load_config("base"); c.training.steps = 100; return c``.
+Names may be given as ``ddp/adamw``, ``ddp.adamw``, ``config/ddp/adamw.py`` or an
+absolute path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from types import ModuleType
+
+CONFIG_FUNCTION = "config"
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names the key, the problem and the fix."""
+
+
+def config_root() -> Path:
+    """The project's config folder (MULOCO_CONFIG_DIR overrides it)."""
+    env = os.environ.get("MULOCO_CONFIG_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "config"
+
+
+def available_configs() -> list[str]:
+    root = config_root()
+    return sorted(
+        p.relative_to(root).with_suffix("").as_posix()
+        for p in root.rglob("*.py")
+        if p.name != "__init__.py"
+    )
+
+
+def resolve_config_path(name: str) -> Path:
+    candidates = [Path(name)]
+    stem = name[:-3] if name.endswith(".py") else name
+    rel = stem.replace(".", "/") if "/" not in stem and not stem.startswith(".") else stem
+    candidates += [config_root() / f"{rel}.py", config_root() / f"{stem}.py"]
+    if stem.startswith("config/"):
+        candidates.append(config_root() / f"{stem[len('config/'):]}.py")
+    for path in candidates:
+        if path.is_file():
+            return path.resolve()
+    raise ConfigError(
+        f"--config '{name}' is not a config module. Available: "
+        f"{', '.join(available_configs()) or '(none found in ' + str(config_root()) + ')'}; "
+        "or pass a path to a .py file that defines config()."
+    )
+
+
+def _import_file(path: Path) -> ModuleType:
+    module_name = "muloco_config_" + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_config(name: str):
+    """Run config module ``name`` and return the config its ``config()`` builds."""
+    path = resolve_config_path(name)
+    module = _import_file(path)
+    fn = getattr(module, CONFIG_FUNCTION, None)
+    if not callable(fn):
+        raise ConfigError(f"config module {path} has no function {CONFIG_FUNCTION}()")
+    return fn()

@@ -1,0 +1,1 @@
+"""Data pipeline: tokenizers, the standard-library corpus and its train/validation split."""

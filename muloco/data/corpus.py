@@ -1,0 +1,576 @@
+"""Document sources: where training text comes from, in a reproducible order.
+
+Every source hands the loader one shard of one split as a stream of text
+documents and can say, in plain Python types, how far it has read. That
+position is what goes into a checkpoint, so resuming never re-reads or skips a
+document and never needs pickle.
+
+Sharding is round-robin over the epoch's document order: document ``k`` of the
+split belongs to shard ``k % world``. Shards are therefore disjoint, together
+cover the split, and differ by at most one document in size.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from muloco.data import split as stdlib_split
+
+SOURCES = ("stdlib", "jsonl", "huggingface")
+SPLITS = ("train", "validation")
+
+
+class DataError(ValueError):
+    """A data configuration or data file the pipeline cannot use.
+
+    The message names the config key (or file and line) at fault, what was
+    wrong and what is allowed, so a failed job can be fixed from its log alone.
+    """
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> list[int]:
+    """A permutation of ``range(n)`` that depends only on (seed, epoch).
+
+    A string seed goes through SHA-512 inside ``random``, so the order is the
+    same in every process and under every PYTHONHASHSEED.
+    """
+    order = list(range(n))
+    random.Random(f"muloco-epoch-order/{seed}/{epoch}").shuffle(order)
+    return order
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise DataError(
+            f"dataloader.split={split!r} is not a split of this source; "
+            f"use one of {list(SPLITS)}"
+        )
+
+
+def check_val_percent(val_percent: float) -> None:
+    if not 0.0 <= val_percent <= 100.0:
+        raise DataError(
+            f"dataloader.val_percent={val_percent} is out of range; "
+            "use a percentage between 0 and 100"
+        )
+
+
+def check_shard(rank: int, world: int) -> None:
+    if world < 1 or not 0 <= rank < world:
+        raise DataError(
+            f"data shard {rank} of {world} does not exist; "
+            "dp_rank must lie in [0, dp_world_size)"
+        )
+
+
+class ShardReader(ABC):
+    """One pass (epoch) over one shard, resumable from a saved position.
+
+    ``position`` always describes the point just after the last document that
+    ``documents()`` yielded; it holds only ints, strings, lists and dicts.
+    """
+
+    position: dict[str, Any]
+
+    @abstractmethod
+    def documents(self) -> Iterator[str]:
+        ...
+
+    def close(self) -> None:
+        """Release open files early; readers are also safe to drop unclosed."""
+
+    @property
+    def doc_index(self) -> int:
+        return self.position["doc_index"]
+
+
+class DocumentSource(ABC):
+    """A split of a corpus, seen from one data-parallel shard."""
+
+    rank: int
+    world: int
+
+    @abstractmethod
+    def open_shard(self, epoch: int, position: dict[str, Any] | None) -> ShardReader:
+        """A reader for ``epoch``, starting at ``position`` (None: the beginning)."""
+
+    @abstractmethod
+    def describe(self) -> str:
+        ...
+
+
+# --------------------------------------------------------------------------
+# stdlib: the interpreter's own sources, present on every node
+# --------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=8)
+def stdlib_split_paths(root: str, split: str, val_percent: float) -> tuple[str, ...]:
+    """Cached because the validator rebuilds its loader at every evaluation
+    and walking the stdlib tree costs a noticeable fraction of a second."""
+    want_validation = split == "validation"
+    return tuple(
+        rel
+        for rel in stdlib_split.stdlib_sources(root)
+        if stdlib_split.is_validation(rel, val_percent) == want_validation
+    )
+
+
+class StdlibSource(DocumentSource):
+    """The running interpreter's standard-library ``.py`` files, one per document.
+
+    The file list and the train/validation assignment come from
+    ``muloco.data.split``, the same functions the tokenizer build uses, so the
+    tokenizer never saw the validation files either.
+    """
+
+    def __init__(
+        self,
+        *,
+        split: str,
+        val_percent: float,
+        seed: int,
+        shuffle: bool,
+        rank: int,
+        world: int,
+        root: str | os.PathLike[str] | None = None,
+    ) -> None:
+        check_split(split)
+        check_val_percent(val_percent)
+        check_shard(rank, world)
+        self.root = Path(root) if root is not None else stdlib_split.stdlib_root()
+        self.split = split
+        self.seed = seed
+        self.shuffle = shuffle
+        self.rank = rank
+        self.world = world
+        self.rel_paths = list(stdlib_split_paths(str(self.root), split, val_percent))
+        self._check_not_empty(val_percent)
+
+    def _check_not_empty(self, val_percent: float) -> None:
+        if len(self.rel_paths) < self.world:
+            raise DataError(
+                f"the stdlib corpus at {self.root} has {len(self.rel_paths)} "
+                f"{self.split} files for {self.world} data shards "
+                f"(dataloader.val_percent={val_percent}); every shard needs at "
+                "least one document: adjust dataloader.val_percent or use "
+                "another dataloader.source"
+            )
+
+    def shard_paths(self, epoch: int) -> list[str]:
+        """This shard's files in the order epoch ``epoch`` reads them."""
+        if self.shuffle:
+            order = epoch_permutation(len(self.rel_paths), self.seed, epoch)
+            ordered = [self.rel_paths[i] for i in order]
+        else:
+            ordered = self.rel_paths
+        return ordered[self.rank :: self.world]
+
+    def open_shard(self, epoch: int, position: dict[str, Any] | None) -> ShardReader:
+        start = (position or {}).get("doc_index", 0)
+        return _FileListReader(self.root, self.shard_paths(epoch), start)
+
+    def num_documents(self) -> int:
+        """Documents in this shard per epoch."""
+        return len(self.rel_paths[self.rank :: self.world])
+
+    def describe(self) -> str:
+        return (
+            f"stdlib {self.root} split={self.split} shard {self.rank}/{self.world}: "
+            f"{self.num_documents()} of {len(self.rel_paths)} documents"
+        )
+
+
+class _FileListReader(ShardReader):
+    def __init__(self, root: Path, rel_paths: list[str], start: int) -> None:
+        self.root = root
+        self.rel_paths = rel_paths
+        self.position = {"doc_index": start}
+
+    def documents(self) -> Iterator[str]:
+        while self.position["doc_index"] < len(self.rel_paths):
+            path = self.root / self.rel_paths[self.position["doc_index"]]
+            text = path.read_text(encoding="utf-8", errors="replace")
+            self.position["doc_index"] += 1
+            yield text
+
+
+# --------------------------------------------------------------------------
+# jsonl: local files, streamed line by line
+# --------------------------------------------------------------------------
+
+
+def resolve_jsonl_files(spec: str | None, key: str) -> list[Path]:
+    """The files a jsonl path setting names: a file, a directory of ``*.jsonl``, or a glob."""
+    if not spec:
+        raise DataError(
+            f"{key} is not set: dataloader.source='jsonl' needs a JSONL file, "
+            "a directory of *.jsonl files, or a glob such as 'data/*.jsonl'"
+        )
+    path = Path(spec).expanduser()
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(p for p in path.glob("*.jsonl") if p.is_file())
+        if not files:
+            raise DataError(f"{key}={spec!r} is a directory without *.jsonl files")
+        return files
+    files = sorted(Path(p) for p in glob.glob(os.path.expanduser(spec)) if os.path.isfile(p))
+    if not files:
+        raise DataError(
+            f"{key}={spec!r} does not exist and matches no file as a glob; "
+            "give a JSONL file, a directory of *.jsonl files, or a glob"
+        )
+    return files
+
+
+def jsonl_line_is_validation(file_name: str, line_number: int, val_percent: float) -> bool:
+    """The held-out test for a line: its file's name and line number, nothing else.
+
+    Keyed by base name rather than full path so moving the data directory
+    does not reshuffle the split.
+    """
+    return stdlib_split.is_validation(f"{file_name}:{line_number}", val_percent)
+
+
+class JsonlSource(DocumentSource):
+    """JSON-lines files with one document per line, read as a stream.
+
+    Lines are never shuffled (that would need the whole file in memory); with
+    ``shuffle`` the order of the files changes per epoch instead. Every shard
+    reads every line but parses only its own, and a bad line raises
+    ``DataError`` in the shard that owns it.
+    """
+
+    def __init__(
+        self,
+        *,
+        dataset_path: str | None,
+        validation_path: str | None,
+        split: str,
+        text_field: str,
+        val_percent: float,
+        seed: int,
+        shuffle: bool,
+        rank: int,
+        world: int,
+    ) -> None:
+        check_split(split)
+        check_val_percent(val_percent)
+        check_shard(rank, world)
+        self.split = split
+        self.text_field = text_field
+        self.val_percent = val_percent
+        self.seed = seed
+        self.shuffle = shuffle
+        self.rank = rank
+        self.world = world
+        if split == "validation" and validation_path:
+            self.spec = validation_path
+            self.files = resolve_jsonl_files(validation_path, "dataloader.validation_path")
+        else:
+            self.spec = dataset_path
+            self.files = resolve_jsonl_files(dataset_path, "dataloader.dataset_path")
+        # With a separate validation set the training files are used whole.
+        self.hash_split = not validation_path
+
+    def file_order(self, epoch: int) -> list[Path]:
+        if not self.shuffle:
+            return self.files
+        return [self.files[i] for i in epoch_permutation(len(self.files), self.seed, epoch)]
+
+    def keeps_line(self, file_name: str, line_number: int) -> bool:
+        if not self.hash_split:
+            return True
+        held_out = jsonl_line_is_validation(file_name, line_number, self.val_percent)
+        return held_out == (self.split == "validation")
+
+    def open_shard(self, epoch: int, position: dict[str, Any] | None) -> ShardReader:
+        return _JsonlReader(self, self.file_order(epoch), position)
+
+    def describe(self) -> str:
+        how = "hash split" if self.hash_split else "whole files"
+        return (
+            f"jsonl {self.spec} ({len(self.files)} files, {how}) split={self.split} "
+            f"shard {self.rank}/{self.world}: documents counted while streaming"
+        )
+
+
+class _JsonlReader(ShardReader):
+    """Streams lines and remembers the byte offset, so resuming is a seek, not a re-read."""
+
+    def __init__(self, source: JsonlSource, files: list[Path], position: dict | None) -> None:
+        self.source = source
+        self.files = files
+        self.position = {
+            "doc_index": 0,  # documents of this shard yielded this epoch
+            "stream_index": 0,  # documents of the split seen this epoch, all shards
+            "file_index": 0,
+            "byte_offset": 0,
+            "line_number": 0,  # lines of the current file consumed
+        }
+        if position:
+            self.position.update({k: position[k] for k in self.position})
+        self._handle = None
+
+    def documents(self) -> Iterator[str]:
+        pos = self.position
+        while pos["file_index"] < len(self.files):
+            yield from self._file_documents(self.files[pos["file_index"]])
+            pos.update(file_index=pos["file_index"] + 1, byte_offset=0, line_number=0)
+
+    def _file_documents(self, path: Path) -> Iterator[str]:
+        pos = self.position
+        src = self.source
+        with open(path, "rb") as handle:
+            self._handle = handle
+            handle.seek(pos["byte_offset"])
+            for raw in handle:
+                pos["byte_offset"] += len(raw)
+                pos["line_number"] += 1
+                if not raw.strip() or not src.keeps_line(path.name, pos["line_number"]):
+                    continue
+                mine = pos["stream_index"] % src.world == src.rank
+                pos["stream_index"] += 1
+                if mine:
+                    text = parse_jsonl_line(raw, path, pos["line_number"], src.text_field)
+                    pos["doc_index"] += 1
+                    yield text
+        self._handle = None
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+
+
+def parse_jsonl_line(raw: bytes, path: Path, line_number: int, text_field: str) -> str:
+    """The text of one JSONL line, or a DataError that points at the line."""
+    where = f"{path}:{line_number}"
+    try:
+        record = json.loads(raw)
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+        raise DataError(
+            f"{where}: not a JSON object ({err}); every non-blank line must be one "
+            f"object with a string field {text_field!r}: fix or remove the line"
+        ) from None
+    text = record.get(text_field) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        found = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise DataError(
+            f"{where}: no string field {text_field!r} (found {found}); set "
+            "dataloader.text_field to the field holding the text, or fix the line"
+        )
+    return text
+
+
+# --------------------------------------------------------------------------
+# huggingface: hub datasets (FineWeb-Edu, DCLM) or local dataset directories
+# --------------------------------------------------------------------------
+
+
+def text_is_validation(text: str, val_percent: float) -> bool:
+    """Held-out test for datasets without a validation split: a hash of the text.
+
+    The example index would be the obvious key, but under
+    ``split_dataset_by_node`` each node counts only its own examples, so the
+    index (and with it the split) would change with the world size. The text
+    is the same everywhere; exact duplicates also land on the same side.
+    """
+    digest = hashlib.sha256(text.encode("utf-8", errors="replace")).hexdigest()
+    return stdlib_split.is_validation(f"text/{digest}", val_percent)
+
+
+def _missing_split(err: ValueError) -> bool:
+    return "split" in str(err).lower()
+
+
+class HuggingFaceSource(DocumentSource):
+    """A ``datasets`` dataset read in streaming mode, sharded by ``split_dataset_by_node``.
+
+    ``split="validation"`` reads ``validation_split``; a dataset without that
+    split is divided by a hash of each example's text (see
+    ``text_is_validation``), and ``split="train"`` then drops the held-out
+    examples so the two never overlap. Any other split name is read whole.
+
+    Examples are read in dataset order every epoch: a streaming shuffle
+    buffer cannot be checkpointed, and exact resume matters more here
+    (FineWeb-Edu and DCLM are already shuffled at the file level).
+    """
+
+    def __init__(
+        self,
+        *,
+        name_or_path: str | None,
+        subset: str | None,
+        split: str,
+        validation_split: str,
+        text_field: str,
+        val_percent: float,
+        rank: int,
+        world: int,
+    ) -> None:
+        if not name_or_path:
+            raise DataError(
+                "dataloader.dataset_path and dataloader.dataset are both unset: "
+                "dataloader.source='huggingface' needs a hub name (e.g. "
+                "'HuggingFaceFW/fineweb-edu') or a local dataset directory"
+            )
+        check_val_percent(val_percent)
+        check_shard(rank, world)
+        self.name_or_path = name_or_path
+        self.subset = subset
+        self.split = split
+        self.text_field = text_field
+        self.val_percent = val_percent
+        self.rank = rank
+        self.world = world
+        self.dataset, self.keep = self._resolve(split, validation_split)
+
+    def _load(self, split_name: str):
+        import datasets
+
+        try:
+            return datasets.load_dataset(
+                self.name_or_path, name=self.subset or None, split=split_name, streaming=True
+            )
+        except FileNotFoundError as err:
+            raise DataError(
+                f"dataloader.dataset_path / dataloader.dataset={self.name_or_path!r} "
+                f"(subset {self.subset!r}) could not be opened: {err}; give a hub "
+                "dataset name or a local dataset directory"
+            ) from None
+
+    def _load_if_present(self, split_name: str):
+        try:
+            return self._load(split_name)
+        except ValueError as err:
+            if isinstance(err, DataError) or not _missing_split(err):
+                raise
+            return None
+
+    def _resolve(self, split: str, validation_split: str):
+        """The dataset to stream and which hash side of it to keep (None: all)."""
+        if split not in SPLITS:
+            self.read_split = split
+            return self._load_or_explain(split), None
+        held_out = self._load_if_present(validation_split)
+        if split == "validation" and held_out is not None:
+            self.read_split = validation_split
+            return held_out, None
+        self.read_split = "train"
+        keep = None if held_out is not None else split == "validation"
+        return self._load_or_explain("train"), keep
+
+    def _load_or_explain(self, split_name: str):
+        try:
+            return self._load(split_name)
+        except ValueError as err:
+            if isinstance(err, DataError):
+                raise
+            raise DataError(
+                f"dataloader.split={split_name!r}: {err}; set dataloader.split to "
+                "'train', 'validation' or a split the dataset has"
+            ) from None
+
+    def keeps(self, text: str) -> bool:
+        if self.keep is None:
+            return True
+        return text_is_validation(text, self.val_percent) == self.keep
+
+    def open_shard(self, epoch: int, position: dict[str, Any] | None) -> ShardReader:
+        from datasets.distributed import split_dataset_by_node
+
+        # A fresh shard object per epoch: a loaded state would otherwise stick.
+        shard = split_dataset_by_node(self.dataset, rank=self.rank, world_size=self.world)
+        shard.set_epoch(epoch)
+        return _HuggingFaceReader(self, shard, position)
+
+    def num_documents(self) -> int | None:
+        """Examples in the whole split when the dataset card says so."""
+        splits = getattr(self.dataset.info, "splits", None) or {}
+        info = splits.get(self.read_split) if hasattr(splits, "get") else None
+        return getattr(info, "num_examples", None)
+
+    def describe(self) -> str:
+        total = self.num_documents()
+        count = f"{total} documents in split" if total else "document count unknown (streaming)"
+        side = {None: "", True: ", hash-held-out part", False: ", hash-train part"}[self.keep]
+        subset = f" subset={self.subset}" if self.subset else ""
+        return (
+            f"huggingface {self.name_or_path}{subset} split={self.read_split}{side} "
+            f"shard {self.rank}/{self.world}: {count}"
+        )
+
+
+class _HuggingFaceReader(ShardReader):
+    def __init__(self, source: HuggingFaceSource, shard, position: dict | None) -> None:
+        self.source = source
+        self.shard = shard
+        self._doc_index = 0
+        if position:
+            self._doc_index = position["doc_index"]
+            self.shard.load_state_dict(position["hf_state"])
+
+    @property
+    def position(self) -> dict[str, Any]:
+        return {"doc_index": self._doc_index, "hf_state": self.shard.state_dict()}
+
+    def documents(self) -> Iterator[str]:
+        field = self.source.text_field
+        for number, example in enumerate(self.shard):
+            text = example.get(field)
+            if not isinstance(text, str):
+                raise DataError(
+                    f"{self.source.name_or_path} example {number} of shard "
+                    f"{self.source.rank}: no string field {field!r} (columns: "
+                    f"{sorted(example)}); set dataloader.text_field"
+                )
+            if self.source.keeps(text):
+                self._doc_index += 1
+                yield text
+
+
+def build_source(
+    *,
+    source: str,
+    dataset: str,
+    dataset_path: str | None,
+    dataset_subset: str | None,
+    split: str,
+    validation_split: str,
+    validation_path: str | None,
+    text_field: str,
+    val_percent: float,
+    seed: int,
+    shuffle: bool,
+    rank: int,
+    world: int,
+) -> DocumentSource:
+    """The source named by ``dataloader.source``, checked before any training starts."""
+    if source == "stdlib":
+        return StdlibSource(
+            split=split, val_percent=val_percent, seed=seed, shuffle=shuffle,
+            rank=rank, world=world,
+        )
+    if source == "jsonl":
+        return JsonlSource(
+            dataset_path=dataset_path or dataset or None, validation_path=validation_path,
+            split=split, text_field=text_field, val_percent=val_percent, seed=seed,
+            shuffle=shuffle, rank=rank, world=world,
+        )
+    if source == "huggingface":
+        return HuggingFaceSource(
+            name_or_path=dataset_path or dataset or None, subset=dataset_subset,
+            split=split, validation_split=validation_split, text_field=text_field,
+            val_percent=val_percent, rank=rank, world=world,
+        )
+    raise DataError(f"dataloader.source={source!r} is unknown; use one of {list(SOURCES)}")

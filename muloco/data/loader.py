@@ -1,0 +1,276 @@
+"""Packed next-token batches from a document source, with a pickle-free checkpoint.
+
+torchtitan's own text loader wraps ``StatefulDataLoader``, whose state is a
+pickled blob; this one keeps its whole position in ints, strings, lists and
+dicts, so a checkpoint loads with ``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import islice
+from typing import Any, Literal
+
+import torch
+
+from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.tools.logging import logger
+
+from muloco.data.corpus import DataError, ShardReader, build_source
+
+# Documents per tokenizer call: large enough for batch encoding to pay off,
+# small enough that the pending-token buffer in a checkpoint stays small.
+DOCS_PER_TOKENIZE_CALL = 16
+
+
+class PackedTextDataLoader(BaseDataLoader):
+    """Documents packed end to end into rows of exactly ``seq_len`` tokens.
+
+    Each document becomes ``[bos] + tokens + [eos]``; inputs take ``doc[:-1]``
+    and labels ``doc[1:]`` before concatenation, so no label is ever the first
+    token of the next document. No ``positions`` are emitted: the model's SDPA
+    attention has no per-document mask and RoPE uses 0..L-1 per row.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(BaseDataLoader.Config):
+        source: Literal["stdlib", "jsonl", "huggingface"] = "stdlib"
+        """
+        Where documents come from: 'stdlib' (this interpreter's standard-library
+        .py files, no download), 'jsonl' (local JSON-lines files, see
+        dataset_path) or 'huggingface' (a datasets hub name or local dataset
+        directory, streamed).
+        """
+
+        dataset: str = ""
+        """
+        Hugging Face hub dataset name for source='huggingface' (e.g.
+        'HuggingFaceFW/fineweb-edu'). A fallback only: dataset_path, when set,
+        takes precedence for both 'huggingface' and 'jsonl'. Unused by 'stdlib'.
+        """
+
+        dataset_path: str | None = None
+        """
+        For source='jsonl': a JSONL file, a directory of *.jsonl files, or a
+        glob (this or dataset is required). For source='huggingface': a local
+        dataset directory (or hub name) that overrides dataset. Unused by 'stdlib'.
+        """
+
+        dataset_subset: str | None = None
+        """Hugging Face dataset configuration name (e.g. 'sample-10BT'); None for the default."""
+
+        split: str = "train"
+        """
+        'train' or 'validation'. For source='huggingface' any other value is
+        read as a split name of the dataset, whole.
+        """
+
+        validation_split: str = "validation"
+        """
+        Split read for split='validation' with source='huggingface'. If the
+        dataset lacks it, 'train' is divided by a hash of each example's text
+        (val_percent held out) and split='train' skips the held-out part.
+        """
+
+        validation_path: str | None = None
+        """
+        For source='jsonl': separate validation files (file, directory or glob).
+        When set, both splits use their files whole; when unset, each line is
+        assigned by a hash of (file name, line number).
+        """
+
+        text_field: str = "text"
+        """Field of each JSON line / dataset example that holds the document text."""
+
+        val_percent: float = 5.0
+        """Percent of documents held out for validation by the hash splits (stdlib, jsonl, huggingface fallback)."""
+
+        infinite: bool = True
+        """
+        Start a new epoch, in a new deterministic order, when the data runs out.
+        When False iteration ends after one pass (the validator's mode).
+        """
+
+        seed: int = 0
+        """Seed of the per-epoch document order (with the epoch number)."""
+
+        shuffle_documents: bool = True
+        """
+        Permute the document order every epoch, seeded by (seed, epoch). For
+        'jsonl' only the order of the files changes (lines are streamed); for
+        'huggingface' the dataset order is kept (streaming shuffle buffers
+        cannot be resumed exactly).
+        """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        dp_world_size: int,
+        dp_rank: int,
+        tokenizer: Any,
+        seq_len: int,
+        local_batch_size: int,
+        snapshot_every_n_steps: int | None = None,
+    ) -> None:
+        # snapshot_every_n_steps is accepted for the Trainer's call only: the
+        # state here is a few ints plus one tokenizer group, cheap at any step.
+        self.config = config
+        self.dp_rank = dp_rank
+        self.dp_world_size = dp_world_size
+        self.tokenizer = tokenizer
+        self.seq_len = _positive(seq_len, "training.seq_len")
+        self.local_batch_size = _positive(local_batch_size, "training.local_batch_size")
+        self.source = build_source(
+            source=config.source,
+            dataset=config.dataset,
+            dataset_path=config.dataset_path,
+            dataset_subset=config.dataset_subset,
+            split=config.split,
+            validation_split=config.validation_split,
+            validation_path=config.validation_path,
+            text_field=config.text_field,
+            val_percent=config.val_percent,
+            seed=config.seed,
+            shuffle=config.shuffle_documents,
+            rank=dp_rank,
+            world=dp_world_size,
+        )
+        self._rank_key = f"dp_rank_{dp_rank}"
+        self._epoch = 0
+        self._start_position: dict[str, Any] = {}
+        self._reader: ShardReader | None = None
+        self._documents: Iterator[str] | None = None
+        self._inputs: list[int] = []
+        self._labels: list[int] = []
+
+    def describe(self) -> str:
+        return (
+            f"{self.source.describe()}; rows of {self.seq_len} tokens, "
+            f"{self.local_batch_size} rows per batch, "
+            f"{'infinite' if self.config.infinite else 'one pass'}"
+        )
+
+    # ---------------------------------------------------------------- reading
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        while (batch := self._next_batch()) is not None:
+            yield batch
+
+    def _next_batch(self) -> tuple[dict[str, torch.Tensor], torch.Tensor] | None:
+        """The next batch; at the end of a finite pass a short one, then None."""
+        wanted = self.local_batch_size * self.seq_len
+        while len(self._inputs) < wanted and self._read_more():
+            pass
+        rows = min(self.local_batch_size, len(self._inputs) // self.seq_len)
+        if rows == 0:
+            return None
+        taken = rows * self.seq_len
+        inputs = torch.tensor(self._inputs[:taken], dtype=torch.long).view(rows, self.seq_len)
+        labels = torch.tensor(self._labels[:taken], dtype=torch.long).view(rows, self.seq_len)
+        del self._inputs[:taken], self._labels[:taken]
+        return {"input": inputs}, labels
+
+    def _read_more(self) -> bool:
+        """Tokenize the next group of documents into the buffer; False when the data has ended."""
+        while True:
+            texts = list(islice(self._open_documents(), DOCS_PER_TOKENIZE_CALL))
+            if texts:
+                self._append_documents(texts)
+                return True
+            if not self._end_epoch():
+                return False
+
+    def _open_documents(self) -> Iterator[str]:
+        if self._documents is None:
+            self._reader = self.source.open_shard(self._epoch, self._start_position or None)
+            self._documents = self._reader.documents()
+        return self._documents
+
+    def _append_documents(self, texts: list[str]) -> None:
+        for doc in self._encode(texts):
+            self._inputs.extend(doc[:-1])
+            self._labels.extend(doc[1:])
+
+    def _encode(self, texts: list[str]) -> list[list[int]]:
+        encode_batch = getattr(self.tokenizer, "encode_batch", None)
+        if encode_batch is not None:
+            return encode_batch(texts, add_bos=True, add_eos=True)
+        return [self.tokenizer.encode(t, add_bos=True, add_eos=True) for t in texts]
+
+    def _end_epoch(self) -> bool:
+        """Close the finished pass; True if another one starts."""
+        assert self._reader is not None
+        if self._reader.doc_index == 0:
+            raise DataError(
+                f"{self.source.describe()} yielded no documents: this shard is "
+                "empty; check dataloader.dataset_path / dataloader.split, or use "
+                "fewer data-parallel ranks than documents"
+            )
+        if not self.config.infinite:
+            return False
+        self._reader.close()
+        self._epoch += 1
+        self._start_position = {}
+        self._reader = self._documents = None
+        logger.info(f"Data re-loop: epoch {self._epoch} of {self.source.describe()}")
+        return True
+
+    # ---------------------------------------------------------- checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """This shard's read position, keyed by rank like torchtitan's loaders."""
+        position = self._reader.position if self._reader is not None else self._start_position
+        return {
+            self._rank_key: {
+                "source": self.config.source,
+                "split": self.config.split,
+                "epoch": self._epoch,
+                "position": copy.deepcopy(position),
+                "inputs": list(self._inputs),
+                "labels": list(self._labels),
+            },
+            "world_size": self.dp_world_size,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict:
+            return
+        self._check_compatible(state_dict)
+        state = state_dict[self._rank_key]
+        if self._reader is not None:
+            self._reader.close()
+        self._reader = self._documents = None
+        self._epoch = int(state["epoch"])
+        self._start_position = copy.deepcopy(state["position"])
+        self._inputs = list(state["inputs"])
+        self._labels = list(state["labels"])
+
+    def _check_compatible(self, state_dict: dict[str, Any]) -> None:
+        saved_world = state_dict.get("world_size")
+        if saved_world != self.dp_world_size:
+            raise DataError(
+                f"the checkpoint's data loader state is for {saved_world} data shards, "
+                f"this run has {self.dp_world_size}: resharding a data position is not "
+                "supported; resume with the same data-parallel size, or leave the "
+                "loader out with checkpoint.exclude_from_loading=['dataloader']"
+            )
+        state = state_dict.get(self._rank_key)
+        if state is None:
+            raise DataError(f"the checkpoint has no data loader state for {self._rank_key}")
+        saved = (state.get("source"), state.get("split"))
+        if saved != (self.config.source, self.config.split):
+            raise DataError(
+                f"the checkpoint's data position is for dataloader.source/split={saved}, "
+                f"this run reads {(self.config.source, self.config.split)}; restore the "
+                "setting, or leave the loader out with "
+                "checkpoint.exclude_from_loading=['dataloader']"
+            )
+
+
+def _positive(value: int, key: str) -> int:
+    if value < 1:
+        raise DataError(f"{key}={value} must be at least 1 for the data loader")
+    return value

@@ -1,0 +1,122 @@
+"""Training metrics: one console line per log step, a JSONL file, TensorBoard, optional W&B.
+
+torchtitan's console line has no learning rate, step time or ETA, and it keeps no
+machine-readable record unless TensorBoard or W&B is on. This processor computes
+the same throughput and memory figures, adds those, writes every record to
+``<dump_folder>/<jsonl_file>`` (one JSON object per line; nothing secret goes in:
+no config values, no environment) and forwards the record to torchtitan's
+TensorBoard/W&B loggers. The last training and validation losses are kept for the
+end-of-run summary.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.tools.logging import logger
+
+
+def _fmt_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _is_metrics_rank() -> bool:
+    return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
+
+
+class MulocoMetrics(MetricsProcessor):
+    @dataclass(kw_only=True, slots=True)
+    class Config(MetricsProcessor.Config):
+        jsonl_file: str = "metrics.jsonl"
+        """Per-run JSONL record of every logged step, relative to dump_folder ('' = off)."""
+
+    def __init__(self, config: Config, *, dump_folder: str = "./outputs", **kwargs):
+        super().__init__(config, dump_folder=dump_folder, **kwargs)
+        self.total_steps = 0
+        self.start_step = 0
+        self.last_logged_step = 0
+        self.last_train_loss: float | None = None
+        self.last_validation_loss: float | None = None
+        self.last_validation_step: int | None = None
+        self.tokens_per_second: list[float] = []
+        self._jsonl = None
+        if config.jsonl_file and _is_metrics_rank():
+            path = os.path.join(dump_folder, config.jsonl_file)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._jsonl = open(path, "a", buffering=1)
+        self.jsonl_path = self._jsonl.name if self._jsonl else None
+
+    def begin(self, *, start_step: int, total_steps: int) -> None:
+        """Called when the training loop starts (after a possible resume)."""
+        self.start_step = self.last_logged_step = start_step
+        self.total_steps = total_steps
+        self.time_last_log = time.perf_counter()
+
+    def _record(self, record: dict[str, Any], step: int) -> None:
+        self.logger.log(record, step)
+        if self._jsonl is not None:
+            self._jsonl.write(json.dumps({"step": step, "time": time.time(), **record}) + "\n")
+
+    def log(self, step, global_avg_loss, global_max_loss, grad_norm, extra_metrics=None):
+        now = time.perf_counter()
+        elapsed = now - self.time_last_log
+        steps = max(1, step - self.last_logged_step)
+        tps = self.ntokens_since_last_log / (elapsed * self.parallel_dims.non_data_parallel_size)
+        step_time = elapsed / steps
+        eta = step_time * max(0, self.total_steps - step)
+        mem = self.device_memory_monitor.get_peak_stats()
+        extra = dict(extra_metrics or {})
+        lrs = [v for k, v in extra.items() if k.startswith("lr/")]
+        record = {
+            "loss": global_avg_loss,
+            "loss_max": global_max_loss,
+            "grad_norm": grad_norm,
+            "lr": lrs[-1] if lrs else None,
+            "tokens_per_second": tps,
+            "step_time_s": step_time,
+            "data_time_s": sum(self.data_loading_times) / max(1, len(self.data_loading_times)),
+            "memory_peak_gib": mem.max_reserved_gib,
+            "eta_s": eta,
+            **extra,
+        }
+        if self.device_memory_monitor.device.type == "cuda" and not self.has_quantization:
+            record["mfu_pct"] = 100 * self.num_flops_per_token * tps / self.gpu_peak_flops
+        self._record(record, step)
+        self.last_train_loss = global_avg_loss
+        if step > self.start_step + 1:  # the first step includes start-up costs
+            self.tokens_per_second.append(tps)
+        lr = f"{record['lr']:.3e}" if record["lr"] is not None else "n/a"
+        logger.info(
+            f"step {step:>{len(str(self.total_steps))}}/{self.total_steps}  "
+            f"loss {global_avg_loss:7.4f}  lr {lr}  grad_norm {grad_norm:6.3f}  "
+            f"tok/s {tps:,.0f}  step {step_time * 1000:,.0f}ms  "
+            f"mem {mem.max_reserved_gib:.2f}GiB  eta {_fmt_duration(eta)}"
+        )
+        self.ntokens_since_last_log = 0
+        self.data_loading_times.clear()
+        self.time_last_log = time.perf_counter()
+        self.last_logged_step = step
+        self.device_memory_monitor.reset_peak_stats()
+
+    def log_validation(self, loss: float, step: int, extra_metrics=None):
+        ppl = math.exp(loss) if loss < 50 else float("inf")
+        self._record({"validation_loss": loss, "validation_ppl": ppl, **(extra_metrics or {})}, step)
+        self.last_validation_loss = loss
+        self.last_validation_step = step
+        logger.info(f"validation at step {step}: loss {loss:7.4f}  ppl {ppl:,.2f}")
+
+    def close(self):
+        super().close()
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None

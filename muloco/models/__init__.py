@@ -1,0 +1,105 @@
+"""Llama-3-family models built from torchtitan's building blocks.
+
+A flavor name from :mod:`muloco.models.model_map` plus the tokenizer's vocabulary
+and the attention direction gives a torchtitan ``ModelSpec``. Initialisation,
+parallelisation and the parameter/FLOP count come from torchtitan's llama3 model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
+from torchtitan.models.llama3 import (
+    _depth_init,
+    _EMBEDDING_INIT,
+    _LINEAR_INIT,
+    _NORM_INIT,
+    _output_linear_init,
+    Llama3Model,
+    parallelize_llama,
+)
+from torchtitan.protocols.model_spec import ModelSpec
+
+from muloco.models.attention import SwitchableSDPA
+from muloco.models.block import SandwichBlock
+from muloco.models.model_map import Flavor, padded_vocab, parse_flavor
+
+ROPE_THETA = 500_000.0
+NORM_EPS = 1e-6
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    flavor: str = "llama3-w128-d4-h2"
+    """Model-map flavor: llama3-w{dim}-d{depth}-h{heads}[_qk_torch-rmsnorm][_pa][_pf]."""
+    causal: bool = True
+    """Causal attention (autoregressive); False gives bidirectional attention."""
+    vocab_multiple_of: int = 64
+    """The embedding/head rows are padded to a multiple of this (GPU-friendly shapes)."""
+
+
+def _norm(dim: int) -> RMSNorm.Config:
+    return RMSNorm.Config(normalized_shape=dim, eps=NORM_EPS, param_init=_NORM_INIT)
+
+
+def _layer(flavor: Flavor, layer_id: int, causal: bool) -> SandwichBlock.Config:
+    s = flavor.shape
+    return SandwichBlock.Config(
+        attention_norm=_norm(s.dim),
+        ffn_norm=_norm(s.dim),
+        post_attention_norm=_norm(s.dim) if flavor.post_attention_norm else None,
+        post_ffn_norm=_norm(s.dim) if flavor.post_ffn_norm else None,
+        attention=make_gqa_config(
+            dim=s.dim,
+            n_heads=s.heads,
+            wqkv_param_init=_LINEAR_INIT,
+            wo_param_init=_depth_init(layer_id),
+            inner_attention=SwitchableSDPA.Config(is_causal=causal),
+            rope=ComplexRoPE.Config(
+                dim=s.head_dim, max_seq_len=131072, theta=ROPE_THETA, scaling="none"
+            ),
+            fuse_qkv=False,
+            qk_norm=_norm(s.head_dim) if flavor.qk_norm else None,
+        ),
+        feed_forward=make_ffn_config(
+            dim=s.dim,
+            hidden_dim=s.ffn_dim,
+            w1_param_init=_LINEAR_INIT,
+            w2w3_param_init=_depth_init(layer_id),
+        ),
+    )
+
+
+def build_model_config(cfg: ModelConfig, vocab_size: int) -> Llama3Model.Config:
+    flavor = parse_flavor(cfg.flavor)
+    dim = flavor.shape.dim
+    vocab = padded_vocab(vocab_size, cfg.vocab_multiple_of)
+    return Llama3Model.Config(
+        dim=dim,
+        vocab_size=vocab,
+        enable_weight_tying=False,
+        tok_embeddings=Embedding.Config(
+            num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_INIT
+        ),
+        norm=_norm(dim),
+        lm_head=Linear.Config(
+            in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)
+        ),
+        layers=[_layer(flavor, i, cfg.causal) for i in range(flavor.shape.depth)],
+    )
+
+
+def build_model_spec(cfg: ModelConfig, vocab_size: int) -> ModelSpec:
+    return ModelSpec(
+        name="llama3",
+        flavor=cfg.flavor,
+        model=build_model_config(cfg, vocab_size),
+        parallelize_fn=parallelize_llama,
+        pipelining_fn=None,
+        post_optimizer_build_fn=None,
+        state_dict_adapter=None,
+    )
+
+
+__all__ = ["ModelConfig", "build_model_config", "build_model_spec"]

@@ -1,0 +1,149 @@
+"""The sizing table: every flavor's shape, parameter count, token budget and tuned settings.
+
+One source of truth for the trainer (which builds models from it) and the job
+generators (which read budgets and batch limits from it). Flavors are named like
+MuLoCo's ``model_map``: ``llama3-w{dim}-d{depth}-h{heads}``, optionally followed by
+``_qk_torch-rmsnorm`` (per-head QK RMSNorm) and ``_pa`` / ``_pf`` (post-attention /
+post-FFN norms). Shapes follow MuLoCo: no GQA, SwiGLU FFN of ``int(2.75 * dim)``,
+untied embeddings, no biases. The vocabulary comes from the tokenizer, so counts
+are functions of ``vocab_size``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+
+FFN_MULTIPLIER = 2.75
+TOKENS_PER_PARAM = 20  # Chinchilla budget, as in MuLoCo's MODEL_STEP_MAP
+LLAMA3_VOCAB = 128256
+
+
+@dataclass(frozen=True)
+class Shape:
+    dim: int
+    depth: int
+    heads: int
+    max_local_batch: int = 32
+    """Largest micro-batch per GPU at seq 2048 (MuLoCo's LBS_MAP; tiny models: CPU)."""
+    weight_decay: dict[str, float] = field(default_factory=dict)
+    """Tuned decoupled weight decay at global batch 512 (MuLoCo's OPTIMAL_WD_MAP)."""
+    tuned_lr: dict[str, float] = field(default_factory=dict)
+    """Tuned inner learning rates from MuLoCo's launchers, keyed by method."""
+
+    @property
+    def ffn_dim(self) -> int:
+        return int(FFN_MULTIPLIER * self.dim)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+@dataclass(frozen=True)
+class Flavor:
+    name: str
+    shape: Shape
+    qk_norm: bool
+    post_attention_norm: bool
+    post_ffn_norm: bool
+
+
+# Tiny flavors train on a 2-core CPU (tests and the embedded default job);
+# the rest are MuLoCo's table (head_dim 128).
+SHAPES: dict[str, Shape] = {
+    "llama3-w64-d2-h2": Shape(64, 2, 2),
+    "llama3-w128-d4-h2": Shape(128, 4, 2),
+    "llama3-w192-d4-h3": Shape(192, 4, 3),
+    "llama3-w256-d4-h4": Shape(256, 4, 4),
+    "llama3-w256-d6-h4": Shape(256, 6, 4),
+    "llama3-w512-d6-h4": Shape(512, 6, 4, 32, {"muon": 0.01, "adamw": 0.001}),
+    "llama3-w1024-d12-h8": Shape(
+        1024,
+        12,
+        8,
+        16,
+        {"muon": 0.01, "adamw": 0.01},
+        {"muloco_k8_topk": 0.0625, "muloco_k8_quantized": 0.0224, "diloco_k8": 0.0039},
+    ),
+    "llama3-w1536-d18-h12": Shape(1536, 18, 12, 16, {"muon": 0.01, "adamw": 0.01}),
+    "llama3-w2048-d24-h16": Shape(2048, 24, 16, 8, {"muon": 0.001, "adamw": 0.001}),
+    "llama3-w2560-d30-h20": Shape(
+        2560,
+        30,
+        20,
+        4,
+        {"muon": 0.001, "adamw": 0.001},
+        {"ddp_muon_gbs8192": 0.0313, "muloco_k16": 0.015625, "diloco_k16": 0.000691},
+    ),
+    "llama3-w3072-d36-h24": Shape(3072, 36, 24, 2),
+    "llama3-w3584-d42-h28": Shape(3584, 42, 28, 2),
+    "llama3-w4096-d48-h32": Shape(4096, 48, 32, 2),
+    "llama3-w4608-d54-h36": Shape(4608, 54, 36, 2, {"muon": 1e-4, "adamw": 1e-4}),
+}
+
+_SUFFIX = re.compile(r"^(?P<base>llama3-w\d+-d\d+-h\d+)(?P<qk>_qk_torch-rmsnorm)?(?P<pa>_pa)?(?P<pf>_pf)?$")
+
+
+class UnknownFlavorError(ValueError):
+    pass
+
+
+def known_flavors() -> list[str]:
+    """Every base shape, plain and with MuLoCo's full suffix."""
+    return sorted(SHAPES) + sorted(f"{b}_qk_torch-rmsnorm_pa_pf" for b in SHAPES)
+
+
+def parse_flavor(name: str) -> Flavor:
+    match = _SUFFIX.match(name)
+    if match is None or match["base"] not in SHAPES:
+        close = difflib.get_close_matches(name, known_flavors(), n=3, cutoff=0.6)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise UnknownFlavorError(
+            f"model.flavor '{name}' is not in the model map.{hint} Known shapes: "
+            f"{', '.join(SHAPES)}; each may be suffixed with _qk_torch-rmsnorm, _pa, _pf."
+        )
+    return Flavor(
+        name=name,
+        shape=SHAPES[match["base"]],
+        qk_norm=match["qk"] is not None,
+        post_attention_norm=match["pa"] is not None,
+        post_ffn_norm=match["pf"] is not None,
+    )
+
+
+def padded_vocab(vocab_size: int, multiple_of: int) -> int:
+    return -(-vocab_size // multiple_of) * multiple_of
+
+
+def count_parameters(flavor: str | Flavor, vocab_size: int) -> int:
+    """Closed-form parameter count; the tests check it against built models."""
+    f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
+    s = f.shape
+    norms_per_layer = 2 + int(f.post_attention_norm) + int(f.post_ffn_norm)
+    per_layer = (
+        4 * s.dim * s.dim  # wq, wk, wv, wo (no GQA)
+        + 3 * s.dim * s.ffn_dim  # SwiGLU w1, w2, w3
+        + norms_per_layer * s.dim
+        + (2 * s.head_dim if f.qk_norm else 0)
+    )
+    return 2 * vocab_size * s.dim + s.depth * per_layer + s.dim  # + final norm
+
+
+def count_embedding_parameters(flavor: str | Flavor, vocab_size: int) -> int:
+    f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
+    return 2 * vocab_size * f.shape.dim
+
+
+def token_budget(flavor: str, vocab_size: int = LLAMA3_VOCAB) -> int:
+    return TOKENS_PER_PARAM * count_parameters(flavor, vocab_size)
+
+
+def steps_for_batch(
+    flavor: str, global_batch: int, seq_len: int = 2048, vocab_size: int = LLAMA3_VOCAB
+) -> int:
+    """Steps that spend the 20-tokens-per-parameter budget at this global batch."""
+    if global_batch <= 0 or seq_len <= 0:
+        raise ValueError("global_batch and seq_len must be positive")
+    return -(-token_budget(flavor, vocab_size) // (global_batch * seq_len))

@@ -1,0 +1,157 @@
+"""The muloco trainer: torchtitan's Trainer wired to muloco's models, data and metrics.
+
+What muloco adds lives in :class:`MulocoTrainerMixin`, so the fault-tolerant trainer
+(torchft replica groups) can combine it with torchtitan's ``FaultTolerantTrainer``
+the same way :class:`MulocoTrainer` combines it with ``Trainer``. The nested
+``Config`` must be declared on every subclass (torchtitan's ``Configurable`` builds
+the class that declares the Config).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torchtitan.components.loss import BaseLoss, CrossEntropyLoss
+from torchtitan.config.configs import TrainingConfig
+from torchtitan.tools.logging import logger
+from torchtitan.trainer import Trainer
+
+from muloco.checkpoint import MulocoCheckpointManager
+from muloco.data.loader import PackedTextDataLoader
+from muloco.data.tokenizer import MulocoTokenizer
+from muloco.metrics import MulocoMetrics
+from muloco.models import ModelConfig, build_model_spec
+from muloco.optim import MulocoOptimizers
+from muloco.validate import MulocoValidator
+
+
+class MulocoTrainerMixin:
+    """Behaviour shared by the plain and the fault-tolerant trainer."""
+
+    config: Any
+    metrics_processor: MulocoMetrics
+
+    def _resolve(self, config) -> None:
+        """Settings derived from others: the model from the tokenizer's vocabulary,
+        the validation data from the training data."""
+        config.validator.resolve(config.dataloader)
+        tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+        config.model_spec = build_model_spec(config.model, tokenizer.get_vocab_size())
+
+    def _log_start(self) -> None:
+        n = sum(p.numel() for m in self.model_parts for p in m.parameters())
+        logger.info(
+            f"model {self.config.model.flavor}: {n:,} parameters "
+            f"({'causal' if self.config.model.causal else 'bidirectional'} attention)"
+        )
+        describe = getattr(self.dataloader, "describe", None)
+        if describe is not None:
+            logger.info(f"data: {describe()}")
+
+    def should_continue_training(self) -> bool:
+        if not getattr(self, "_loop_started", False):
+            self._loop_started = True  # first call: after any checkpoint was loaded
+            self._on_loop_start()
+        return super().should_continue_training()  # type: ignore[misc]
+
+    def _on_loop_start(self) -> None:
+        total = self.config.training.steps
+        self.metrics_processor.begin(start_step=self.step, total_steps=total)
+        if self.step >= total:
+            logger.info(
+                f"the checkpoint in {self.config.dump_folder} is already at step "
+                f"{self.step} of {total}: nothing to train. Delete that folder or pass "
+                "--dump_folder to start afresh, or raise --training.steps to continue."
+            )
+
+    def train(self):
+        """torchtitan's loop, then a final validation and a summary."""
+        wall_start = time.perf_counter()
+        super().train()  # type: ignore[misc]
+        if self.config.validator.enable and self.metrics_processor.last_validation_step != self.step:
+            self.validator.validate(self.model_parts, self.step)
+        self.summary = self._summarize(time.perf_counter() - wall_start)
+        self._report(self.summary)
+
+    def _summarize(self, wall_seconds: float) -> dict[str, Any]:
+        mp = self.metrics_processor
+        tps = mp.tokens_per_second
+        cfg = self.config
+        summary = {
+            "steps": self.step,
+            "tokens_seen": self.ntokens_seen,
+            "final_train_loss": mp.last_train_loss,
+            "final_validation_loss": mp.last_validation_loss,
+            "tokens_per_second": sum(tps) / len(tps) if tps else None,
+            "wall_seconds": wall_seconds,
+            "dump_folder": os.path.abspath(cfg.dump_folder),
+            "metrics_jsonl": mp.jsonl_path,
+            "tensorboard": (
+                os.path.abspath(os.path.join(cfg.dump_folder, cfg.metrics.save_tb_folder))
+                if cfg.metrics.enable_tensorboard
+                else None
+            ),
+            "checkpoints": (
+                os.path.abspath(os.path.join(cfg.dump_folder, cfg.checkpoint.folder))
+                if cfg.checkpoint.enable
+                else None
+            ),
+        }
+        for key in ("final_train_loss", "final_validation_loss"):
+            loss = summary[key]
+            summary[key.replace("loss", "ppl")] = math.exp(loss) if loss is not None and loss < 50 else None
+        return summary
+
+    def _report(self, s: dict[str, Any]) -> None:
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return
+        with open(os.path.join(self.config.dump_folder, "summary.json"), "w") as f:
+            json.dump(s, f, indent=2)
+
+        def num(x, fmt):
+            return format(x, fmt) if x is not None else "n/a"
+
+        lines = [
+            "=" * 64,
+            "run summary",
+            f"  steps                 {s['steps']}",
+            f"  tokens seen           {s['tokens_seen']:,}",
+            f"  final train loss      {num(s['final_train_loss'], '.4f')}  (ppl {num(s['final_train_ppl'], ',.2f')})",
+            f"  final validation loss {num(s['final_validation_loss'], '.4f')}  (ppl {num(s['final_validation_ppl'], ',.2f')})",
+            f"  tokens/s              {num(s['tokens_per_second'], ',.0f')}",
+            f"  wall time             {s['wall_seconds']:.1f}s",
+            f"  outputs               {s['dump_folder']}",
+            f"  metrics (JSONL)       {s['metrics_jsonl'] or 'off'}",
+            f"  TensorBoard           {s['tensorboard'] or 'off'}",
+            f"  checkpoints           {s['checkpoints'] or 'off'}",
+            "=" * 64,
+        ]
+        logger.info("\n".join(lines))
+
+
+class MulocoTrainer(MulocoTrainerMixin, Trainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Trainer.Config):
+        model: ModelConfig = field(default_factory=ModelConfig)
+        """Model flavor from the model map and attention direction."""
+        tokenizer: MulocoTokenizer.Config = field(default_factory=MulocoTokenizer.Config)
+        dataloader: PackedTextDataLoader.Config = field(default_factory=PackedTextDataLoader.Config)
+        optimizer: MulocoOptimizers.Config = field(default_factory=MulocoOptimizers.Config)
+        metrics: MulocoMetrics.Config = field(default_factory=MulocoMetrics.Config)
+        checkpoint: MulocoCheckpointManager.Config = field(default_factory=MulocoCheckpointManager.Config)
+        validator: MulocoValidator.Config = field(default_factory=MulocoValidator.Config)
+        loss: BaseLoss.Config = field(default_factory=CrossEntropyLoss.Config)
+        training: TrainingConfig = field(
+            default_factory=lambda: TrainingConfig(mixed_precision_param="float32")
+        )
+
+    def __init__(self, config: Config):
+        self._resolve(config)
+        super().__init__(config)
+        self._log_start()

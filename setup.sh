@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Create .venv in the repository and install muloco with pinned dependencies.
+#
+#   ./setup.sh            CPU build of torch 2.13.0 (laptops, CI, the embedded job)
+#   ./setup.sh --cuda     CUDA build of torch 2.13.0 for GPU clusters (adds triton)
+#   TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu130 ./setup.sh --cuda
+#
+# Idempotent: a second run only checks what is installed (a few seconds).
+set -euo pipefail
+
+TORCH_VERSION="2.13.0"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+venv="$here/.venv"
+python_bin="${PYTHON:-python3.11}"
+variant="cpu"
+for arg in "$@"; do
+  case "$arg" in
+    --cuda) variant="cuda" ;;
+    --cpu) variant="cpu" ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (use --cpu or --cuda)" >&2; exit 2 ;;
+  esac
+done
+
+say() { echo "[setup] $*"; }
+die() { echo "[setup] ERROR: $*" >&2; exit 1; }
+
+command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
+"$python_bin" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' \
+  || die "Python 3.11 is required ($python_bin is $("$python_bin" -V 2>&1)); set PYTHON=/path/to/python3.11"
+
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating virtual environment $venv"
+  "$python_bin" -m venv "$venv" || die "could not create $venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+stamp="$venv/.muloco-setup"
+want="$variant $(sha256sum "$here/pyproject.toml" | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+   && "$venv/bin/python" -c "import torch, torchtitan, torchft, muloco; assert torch.__version__.startswith('$TORCH_VERSION')" 2>/dev/null; then
+  say "already set up ($variant, torch $TORCH_VERSION); nothing to do"
+  exit 0
+fi
+
+say "installing torch==$TORCH_VERSION ($variant build) first"
+if [ "$variant" = "cuda" ]; then
+  if [ -n "${TORCH_CUDA_INDEX:-}" ]; then
+    "${pip[@]}" install "torch==$TORCH_VERSION" --index-url "$TORCH_CUDA_INDEX" || die "torch CUDA install failed"
+  else
+    "${pip[@]}" install "torch==$TORCH_VERSION" || die "torch CUDA install failed"
+  fi
+else
+  "${pip[@]}" install "torch==$TORCH_VERSION" || die "torch CPU install failed"
+  "$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" \
+    || die "the torch that was installed is a CUDA build; install the CPU wheel of torch $TORCH_VERSION first"
+fi
+
+say "installing muloco (editable) with pinned dependencies and test tools"
+"${pip[@]}" install -e "$here[test]" || die "installing muloco failed"
+
+if [ "$variant" = "cpu" ] && "$venv/bin/python" -c "import triton" 2>/dev/null; then
+  die "triton got installed on a CPU machine; torchft's quantized collectives break with it. Remove it: $venv/bin/pip uninstall -y triton"
+fi
+"$venv/bin/python" -c "import torch, torchtitan, torchft, muloco; print('[setup] torch', torch.__version__, '| cuda:', torch.version.cuda, '| torchtitan', torchtitan.__version__)"
+echo "$want" > "$stamp"
+say "done"

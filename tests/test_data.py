@@ -1,0 +1,396 @@
+"""Data pipeline: splits, shards, packing, exact resume, and error messages.
+
+A byte-level tokenizer stub keeps these tests independent of the BPE assets
+and makes every expected token computable by hand.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from muloco.data import corpus, loader as loader_module
+from muloco.data.corpus import DataError, JsonlSource, StdlibSource
+from muloco.data.loader import PackedTextDataLoader
+
+BOS, EOS = 256, 257
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids, with bos=256 and eos=257: the MulocoTokenizer interface."""
+
+    bos_id, eos_id, mask_id = BOS, EOS, 258
+
+    def encode(self, text: str, add_bos: bool = False, add_eos: bool = False) -> list[int]:
+        return [BOS] * add_bos + list(text.encode("utf-8")) + [EOS] * add_eos
+
+    def encode_batch(self, texts, add_bos: bool = False, add_eos: bool = False):
+        return [self.encode(t, add_bos, add_eos) for t in texts]
+
+    def get_vocab_size(self) -> int:
+        return 259
+
+
+def write_jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+@pytest.fixture
+def jsonl_dir(tmp_path: Path) -> Path:
+    """Two files of distinct short documents."""
+    data = tmp_path / "jsonl"
+    data.mkdir()
+    write_jsonl(data / "a.jsonl", [f"alpha document {i}" for i in range(60)])
+    write_jsonl(data / "b.jsonl", [f"beta doc {i}" for i in range(45)])
+    return data
+
+
+def all_jsonl_texts(directory: Path) -> set[str]:
+    return {
+        json.loads(line)["text"]
+        for f in directory.glob("*.jsonl")
+        for line in f.read_text().splitlines()
+    }
+
+
+def make_loader(*, world: int = 1, rank: int = 0, seq_len: int = 16, batch: int = 2, **cfg):
+    config = PackedTextDataLoader.Config(**cfg)
+    return config.build(
+        dp_world_size=world,
+        dp_rank=rank,
+        tokenizer=ByteTokenizer(),
+        seq_len=seq_len,
+        local_batch_size=batch,
+    )
+
+
+def take(it, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(x["input"].clone(), y.clone()) for x, y in (next(it) for _ in range(n))]
+
+
+def shard_texts(source: corpus.DocumentSource, epoch: int = 0) -> list[str]:
+    reader = source.open_shard(epoch, None)
+    return list(reader.documents())
+
+
+def jsonl_source(path: Path, *, split="train", rank=0, world=1, **kw) -> JsonlSource:
+    args = dict(
+        dataset_path=str(path), validation_path=None, split=split, text_field="text",
+        val_percent=20.0, seed=0, shuffle=True, rank=rank, world=world,
+    )
+    args.update(kw)
+    return JsonlSource(**args)
+
+
+def stdlib_source(split="train", rank=0, world=1) -> StdlibSource:
+    return StdlibSource(split=split, val_percent=5.0, seed=0, shuffle=True, rank=rank, world=world)
+
+
+# ------------------------------------------------------------------- splits
+
+
+def test_stdlib_split_is_deterministic_disjoint_and_complete():
+    train, val = stdlib_source("train"), stdlib_source("validation")
+    assert train.rel_paths == stdlib_source("train").rel_paths
+    assert train.rel_paths and val.rel_paths
+    assert not set(train.rel_paths) & set(val.rel_paths)
+    everything = corpus.stdlib_split.stdlib_sources()
+    assert sorted(train.rel_paths + val.rel_paths) == everything
+    assert not any("site-packages" in p or "__pycache__" in p for p in everything)
+
+
+def test_jsonl_hash_split_is_deterministic_disjoint_and_complete(jsonl_dir):
+    train = shard_texts(jsonl_source(jsonl_dir))
+    val = shard_texts(jsonl_source(jsonl_dir, split="validation"))
+    assert train == shard_texts(jsonl_source(jsonl_dir))
+    assert train and val and not set(train) & set(val)
+    assert set(train) | set(val) == all_jsonl_texts(jsonl_dir)
+
+
+def test_jsonl_validation_path_reads_files_whole(tmp_path, jsonl_dir):
+    held_out = write_jsonl(tmp_path / "held_out.jsonl", ["v1", "v2"])
+    val = jsonl_source(jsonl_dir, split="validation", validation_path=str(held_out))
+    train = jsonl_source(jsonl_dir, validation_path=str(held_out))
+    assert sorted(shard_texts(val)) == ["v1", "v2"]
+    assert set(shard_texts(train)) == all_jsonl_texts(jsonl_dir)
+
+
+# ------------------------------------------------------------------- shards
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_stdlib_shards_are_disjoint_and_cover_the_split(world):
+    for epoch in (0, 1):
+        shards = [stdlib_source(rank=r, world=world).shard_paths(epoch) for r in range(world)]
+        flat = [p for s in shards for p in s]
+        assert len(flat) == len(set(flat))
+        assert sorted(flat) == stdlib_source().rel_paths
+        assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_jsonl_shards_are_disjoint_and_cover_the_split(jsonl_dir, world):
+    shards = [shard_texts(jsonl_source(jsonl_dir, rank=r, world=world)) for r in range(world)]
+    flat = [t for s in shards for t in s]
+    assert len(flat) == len(set(flat))
+    assert sorted(flat) == sorted(shard_texts(jsonl_source(jsonl_dir)))
+
+
+def test_epochs_reorder_documents_but_keep_the_set():
+    source = stdlib_source()
+    first, second = source.shard_paths(0), source.shard_paths(1)
+    assert first != second and sorted(first) == sorted(second)
+    assert first == stdlib_source().shard_paths(0)
+
+
+# ------------------------------------------------------------------ packing
+
+
+def expected_stream(texts: list[str]) -> tuple[list[int], list[int]]:
+    inputs, labels = [], []
+    for t in texts:
+        doc = ByteTokenizer().encode(t, add_bos=True, add_eos=True)
+        inputs += doc[:-1]
+        labels += doc[1:]
+    return inputs, labels
+
+
+def tiny_corpus(tmp_path: Path) -> tuple[Path, list[str]]:
+    texts = ["ab", "cde", "", "fghij", "k", "lmnopqrstu", "vw", "xyz!"]
+    return write_jsonl(tmp_path / "tiny.jsonl", texts), texts
+
+
+def test_packing_shifts_labels_within_documents(tmp_path):
+    path, texts = tiny_corpus(tmp_path)
+    dl = make_loader(
+        source="jsonl", dataset_path=str(path), val_percent=0.0, infinite=False,
+        shuffle_documents=False, seq_len=5, batch=2,
+    )
+    batches = list(dl)
+    assert all(set(x) == {"input"} for x, _ in batches)
+    assert all(x["input"].shape[1] == 5 and x["input"].dtype == torch.long for x, _ in batches)
+    assert [x["input"].shape[0] for x, _ in batches][:-1] == [2] * (len(batches) - 1)
+    got_in = torch.cat([x["input"].flatten() for x, _ in batches]).tolist()
+    got_lab = torch.cat([y.flatten() for _, y in batches]).tolist()
+    want_in, want_lab = expected_stream(texts)
+    usable = len(want_in) // 5 * 5
+    assert got_in == want_in[:usable] and got_lab == want_lab[:usable]
+    # A document's last label is eos and the next input is the next bos.
+    for i in range(usable - 1):
+        if got_lab[i] == EOS:
+            assert got_in[i + 1] == BOS
+        else:
+            assert got_lab[i] == got_in[i + 1]
+    assert BOS not in got_lab and EOS not in got_in
+
+
+def test_infinite_reloops_the_same_documents(tmp_path):
+    path, texts = tiny_corpus(tmp_path)
+    dl = make_loader(
+        source="jsonl", dataset_path=str(path), val_percent=0.0, shuffle_documents=False,
+        seq_len=7, batch=3,
+    )
+    one_pass, _ = expected_stream(texts)
+    n_batches = 3 * len(one_pass) // 21 + 1
+    got = torch.cat([x.flatten() for x, _ in take(iter(dl), n_batches)]).tolist()
+    assert got == (one_pass * 4)[: len(got)]
+    assert dl.state_dict()["dp_rank_0"]["epoch"] >= 2
+
+
+def test_finite_pass_ends(tmp_path):
+    path, _ = tiny_corpus(tmp_path)
+    dl = make_loader(source="jsonl", dataset_path=str(path), val_percent=0.0, infinite=False)
+    assert len(list(dl)) > 0
+    assert list(dl) == []
+
+
+# ------------------------------------------------------------------- resume
+
+
+def assert_resumes_exactly(build, n: int, m: int) -> dict:
+    """N batches, save, M more; a rebuilt loader given the state yields the same M."""
+    first = build()
+    it = iter(first)
+    take(it, n)
+    state = first.state_dict()
+    expected = take(it, m)
+    second = build()
+    second.load_state_dict(roundtrip(state))
+    resumed = take(iter(second), m)
+    for (x1, y1), (x2, y2) in zip(expected, resumed, strict=True):
+        assert torch.equal(x1, x2) and torch.equal(y1, y2)
+    return state
+
+
+def roundtrip(state: dict) -> dict:
+    """What a checkpoint gives back: the state through torch.save / weights_only load."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def test_stdlib_resume_is_exact(monkeypatch):
+    monkeypatch.setattr(loader_module, "DOCS_PER_TOKENIZE_CALL", 2)
+    state = assert_resumes_exactly(
+        lambda: make_loader(world=3, rank=1, seq_len=512, batch=4), n=7, m=9
+    )
+    assert set(state) == {"dp_rank_1", "world_size"}
+
+
+def test_jsonl_resume_is_exact_across_files_and_epochs(jsonl_dir, monkeypatch):
+    monkeypatch.setattr(loader_module, "DOCS_PER_TOKENIZE_CALL", 3)
+    build = lambda: make_loader(  # noqa: E731
+        world=2, rank=1, source="jsonl", dataset_path=str(jsonl_dir), seq_len=16, batch=2
+    )
+    for n in (1, 11, 23, 40):  # inside the first file, across files, into epoch 1
+        assert_resumes_exactly(build, n=n, m=15)
+
+
+def test_resume_refuses_another_world_size(jsonl_dir):
+    state = make_loader(world=2, source="jsonl", dataset_path=str(jsonl_dir)).state_dict()
+    dl = make_loader(world=3, source="jsonl", dataset_path=str(jsonl_dir))
+    with pytest.raises(DataError, match="2 data shards.*has 3"):
+        dl.load_state_dict(state)
+
+
+def test_state_dict_loads_with_weights_only(jsonl_dir):
+    dl = make_loader(source="jsonl", dataset_path=str(jsonl_dir))
+    take(iter(dl), 3)
+    state = dl.state_dict()
+    assert roundtrip(state) == state
+    assert state["dp_rank_0"]["position"]["doc_index"] > 0
+
+
+# ----------------------------------------------------------------- errors
+
+
+def test_jsonl_bad_json_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": broken\n')
+    dl = make_loader(source="jsonl", dataset_path=str(path), val_percent=0.0)
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: not a JSON object"):
+        list(iter(dl))
+
+
+def test_jsonl_missing_field_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n\n{"body": "oops"}\n')
+    dl = make_loader(source="jsonl", dataset_path=str(path), val_percent=0.0)
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: no string field 'text'.*text_field"):
+        list(iter(dl))
+
+
+@pytest.mark.parametrize("path", [None, "/nonexistent/data-*.jsonl"])
+def test_missing_jsonl_path_names_the_config_key(path):
+    with pytest.raises(DataError, match=r"dataloader\.dataset_path"):
+        make_loader(source="jsonl", dataset_path=path)
+
+
+def test_unknown_source_and_split_are_rejected(jsonl_dir):
+    with pytest.raises(DataError, match=r"dataloader\.source='parquet'.*stdlib"):
+        make_loader(source="parquet")
+    with pytest.raises(DataError, match=r"dataloader\.split='test'.*train"):
+        make_loader(split="test")
+
+
+def test_empty_jsonl_corpus_is_an_error(tmp_path):
+    path = tmp_path / "empty.jsonl"
+    path.write_text("\n")
+    with pytest.raises(DataError, match="no documents"):
+        next(iter(make_loader(source="jsonl", dataset_path=str(path))))
+
+
+# ------------------------------------------------------------ huggingface
+
+
+@pytest.fixture
+def hf_dir(tmp_path: Path) -> Path:
+    data = tmp_path / "hf"
+    data.mkdir()
+    write_jsonl(data / "train.jsonl", [f"train example number {i}" for i in range(40)])
+    write_jsonl(data / "validation.jsonl", [f"held out {i}" for i in range(6)])
+    return data
+
+
+def hf_loader(path: Path, **kw):
+    return make_loader(source="huggingface", dataset_path=str(path), **kw)
+
+
+def hf_texts(path: Path, split: str, rank: int = 0, world: int = 1, **kw) -> list[str]:
+    source = hf_loader(path, split=split, world=world, rank=rank, **kw).source
+    return shard_texts(source)
+
+
+def test_huggingface_reads_local_splits_and_shards(hf_dir):
+    assert hf_texts(hf_dir, "validation") == [f"held out {i}" for i in range(6)]
+    for world in (2, 3):
+        flat = [t for r in range(world) for t in hf_texts(hf_dir, "train", r, world)]
+        assert sorted(flat) == sorted(f"train example number {i}" for i in range(40))
+
+
+def test_huggingface_without_validation_split_hashes_text(tmp_path):
+    data = tmp_path / "hf_train_only"
+    data.mkdir()
+    texts = [f"only train {i}" for i in range(60)]
+    write_jsonl(data / "train.jsonl", texts)
+    train = hf_texts(data, "train", val_percent=20.0)
+    val = hf_loader(data, split="validation", val_percent=20.0)
+    held_out = shard_texts(val.source)
+    assert held_out and not set(held_out) & set(train)
+    assert sorted(held_out + train) == sorted(texts)
+    assert "hash" in val.describe()
+
+
+@pytest.mark.parametrize("world,rank", [(1, 0), (3, 2)])
+def test_huggingface_resume_is_exact(hf_dir, monkeypatch, world, rank):
+    monkeypatch.setattr(loader_module, "DOCS_PER_TOKENIZE_CALL", 2)
+    build = lambda: hf_loader(hf_dir, world=world, rank=rank, seq_len=8, batch=2)  # noqa: E731
+    for n in (5, 60):  # the first epoch, a later one
+        state = assert_resumes_exactly(build, n=n, m=40)
+        assert isinstance(state[f"dp_rank_{rank}"]["position"]["hf_state"], dict)
+    assert state[f"dp_rank_{rank}"]["epoch"] > 0
+
+
+def test_huggingface_missing_path_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match=r"dataloader\.dataset_path"):
+        hf_loader(tmp_path / "absent")
+    with pytest.raises(DataError, match=r"dataloader\.dataset_path"):
+        make_loader(source="huggingface")
+
+
+# ------------------------------------------------------------ integration
+
+
+def test_builds_with_the_trainer_and_validator_kwargs():
+    config = PackedTextDataLoader.Config(split="validation")
+    dl = replace(config, infinite=False).build(
+        dp_world_size=2, dp_rank=0, tokenizer=ByteTokenizer(), seq_len=32,
+        local_batch_size=2, snapshot_every_n_steps=None,
+    )
+    line = dl.describe()
+    assert "\n" not in line and "shard 0/2" in line and "split=validation" in line
+    x, y = next(iter(dl))
+    assert x["input"].shape == y.shape == (2, 32)
+
+
+def test_real_tokenizer_packs_stdlib():
+    tokenizer_module = pytest.importorskip("muloco.data.tokenizer")
+    tok = tokenizer_module.MulocoTokenizer(tokenizer_module.MulocoTokenizer.Config())
+    dl = PackedTextDataLoader.Config().build(
+        dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=128, local_batch_size=2
+    )
+    x, y = next(iter(dl))
+    assert x["input"].shape == y.shape == (2, 128)
+    assert x["input"][0, 0].item() == tok.bos_id
+    assert int(x["input"].max()) < tok.get_vocab_size()
+    inputs, labels = x["input"], y
+    ends = labels[:, :-1] == tok.eos_id
+    assert torch.equal(inputs[:, 1:][~ends], labels[:, :-1][~ends])
+    assert (inputs[:, 1:][ends] == tok.bos_id).all()

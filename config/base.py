@@ -11,6 +11,7 @@ def config() -> MulocoTrainer.Config:
     c = MulocoTrainer.Config()
     c.dump_folder = "./outputs/base"
     c.model.flavor = "llama3-w128-d4-h2"
+    c.debug.seed = 0  # reproducible init and data order; resumes match uninterrupted runs
     c.training.seq_len = 256
     c.training.local_batch_size = 8
     c.training.steps = 100

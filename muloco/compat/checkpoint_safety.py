@@ -50,7 +50,9 @@ ALLOWED_GLOBALS: dict[str, set[str]] = {
     dcp_metadata.__name__: _dcp_classes(dcp_metadata),
     dcp_filesystem.__name__: {"_StorageInfo"},
     "torch": _torch_values(),
+    "torch.serialization": {"_get_layout"},  # how torch.layout pickles (name -> layout)
     "collections": {"OrderedDict"},
+    "pathlib": {"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"},  # checkpoint ids
     "builtins": {"set", "frozenset", "tuple", "list", "dict", "slice"},
 }
 

@@ -76,7 +76,7 @@ class ShardReader(ABC):
     """One pass (epoch) over one shard, resumable from a saved position.
 
     ``position`` always describes the point just after the last document that
-    ``documents()`` yielded; it holds only ints, strings, lists and dicts.
+    ``documents()`` yielded, in JSON-serializable types only (it is checkpointed).
     """
 
     position: dict[str, Any]

@@ -7,7 +7,7 @@ dicts, so a checkpoint loads with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
-import copy
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -221,14 +221,19 @@ class PackedTextDataLoader(BaseDataLoader):
     # ---------------------------------------------------------- checkpointing
 
     def state_dict(self) -> dict[str, Any]:
-        """This shard's read position, keyed by rank like torchtitan's loaders."""
+        """This shard's read position, keyed by rank like torchtitan's loaders.
+
+        The source's cursor travels as a JSON string: DCP loads only the keys
+        the receiving state_dict already has, and a fresh loader cannot know
+        the nested keys (a Hugging Face stream's, say) of a saved position.
+        """
         position = self._reader.position if self._reader is not None else self._start_position
         return {
             self._rank_key: {
                 "source": self.config.source,
                 "split": self.config.split,
                 "epoch": self._epoch,
-                "position": copy.deepcopy(position),
+                "position": json.dumps(position, sort_keys=True),
                 "inputs": list(self._inputs),
                 "labels": list(self._labels),
             },
@@ -244,7 +249,7 @@ class PackedTextDataLoader(BaseDataLoader):
             self._reader.close()
         self._reader = self._documents = None
         self._epoch = int(state["epoch"])
-        self._start_position = copy.deepcopy(state["position"])
+        self._start_position = json.loads(state["position"])
         self._inputs = list(state["inputs"])
         self._labels = list(state["labels"])
 

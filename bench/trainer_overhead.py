@@ -1,0 +1,338 @@
+"""Throughput of muloco's trainer against stock torchtitan's, on identical work.
+
+    .venv/bin/python bench/trainer_overhead.py [--steps 40] [--warmup 5] [--repeats 3]
+        [--flavor F] [--seq-len L] [--batch B] [--config base]
+
+Both sides start from the resolved ``base`` config (``muloco.config.load_config``):
+same model spec, tokenizer, dataloader, optimizer (AdamW, same hyperparameters),
+LR schedule, training settings, activation checkpointing and loss. The only
+difference is the trainer: ``muloco.trainer.MulocoTrainer`` with its own metrics,
+checkpoint and validator components, against ``torchtitan.trainer.Trainer`` with
+torchtitan's (stock ``MetricsProcessor``, ``CheckpointManager``, ``Validator``).
+Checkpointing, validation, TensorBoard and the JSONL record are off in both, and
+both log at the same frequency; the stock run's outputs go to a temporary folder.
+
+Every measured run is a fresh subprocess (under a timeout, so a hang fails the
+bench) that applies ``muloco.compat.apply()`` before torchtitan is imported, runs
+``trainer.train()`` for ``--steps`` steps and times each ``train_step`` call with
+the same wrapper on both trainers. tokens/s = local_batch_size * seq_len * (timed
+steps) / (time inside those train_step calls), over the steps after the warm-up.
+The time between the starts of consecutive steps (the whole loop iteration:
+gc, train_step, checkpoint/validation checks, profiler) is reported as "loop tok/s".
+Runs alternate ours, stock, ours, stock, ...; the medians and the ratio
+ours/stock are printed. Nothing here asserts on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULT_MARKER = "@@BENCH_RESULT@@ "
+TARGET_RATIO = 0.97
+
+
+# --------------------------------------------------------------------------- child
+
+
+def _configure(args, dump_folder: str):
+    """The resolved muloco config both trainers start from."""
+    from muloco.config import load_config
+
+    c = load_config(args.config)
+    if args.flavor:
+        c.model.flavor = args.flavor
+    if args.seq_len:
+        c.training.seq_len = args.seq_len
+    if args.batch:
+        c.training.local_batch_size = args.batch
+    c.training.steps = args.steps
+    c.dump_folder = dump_folder
+    c.checkpoint.enable = False
+    c.validator.enable = False
+    c.metrics.enable_tensorboard = False
+    c.metrics.enable_wandb = False
+    c.metrics.jsonl_file = ""
+    c.metrics.log_freq = args.log_freq
+    c.profiler.enable_profiling = False
+    c.profiler.enable_memory_snapshot = False
+    return c
+
+
+def _stock_config(c):
+    """A ``torchtitan.trainer.Trainer.Config`` with muloco's data, model, optimizer
+    and training choices, and torchtitan's own trainer-side components."""
+    import dataclasses
+
+    from torchtitan.components.checkpointer import CheckpointManager
+    from torchtitan.components.metrics import MetricsProcessor
+    from torchtitan.components.validate import Validator
+    from torchtitan.trainer import Trainer
+
+    from muloco.models import build_model_spec
+
+    tokenizer = c.tokenizer.build(tokenizer_path=c.hf_assets_path)
+    c.model_spec = build_model_spec(c.model, tokenizer.get_vocab_size())
+    kwargs = {f.name: getattr(c, f.name) for f in dataclasses.fields(Trainer.Config) if f.init}
+    # Trainer-side components: torchtitan's own, set up like ours.
+    kwargs["metrics"] = MetricsProcessor.Config(
+        log_freq=c.metrics.log_freq,
+        enable_tensorboard=False,
+        enable_wandb=False,
+        disable_color_printing=c.metrics.disable_color_printing,
+    )
+    kwargs["checkpoint"] = CheckpointManager.Config(enable=False)
+    kwargs["validator"] = Validator.Config(enable=False)
+    return Trainer.Config(**kwargs)
+
+
+def _child(args) -> int:
+    from muloco import compat
+
+    compat.apply()  # before anything imports torchtitan
+
+    import torch
+    from torchtitan.tools.logging import init_logger
+
+    from muloco.train import ensure_single_process_env
+
+    init_logger()
+    ensure_single_process_env()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    import torchtitan.trainer as tt_trainer
+
+    # train() sleeps 2 s after the loop "for other ranks"; a world of one has none,
+    # and the sleep is outside the measured steps. Same for both trainers.
+    class _NoSleepTime:
+        perf_counter = staticmethod(time.perf_counter)
+        time = staticmethod(time.time)
+        sleep = staticmethod(lambda _s: None)
+
+    tt_trainer.time = _NoSleepTime
+
+    with tempfile.TemporaryDirectory(prefix="muloco-bench-") as tmp:
+        c = _configure(args, os.path.join(tmp, "outputs"))
+        config = c if args.child == "ours" else _stock_config(c)
+
+        t_build = time.perf_counter()
+        trainer = config.build()
+        build_s = time.perf_counter() - t_build
+        assert type(trainer).__name__ == ("MulocoTrainer" if args.child == "ours" else "Trainer")
+
+        step_s: list[float] = []
+        step_cpu_s: list[float] = []
+        starts: list[float] = []
+        inner = trainer.train_step  # bound method of the class
+
+        def timed_train_step(data_iterator):
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            starts.append(t0)
+            inner(data_iterator)
+            step_s.append(time.perf_counter() - t0)
+            step_cpu_s.append(time.process_time() - c0)
+
+        trainer.train_step = timed_train_step  # same wrapper on both trainers
+
+        profiler = None
+        if args.profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        try:
+            trainer.train()
+        finally:
+            if profiler is not None:
+                profiler.disable()
+                profiler.dump_stats(args.profile)
+            trainer.close()
+            if torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+
+        tokens_per_step = config.training.local_batch_size * config.training.seq_len
+        w = args.warmup
+        timed = step_s[w:]
+        if not timed:
+            raise SystemExit(f"no steps after the warm-up ({len(step_s)} steps ran, warm-up {w})")
+        loop_span = starts[-1] - starts[w] if len(starts) > w + 1 else float("nan")
+        result = {
+            "trainer": args.child,
+            "class": f"{type(trainer).__module__}.{type(trainer).__qualname__}",
+            "steps": len(step_s),
+            "timed_steps": len(timed),
+            "tokens_per_step": tokens_per_step,
+            "ntokens_seen": trainer.ntokens_seen,
+            "tokens_per_s": tokens_per_step * len(timed) / sum(timed),
+            "loop_tokens_per_s": tokens_per_step * (len(starts) - 1 - w) / loop_span,
+            "median_step_ms": 1000 * statistics.median(timed),
+            "median_tokens_per_s": tokens_per_step / statistics.median(timed),
+            # CPU time of this process per wall second in the timed steps: about the
+            # thread count when the machine is otherwise idle, lower under contention.
+            "cpu_per_wall": sum(step_cpu_s[w:]) / sum(timed),
+            "build_s": build_s,
+            "torch_threads": torch.get_num_threads(),
+            "flavor": c.model.flavor,
+            "seq_len": config.training.seq_len,
+            "batch": config.training.local_batch_size,
+        }
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+    return 0
+
+
+# -------------------------------------------------------------------------- parent
+
+
+def _run_one(kind: str, args) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", kind]
+    for flag, value in (
+        ("--config", args.config),
+        ("--steps", args.steps),
+        ("--warmup", args.warmup),
+        ("--flavor", args.flavor),
+        ("--seq-len", args.seq_len),
+        ("--batch", args.batch),
+        ("--log-freq", args.log_freq),
+        ("--threads", args.threads),
+    ):
+        if value:
+            cmd += [flag, str(value)]
+    if args.profile_dir:
+        os.makedirs(args.profile_dir, exist_ok=True)
+        cmd += ["--profile", os.path.join(args.profile_dir, f"{kind}-{_run_one.counter}.prof")]
+    _run_one.counter += 1
+    env = dict(os.environ)
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(var, None)  # each child is its own world of one, on a free port
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    try:
+        proc = subprocess.run(
+            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout
+        )
+    except subprocess.TimeoutExpired as err:
+        tail = (err.stderr or b"")[-3000:] if err.stderr else ""
+        raise SystemExit(f"{kind} run timed out after {args.timeout}s\n{tail}") from None
+    for line in proc.stdout.splitlines():
+        if line.startswith(RESULT_MARKER):
+            return json.loads(line[len(RESULT_MARKER):])
+    raise SystemExit(
+        f"{kind} run failed (exit {proc.returncode}):\n"
+        f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+
+
+_run_one.counter = 0
+
+
+def _loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def _parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
+    p.add_argument("--warmup", type=int, default=5, help="first steps left out of the figure (default 5)")
+    p.add_argument("--repeats", type=int, default=3, help="ours/stock pairs (default 3)")
+    p.add_argument("--flavor", default=None, help="model flavor (default: the config's)")
+    p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the config's)")
+    p.add_argument("--batch", type=int, default=None, help="local batch size (default: the config's)")
+    p.add_argument("--config", default="base", help="muloco config module (default base)")
+    p.add_argument("--log-freq", type=int, default=20, help="metrics.log_freq in both (default 20)")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in both (default: torch's)")
+    p.add_argument("--timeout", type=int, default=180, help="seconds per run before it counts as hung")
+    p.add_argument("--profile-dir", default=None, help="write a cProfile of each run's train() here")
+    p.add_argument("--_child", dest="child", choices=["ours", "stock"], help=argparse.SUPPRESS)
+    p.add_argument("--profile", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.warmup >= args.steps - 1:
+        p.error("--warmup must be smaller than --steps - 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    if args.child:
+        return _child(args)
+
+    t0 = time.perf_counter()
+    load_before = _loadavg()
+    runs: list[dict] = []
+    print(
+        f"trainer overhead: {args.repeats} x (ours, stock), {args.steps} steps per run, "
+        f"first {args.warmup} left out; load average before: {load_before}",
+        flush=True,
+    )
+    for _ in range(args.repeats):
+        for kind in ("ours", "stock"):
+            r = _run_one(kind, args)
+            r["run"] = len(runs) + 1
+            runs.append(r)
+            print(
+                f"  run {r['run']:>2}  {kind:<5}  {r['tokens_per_s']:>10,.0f} tok/s",
+                flush=True,
+            )
+
+    first = runs[0]
+    print()
+    print(
+        f"flavor {first['flavor']}  seq_len {first['seq_len']}  batch {first['batch']}  "
+        f"steps {args.steps} (timed {first['timed_steps']} after {args.warmup} warm-up)  "
+        f"torch threads {first['torch_threads']}  log_freq {args.log_freq}"
+    )
+    print(f"ours:  {next(r['class'] for r in runs if r['trainer'] == 'ours')}")
+    print(f"stock: {next(r['class'] for r in runs if r['trainer'] == 'stock')}")
+    print()
+    print(
+        f"{'run#':>4}  {'trainer':<7}  {'tokens/s':>10}  {'median-step tok/s':>17}  "
+        f"{'loop tok/s':>10}  {'step ms (median)':>16}  {'cpu/wall':>8}  {'build s':>7}"
+    )
+    for r in runs:
+        print(
+            f"{r['run']:>4}  {r['trainer']:<7}  {r['tokens_per_s']:>10,.0f}  "
+            f"{r['median_tokens_per_s']:>17,.0f}  {r['loop_tokens_per_s']:>10,.0f}  "
+            f"{r['median_step_ms']:>16.1f}  {r['cpu_per_wall']:>8.2f}  {r['build_s']:>7.2f}"
+        )
+
+    def med(kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs if r["trainer"] == kind)
+
+    print()
+    for kind in ("ours", "stock"):
+        print(
+            f"median {kind:<5}  {med(kind, 'tokens_per_s'):>10,.0f} tok/s   "
+            f"(median-step {med(kind, 'median_tokens_per_s'):,.0f}, loop {med(kind, 'loop_tokens_per_s'):,.0f})"
+        )
+    ratio = med("ours", "tokens_per_s") / med("stock", "tokens_per_s")
+    print(f"ratio ours/stock = {ratio:.3f} (target >= {TARGET_RATIO})")
+    print(
+        f"  cross-checks: median-step ratio "
+        f"{med('ours', 'median_tokens_per_s') / med('stock', 'median_tokens_per_s'):.3f}, "
+        f"loop ratio {med('ours', 'loop_tokens_per_s') / med('stock', 'loop_tokens_per_s'):.3f}"
+    )
+    threads = first["torch_threads"]
+    noisy = [r["run"] for r in runs if r["cpu_per_wall"] < 0.8 * threads]
+    if noisy:
+        print(
+            f"  note: runs {noisy} got under 80% of {threads} cores (cpu/wall): other "
+            "processes competed for the CPU, so their figures are noisy"
+        )
+    print(f"load average after: {_loadavg()}; total bench time {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,464 @@
+"""muloco.compat: one or more tests per adaptation of third-party behaviour.
+
+The adaptations patch process-global state that torchtitan copies at import
+time, so everything about "before torchtitan is imported" runs in a fresh
+interpreter (``_run_fresh``). Those children also show what goes wrong
+*without* the adaptation, which is why each one exists. Everything else runs in
+this process after ``muloco.compat.apply()``, which this module calls before it
+imports torchtitan.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+
+import muloco.compat as compat
+
+compat.apply()  # before any torchtitan import in this module
+
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch.distributed.checkpoint.default_planner as default_planner  # noqa: E402
+import torch.distributed.checkpoint.filesystem as dcp_filesystem  # noqa: E402
+from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
+
+from muloco.compat import checkpoint_safety, cpu_device, distributed, triton_stub  # noqa: E402
+from muloco.compat.checkpoint_safety import UnsafeCheckpointError  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="shows CPU-only behaviour")
+NO_TRITON = pytest.mark.skipif(
+    triton_stub.triton_available(), reason="the stub is only installed without Triton"
+)
+PREFIX = "@@RESULT@@"
+
+
+def _run_fresh(code: str, *args: str) -> dict:
+    """Run `code` in a new interpreter; it reports by calling `report(dict)`."""
+    prelude = (
+        "import json, sys\n"
+        f"def report(d):\n    print({PREFIX!r} + json.dumps(d), flush=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    proc = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code), *args],
+        cwd=REPO,
+        env=env,
+        timeout=120,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
+    lines = [l for l in proc.stdout.splitlines() if l.startswith(PREFIX)]
+    assert len(lines) == 1, f"child reported {len(lines)} results:\n{proc.stdout}\n{proc.stderr}"
+    return json.loads(lines[0][len(PREFIX):])
+
+
+class _MkdirOnUnpickle:
+    """A harmless stand-in for malicious pickle payloads: unpickling it creates a folder."""
+
+    def __init__(self, path: Path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.path,))
+
+
+class PlainPythonObject:
+    """Any class from user code; not plain data, so a checkpoint has no reason to hold it."""
+
+    def __init__(self):
+        self.value = 1
+
+
+def _save_checkpoint(folder: Path, state: dict) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    dcp.save(state, checkpoint_id=str(folder))
+    assert (folder / ".metadata").is_file()
+    return folder
+
+
+def _failure_messages(exc: BaseException) -> str:
+    """DCP wraps every per-rank error in a CheckpointException (a BaseException)."""
+    return str(exc)
+
+
+def _failure_types(exc: BaseException) -> list[type]:
+    if isinstance(exc, CheckpointException):
+        return [type(e) for e, _ in exc.failures.values()]
+    return [type(exc)]
+
+
+# --------------------------------------------------------------- fresh processes
+
+
+@pytest.fixture(scope="module")
+def unpatched(tmp_path_factory) -> dict:
+    """torch/torchtitan as they behave without muloco.compat (fresh interpreter)."""
+    folder = tmp_path_factory.mktemp("unpatched")
+    ckpt = folder / "ckpt"
+    ckpt.mkdir()
+    marker = folder / "payload-ran"
+    (ckpt / ".metadata").write_bytes(pickle.dumps(_MkdirOnUnpickle(marker)))
+    result = _run_fresh(
+        """
+        import torch.distributed as dist
+        out = {"has_set_timeout": hasattr(dist, "set_timeout")}
+        import torchtitan.tools.utils as tt_utils
+        out["device_type"] = tt_utils.device_type
+        try:
+            import torchtitan.trainer
+            out["trainer_error"] = None
+        except BaseException as err:
+            out["trainer_error"] = [type(err).__name__, getattr(err, "name", None), str(err)]
+        # torch's own DCP reader unpickles .metadata with plain pickle.load.
+        import torch.distributed.checkpoint.filesystem as fs
+        try:
+            fs.FileSystemReader(sys.argv[1]).read_metadata()
+        except BaseException as err:
+            out["read_metadata_error"] = type(err).__name__
+        # apply() after torchtitan was imported is too late, and says so.
+        import muloco.compat as compat
+        compat.apply()
+        try:
+            compat.assert_applied_before_torchtitan()
+            out["late_apply_error"] = None
+        except RuntimeError as err:
+            out["late_apply_error"] = str(err)
+        report(out)
+        """,
+        str(ckpt),
+    )
+    result["payload_ran"] = marker.exists()
+    return result
+
+
+@pytest.fixture(scope="module")
+def patched() -> dict:
+    """A fresh interpreter that calls muloco.compat.apply() first, as every entry point does."""
+    return _run_fresh(
+        """
+        import muloco.compat as compat
+        compat.apply()
+        import torchtitan.tools.utils as tt_utils
+        from torchtitan.components import metrics
+        compat.assert_applied_before_torchtitan()  # must not raise
+        report({
+            "device_type": tt_utils.device_type,
+            "metrics_device_type": metrics.device_type,
+            "device_module": tt_utils.device_module.__name__,
+        })
+        """
+    )
+
+
+def test_device_type_is_cpu_after_apply_in_fresh_process(patched):
+    assert patched == {
+        "device_type": "cpu",
+        "metrics_device_type": "cpu",
+        "device_module": "torch.cpu",
+    }
+
+
+@NO_CUDA
+def test_without_apply_torchtitan_picks_cuda_on_a_cpu_machine(unpatched):
+    # This is why cpu_device exists: torchtitan falls back to "cuda" at import time.
+    assert unpatched["device_type"] == "cuda"
+
+
+@NO_CUDA
+def test_apply_after_torchtitan_import_is_detected(unpatched):
+    msg = unpatched["late_apply_error"]
+    assert msg is not None, "assert_applied_before_torchtitan() should have raised"
+    assert "'cuda'" in msg and "call muloco.compat.apply() first" in msg
+
+
+@NO_TRITON
+def test_without_stub_trainer_import_fails_for_missing_triton(unpatched):
+    err = unpatched["trainer_error"]
+    assert err is not None, "torchtitan.trainer imported without Triton and without the stub"
+    name, missing, _ = err
+    assert name == "ModuleNotFoundError" and missing == "triton"
+
+
+def test_set_timeout_is_missing_from_torch(unpatched):
+    # Why distributed adds the alias: torchtitan calls it after step 1.
+    assert not unpatched["has_set_timeout"], "torch has set_timeout again; the alias is unused"
+
+
+def test_plain_dcp_reader_runs_pickle_payloads(unpatched):
+    # This is why checkpoint_safety exists: torch's reader runs code from .metadata.
+    assert unpatched["payload_ran"]
+    assert unpatched["read_metadata_error"] is not None  # os.mkdir returned None, not Metadata
+
+
+# ------------------------------------------------------------------- cpu_device
+
+
+@NO_CUDA
+def test_no_accelerator_detected_here():
+    assert not cpu_device.has_accelerator()
+    assert cpu_device.device_type() == "cpu"
+    assert torch._utils._get_available_device_type() == "cpu"
+
+
+def test_in_process_torchtitan_uses_cpu():
+    compat.assert_applied_before_torchtitan()
+    from torchtitan.tools import utils as tt_utils
+
+    assert tt_utils.device_type == cpu_device.device_type()
+
+
+@NO_CUDA
+def test_device_memory_monitor_reports_peak_rss():
+    from torchtitan.components.metrics import DeviceMemoryMonitor, build_device_memory_monitor
+
+    monitor = build_device_memory_monitor()
+    assert isinstance(monitor, DeviceMemoryMonitor)
+    assert monitor.device == torch.device("cpu")
+    assert monitor.device_capacity_gib > 0
+    stats = monitor.get_peak_stats()
+    assert stats.max_reserved_gib > 0
+    assert stats.max_active_gib > 0
+    assert 0 < stats.max_reserved_pct < 100
+    assert stats.num_alloc_retries == 0 and stats.num_ooms == 0
+    # The figure is the peak resident set size, so not below the current one (the
+    # kernel's high-water mark lags RSS by a few pages, hence the margin).
+    rss_kib = next(
+        int(line.split()[1])
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if line.startswith("VmRSS:")
+    )
+    assert stats.max_reserved_gib * 2**30 >= 0.95 * rss_kib * 1024
+    monitor.reset_peak_stats()  # a no-op on CPU, but it must not fail
+    assert monitor.get_peak_stats().max_reserved_gib >= stats.max_reserved_gib
+
+
+# ------------------------------------------------------------------ triton_stub
+
+
+@NO_TRITON
+def test_trainer_imports_and_triton_kernels_fail_clearly():
+    import torchtitan.trainer  # noqa: F401
+    from torchtitan.distributed.minimal_async_ep import kernels
+
+    assert isinstance(kernels, triton_stub._MissingTritonKernels)
+    kernel = kernels.fill_dispatch_metadata_kernel
+    with pytest.raises(RuntimeError, match="needs Triton"):
+        kernel(torch.zeros(1))
+    # Dunder look-ups stay normal AttributeErrors (introspection, pickling, copy).
+    assert not hasattr(kernels, "__wrapped__")
+    # The names torchtitan imported from the stub fail the same way when used.
+    from torchtitan.distributed.minimal_async_ep import api
+
+    with pytest.raises(RuntimeError, match="Triton"):
+        api.fill_dispatch_metadata_kernel()
+
+
+# ------------------------------------------------------------------ distributed
+
+
+@pytest.fixture
+def gloo_world(tmp_path):
+    """A real one-rank gloo process group; destroyed afterwards whatever happens."""
+    assert not dist.is_initialized()
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield dist.distributed_c10d._get_default_group()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_set_timeout_alias_exists():
+    assert callable(dist.set_timeout)
+
+
+@NO_CUDA
+def test_set_pg_timeouts_without_device_ids_on_gloo(gloo_world):
+    from torchtitan.config.configs import ParallelismConfig
+    from torchtitan.distributed import ParallelDims
+    import torchtitan.distributed.utils as dist_utils
+
+    parallel_dims = ParallelDims.from_config(ParallelismConfig(), 1)
+    backend = gloo_world._get_backend(torch.device("cpu"))
+    assert backend.options._timeout != timedelta(seconds=30)
+
+    # torchtitan's trainer calls this module attribute; it is ours on CPU.
+    assert dist_utils.set_pg_timeouts is distributed.set_pg_timeouts_without_device_ids
+    dist_utils.set_pg_timeouts(timedelta(seconds=30), parallel_dims)
+    assert backend.options._timeout == timedelta(seconds=30)
+
+
+@NO_CUDA
+def test_torchtitan_barrier_with_device_ids_fails_on_cpu(gloo_world):
+    # What torchtitan's own set_pg_timeouts does first (distributed/utils.py:586):
+    # on CPU, current_device() is the string "cpu", which BarrierOptions rejects.
+    with pytest.raises(TypeError):
+        dist.barrier(device_ids=[torch.cpu.current_device()])
+    dist.barrier()  # the plain barrier we use instead works
+
+
+# ------------------------------------------------------------ checkpoint_safety
+
+def test_loaders_are_patched():
+    assert dcp_filesystem.FileSystemReader.read_metadata is checkpoint_safety.safe_read_metadata
+    assert default_planner.DefaultLoadPlanner.load_bytes is checkpoint_safety.safe_load_bytes
+
+
+def test_safe_reader_reads_real_dcp_metadata(tmp_path):
+    ckpt = _save_checkpoint(tmp_path / "ckpt", {"w": torch.arange(4.0), "step": 3})
+    metadata = dcp_filesystem.FileSystemReader(str(ckpt)).read_metadata()
+    assert set(metadata.state_dict_metadata) == {"w", "step"}
+
+
+def test_dcp_round_trip_after_apply(tmp_path):
+    ckpt = _save_checkpoint(
+        tmp_path / "ckpt", {"w": torch.arange(4.0), "meta": {"step": 3, "names": ["a"]}}
+    )
+    loaded = {"w": torch.zeros(4), "meta": {"step": 0, "names": []}}
+    dcp.load(loaded, checkpoint_id=str(ckpt))
+    assert torch.equal(loaded["w"], torch.arange(4.0))
+    assert loaded["meta"] == {"step": 3, "names": ["a"]}
+
+
+def test_malicious_metadata_is_refused_without_running_it(tmp_path):
+    ckpt = _save_checkpoint(tmp_path / "ckpt", {"w": torch.arange(4.0)})
+    marker = tmp_path / "payload-ran"
+    (ckpt / ".metadata").write_bytes(pickle.dumps(_MkdirOnUnpickle(marker)))
+
+    with pytest.raises(UnsafeCheckpointError, match="posix.mkdir|os.mkdir"):
+        dcp_filesystem.FileSystemReader(str(ckpt)).read_metadata()
+    assert not marker.exists()
+
+    # Through dcp.load the error arrives wrapped by DCP, with our message in it.
+    with pytest.raises(CheckpointException) as info:
+        dcp.load({"w": torch.zeros(4)}, checkpoint_id=str(ckpt))
+    assert "not a DCP metadata type" in _failure_messages(info.value)
+    assert not marker.exists()
+
+
+def test_print_payload_in_metadata_is_not_run(tmp_path, capfd):
+    class Pwn:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    path = tmp_path / ".metadata"
+    path.write_bytes(pickle.dumps(Pwn()))
+    with open(path, "rb") as f, pytest.raises(UnsafeCheckpointError, match="builtins.print"):
+        checkpoint_safety.MetadataUnpickler(f).load()
+    assert "pwned" not in capfd.readouterr().out
+
+
+def test_metadata_unpickler_admits_dcp_metadata_types():
+    from torch.distributed.checkpoint import metadata as m
+
+    value = m.Metadata(
+        state_dict_metadata={
+            "w": m.TensorStorageMetadata(
+                properties=m.TensorProperties(dtype=torch.bfloat16),
+                size=torch.Size([4]),
+                chunks=[m.ChunkStorageMetadata(offsets=torch.Size([0]), sizes=torch.Size([4]))],
+            ),
+            "step": m.BytesStorageMetadata(),
+        },
+        storage_data={
+            m.MetadataIndex("w", torch.Size([0]), 0): dcp_filesystem._StorageInfo(
+                relative_path="__0_0.distcp", offset=0, length=16
+            )
+        },
+        storage_meta=m.StorageMeta(checkpoint_id=Path("/tmp/ckpt")),
+    )
+    # TensorProperties pickles its layout through torch.serialization._get_layout,
+    # and storage_meta.checkpoint_id is a pathlib path: both must be admitted, or
+    # no real checkpoint loads.
+    loaded = checkpoint_safety.MetadataUnpickler(io.BytesIO(pickle.dumps(value))).load()
+    assert loaded.state_dict_metadata["w"].properties.dtype == torch.bfloat16
+    assert loaded.state_dict_metadata["w"].size == torch.Size([4])
+    assert loaded.state_dict_metadata["w"].properties.layout == torch.strided
+    assert loaded.storage_meta.checkpoint_id == Path("/tmp/ckpt")
+
+
+def test_non_plain_value_is_refused(tmp_path):
+    buf = io.BytesIO()
+    torch.save(PlainPythonObject(), buf)
+    buf.seek(0)
+    with pytest.raises(UnsafeCheckpointError, match="not plain data"):
+        checkpoint_safety._load_plain(buf)
+
+    marker = tmp_path / "payload-ran"
+    buf = io.BytesIO()
+    torch.save({"step": 1, "evil": _MkdirOnUnpickle(marker)}, buf)
+    buf.seek(0)
+    with pytest.raises(UnsafeCheckpointError):
+        checkpoint_safety._load_plain(buf)
+    assert not marker.exists()
+
+
+def test_plain_values_load():
+    buf = io.BytesIO()
+    value = {"step": 3, "names": ["a"], "lr": 0.5, "t": torch.ones(2), "nested": (1, None)}
+    torch.save(value, buf)
+    buf.seek(0)
+    loaded = checkpoint_safety._load_plain(buf)
+    assert loaded["step"] == 3 and loaded["names"] == ["a"] and loaded["nested"] == (1, None)
+    assert torch.equal(loaded["t"], torch.ones(2))
+
+
+def test_dcp_load_refuses_arbitrary_object_value(tmp_path):
+    marker = tmp_path / "payload-ran"
+    ckpt = _save_checkpoint(
+        tmp_path / "ckpt", {"obj": PlainPythonObject(), "evil": _MkdirOnUnpickle(marker)}
+    )
+    assert not marker.exists()
+    # The metadata itself is plain DCP metadata; only the values are refused.
+    dcp_filesystem.FileSystemReader(str(ckpt)).read_metadata()
+    with pytest.raises(CheckpointException) as info:
+        dcp.load({"obj": None, "evil": None}, checkpoint_id=str(ckpt))
+    assert not marker.exists()
+    assert UnsafeCheckpointError in _failure_types(info.value)
+    assert "not plain data" in _failure_messages(info.value)
+
+
+# -------------------------------------------------------------------- apply()
+
+
+def _patched_state() -> dict:
+    import torchtitan.distributed.utils as dist_utils
+
+    return {
+        "device_type_fn": torch._utils._get_available_device_type,
+        "cpu_api": {name: getattr(torch.cpu, name, None) for name in cpu_device._CPU_MEMORY_API},
+        "kernels": sys.modules.get(triton_stub.KERNELS_MODULE),
+        "set_timeout": getattr(dist, "set_timeout", None),
+        "set_pg_timeouts": dist_utils.set_pg_timeouts,
+        "read_metadata": dcp_filesystem.FileSystemReader.read_metadata,
+        "load_bytes": default_planner.DefaultLoadPlanner.load_bytes,
+    }
+
+
+def test_apply_is_idempotent():
+    before = _patched_state()
+    compat.apply()
+    # Each adaptation on its own, too (apply() itself only runs them once).
+    for module in (cpu_device, triton_stub, distributed, checkpoint_safety):
+        module.apply()
+        module.apply()
+    after = _patched_state()
+    assert after == before
+    assert torch._utils._get_available_device_type() == cpu_device.device_type()
+    if not cpu_device.has_accelerator():
+        # The device-type wrapper was not wrapped again.
+        assert getattr(after["device_type_fn"], "_muloco_patched", False)
+        assert after["cpu_api"] == dict(cpu_device._CPU_MEMORY_API)

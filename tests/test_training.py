@@ -1,0 +1,64 @@
+"""End-to-end: the real entry point trains, checkpoints and resumes exactly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import TINY, read_metrics, run_train, train_losses
+
+
+def test_loss_falls_on_embedded_corpus(tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(
+        ["--config", "base", *TINY, "--model.flavor", "llama3-w128-d4-h2",
+         "--training.seq_len", "128", "--training.local_batch_size", "8",
+         "--training.steps", "60", "--metrics.log_freq", "5",
+         "--validator.freq", "30", "--optimizer.lr", "3e-3", "--dump_folder", str(out)]
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses = train_losses(out)
+    first, last = losses[1], losses[60]
+    assert last < first - 1.5, f"loss did not fall enough: {first:.3f} -> {last:.3f}"
+    vals = [r["validation_loss"] for r in read_metrics(out) if "validation_loss" in r]
+    assert len(vals) >= 2 and vals[-1] < vals[0] - 1.0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 60
+    assert summary["tokens_seen"] == 60 * 8 * 128
+    assert summary["final_validation_loss"] == pytest.approx(vals[-1])
+    assert "run summary" in proc.stderr + proc.stdout
+    assert list((out / "tb").rglob("events.out.tfevents.*")), "no TensorBoard event file"
+    assert (out / "checkpoint" / "step-60" / ".metadata").is_file()
+
+
+def test_console_lines_show_progress(tmp_path):
+    out = tmp_path / "run"
+    proc = run_train(["--config", "base", *TINY, "--training.steps", "4", "--metrics.log_freq", "2",
+                      "--validator.freq", "100", "--checkpoint.no-enable", "--dump_folder", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    line = next(ln for ln in log.splitlines() if "step 4/4" in ln)
+    for field in ("loss", "lr", "tok/s", "ms", "eta"):
+        assert field in line, line
+    record = read_metrics(out)[-2]
+    assert {"loss", "lr", "tokens_per_second", "step_time_s", "eta_s"} <= record.keys()
+
+
+def test_resume_matches_uninterrupted_run(tmp_path):
+    common = ["--config", "base", *TINY, "--metrics.log_freq", "1", "--validator.freq", "1000",
+              "--checkpoint.interval", "10", "--lr_scheduler.total_steps", "20"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    a = run_train([*common, "--training.steps", "20", "--dump_folder", str(straight)])
+    assert a.returncode == 0, a.stderr[-3000:]
+    # The first leg stops at step 10 with the schedule of the 20-step run, then resumes.
+    b1 = run_train([*common, "--training.steps", "10", "--lr_scheduler.total_steps", "20",
+                    "--dump_folder", str(resumed)])
+    assert b1.returncode == 0, b1.stderr[-3000:]
+    assert max(train_losses(resumed)) == 10
+    b2 = run_train([*common, "--training.steps", "20", "--dump_folder", str(resumed)])
+    assert b2.returncode == 0, b2.stderr[-3000:]
+    assert "Training starts at step 11" in b2.stdout + b2.stderr
+    want, got = train_losses(straight), train_losses(resumed)
+    for step in range(11, 21):
+        assert got[step] == pytest.approx(want[step], abs=1e-6), (step, got[step], want[step])

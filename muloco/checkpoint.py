@@ -9,11 +9,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torch.distributed.checkpoint.api import CheckpointException
 from torchtitan.components.checkpointer.dcp import CheckpointManager
 
 
 class CheckpointLoadError(RuntimeError):
     pass
+
+
+def _cause(err: BaseException) -> str:
+    """The first underlying failure, not DCP's per-rank wrapper."""
+    failures = getattr(err, "failures", None)
+    if failures:
+        err = next(iter(failures.values()))
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else 'no detail'}"
 
 
 class MulocoCheckpointManager(CheckpointManager):
@@ -25,11 +35,12 @@ class MulocoCheckpointManager(CheckpointManager):
     def _load(self, step: int = -1) -> bool:
         try:
             return super()._load(step)
-        except Exception as err:  # noqa: BLE001 - re-raised with the fix attached
+        # DCP's CheckpointException derives from BaseException, not Exception.
+        except (Exception, CheckpointException) as err:  # noqa: BLE001 - re-raised with the fix
             found = self._find_load_step() if step == -1 else step
             where = self._create_checkpoint_id(found) if found >= 0 else self.folder
             raise CheckpointLoadError(
-                f"cannot load checkpoint '{where}': {type(err).__name__}: {err}. "
+                f"cannot load checkpoint '{where}': {_cause(err)}. "
                 "It is corrupt, incomplete or from an incompatible run. Delete that "
                 "step folder to resume from an earlier one, pick one with "
                 "--checkpoint.load_step N, or start afresh with a new --dump_folder."

@@ -18,11 +18,13 @@ compat.apply()
 import torch  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 
+from muloco.checkpoint import CheckpointLoadError  # noqa: E402
 from muloco.config.checks import check_config  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
 
 EXIT_BAD_INPUT = 2
+EXIT_BAD_CHECKPOINT = 3
 
 
 def _free_port() -> int:
@@ -86,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except _bad_input_errors() as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
+    except CheckpointLoadError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CHECKPOINT
     return 0
 
 

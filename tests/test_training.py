@@ -62,3 +62,17 @@ def test_resume_matches_uninterrupted_run(tmp_path):
     want, got = train_losses(straight), train_losses(resumed)
     for step in range(11, 21):
         assert got[step] == pytest.approx(want[step], abs=1e-6), (step, got[step], want[step])
+
+
+def test_corrupt_checkpoint_is_one_clear_error(tmp_path):
+    out = tmp_path / "run"
+    args = ["--config", "base", *TINY, "--validator.freq", "1000", "--dump_folder", str(out)]
+    first = run_train([*args, "--training.steps", "3"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    step = out / "checkpoint" / "step-3"
+    for shard in step.glob("*.distcp"):
+        shard.write_bytes(shard.read_bytes()[:100])  # truncated, as after a full disk
+    again = run_train([*args, "--training.steps", "6"])
+    assert again.returncode == 3, again.stderr[-3000:]
+    assert f"cannot load checkpoint '{step}'" in again.stderr
+    assert "--checkpoint.load_step" in again.stderr

@@ -1,0 +1,111 @@
+"""Config modules, composition, overrides, and every kind of bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from muloco import compat
+
+compat.apply()
+
+from muloco.config import ConfigError, load_config  # noqa: E402
+from muloco.config.cli import parse_args  # noqa: E402
+from muloco.train import main  # noqa: E402
+from conftest import run_train  # noqa: E402
+
+
+def test_config_modules_compose():
+    base, ddp = load_config("base"), load_config("ddp/adamw")
+    assert type(base).__name__ == "Config" and base.model.flavor == ddp.model.flavor
+    assert ddp.training.steps != base.training.steps  # the child changed a field
+    assert ddp.training.seq_len == base.training.seq_len  # and inherited the rest
+    for spelling in ("ddp.adamw", "config/ddp/adamw.py"):
+        assert load_config(spelling).training.steps == ddp.training.steps
+
+
+def test_config_module_by_path(tmp_path):
+    mod = tmp_path / "mine.py"
+    mod.write_text(
+        "from muloco.config import load_config\n"
+        "def config():\n    c = load_config('ddp/adamw')\n    c.training.steps = 7\n    return c\n"
+    )
+    _, c = parse_args(["--config", str(mod)])
+    assert c.training.steps == 7
+
+
+def test_dotted_overrides_reach_every_section():
+    _, c = parse_args([
+        "--config", "ddp/adamw", "--optimizer.lr", "0.01", "--training.seq_len", "32",
+        "--model.flavor", "llama3-w64-d2-h2", "--model.no-causal",
+        "--dataloader.val-percent", "7", "--metrics.jsonl_file", "m.jsonl",
+        "--validator.steps", "3", "--checkpoint.no-enable",
+    ])
+    assert c.optimizer.lr == 0.01 and c.training.seq_len == 32
+    assert c.model.flavor == "llama3-w64-d2-h2" and c.model.causal is False
+    assert c.dataloader.val_percent == 7 and c.metrics.jsonl_file == "m.jsonl"
+    assert c.validator.steps == 3 and c.checkpoint.enable is False
+
+
+@pytest.mark.parametrize(
+    "bad, suggestion",
+    [("--optimizer.lrr", "--optimizer.lr"), ("--training.seqlen", "--training.seq_len"),
+     ("--modle.flavor", "--model.flavor")],
+)
+def test_unknown_key_names_closest_valid_keys(bad, suggestion):
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--config", "base", bad, "1"])
+    assert bad.lstrip("-") in str(err.value) and suggestion in str(err.value)
+
+
+def test_unknown_config_module_lists_available():
+    with pytest.raises(ConfigError, match="ddp/adamw"):
+        parse_args(["--config", "ddp/adamww"])
+
+
+BAD_INPUTS = [
+    (["--optimizer.lr", "0"], "optimizer.lr"),
+    (["--optimizer.lr", "-1e-3"], "optimizer.lr"),
+    (["--training.seq_len", "0"], "training.seq_len"),
+    (["--training.seq_len", "-5"], "training.seq_len"),
+    (["--training.local_batch_size", "0"], "training.local_batch_size"),
+    (["--model.flavor", "llama3-w100-d3-h1"], "model.flavor"),
+    (["--dataloader.source", "jsonl", "--dataloader.dataset_path", "/no/such/data.jsonl"],
+     "dataloader.dataset_path"),
+    (["--tokenizer.path", "/no/such/tokenizer.model"], "tokenizer.path"),
+    (["--optimizer.lrr", "1e-3"], "optimizer.lr"),
+]
+
+
+@pytest.mark.parametrize("args, key", BAD_INPUTS)
+def test_bad_input_stops_before_writing(tmp_path, capsys, args, key):
+    out = tmp_path / "run"
+    code = main(["--config", "base", "--dump_folder", str(out), *args])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert key in err and err.count("error:") == 1, err
+    assert not out.exists(), "bad input left output behind"
+
+
+def test_corrupt_tokenizer_is_bad_input(tmp_path, capsys):
+    tok = tmp_path / "tokenizer.model"
+    tok.write_bytes(b"\x00\xffnot a bpe file\n\x13")
+    out = tmp_path / "run"
+    assert main(["--config", "base", "--tokenizer.path", str(tok), "--dump_folder", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(tok) in err and not out.exists()
+
+
+def test_bad_input_exit_status_from_the_command_line(tmp_path):
+    proc = run_train(["--config", "base", "--optimizer.lr", "0", "--dump_folder", str(tmp_path / "x")],
+                     timeout=120)
+    assert proc.returncode == 2
+    assert "optimizer.lr" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_help_lists_options_with_defaults():
+    proc = run_train(["--config", "base", "--help"], timeout=120)
+    assert proc.returncode == 0
+    for key in ("--optimizer.lr", "--model.flavor", "--dataloader.source", "--training.seq-len",
+                "--metrics.jsonl-file", "--validator.follow-training-data"):
+        assert key in proc.stdout.replace("_", "-"), key
+    assert "default" in proc.stdout.lower()

@@ -106,7 +106,7 @@ def _child(args) -> int:
 
     init_logger()
     ensure_single_process_env()
-    if args.threads:
+    if args.threads > 0:
         torch.set_num_threads(args.threads)
 
     import torchtitan.trainer as tt_trainer
@@ -205,7 +205,7 @@ def _run_one(kind: str, args) -> dict:
         ("--log-freq", args.log_freq),
         ("--threads", args.threads),
     ):
-        if value:
+        if value is not None:
             cmd += [flag, str(value)]
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
@@ -252,7 +252,14 @@ def _parse(argv=None):
     p.add_argument("--batch", type=int, default=None, help="local batch size (default: the config's)")
     p.add_argument("--config", default="base", help="muloco config module (default base)")
     p.add_argument("--log-freq", type=int, default=20, help="metrics.log_freq in both (default 20)")
-    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in both (default: torch's)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch.set_num_threads in both runs (default 1; 0 = torch's default). One "
+        "thread keeps the figures stable on a small shared machine: with every core in "
+        "use, OpenMP's barriers make a multi-threaded run slower by whatever else runs",
+    )
     p.add_argument("--timeout", type=int, default=180, help="seconds per run before it counts as hung")
     p.add_argument("--profile-dir", default=None, help="write a cProfile of each run's train() here")
     p.add_argument("--_child", dest="child", choices=["ours", "stock"], help=argparse.SUPPRESS)

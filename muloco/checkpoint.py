@@ -22,8 +22,10 @@ def _cause(err: BaseException) -> str:
     failures = getattr(err, "failures", None)
     if failures:
         err = next(iter(failures.values()))
+        if isinstance(err, tuple):  # (exception, traceback summary) per rank
+            err = err[0]
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else 'no detail'}"
+    return f"{type(err).__name__}: {text[0] if text else 'file ended early or is unreadable'}"
 
 
 class MulocoCheckpointManager(CheckpointManager):

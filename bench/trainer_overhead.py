@@ -10,7 +10,7 @@ difference is the trainer: ``muloco.trainer.MulocoTrainer`` with its own metrics
 checkpoint and validator components, against ``torchtitan.trainer.Trainer`` with
 torchtitan's (stock ``MetricsProcessor``, ``CheckpointManager``, ``Validator``).
 Checkpointing, validation, TensorBoard and the JSONL record are off in both, and
-both log at the same frequency; the stock run's outputs go to a temporary folder.
+both log at the same frequency; both runs' outputs go to a temporary folder.
 
 Every measured run is a fresh subprocess (under a timeout, so a hang fails the
 bench) that applies ``muloco.compat.apply()`` before torchtitan is imported, runs
@@ -19,8 +19,19 @@ the same wrapper on both trainers. tokens/s = local_batch_size * seq_len * (time
 steps) / (time inside those train_step calls), over the steps after the warm-up.
 The time between the starts of consecutive steps (the whole loop iteration:
 gc, train_step, checkpoint/validation checks, profiler) is reported as "loop tok/s".
-Runs alternate ours, stock, ours, stock, ...; the medians and the ratio
-ours/stock are printed. Nothing here asserts on timing.
+Runs alternate ours, stock, ours, stock, ..., after one discarded run of the
+trainer that goes second (the first run of a session is slower, and so every
+measured run follows one of the other trainer); the medians and the ratio
+ours/stock are printed, with cross-checks (median step time, whole loop, tokens per
+CPU-second of the process) and the run-to-run spread, which says how far the ratio
+can be trusted. Nothing here asserts on timing.
+
+Each run uses one torch thread by default (``--threads``): on a small machine that
+other work shares, OpenMP's barriers make a multi-threaded run many times slower
+whenever another process holds a core, which swamps any trainer difference.
+``--threads 0`` keeps torch's default. Each run's ``cpu/wall`` (CPU seconds of the
+process per wall second in the timed steps) shows whether it had its cores.
+``--profile-dir DIR`` writes a cProfile of each run's ``train()`` for a closer look.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -120,7 +132,7 @@ def _child(args) -> int:
 
     tt_trainer.time = _NoSleepTime
 
-    with tempfile.TemporaryDirectory(prefix="muloco-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="muloco-bench-", dir=args.dump_root) as tmp:
         c = _configure(args, os.path.join(tmp, "outputs"))
         config = c if args.child == "ours" else _stock_config(c)
 
@@ -180,6 +192,8 @@ def _child(args) -> int:
             # CPU time of this process per wall second in the timed steps: about the
             # thread count when the machine is otherwise idle, lower under contention.
             "cpu_per_wall": sum(step_cpu_s[w:]) / sum(timed),
+            # tokens per CPU-second of this process: blind to time spent descheduled.
+            "cpu_tokens_per_s": tokens_per_step * len(timed) / sum(step_cpu_s[w:]),
             "build_s": build_s,
             "torch_threads": torch.get_num_threads(),
             "flavor": c.model.flavor,
@@ -211,6 +225,8 @@ def _run_one(kind: str, args) -> dict:
         os.makedirs(args.profile_dir, exist_ok=True)
         cmd += ["--profile", os.path.join(args.profile_dir, f"{kind}-{_run_one.counter}.prof")]
     _run_one.counter += 1
+    scratch = tempfile.mkdtemp(prefix="muloco-bench-")  # removed even if the child is killed
+    cmd += ["--dump-root", scratch]
     env = dict(os.environ)
     for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(var, None)  # each child is its own world of one, on a free port
@@ -220,8 +236,13 @@ def _run_one(kind: str, args) -> dict:
             cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout
         )
     except subprocess.TimeoutExpired as err:
-        tail = (err.stderr or b"")[-3000:] if err.stderr else ""
+        shutil.rmtree(scratch, ignore_errors=True)
+        tail = err.stderr or ""
+        if isinstance(tail, bytes):
+            tail = tail.decode(errors="replace")
+        tail = tail[-3000:]
         raise SystemExit(f"{kind} run timed out after {args.timeout}s\n{tail}") from None
+    shutil.rmtree(scratch, ignore_errors=True)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_MARKER):
             return json.loads(line[len(RESULT_MARKER):])
@@ -260,10 +281,20 @@ def _parse(argv=None):
         "thread keeps the figures stable on a small shared machine: with every core in "
         "use, OpenMP's barriers make a multi-threaded run slower by whatever else runs",
     )
+    p.add_argument(
+        "--no-warmup-run",
+        dest="warmup_run",
+        action="store_false",
+        help="skip the discarded first run (of the trainer that goes second)",
+    )
+    p.add_argument(
+        "--stock-first", action="store_true", help="alternate stock, ours, ... instead of ours, stock, ..."
+    )
     p.add_argument("--timeout", type=int, default=180, help="seconds per run before it counts as hung")
     p.add_argument("--profile-dir", default=None, help="write a cProfile of each run's train() here")
     p.add_argument("--_child", dest="child", choices=["ours", "stock"], help=argparse.SUPPRESS)
     p.add_argument("--profile", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--dump-root", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.warmup >= args.steps - 1:
         p.error("--warmup must be smaller than --steps - 1")
@@ -277,14 +308,20 @@ def main(argv=None) -> int:
 
     t0 = time.perf_counter()
     load_before = _loadavg()
+    order = ("stock", "ours") if args.stock_first else ("ours", "stock")
     runs: list[dict] = []
     print(
-        f"trainer overhead: {args.repeats} x (ours, stock), {args.steps} steps per run, "
+        f"trainer overhead: {args.repeats} x ({', '.join(order)}), {args.steps} steps per run, "
         f"first {args.warmup} left out; load average before: {load_before}",
         flush=True,
     )
+    if args.warmup_run:
+        # Untimed: the first run of a session is slower (cold caches), and with it
+        # every measured run follows a run of the other trainer.
+        r = _run_one(order[-1], args)
+        print(f"  run  0  {order[-1]:<5}  {r['tokens_per_s']:>10,.0f} tok/s  (warm-up run, discarded)", flush=True)
     for _ in range(args.repeats):
-        for kind in ("ours", "stock"):
+        for kind in order:
             r = _run_one(kind, args)
             r["run"] = len(runs) + 1
             runs.append(r)
@@ -325,11 +362,19 @@ def main(argv=None) -> int:
         )
     ratio = med("ours", "tokens_per_s") / med("stock", "tokens_per_s")
     print(f"ratio ours/stock = {ratio:.3f} (target >= {TARGET_RATIO})")
+
+    def ratio_of(key: str) -> str:
+        return f"{med('ours', key) / med('stock', key):.3f}"
+
     print(
-        f"  cross-checks: median-step ratio "
-        f"{med('ours', 'median_tokens_per_s') / med('stock', 'median_tokens_per_s'):.3f}, "
-        f"loop ratio {med('ours', 'loop_tokens_per_s') / med('stock', 'loop_tokens_per_s'):.3f}"
+        f"  cross-checks: median-step {ratio_of('median_tokens_per_s')}, "
+        f"loop {ratio_of('loop_tokens_per_s')}, per CPU-second {ratio_of('cpu_tokens_per_s')}"
     )
+    spreads = []
+    for kind in ("ours", "stock"):
+        tps = [r["tokens_per_s"] for r in runs if r["trainer"] == kind]
+        spreads.append(f"{kind} {min(tps):,.0f}..{max(tps):,.0f} ({100 * (max(tps) / min(tps) - 1):.1f}%)")
+    print(f"  run-to-run spread: {', '.join(spreads)}")
     threads = first["torch_threads"]
     noisy = [r["run"] for r in runs if r["cpu_per_wall"] < 0.8 * threads]
     if noisy:

@@ -54,7 +54,7 @@ class MulocoMetrics(MetricsProcessor):
             path = os.path.join(dump_folder, config.jsonl_file)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             self._jsonl = open(path, "a", buffering=1)
-        self.jsonl_path = self._jsonl.name if self._jsonl else None
+        self.jsonl_path = os.path.abspath(self._jsonl.name) if self._jsonl else None
 
     def begin(self, *, start_step: int, total_steps: int) -> None:
         """Called when the training loop starts (after a possible resume)."""

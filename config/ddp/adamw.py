@@ -6,7 +6,7 @@ from muloco.config import load_config
 def config():
     c = load_config("base")
     c.dump_folder = "./outputs/ddp-adamw"
-    c.training.steps = 600  # about 1.2M tokens: 2 minutes on a 2-core CPU
+    c.training.steps = 450  # about 0.9M tokens: under 2 minutes on a quiet 2-core CPU
     c.lr_scheduler.warmup_steps = 30
     c.metrics.log_freq = 25
     c.checkpoint.interval = 200

@@ -47,3 +47,22 @@ class MulocoCheckpointManager(CheckpointManager):
                 "step folder to resume from an earlier one, pick one with "
                 "--checkpoint.load_step N, or start afresh with a new --dump_folder."
             ) from err
+
+
+class ReplicaCheckpointManager(MulocoCheckpointManager):
+    """One full checkpoint per replica group, in that replica's own folder.
+
+    torchtitan's torchft checkpointer saves the model and optimizers from one replica
+    only and the dataloader of every replica every step, and it does not save the
+    outer loop. Replica groups differ in their inner optimizer state, data position
+    and error-feedback residuals, so each saves everything it needs to continue
+    exactly (the trainer points ``dump_folder`` at ``replica_<id>/``) and the outer
+    loop's state (θ_g, outer momentum, torchft step) goes in as a state entry.
+    """
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(MulocoCheckpointManager.Config):
+        pass
+
+    def __init__(self, config: Config, *, ft_manager=None, **kwargs):
+        super().__init__(config, **kwargs)

@@ -115,6 +115,17 @@ class MulocoMetrics(MetricsProcessor):
         self.last_validation_step = step
         logger.info(f"validation at step {step}: loss {loss:7.4f}  ppl {ppl:,.2f}")
 
+    def log_sync(self, record: dict[str, Any], step: int) -> None:
+        """One outer sync: JSONL/TensorBoard under ``sync/`` and one console line."""
+        self._record({f"sync/{k}": v for k, v in record.items()}, step)
+        state = "committed" if record["committed"] else "FAILED (rolled back)"
+        logger.info(
+            f"sync at step {step} (fragment {record['fragment']}): {state}, "
+            f"{record['contributors']}/{record['participants']} replicas contributed, "
+            f"quorum {record['quorum_id']}, {record['seconds'] * 1000:,.0f}ms, "
+            f"sent {record['bytes_sent'] / 1e6:,.2f}MB received {record['bytes_received'] / 1e6:,.2f}MB"
+        )
+
     def close(self):
         super().close()
         if self._jsonl is not None:

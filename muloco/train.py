@@ -22,9 +22,11 @@ from muloco.checkpoint import CheckpointLoadError  # noqa: E402
 from muloco.config.checks import check_config  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.outer.manager import ReplicaGroupError  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_BAD_CHECKPOINT = 3
+EXIT_REPLICA_GROUP = 4
 
 
 def _free_port() -> int:
@@ -91,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     except CheckpointLoadError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return EXIT_BAD_CHECKPOINT
+    except ReplicaGroupError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return EXIT_REPLICA_GROUP
     return 0
 
 

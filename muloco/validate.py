@@ -9,8 +9,11 @@ time and tokens spent validating are kept out of the training throughput.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Callable
+from typing import ContextManager
 from dataclasses import dataclass, field
 
 from torchtitan.components.validate import Validator
@@ -35,9 +38,23 @@ class MulocoValidator(Validator):
             if self.follow_training_data:
                 self.dataloader = dataclasses.replace(training_data, split="validation")
 
+    def evaluate_with(self, params: Callable[[], ContextManager], due: Callable[[int, int], bool]) -> None:
+        """Validate other parameters than the model's (DiLoCo: θ_g), on another schedule.
+
+        ``params()`` swaps them in for the duration; ``due(step, freq)`` replaces the
+        every-``freq``-steps rule (DiLoCo validates at sync boundaries).
+        """
+        self._params, self._due = params, due
+
+    def should_validate(self, step: int) -> bool:
+        due = getattr(self, "_due", None)
+        return due(step, self.config.freq) if due is not None else super().should_validate(step)
+
     def validate(self, model_parts, step: int) -> None:
         mp = self.metrics_processor
         tokens, started = mp.ntokens_since_last_log, time.perf_counter()
-        super().validate(model_parts, step)
+        params = getattr(self, "_params", None)
+        with params() if params is not None else contextlib.nullcontext():
+            super().validate(model_parts, step)
         mp.ntokens_since_last_log = tokens
         mp.time_last_log += time.perf_counter() - started

@@ -1,5 +1,5 @@
 """Config modules, command-line overrides and pre-flight checks."""
 
-from muloco.config.loader import ConfigError, available_configs, load_config
+from muloco.config.loader import ConfigError, available_configs, derive, load_config
 
-__all__ = ["ConfigError", "available_configs", "load_config"]
+__all__ = ["ConfigError", "available_configs", "derive", "load_config"]

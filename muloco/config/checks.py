@@ -91,6 +91,46 @@ def _check_metrics(config) -> None:
         _positive("checkpoint.interval", config.checkpoint.interval, "a positive integer")
 
 
+def _check_replicas(config) -> None:
+    ft = config.fault_tolerance
+    if not ft.enable:
+        raise ConfigError("fault_tolerance.enable is false; a DiLoCo config needs its replica groups.")
+    if ft.semi_sync_method is not None:
+        raise ConfigError(
+            "fault_tolerance.semi_sync_method must stay unset: muloco's outer loop "
+            "(--outer.*) replaces torchtitan's torchft DiLoCo."
+        )
+    _positive("fault_tolerance.group_size", ft.group_size, "the number of replica groups (>= 1)")
+    if not 0 <= ft.replica_id < ft.group_size:
+        raise ConfigError(
+            f"fault_tolerance.replica_id is {ft.replica_id}; it must be in [0, {ft.group_size}) "
+            "(fault_tolerance.group_size is the number of replica groups)."
+        )
+    for key in ("timeout_seconds", "quorum_timeout_seconds", "connect_timeout_seconds"):
+        _positive(f"fault_tolerance.{key}", getattr(ft, key))
+
+
+def _check_outer(config) -> None:
+    try:
+        config.outer.validate()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    interval = config.outer.schedule().interval
+    steps = config.training.steps
+    if steps % interval:
+        raise ConfigError(
+            f"training.steps ({steps}) must be a multiple of the sync interval "
+            f"outer.sync_every / outer.num_fragments = {interval}, so the run ends on a sync; "
+            f"try --training.steps {steps + interval - steps % interval}."
+        )
+    ckpt = config.checkpoint
+    if ckpt.enable and ckpt.interval % interval:
+        raise ConfigError(
+            f"checkpoint.interval ({ckpt.interval}) must be a multiple of the sync interval "
+            f"({interval}) so no exchange is in flight when a checkpoint is taken."
+        )
+
+
 def check_config(config) -> None:
     """Raise ConfigError for the first problem found."""
     _check_training(config)
@@ -98,3 +138,6 @@ def check_config(config) -> None:
     _check_model(config)
     _check_paths(config)
     _check_metrics(config)
+    if hasattr(config, "outer"):
+        _check_replicas(config)
+        _check_outer(config)

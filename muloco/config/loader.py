@@ -70,3 +70,22 @@ def load_config(name: str):
     if not callable(fn):
         raise ConfigError(f"config module {path} has no function {CONFIG_FUNCTION}()")
     return fn()
+
+
+def derive(config, cls):
+    """``config``'s settings in another Config class (e.g. a DiLoCo config from the base one).
+
+    Fields the target lacks are dropped; nested configs whose class differs (the
+    checkpointer of a replica group) are converted the same way, field by field.
+    """
+    import dataclasses
+
+    new = cls()
+    for f in dataclasses.fields(config):
+        if not f.init or not hasattr(new, f.name):
+            continue
+        value, target = getattr(config, f.name), getattr(new, f.name)
+        if dataclasses.is_dataclass(value) and dataclasses.is_dataclass(target) and type(value) is not type(target):
+            value = derive(value, type(target))
+        setattr(new, f.name, value)
+    return new

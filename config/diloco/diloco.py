@@ -1,0 +1,29 @@
+"""DiLoCo: K replica groups, AdamW inside each, Nesterov SGD on the pseudo-gradient every H steps.
+
+Run it with ``jobs/local/diloco.sh`` (starts the lighthouse and the K groups), or
+start ``./torchft_lighthouse`` and one ``python -m muloco.train --config diloco/diloco
+--fault_tolerance.replica_id i`` per group yourself. Every knob is overridable:
+``--outer.sync_every``, ``--outer.optimizer.lr``, ``--outer.optimizer.momentum``,
+``--outer.num_fragments``, ``--outer.fragment_sync_delay``, ``--outer.fragment_update_alpha``,
+``--outer.backup_device``, ``--outer.exchange.dtype``, ``--fault_tolerance.*_timeout_seconds``.
+"""
+
+from muloco.config import derive, load_config
+from muloco.diloco_trainer import DilocoTrainer
+
+
+def config() -> DilocoTrainer.Config:
+    c = derive(load_config("base"), DilocoTrainer.Config)
+    c.dump_folder = "./outputs/diloco"
+    c.training.steps = 240
+    c.lr_scheduler.warmup_steps = 20
+    c.metrics.log_freq = 20
+    c.checkpoint.interval = 120
+    c.validator.freq = 60
+    c.validator.steps = 16
+    c.fault_tolerance.group_size = 2  # K replica groups
+    c.outer.sync_every = 30  # H
+    c.outer.optimizer.name = "nesterov"
+    c.outer.optimizer.lr = 0.7
+    c.outer.optimizer.momentum = 0.9
+    return c

@@ -1,0 +1,131 @@
+"""The DiLoCo trainer: torchtitan's FaultTolerantTrainer with muloco's outer loop.
+
+One process per rank of a replica group; the groups find each other through a
+torchft lighthouse. Inner steps are ordinary torchtitan steps inside the group;
+after each one the :class:`~muloco.outer.OuterLoop` decides whether a fragment is
+synced across groups. torchtitan's own ``maybe_semi_sync_training`` stays off
+(``fault_tolerance.semi_sync_method`` is None): it would hard-code the outer
+optimizer and stack torchft's DiLoCo on top of ours.
+
+Healing: a replica that starts late or restarts receives, at its first sync, the
+model, inner optimizer, LR schedule, step counters, θ_g, outer momentum and torchft
+step of a healthy peer (never the peer's error-feedback state).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torchtitan.components.checkpoint import LR_SCHEDULER, MODEL, OPTIMIZER
+from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
+from torchtitan.tools.logging import logger
+
+from muloco.checkpoint import ReplicaCheckpointManager
+from muloco.outer import OuterLoop
+from muloco.outer.manager import ReplicaGroupError, ReplicaGroupManager
+from muloco.trainer import MulocoTrainer, MulocoTrainerMixin
+
+HEALING_KEY = "muloco"
+
+
+class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
+    @dataclass(kw_only=True, slots=True)
+    class Config(MulocoTrainer.Config):
+        fault_tolerance: ReplicaGroupManager.Config = field(default_factory=ReplicaGroupManager.Config)
+        """Replica group membership: id, number of groups, lighthouse, timeouts."""
+        outer: OuterLoop.Config = field(default_factory=OuterLoop.Config)
+        """DiLoCo outer loop: H, fragments, τ, α, outer optimizer, exchange."""
+        checkpoint: ReplicaCheckpointManager.Config = field(default_factory=ReplicaCheckpointManager.Config)
+
+    outer: OuterLoop
+
+    def __init__(self, config: Config):
+        self._resolve(config)
+        config.dump_folder = os.path.join(config.dump_folder, f"replica_{config.fault_tolerance.replica_id}")
+        super().__init__(config)
+        manager = self.ft_manager.manager
+        self.outer = config.outer.build(model=self.model_parts[0], manager=manager, device=self.device)
+        self.checkpointer.states["outer"] = self.outer
+        manager.register_state_dict_fn(HEALING_KEY, self._load_healing_state, self._healing_state)
+        if config.validator.enable:
+            self.validator.evaluate_with(self.outer.global_params, self.outer.validation_due)
+        self._log_start()
+        s = self.outer.schedule
+        logger.info(
+            f"DiLoCo replica {config.fault_tolerance.replica_id} of {config.fault_tolerance.group_size}: "
+            f"H={s.sync_every}, {s.num_fragments} fragment(s) every {s.interval} steps, "
+            f"τ={s.delay}, α={config.outer.fragment_update_alpha}, outer {config.outer.optimizer.name} "
+            f"lr={config.outer.optimizer.lr} momentum={config.outer.optimizer.momentum}"
+        )
+
+    # -------------------------------------------------------------- healing
+    def _healing_state(self) -> dict[str, Any]:
+        states = self.checkpointer.states
+        return {
+            "model": states[MODEL].state_dict(),
+            "optimizer": states[OPTIMIZER].state_dict(),
+            "lr_scheduler": states[LR_SCHEDULER].state_dict(),
+            "train_state": self.state_dict(),
+            "outer": self.outer.healing_state_dict(),
+        }
+
+    def _load_healing_state(self, state: dict[str, Any]) -> None:
+        states = self.checkpointer.states
+        before = self.step
+        states[MODEL].load_state_dict(state["model"])
+        states[OPTIMIZER].load_state_dict(state["optimizer"])
+        states[LR_SCHEDULER].load_state_dict(state["lr_scheduler"])
+        self.load_state_dict(state["train_state"])
+        self.outer.load_healing_state_dict(state["outer"])
+        logger.info(f"healed from a peer: step {before} -> {self.step}")
+
+    # ----------------------------------------------------------------- loop
+    def train_step(self, data_iterator):
+        super().train_step(data_iterator)
+        try:
+            record = self.outer.after_inner_step(self.step)
+        except ReplicaGroupError:
+            raise
+        except Exception as err:
+            # Quorum failures surface here (lighthouse gone, quorum timeout).
+            raise ReplicaGroupError(self._quorum_failure(err)) from err
+        if record is not None:
+            self.metrics_processor.log_sync(asdict(record), record.step)
+
+    def _quorum_failure(self, err: BaseException) -> str:
+        ft = self.config.fault_tolerance
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return (
+            f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}. "
+            f"The torchft lighthouse ({ft.lighthouse_url()}) may be down or unreachable, or no peer "
+            f"joined within {ft.quorum_timeout_seconds:g}s "
+            "(--fault_tolerance.quorum_timeout_seconds). Restart the job; it resumes from the last checkpoint."
+        )
+
+    def train(self):
+        try:
+            super().train()
+        finally:
+            self.ft_manager.manager.shutdown(wait=False)
+
+    def _summarize(self, wall_seconds: float) -> dict[str, Any]:
+        summary = super()._summarize(wall_seconds)
+        outer = self.outer.summary(self.step)
+        outer["replica_id"] = self.config.fault_tolerance.replica_id
+        outer["sync_share_of_wall_time"] = outer["sync_seconds_total"] / wall_seconds if wall_seconds else None
+        summary["diloco"] = outer
+        return summary
+
+    def _report(self, s: dict[str, Any]) -> None:
+        super()._report(s)
+        d = s["diloco"]
+        mb = 1e6
+        logger.info(
+            f"DiLoCo replica {d['replica_id']}: syncs committed {d['syncs_committed']}/{d['syncs']}, "
+            f"sync time {d['sync_seconds_total']:.1f}s ({100 * (d['sync_share_of_wall_time'] or 0):.1f}% of wall), "
+            f"bytes sent {d['bytes_sent'] / mb:,.1f}MB received {d['bytes_received'] / mb:,.1f}MB; "
+            f"a per-step fp32 all-reduce would have sent {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB "
+            f"({d['per_step_fp32_allreduce_bytes'] / max(1, d['bytes_sent']):,.0f}x more)"
+        )

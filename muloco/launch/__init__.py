@@ -1,0 +1,1 @@
+"""Launch helpers: the torchft lighthouse and the local multi-replica launcher."""

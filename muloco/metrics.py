@@ -63,7 +63,9 @@ class MulocoMetrics(MetricsProcessor):
         self.time_last_log = time.perf_counter()
 
     def _record(self, record: dict[str, Any], step: int) -> None:
-        self.logger.log(record, step)
+        # TensorBoard/W&B take numbers only; the JSONL keeps everything.
+        numeric = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
+        self.logger.log(numeric, step)
         if self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, "time": time.time(), **record}) + "\n")
 

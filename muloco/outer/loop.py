@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +33,19 @@ from torchtitan.tools.logging import logger
 from muloco.outer.exchange import DenseAllReduce, Exchange, PendingExchange
 from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.schedule import SyncSchedule, model_fragments
+
+
+def _drill_kill_in_exchange(step: int) -> None:
+    """Fault drill: SIGKILL this process after it joined the quorum, before it sends.
+
+    ``MULOCO_DRILL_KILL_IN_EXCHANGE_AT_STEP=N`` makes the replica die inside the sync
+    prepared at step N, so its peers are left with an exchange that cannot complete
+    (the case a random kill rarely hits). Unset in normal runs.
+    """
+    at = os.environ.get("MULOCO_DRILL_KILL_IN_EXCHANGE_AT_STEP")
+    if at is not None and int(at) == step:
+        logger.warning(f"fault drill: killing this replica inside the exchange at step {step}")
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -157,6 +172,7 @@ class OuterLoop(Configurable):
         self._healed = False
         self.manager.start_quorum()  # heals this replica from a peer if it is behind
         contributes = not self._healed
+        _drill_kill_in_exchange(step)
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
         deltas = [g.to(self.device) - l for g, l in zip(frag.globals, frag.locals())]

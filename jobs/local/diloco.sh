@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Interactive local DiLoCo run: K replica groups + a torchft lighthouse on this machine.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+
+usage() {
+    cat <<'USAGE'
+Usage: jobs/local/diloco.sh [launcher options] [-- trainer overrides...]
+
+Runs K DiLoCo replica groups and their torchft lighthouse on this machine, all bound to
+127.0.0.1. Each replica's output is shown prefixed ([r0], [r1], [lh]) and kept raw in
+<dump_folder>/logs/replica_<i>.log. Ctrl-C stops everything (a second Ctrl-C skips the 10 s
+grace). Exit status: 0 only if every replica finished.
+
+Defaults: --config diloco/diloco --replicas 2 (later options override these).
+
+Examples:
+  jobs/local/diloco.sh --replicas 2 -- --training.steps 50 --dump_folder outputs/diloco-try
+  jobs/local/diloco.sh --replicas 3 --max-restarts 1 --threads 1 -- --training.steps 100
+  jobs/local/diloco.sh --config ./my_config.py --procs-per-replica 2
+
+Launcher options (python -m muloco.launch.local):
+USAGE
+    "$REPO/.venv/bin/python" -m muloco.launch.local --help | sed -n '/^options:/,$p'
+}
+
+for arg in "$@"; do
+    case "$arg" in
+        -h|--help) usage; exit 0 ;;
+        --) break ;;
+    esac
+done
+
+exec "$REPO/.venv/bin/python" -m muloco.launch.local --config diloco/diloco "$@"

@@ -1,0 +1,135 @@
+"""Multi-process DiLoCo runs for tests: a lighthouse process and K replica-group processes.
+
+Every process is started in its own session and killed by PID when the test ends,
+whatever happened; every wait has a deadline so a hang fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, TINY
+
+DILOCO_TINY = [
+    *TINY,
+    "--metrics.log_freq", "5",
+    "--metrics.no-enable-tensorboard",
+    "--outer.fingerprint",
+]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """A lighthouse and replica groups on this machine, one process per group."""
+
+    def __init__(self, tmp: Path, k: int, heartbeat_timeout_ms: int = 1000, join_timeout_ms: int = 500):
+        self.tmp, self.k = tmp, k
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Path] = {}
+        self.ports = {i: _free_port() for i in range(k)}
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.join_timeout_ms = join_timeout_ms
+        self.url = ""
+
+    def start_lighthouse(self) -> str:
+        cmd = [
+            sys.executable, "-m", "muloco.launch.lighthouse", "--bind", "127.0.0.1:0",
+            "--min_replicas", "1", "--join_timeout_ms", str(self.join_timeout_ms),
+            "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms),
+        ]
+        proc = self._spawn("lighthouse", cmd, {})
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            m = re.search(r"listening on (http://\S+)", self.logs["lighthouse"].read_text())
+            if m:
+                self.url = m.group(1)
+                return self.url
+            if proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise RuntimeError(f"lighthouse did not start: {self.logs['lighthouse'].read_text()}")
+
+    def start_replica(self, i: int, args: list[str], tag: str | None = None, env: dict | None = None) -> subprocess.Popen:
+        env = {**(env or {}),
+            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.ports[i]),
+            "TORCHFT_LIGHTHOUSE": self.url, "OMP_NUM_THREADS": "1",
+        }
+        cmd = [
+            sys.executable, "-m", "muloco.train", *args,
+            "--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(self.k),
+        ]
+        return self._spawn(tag or f"r{i}", cmd, env)
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+        log = self.tmp / f"{name}.log"
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        with open(log, "w") as f:
+            proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name], self.logs[name] = proc, log
+        return proc
+
+    def wait_for(self, name: str, pattern: str, timeout: float) -> re.Match:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = re.search(pattern, self.logs[name].read_text())
+            if m:
+                return m
+            if self.procs[name].poll() is not None:
+                raise AssertionError(f"{name} exited {self.procs[name].returncode} before /{pattern}/:\n{self.tail(name)}")
+            time.sleep(0.05)
+        raise AssertionError(f"{name}: no /{pattern}/ within {timeout}s:\n{self.tail(name)}")
+
+    def wait(self, name: str, timeout: float) -> int:
+        try:
+            return self.procs[name].wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{name} still running after {timeout}s:\n{self.tail(name)}") from None
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.procs[name]
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)  # the process and any children, by its own group id
+            if sig == signal.SIGKILL:
+                proc.wait(timeout=30)
+
+    def tail(self, name: str, n: int = 40) -> str:
+        return "\n".join(self.logs[name].read_text().splitlines()[-n:])
+
+    def close(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=30)
+
+
+def syncs(dump: Path, replica: int) -> list[dict]:
+    """The sync records of one replica's metrics.jsonl."""
+    rows = [json.loads(x) for x in (dump / f"replica_{replica}" / "metrics.jsonl").read_text().splitlines()]
+    return [{k[5:]: v for k, v in r.items() if k.startswith("sync/")} | {"at": r["step"]} for r in rows if "sync/step" in r]
+
+
+def losses(dump: Path, replica: int) -> dict[int, float]:
+    rows = [json.loads(x) for x in (dump / f"replica_{replica}" / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def summary(dump: Path, replica: int) -> dict:
+    return json.loads((dump / f"replica_{replica}" / "summary.json").read_text())

@@ -1,0 +1,256 @@
+"""The lighthouse and the local launcher, with tiny `python -c` children instead of the trainer."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from muloco.launch.lighthouse import LighthouseError, parse_bind, start_lighthouse
+from muloco.launch.local import LocalJob, free_ports, job_from_args
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def py(code: str) -> list[str]:
+    """A child command: a short Python script (no torch import, so it starts in ~50 ms)."""
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def make_job(tmp_path: Path, code: str, **kw) -> tuple[LocalJob, io.StringIO]:
+    console = io.StringIO()
+    job = LocalJob(command=py(code), log_dir=str(tmp_path / "logs"), console=console,
+                   restart_delay_s=0.2, **kw)
+    return job, console
+
+
+def run_in_thread(job: LocalJob) -> tuple[threading.Thread, list[int]]:
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(job.run()), daemon=True)
+    t.start()
+    assert job.started.wait(60), "launcher did not start"
+    return t, result
+
+
+# -- lighthouse ------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_lighthouse_in_process_serves_status_and_shuts_down():
+    lh = start_lighthouse("127.0.0.1:0")
+    try:
+        assert lh.url.startswith("http://127.0.0.1:") and not lh.url.endswith(":0")
+        with urllib.request.urlopen(lh.url + "/status", timeout=10) as r:
+            assert r.status == 200
+            assert b"quorum" in r.read().lower()
+    finally:
+        lh.shutdown()
+
+
+def test_lighthouse_validates_inputs_before_starting():
+    for bad in ("nonsense", "127.0.0.1:99999", ":29510", "::1:29510"):
+        with pytest.raises(LighthouseError, match="invalid --bind"):
+            parse_bind(bad)
+    assert parse_bind("[::1]:0") == ("[::1]", 0)
+    with pytest.raises(LighthouseError, match="min_replicas"):
+        start_lighthouse(min_replicas=0)
+    with pytest.raises(LighthouseError, match="heartbeat_timeout_ms"):
+        start_lighthouse(heartbeat_timeout_ms=-1)
+
+
+def lighthouse_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "muloco.launch.lighthouse", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(60)
+def test_lighthouse_cli_prints_url_line_and_stops_on_sigterm():
+    proc = subprocess.Popen([sys.executable, "-m", "muloco.launch.lighthouse", "--bind",
+                             "127.0.0.1:0"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        host_port = line.split("http://", 1)[1].split(" ", 1)[0]
+        assert line == f"lighthouse listening on http://{host_port} (status page: http://{host_port}/)"
+        assert host_port.startswith("127.0.0.1:") and not host_port.endswith(":0")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.timeout(60)
+def test_lighthouse_cli_rejects_bad_bind_and_busy_port():
+    bad = lighthouse_cli("--bind", "nonsense")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert len(bad.stderr.strip().splitlines()) == 1 and "--bind" in bad.stderr
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = lighthouse_cli("--bind", f"127.0.0.1:{port}")
+    assert res.returncode == 2
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("lighthouse: error")]
+    assert len(err) == 1 and f"port {port}" in err[0] and "already in use" in err[0]
+
+
+# -- launcher --------------------------------------------------------------------------------
+
+def test_cli_arguments_split_into_options_and_overrides(tmp_path):
+    job = job_from_args(["--replicas", "3", "--training.steps", "5", "--max-restarts", "1",
+                         "--", "--dump_folder", str(tmp_path / "run")])
+    assert (job.replicas, job.max_restarts, job.config) == (3, 1, "diloco/diloco")
+    assert job.overrides == ["--training.steps", "5", "--dump_folder", str(tmp_path / "run")]
+    assert job.resolved_log_dir == str(tmp_path / "run" / "logs")
+    assert job.replica_command(2)[1:] == [
+        "-m", "muloco.train", "--config", "diloco/diloco", "--fault_tolerance.replica_id", "2",
+        "--fault_tolerance.group_size", "3", *job.overrides]
+    assert job_from_args([]).resolved_log_dir == os.path.join("./outputs/local-diloco", "logs")
+    assert len(set(free_ports(8))) == 8
+
+
+@pytest.mark.timeout(120)
+def test_replicas_get_torchrun_env_and_prefixed_logs(tmp_path):
+    job, console = make_job(tmp_path, """
+        import os
+        e = os.environ
+        print("hello", *(e[k] for k in ("REPLICA_GROUP_ID", "RANK", "WORLD_SIZE", "MASTER_PORT",
+              "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE", "MASTER_ADDR", "LOCAL_RANK")))
+    """, replicas=2, procs_per_replica=2)
+    assert job.run() == 0
+    out = console.getvalue()
+    assert "local job finished: 2 replicas ok" in out
+    ports = {}
+    for i in range(2):
+        for rank in range(2):
+            name = f"replica_{i}.log" if rank == 0 else f"replica_{i}_rank{rank}.log"
+            line = next(ln for ln in (tmp_path / "logs" / name).read_text().splitlines()
+                        if ln.startswith("hello"))
+            _, rid, r, ws, port, k, url, addr, lr = line.split()
+            assert (rid, r, ws, k, url, addr, lr) == (
+                str(i), str(rank), "2", "2", job.lighthouse_url, "127.0.0.1", str(rank))
+            ports.setdefault(i, set()).add(port)
+            assert f"[r{i}.{rank}] {line}" in out
+    assert all(len(p) == 1 for p in ports.values()) and ports[0] != ports[1]
+    assert (tmp_path / "logs" / "lighthouse.log").read_text().count("lighthouse listening") == 1
+    assert not any(alive(p) for p in [*job.pids, job.lighthouse_pid])
+
+
+@pytest.mark.timeout(120)
+def test_failing_replica_stops_the_others(tmp_path):
+    job, console = make_job(tmp_path, """
+        import os, sys, time
+        if os.environ["REPLICA_GROUP_ID"] == "0":
+            time.sleep(0.5); print("boom", flush=True); sys.exit(3)
+        time.sleep(120)
+    """, replicas=2)
+    t0 = time.monotonic()
+    assert job.run() == 3
+    assert time.monotonic() - t0 < 30
+    assert "local job failed: replica 0 exited with code 3 (log: " in console.getvalue()
+    assert "[r0] boom" in console.getvalue()
+    assert not any(alive(p) for p in [*job.pids, job.lighthouse_pid])
+
+
+@pytest.mark.timeout(120)
+def test_failed_replica_is_restarted(tmp_path):
+    marker = tmp_path / "failed-once"
+    job, console = make_job(tmp_path, f"""
+        import os, sys
+        marker = {str(marker)!r}
+        if os.environ["REPLICA_GROUP_ID"] == "1" and not os.path.exists(marker):
+            open(marker, "w").close(); print("first try fails"); sys.exit(5)
+        print("ok")
+    """, replicas=2, max_restarts=1)
+    assert job.run() == 0
+    log = (tmp_path / "logs" / "replica_1.log").read_text()
+    assert log.index("first try fails") < log.index("=== restart 1 ===") < log.rindex("ok")
+    assert "replica 1 exited with code 5; restart 1/1" in console.getvalue()
+    assert len(job.pids) == 3
+    assert not any(alive(p) for p in [*job.pids, job.lighthouse_pid])
+
+
+@pytest.mark.timeout(120)
+def test_lighthouse_death_stops_the_job(tmp_path):
+    job, console = make_job(tmp_path, "import time; time.sleep(120)", replicas=2)
+    t, result = run_in_thread(job)
+    os.kill(job.lighthouse_pid, signal.SIGKILL)
+    t.join(30)
+    assert result == [1]
+    assert "the lighthouse exited with signal SIGKILL" in console.getvalue()
+    assert not any(alive(p) for p in job.pids)
+
+
+@pytest.mark.timeout(120)
+def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
+    job, console = make_job(tmp_path, """
+        import signal, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("ready", flush=True)
+        time.sleep(120)
+    """, replicas=1, term_grace_s=1.0)
+    t, result = run_in_thread(job)
+    deadline = time.monotonic() + 30
+    while "[r0] ready" not in console.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    job.stop()
+    t.join(30)
+    assert result == [130]
+    assert time.monotonic() - t0 >= 1.0  # it survived SIGTERM for the grace period
+    assert not any(alive(p) for p in job.pids)
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_stops_everything(tmp_path):
+    """SIGINT to a launcher running in its own main thread: exit 130, no child left behind."""
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    script = textwrap.dedent(f"""
+        import sys
+        from muloco.launch.local import LocalJob
+        child = [sys.executable, "-c", "import os, time; open(os.path.join({str(pid_dir)!r}, "
+                 "str(os.getpid())), 'w').close(); time.sleep(120)"]
+        job = LocalJob(command=child, replicas=2, log_dir={str(tmp_path / 'logs')!r})
+        sys.exit(job.run())
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pid_dir.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        pids = [int(p.name) for p in pid_dir.iterdir()]
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 130, out
+        assert "local job stopped" in out
+        assert not any(alive(p) for p in pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in pid_dir.iterdir():  # only the PIDs our own children recorded
+            if alive(int(p.name)):
+                os.kill(int(p.name), signal.SIGKILL)

@@ -1,0 +1,230 @@
+"""The outer loop's math, schedule and fragments.
+
+The loop is driven by real torchft Managers (one per replica, as threads of this
+process, each with its own TCPStore and gloo group, and an in-process lighthouse),
+as torchft tests itself; the inner steps are deterministic parameter updates so a
+float64 reference written out by hand can follow every round.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.nn as nn
+
+from muloco import compat
+
+compat.apply()
+
+from torch.distributed import TCPStore  # noqa: E402
+from torchft import Manager, ProcessGroupGloo  # noqa: E402
+from torchft.coordination import LighthouseServer  # noqa: E402
+
+from muloco.compat.healing_transport import SafeHTTPTransport  # noqa: E402
+from muloco.outer import OuterLoop, OuterOptimizer, SyncSchedule, model_fragments  # noqa: E402
+from muloco.outer.schedule import ScheduleError  # noqa: E402
+
+
+# ----------------------------------------------------------------- schedule
+@pytest.mark.parametrize("h,p,tau", [(1, 1, 0), (12, 1, 0), (12, 3, 0), (12, 3, 3), (30, 2, 5), (8, 4, 1)])
+def test_each_fragment_synced_once_per_round_with_prepare_tau_steps_before(h, p, tau):
+    s = SyncSchedule(h, p, tau)
+    steps = range(1, 4 * h + 1)
+    performs = [t for t in steps if s.perform_due(t)]
+    prepares = [t for t in steps if s.prepare_due(t)]
+    assert performs == list(range(h // p, 4 * h + 1, h // p))
+    assert [t + tau for t in prepares] == performs[: len(prepares)]
+    # an exchange is open exactly between a prepare and its perform
+    open_after = {t for t in steps if s.in_flight(t)}
+    assert open_after == {t for pr in prepares for t in range(pr, pr + tau)}
+    assert [t for t in steps if s.round_complete(t)] == list(range(h, 4 * h + 1, h))
+
+
+@pytest.mark.parametrize(
+    "h,p,tau,match",
+    [(0, 1, 0, "sync_every"), (10, 0, 0, "num_fragments"), (10, 3, 0, "multiple"), (10, 2, 5, r"\[0, 5\)"), (10, 1, -1, "delay")],
+)
+def test_bad_schedules_are_refused(h, p, tau, match):
+    with pytest.raises(ScheduleError, match=match):
+        SyncSchedule(h, p, tau)
+
+
+class Tiny(nn.Module):
+    """Embedding, a stack of blocks and a head, like the real models."""
+
+    def __init__(self, depth: int, width: int = 4):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(8, width)
+        self.layers = nn.ModuleDict({str(i): nn.Linear(width, width) for i in range(depth)})
+        self.norm = nn.LayerNorm(width)
+        self.output = nn.Linear(width, 8, bias=False)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4, 7, 12])
+@pytest.mark.parametrize("p", [1, 2, 3])
+def test_fragments_cover_the_model_once_in_contiguous_layer_order(depth, p):
+    model = Tiny(depth)
+    frags = model_fragments(model, p)
+    names = [n for f in frags for n, _ in f]
+    assert names == [n for n, _ in model.named_parameters()]  # every parameter once, in order
+    units = depth + 2
+    sizes = [len({n.split(".")[0] if not n.startswith("layers") else ".".join(n.split(".")[:2]) for n, _ in f}) for f in frags]
+    # output and norm share the tail unit
+    sizes[-1] -= 1
+    assert sum(sizes) == units
+    assert max(sizes) - min(sizes) <= 1 and sizes == sorted(sizes, reverse=True)
+
+
+def test_more_fragments_than_layers_is_refused():
+    with pytest.raises(ScheduleError, match="num_fragments=5"):
+        model_fragments(Tiny(2), 5)
+
+
+# ---------------------------------------------------------- outer optimizer
+@pytest.mark.parametrize("name", ["nesterov", "sgd", "none"])
+def test_outer_optimizer_matches_hand_written_reference(name):
+    torch.manual_seed(0)
+    theta = [torch.randn(5, 3), torch.randn(7)]
+    ref = [t.double().clone() for t in theta]
+    buf = [torch.zeros_like(t) for t in ref]
+    lr, mu = 0.7, 0.9
+    opt = OuterOptimizer.Config(name=name, lr=lr, momentum=mu).build(params=theta)
+    for _ in range(5):
+        grads = [torch.randn_like(t) for t in theta]
+        opt.step(grads)
+        for r, b, g in zip(ref, buf, grads):
+            g = g.double()
+            if name == "none":
+                r -= g
+                continue
+            b.mul_(mu).add_(g)
+            r -= lr * (g + mu * b) if name == "nesterov" else lr * b
+    for t, r in zip(theta, ref):
+        torch.testing.assert_close(t.double(), r, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match", [({"name": "adam"}, "nesterov, sgd, none"), ({"lr": 0}, "lr"), ({"momentum": 1.0}, "momentum")]
+)
+def test_bad_outer_optimizer_settings_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        OuterOptimizer.Config(**kwargs).validate()
+
+
+# ------------------------------------------------ the loop on real torchft
+def _inner_update(p: torch.Tensor, replica: int, step: int, index: int) -> torch.Tensor:
+    """A deterministic stand-in for an inner optimizer step (differs per replica)."""
+    n = torch.arange(p.numel(), dtype=torch.float64).view(p.shape)
+    return 0.01 * (replica + 1) * torch.sin(n + step + 3 * index)
+
+
+def _reference(init, k, steps, h, p, tau, alpha, lr, mu, name):
+    """DiLoCo written out by hand, float64: returns θ_g after every sync."""
+    model = Tiny(4)
+    frags = [[n for n, _ in f] for f in model_fragments(model, p)]
+    index = {n: i for i, (n, _) in enumerate(model.named_parameters())}
+    local = [{n: t.clone() for n, t in init.items()} for _ in range(k)]
+    glob = {n: t.clone() for n, t in init.items()}
+    mom = {n: torch.zeros_like(t) for n, t in init.items()}
+    interval, syncs, history, snap = h // p, 0, [], None
+    for t in range(1, steps + 1):
+        for r in range(k):
+            for n in local[r]:
+                local[r][n] += _inner_update(local[r][n], r, t, index[n])
+        if (t + tau) % interval == 0:
+            frag = frags[syncs % p]
+            snap = {n: sum(glob[n] - local[r][n] for r in range(k)) / k for n in frag}
+        if t % interval == 0:
+            for n, g in snap.items():
+                if name == "none":
+                    glob[n] = glob[n] - g
+                else:
+                    mom[n] = mu * mom[n] + g
+                    glob[n] = glob[n] - lr * ((g + mu * mom[n]) if name == "nesterov" else mom[n])
+                for r in range(k):
+                    local[r][n] = glob[n] + alpha * (local[r][n] - glob[n])
+            syncs += 1
+            history.append({n: v.clone() for n, v in glob.items()})
+    return history
+
+
+def _run_replica(r, k, lighthouse, init, steps, cfg, out, errors):
+    try:
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        manager = Manager(
+            pg=ProcessGroupGloo(timeout=timedelta(seconds=20)),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=k,
+            use_async_quorum=False,
+            store_addr="127.0.0.1",
+            store_port=store.port,
+            rank=0,
+            world_size=1,
+            lighthouse_addr=lighthouse,
+            replica_id=f"test_{r}",
+            init_sync=False,
+            timeout=timedelta(seconds=20),
+            quorum_timeout=timedelta(seconds=20),
+            checkpoint_transport=SafeHTTPTransport(timedelta(seconds=20), num_chunks=0),
+        )
+        model = Tiny(4)
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(init[n])
+        loop = cfg.build(model=model, manager=manager, device=torch.device("cpu"))
+        names = [n for n, _ in model.named_parameters()]
+        history = []
+        for t in range(1, steps + 1):
+            with torch.no_grad():
+                for i, (n, p) in enumerate(model.named_parameters()):
+                    p += _inner_update(p, r, t, i).float()
+            if loop.after_inner_step(t) is not None:
+                history.append({n: g.clone() for f in loop.fragments for n, g in zip(f.names, f.globals)})
+        out[r] = (history, [rec.committed for rec in loop.records], names)
+        manager.shutdown(wait=False)
+    except BaseException as err:  # surfaced by the test thread
+        errors.append(err)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "h,p,tau,alpha,name",
+    [(4, 1, 0, 0.0, "nesterov"), (6, 2, 1, 0.5, "nesterov"), (6, 3, 1, 0.0, "sgd"), (4, 2, 0, 0.25, "none")],
+)
+def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha, name):
+    k, steps, lr, mu = 2, 3 * h, 0.7, 0.9
+    torch.manual_seed(1)
+    init = {n: t.detach().clone() for n, t in Tiny(4).named_parameters()}
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=k, join_timeout_ms=100)
+    url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
+    cfg = OuterLoop.Config(sync_every=h, num_fragments=p, fragment_sync_delay=tau, fragment_update_alpha=alpha)
+    cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum = name, lr, mu
+    out, errors = {}, []
+    threads = [
+        threading.Thread(target=_run_replica, args=(r, k, url, init, steps, cfg, out, errors), daemon=True)
+        for r in range(k)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+    finally:
+        lighthouse.shutdown()
+    assert not errors, errors
+    expected = _reference({n: v.double() for n, v in init.items()}, k, steps, h, p, tau, alpha, lr, mu, name)
+    assert len(expected) == 3 * p
+    for r in range(k):
+        history, committed, _ = out[r]
+        assert all(committed) and len(history) == len(expected)
+        for got, want in zip(history, expected):
+            for n in want:
+                torch.testing.assert_close(got[n].double(), want[n], rtol=1e-5, atol=1e-5)
+    for a, b in zip(out[0][0], out[1][0]):  # replicas agree bitwise after every sync
+        assert all(torch.equal(a[n], b[n]) for n in a)
+    assert not math.isnan(sum(float(v.sum()) for v in out[0][0][-1].values()))

@@ -36,19 +36,20 @@ def _free_port() -> int:
 class Cluster:
     """A lighthouse and replica groups on this machine, one process per group."""
 
-    def __init__(self, tmp: Path, k: int, heartbeat_timeout_ms: int = 1000, join_timeout_ms: int = 500):
+    def __init__(self, tmp: Path, k: int, heartbeat_timeout_ms: int = 1000, join_timeout_ms: int = 500, min_replicas: int = 1):
         self.tmp, self.k = tmp, k
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
         self.ports = {i: _free_port() for i in range(k)}
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.join_timeout_ms = join_timeout_ms
+        self.min_replicas = min_replicas
         self.url = ""
 
     def start_lighthouse(self) -> str:
         cmd = [
             sys.executable, "-m", "muloco.launch.lighthouse", "--bind", "127.0.0.1:0",
-            "--min_replicas", "1", "--join_timeout_ms", str(self.join_timeout_ms),
+            "--min_replicas", str(self.min_replicas), "--join_timeout_ms", str(self.join_timeout_ms),
             "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms),
         ]
         proc = self._spawn("lighthouse", cmd, {})

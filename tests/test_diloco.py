@@ -119,3 +119,65 @@ def test_killed_replica_survivors_go_on_and_restart_heals(cluster, tmp_path, whe
     assert all(f["committed"] and f["step"] == steps for f in final)
     assert final[0]["global_sha256"] == final[1]["global_sha256"] == final[2]["global_sha256"]
     print(f"kill ({when}): survivors committed again {resumed_after:.1f}s after the kill")
+
+
+@pytest.mark.timeout(300)
+def test_whole_job_cold_restart_continues_exactly(cluster, tmp_path):
+    """Stop the whole job at a checkpoint, start it again: same losses and θ_g as one run."""
+    total = ["--lr_scheduler.total_steps", "40"]
+
+    def job(dump, steps):
+        # min_replicas=2: a replica that resumes faster must not sync alone (it would then
+        # heal its slower peer, which is correct but not the uninterrupted trajectory)
+        c = cluster(2, join_timeout_ms=20000, min_replicas=2)
+        for i in range(2):
+            c.start_replica(i, _args(dump, steps=steps, extra=total), tag=f"r{i}-{steps}-{dump.name}")
+        for i in range(2):
+            name = f"r{i}-{steps}-{dump.name}"
+            assert c.wait(name, 200) == 0, c.tail(name)
+        c.close()
+
+    job(tmp_path / "straight", 40)
+    job(tmp_path / "restarted", 20)
+    job(tmp_path / "restarted", 40)
+    for i in range(2):
+        straight, restarted = losses(tmp_path / "straight", i), losses(tmp_path / "restarted", i)
+        late = [s for s in straight if s > 20]
+        assert late and all(abs(straight[s] - restarted[s]) < 1e-6 for s in late), (straight, restarted)
+        a = _committed_hashes(tmp_path / "straight", i)
+        b = _committed_hashes(tmp_path / "restarted", i)
+        assert a[40] == b[40]  # θ_g after the last sync, bitwise
+
+
+@pytest.mark.timeout(120)
+def test_unreachable_lighthouse_is_a_clear_error_within_the_timeout(tmp_path):
+    c = Cluster(tmp_path, 1)
+    try:
+        c.url = f"http://127.0.0.1:{c.ports[0] + 1 if c.ports[0] < 65535 else 1024}"
+        started = time.time()
+        c.start_replica(0, _args(tmp_path / "run", steps=20, extra=("--fault_tolerance.connect_timeout_seconds", "3")))
+        assert c.wait("r0", 90) == 4
+        text = c.logs["r0"].read_text()
+        assert "cannot reach the torchft lighthouse" in text and "./torchft_lighthouse" in text
+        assert time.time() - started < 60
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(180)
+def test_lighthouse_killed_mid_run_is_a_clear_error_within_the_timeout(cluster, tmp_path):
+    c = cluster(1)
+    quorum_timeout = 5
+    c.start_replica(
+        0,
+        _args(tmp_path / "run", steps=2000, extra=("--fault_tolerance.quorum_timeout_seconds", str(quorum_timeout))),
+    )
+    c.wait_for("r0", r"sync at step 10", 120)
+    c.kill("lighthouse")
+    killed = time.time()
+    assert c.wait("r0", 120) == 4, c.tail("r0")
+    elapsed = time.time() - killed
+    text = c.logs["r0"].read_text()
+    assert "lost its quorum" in text and "lighthouse" in text
+    assert elapsed < quorum_timeout + 60, elapsed
+    print(f"lighthouse killed: replica stopped with a clear error after {elapsed:.1f}s")

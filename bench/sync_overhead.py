@@ -1,0 +1,566 @@
+"""Cost of DiLoCo's outer sync: its share of the training loop, and its time by model size.
+
+    .venv/bin/python bench/sync_overhead.py [--repeats 2] [--quick] [--part all|share|size]
+        [--timeout 300] [--keep]
+
+Every run is a real job on this machine, started as users start one: a torchft
+lighthouse (``python -m muloco.launch.lighthouse --bind 127.0.0.1:0``, with
+``--join_timeout_ms 20000`` so both groups are in every quorum) and K=2 replica-group
+processes (``python -m muloco.train --config diloco/diloco ...``), each a world of one
+with its own store port, ``OMP_NUM_THREADS=1`` (two single-threaded replicas on a
+2-core machine), the dense fp32 all-reduce exchange over gloo, checkpoints,
+validation and TensorBoard off. Figures come from what the trainer itself records:
+``replica_i/summary.json`` (its ``diloco`` entry) and the per-sync rows
+(``sync/seconds``, ``sync/step``, ``sync/bytes_sent``) of ``replica_i/metrics.jsonl``.
+
+Part 1 (sync share): the tiny model (llama3-w128-d4-h2, ~1.3M parameters, seq 256,
+batch 8 from config/base.py), 120 steps, H=30 (4 syncs), ``--repeats`` times. Per
+replica: the wall time of the training loop, the total sync time, the share sync /
+loop, mean and max ms per sync and bytes per sync. The loop's wall time is taken from
+the replica's own log, from "Training starts" to torchtitan's post-loop "Sleeping 2
+seconds" line; the trainer's ``wall_seconds`` (and its ``sync_share_of_wall_time``)
+also counts that fixed 2 s sleep, so it is printed alongside but is not the headline.
+The first sync of a run includes setting up the cross-replica process group, so
+mean, median and share are printed with and without it. The headline is the worse
+replica's median share over the repeats (the target is <= 3% at H=30).
+
+Part 2 (sync time by model size): ~1.3M, ~5.9M and ~21M parameters
+(llama3-w128-d4-h2, llama3-w256-d6-h4, llama3-w512-d6-h4, default vocabulary),
+short runs (20 steps, H=5, seq 64, batch 2), the sizes alternating small, medium,
+large, small, ... over the repeats. Per size: the median ms per sync over the syncs
+after the first (both replicas, all repeats), the first sync on its own, parameters,
+bytes per sync and bytes per second of sync time; then what a dense fp32 all-reduce
+every step would have sent in the same run (``per_step_fp32_allreduce_bytes``)
+against what DiLoCo sent.
+
+What a "sync" time contains: the time the replica is blocked in the outer loop, i.e.
+the quorum (including waiting for the slower replica to arrive), Δ = θ_g − θ, the
+all-reduce, the commit vote, the outer Nesterov step and copying θ_g back. The
+replica that arrives last at a sync barely waits, so the per-sync minimum over the
+two replicas ("last to arrive") is also printed as the closest figure to the sync's
+own cost; the per-replica figures include straggler waiting, which is part of what
+DiLoCo costs a real run.
+
+Every child runs in its own session under a deadline and is killed by its PID (its
+process group) in a ``finally``; outputs go to a temporary folder removed at the end
+(``--keep`` leaves it). The machine's load average before and after, and the
+replicas' CPU seconds per wall second (about 2.0 when the two replicas have the two
+cores to themselves), say whether other work disturbed the figures. Nothing here
+asserts on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+K = 2
+TARGET_SHARE = 0.03
+TINY = "llama3-w128-d4-h2"
+SIZES = ("llama3-w128-d4-h2", "llama3-w256-d6-h4", "llama3-w512-d6-h4")
+_STRIP_ENV = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "GROUP_RANK", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+)
+_LOG_TIME = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+# Every child started by this process, so the outermost finally can kill any left over.
+_LIVE: dict[int, subprocess.Popen] = {}
+
+
+# ------------------------------------------------------------------- processes
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "w") as f:
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: killed with its children by its PID
+        )
+    _LIVE[proc.pid] = proc
+    return proc
+
+
+def _reap(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait up to ``timeout`` for ``proc``; True once it has exited."""
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    _LIVE.pop(proc.pid, None)
+    return True
+
+
+def _kill(proc: subprocess.Popen, term_grace_s: float = 0.0) -> None:
+    """Stop ``proc`` and what is left of its process group (SIGTERM + grace if asked, then
+    SIGKILL). The group id is the PID of a child we started in its own session; once that
+    child has exited, only members still in its group are signalled (so a reused PID is
+    never hit)."""
+    if proc.poll() is None and term_grace_s > 0:
+        _signal_group(proc, signal.SIGTERM)
+        _reap(proc, term_grace_s)
+    _signal_group(proc, signal.SIGKILL)
+    if not _reap(proc, 30):
+        print(f"warning: process {proc.pid} did not exit after SIGKILL", file=sys.stderr)
+    _LIVE.pop(proc.pid, None)
+
+
+def _group_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        if int(fields[2]) == pgid:  # state, ppid, pgrp
+            members.append(int(entry))
+    return members
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    if proc.poll() is None or _group_members(proc.pid):
+        try:
+            os.killpg(proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _wait_replicas(procs: list[subprocess.Popen], timeout: float) -> dict[int, tuple[int, float]]:
+    """Reap every replica within ``timeout`` s: pid -> (exit code, CPU seconds). Fails fast
+    (raises) if one exits non-zero; kills nothing itself (the caller's finally does)."""
+    deadline = time.monotonic() + timeout
+    done: dict[int, tuple[int, float]] = {}
+    while len(done) < len(procs):
+        for p in procs:
+            if p.pid in done:
+                continue
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid == 0:
+                continue
+            p.returncode = os.waitstatus_to_exitcode(status)
+            _LIVE.pop(p.pid, None)
+            done[p.pid] = (p.returncode, usage.ru_utime + usage.ru_stime)
+            if p.returncode != 0:
+                raise RuntimeError(f"replica process {p.pid} exited with {p.returncode}")
+        if len(done) < len(procs):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"replicas still running after {timeout:.0f}s")
+            time.sleep(0.05)
+    return done
+
+
+def _tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+# ---------------------------------------------------------------------------- job
+
+
+def _log_time(line: str) -> float | None:
+    m = _LOG_TIME.search(line)
+    if not m:
+        return None
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def _loop_seconds(log: Path) -> float | None:
+    """From "Training starts" to torchtitan's post-loop "Sleeping 2 seconds", per the log."""
+    start = end = None
+    for line in log.read_text(errors="replace").splitlines():
+        if start is None and "Training starts at step" in line:
+            start = _log_time(line)
+        elif "Sleeping 2 seconds for other ranks" in line:
+            end = _log_time(line)
+    return end - start if start is not None and end is not None else None
+
+
+def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: float) -> dict:
+    """One lighthouse and K replica groups to completion; what each replica recorded."""
+    work = root / name
+    work.mkdir(parents=True)
+    dump = work / "dump"
+    base_env = {k: v for k, v in os.environ.items() if k not in _STRIP_ENV}
+    base_env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base_env.get("PYTHONPATH")]))
+    lighthouse = None
+    replicas: list[subprocess.Popen] = []
+    logs = [work / f"replica_{i}.log" for i in range(K)]
+    try:
+        lh_log = work / "lighthouse.log"
+        lighthouse = _spawn(
+            [sys.executable, "-m", "muloco.launch.lighthouse", "--bind", "127.0.0.1:0",
+             "--min_replicas", "1", "--join_timeout_ms", "20000", "--heartbeat_timeout_ms", "5000"],
+            base_env, lh_log,
+        )
+        url = None
+        deadline = time.monotonic() + 60
+        while url is None:
+            m = re.search(r"listening on (http://\S+)", lh_log.read_text(errors="replace"))
+            if m:
+                url = m.group(1)
+            elif lighthouse.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"lighthouse did not start:\n{_tail(lh_log)}")
+            else:
+                time.sleep(0.05)
+        ports = _free_ports(K)
+        t0 = time.monotonic()
+        for i in range(K):
+            env = dict(base_env)
+            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[i]), TORCHFT_LIGHTHOUSE=url)
+            cmd = [sys.executable, "-m", "muloco.train", "--config", "diloco/diloco",
+                   "--model.flavor", flavor, *overrides,
+                   "--checkpoint.no-enable", "--validator.no-enable", "--metrics.no-enable-tensorboard",
+                   "--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(K),
+                   "--dump_folder", str(dump)]
+            replicas.append(_spawn(cmd, env, logs[i]))
+        try:
+            exits = _wait_replicas(replicas, timeout)
+        except (RuntimeError, TimeoutError) as err:
+            tails = "\n".join(f"--- replica {i} log tail ---\n{_tail(logs[i])}" for i in range(K))
+            raise RuntimeError(f"{name}: {err}\n{tails}") from None
+        job_wall = time.monotonic() - t0
+    finally:
+        for p in replicas:
+            _kill(p)
+        if lighthouse is not None:
+            _kill(lighthouse, term_grace_s=5.0)
+
+    out = {"name": name, "flavor": flavor, "job_wall_s": job_wall, "replicas": []}
+    for i, p in enumerate(replicas):
+        folder = dump / f"replica_{i}"
+        summary = json.loads((folder / "summary.json").read_text())
+        rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        syncs = [
+            {"step": r["sync/step"], "seconds": r["sync/seconds"], "bytes_sent": r["sync/bytes_sent"],
+             "committed": r["sync/committed"], "participants": r["sync/participants"],
+             "contributors": r["sync/contributors"]}
+            for r in rows if "sync/step" in r
+        ]
+        syncs.sort(key=lambda s: s["step"])
+        out["replicas"].append({
+            "replica": i,
+            "summary": summary,
+            "diloco": summary["diloco"],
+            "syncs": syncs,
+            "loop_s": _loop_seconds(logs[i]),
+            "cpu_s": exits[p.pid][1],
+        })
+    return out
+
+
+# ------------------------------------------------------------------------ figures
+
+
+def _med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _ms(s: float) -> str:
+    return f"{1000 * s:,.1f}" if s == s else "n/a"
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%" if x == x else "n/a"
+
+
+def _fmt_params(n: int) -> str:
+    return f"{n / 1e6:.1f}M"
+
+
+def _check_syncs(job: dict) -> list[str]:
+    """Notes for syncs that did not have both replicas or did not commit."""
+    notes = []
+    for r in job["replicas"]:
+        for s in r["syncs"]:
+            if not s["committed"] or s["participants"] != K or s["contributors"] != K:
+                notes.append(
+                    f"{job['name']} replica {r['replica']} sync at step {s['step']}: committed={s['committed']} "
+                    f"participants={s['participants']} contributors={s['contributors']}"
+                )
+    return notes
+
+
+def _replica_figures(r: dict) -> dict:
+    d = r["diloco"]
+    secs = [s["seconds"] for s in r["syncs"]]
+    rest = secs[1:]
+    loop = r["loop_s"] or float("nan")
+    total = d["sync_seconds_total"]
+    return {
+        "loop_s": loop,
+        "wall_s": r["summary"]["wall_seconds"],
+        "sync_s": total,
+        "share": total / loop,
+        "share_rest": sum(rest) / loop,
+        "share_trainer": d["sync_share_of_wall_time"],
+        "syncs": d["syncs"],
+        "committed": d["syncs_committed"],
+        "mean_ms": d["sync_seconds_mean"],
+        "mean_rest": _mean(rest),
+        "median": _med(secs),
+        "median_rest": _med(rest),
+        "max": max(secs) if secs else float("nan"),
+        "max_rest": max(rest) if rest else float("nan"),
+        "first": secs[0] if secs else float("nan"),
+        "bytes_per_sync": d["bytes_sent"] / d["syncs"] if d["syncs"] else float("nan"),
+    }
+
+
+def _cpu_per_wall(job: dict) -> float:
+    """The replicas' CPU seconds (start-up included) per second of the job's wall time."""
+    return sum(r["cpu_s"] for r in job["replicas"]) / job["job_wall_s"]
+
+
+def _last_to_arrive(job: dict, skip_first: bool = True) -> list[float]:
+    """Per sync step, the smaller of the replicas' times (the one that waited least)."""
+    by_step: dict[int, list[float]] = {}
+    for r in job["replicas"]:
+        for s in r["syncs"]:
+            by_step.setdefault(s["step"], []).append(s["seconds"])
+    steps = sorted(by_step)[1 if skip_first else 0:]
+    return [min(by_step[s]) for s in steps if len(by_step[s]) == K]
+
+
+def part_share(args, root: Path) -> dict:
+    steps, h = args.share_steps, args.share_every
+    overrides = ["--training.steps", str(steps), "--outer.sync_every", str(h)]
+    print(f"\n== Part 1: sync share, K={K}, {TINY} (seq 256, batch 8), {steps} steps, H={h}, "
+          f"{args.repeats} repeat(s) ==", flush=True)
+    jobs = []
+    for rep in range(args.repeats):
+        job = run_job(root, f"share-{rep}", TINY, overrides, args.timeout)
+        jobs.append(job)
+        print(f"  run {rep + 1}: job {job['job_wall_s']:.1f}s, replicas' CPU/wall {_cpu_per_wall(job):.2f} "
+              f"(2.00 = both cores theirs), load avg {_loadavg()}", flush=True)
+
+    params = jobs[0]["replicas"][0]["diloco"]["outer_parameters"]
+    print(f"\n  outer parameters {params:,}; per replica and run "
+          "(ms per sync; 'w/o 1st' leaves out the first sync, which sets up the process group):")
+    hdr = (f"  {'run':>3} {'rep':>3} {'loop s':>7} {'wall s':>7} {'sync s':>7} {'share':>7} "
+           f"{'w/o 1st':>7} {'trainer':>7} {'syncs':>5} {'1st ms':>8} {'mean ms':>8} {'w/o 1st':>8} "
+           f"{'med ms':>8} {'w/o 1st':>8} {'max ms':>8} {'w/o 1st':>8} {'MB/sync':>8}")
+    print(hdr)
+    per_replica: dict[int, list[dict]] = {i: [] for i in range(K)}
+    for rep, job in enumerate(jobs):
+        for r in job["replicas"]:
+            f = _replica_figures(r)
+            per_replica[r["replica"]].append(f)
+            print(
+                f"  {rep + 1:>3} {r['replica']:>3} {f['loop_s']:>7.1f} {f['wall_s']:>7.1f} {f['sync_s']:>7.2f} "
+                f"{_pct(f['share']):>7} {_pct(f['share_rest']):>7} {_pct(f['share_trainer']):>7} "
+                f"{f['committed']:>2}/{f['syncs']:<2} {_ms(f['first']):>8} {_ms(f['mean_ms']):>8} "
+                f"{_ms(f['mean_rest']):>8} {_ms(f['median']):>8} {_ms(f['median_rest']):>8} "
+                f"{_ms(f['max']):>8} {_ms(f['max_rest']):>8} {f['bytes_per_sync'] / 1e6:>8.2f}"
+            )
+    print("  loop s: training loop per the replica's log; wall s: the trainer's wall_seconds (loop + "
+          "torchtitan's 2 s post-loop sleep); share = sync s / loop s; trainer = its own "
+          "sync_share_of_wall_time (over wall s)")
+
+    med = {i: {k: _med([f[k] for f in fs]) for k in fs[0]} for i, fs in per_replica.items()}
+    print(f"\n  median over {args.repeats} run(s):")
+    for i in range(K):
+        m = med[i]
+        print(f"    replica {i}: loop {m['loop_s']:.1f}s, sync {m['sync_s']:.2f}s, share {_pct(m['share'])} "
+              f"(w/o 1st sync {_pct(m['share_rest'])}), per sync mean {_ms(m['mean_ms'])} ms "
+              f"(w/o 1st {_ms(m['mean_rest'])}), median {_ms(m['median'])} ms (w/o 1st {_ms(m['median_rest'])}), "
+              f"max {_ms(m['max'])} ms (w/o 1st {_ms(m['max_rest'])}), 1st {_ms(m['first'])} ms, "
+              f"{m['bytes_per_sync'] / 1e6:.2f} MB sent per sync")
+    last = [x for job in jobs for x in _last_to_arrive(job)]
+    print(f"    last to arrive (min over replicas per sync, w/o 1st): median {_ms(_med(last))} ms "
+          f"over {len(last)} sync(s)")
+    notes = [n for job in jobs for n in _check_syncs(job)]
+    for n in notes:
+        print(f"  note: {n}")
+    headline = max(med[i]["share"] for i in range(K))
+    return {"params": params, "share": headline, "h": h,
+            "per_replica": {i: med[i] for i in range(K)}, "notes": notes}
+
+
+def part_size(args, root: Path) -> dict:
+    steps, h = args.size_steps, args.size_every
+    overrides = ["--training.steps", str(steps), "--outer.sync_every", str(h),
+                 "--training.seq_len", "64", "--training.local_batch_size", "2",
+                 "--lr_scheduler.warmup_steps", str(min(5, steps))]
+    print(f"\n== Part 2: sync time by model size, K={K}, {steps} steps, H={h}, seq 64, batch 2, "
+          f"{args.repeats} repeat(s), sizes alternating ==", flush=True)
+    jobs: dict[str, list[dict]] = {f: [] for f in SIZES}
+    for rep in range(args.repeats):
+        for flavor in SIZES:
+            job = run_job(root, f"size-{flavor}-{rep}", flavor, overrides, args.timeout)
+            jobs[flavor].append(job)
+            secs = [s["seconds"] for r in job["replicas"] for s in r["syncs"][1:]]
+            print(f"  run {rep + 1} {flavor:<20} job {job['job_wall_s']:5.1f}s, per sync (w/o 1st) median "
+                  f"{_ms(_med(secs))} ms, replicas' CPU/wall {_cpu_per_wall(job):.2f}, load avg {_loadavg()}", flush=True)
+
+    print(f"\n  {'flavor':<20} {'params':>11} {'MB/sync':>8} {'syncs':>5} {'1st ms':>8} {'med ms':>8} "
+          f"{'min ms':>8} {'max ms':>8} {'last ms':>8} {'MB/s':>7} {'last MB/s':>9}")
+    rows = {}
+    notes = []
+    for flavor in SIZES:
+        js = jobs[flavor]
+        reps = [r for j in js for r in j["replicas"]]
+        d = reps[0]["diloco"]
+        params = d["outer_parameters"]
+        bytes_per_sync = d["bytes_sent"] / d["syncs"]
+        rest = [s["seconds"] for r in reps for s in r["syncs"][1:]]
+        first = [r["syncs"][0]["seconds"] for r in reps if r["syncs"]]
+        last = [x for j in js for x in _last_to_arrive(j)]
+        med, lmed = _med(rest), _med(last)
+        rows[flavor] = {
+            "params": params, "bytes_per_sync": bytes_per_sync, "median_s": med, "last_s": lmed,
+            "per_step_bytes": _med([r["diloco"]["per_step_fp32_allreduce_bytes"] for r in reps]),
+            "sent_bytes": _med([r["diloco"]["bytes_sent"] for r in reps]),
+            "steps": reps[0]["summary"]["steps"],
+            "loop_s": _med([r["loop_s"] for r in reps]),
+            "sync_total_s": _med([r["diloco"]["sync_seconds_total"] for r in reps]),
+        }
+        print(f"  {flavor:<20} {params:>11,} {bytes_per_sync / 1e6:>8.2f} {len(rest):>5} {_ms(_med(first)):>8} "
+              f"{_ms(med):>8} {_ms(min(rest)):>8} {_ms(max(rest)):>8} {_ms(lmed):>8} "
+              f"{bytes_per_sync / 1e6 / med:>7.0f} {bytes_per_sync / 1e6 / lmed:>9.0f}")
+        notes += [n for j in js for n in _check_syncs(j)]
+    print("  syncs: per-sync times after each replica's first (both replicas, all runs); 1st: median of "
+          "first syncs (process-group setup);\n  med/min/max: over those syncs; last: per sync the smaller "
+          "replica's time (the one that arrived last, least straggler wait);\n  MB/s: bytes sent per sync / "
+          "sync time (an effective rate: the sync also takes the quorum, Δ, commit vote, outer step)")
+
+    print(f"\n  dense fp32 all-reduce every step vs DiLoCo, same run ({rows[SIZES[0]]['steps']} steps, "
+          f"H={h}), per replica:")
+    print(f"  {'flavor':<20} {'per-step MB':>11} {'DiLoCo MB':>9} {'ratio':>6} {'est. per-step s':>15} "
+          f"{'DiLoCo sync s':>13} {'loop s':>7}")
+    for flavor in SIZES:
+        r = rows[flavor]
+        est = r["steps"] * r["median_s"]
+        print(f"  {flavor:<20} {r['per_step_bytes'] / 1e6:>11.1f} {r['sent_bytes'] / 1e6:>9.1f} "
+              f"{r['per_step_bytes'] / r['sent_bytes']:>5.1f}x {est:>15.2f} {r['sync_total_s']:>13.2f} "
+              f"{r['loop_s']:>7.1f}")
+    print("  per-step MB: the summary's per_step_fp32_allreduce_bytes (steps x params x 4); est. per-step s: "
+          "steps x the median sync time\n  (a rough upper estimate: each step's all-reduce moves the same "
+          "bytes as one DiLoCo sync)")
+    for n in notes:
+        print(f"  note: {n}")
+    return rows
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def _parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 2; 1 with --quick)")
+    p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, 1 repeat")
+    p.add_argument("--part", choices=("all", "share", "size"), default="all", help="which part(s) to run")
+    p.add_argument("--timeout", type=float, default=300, help="seconds per job before it counts as hung")
+    p.add_argument("--keep", action="store_true", help="keep the temporary output folder")
+    args = p.parse_args(argv)
+    if args.repeats is None:
+        args.repeats = 1 if args.quick else 2
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    # Part 1: H=30 either way; the quick run has 3 syncs instead of 4.
+    args.share_every = 30
+    args.share_steps = 90 if args.quick else 120
+    # Part 2: short runs; the quick run has 3 syncs instead of 4.
+    args.size_every = 5
+    args.size_steps = 15 if args.quick else 20
+    return args
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    t0 = time.perf_counter()
+    print(f"command: {shlex.join([sys.executable, *sys.argv])}")
+    print(f"machine: {os.cpu_count()} CPU cores ({len(os.sched_getaffinity(0))} usable), "
+          f"load average before: {_loadavg()}; python {sys.version.split()[0]}")
+    print(f"each job: torchft lighthouse + {K} replica groups (1 process each, OMP_NUM_THREADS=1, gloo, "
+          "dense fp32 all-reduce), checkpoints/validation/TensorBoard off", flush=True)
+    root = Path(tempfile.mkdtemp(prefix="muloco-sync-bench-"))
+    share = sizes = None
+    try:
+        if args.part in ("all", "share"):
+            share = part_share(args, root)
+        if args.part in ("all", "size"):
+            sizes = part_size(args, root)
+    finally:
+        for proc in list(_LIVE.values()):
+            _kill(proc)
+        if args.keep:
+            print(f"outputs kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+    print("\n== summary ==")
+    if share is not None:
+        per = ", ".join(
+            f"replica {i}: {_pct(m['share'])} ({m['sync_s']:.2f}s of {m['loop_s']:.1f}s, "
+            f"w/o 1st sync {_pct(m['share_rest'])})"
+            for i, m in share["per_replica"].items()
+        )
+        verdict = "meets" if share["share"] <= TARGET_SHARE else "ABOVE"
+        print(f"sync share at H={share['h']}, K={K}, tiny ({_fmt_params(share['params'])}): "
+              f"{_pct(share['share'])} (target <= {TARGET_SHARE:.0%}, {verdict}; worse replica, median of "
+              f"{args.repeats})  [{per}]")
+    if sizes is not None:
+        by = ", ".join(f"{_fmt_params(r['params'])}: {_ms(r['median_s'])} ms" for r in sizes.values())
+        last = ", ".join(f"{_fmt_params(r['params'])}: {_ms(r['last_s'])} ms" for r in sizes.values())
+        rate = ", ".join(f"{_fmt_params(r['params'])}: {r['bytes_per_sync'] / 1e6 / r['median_s']:.0f} MB/s"
+                         for r in sizes.values())
+        print(f"sync time by model size (K={K}, fp32 dense all-reduce, median after the 1st sync): {by}")
+        print(f"  last to arrive (least straggler wait): {last}; effective rate: {rate}")
+        big = sizes[SIZES[-1]]
+        print(f"  a per-step fp32 all-reduce would have sent {big['per_step_bytes'] / big['sent_bytes']:.1f}x "
+              f"DiLoCo's bytes (H={args.size_every}; the ratio is about H)")
+    print(f"load average after: {_loadavg()}; total bench time {time.perf_counter() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

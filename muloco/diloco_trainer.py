@@ -14,6 +14,7 @@ step of a healthy peer (never the peer's error-feedback state).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -46,11 +47,13 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         config.dump_folder = os.path.join(config.dump_folder, f"replica_{config.fault_tolerance.replica_id}")
         super().__init__(config)
         manager = self.ft_manager.manager
+        logging.getLogger("torchft").setLevel(logging.WARNING)  # per-sync INFO lines; ours say it once
         self.outer = config.outer.build(model=self.model_parts[0], manager=manager, device=self.device)
         self.checkpointer.states["outer"] = self.outer
         manager.register_state_dict_fn(HEALING_KEY, self._load_healing_state, self._healing_state)
         if config.validator.enable:
             self.validator.evaluate_with(self.outer.global_params, self.outer.validation_due)
+            self._validate_on_the_same_data_as_peers()
         self._log_start()
         s = self.outer.schedule
         logger.info(
@@ -59,6 +62,16 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             f"τ={s.delay}, α={config.outer.fragment_update_alpha}, outer {config.outer.optimizer.name} "
             f"lr={config.outer.optimizer.lr} momentum={config.outer.optimizer.momentum}"
         )
+
+    def _validate_on_the_same_data_as_peers(self) -> None:
+        """All replica groups validate θ_g on the same held-out batches, so they report the
+        same validation loss (torchtitan's FT trainer would shard validation across groups)."""
+        pd = self.parallel_dims
+        if pd.dp_enabled:
+            mesh = pd.get_mesh("batch")
+            self.validator.dp_world_size, self.validator.dp_rank = mesh.size(), mesh.get_local_rank()
+        else:
+            self.validator.dp_world_size, self.validator.dp_rank = 1, 0
 
     # -------------------------------------------------------------- healing
     def _healing_state(self) -> dict[str, Any]:

@@ -196,7 +196,7 @@ class LighthouseProcess:
 
     def start(self, log_path: str, console: Console,
               timeout_s: float = LIGHTHOUSE_START_TIMEOUT_S) -> str:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {"RUST_LOG": "warn", **os.environ, "PYTHONUNBUFFERED": "1"}  # quorum INFO lines are noise
         self.process = ManagedProcess(self.cmd, env, log_path, "[lh]", console, self._watch)
         deadline = time.monotonic() + timeout_s
         while not self._ready.wait(0.05):
@@ -292,8 +292,13 @@ class LocalJob:
     def replica_env(self, i: int, rank: int, port: int) -> dict[str, str]:
         """What a static torchrun would set for this rank, plus the torchft/DiLoCo variables."""
         env = {k: v for k, v in os.environ.items() if k not in _INHERITED_DIST_VARS}
-        if self.threads_per_proc:
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads_per_proc)
+        threads = self.threads_per_proc or (
+            None if "OMP_NUM_THREADS" in os.environ
+            else max(1, (os.cpu_count() or 1) // (self.replicas * self.procs_per_replica))
+        )
+        if threads:  # by default share the cores: K·N processes each with all cores thrash
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+        env.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO
         env.update(self.env)
         n = str(self.procs_per_replica)
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=n, LOCAL_WORLD_SIZE=n,

@@ -462,3 +462,44 @@ def test_apply_is_idempotent():
         # The device-type wrapper was not wrapped again.
         assert getattr(after["device_type_fn"], "_muloco_patched", False)
         assert after["cpu_api"] == dict(cpu_device._CPU_MEMORY_API)
+
+
+# ---------------------------------------------------------------- healing transport
+class _Payload:
+    """Not a tensor or container: a peer sending this must not get it unpickled."""
+
+    def __reduce__(self):
+        return (os.system, ("echo pwned > /dev/null",))
+
+
+def _serve_and_fetch(transport_cls, state, mutate=None):
+    from muloco.compat.healing_transport import SafeHTTPTransport  # noqa: F401
+
+    sender = transport_cls(timeout=timedelta(seconds=10), num_chunks=0)
+    receiver = transport_cls(timeout=timedelta(seconds=10), num_chunks=0)
+    try:
+        sender.send_checkpoint([1], step=3, state_dict=state, timeout=timedelta(seconds=10))
+        if mutate:
+            mutate()
+        meta = sender.metadata().replace(sender.metadata().split("//")[1].split(":")[0], "127.0.0.1")
+        return receiver.recv_checkpoint(src_rank=0, metadata=meta, step=3, timeout=timedelta(seconds=10))
+    finally:
+        sender.shutdown()
+        receiver.shutdown()
+
+
+def test_healing_state_is_a_snapshot_taken_when_staged():
+    from muloco.compat.healing_transport import SafeHTTPTransport
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    for cls, expect in ((HTTPTransport, 5.0), (SafeHTTPTransport, 1.0)):
+        w = torch.ones(4)
+        got = _serve_and_fetch(cls, {"w": w, "step": 3}, mutate=lambda: w.fill_(5.0))
+        assert float(got["w"][0]) == expect and got["step"] == 3  # stock torchft serves live tensors
+
+
+def test_healing_state_from_a_peer_is_never_unpickled():
+    from muloco.compat.healing_transport import SafeHTTPTransport
+
+    with pytest.raises(pickle.UnpicklingError, match="unsupported GLOBAL|Weights only load failed"):
+        _serve_and_fetch(SafeHTTPTransport, {"w": torch.ones(2), "evil": _Payload()})

@@ -5,7 +5,9 @@
 
 Every run is a real job on this machine, started as users start one: a torchft
 lighthouse (``python -m muloco.launch.lighthouse --bind 127.0.0.1:0``, with
-``--join_timeout_ms 20000`` so both groups are in every quorum) and K=2 replica-group
+``--join_timeout_ms 20000 --min_replicas 2`` so both groups are in every quorum: with
+``--min_replicas 1`` a replica that is up first can form a quorum of one, and in a
+short run both may train and "sync" alone without ever meeting) and K=2 replica-group
 processes (``python -m muloco.train --config diloco/diloco ...``), each a world of one
 with its own store port, ``OMP_NUM_THREADS=1`` (two single-threaded replicas on a
 2-core machine), the dense fp32 all-reduce exchange over gloo, validation and
@@ -20,9 +22,12 @@ loop, mean and max ms per sync and bytes per sync. The loop's wall time is taken
 the replica's own log, from "Training starts" to torchtitan's post-loop "Sleeping 2
 seconds" line; the trainer's ``wall_seconds`` (and its ``sync_share_of_wall_time``)
 also counts that fixed 2 s sleep, so it is printed alongside but is not the headline.
-The first sync of a run includes setting up the cross-replica process group, so
-mean, median and share are printed with and without it. The headline is the worse
-replica's median share over the repeats (the target is <= 3% at H=30).
+The first sync of a run includes setting up the cross-replica process group and
+absorbs the replicas' start-up skew (the first replica up waits for the other), so
+mean, median and share are printed with and without it, and so is the share of the
+sync itself: per sync the time of the replica that arrived last, over the loop. The headline is the share of
+the worse replica of each run (the one that waited more for its peer; which one that
+is changes from run to run), median over the repeats; the target is <= 3% at H=30.
 
 Part 2 (sync time by model size): ~1.3M, ~5.9M and ~21M parameters
 (llama3-w128-d4-h2, llama3-w256-d6-h4, llama3-w512-d6-h4, default vocabulary),
@@ -43,10 +48,11 @@ DiLoCo costs a real run.
 
 Every child runs in its own session under a deadline and is killed by its PID (its
 process group) in a ``finally``; outputs go to a temporary folder removed at the end
-(``--keep`` leaves it). The machine's load average before and after, and the
-replicas' CPU seconds per wall second (about 2.0 when the two replicas have the two
-cores to themselves), say whether other work disturbed the figures. Nothing here
-asserts on timing.
+(``--keep`` leaves it). The machine's load average, and each replica's CPU seconds
+per wall second in its training loop outside syncs (read from /proc while it runs; about 1.0
+when the replica has a core to itself, lower when other work takes CPU from it), say
+whether other work disturbed the figures; runs under 0.85 are named at the end.
+Nothing here asserts on timing.
 """
 
 from __future__ import annotations
@@ -162,21 +168,44 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
             pass
 
 
-def _wait_replicas(procs: list[subprocess.Popen], timeout: float) -> dict[int, tuple[int, float]]:
-    """Reap every replica within ``timeout`` s: pid -> (exit code, CPU seconds). Fails fast
-    (raises) if one exits non-zero; kills nothing itself (the caller's finally does)."""
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a live process, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # fields from the 3rd on: state, ppid, ...
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (14th, 15th)
+
+
+def _wait_replicas(procs: list[subprocess.Popen], timeout: float) -> dict[int, dict]:
+    """Reap every replica within ``timeout`` s: pid -> {code, cpu_s, samples}. ``samples``
+    are (epoch seconds, CPU seconds) every ~50 ms while it ran, so the CPU time of any
+    window (the training loop) can be read off. Fails fast (raises) if one exits non-zero;
+    kills nothing itself (the caller's finally does)."""
     deadline = time.monotonic() + timeout
-    done: dict[int, tuple[int, float]] = {}
+    done: dict[int, dict] = {}
+    samples: dict[int, list[tuple[float, float]]] = {p.pid: [] for p in procs}
     while len(done) < len(procs):
         for p in procs:
             if p.pid in done:
                 continue
+            cpu = _cpu_seconds(p.pid)
+            now = time.time()
             pid, status, usage = os.wait4(p.pid, os.WNOHANG)
             if pid == 0:
+                if cpu is not None:
+                    samples[p.pid].append((now, cpu))
                 continue
             p.returncode = os.waitstatus_to_exitcode(status)
             _LIVE.pop(p.pid, None)
-            done[p.pid] = (p.returncode, usage.ru_utime + usage.ru_stime)
+            total = usage.ru_utime + usage.ru_stime
+            samples[p.pid].append((now, total))
+            done[p.pid] = {"code": p.returncode, "cpu_s": total, "samples": samples[p.pid]}
             if p.returncode != 0:
                 raise RuntimeError(f"replica process {p.pid} exited with {p.returncode}")
         if len(done) < len(procs):
@@ -184,6 +213,14 @@ def _wait_replicas(procs: list[subprocess.Popen], timeout: float) -> dict[int, t
                 raise TimeoutError(f"replicas still running after {timeout:.0f}s")
             time.sleep(0.05)
     return done
+
+
+def _cpu_at(samples: list[tuple[float, float]], t: float) -> float | None:
+    """CPU seconds at epoch ``t``, interpolated between the samples around it."""
+    for (t0, c0), (t1, c1) in zip(samples, samples[1:]):
+        if t0 <= t <= t1:
+            return c0 + (c1 - c0) * ((t - t0) / (t1 - t0) if t1 > t0 else 0.0)
+    return None
 
 
 def _tail(path: Path, n: int = 30) -> str:
@@ -203,15 +240,15 @@ def _log_time(line: str) -> float | None:
     return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def _loop_seconds(log: Path) -> float | None:
-    """From "Training starts" to torchtitan's post-loop "Sleeping 2 seconds", per the log."""
+def _loop_window(log: Path) -> tuple[float, float] | None:
+    """Epoch times of "Training starts" and torchtitan's post-loop "Sleeping 2 seconds"."""
     start = end = None
     for line in log.read_text(errors="replace").splitlines():
         if start is None and "Training starts at step" in line:
             start = _log_time(line)
         elif "Sleeping 2 seconds for other ranks" in line:
             end = _log_time(line)
-    return end - start if start is not None and end is not None else None
+    return (start, end) if start is not None and end is not None else None
 
 
 def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: float) -> dict:
@@ -229,7 +266,7 @@ def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: f
         lh_log = work / "lighthouse.log"
         lighthouse = _spawn(
             [sys.executable, "-m", "muloco.launch.lighthouse", "--bind", "127.0.0.1:0",
-             "--min_replicas", "1", "--join_timeout_ms", "20000", "--heartbeat_timeout_ms", "5000"],
+             "--min_replicas", str(K), "--join_timeout_ms", "20000", "--heartbeat_timeout_ms", "5000"],
             base_env, lh_log,
         )
         url = None
@@ -278,13 +315,22 @@ def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: f
             for r in rows if "sync/step" in r
         ]
         syncs.sort(key=lambda s: s["step"])
+        window = _loop_window(logs[i])
+        loop_cpu = None
+        if window is not None:
+            c0, c1 = (_cpu_at(exits[p.pid]["samples"], t) for t in window)
+            # Outside syncs: a replica blocked in a sync (waiting for its peer) is not short of CPU.
+            busy = window[1] - window[0] - summary["diloco"]["sync_seconds_total"]
+            if c0 is not None and c1 is not None and busy > 0:
+                loop_cpu = (c1 - c0) / busy
         out["replicas"].append({
             "replica": i,
             "summary": summary,
             "diloco": summary["diloco"],
             "syncs": syncs,
-            "loop_s": _loop_seconds(logs[i]),
-            "cpu_s": exits[p.pid][1],
+            "loop_s": window[1] - window[0] if window is not None else None,
+            "loop_cpu_per_wall": loop_cpu,
+            "cpu_s": exits[p.pid]["cpu_s"],
         })
     return out
 
@@ -313,6 +359,9 @@ def _fmt_params(n: int) -> str:
     return f"{n / 1e6:.1f}M"
 
 
+_BAD_SYNCS: list[str] = []
+
+
 def _check_syncs(job: dict) -> list[str]:
     """Notes for syncs that did not have both replicas or did not commit."""
     notes = []
@@ -323,6 +372,7 @@ def _check_syncs(job: dict) -> list[str]:
                     f"{job['name']} replica {r['replica']} sync at step {s['step']}: committed={s['committed']} "
                     f"participants={s['participants']} contributors={s['contributors']}"
                 )
+    _BAD_SYNCS.extend(notes)
     return notes
 
 
@@ -349,22 +399,26 @@ def _replica_figures(r: dict) -> dict:
         "max_rest": max(rest) if rest else float("nan"),
         "first": secs[0] if secs else float("nan"),
         "bytes_per_sync": d["bytes_sent"] / d["syncs"] if d["syncs"] else float("nan"),
+        "step_s": (loop - total) / r["summary"]["steps"],
     }
 
 
-def _cpu_per_wall(job: dict) -> float:
-    """The replicas' CPU seconds (start-up included) per second of the job's wall time."""
-    return sum(r["cpu_s"] for r in job["replicas"]) / job["job_wall_s"]
+def _cpu_per_wall(job: dict) -> str:
+    """Each replica's CPU seconds per wall second of its training loop outside syncs: about
+    1.0 when it had a core to itself (one torch thread), lower when other processes took
+    CPU from it."""
+    return "/".join(f"{r['loop_cpu_per_wall']:.2f}" if r["loop_cpu_per_wall"] is not None else "n/a"
+                    for r in job["replicas"])
 
 
 _DISTURBED: list[str] = []
-DISTURBED_BELOW = 1.6  # replicas' CPU/wall under this: other processes had a core part of the time
+DISTURBED_BELOW = 0.85  # a replica's loop CPU/wall under this: other processes took part of its core
 
 
 def _note_disturbance(job: dict) -> None:
-    cpu = _cpu_per_wall(job)
-    if cpu < DISTURBED_BELOW:
-        _DISTURBED.append(f"{job['name']} ({cpu:.2f})")
+    if any(r["loop_cpu_per_wall"] is not None and r["loop_cpu_per_wall"] < DISTURBED_BELOW
+           for r in job["replicas"]):
+        _DISTURBED.append(f"{job['name']} ({_cpu_per_wall(job)})")
 
 
 def _last_to_arrive(job: dict, skip_first: bool = True) -> list[float]:
@@ -387,8 +441,8 @@ def part_share(args, root: Path) -> dict:
         job = run_job(root, f"share-{rep}", TINY, overrides, args.timeout)
         jobs.append(job)
         _note_disturbance(job)
-        print(f"  run {rep + 1}: job {job['job_wall_s']:.1f}s, replicas' CPU/wall {_cpu_per_wall(job):.2f} "
-              f"(2.00 = both cores theirs), load avg {_loadavg()}", flush=True)
+        print(f"  run {rep + 1}: job {job['job_wall_s']:.1f}s, CPU/wall per replica (loop outside syncs) {_cpu_per_wall(job)} "
+              f"(1.00 = a core of its own), load avg {_loadavg()}", flush=True)
 
     params = jobs[0]["replicas"][0]["diloco"]["outer_parameters"]
     print(f"\n  outer parameters {params:,}; per replica and run "
@@ -396,7 +450,7 @@ def part_share(args, root: Path) -> dict:
           "and absorbs the replicas' start-up skew):")
     hdr = (f"  {'run':>3} {'rep':>3} {'loop s':>7} {'wall s':>7} {'sync s':>7} {'share':>7} "
            f"{'w/o 1st':>7} {'trainer':>7} {'syncs':>5} {'1st ms':>8} {'mean ms':>8} {'w/o 1st':>8} "
-           f"{'med ms':>8} {'w/o 1st':>8} {'max ms':>8} {'w/o 1st':>8} {'MB/sync':>8}")
+           f"{'med ms':>8} {'w/o 1st':>8} {'max ms':>8} {'w/o 1st':>8} {'MB/sync':>8} {'ms/step':>8}")
     print(hdr)
     per_replica: dict[int, list[dict]] = {i: [] for i in range(K)}
     for rep, job in enumerate(jobs):
@@ -408,11 +462,12 @@ def part_share(args, root: Path) -> dict:
                 f"{_pct(f['share']):>7} {_pct(f['share_rest']):>7} {_pct(f['share_trainer']):>7} "
                 f"{f['committed']:>2}/{f['syncs']:<2} {_ms(f['first']):>8} {_ms(f['mean']):>8} "
                 f"{_ms(f['mean_rest']):>8} {_ms(f['median']):>8} {_ms(f['median_rest']):>8} "
-                f"{_ms(f['max']):>8} {_ms(f['max_rest']):>8} {f['bytes_per_sync'] / 1e6:>8.2f}"
+                f"{_ms(f['max']):>8} {_ms(f['max_rest']):>8} {f['bytes_per_sync'] / 1e6:>8.2f} {_ms(f['step_s']):>8}"
             )
     print("  loop s: training loop per the replica's log; wall s: the trainer's wall_seconds (loop + "
           "torchtitan's 2 s post-loop sleep); share = sync s / loop s; trainer = its own "
-          "sync_share_of_wall_time (over wall s)")
+          "sync_share_of_wall_time (over wall s);\n  ms/step: (loop s - sync s) / steps, "
+          "the replica's own pace (the faster replica waits for the slower one at every sync)")
 
     med = {i: {k: _med([f[k] for f in fs]) for k in fs[0]} for i, fs in per_replica.items()}
     print(f"\n  median over {args.repeats} run(s):")
@@ -425,15 +480,20 @@ def part_share(args, root: Path) -> dict:
               f"{m['bytes_per_sync'] / 1e6:.2f} MB sent per sync")
     last = [x for job in jobs for x in _last_to_arrive(job)]
     first_last = [_last_to_arrive(job, skip_first=False)[0] for job in jobs]
+    no_wait = _med([sum(_last_to_arrive(job, skip_first=False)) / _med([r["loop_s"] for r in job["replicas"]])
+                    for job in jobs])
     print(f"    last to arrive (per sync the smaller replica's time, the one that waited least): "
           f"w/o 1st median {_ms(_med(last))} ms over {len(last)} sync(s); 1st sync median "
           f"{_ms(_med(first_last))} ms (so most of a long 1st sync is waiting for the peer to start up)")
+    print(f"    share without waiting for the peer (those last-to-arrive times, all syncs, / loop): "
+          f"{_pct(no_wait)}; the rest of a replica's share is waiting for the slower replica")
     notes = [n for job in jobs for n in _check_syncs(job)]
     for n in notes:
         print(f"  note: {n}")
-    return {"params": params, "h": h,
-            "share": max(med[i]["share"] for i in range(K)),
-            "share_rest": max(med[i]["share_rest"] for i in range(K)),
+    return {"params": params, "h": h, "no_wait": no_wait,
+            # per run the worse replica (which one waits more changes from run to run), median over runs
+            "share": _med([max(f["share"] for f in run) for run in zip(*per_replica.values())]),
+            "share_rest": _med([max(f["share_rest"] for f in run) for run in zip(*per_replica.values())]),
             "per_replica": {i: med[i] for i in range(K)}, "notes": notes}
 
 
@@ -452,7 +512,7 @@ def part_size(args, root: Path) -> dict:
             _note_disturbance(job)
             secs = [s["seconds"] for r in job["replicas"] for s in r["syncs"][1:]]
             print(f"  run {rep + 1} {flavor:<20} job {job['job_wall_s']:5.1f}s, per sync (w/o 1st) median "
-                  f"{_ms(_med(secs))} ms, replicas' CPU/wall {_cpu_per_wall(job):.2f}, load avg {_loadavg()}", flush=True)
+                  f"{_ms(_med(secs))} ms, loop CPU/wall {_cpu_per_wall(job)}, load avg {_loadavg()}", flush=True)
 
     print(f"\n  {'flavor':<20} {'params':>11} {'MB/sync':>8} {'n':>5} {'1st ms':>8} {'med ms':>8} "
           f"{'min ms':>8} {'max ms':>8} {'last ms':>8} {'MB/s':>7} {'last MB/s':>9}")
@@ -481,7 +541,7 @@ def part_size(args, root: Path) -> dict:
               f"{bytes_per_sync / 1e6 / med:>7.0f} {bytes_per_sync / 1e6 / lmed:>9.0f}")
         notes += [n for j in js for n in _check_syncs(j)]
     print("  n: per-sync times after each replica's first (both replicas, all runs); 1st: median of "
-          "first syncs (process-group setup);\n  med/min/max: over those syncs; last: per sync the smaller "
+          "first syncs (process-group setup and start-up skew);\n  med/min/max: over those syncs; last: per sync the smaller "
           "replica's time (the one that arrived last, least straggler wait);\n  MB/s: bytes sent per sync / "
           "sync time (an effective rate: the sync also takes the quorum, Δ, commit vote, outer step)")
 
@@ -572,8 +632,9 @@ def main(argv=None) -> int:
         verdict_rest = "within" if share["share_rest"] <= TARGET_SHARE else "ABOVE"
         print(f"sync share at H={share['h']}, K={K}, tiny ({_fmt_params(share['params'])}): "
               f"{_pct(share['share'])} with the 1st sync ({verdict} target <= {TARGET_SHARE:.0%}), "
-              f"{_pct(share['share_rest'])} without it ({verdict_rest}); worse replica, median of "
-              f"{args.repeats} run(s)  [{per}]")
+              f"{_pct(share['share_rest'])} without it ({verdict_rest}); the worse replica of each run, median "
+              f"over {args.repeats} run(s)  [per replica, median over runs: {per}]")
+        print(f"  of which the sync itself (no waiting for the slower peer): {_pct(share['no_wait'])}")
     if sizes is not None:
         by = ", ".join(f"{_fmt_params(r['params'])}: {_ms(r['median_s'])} ms" for r in sizes.values())
         last = ", ".join(f"{_fmt_params(r['params'])}: {_ms(r['last_s'])} ms" for r in sizes.values())
@@ -584,9 +645,13 @@ def main(argv=None) -> int:
         big = sizes[SIZES[-1]]
         print(f"  a per-step fp32 all-reduce would have sent {big['per_step_bytes'] / big['sent_bytes']:.1f}x "
               f"DiLoCo's bytes (H={args.size_every}; the ratio is about H)")
+    if _BAD_SYNCS:
+        print(f"WARNING: {len(_BAD_SYNCS)} sync(s) did not have all {K} replicas (their times are not "
+              f"those of a {K}-replica sync): {'; '.join(_BAD_SYNCS[:4])}")
     if _DISTURBED:
-        print(f"note: the replicas got under {DISTURBED_BELOW} of the 2 cores (CPU/wall) in "
-              f"{', '.join(_DISTURBED)}: other processes competed for the CPU, so those timings are "
+        print(f"note: a replica got under {DISTURBED_BELOW} CPU seconds per wall second in its training loop "
+              "(outside syncs) "
+              f"in {', '.join(_DISTURBED)}: other processes competed for the CPU, so those timings are "
               "disturbed (slower steps, and more waiting for the slower replica at syncs)")
     print(f"load average after: {_loadavg()}; total bench time {time.perf_counter() - t0:.0f}s")
     return 0

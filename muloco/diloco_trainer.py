@@ -19,7 +19,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from torchtitan.components.checkpoint import LR_SCHEDULER, MODEL, OPTIMIZER
+from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.tools.logging import logger
 
@@ -48,8 +48,12 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         super().__init__(config)
         manager = self.ft_manager.manager
         logging.getLogger("torchft").setLevel(logging.WARNING)  # per-sync INFO lines; ours say it once
-        self.outer = config.outer.build(model=self.model_parts[0], manager=manager, device=self.device)
-        self.checkpointer.states["outer"] = self.outer
+        self.outer = config.outer.build(
+            model=self.model_parts[0], manager=manager, device=self.device, replica_id=config.fault_tolerance.replica_id
+        )
+        if self.checkpointer.enable:
+            self.checkpointer.states["outer"] = self.outer
+        self._model_state = ModelWrapper(self.model_parts)  # healing works with checkpoints off too
         manager.register_state_dict_fn(HEALING_KEY, self._load_healing_state, self._healing_state)
         if config.validator.enable:
             self.validator.evaluate_with(self.outer.global_params, self.outer.validation_due)
@@ -75,21 +79,19 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
 
     # -------------------------------------------------------------- healing
     def _healing_state(self) -> dict[str, Any]:
-        states = self.checkpointer.states
         return {
-            "model": states[MODEL].state_dict(),
-            "optimizer": states[OPTIMIZER].state_dict(),
-            "lr_scheduler": states[LR_SCHEDULER].state_dict(),
+            "model": self._model_state.state_dict(),
+            "optimizer": self.optimizers.state_dict(),
+            "lr_scheduler": self.lr_schedulers.state_dict(),
             "train_state": self.state_dict(),
             "outer": self.outer.healing_state_dict(),
         }
 
     def _load_healing_state(self, state: dict[str, Any]) -> None:
-        states = self.checkpointer.states
         before = self.step
-        states[MODEL].load_state_dict(state["model"])
-        states[OPTIMIZER].load_state_dict(state["optimizer"])
-        states[LR_SCHEDULER].load_state_dict(state["lr_scheduler"])
+        self._model_state.load_state_dict(state["model"])
+        self.optimizers.load_state_dict(state["optimizer"])
+        self.lr_schedulers.load_state_dict(state["lr_scheduler"])
         self.load_state_dict(state["train_state"])
         self.outer.load_healing_state_dict(state["outer"])
         logger.info(f"healed from a peer: step {before} -> {self.step}")

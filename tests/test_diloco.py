@@ -9,6 +9,8 @@ import time
 import pytest
 from replicas import DILOCO_TINY, Cluster, losses, summary, syncs
 
+from muloco.launch.local import LocalJob
+
 H = 10
 
 
@@ -82,7 +84,7 @@ def test_killed_replica_survivors_go_on_and_restart_heals(cluster, tmp_path, whe
     extra = ("--outer.fragment_sync_delay", "3") if when == "exchange" else ()
     drill_step = 17  # prepared at 17, applied at 20 (τ = 3)
     for i in range(3):
-        env = {"MULOCO_DRILL_KILL_IN_EXCHANGE_AT_STEP": str(drill_step)} if when == "exchange" and i == 2 else {}
+        env = {"MULOCO_DRILL_KILL_IN_EXCHANGE": f"2:{drill_step}"} if when == "exchange" else {}
         c.start_replica(i, _args(dump, steps=steps, extra=extra), env=env)
     if when == "random":
         c.wait_for("r2", r"sync at step 10", 120)
@@ -102,7 +104,7 @@ def test_killed_replica_survivors_go_on_and_restart_heals(cluster, tmp_path, whe
     else:
         raise AssertionError(f"survivor did not commit without the dead replica:\n{c.tail('r0')}")
     resumed_after = time.time() - killed_at
-    c.start_replica(2, _args(dump, steps=steps, extra=extra), tag="r2b")
+    c.start_replica(2, _args(dump, steps=steps, extra=extra), tag="r2b")  # no drill this time
     for name in ("r0", "r1", "r2b"):
         assert c.wait(name, 240) == 0, c.tail(name)
     assert "healed from a peer" in c.logs["r2b"].read_text()
@@ -181,3 +183,29 @@ def test_lighthouse_killed_mid_run_is_a_clear_error_within_the_timeout(cluster, 
     assert "lost its quorum" in text and "lighthouse" in text
     assert elapsed < quorum_timeout + 60, elapsed
     print(f"lighthouse killed: replica stopped with a clear error after {elapsed:.1f}s")
+
+
+@pytest.mark.timeout(300)
+def test_launcher_restarts_a_dead_replica_which_heals_and_finishes(tmp_path):
+    """The README's launcher, with --max-restarts: replica 1 dies inside an exchange once."""
+    dump = tmp_path / "run"
+    job = LocalJob(
+        config="diloco/diloco",
+        replicas=2,
+        # long enough that the peer is still training when the restarted replica comes back
+        overrides=[*_args(dump, steps=600)[2:], "--checkpoint.no-enable", "--validator.freq", "200"],
+        max_restarts=1,
+        heartbeat_timeout_ms=1000,
+        join_timeout_ms=20000,
+        env={"MULOCO_DRILL_KILL_IN_EXCHANGE": "1:30"},
+        console=open(tmp_path / "console.txt", "w"),
+    )
+    assert job.run() == 0, (tmp_path / "console.txt").read_text()[-3000:]
+    log = (dump / "logs" / "replica_1.log").read_text()
+    assert "fault drill: killing replica 1" in log and "=== restart 1 ===" in log
+    assert "healed from a peer" in log.split("=== restart 1 ===")[1]
+    final = [syncs(dump, i)[-1] for i in range(2)]
+    assert final[0]["step"] == final[1]["step"] == 600
+    assert final[0]["global_sha256"] == final[1]["global_sha256"]
+    console = (tmp_path / "console.txt").read_text()
+    assert "[r0]" in console and "[r1]" in console and "local job finished: 2 replicas ok" in console

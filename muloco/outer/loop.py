@@ -35,16 +35,16 @@ from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.schedule import SyncSchedule, model_fragments
 
 
-def _drill_kill_in_exchange(step: int) -> None:
+def _drill_kill_in_exchange(replica_id: int, step: int) -> None:
     """Fault drill: SIGKILL this process after it joined the quorum, before it sends.
 
-    ``MULOCO_DRILL_KILL_IN_EXCHANGE_AT_STEP=N`` makes the replica die inside the sync
-    prepared at step N, so its peers are left with an exchange that cannot complete
+    ``MULOCO_DRILL_KILL_IN_EXCHANGE=R:N`` makes replica group R die inside the sync it
+    prepares at step N, so its peers are left with an exchange that cannot complete
     (the case a random kill rarely hits). Unset in normal runs.
     """
-    at = os.environ.get("MULOCO_DRILL_KILL_IN_EXCHANGE_AT_STEP")
-    if at is not None and int(at) == step:
-        logger.warning(f"fault drill: killing this replica inside the exchange at step {step}")
+    drill = os.environ.get("MULOCO_DRILL_KILL_IN_EXCHANGE")
+    if drill and drill == f"{replica_id}:{step}":
+        logger.warning(f"fault drill: killing replica {replica_id} inside the exchange at step {step}")
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -144,8 +144,11 @@ class OuterLoop(Configurable):
             if self.backup_device not in ("cpu", "device"):
                 raise ValueError(f"outer.backup_device must be cpu or device, got {self.backup_device!r}")
 
-    def __init__(self, config: Config, *, model: nn.Module, manager: Any, device: torch.device):
+    def __init__(
+        self, config: Config, *, model: nn.Module, manager: Any, device: torch.device, replica_id: int = 0
+    ):
         config.validate()
+        self.replica_id = replica_id
         self.config = config
         self.manager = manager
         self.schedule = config.schedule()
@@ -172,7 +175,7 @@ class OuterLoop(Configurable):
         self._healed = False
         self.manager.start_quorum()  # heals this replica from a peer if it is behind
         contributes = not self._healed
-        _drill_kill_in_exchange(step)
+        _drill_kill_in_exchange(self.replica_id, step)
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
         deltas = [g.to(self.device) - l for g, l in zip(frag.globals, frag.locals())]

@@ -8,7 +8,6 @@ with one message and exit status 2.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 from muloco import compat
@@ -22,17 +21,12 @@ from muloco.checkpoint import CheckpointLoadError  # noqa: E402
 from muloco.config.checks import check_config  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.launch.ports import free_port  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_BAD_CHECKPOINT = 3
 EXIT_REPLICA_GROUP = 4
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_single_process_env() -> None:
@@ -45,7 +39,7 @@ def ensure_single_process_env() -> None:
         WORLD_SIZE="1",
         LOCAL_WORLD_SIZE="1",
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(_free_port()),
+        MASTER_PORT=str(free_port()),
     )
 
 

@@ -17,20 +17,14 @@ from pathlib import Path
 
 from conftest import REPO, TINY
 
+from muloco.launch.ports import free_ports
+
 DILOCO_TINY = [
     *TINY,
     "--metrics.log_freq", "5",
     "--metrics.no-enable-tensorboard",
     "--outer.fingerprint",
 ]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:
@@ -40,7 +34,7 @@ class Cluster:
         self.tmp, self.k = tmp, k
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
-        self.ports = {i: _free_port() for i in range(k)}
+        self.ports = dict(enumerate(free_ports(k)))
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.join_timeout_ms = join_timeout_ms
         self.min_replicas = min_replicas

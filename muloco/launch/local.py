@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import IO, Callable
+
+from muloco.launch.ports import free_port, free_ports  # noqa: F401 - re-exported for callers
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"
 LIGHTHOUSE_START_TIMEOUT_S = 30.0
@@ -40,25 +41,6 @@ class LaunchError(Exception):
     def __init__(self, message: str, status: int = 1):
         super().__init__(message)
         self.status = status
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free right now on ``host``; the OS picks it, so parallel jobs rarely collide."""
-    return free_ports(1, host)[0]
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free ports: all sockets are held open together so none is handed out twice."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((host, 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def dump_folder_from(overrides: list[str]) -> str:

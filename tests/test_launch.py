@@ -125,7 +125,7 @@ def test_cli_arguments_split_into_options_and_overrides(tmp_path):
     assert job.replica_command(2)[1:] == [
         "-m", "muloco.train", "--config", "diloco/diloco", "--fault_tolerance.replica_id", "2",
         "--fault_tolerance.group_size", "3", *job.overrides]
-    assert job_from_args([]).resolved_log_dir == os.path.join("./outputs/local-diloco", "logs")
+    assert job_from_args([]).resolved_log_dir == os.path.join("./outputs/diloco", "logs")  # the config's
     assert len(set(free_ports(8))) == 8
 
 

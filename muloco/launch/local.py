@@ -43,9 +43,22 @@ class LaunchError(Exception):
         self.status = status
 
 
-def dump_folder_from(overrides: list[str]) -> str:
+def config_dump_folder(config: str) -> str:
+    """The dump folder a config module sets (loading it imports torchtitan: a few seconds)."""
+    from muloco import compat
+
+    compat.apply()
+    from muloco.config import load_config
+
+    try:
+        return load_config(config).dump_folder
+    except Exception:  # noqa: BLE001 - a bad config is reported by the replicas themselves
+        return DEFAULT_DUMP_FOLDER
+
+
+def dump_folder_from(overrides: list[str], default: str = DEFAULT_DUMP_FOLDER) -> str:
     """The ``--dump_folder`` the replicas will get (last one wins, as in the trainer's CLI)."""
-    folder = DEFAULT_DUMP_FOLDER
+    folder = default
     for i, arg in enumerate(overrides):
         if arg == "--dump_folder" and i + 1 < len(overrides):
             folder = overrides[i + 1]
@@ -261,7 +274,13 @@ class LocalJob:
 
     @property
     def resolved_log_dir(self) -> str:
-        return self.log_dir or os.path.join(dump_folder_from(self.overrides), "logs")
+        """``log_dir``, else ``<dump folder>/logs``: the overrides' ``--dump_folder`` or, for the
+        trainer, the config's own dump folder (logs sit next to the replicas' outputs)."""
+        if self.log_dir:
+            return self.log_dir
+        if self.command is None and dump_folder_from(self.overrides, "") == "":
+            return os.path.join(config_dump_folder(self.config), "logs")
+        return os.path.join(dump_folder_from(self.overrides), "logs")
 
     def replica_command(self, i: int) -> list[str]:
         """The child command line: the trainer with its replica id, or ``command`` as given."""

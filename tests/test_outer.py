@@ -193,10 +193,16 @@ def _run_replica(r, k, lighthouse, init, steps, cfg, out, errors):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "h,p,tau,alpha,name",
-    [(4, 1, 0, 0.0, "nesterov"), (6, 2, 1, 0.5, "nesterov"), (6, 3, 1, 0.0, "sgd"), (4, 2, 0, 0.25, "none")],
+    "h,p,tau,alpha,name,dtype",
+    [
+        (4, 1, 0, 0.0, "nesterov", "float32"),
+        (6, 2, 1, 0.5, "nesterov", "float32"),
+        (6, 3, 1, 0.0, "sgd", "float32"),
+        (4, 2, 0, 0.25, "none", "float32"),
+        (4, 1, 0, 0.0, "nesterov", "bfloat16"),  # summed in bf16 on the wire
+    ],
 )
-def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha, name):
+def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha, name, dtype):
     k, steps, lr, mu = 2, 3 * h, 0.7, 0.9
     torch.manual_seed(1)
     init = {n: t.detach().clone() for n, t in Tiny(4).named_parameters()}
@@ -204,6 +210,8 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
     url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
     cfg = OuterLoop.Config(sync_every=h, num_fragments=p, fragment_sync_delay=tau, fragment_update_alpha=alpha)
     cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum = name, lr, mu
+    cfg.exchange.dtype = dtype
+    tol = 1e-5 if dtype == "float32" else 5e-3
     out, errors = {}, []
     threads = [
         threading.Thread(target=_run_replica, args=(r, k, url, init, steps, cfg, out, errors), daemon=True)
@@ -224,7 +232,7 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
         assert all(committed) and len(history) == len(expected)
         for got, want in zip(history, expected):
             for n in want:
-                torch.testing.assert_close(got[n].double(), want[n], rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(got[n].double(), want[n], rtol=tol, atol=tol)
     for a, b in zip(out[0][0], out[1][0]):  # replicas agree bitwise after every sync
         assert all(torch.equal(a[n], b[n]) for n in a)
     assert not math.isnan(sum(float(v.sum()) for v in out[0][0][-1].values()))

@@ -25,7 +25,7 @@ from torchtitan.tools.logging import logger
 
 from muloco.checkpoint import ReplicaCheckpointManager
 from muloco.outer import OuterLoop
-from muloco.outer.manager import ReplicaGroupError, ReplicaGroupManager
+from muloco.outer.manager import ReplicaGroupError, ReplicaGroupManager, wait_for_replica_groups
 from muloco.trainer import MulocoTrainer, MulocoTrainerMixin
 
 HEALING_KEY = "muloco"
@@ -97,6 +97,12 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         logger.info(f"healed from a peer: step {before} -> {self.step}")
 
     # ----------------------------------------------------------------- loop
+    def _on_loop_start(self) -> None:
+        super()._on_loop_start()
+        ft = self.config.fault_tolerance
+        if ft.start_wait_seconds > 0 and ft.group_size > 1:
+            wait_for_replica_groups(ft.lighthouse_url(), ft.group_size, ft.start_wait_seconds)
+
     def train_step(self, data_iterator):
         super().train_step(data_iterator)
         try:

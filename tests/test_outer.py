@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -236,3 +237,24 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
     for a, b in zip(out[0][0], out[1][0]):  # replicas agree bitwise after every sync
         assert all(torch.equal(a[n], b[n]) for n in a)
     assert not math.isnan(sum(float(v.sum()) for v in out[0][0][-1].values()))
+
+
+# -------------------------------------------------------- start rendezvous
+def test_start_waits_until_all_replica_groups_heartbeat():
+    from torchft.coordination import LighthouseClient
+
+    from muloco.outer.manager import heartbeating_replicas, wait_for_replica_groups
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    url = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
+    try:
+        client = LighthouseClient(url, connect_timeout=timedelta(seconds=5))
+        for i in (0, 1):
+            client.heartbeat(f"muloco_replica_{i}:uuid-{i}")
+        assert heartbeating_replicas(url) == {0, 1}
+        assert wait_for_replica_groups(url, 2, timeout=5) == 2
+        started = time.monotonic()
+        assert wait_for_replica_groups(url, 3, timeout=0.5) == 2  # gives up, does not hang
+        assert time.monotonic() - started < 5
+    finally:
+        lighthouse.shutdown()

@@ -12,13 +12,20 @@ field. The lighthouse address comes from ``--fault_tolerance.lighthouse`` or
 from __future__ import annotations
 
 import os
+import re
+import time
+import urllib.request
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torchft
 from torchtitan.experiments.torchft.manager import TorchFTManager
 
+from torchtitan.tools.logging import logger
+
 from muloco.compat import healing_transport
+
+REPLICA_ID_PREFIX = "muloco_replica_"
 
 
 class ReplicaGroupError(RuntimeError):
@@ -48,6 +55,9 @@ class ReplicaGroupManager(TorchFTManager):
         heartbeat_interval_ms: int = 100
         max_commit_failures: int = 20
         """Consecutive failed commits before the replica gives up (-1 = never)."""
+        start_wait_seconds: float = 60.0
+        """Before the first step, wait up to this long until all group_size replica groups
+        are up (0 = don't): otherwise a group that starts first syncs alone."""
 
         def lighthouse_url(self) -> str:
             url = self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
@@ -79,7 +89,7 @@ class ReplicaGroupManager(TorchFTManager):
                 quorum_timeout=timedelta(seconds=config.quorum_timeout_seconds),
                 connect_timeout=timedelta(seconds=config.connect_timeout_seconds),
                 lighthouse_addr=url,
-                replica_id=f"muloco_replica_{config.replica_id}",
+                replica_id=f"{REPLICA_ID_PREFIX}{config.replica_id}",
                 heartbeat_interval=timedelta(milliseconds=config.heartbeat_interval_ms),
                 checkpoint_transport=healing_transport.build(timeout),
                 init_sync=False,
@@ -92,3 +102,44 @@ class ReplicaGroupManager(TorchFTManager):
                 "Is it running? Start it with ./torchft_lighthouse, check the address and port, "
                 "or raise --fault_tolerance.connect_timeout_seconds."
             ) from err
+
+
+def heartbeating_replicas(lighthouse_url: str, timeout: float = 5.0) -> set[int]:
+    """Ids of the replica groups whose managers heartbeat to the lighthouse right now.
+
+    torchft 0.2.0 has no client call for this; its status page lists heartbeats as
+    ``<replica_id>:<uuid>: seen <age>s ago``. The page is what torchft's own dashboard
+    polls; if its format changes this returns an empty set and callers stop waiting.
+    """
+    with urllib.request.urlopen(f"{lighthouse_url.rstrip('/')}/status", timeout=timeout) as page:
+        text = page.read().decode("utf-8", "replace")
+    return {int(m) for m in re.findall(rf"{REPLICA_ID_PREFIX}(\d+):[\w-]+: seen", text)}
+
+
+def wait_for_replica_groups(lighthouse_url: str, expected: int, timeout: float, poll: float = 0.1) -> int:
+    """Block until ``expected`` replica groups heartbeat (or ``timeout``); returns how many did.
+
+    The lighthouse forms a quorum from the groups that are up: without this, a group
+    that starts a few seconds before the others syncs alone, and the others then
+    heal from it instead of contributing their first round.
+    """
+    deadline = time.monotonic() + timeout
+    seen: set[int] = set()
+    last_report = 0.0
+    while True:
+        try:
+            seen = heartbeating_replicas(lighthouse_url)
+        except OSError:
+            seen = set()
+        if len(seen) >= expected or time.monotonic() >= deadline:
+            break
+        if time.monotonic() - last_report > 10:
+            logger.info(f"waiting for replica groups: {len(seen)}/{expected} up")
+            last_report = time.monotonic()
+        time.sleep(poll)
+    if len(seen) < expected:
+        logger.warning(
+            f"only {len(seen)}/{expected} replica groups up after {timeout:g}s; starting anyway "
+            "(the others heal from a peer when they arrive)"
+        )
+    return len(seen)

@@ -45,9 +45,10 @@ def test_console_lines_show_progress(tmp_path):
     assert {"loss", "lr", "tokens_per_second", "step_time_s", "eta_s"} <= record.keys()
 
 
-def test_resume_matches_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("optimizer", [[], ["--optimizer.name", "Muon", "--optimizer.lr", "0.02"]], ids=["adamw", "muon"])
+def test_resume_matches_uninterrupted_run(tmp_path, optimizer):
     common = ["--config", "base", *TINY, "--metrics.log_freq", "1", "--validator.freq", "1000",
-              "--checkpoint.interval", "10", "--lr_scheduler.total_steps", "20"]
+              "--checkpoint.interval", "10", "--lr_scheduler.total_steps", "20", *optimizer]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     a = run_train([*common, "--training.steps", "20", "--dump_folder", str(straight)])
     assert a.returncode == 0, a.stderr[-3000:]

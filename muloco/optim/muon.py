@@ -1,0 +1,175 @@
+"""Muon for 2-D hidden weight matrices, correct on FSDP-sharded (DTensor) parameters.
+
+Per matrix W (fan_out × fan_in) with gradient G:
+  B ← μ·B + (1 − μ)·G (EMA momentum, as torch.optim.Muon and Keller Jordan's Muon);
+  U = (1 − μ)·G + μ·B with Nesterov, else B;
+  O = NS(U)  (Newton–Schulz, bf16, on the *whole* matrix);
+  W ← W·(1 − lr·wd) − lr·s·O  with the base (scheduled) lr for decay and s from
+  ``lr_scaling``: original √max(1, fan_out/fan_in), match_rms_adamw 0.2·√max(fan_out, fan_in),
+  spectral √(fan_out/fan_in).
+
+Sharded parameters: orthogonalising a shard on its own is a different (wrong) update
+(36–54% relative error measured). Each matrix is gathered once, the Newton–Schulz work
+is spread over the ranks of the shard group (matrix i on rank i mod W, same-shape
+matrices batched), and every rank keeps its shard of each result.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+from muloco.optim.newton_schulz import COEFFICIENTS, orthogonalize
+
+LR_SCALINGS = ("original", "match_rms_adamw", "spectral")
+
+
+def lr_scale(shape: torch.Size, rule: str) -> float:
+    fan_out, fan_in = shape[-2], shape[-1]
+    if rule == "original":
+        return math.sqrt(max(1.0, fan_out / fan_in))
+    if rule == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(fan_out, fan_in))
+    if rule == "spectral":
+        return math.sqrt(fan_out / fan_in)
+    raise ValueError(f"unknown Muon lr_scaling {rule!r}; choose one of {', '.join(LR_SCALINGS)}")
+
+
+def check_settings(momentum: float, ns_steps: int, coefficients: str, lr_scaling: str) -> None:
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"Muon momentum must be in [0, 1), got {momentum}")
+    if ns_steps < 1:
+        raise ValueError(f"Muon ns_steps must be >= 1, got {ns_steps}")
+    if coefficients not in COEFFICIENTS:
+        raise ValueError(
+            f"unknown Newton–Schulz coefficient set {coefficients!r}; choose one of {', '.join(COEFFICIENTS)}"
+        )
+    if lr_scaling not in LR_SCALINGS:
+        raise ValueError(f"unknown Muon lr_scaling {lr_scaling!r}; choose one of {', '.join(LR_SCALINGS)}")
+
+
+class Muon(torch.optim.Optimizer):
+    def __init__(
+        self,
+        params,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        weight_decay: float = 0.0,
+        ns_steps: int = 5,
+        coefficients: str = "keller",
+        lr_scaling: str = "original",
+        eps: float = 1e-7,
+        **_implementation_kwargs,  # torchtitan adds fused/foreach to every group
+    ):
+        check_settings(momentum, ns_steps, coefficients, lr_scaling)
+        defaults = dict(
+            lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
+            ns_steps=ns_steps, coefficients=coefficients, lr_scaling=lr_scaling, eps=eps,
+        )
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dim() != 2:
+                    raise ValueError(f"Muon takes 2-D matrices only; got a parameter of shape {tuple(p.shape)}")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            updates = self._momentum(group, params)
+            ortho = self._orthogonalize(group, params, updates)
+            self._apply(group, params, ortho)
+        return loss
+
+    def _momentum(self, group, params) -> list[torch.Tensor]:
+        mu = group["momentum"]
+        grads = [_local(p.grad) for p in params]
+        bufs = []
+        for p, g in zip(params, grads):
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad)
+            bufs.append(_local(state["momentum_buffer"]))
+        torch._foreach_lerp_(bufs, grads, 1.0 - mu)
+        if group["nesterov"]:
+            return [g.lerp(b, mu) for g, b in zip(grads, bufs)]
+        return [b.clone() for b in bufs]
+
+    def _orthogonalize(self, group, params, updates) -> list[torch.Tensor]:
+        """Local shards of NS(full update) for every parameter, in order."""
+        kwargs = dict(coefficients=group["coefficients"], steps=group["ns_steps"], eps=group["eps"])
+        out: list[torch.Tensor | None] = [None] * len(params)
+        plain = [i for i, p in enumerate(params) if not _sharded(p)]
+        for shape, idx in _by_shape(params, plain).items():
+            result = orthogonalize(torch.stack([updates[i] for i in idx]), **kwargs)
+            for j, i in enumerate(idx):
+                out[i] = result[j]
+        sharded = [i for i, p in enumerate(params) if _sharded(p)]
+        if sharded:
+            for i, o in _orthogonalize_sharded(params, updates, sharded, kwargs).items():
+                out[i] = o
+        return out  # type: ignore[return-value]
+
+    def _apply(self, group, params, ortho) -> None:
+        lr, wd = group["lr"], group["weight_decay"]
+        for p, o in zip(params, ortho):
+            w = _local(p)
+            if wd:
+                w.mul_(1.0 - lr * wd)
+            w.add_(o, alpha=-lr * lr_scale(p.shape, group["lr_scaling"]))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _sharded(p: torch.Tensor) -> bool:
+    return isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
+
+
+def _by_shape(params, indices) -> dict[tuple, list[int]]:
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i in indices:
+        groups[tuple(params[i].shape)].append(i)
+    return groups
+
+
+def _orthogonalize_sharded(params, updates, indices, kwargs) -> dict[int, torch.Tensor]:
+    """Gather each sharded update once, orthogonalise matrix k on rank k mod W, share the
+    results, and keep this rank's shard of each."""
+    mesh = params[indices[0]].device_mesh
+    if mesh.ndim != 1:
+        raise NotImplementedError("Muon on sharded parameters supports a 1-D shard mesh (FSDP)")
+    group = mesh.get_group()
+    world, rank = mesh.size(), mesh.get_local_rank()
+    fulls = [
+        DTensor.from_local(updates[i], mesh, params[i].placements, run_check=False,
+                           shape=params[i].shape, stride=params[i].stride()).full_tensor()
+        for i in indices
+    ]
+    results: dict[int, torch.Tensor] = {}
+    for shape, members in _by_shape(params, indices).items():
+        positions = [indices.index(i) for i in members]
+        mine = [k for n, k in enumerate(positions) if n % world == rank]
+        done = orthogonalize(torch.stack([fulls[k] for k in mine]), **kwargs) if mine else None
+        for n, k in enumerate(positions):
+            owner = n % world
+            buf = done[mine.index(k)].contiguous() if owner == rank else torch.empty_like(fulls[k])
+            dist.broadcast(buf, src=dist.get_global_rank(group, owner), group=group)
+            i = indices[k]
+            local_shape, offset = compute_local_shape_and_global_offset(params[i].shape, mesh, params[i].placements)
+            slices = tuple(slice(o, o + s) for o, s in zip(offset, local_shape))
+            results[i] = buf[slices]
+    return results

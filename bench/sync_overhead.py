@@ -72,6 +72,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from machine import loadavg  # bench/ is on sys.path when a bench script runs
+
 REPO = Path(__file__).resolve().parents[1]
 K = 2
 TARGET_SHARE = 0.03
@@ -434,7 +436,7 @@ def part_share(args, root: Path) -> dict:
         jobs.append(job)
         _note_disturbance(job)
         print(f"  run {rep + 1}: job {job['job_wall_s']:.1f}s, CPU/wall per replica (loop outside syncs) {_cpu_per_wall(job)} "
-              f"(1.00 = a core of its own), load avg {_loadavg()}", flush=True)
+              f"(1.00 = a core of its own), load avg {loadavg()}", flush=True)
 
     params = jobs[0]["replicas"][0]["diloco"]["outer_parameters"]
     print(f"\n  outer parameters {params:,}; per replica and run "
@@ -504,7 +506,7 @@ def part_size(args, root: Path) -> dict:
             _note_disturbance(job)
             secs = [s["seconds"] for r in job["replicas"] for s in r["syncs"][1:]]
             print(f"  run {rep + 1} {flavor:<20} job {job['job_wall_s']:5.1f}s, per sync (w/o 1st) median "
-                  f"{_ms(_med(secs))} ms, loop CPU/wall {_cpu_per_wall(job)}, load avg {_loadavg()}", flush=True)
+                  f"{_ms(_med(secs))} ms, loop CPU/wall {_cpu_per_wall(job)}, load avg {loadavg()}", flush=True)
 
     print(f"\n  {'flavor':<20} {'params':>11} {'MB/sync':>8} {'n':>5} {'1st ms':>8} {'med ms':>8} "
           f"{'min ms':>8} {'max ms':>8} {'last ms':>8} {'MB/s':>7} {'last MB/s':>9}")
@@ -558,14 +560,6 @@ def part_size(args, root: Path) -> dict:
 # --------------------------------------------------------------------------- main
 
 
-def _loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
-
-
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 2; 1 with --quick)")
@@ -592,7 +586,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(f"machine: {os.cpu_count()} CPU cores ({len(os.sched_getaffinity(0))} usable), "
-          f"load average before: {_loadavg()}; python {sys.version.split()[0]}")
+          f"load average before: {loadavg()}; python {sys.version.split()[0]}")
     print(f"each job: torchft lighthouse + {K} replica groups (1 process each, OMP_NUM_THREADS=1, gloo, "
           "dense fp32 all-reduce), no checkpoint saves, validation/TensorBoard off", flush=True)
     root = Path(tempfile.mkdtemp(prefix="muloco-sync-bench-"))
@@ -645,7 +639,7 @@ def main(argv=None) -> int:
               "(outside syncs) "
               f"in {', '.join(_DISTURBED)}: other processes competed for the CPU, so those timings are "
               "disturbed (slower steps, and more waiting for the slower replica at syncs)")
-    print(f"load average after: {_loadavg()}; total bench time {time.perf_counter() - t0:.0f}s")
+    print(f"load average after: {loadavg()}; total bench time {time.perf_counter() - t0:.0f}s")
     return 0
 
 

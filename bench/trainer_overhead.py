@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from machine import loadavg  # bench/ is on sys.path when a bench script runs
+
 REPO = Path(__file__).resolve().parents[1]
 RESULT_MARKER = "@@BENCH_RESULT@@ "
 TARGET_RATIO = 0.97
@@ -255,14 +257,6 @@ def _run_one(kind: str, args) -> dict:
 _run_one.counter = 0
 
 
-def _loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
-
-
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=40, help="steps per run (default 40)")
@@ -307,7 +301,7 @@ def main(argv=None) -> int:
         return _child(args)
 
     t0 = time.perf_counter()
-    load_before = _loadavg()
+    load_before = loadavg()
     order = ("stock", "ours") if args.stock_first else ("ours", "stock")
     runs: list[dict] = []
     print(
@@ -382,7 +376,7 @@ def main(argv=None) -> int:
             f"  note: runs {noisy} got under 80% of {threads} cores (cpu/wall): other "
             "processes competed for the CPU, so their figures are noisy"
         )
-    print(f"load average after: {_loadavg()}; total bench time {time.perf_counter() - t0:.0f}s")
+    print(f"load average after: {loadavg()}; total bench time {time.perf_counter() - t0:.0f}s")
     return 0
 
 

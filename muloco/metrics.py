@@ -64,7 +64,7 @@ class MulocoMetrics(MetricsProcessor):
 
     def _record(self, record: dict[str, Any], step: int) -> None:
         # TensorBoard/W&B take numbers only; the JSONL keeps everything.
-        numeric = {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
+        numeric = {k: float(v) for k, v in record.items() if isinstance(v, (int, float))}
         self.logger.log(numeric, step)
         if self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, "time": time.time(), **record}) + "\n")

@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime
 from typing import IO, Callable
 
@@ -272,7 +273,7 @@ class LocalJob:
 
     # -- public helpers -------------------------------------------------------------------
 
-    @property
+    @cached_property
     def resolved_log_dir(self) -> str:
         """``log_dir``, else ``<dump folder>/logs``: the overrides' ``--dump_folder`` or, for the
         trainer, the config's own dump folder (logs sit next to the replicas' outputs)."""

@@ -72,9 +72,7 @@ class SyncRecord:
 class _Open:
     fragment: int
     exchange: PendingExchange
-    prepared_at: int
     seconds: float
-    contributes: bool
     participants: int
     quorum_id: int
 
@@ -183,9 +181,7 @@ class OuterLoop(Configurable):
         self._open = _Open(
             fragment=index,
             exchange=pending,
-            prepared_at=step,
             seconds=time.perf_counter() - started,
-            contributes=contributes,
             participants=self.manager.num_participants(),
             quorum_id=getattr(self.manager, "_quorum_id", -1),
         )
@@ -237,9 +233,6 @@ class OuterLoop(Configurable):
             for g in frag.globals:
                 h.update(g.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         return h.hexdigest()
-
-    def in_flight(self) -> bool:
-        return self._open is not None
 
     # --------------------------------------------------------------- evaluation
     def validation_due(self, step: int, freq: int) -> bool:

@@ -21,6 +21,10 @@ def config() -> MulocoTrainer.Config:
     c.lr_scheduler.min_lr_factor = 0.1
     c.optimizer.lr = 3e-3
     c.optimizer.weight_decay = 0.1
+    # Classic FSDP2 (DTensor Shard(0) parameters). torchtitan 0.3.0's default "spmd_types"
+    # backend leaves parameters as plain tensors, which fully_shard rejects once a replica
+    # group has more than one rank.
+    c.parallelism.spmd_backend = "partial_dtensor"
     c.activation_checkpoint = None  # pure overhead for tiny models
     c.metrics.log_freq = 10
     c.metrics.enable_tensorboard = True

@@ -503,3 +503,69 @@ def test_healing_state_from_a_peer_is_never_unpickled():
 
     with pytest.raises(pickle.UnpicklingError, match="unsupported GLOBAL|Weights only load failed"):
         _serve_and_fetch(SafeHTTPTransport, {"w": torch.ones(2), "evil": _Payload()})
+
+
+# --------------------------------------------------------------- FSDP2 over gloo
+
+_FSDP_GLOO = textwrap.dedent(
+    """
+    import sys, torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from muloco.compat.fsdp_gloo import force_sum_reduction_on_gloo
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 6, bias=False)
+    full = model.weight.detach().clone()
+    fully_shard(model, mesh=init_device_mesh("cpu", (2,)))
+    model.set_gradient_divide_factor(1.0)   # as torchtitan: not the group size -> PREMUL_SUM
+    if sys.argv[1] == "fixed":
+        assert force_sum_reduction_on_gloo(model) == 1
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(dist.get_rank()))
+    try:
+        model(x).square().sum().backward()
+    except RuntimeError as err:
+        print("ERROR", str(err).splitlines()[0], flush=True)
+        sys.exit(0)
+    xs = [torch.randn(4, 8, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    want = sum(2 * (full @ xi.T) @ xi for xi in xs)   # summed over ranks (divide factor 1)
+    got = model.weight.grad.full_tensor()
+    print("MAXERR", float((got - want).abs().max()), flush=True)
+    dist.destroy_process_group()
+    """
+)
+
+
+def _fsdp_gloo(tmp_path: Path, mode: str) -> str:
+    from muloco.launch.ports import free_port
+
+    script = tmp_path / "fsdp_gloo.py"
+    script.write_text(_FSDP_GLOO)
+    port = str(free_port())
+    procs = []
+    try:
+        for rank in range(2):
+            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
+            procs.append(subprocess.Popen([sys.executable, str(script), mode], env=env, text=True,
+                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    assert all(p.returncode == 0 for p in procs), outs
+    return outs[0]
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_reduce_scatter_fails_on_gloo_without_force_sum(tmp_path):
+    assert "Cannot use ReduceOp.PREMUL_SUM with Gloo" in _fsdp_gloo(tmp_path, "stock")
+
+
+@pytest.mark.timeout(120)
+def test_force_sum_reduction_gives_the_same_gradient_on_gloo(tmp_path):
+    out = _fsdp_gloo(tmp_path, "fixed")
+    err = float(next(ln for ln in out.splitlines() if ln.startswith("MAXERR")).split()[1])
+    assert err < 1e-4, out

@@ -21,6 +21,7 @@ from torchtitan.models.llama3 import (
 )
 from torchtitan.protocols.model_spec import ModelSpec
 
+from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.models.attention import SwitchableSDPA
 from muloco.models.block import SandwichBlock
 from muloco.models.model_map import Flavor, padded_vocab, parse_flavor
@@ -95,7 +96,7 @@ def build_model_spec(cfg: ModelConfig, vocab_size: int) -> ModelSpec:
         name="llama3",
         flavor=cfg.flavor,
         model=build_model_config(cfg, vocab_size),
-        parallelize_fn=parallelize_llama,
+        parallelize_fn=gloo_safe_parallelize(parallelize_llama),
         pipelining_fn=None,
         post_optimizer_build_fn=None,
         state_dict_adapter=None,

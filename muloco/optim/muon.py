@@ -22,7 +22,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+from torch.distributed.tensor.placement_types import Shard
 
 from muloco.optim.newton_schulz import COEFFICIENTS, orthogonalize
 
@@ -136,7 +136,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _sharded(p: torch.Tensor) -> bool:
-    return isinstance(p, DTensor) and any(pl.is_shard() for pl in p.placements)
+    """Split over more than one rank (a one-rank FSDP mesh holds the whole matrix locally)."""
+    return isinstance(p, DTensor) and p.device_mesh.size() > 1 and any(pl.is_shard() for pl in p.placements)
 
 
 def _by_shape(params, indices) -> dict[tuple, list[int]]:
@@ -147,29 +148,90 @@ def _by_shape(params, indices) -> dict[tuple, list[int]]:
 
 
 def _orthogonalize_sharded(params, updates, indices, kwargs) -> dict[int, torch.Tensor]:
-    """Gather each sharded update once, orthogonalise matrix k on rank k mod W, share the
-    results, and keep this rank's shard of each."""
+    """Orthogonalise full matrices with each rank doing a share of the work.
+
+    One all-to-all brings every shard of matrix i to its owner, which runs Newton–Schulz on
+    all its matrices of a shape in one batch; a second all-to-all returns to every rank its
+    shard of each result. Each rank thus receives about 2/W of the matrices' size (in bf16,
+    the dtype Newton–Schulz runs in, so the wire adds no rounding) instead of the whole of
+    every matrix, as a full_tensor() gather would give it.
+    """
     mesh = params[indices[0]].device_mesh
     if mesh.ndim != 1:
         raise NotImplementedError("Muon on sharded parameters supports a 1-D shard mesh (FSDP)")
-    group = mesh.get_group()
     world, rank = mesh.size(), mesh.get_local_rank()
-    fulls = [
-        DTensor.from_local(updates[i], mesh, params[i].placements, run_check=False,
-                           shape=params[i].shape, stride=params[i].stride()).full_tensor()
-        for i in indices
+    layout = _ShardLayout(params, indices, world)
+    mine = layout.owned_by(rank)
+
+    # Shards of every matrix to its owner.
+    send = [[updates[i].to(torch.bfloat16).reshape(-1) for i in layout.owned_by(d)] for d in range(world)]
+    like = updates[indices[0]]
+    recv = _all_to_all(send, [[layout.numel(i, s) for i in mine] for s in range(world)], mesh.get_group(), like)
+    fulls = {
+        i: torch.cat([recv[s][n].view(layout.local_shape(i, s)) for s in range(world)], dim=layout.dim(i))
+        for n, i in enumerate(mine)
+    }
+    done: dict[int, torch.Tensor] = {}
+    for shape, members in _by_shape(params, mine).items():
+        result = orthogonalize(torch.stack([fulls[i] for i in members]), **kwargs)
+        done.update(zip(members, result.unbind(0)))
+
+    # Every rank's shard of each result back to it.
+    send = [
+        [done[i].narrow(layout.dim(i), *layout.bounds(i, d)).contiguous().reshape(-1) for i in mine]
+        for d in range(world)
     ]
+    recv = _all_to_all(send, [[layout.numel(i, rank) for i in layout.owned_by(s)] for s in range(world)],
+                       mesh.get_group(), like)
     results: dict[int, torch.Tensor] = {}
-    for shape, members in _by_shape(params, indices).items():
-        positions = [indices.index(i) for i in members]
-        mine = [k for n, k in enumerate(positions) if n % world == rank]
-        done = orthogonalize(torch.stack([fulls[k] for k in mine]), **kwargs) if mine else None
-        for n, k in enumerate(positions):
-            owner = n % world
-            buf = done[mine.index(k)].contiguous() if owner == rank else torch.empty_like(fulls[k])
-            dist.broadcast(buf, src=dist.get_global_rank(group, owner), group=group)
-            i = indices[k]
-            local_shape, offset = compute_local_shape_and_global_offset(params[i].shape, mesh, params[i].placements)
-            slices = tuple(slice(o, o + s) for o, s in zip(offset, local_shape))
-            results[i] = buf[slices]
+    for s in range(world):
+        for n, i in enumerate(layout.owned_by(s)):
+            results[i] = recv[s][n].view(layout.local_shape(i, rank)).to(updates[i].dtype)
     return results
+
+
+class _ShardLayout:
+    """Who owns which matrix, and each rank's slice of it (torch.chunk rules, as DTensor Shard)."""
+
+    def __init__(self, params, indices, world: int):
+        self.params, self.world = params, world
+        for i in indices:
+            placement = params[i].placements[0]
+            if not placement.is_shard():
+                raise NotImplementedError(f"Muon expects Shard placements, got {placement}")
+        # Round-robin within each shape, continuing across shapes, so same-shape matrices
+        # batch on their owner and the leftover of one shape does not always land on rank 0.
+        self.owner: dict[int, int] = {}
+        for n, i in enumerate(i for members in _by_shape(params, indices).values() for i in members):
+            self.owner[i] = n % world
+        self.indices = indices
+
+    def owned_by(self, r: int) -> list[int]:
+        return [i for i in self.indices if self.owner[i] == r]
+
+    def dim(self, i: int) -> int:
+        return self.params[i].placements[0].dim
+
+    def bounds(self, i: int, r: int) -> tuple[int, int]:
+        """(offset, length) of rank r's shard along the sharded dim."""
+        size, offset = Shard.local_shard_size_and_offset(self.params[i].shape[self.dim(i)], self.world, r)
+        return int(offset), int(size)
+
+    def local_shape(self, i: int, r: int) -> tuple[int, ...]:
+        shape = list(self.params[i].shape)
+        shape[self.dim(i)] = self.bounds(i, r)[1]
+        return tuple(shape)
+
+    def numel(self, i: int, r: int) -> int:
+        return math.prod(self.local_shape(i, r))
+
+
+def _all_to_all(send, recv_sizes, group, like: torch.Tensor) -> list[list[torch.Tensor]]:
+    """The flat pieces send[d] go to rank d; returns recv[s], rank s's pieces of recv_sizes[s]."""
+    pieces = [t for to_rank in send for t in to_rank]
+    flat_send = torch.cat(pieces) if pieces else like.new_empty(0, dtype=torch.bfloat16)
+    in_splits = [sum(t.numel() for t in to_rank) for to_rank in send]
+    out_splits = [sum(sizes) for sizes in recv_sizes]
+    flat_recv = flat_send.new_empty(sum(out_splits))
+    dist.all_to_all_single(flat_recv, flat_send, out_splits, in_splits, group=group)
+    return [list(chunk.split(sizes)) for chunk, sizes in zip(flat_recv.split(out_splits), recv_sizes)]

@@ -2,17 +2,18 @@
 # Interactive local DiLoCo run: K replica groups + a torchft lighthouse on this machine.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+DEFAULT_CONFIG="${MULOCO_DEFAULT_CONFIG:-diloco/diloco}"  # jobs/local/muloco.sh sets diloco/muloco
 
 usage() {
-    cat <<'USAGE'
-Usage: jobs/local/diloco.sh [launcher options] [-- trainer overrides...]
+    cat <<USAGE
+Usage: jobs/local/${MULOCO_JOB_SCRIPT:-$(basename "$0")} [launcher options] [-- trainer overrides...]
 
 Runs K DiLoCo replica groups and their torchft lighthouse on this machine, all bound to
 127.0.0.1. Each replica's output is shown prefixed ([r0], [r1], [lh]) and kept raw in
 <dump_folder>/logs/replica_<i>.log. Ctrl-C stops everything (a second Ctrl-C skips the 10 s
 grace). Exit status: 0 only if every replica finished.
 
-Defaults: --config diloco/diloco --replicas 2 (later options override these).
+Defaults: --config $DEFAULT_CONFIG --replicas 2 (later options override these).
 
 Examples:
   jobs/local/diloco.sh --replicas 2 -- --training.steps 50 --dump_folder outputs/diloco-try
@@ -31,4 +32,4 @@ for arg in "$@"; do
     esac
 done
 
-exec "$REPO/.venv/bin/python" -m muloco.launch.local --config diloco/diloco "$@"
+exec "$REPO/.venv/bin/python" -m muloco.launch.local --config "$DEFAULT_CONFIG" "$@"

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.placement_types import Shard
 
-from muloco.optim.newton_schulz import COEFFICIENTS, orthogonalize
+from muloco.optim.newton_schulz import COEFFICIENTS, orthogonalize_many
 
 LR_SCALINGS = ("original", "match_rms_adamw", "spectral")
 
@@ -104,31 +104,26 @@ class Muon(torch.optim.Optimizer):
             bufs.append(_local(state["momentum_buffer"]))
         torch._foreach_lerp_(bufs, grads, 1.0 - mu)
         if group["nesterov"]:
-            return [g.lerp(b, mu) for g, b in zip(grads, bufs)]
-        return [b.clone() for b in bufs]
+            return list(torch._foreach_lerp(grads, bufs, mu))
+        return bufs  # read, never written, by the orthogonalisation
 
     def _orthogonalize(self, group, params, updates) -> list[torch.Tensor]:
         """Local shards of NS(full update) for every parameter, in order."""
         kwargs = dict(coefficients=group["coefficients"], steps=group["ns_steps"], eps=group["eps"])
-        out: list[torch.Tensor | None] = [None] * len(params)
         plain = [i for i, p in enumerate(params) if not _sharded(p)]
-        for shape, idx in _by_shape(params, plain).items():
-            result = orthogonalize(torch.stack([updates[i] for i in idx]), **kwargs)
-            for j, i in enumerate(idx):
-                out[i] = result[j]
         sharded = [i for i, p in enumerate(params) if _sharded(p)]
+        out = dict(zip(plain, orthogonalize_many([updates[i] for i in plain], **kwargs)))
         if sharded:
-            for i, o in _orthogonalize_sharded(params, updates, sharded, kwargs).items():
-                out[i] = o
-        return out  # type: ignore[return-value]
+            out.update(_orthogonalize_sharded(params, updates, sharded, kwargs))
+        return [out[i] for i in range(len(params))]
 
     def _apply(self, group, params, ortho) -> None:
         lr, wd = group["lr"], group["weight_decay"]
-        for p, o in zip(params, ortho):
-            w = _local(p)
-            if wd:
-                w.mul_(1.0 - lr * wd)
-            w.add_(o, alpha=-lr * lr_scale(p.shape, group["lr_scaling"]))
+        weights = [_local(p) for p in params]
+        if wd:
+            torch._foreach_mul_(weights, 1.0 - lr * wd)
+        torch._foreach_mul_(ortho, [-lr * lr_scale(p.shape, group["lr_scaling"]) for p in params])
+        torch._foreach_add_(weights, ortho)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -141,9 +136,10 @@ def _sharded(p: torch.Tensor) -> bool:
 
 
 def _by_shape(params, indices) -> dict[tuple, list[int]]:
+    """Indices grouped by shape up to transposition (how Newton–Schulz batches them)."""
     groups: dict[tuple, list[int]] = defaultdict(list)
     for i in indices:
-        groups[tuple(params[i].shape)].append(i)
+        groups[tuple(sorted(params[i].shape))].append(i)
     return groups
 
 
@@ -171,10 +167,7 @@ def _orthogonalize_sharded(params, updates, indices, kwargs) -> dict[int, torch.
         i: torch.cat([recv[s][n].view(layout.local_shape(i, s)) for s in range(world)], dim=layout.dim(i))
         for n, i in enumerate(mine)
     }
-    done: dict[int, torch.Tensor] = {}
-    for shape, members in _by_shape(params, mine).items():
-        result = orthogonalize(torch.stack([fulls[i] for i in members]), **kwargs)
-        done.update(zip(members, result.unbind(0)))
+    done = dict(zip(mine, orthogonalize_many([fulls[i] for i in mine], **kwargs)))
 
     # Every rank's shard of each result back to it.
     send = [

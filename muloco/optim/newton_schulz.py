@@ -61,3 +61,22 @@ def orthogonalize(g: torch.Tensor, coefficients: str = "keller", steps: int = 5,
     if tall:
         x = x.mT
     return x.to(g.dtype)
+
+
+def orthogonalize_many(mats: list[torch.Tensor], **kwargs) -> list[torch.Tensor]:
+    """:func:`orthogonalize` each matrix, batching all of the same shape up to transposition.
+
+    A tall matrix is orthogonalised as its (wide) transpose anyway, so FFN w1/w3
+    (hidden × dim) and w2 (dim × hidden) share one batched call: fewer, larger
+    multiplies, which is where Newton–Schulz gets its FLOP rate.
+    """
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, m in enumerate(mats):
+        groups.setdefault((min(m.shape), max(m.shape)), []).append(i)
+    out: list[torch.Tensor | None] = [None] * len(mats)
+    for members in groups.values():
+        wide = [mats[i].mT if mats[i].size(0) > mats[i].size(1) else mats[i] for i in members]
+        result = orthogonalize(torch.stack(wide), **kwargs)
+        for i, r in zip(members, result.unbind(0)):
+            out[i] = r.mT if mats[i].size(0) > mats[i].size(1) else r
+    return out  # type: ignore[return-value]

@@ -113,7 +113,8 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             # Quorum failures surface here (lighthouse gone, quorum timeout).
             raise ReplicaGroupError(self._quorum_failure(err)) from err
         if record is not None:
-            self.metrics_processor.log_sync(asdict(record), record.step)
+            self.metrics_processor.log_sync({**asdict(record), "bits_per_parameter": record.bits_per_parameter},
+                                            record.step)
 
     def _quorum_failure(self, err: BaseException) -> str:
         ft = self.config.fault_tolerance
@@ -149,4 +150,10 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             f"bytes sent {d['bytes_sent'] / mb:,.1f}MB received {d['bytes_received'] / mb:,.1f}MB; "
             f"a per-step fp32 all-reduce would have sent {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB "
             f"({d['per_step_fp32_allreduce_bytes'] / max(1, d['bytes_sent']):,.0f}x more)"
+        )
+        logger.info(
+            f"DiLoCo replica {d['replica_id']}: exchange {d['exchange']}: "
+            f"{d['payload_bits_per_parameter']:.2f} bits per parameter (dense fp32: 32); "
+            f"{d['reduction_vs_dense_fp32']:,.1f}x fewer bytes sent than a dense fp32 exchange "
+            f"({d['dense_fp32_exchange_bytes'] / mb:,.1f}MB)"
         )

@@ -125,7 +125,8 @@ class MulocoMetrics(MetricsProcessor):
             f"sync at step {step} (fragment {record['fragment']}): {state}, "
             f"{record['contributors']}/{record['participants']} replicas contributed, "
             f"quorum {record['quorum_id']}, {record['seconds'] * 1000:,.0f}ms, "
-            f"sent {record['bytes_sent'] / 1e6:,.2f}MB received {record['bytes_received'] / 1e6:,.2f}MB"
+            f"sent {record['bytes_sent'] / 1e6:,.2f}MB received {record['bytes_received'] / 1e6:,.2f}MB, "
+            f"{record.get('bits_per_parameter', 32.0):.2f} bits/parameter"
         )
 
     def close(self):

@@ -256,8 +256,8 @@ def test_ctrl_c_stops_everything(tmp_path):
                 os.kill(int(p.name), signal.SIGKILL)
 
 
-def test_muloco_job_script_defaults_to_the_muloco_config():
+def test_muloco_job_script_defaults_to_2bit_muloco():
     out = subprocess.run([str(REPO / "jobs/local/muloco.sh"), "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "Usage: jobs/local/muloco.sh" in out.stdout
-    assert "Defaults: --config diloco/muloco --replicas 2" in out.stdout
+    assert "Defaults: --config diloco/muloco_2bit --replicas 2" in out.stdout

@@ -2,7 +2,7 @@
 # Interactive local DiLoCo run: K replica groups + a torchft lighthouse on this machine.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-DEFAULT_CONFIG="${MULOCO_DEFAULT_CONFIG:-diloco/diloco}"  # jobs/local/muloco.sh sets diloco/muloco
+DEFAULT_CONFIG="${MULOCO_DEFAULT_CONFIG:-diloco/diloco}"  # jobs/local/muloco.sh sets diloco/muloco_2bit
 
 usage() {
     cat <<USAGE

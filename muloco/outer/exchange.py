@@ -8,14 +8,18 @@ every replica and the outer loop discards the result. Compression codecs and the
 error-feedback state plug in here (replica-local state: ``state_dict`` goes into
 this replica's checkpoint, never to a healing peer, and ``reset`` runs on heal).
 
-Bytes are counted where tensors are handed to a collective (the tensor given to the
-all-reduce, the buffers an all-gather fills), not estimated from a formula.
+Bytes are counted from the buffers handed to each collective: what this replica's
+collectives carry to and from the *other* replicas (a ring all-reduce of B bytes:
+2(K−1)/K·B each way; an all-gather: (K−1)·B; an all-to-all: the splits for other
+ranks). ``payload_bytes`` is the size of this replica's encoded Δ, from which the bits
+per parameter follow.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch.distributed.distributed_c10d import ReduceOp
@@ -27,8 +31,12 @@ EXCHANGE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float1
 class PendingExchange:
     """An exchange in flight; ``wait`` gives the averaged pseudo-gradients."""
 
-    bytes_sent: int = 0
-    bytes_received: int = 0
+    bytes_sent: float = 0
+    bytes_received: float = 0
+    payload_bytes: int = 0
+    """Size of this replica's encoded Δ (flag bytes included)."""
+    dense_fp32_bytes: float = 0
+    """What a dense fp32 ring all-reduce of the same Δ would carry each way, for comparison."""
     contributors: int = 0
     """Replicas whose Δ is in the average (known after ``wait``)."""
 
@@ -39,10 +47,85 @@ class PendingExchange:
 class Exchange(Configurable):
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
-        pass
+        codec: Literal["dense", "quantize", "topk"] = "dense"
+        """dense: one all-reduce in ``dtype``; quantize / topk: compressed payloads with error feedback."""
+        dtype: str = "float32"
+        """float32 | bfloat16 | float16: the dense all-reduce's dtype; with a codec, the dtype
+        of tensors matched by ``skip_pattern``."""
+        strategy: Literal["allgather", "reduce_scatter"] = "allgather"
+        """allgather (exact, receives (K−1)× payload) or reduce_scatter (about 2× payload for any K)."""
+        bits: int = 2
+        """quantize: bits per element, 1 | 2 | 4 | 8."""
+        scheme: str = "statistical"
+        """quantize: statistical (mean, σ-range bins, centroid table) | absmax | minmax (uniform per block)."""
+        block_size: int = 0
+        """quantize: elements per block of statistics / scales (0 = the codec's default for
+        ``bits``: 4096, larger at 4 and 8 bits so the statistical tables stay ≤ 0.125 bits/element)."""
+        range_sigmas: float = 0.0
+        """quantize statistical: bin range in σ (0 = the default for ``bits``, near Lloyd–Max)."""
+        topk_fraction: float = 0.1
+        """topk: fraction of each chunk kept, in (0, 1]."""
+        topk_chunk: int = 4096
+        """topk: chunk size (≤ 65536: indices are chunk-local, 16 bits)."""
+        topk_value_dtype: str = "bfloat16"
+        """topk: dtype of kept values (float32 | bfloat16 | float16) unless ``topk_value_bits``."""
+        topk_value_bits: int = 0
+        """topk: quantize kept values to 2 | 4 | 8 bits (0 = send them in ``topk_value_dtype``)."""
+        error_feedback: bool = True
+        """Keep what compression dropped and add it to the next Δ (e ← β·e + Δ)."""
+        ef_beta: float = 0.9
+        """β, decay of the error-feedback buffer, in [0, 1]."""
+        skip_pattern: str = ""
+        """Regex on parameter names sent dense in ``dtype`` (e.g. norms: ``norm\\.weight$``)."""
+
+        def validate(self) -> None:
+            if self.dtype not in EXCHANGE_DTYPES:
+                raise ValueError(
+                    f"outer.exchange.dtype must be one of {', '.join(EXCHANGE_DTYPES)}; got {self.dtype!r}"
+                )
+            if self.codec == "dense":
+                return
+            if self.strategy not in ("allgather", "reduce_scatter"):
+                raise ValueError(f"outer.exchange.strategy must be allgather or reduce_scatter, got {self.strategy!r}")
+            if not 0.0 <= self.ef_beta <= 1.0:
+                raise ValueError(f"outer.exchange.ef_beta must be in [0, 1], got {self.ef_beta}")
+            try:
+                re.compile(self.skip_pattern)
+            except re.error as err:
+                raise ValueError(f"outer.exchange.skip_pattern is not a valid regex: {err}") from None
+            try:
+                self.make_codec()
+            except ValueError as err:
+                raise ValueError(f"outer.exchange ({self.codec}): {err}") from None
+
+        def make_codec(self):
+            from muloco.compress.build import make_codec
+
+            if self.codec == "quantize":
+                return make_codec("quantize", bits=self.bits, scheme=self.scheme, block_size=self.block_size or None,
+                                  range_sigmas=self.range_sigmas or None)
+            if self.codec == "topk":
+                return make_codec("topk", fraction=self.topk_fraction, chunk_size=self.topk_chunk,
+                                  value_dtype=self.topk_value_dtype, value_bits=self.topk_value_bits)
+            raise ValueError(f"outer.exchange.codec must be dense, quantize or topk, got {self.codec!r}")
+
+        def build(self, **kwargs) -> "Exchange":
+            if self.codec == "dense":
+                return DenseAllReduce(self)
+            from muloco.outer.compressed_exchange import CompressedExchange
+
+            return CompressedExchange(self)
 
     def __init__(self, config: Config):
         self.config = config
+
+    def describe(self) -> str:
+        c = self.config
+        if c.codec == "dense":
+            return f"dense {c.dtype} all-reduce"
+        ef = f"error feedback β={c.ef_beta:g}" if c.error_feedback else "no error feedback"
+        skip = f", {c.skip_pattern!r} dense {c.dtype}" if c.skip_pattern else ""
+        return f"{c.make_codec().describe()}, {ef}, {c.strategy}{skip}"
 
     def start(
         self,
@@ -59,6 +142,10 @@ class Exchange(Configurable):
         """
         raise NotImplementedError
 
+    def allocate(self, names: list[str], tensors: list[torch.Tensor]) -> None:
+        """Called once per fragment (this rank's tensors) before training: create any
+        replica-local state now, so a checkpoint can be loaded into it."""
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
@@ -70,9 +157,11 @@ class Exchange(Configurable):
 
 
 class _PendingAllReduce(PendingExchange):
-    def __init__(self, work, flat: torch.Tensor, shapes: list[torch.Size]):
+    def __init__(self, work, flat: torch.Tensor, shapes: list[torch.Size], k: int):
         self._work, self._flat, self._shapes = work, flat, shapes
-        self.bytes_sent = self.bytes_received = flat.numel() * flat.element_size()
+        self.payload_bytes = flat.numel() * flat.element_size()
+        self.bytes_sent = self.bytes_received = 2 * (k - 1) / k * self.payload_bytes
+        self.dense_fp32_bytes = 2 * (k - 1) / k * 4 * (flat.numel() - 1)
 
     def wait(self) -> list[torch.Tensor]:
         self._work.wait()
@@ -92,26 +181,17 @@ class DenseAllReduce(Exchange):
     replica that just received a peer's state does not count that peer twice.
     """
 
-    @dataclass(kw_only=True, slots=True)
-    class Config(Exchange.Config):
-        dtype: str = "float32"
-        """float32 | bfloat16 | float16: the dtype summed on the wire."""
-
-        def validate(self) -> None:
-            if self.dtype not in EXCHANGE_DTYPES:
-                raise ValueError(
-                    f"outer.exchange.dtype must be one of {', '.join(EXCHANGE_DTYPES)}; got {self.dtype!r}"
-                )
-
-    def __init__(self, config: Config):
+    def __init__(self, config: Exchange.Config):
         config.validate()
         super().__init__(config)
         self.dtype = EXCHANGE_DTYPES[config.dtype]
 
     def start(self, manager, names, deltas, contributes):
+        from muloco.outer.collectives import group_size
+
         flag = torch.ones(1, device=deltas[0].device) if contributes else torch.zeros(1, device=deltas[0].device)
         flat = torch.cat([d.reshape(-1) for d in deltas] + [flag]).to(self.dtype)
         if not contributes:
             flat.zero_()
         work = manager.allreduce(flat, reduce_op=ReduceOp.SUM)
-        return _PendingAllReduce(work, flat, [d.shape for d in deltas])
+        return _PendingAllReduce(work, flat, [d.shape for d in deltas], group_size(manager))

@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from muloco.outer.exchange import DenseAllReduce, Exchange, PendingExchange
+from muloco.outer.exchange import Exchange, PendingExchange
 from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.schedule import SyncSchedule, model_fragments
 
@@ -63,9 +63,19 @@ class SyncRecord:
     quorum_id: int
     seconds: float
     """Time this replica was blocked by the sync (prepare + perform, not the overlapped steps)."""
-    bytes_sent: int
-    bytes_received: int
+    bytes_sent: float
+    bytes_received: float
+    payload_bytes: int = 0
+    """This replica's encoded Δ (what compression produced), flag bytes included."""
+    numel: int = 0
+    """Elements of the synced fragment on this rank."""
+    dense_fp32_bytes: float = 0
+    """What a dense fp32 ring all-reduce of this Δ would have sent."""
     global_sha256: str | None = None
+
+    @property
+    def bits_per_parameter(self) -> float:
+        return 8.0 * self.payload_bytes / max(self.numel, 1)
 
 
 @dataclass
@@ -125,7 +135,7 @@ class OuterLoop(Configurable):
         backup_device: str = "cpu"
         """Where θ_g and the outer momentum live: cpu (saves accelerator memory) or device."""
         optimizer: OuterOptimizer.Config = field(default_factory=OuterOptimizer.Config)
-        exchange: Exchange.Config = field(default_factory=DenseAllReduce.Config)
+        exchange: Exchange.Config = field(default_factory=Exchange.Config)
 
         def schedule(self) -> SyncSchedule:
             return SyncSchedule(self.sync_every, self.num_fragments, self.fragment_sync_delay)
@@ -133,8 +143,7 @@ class OuterLoop(Configurable):
         def validate(self) -> None:
             self.schedule()
             self.optimizer.validate()
-            if hasattr(self.exchange, "validate"):
-                self.exchange.validate()
+            self.exchange.validate()
             if not 0.0 <= self.fragment_update_alpha <= 1.0:
                 raise ValueError(
                     f"outer.fragment_update_alpha must be in [0, 1], got {self.fragment_update_alpha}"
@@ -154,6 +163,8 @@ class OuterLoop(Configurable):
         backup = torch.device("cpu") if config.backup_device == "cpu" else device
         self.fragments = [_Fragment(f, backup, config.optimizer) for f in model_fragments(model, config.num_fragments)]
         self.exchange = config.exchange.build()
+        for frag in self.fragments:
+            self.exchange.allocate(frag.names, frag.locals())
         self.records: list[SyncRecord] = []
         self._open: _Open | None = None
         self._healed = False
@@ -211,6 +222,9 @@ class OuterLoop(Configurable):
             seconds=sync.seconds + time.perf_counter() - started,
             bytes_sent=sync.exchange.bytes_sent,
             bytes_received=sync.exchange.bytes_received,
+            payload_bytes=sync.exchange.payload_bytes,
+            numel=sum(g.numel() for g in frag.globals),
+            dense_fp32_bytes=sync.exchange.dense_fp32_bytes,
         )
         if self.config.fingerprint:
             record.global_sha256 = self.fingerprint()
@@ -298,6 +312,10 @@ class OuterLoop(Configurable):
             "sync_seconds_mean": sum(seconds) / len(seconds) if seconds else None,
             "bytes_sent": sum(r.bytes_sent for r in recs),
             "bytes_received": sum(r.bytes_received for r in recs),
+            "payload_bits_per_parameter": 8 * sum(r.payload_bytes for r in recs) / max(1, sum(r.numel for r in recs)),
+            "dense_fp32_exchange_bytes": sum(r.dense_fp32_bytes for r in recs),
+            "reduction_vs_dense_fp32": sum(r.dense_fp32_bytes for r in recs) / max(1.0, sum(r.bytes_sent for r in recs)),
+            "exchange": self.exchange.describe(),
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,
             "outer_parameters": self.num_params,
         }

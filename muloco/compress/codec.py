@@ -1,0 +1,37 @@
+"""The codec interface: what a pseudo-gradient compressor must provide.
+
+A codec turns a flat float tensor into a flat ``uint8`` payload whose size depends only
+on the number of elements (``payload_bytes(numel)``), never on the values: every replica
+then hands a collective buffers of the same size, so payloads can be all-gathered or
+exchanged all-to-all without a size round trip, and the bytes on the wire follow a
+formula that tests check. Encoding and decoding are vectorised torch on the tensor's own
+device; ``decode`` takes any number of leading batch dimensions (one payload per replica)
+so a receiver decodes K payloads in one call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Codec:
+    name: str = "codec"
+
+    def payload_bytes(self, numel: int) -> int:
+        """Exact size of ``encode(x)`` for a tensor of ``numel`` elements."""
+        raise NotImplementedError
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Flat float tensor (any float dtype) -> ``uint8`` tensor of ``payload_bytes(x.numel())``."""
+        raise NotImplementedError
+
+    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+        """``(..., payload_bytes(numel))`` uint8 -> ``(..., numel)`` float32."""
+        raise NotImplementedError
+
+    def bits_per_element(self, numel: int) -> float:
+        return 8.0 * self.payload_bytes(numel) / max(numel, 1)
+
+    def describe(self) -> str:
+        """Short human-readable settings, for logs and benchmark tables."""
+        return self.name

@@ -1,0 +1,109 @@
+"""Bit packing: 1-, 2- or 4-bit codes, several to a byte, low bits first.
+
+Code ``i`` of a group of ``8 // bits`` codes lands in bits ``[i*bits, (i+1)*bits)`` of its
+byte, so four 2-bit codes ``c0..c3`` make the byte ``c0 | c1<<2 | c2<<4 | c3<<6``. A length
+that is not a multiple of ``8 // bits`` is padded with zero codes; ``unpack`` takes the
+real length back. 8-bit codes are stored as they are.
+
+Why the word tricks: a per-column loop (``c[:, 0] | c[:, 1] << 2 | ...``) makes ``8 // bits``
+strided passes over the codes. Here the ``8 // bits`` code bytes of one output byte are
+read as one machine word (int16 / int32 / int64, little-endian), and a short cascade of
+shift-or steps on whole words slides every code down next to its neighbours (and
+``unpack`` slides them back up, then masks). That is two or three shifts per word, on a
+tensor ``8 // bits`` times shorter than the codes, whatever the device.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+BITS = (1, 2, 4, 8)
+
+if sys.byteorder != "little":  # the word views below assume byte 0 is the low byte
+    raise ImportError("muloco.compress.packing assumes a little-endian machine")
+
+# bits -> (word dtype holding the 8 // bits code bytes of one packed byte, shifts, mask)
+_WORDS = {
+    1: (torch.int64, (7, 14, 28), 0x0101010101010101),
+    2: (torch.int32, (6, 12), 0x03030303),
+    4: (torch.int16, (4,), 0x0F0F),
+}
+
+
+def check_bits(bits: int, setting: str = "bits") -> int:
+    if bits not in BITS:
+        raise ValueError(f"{setting} must be one of {BITS}, got {bits!r}")
+    return bits
+
+
+def packed_bytes(n: int, bits: int) -> int:
+    """Bytes that ``n`` codes of ``bits`` bits occupy (the last byte zero-padded)."""
+    return (n * bits + 7) // 8
+
+
+def pack(codes: torch.Tensor, bits: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``(..., n)`` uint8 codes, each ``< 2**bits`` -> ``(..., packed_bytes(n, bits))`` uint8.
+
+    Codes must already be in range: a larger value would spill into its neighbours (the
+    quantizers produce clamped codes, so nothing is masked here). ``out``, if given,
+    receives the bytes (e.g. a slice of a payload), which saves a copy.
+    """
+    check_bits(bits)
+    if codes.dtype != torch.uint8:
+        raise ValueError(f"codes must be uint8, got {codes.dtype}")
+    if bits == 8:
+        return codes.clone() if out is None else out.copy_(codes)
+    per = 8 // bits
+    n = codes.shape[-1]
+    if n % per or not codes.is_contiguous():
+        pad = (-n) % per
+        codes = torch.nn.functional.pad(codes, (0, pad)) if pad else codes.contiguous()
+    word_dtype, shifts, _ = _WORDS[bits]
+    v = codes.view(word_dtype)
+    for shift in shifts:
+        shifted = v >> shift
+        shifted |= v
+        v = shifted
+    if out is None:
+        return v.to(torch.uint8)  # the low byte holds the packed codes
+    return out.copy_(v)
+
+
+def unpack(data: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """``(..., nbytes)`` uint8 -> ``(..., n)`` uint8 codes; the exact inverse of ``pack``."""
+    check_bits(bits)
+    if data.dtype != torch.uint8:
+        raise ValueError(f"packed data must be uint8, got {data.dtype}")
+    if data.shape[-1] != packed_bytes(n, bits):
+        raise ValueError(f"{n} codes of {bits} bits need {packed_bytes(n, bits)} bytes, got {data.shape[-1]}")
+    if bits == 8:
+        return data
+    word_dtype, shifts, mask = _WORDS[bits]
+    v = data.to(word_dtype)  # one word per packed byte, the byte in the low bits
+    for shift in reversed(shifts):
+        v |= v << shift
+    v &= mask
+    codes = v.view(torch.uint8)
+    return codes if codes.shape[-1] == n else codes[..., :n]
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bytes as a flat uint8 view (native byte order; every replica shares it)."""
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def from_bytes(data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``(..., nbytes)`` uint8 read as ``(..., nbytes // itemsize)`` of ``dtype``.
+
+    A view where the layout allows one; a slice of a batch of payloads whose row length
+    or offset is not a multiple of the item size (a metadata section, say) is copied
+    first, which is cheap because such sections are small.
+    """
+    if data.numel() == 0:
+        return torch.empty(*data.shape[:-1], 0, dtype=dtype, device=data.device)
+    try:
+        return data.view(dtype)
+    except RuntimeError:  # .contiguous() would keep the odd stride of a size-1 dimension
+        return torch.empty(data.shape, dtype=torch.uint8, device=data.device).copy_(data).view(dtype)

@@ -154,6 +154,6 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         logger.info(
             f"DiLoCo replica {d['replica_id']}: exchange {d['exchange']}: "
             f"{d['payload_bits_per_parameter']:.2f} bits per parameter (dense fp32: 32); "
-            f"{d['reduction_vs_dense_fp32']:,.1f}x fewer bytes sent than a dense fp32 exchange "
-            f"({d['dense_fp32_exchange_bytes'] / mb:,.1f}MB)"
+            + (f"{d['reduction_vs_dense_fp32']:,.1f}x fewer bytes sent than a dense fp32 exchange "
+               f"({d['dense_fp32_exchange_bytes'] / mb:,.1f}MB)" if d["reduction_vs_dense_fp32"] else "nothing sent (K=1)")
         )

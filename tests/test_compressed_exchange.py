@@ -259,3 +259,38 @@ def test_residuals_are_saved_per_rank_preallocated_and_reset_on_heal():
         ex.load_state_dict({"rank_1": state["rank_0"]})
     ex.load_state_dict(state)
     assert torch.equal(ex.state_dict()["rank_0"]["c"][key], residual)
+
+
+@pytest.mark.timeout(60)
+def test_a_sync_that_does_not_commit_takes_back_its_error_feedback_update():
+    """One real replica (Manager, gloo group, lighthouse): compress, then roll back as the
+    outer loop does when should_commit() fails; the residual is what it was before."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100)
+    url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), load_state_dict=None, state_dict=None,
+                      min_replica_size=1, use_async_quorum=False, store_addr="127.0.0.1", store_port=store.port,
+                      rank=0, world_size=1, lighthouse_addr=url, replica_id="rollback", init_sync=False,
+                      timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=10))
+    try:
+        ex = Exchange.Config(codec="quantize", bits=2, block_size=64).build()
+        ex.allocate(NAMES, [torch.zeros(s) for s in SHAPES])
+        residuals = ex.state_dict()["rank_0"]["c"]
+        manager.start_quorum()
+        ex.start(manager, NAMES, _deltas(0, 0), True).wait()
+        manager.start_quorum()
+        before = {n: t.clone() for n, t in residuals.items()}
+        assert all(t.abs().sum() > 0 for t in before.values())  # round 1 left an error to carry
+        pending = ex.start(manager, NAMES, _deltas(1, 0), True)
+        pending.wait()
+        assert any(not torch.equal(before[n], t) for n, t in residuals.items())
+        pending.rollback()
+        assert all(torch.equal(before[n], t) for n, t in residuals.items())
+    finally:
+        manager.shutdown(wait=False)
+        lighthouse.shutdown()

@@ -102,8 +102,9 @@ def test_killed_replica_survivors_go_on_and_restart_heals(cluster, tmp_path, whe
     dump = tmp_path / "run"
     steps = 240  # long enough that the survivors are still training when the restart heals
     extra = ("--outer.fragment_sync_delay", "3") if when.startswith("exchange") else ()
-    if when == "exchange-compressed":  # two-phase reduce-scatter with error feedback
-        extra += ("--outer.exchange.codec", "quantize", "--outer.exchange.bits", "2",
+    if when == "exchange-compressed":  # two-phase reduce-scatter, top-k with error feedback: the
+        # survivors decode what a failed collective left in their buffers and must not crash
+        extra += ("--outer.exchange.codec", "topk", "--outer.exchange.topk_fraction", "0.25",
                   "--outer.exchange.strategy", "reduce_scatter")
     drill_step = 17  # prepared at 17, applied at 20 (τ = 3)
     for i in range(3):

@@ -18,7 +18,11 @@ from torch.distributed.fsdp import FSDPModule
 
 
 def uses_gloo() -> bool:
-    return dist.is_initialized() and dist.get_backend() == "gloo"
+    """gloo carries the gradients: "gloo", or a CPU-only mixed backend string ("cpu:gloo")."""
+    if not dist.is_initialized():
+        return False
+    backend = str(dist.get_backend())
+    return "gloo" in backend and "nccl" not in backend
 
 
 def force_sum_reduction_on_gloo(model) -> int:

@@ -290,7 +290,8 @@ def _bin_sums(xb: torch.Tensor, codes: torch.Tensor, packed: torch.Tensor, bits:
     byte_index = packed.view(nb, per_block).to(torch.int32)
     byte_index += torch.arange(0, nb * 256, 256, dtype=torch.int32, device=xb.device).view(nb, 1)
     histogram = segment_sum(byte_index.view(-1), None, nb * 256).view(nb, 256).float()
-    return sums, histogram @ _code_counts(bits, xb.device)
+    # float64: exact counts whatever the matmul precision setting (TF32 would round them)
+    return sums, (histogram.double() @ _code_counts(bits, xb.device).double()).float()
 
 
 @functools.lru_cache(maxsize=None)

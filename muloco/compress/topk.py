@@ -104,6 +104,9 @@ class TopK(Codec):
         else:
             values = quantizer.decode(rows[:, :split], nc * k)
         index = from_bytes(rows[:, split:], torch.int16).to(torch.int64) & 0xFFFF
+        # A valid payload never points past its chunk; a corrupt one (buffers left by a failed
+        # collective) must not crash the decode (on CUDA: a device-side assert).
+        index.clamp_(max=self.chunk_size - 1)
         shape = (rows.shape[0], nc, k)
         out = torch.zeros(rows.shape[0], nc, chunk, device=payload.device)
         out.scatter_(2, index.view(shape), values.reshape(shape))

@@ -153,6 +153,8 @@ def _orthogonalize_sharded(params, updates, indices, kwargs) -> dict[int, torch.
     every matrix, as a full_tensor() gather would give it.
     """
     mesh = params[indices[0]].device_mesh
+    if any(params[i].device_mesh != mesh for i in indices):
+        raise NotImplementedError("Muon expects every sharded matrix on one mesh (FSDP2's)")
     if mesh.ndim != 1:
         raise NotImplementedError("Muon on sharded parameters supports a 1-D shard mesh (FSDP)")
     world, rank = mesh.size(), mesh.get_local_rank()

@@ -173,6 +173,7 @@ class CompressedExchange(Exchange):
 
     # --------------------------------------------------------------- all-gather
     def _all_gather(self, manager, key, streams, comp, dense, contributes):
+        undo = _Rollback([self.feedback, self.dense_feedback], key)
         flag = torch.tensor([1 if contributes else 0], dtype=torch.uint8, device=comp.device)
         buf = torch.cat([
             flag,
@@ -180,7 +181,7 @@ class CompressedExchange(Exchange):
             self._payload(key + "/d", dense, self.dense, self.dense_feedback, contributes),
         ])
         outputs, fut = collectives.all_gather(manager, buf)
-        return _PendingAllGather(self, streams, comp.numel(), dense.numel(), buf, outputs, fut)
+        return _PendingAllGather(self, manager, streams, comp.numel(), dense.numel(), buf, outputs, fut, undo)
 
     # ----------------------------------------------------------- reduce-scatter
     def _reduce_scatter(self, manager, key, streams, comp, dense, contributes, k):
@@ -188,6 +189,7 @@ class CompressedExchange(Exchange):
         align = getattr(self.codec, "block_size", None) or getattr(self.codec, "chunk_size", None) or 1
         rc = _RangeCodec(self.codec, ranges(comp.numel(), k, align))
         rd = _RangeCodec(self.dense, ranges(dense.numel(), k, 1))
+        undo = _Rollback([self.feedback, self.dense_feedback], key)
         pc = self._payload(key + "/c", comp, rc, self.feedback, contributes)
         pd = self._payload(key + "/d", dense, rd, self.dense_feedback, contributes)
         flag = torch.tensor([1 if contributes else 0], dtype=torch.uint8, device=comp.device)
@@ -195,7 +197,7 @@ class CompressedExchange(Exchange):
         send_splits = [p.numel() for p in pieces]
         recv_splits = [send_splits[me]] * k
         recv, fut = collectives.all_to_all(manager, torch.cat(pieces), send_splits, recv_splits)
-        return _PendingReduceScatter(self, manager, streams, rc, rd, me, k, recv, fut, send_splits)
+        return _PendingReduceScatter(self, manager, streams, rc, rd, me, k, recv, fut, send_splits, undo)
 
 
 def _key(names: list[str]) -> str:
@@ -213,22 +215,47 @@ def _split_payload(buf: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
 
 
 def _average(decoded: torch.Tensor, flags: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Mean over contributing rows of ``decoded`` (K, n); zeros if none contributes."""
+    """Mean over contributing rows of ``decoded`` (K, n); zeros if none contributes.
+    (A weighted sum, not a matmul: TF32 matmuls would round fp32 values.)"""
     weights = (flags == 1).to(decoded.dtype)
     count = int(weights.sum())
-    return (weights @ decoded) / max(count, 1), count
+    return (decoded * weights[:, None]).sum(0) / max(count, 1), count
+
+
+def _zeros_like_streams(streams: _Streams, device) -> list[torch.Tensor]:
+    """The result after a failed collective: never applied (``should_commit`` fails)."""
+    return [torch.zeros(s, device=device) for s in streams.shapes]
+
+
+class _Rollback:
+    """Residuals as they were before this sync's compression: a sync that does not commit
+    drops its Δ, so its error-feedback update must go too."""
+
+    def __init__(self, feedback: list[ErrorFeedback], key: str):
+        names = (key + "/c", key + "/d")
+        self.saved = [(fb, name, t.clone()) for fb in feedback for name, t in fb.state_dict().items()
+                      if name in names]
+
+    def restore(self) -> None:
+        for fb, name, t in self.saved:
+            fb.state_dict()[name].copy_(t)
 
 
 class _PendingAllGather(PendingExchange):
-    def __init__(self, ex: CompressedExchange, streams, n_comp, n_dense, buf, outputs, fut):
-        self.ex, self.streams, self.n_comp, self.n_dense = ex, streams, n_comp, n_dense
-        self.outputs, self.fut = outputs, fut
+    def __init__(self, ex: CompressedExchange, manager, streams, n_comp, n_dense, buf, outputs, fut, undo):
+        self.ex, self.manager, self.streams, self.n_comp, self.n_dense = ex, manager, streams, n_comp, n_dense
+        self.outputs, self.fut, self.undo = outputs, fut, undo
         k = len(outputs)
         self.payload_bytes = buf.numel()
         self.bytes_sent = self.bytes_received = (k - 1) * buf.numel()
 
+    def rollback(self) -> None:
+        self.undo.restore()
+
     def wait(self) -> list[torch.Tensor]:
         self.fut.wait()
+        if self.manager.errored():  # the buffers hold garbage; nothing will be committed
+            return _zeros_like_streams(self.streams, self.outputs[0].device)
         gathered = torch.stack(self.outputs)
         sizes = [FLAG_BYTES, _encoded_size(self.ex.codec, self.n_comp), _encoded_size(self.ex.dense, self.n_dense)]
         flags, pc, pd = _split_payload(gathered, sizes)
@@ -238,8 +265,8 @@ class _PendingAllGather(PendingExchange):
 
 
 class _PendingReduceScatter(PendingExchange):
-    def __init__(self, ex, manager, streams, rc, rd, me, k, recv, fut, send_splits):
-        self.ex, self.manager, self.streams = ex, manager, streams
+    def __init__(self, ex, manager, streams, rc, rd, me, k, recv, fut, send_splits, undo):
+        self.ex, self.manager, self.streams, self.undo = ex, manager, streams, undo
         self.rc, self.rd, self.me, self.k, self.recv, self.fut = rc, rd, me, k, recv, fut
         self.payload_bytes = sum(send_splits)
         self.bytes_sent = sum(s for j, s in enumerate(send_splits) if j != me)
@@ -249,8 +276,15 @@ class _PendingReduceScatter(PendingExchange):
         """Bytes of owner j's re-encoded range (flag byte excluded: counts travel in phase 1)."""
         return [c + d for c, d in zip(self.rc.sizes, self.rd.sizes)]
 
+    def rollback(self) -> None:
+        self.undo.restore()
+
     def wait(self) -> list[torch.Tensor]:
+        """Phase 2 runs here, at perform time: τ overlaps only phase 1. A replica whose
+        phase 1 failed skips phase 2; its peers then fail phase 2 at the group timeout."""
         self.fut.wait()
+        if self.manager.errored():
+            return _zeros_like_streams(self.streams, self.recv.device)
         me, k = self.me, self.k
         (ca, cb), (da, db) = self.rc.bounds[me], self.rd.bounds[me]
         mine = self.recv.view(k, -1)
@@ -264,6 +298,8 @@ class _PendingReduceScatter(PendingExchange):
         self.bytes_sent += (k - 1) * chunk.numel()
         self.bytes_received += sum(s for j, s in enumerate(sizes) if j != me)
         fut.wait()
+        if self.manager.errored():
+            return _zeros_like_streams(self.streams, recv.device)
         comps, denses = [], []
         for j, piece in enumerate(recv.split(sizes)):
             (a, b), (c, d) = self.rc.bounds[j], self.rd.bounds[j]

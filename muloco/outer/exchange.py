@@ -43,6 +43,9 @@ class PendingExchange:
     def wait(self) -> list[torch.Tensor]:
         raise NotImplementedError
 
+    def rollback(self) -> None:
+        """The sync did not commit: undo any replica-local state change it made."""
+
 
 class Exchange(Configurable):
     @dataclass(kw_only=True, slots=True)

@@ -211,6 +211,7 @@ class OuterLoop(Configurable):
             frag.optimizer.step([a.to(backup) for a in averaged])
             self._pull(frag.globals, locals_, self.config.fragment_update_alpha)
         else:
+            sync.exchange.rollback()  # e.g. error-feedback residuals of the dropped Δ
             self._pull(frag.globals, locals_, 0.0)
         record = SyncRecord(
             step=step,
@@ -314,7 +315,8 @@ class OuterLoop(Configurable):
             "bytes_received": sum(r.bytes_received for r in recs),
             "payload_bits_per_parameter": 8 * sum(r.payload_bytes for r in recs) / max(1, sum(r.numel for r in recs)),
             "dense_fp32_exchange_bytes": sum(r.dense_fp32_bytes for r in recs),
-            "reduction_vs_dense_fp32": sum(r.dense_fp32_bytes for r in recs) / max(1.0, sum(r.bytes_sent for r in recs)),
+            "reduction_vs_dense_fp32": (sum(r.dense_fp32_bytes for r in recs) / sum(r.bytes_sent for r in recs)
+                                        if sum(r.bytes_sent for r in recs) else None),  # None: K=1, nothing sent
             "exchange": self.exchange.describe(),
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,
             "outer_parameters": self.num_params,

@@ -25,6 +25,7 @@ from torchtitan.tools.logging import logger
 
 from muloco.checkpoint import ReplicaCheckpointManager
 from muloco.outer import OuterLoop
+from muloco.outer.loop import CoordinationError
 from muloco.outer.manager import ReplicaGroupError, ReplicaGroupManager, wait_for_replica_groups
 from muloco.trainer import MulocoTrainer, MulocoTrainerMixin
 
@@ -107,10 +108,7 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         super().train_step(data_iterator)
         try:
             record = self.outer.after_inner_step(self.step)
-        except ReplicaGroupError:
-            raise
-        except Exception as err:
-            # Quorum failures surface here (lighthouse gone, quorum timeout).
+        except CoordinationError as err:  # lighthouse gone, quorum timeout
             raise ReplicaGroupError(self._quorum_failure(err)) from err
         if record is not None:
             self.metrics_processor.log_sync({**asdict(record), "bits_per_parameter": record.bits_per_parameter},

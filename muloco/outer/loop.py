@@ -53,6 +53,20 @@ def _local(p: torch.Tensor) -> torch.Tensor:
     return p.to_local() if isinstance(p, DTensor) else p
 
 
+class CoordinationError(RuntimeError):
+    """A torchft quorum or commit call failed (lighthouse gone, no quorum in time)."""
+
+
+@contextlib.contextmanager
+def coordination():
+    """Mark failures of the quorum/commit calls, so the trainer can explain them as a lost
+    lighthouse or quorum while any other error surfaces as what it is."""
+    try:
+        yield
+    except Exception as err:
+        raise CoordinationError(str(err)) from err
+
+
 @dataclass
 class SyncRecord:
     step: int
@@ -182,7 +196,8 @@ class OuterLoop(Configurable):
     def _prepare(self, step: int) -> None:
         started = time.perf_counter()
         self._healed = False
-        self.manager.start_quorum()  # heals this replica from a peer if it is behind
+        with coordination():
+            self.manager.start_quorum()  # heals this replica from a peer if it is behind
         contributes = not self._healed
         _drill_kill_in_exchange(self.replica_id, step)
         index = self.manager.current_step() % len(self.fragments)
@@ -204,7 +219,8 @@ class OuterLoop(Configurable):
         sync, self._open = self._open, None
         frag = self.fragments[sync.fragment]
         averaged = sync.exchange.wait()
-        committed = self.manager.should_commit()
+        with coordination():
+            committed = self.manager.should_commit()
         locals_ = frag.locals()
         if committed:
             backup = frag.globals[0].device

@@ -70,6 +70,11 @@ def ranges(numel: int, k: int, align: int) -> list[tuple[int, int]]:
     return [(min(j * per, numel), min((j + 1) * per, numel)) for j in range(k)]
 
 
+def range_alignment(codec: Codec) -> int:
+    """Cut reduce-scatter ranges at block/chunk boundaries, so no block straddles two owners."""
+    return getattr(codec, "block_size", None) or getattr(codec, "chunk_size", None) or 1
+
+
 def _encoded_size(codec: Codec, numel: int) -> int:
     return codec.payload_bytes(numel) if numel else 0
 
@@ -186,7 +191,7 @@ class CompressedExchange(Exchange):
     # ----------------------------------------------------------- reduce-scatter
     def _reduce_scatter(self, manager, key, streams, comp, dense, contributes, k):
         me = collectives.group_rank(manager)
-        align = getattr(self.codec, "block_size", None) or getattr(self.codec, "chunk_size", None) or 1
+        align = range_alignment(self.codec)
         rc = _RangeCodec(self.codec, ranges(comp.numel(), k, align))
         rd = _RangeCodec(self.dense, ranges(dense.numel(), k, 1))
         undo = _Rollback([self.feedback, self.dense_feedback], key)
@@ -319,7 +324,7 @@ def wire_bytes(strategy: str, k: int, codec: Codec, n_comp: int, n_dense: int = 
         return {"payload": payload, "sent": (k - 1) * payload, "received": (k - 1) * payload}
     if strategy != "reduce_scatter":
         raise ValueError(f"unknown strategy {strategy!r}")
-    align = getattr(codec, "block_size", None) or getattr(codec, "chunk_size", None) or 1
+    align = range_alignment(codec)
     cs = [_encoded_size(codec, b - a) for a, b in ranges(n_comp, k, align)]
     ds = [_encoded_size(dense, b - a) for a, b in ranges(n_dense, k, 1)]
     pieces = [FLAG_BYTES + c + d for c, d in zip(cs, ds)]

@@ -31,6 +31,33 @@ def run_train(args: list[str], timeout: int = 300, env: dict | None = None) -> s
     return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
+def run_together(commands: list[list[str]], envs: list[dict], timeout: float) -> list[tuple[int, str]]:
+    """Start every command at once (they meet in collectives) and wait for all of them:
+    (exit code, combined output) each. Any still running at the end is killed by its PID."""
+    procs = []
+    try:
+        for cmd, env in zip(commands, envs):
+            procs.append(subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+    return [(p.returncode, out) for p, out in zip(procs, outs)]
+
+
+def run_gloo_ranks(script: Path, world: int, args: list[str], timeout: float) -> list[tuple[int, str]]:
+    """``script`` as ranks 0..world-1 of one torch.distributed job (env:// rendezvous on 127.0.0.1)."""
+    from muloco.launch.ports import free_port
+
+    port = str(free_port())
+    envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in range(world)]
+    return run_together([[sys.executable, str(script), *args]] * world, envs, timeout)
+
+
 def read_metrics(folder: Path) -> list[dict]:
     with open(folder / "metrics.jsonl") as f:
         return [json.loads(line) for line in f]

@@ -537,26 +537,13 @@ _FSDP_GLOO = textwrap.dedent(
 
 
 def _fsdp_gloo(tmp_path: Path, mode: str) -> str:
-    from muloco.launch.ports import free_port
+    from conftest import run_gloo_ranks
 
     script = tmp_path / "fsdp_gloo.py"
     script.write_text(_FSDP_GLOO)
-    port = str(free_port())
-    procs = []
-    try:
-        for rank in range(2):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-            procs.append(subprocess.Popen([sys.executable, str(script), mode], env=env, text=True,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        outs = [p.communicate(timeout=60)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    assert all(p.returncode == 0 for p in procs), outs
-    return outs[0]
+    results = run_gloo_ranks(script, 2, [mode], timeout=60)
+    assert all(code == 0 for code, _ in results), [out for _, out in results]
+    return results[0][1]
 
 
 @pytest.mark.timeout(120)

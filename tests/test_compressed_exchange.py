@@ -11,8 +11,6 @@ format's formula.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -25,7 +23,7 @@ compat.apply()
 
 from torchft.coordination import LighthouseServer  # noqa: E402
 
-from conftest import REPO  # noqa: E402
+from conftest import run_together  # noqa: E402
 from muloco.compress.error_feedback import ErrorFeedback  # noqa: E402
 from muloco.outer.compressed_exchange import FLAG_BYTES, ranges, wire_bytes  # noqa: E402
 from muloco.outer.exchange import Exchange  # noqa: E402
@@ -82,22 +80,13 @@ def _run(tmp_path, settings: dict, k: int = 3, idle: list | None = None) -> list
     script.write_text(WORKER)
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=k, join_timeout_ms=200)
     url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
-    procs = []
+    commands = [[sys.executable, str(script), url, str(r), str(k), json.dumps(settings), str(tmp_path / f"r{r}.pt"),
+                 str(ROUNDS), json.dumps(idle or []), json.dumps(NAMES), json.dumps(SHAPES)] for r in range(k)]
     try:
-        for r in range(k):
-            args = [url, str(r), str(k), json.dumps(settings), str(tmp_path / f"r{r}.pt"), str(ROUNDS),
-                    json.dumps(idle or []), json.dumps(NAMES), json.dumps(SHAPES)]
-            procs.append(subprocess.Popen([sys.executable, str(script), *args], cwd=REPO, text=True,
-                                          env={**os.environ, "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"},
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        outs = [p.communicate(timeout=150)[0] for p in procs]
+        results = run_together(commands, [{"RUST_LOG": "warn"}] * k, timeout=150)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
         lighthouse.shutdown()
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-3000:] for o in outs)
+    assert all(code == 0 for code, _ in results), "\n".join(out[-3000:] for _, out in results)
     return [torch.load(tmp_path / f"r{r}.pt", weights_only=True) for r in range(k)]
 
 

@@ -16,7 +16,7 @@ from muloco import compat
 
 compat.apply()
 
-from conftest import REPO, TINY, run_train, train_losses  # noqa: E402
+from conftest import REPO, TINY, run_gloo_ranks, run_train, train_losses  # noqa: E402
 
 from muloco.launch.ports import free_port  # noqa: E402
 from muloco.optim.muon import Muon, lr_scale  # noqa: E402
@@ -171,22 +171,9 @@ SHARDED = textwrap.dedent(
 def test_sharded_update_equals_single_device_and_shard_local_does_not(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
-    port = str(free_port())
-    procs = []
-    try:
-        for rank in range(2):
-            env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "OMP_NUM_THREADS": "1"}
-            procs.append(subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outs = [p.communicate(timeout=100)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    assert all(p.returncode == 0 for p in procs), outs
-    line = next(ln for ln in outs[0].splitlines() if ln.startswith("ERR"))
+    results = run_gloo_ranks(script, 2, [], timeout=100)
+    assert all(code == 0 for code, _ in results), [out for _, out in results]
+    line = next(ln for ln in results[0][1].splitlines() if ln.startswith("ERR"))
     errs = dict(kv.split("=") for kv in line.split()[1:])
     assert float(errs["sharded"]) < 1e-2, line  # same full-matrix update (bf16 tolerance)
     assert float(errs["shard_local"]) > 0.1, line  # the check can fail: shard-local Muon is wrong

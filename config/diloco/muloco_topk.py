@@ -4,19 +4,17 @@ A fixed 10% of each 4096-element chunk is kept (the same payload size on every
 replica), with 16-bit chunk-local indices and bfloat16 values: 3.2 bits per parameter,
 where MuLoCo's int64 indices and fp32 values cost 9.6. ``--outer.exchange.topk_fraction``,
 ``--outer.exchange.topk_value_bits 4`` (quantized values), ``--outer.exchange.topk_chunk``.
+Error feedback (β 0.9) and dense norms as in ``diloco/muloco_2bit``.
 """
 
 from muloco.config import load_config
 
 
 def config():
-    c = load_config("diloco/muloco")
+    c = load_config("diloco/muloco_2bit")
     c.dump_folder = "./outputs/muloco-topk"
     c.outer.exchange.codec = "topk"
     c.outer.exchange.topk_fraction = 0.1
     c.outer.exchange.topk_chunk = 4096
     c.outer.exchange.topk_value_dtype = "bfloat16"
-    c.outer.exchange.error_feedback = True
-    c.outer.exchange.ef_beta = 0.9
-    c.outer.exchange.skip_pattern = r"norm\.weight$"
     return c

@@ -6,7 +6,8 @@ then hands a collective buffers of the same size, so payloads can be all-gathere
 exchanged all-to-all without a size round trip, and the bytes on the wire follow a
 formula that tests check. Encoding and decoding are vectorised torch on the tensor's own
 device; ``decode`` takes any number of leading batch dimensions (one payload per replica)
-so a receiver decodes K payloads in one call.
+so a receiver decodes K payloads in one call. Zero elements is a valid size (an empty
+payload), so callers need no special case for an empty stream or range.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ class Codec:
     def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         """``(..., payload_bytes(numel))`` uint8 -> ``(..., numel)`` float32."""
         raise NotImplementedError
+
+    def check_payload(self, payload: torch.Tensor, numel: int) -> int:
+        """The payload size for ``numel``; a clear error if ``payload`` is not ``(..., size)`` uint8."""
+        size = self.payload_bytes(numel)
+        if payload.dtype != torch.uint8 or payload.shape[-1:] != (size,):
+            raise ValueError(f"{self.describe()} expects (..., {size}) uint8 payloads for {numel} elements, "
+                             f"got {tuple(payload.shape)} {payload.dtype}")
+        return size
 
     def bits_per_element(self, numel: int) -> float:
         return 8.0 * self.payload_bytes(numel) / max(numel, 1)

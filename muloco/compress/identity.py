@@ -43,9 +43,7 @@ class Identity(Codec):
         return x.detach().reshape(-1).to(self.dtype, copy=True).view(torch.uint8)
 
     def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
-        if payload.dtype != torch.uint8 or payload.shape[-1:] != (self.payload_bytes(numel),):
-            raise ValueError(f"{self.describe()} expects (..., {self.payload_bytes(numel)}) uint8 payloads "
-                             f"for {numel} elements, got {tuple(payload.shape)} {payload.dtype}")
+        self.check_payload(payload, numel)
         # A fresh tensor (never a view of the payload, whose buffer may be reused).
         return from_bytes(payload, self.dtype).to(torch.float32, copy=True)
 

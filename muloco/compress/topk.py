@@ -88,10 +88,7 @@ class TopK(Codec):
         return torch.cat([value_bytes, as_bytes(index16)])
 
     def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
-        size = self.payload_bytes(numel)
-        if payload.dtype != torch.uint8 or payload.shape[-1:] != (size,):
-            raise ValueError(f"{self.describe()} expects (..., {size}) uint8 payloads for {numel} elements, "
-                             f"got {tuple(payload.shape)} {payload.dtype}")
+        size = self.check_payload(payload, numel)
         lead = payload.shape[:-1]
         nc, chunk, k = self.chunks(numel)
         if nc == 0:

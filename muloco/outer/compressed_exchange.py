@@ -75,37 +75,23 @@ def range_alignment(codec: Codec) -> int:
     return getattr(codec, "block_size", None) or getattr(codec, "chunk_size", None) or 1
 
 
-def _encoded_size(codec: Codec, numel: int) -> int:
-    return codec.payload_bytes(numel) if numel else 0
-
-
-def _encode(codec: Codec, x: torch.Tensor) -> torch.Tensor:
-    return codec.encode(x) if x.numel() else torch.zeros(0, dtype=torch.uint8, device=x.device)
-
-
-def _decode(codec: Codec, payload: torch.Tensor, numel: int) -> torch.Tensor:
-    if not numel:
-        return torch.zeros(*payload.shape[:-1], 0, device=payload.device)
-    return codec.decode(payload, numel)
-
-
 class _RangeCodec(Codec):
     """A codec applied range by range (for reduce-scatter), so error feedback sees the
     exact payload that is sent."""
 
     def __init__(self, base: Codec, bounds: list[tuple[int, int]]):
         self.base, self.bounds = base, bounds
-        self.sizes = [_encoded_size(base, b - a) for a, b in bounds]
+        self.sizes = [base.payload_bytes(b - a) for a, b in bounds]
 
     def payload_bytes(self, numel: int) -> int:
         return sum(self.sizes)
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([_encode(self.base, x[a:b]) for a, b in self.bounds])
+        return torch.cat([self.base.encode(x[a:b]) for a, b in self.bounds])
 
     def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         pieces = payload.split(self.sizes, dim=-1)
-        return torch.cat([_decode(self.base, p, b - a) for p, (a, b) in zip(pieces, self.bounds)], dim=-1)
+        return torch.cat([self.base.decode(p, b - a) for p, (a, b) in zip(pieces, self.bounds)], dim=-1)
 
 
 class CompressedExchange(Exchange):
@@ -262,10 +248,10 @@ class _PendingAllGather(PendingExchange):
         if self.manager.errored():  # the buffers hold garbage; nothing will be committed
             return _zeros_like_streams(self.streams, self.outputs[0].device)
         gathered = torch.stack(self.outputs)
-        sizes = [FLAG_BYTES, _encoded_size(self.ex.codec, self.n_comp), _encoded_size(self.ex.dense, self.n_dense)]
+        sizes = [FLAG_BYTES, self.ex.codec.payload_bytes(self.n_comp), self.ex.dense.payload_bytes(self.n_dense)]
         flags, pc, pd = _split_payload(gathered, sizes)
-        comp, self.contributors = _average(_decode(self.ex.codec, pc, self.n_comp), flags[:, 0])
-        dense, _ = _average(_decode(self.ex.dense, pd, self.n_dense), flags[:, 0])
+        comp, self.contributors = _average(self.ex.codec.decode(pc, self.n_comp), flags[:, 0])
+        dense, _ = _average(self.ex.dense.decode(pd, self.n_dense), flags[:, 0])
         return self.streams.join(comp, dense)
 
 
@@ -294,10 +280,10 @@ class _PendingReduceScatter(PendingExchange):
         (ca, cb), (da, db) = self.rc.bounds[me], self.rd.bounds[me]
         mine = self.recv.view(k, -1)
         flags, pc, pd = _split_payload(mine, [FLAG_BYTES, self.rc.sizes[me], self.rd.sizes[me]])
-        comp, self.contributors = _average(_decode(self.ex.codec, pc, cb - ca), flags[:, 0])
-        dense, _ = _average(_decode(self.ex.dense, pd, db - da), flags[:, 0])
+        comp, self.contributors = _average(self.ex.codec.decode(pc, cb - ca), flags[:, 0])
+        dense, _ = _average(self.ex.dense.decode(pd, db - da), flags[:, 0])
         # Phase 2: every replica gets each owner's re-encoded average of its range.
-        chunk = torch.cat([_encode(self.ex.codec, comp), _encode(self.ex.dense, dense)])
+        chunk = torch.cat([self.ex.codec.encode(comp), self.ex.dense.encode(dense)])
         sizes = self._chunk_sizes()
         recv, fut = collectives.all_to_all(self.manager, chunk.repeat(k), [chunk.numel()] * k, sizes)
         self.bytes_sent += (k - 1) * chunk.numel()
@@ -309,8 +295,8 @@ class _PendingReduceScatter(PendingExchange):
         for j, piece in enumerate(recv.split(sizes)):
             (a, b), (c, d) = self.rc.bounds[j], self.rd.bounds[j]
             pc, pd = piece.split([self.rc.sizes[j], self.rd.sizes[j]])
-            comps.append(_decode(self.ex.codec, pc, b - a))
-            denses.append(_decode(self.ex.dense, pd, d - c))
+            comps.append(self.ex.codec.decode(pc, b - a))
+            denses.append(self.ex.dense.decode(pd, d - c))
         return self.streams.join(torch.cat(comps), torch.cat(denses))
 
 
@@ -320,13 +306,13 @@ def wire_bytes(strategy: str, k: int, codec: Codec, n_comp: int, n_dense: int = 
     wire format alone (what the exchanges above count from their buffers), for any K."""
     dense = make_codec("identity", dtype=dense_dtype)
     if strategy == "allgather" or k == 1:
-        payload = FLAG_BYTES + _encoded_size(codec, n_comp) + _encoded_size(dense, n_dense)
+        payload = FLAG_BYTES + codec.payload_bytes(n_comp) + dense.payload_bytes(n_dense)
         return {"payload": payload, "sent": (k - 1) * payload, "received": (k - 1) * payload}
     if strategy != "reduce_scatter":
         raise ValueError(f"unknown strategy {strategy!r}")
     align = range_alignment(codec)
-    cs = [_encoded_size(codec, b - a) for a, b in ranges(n_comp, k, align)]
-    ds = [_encoded_size(dense, b - a) for a, b in ranges(n_dense, k, 1)]
+    cs = [codec.payload_bytes(b - a) for a, b in ranges(n_comp, k, align)]
+    ds = [dense.payload_bytes(b - a) for a, b in ranges(n_dense, k, 1)]
     pieces = [FLAG_BYTES + c + d for c, d in zip(cs, ds)]
     chunks = [c + d for c, d in zip(cs, ds)]
     others = [j for j in range(k) if j != rank]

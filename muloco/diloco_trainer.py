@@ -7,13 +7,16 @@ synced across groups. torchtitan's own ``maybe_semi_sync_training`` stays off
 (``fault_tolerance.semi_sync_method`` is None): it would hard-code the outer
 optimizer and stack torchft's DiLoCo on top of ours.
 
-Healing: a replica that starts late or restarts receives, at its first sync, the
-model, inner optimizer, LR schedule, step counters, θ_g, outer momentum and torchft
-step of a healthy peer (never the peer's error-feedback state).
+Healing: a replica that starts behind its peers (late, or restarted) joins their next
+sync before it trains and receives from a healthy peer the model, inner optimizer, LR
+schedule, step counters, θ_g, outer momentum and torchft step (never the peer's
+error-feedback state). At the end every group waits until all of them stand at the same
+sync, so they finish with the same θ_g (its hash is in the summary).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import asdict, dataclass, field
@@ -25,8 +28,9 @@ from torchtitan.tools.logging import logger
 
 from muloco.checkpoint import ReplicaCheckpointManager
 from muloco.outer import OuterLoop
-from muloco.outer.loop import CoordinationError
-from muloco.outer.manager import ReplicaGroupError, ReplicaGroupManager, wait_for_replica_groups
+from muloco.outer.coordinator import CoordinationError, Coordinator, OutOfDateError
+from muloco.outer.loop import SyncRecord, SyncsKeepFailing
+from muloco.outer.manager import ReplicaGroupError, ReplicaGroupManager, ReplicaOutOfDate
 from muloco.trainer import MulocoTrainer, MulocoTrainerMixin
 
 HEALING_KEY = "muloco"
@@ -49,8 +53,13 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         super().__init__(config)
         manager = self.ft_manager.manager
         logging.getLogger("torchft").setLevel(logging.WARNING)  # per-sync INFO lines; ours say it once
+        ft = config.fault_tolerance
+        coordinator = Coordinator(manager, lighthouse_url=ft.lighthouse_url(), group_size=ft.group_size,
+                                  quorum_size=self.ft_manager.quorum_size,
+                                  connect_timeout=ft.connect_timeout_seconds, device=self.device)
         self.outer = config.outer.build(
-            model=self.model_parts[0], manager=manager, device=self.device, replica_id=config.fault_tolerance.replica_id
+            model=self.model_parts[0], manager=manager, device=self.device, replica_id=ft.replica_id,
+            coordinator=coordinator, max_commit_failures=ft.max_commit_failures,
         )
         if self.checkpointer.enable:
             self.checkpointer.states["outer"] = self.outer
@@ -89,39 +98,85 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         }
 
     def _load_healing_state(self, state: dict[str, Any]) -> None:
-        before = self.step
         self._model_state.load_state_dict(state["model"])
         self.optimizers.load_state_dict(state["optimizer"])
         self.lr_schedulers.load_state_dict(state["lr_scheduler"])
         self.load_state_dict(state["train_state"])
-        self.outer.load_healing_state_dict(state["outer"])
-        logger.info(f"healed from a peer: step {before} -> {self.step}")
+        self.outer.load_healing_state_dict(state["outer"], step=self.step)
 
     # ----------------------------------------------------------------- loop
     def _on_loop_start(self) -> None:
         super()._on_loop_start()
         ft = self.config.fault_tolerance
-        if ft.start_wait_seconds > 0 and ft.group_size > 1:
-            wait_for_replica_groups(ft.lighthouse_url(), ft.group_size, ft.start_wait_seconds)
+        if ft.group_size <= 1:
+            return
+        with self._coordination_errors():
+            if ft.start_wait_seconds > 0:
+                seen = self.outer.coordinator.wait_for_groups(ft.group_size, ft.start_wait_seconds,
+                                                              "waiting for replica groups")
+                if len(seen) < ft.group_size:
+                    logger.warning(f"only {len(seen)}/{ft.group_size} replica groups up after "
+                                   f"{ft.start_wait_seconds:g}s; starting anyway (the others heal from a peer "
+                                   "when they arrive)")
+            before = self.step
+            self.step, record = self.outer.catch_up(self.step, self.config.training.steps,
+                                                    wait_seconds=max(ft.start_wait_seconds, 1.0))
+        if self.step != before:
+            self.metrics_processor.begin(start_step=self.step, total_steps=self.config.training.steps)
+        self._log_sync(record)
 
     def train_step(self, data_iterator):
         super().train_step(data_iterator)
-        try:
+        with self._coordination_errors():
             record = self.outer.after_inner_step(self.step)
-        except CoordinationError as err:  # lighthouse gone, quorum timeout
-            raise ReplicaGroupError(self._quorum_failure(err)) from err
+        self._log_sync(record)
+
+    def should_continue_training(self) -> bool:
+        if super().should_continue_training():
+            return True
+        if not getattr(self, "_finished", False):
+            self._finished = True
+            self._meet_peers_at_the_end()
+        return False
+
+    def _meet_peers_at_the_end(self) -> None:
+        """Stay until every replica group stands at the same sync; re-validate and re-save if
+        this group had to heal (its last sync failed, or it came back after the others ended)."""
+        ft = self.config.fault_tolerance
+        with self._coordination_errors():
+            healed = self.outer.finish(wait_seconds=ft.end_wait_seconds, step=self.step)
+        if healed:
+            self.metrics_processor.last_validation_step = None  # θ_g changed: validate it again
+            self.checkpointer.save(self.step, last_step=True)
+
+    def _log_sync(self, record: SyncRecord | None) -> None:
         if record is not None:
             self.metrics_processor.log_sync({**asdict(record), "bits_per_parameter": record.bits_per_parameter},
                                             record.step)
 
+    @contextlib.contextmanager
+    def _coordination_errors(self):
+        """torchft and lighthouse failures become one clear ReplicaGroupError."""
+        try:
+            yield
+        except CoordinationError as err:  # lighthouse gone, quorum timeout
+            raise ReplicaGroupError(self._quorum_failure(err)) from err
+        except OutOfDateError as err:
+            raise ReplicaOutOfDate(str(err)) from err
+        except SyncsKeepFailing as err:
+            raise ReplicaGroupError(f"replica {self.config.fault_tolerance.replica_id}: {err}") from err
+
     def _quorum_failure(self, err: BaseException) -> str:
         ft = self.config.fault_tolerance
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if "lighthouse at" in first:  # the watcher saw the lighthouse go away
+            return (f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}. "
+                    "Restart the lighthouse and the job; it resumes from the last checkpoints.")
         return (
             f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}. "
-            f"The torchft lighthouse ({ft.lighthouse_url()}) may be down or unreachable, or no peer "
-            f"joined within {ft.quorum_timeout_seconds:g}s "
-            "(--fault_tolerance.quorum_timeout_seconds). Restart the job; it resumes from the last checkpoint."
+            f"No quorum of {self.ft_manager.quorum_size} of {ft.group_size} replica groups formed within "
+            f"{ft.quorum_timeout_seconds:g}s (--fault_tolerance.quorum_timeout_seconds): peers died or hang, "
+            "or the lighthouse lost them. Restart the job; it resumes from the last checkpoints."
         )
 
     def train(self):
@@ -142,13 +197,16 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         super()._report(s)
         d = s["diloco"]
         mb = 1e6
+        sent = d["bytes_sent"]
         logger.info(
             f"DiLoCo replica {d['replica_id']}: syncs committed {d['syncs_committed']}/{d['syncs']}, "
             f"sync time {d['sync_seconds_total']:.1f}s ({100 * (d['sync_share_of_wall_time'] or 0):.1f}% of wall), "
-            f"bytes sent {d['bytes_sent'] / mb:,.1f}MB received {d['bytes_received'] / mb:,.1f}MB; "
-            f"a per-step fp32 all-reduce would have sent {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB "
-            f"({d['per_step_fp32_allreduce_bytes'] / max(1, d['bytes_sent']):,.0f}x more)"
+            f"bytes sent {sent / mb:,.1f}MB received {d['bytes_received'] / mb:,.1f}MB"
+            + (f"; a per-step fp32 all-reduce would have sent {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB "
+               f"({d['per_step_fp32_allreduce_bytes'] / sent:,.0f}x more)" if sent else " (one replica group: nothing to send)")
         )
+        logger.info(f"DiLoCo replica {d['replica_id']}: final θ_g sha256 {d['final_global_sha256']}"
+                    + (f", healed from replica(s) {d['healed_from']}" if d["healed_from"] else ""))
         logger.info(
             f"DiLoCo replica {d['replica_id']}: exchange {d['exchange']}: "
             f"{d['payload_bits_per_parameter']:.2f} bits per parameter (dense fp32: 32); "

@@ -62,6 +62,11 @@ class MulocoMetrics(MetricsProcessor):
         self.total_steps = total_steps
         self.time_last_log = time.perf_counter()
 
+    def should_log(self, step: int) -> bool:
+        """Also the last step: the run's final loss is logged and is the summary's final
+        train loss, whether or not ``training.steps`` is a multiple of ``log_freq``."""
+        return super().should_log(step) or step == self.total_steps
+
     def _record(self, record: dict[str, Any], step: int) -> None:
         # TensorBoard/W&B take numbers only; the JSONL keeps everything.
         numeric = {k: float(v) for k, v in record.items() if isinstance(v, (int, float))}
@@ -120,13 +125,22 @@ class MulocoMetrics(MetricsProcessor):
     def log_sync(self, record: dict[str, Any], step: int) -> None:
         """One outer sync: JSONL/TensorBoard under ``sync/`` and one console line."""
         self._record({f"sync/{k}": v for k, v in record.items()}, step)
-        state = "committed" if record["committed"] else "FAILED (rolled back)"
-        logger.info(
-            f"sync at step {step} (fragment {record['fragment']}): {state}, "
-            f"{record['contributors']}/{record['participants']} replicas contributed, "
-            f"quorum {record['quorum_id']}, {record['seconds'] * 1000:,.0f}ms, "
-            f"sent {record['bytes_sent'] / 1e6:,.2f}MB received {record['bytes_received'] / 1e6:,.2f}MB, "
-            f"{record.get('bits_per_parameter', 32.0):.2f} bits/parameter"
+        mb = 1e6
+        healed = f", healed from replica {record['healed_from']}" if record.get("healed_from") is not None else ""
+        if record["committed"]:
+            logger.info(
+                f"sync at step {step} (fragment {record['fragment']}): committed, "
+                f"{record['contributors']}/{record['participants']} replicas contributed, "
+                f"quorum {record['quorum_id']}{healed}, {record['seconds'] * 1000:,.0f}ms, "
+                f"sent {record['bytes_sent'] / mb:,.2f}MB received {record['bytes_received'] / mb:,.2f}MB, "
+                f"{record.get('bits_per_parameter', 32.0):.2f} bits/parameter"
+            )
+            return
+        logger.warning(
+            f"sync at step {step} (fragment {record['fragment']}): NOT committed, rolled back: "
+            f"{record.get('failure') or 'unknown reason'}; {record['participants']} replicas in quorum "
+            f"{record['quorum_id']}{healed}, {record['seconds'] * 1000:,.0f}ms, "
+            f"{record['bytes_sent'] / mb:,.2f}MB handed to the collectives were discarded"
         )
 
     def close(self):

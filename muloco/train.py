@@ -7,6 +7,7 @@ with one message and exit status 2.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 
@@ -17,16 +18,17 @@ compat.apply()
 import torch  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 
-from muloco.checkpoint import CheckpointLoadError  # noqa: E402
-from muloco.config.checks import check_config  # noqa: E402
+from muloco.checkpoint import CheckpointLoadError, check_loadable, run_folder  # noqa: E402
+from muloco.config.checks import check_config, check_dump_folder  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
 from muloco.launch.ports import free_port  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_BAD_CHECKPOINT = 3
-EXIT_REPLICA_GROUP = 4
+EXIT_REPLICA_GROUP = 4  # ReplicaGroupError.exit_status; ReplicaOutOfDate: 5
 
 
 def ensure_single_process_env() -> None:
@@ -44,14 +46,57 @@ def ensure_single_process_env() -> None:
 
 
 def preflight(config) -> None:
-    """Everything that can be checked without building the trainer."""
+    """Everything that can be checked without building the trainer, so that bad input
+    (exit 2) and an unusable checkpoint (exit 3) stop the run before it writes anything."""
+    check_config(config)
+    _check_lighthouse(config)
+    check_dump_folder(config.dump_folder)
+    _check_tokenizer(config)
+    _check_data(config)
+    check_loadable(config)
+
+
+def _check_lighthouse(config) -> None:
+    """A DiLoCo replica needs a lighthouse address that is at least a URL (whether it
+    answers is checked when the replica group starts, within the connect timeout)."""
+    if not hasattr(config, "outer"):
+        return
+    try:
+        config.fault_tolerance.lighthouse_url()
+    except ReplicaGroupError as err:
+        raise ConfigError(str(err)) from None
+
+
+def _lock_run_folder(config) -> DumpFolderLock | None:
+    """One live run per output folder: rank 0 of this process group locks the folder it
+    writes (a DiLoCo replica group its own ``replica_<id>/``; the local launcher locks the
+    dump folder above them)."""
+    if os.environ.get("RANK", "0") != "0":
+        return None
+    try:
+        return DumpFolderLock(run_folder(config)).acquire()
+    except DumpFolderBusy as err:
+        raise ConfigError(str(err)) from None
+
+
+def _check_tokenizer(config) -> None:
     from muloco.data.tokenizer import TokenizerError
 
-    check_config(config)
     try:
         config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     except TokenizerError as err:
         raise ConfigError(str(err)) from None
+
+
+def _check_data(config) -> None:
+    """Every split the run reads: training, and the held-out data the validator will
+    read (a Hugging Face source is contacted only when it is the configured one)."""
+    from muloco.data.loader import check_readable
+
+    check_readable(config.dataloader)
+    if config.validator.enable:
+        prefix = "dataloader" if config.validator.follow_training_data else "validator.dataloader"
+        check_readable(config.validator.data_config(config.dataloader), prefix)
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
@@ -64,6 +109,7 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
 def run(argv: list[str] | None = None) -> dict:
     _, config = parse_args(argv)
     preflight(config)
+    lock = _lock_run_folder(config)
     ensure_single_process_env()
     trainer = None
     try:
@@ -75,6 +121,17 @@ def run(argv: list[str] | None = None) -> dict:
             trainer.close()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+        if lock is not None:
+            lock.release()
+
+
+def _exit_now(status: int) -> None:
+    """Leave without joining torchft's quorum thread, which may still sit in a call to a
+    lighthouse that is gone (Python would wait for it at exit, up to the quorum timeout)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CHECKPOINT
     except ReplicaGroupError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
-        return EXIT_REPLICA_GROUP
+        _exit_now(err.exit_status)  # 4: lighthouse or quorum lost; 5: ended out of date
     return 0
 
 

@@ -34,9 +34,14 @@ class MulocoValidator(Validator):
             default_factory=lambda: PackedTextDataLoader.Config(split="validation")
         )
 
-        def resolve(self, training_data: PackedTextDataLoader.Config) -> None:
+        def data_config(self, training_data: PackedTextDataLoader.Config) -> PackedTextDataLoader.Config:
+            """The data the validator will read, given the training data."""
             if self.follow_training_data:
-                self.dataloader = dataclasses.replace(training_data, split="validation")
+                return dataclasses.replace(training_data, split="validation")
+            return self.dataloader
+
+        def resolve(self, training_data: PackedTextDataLoader.Config) -> None:
+            self.dataloader = self.data_config(training_data)
 
     def evaluate_with(self, params: Callable[[], ContextManager], due: Callable[[int, int], bool]) -> None:
         """Validate other parameters than the model's (DiLoCo: θ_g), on another schedule.

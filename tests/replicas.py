@@ -19,6 +19,8 @@ from conftest import REPO, TINY
 
 from muloco.launch.ports import free_ports
 
+DRILL_ENTRY = [sys.executable, str(REPO / "tests" / "drill_train.py")]
+
 DILOCO_TINY = [
     *TINY,
     "--metrics.log_freq", "5",
@@ -30,14 +32,15 @@ DILOCO_TINY = [
 class Cluster:
     """A lighthouse and replica groups on this machine, one process per group."""
 
-    def __init__(self, tmp: Path, k: int, heartbeat_timeout_ms: int = 1000, join_timeout_ms: int = 500, min_replicas: int = 1):
+    def __init__(self, tmp: Path, k: int, heartbeat_timeout_ms: int = 1000, join_timeout_ms: int = 60000,
+                 min_replicas: int | None = None):
         self.tmp, self.k = tmp, k
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
         self.ports = dict(enumerate(free_ports(k)))
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.join_timeout_ms = join_timeout_ms
-        self.min_replicas = min_replicas
+        self.min_replicas = min_replicas or k // 2 + 1  # a majority, as the launcher does
         self.url = ""
 
     def start_lighthouse(self) -> str:
@@ -58,14 +61,16 @@ class Cluster:
             time.sleep(0.1)
         raise RuntimeError(f"lighthouse did not start: {self.logs['lighthouse'].read_text()}")
 
-    def start_replica(self, i: int, args: list[str], tag: str | None = None, env: dict | None = None) -> subprocess.Popen:
+    def start_replica(self, i: int, args: list[str], tag: str | None = None, env: dict | None = None,
+                      entry: list[str] | None = None) -> subprocess.Popen:
+        """Replica group ``i`` (one process): the trainer, or ``entry`` (e.g. the drill wrapper)."""
         env = {**(env or {}),
             "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.ports[i]),
             "TORCHFT_LIGHTHOUSE": self.url, "OMP_NUM_THREADS": "1",
         }
         cmd = [
-            sys.executable, "-m", "muloco.train", *args,
+            *(entry or [sys.executable, "-m", "muloco.train"]), *args,
             "--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(self.k),
         ]
         return self._spawn(tag or f"r{i}", cmd, env)

@@ -383,6 +383,43 @@ def test_huggingface_missing_path_is_a_data_error(tmp_path):
         make_loader(source="huggingface")
 
 
+# --------------------------------------------------------------- preflight
+
+
+def test_preflight_reads_only_up_to_the_first_document(tmp_path):
+    """A bad line after the first document of both splits is found by the loader, not
+    by preflight, which must not read whole large files."""
+    path = write_jsonl(tmp_path / "data.jsonl", [f"doc {i}" for i in range(30)])
+    with path.open("a") as f:
+        f.write("{broken\n")
+    for split in ("train", "validation"):
+        loader_module.check_readable(PackedTextDataLoader.Config(source="jsonl", dataset_path=str(path),
+                                                                 split=split, val_percent=20.0))
+
+
+def test_preflight_parses_every_line_before_the_first_document(tmp_path):
+    """The validation split's first document comes after a bad train-side line: reported."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n{broken\n' + "".join('{"text": "x"}\n' for _ in range(30)))
+    config = PackedTextDataLoader.Config(source="jsonl", dataset_path=str(path), split="validation")
+    with pytest.raises(DataError, match=r"bad\.jsonl:2: not a JSON object"):
+        loader_module.check_readable(config)
+
+
+def test_preflight_names_the_empty_split_and_the_fix(tmp_path):
+    path = write_jsonl(tmp_path / "few.jsonl", [f"doc {i}" for i in range(5)])  # none held out at 5%
+    loader_module.check_readable(PackedTextDataLoader.Config(source="jsonl", dataset_path=str(path)))
+    config = PackedTextDataLoader.Config(source="jsonl", dataset_path=str(path), split="validation")
+    with pytest.raises(DataError, match=r"no document in its validation split.*val_percent.*validator\.no-enable"):
+        loader_module.check_readable(config)
+
+
+def test_preflight_reads_a_local_huggingface_dataset(hf_dir):
+    for split in ("train", "validation"):
+        loader_module.check_readable(PackedTextDataLoader.Config(source="huggingface", dataset_path=str(hf_dir),
+                                                                 split=split))
+
+
 # ------------------------------------------------------------ integration
 
 

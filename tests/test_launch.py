@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from muloco.launch.lighthouse import LighthouseError, parse_bind, start_lighthouse
+from muloco.launch.lighthouse import LighthouseError, parse_bind, quorum_size, start_lighthouse
 from muloco.launch.local import LocalJob, free_ports, job_from_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def lighthouse_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProce
 @pytest.mark.timeout(60)
 def test_lighthouse_cli_prints_url_line_and_stops_on_sigterm():
     proc = subprocess.Popen([sys.executable, "-m", "muloco.launch.lighthouse", "--bind",
-                             "127.0.0.1:0"], cwd=REPO, stdout=subprocess.PIPE,
+                             "127.0.0.1:0", "--replicas", "2"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
         line = proc.stdout.readline().strip()
@@ -108,25 +108,125 @@ def test_lighthouse_cli_rejects_bad_bind_and_busy_port():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        res = lighthouse_cli("--bind", f"127.0.0.1:{port}")
+        res = lighthouse_cli("--bind", f"127.0.0.1:{port}", "--min_replicas", "1")
     assert res.returncode == 2
     err = [ln for ln in res.stderr.splitlines() if ln.startswith("lighthouse: error")]
     assert len(err) == 1 and f"port {port}" in err[0] and "already in use" in err[0]
 
 
+def test_lighthouse_quorum_is_a_majority_of_the_replicas():
+    assert [quorum_size(k, None) for k in (1, 2, 3, 4, 5)] == [1, 2, 2, 3, 3]
+    assert quorum_size(3, 1) == 1 and quorum_size(None, 2) == 2
+    with pytest.raises(LighthouseError, match="--replicas K .* or --min_replicas N"):
+        quorum_size(None, None)
+    with pytest.raises(LighthouseError, match="--min_replicas 4 exceeds --replicas 3"):
+        quorum_size(3, 4)
+
+
+@pytest.mark.timeout(60)
+def test_lighthouse_cli_needs_the_replica_count_and_explains_its_join_timeout():
+    res = lighthouse_cli()
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.splitlines() == [
+        "lighthouse: error: give --replicas K (the number of replica groups; a quorum is then "
+        "a majority, K//2+1) or --min_replicas N (the replica groups a quorum needs)"]
+    help_text = " ".join(lighthouse_cli("--help").stdout.split())
+    assert "default 270000" in help_text and "--fault_tolerance.quorum_timeout_seconds" in help_text
+    assert "heal" in help_text
+
+
+@pytest.mark.timeout(60)
+def test_lighthouse_cli_warns_about_a_quorum_below_a_majority():
+    proc = subprocess.Popen([sys.executable, "-m", "muloco.launch.lighthouse", "--bind",
+                             "127.0.0.1:0", "--replicas", "3", "--min_replicas", "1"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("lighthouse listening on http://127.0.0.1:")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=15)
+        assert [ln for ln in err.splitlines() if ln.startswith("lighthouse:")] == [
+            "lighthouse: warning: --min_replicas 1 is below a majority of 3: two disjoint groups "
+            "of replicas could both commit (split brain)"]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 # -- launcher --------------------------------------------------------------------------------
 
 def test_cli_arguments_split_into_options_and_overrides(tmp_path):
-    job = job_from_args(["--replicas", "3", "--training.steps", "5", "--max-restarts", "1",
+    job = job_from_args(["--replicas", "3", "--training.steps", "60", "--max-restarts", "1",
                          "--", "--dump_folder", str(tmp_path / "run")])
     assert (job.replicas, job.max_restarts, job.config) == (3, 1, "diloco/diloco")
-    assert job.overrides == ["--training.steps", "5", "--dump_folder", str(tmp_path / "run")]
+    assert job.overrides == ["--training.steps", "60", "--dump_folder", str(tmp_path / "run")]
     assert job.resolved_log_dir == str(tmp_path / "run" / "logs")
-    assert job.replica_command(2)[1:] == [
-        "-m", "muloco.train", "--config", "diloco/diloco", "--fault_tolerance.replica_id", "2",
-        "--fault_tolerance.group_size", "3", *job.overrides]
+    assert job.replica_command(2) == [
+        sys.executable, "-m", "muloco.train", "--config", "diloco/diloco",
+        "--fault_tolerance.replica_id", "2", "--fault_tolerance.group_size", "3", *job.overrides,
+        "--fault_tolerance.min_replica_size", "2"]
+    assert job.trainer_config.training.steps == 60
     assert job_from_args([]).resolved_log_dir == os.path.join("./outputs/diloco", "logs")  # the config's
     assert len(set(free_ports(8))) == 8
+    wrapped = LocalJob(entry=[sys.executable, "tests/drill_train.py"], replicas=2,
+                       overrides=["--dump_folder", str(tmp_path / "run")])
+    assert wrapped.replica_command(1)[:4] == [sys.executable, "tests/drill_train.py", "--config",
+                                              "diloco/diloco"]
+
+
+def test_quorum_defaults_follow_the_replicas_and_the_trainer_config(tmp_path):
+    dump = ["--dump_folder", str(tmp_path / "run")]
+    job = job_from_args(["--replicas", "3", "--", *dump])
+    assert (job.quorum_size, job.resolved_join_timeout_ms) == (2, 270_000)
+    job = job_from_args(["--replicas", "5", "--", *dump,
+                         "--fault_tolerance.quorum_timeout_seconds", "100"])
+    assert (job.quorum_size, job.resolved_join_timeout_ms) == (3, 90_000)
+    job = job_from_args(["--replicas", "3", "--min-replicas", "1", "--join-timeout-ms", "500",
+                         "--", *dump, "--fault_tolerance.min_replica_size", "3"])
+    assert (job.quorum_size, job.resolved_join_timeout_ms) == (1, 500)
+    assert job.replica_command(0)[-2:] == ["--fault_tolerance.min_replica_size", "1"]  # wins
+    job = job_from_args(["--replicas", "3", "--min-replicas", "0", "--", *dump,
+                         "--fault_tolerance.min_replica_size", "3"])
+    assert job.quorum_size == 3  # the config's own choice, given to the lighthouse too
+
+
+def refused(tmp_path: Path, **kw) -> list[str]:
+    """Run a job that must be refused before starting anything; its console lines."""
+    console = io.StringIO()
+    job = LocalJob(console=console, **kw)
+    assert job.run() == 2
+    assert job.lighthouse_pid is None and job.pids == []
+    assert not (tmp_path / "run").exists()
+    return console.getvalue().splitlines()
+
+
+@pytest.mark.timeout(120)
+def test_launcher_refuses_a_config_without_outer_loop_once(tmp_path):
+    lines = refused(tmp_path, config="ddp/adamw",
+                    overrides=["--training.steps", "5", "--dump_folder", str(tmp_path / "run")])
+    assert lines == [
+        "local job failed: the local launcher runs DiLoCo replica groups; --config ddp/adamw has "
+        "no outer loop: use a diloco/* config (e.g. diloco/diloco, diloco/muloco_2bit), or run it "
+        f"directly: python -m muloco.train --config ddp/adamw --training.steps 5 --dump_folder "
+        f"{tmp_path / 'run'}"]
+
+
+@pytest.mark.timeout(120)
+def test_launcher_refuses_bad_overrides_once(tmp_path):
+    dump = ["--dump_folder", str(tmp_path / "run")]
+    lines = refused(tmp_path, overrides=["--outer.sync_evry", "5", *dump])
+    assert len(lines) == 1 and lines[0].startswith(
+        "local job failed: unknown config key '--outer.sync_evry'. Closest valid keys: --outer.sync_every")
+    lines = refused(tmp_path, overrides=["--training.steps", "31", *dump])
+    assert len(lines) == 1 and "training.steps (31) must be a multiple" in lines[0]
+    lines = refused(tmp_path, replicas=2, overrides=["--fault_tolerance.group_size", "3", *dump])
+    assert lines == ["local job failed: --fault_tolerance.group_size 3 disagrees with --replicas 2: "
+                     "drop it, the launcher sets it"]
+    lines = refused(tmp_path, replicas=3, min_replicas=4, overrides=dump)
+    assert len(lines) == 1 and "--min-replicas must be between 1 and --replicas (3)" in lines[0]
+
+
+# -- launcher processes (tiny children) ------------------------------------------------------
 
 
 @pytest.mark.timeout(120)
@@ -151,9 +251,25 @@ def test_replicas_get_torchrun_env_and_prefixed_logs(tmp_path):
                 str(i), str(rank), "2", "2", job.lighthouse_url, "127.0.0.1", str(rank))
             ports.setdefault(i, set()).add(port)
             assert f"[r{i}.{rank}] {line}" in out
+    assert "local job: quorum = majority 2 of 2 replica groups; the lighthouse waits up to 270 s " \
+           "for heartbeating groups\n" in out
     assert all(len(p) == 1 for p in ports.values()) and ports[0] != ports[1]
     assert (tmp_path / "logs" / "lighthouse.log").read_text().count("lighthouse listening") == 1
     assert not any(alive(p) for p in [*job.pids, job.lighthouse_pid])
+
+
+@pytest.mark.timeout(120)
+def test_quorum_below_a_majority_is_allowed_with_a_warning(tmp_path):
+    job, console = make_job(tmp_path, "pass", replicas=3, min_replicas=1, join_timeout_ms=3000)
+    assert job.run() == 0
+    lines = console.getvalue().splitlines()
+    assert lines[:2] == [
+        "local job: quorum = 1 of 3 replica groups; the lighthouse waits up to 3 s for "
+        "heartbeating groups",
+        "local job: warning: --min-replicas 1 is below a majority of 3: two disjoint groups of "
+        "replicas could both commit (split brain)"]
+    cmd = job._lighthouse.cmd
+    assert cmd[cmd.index("--min_replicas") + 1] == "1" and cmd[cmd.index("--join_timeout_ms") + 1] == "3000"
 
 
 @pytest.mark.timeout(120)

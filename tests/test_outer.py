@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from datetime import timedelta
 
 import pytest
@@ -153,7 +152,9 @@ def _reference(init, k, steps, h, p, tau, alpha, lr, mu, name):
     return history
 
 
-def _run_replica(r, k, lighthouse, init, steps, cfg, out, errors):
+def _run_replica(r, k, lighthouse, init, steps, cfg, out, errors, poison_step=None):
+    """One replica group's loop on a real torchft manager; at ``poison_step`` replica 1's
+    model becomes infinite (a diverged replica)."""
     try:
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         manager = Manager(
@@ -184,12 +185,35 @@ def _run_replica(r, k, lighthouse, init, steps, cfg, out, errors):
             with torch.no_grad():
                 for i, (n, p) in enumerate(model.named_parameters()):
                     p += _inner_update(p, r, t, i).float()
+                    if r == 1 and t == poison_step:
+                        p.fill_(math.inf)
             if loop.after_inner_step(t) is not None:
                 history.append({n: g.clone() for f in loop.fragments for n, g in zip(f.names, f.globals)})
-        out[r] = (history, [rec.committed for rec in loop.records], names)
+        out[r] = (history, loop.records, {n: p.detach().clone() for n, p in model.named_parameters()})
         manager.shutdown(wait=False)
     except BaseException as err:  # surfaced by the test thread
         errors.append(err)
+
+
+def _run_replicas(k, init, steps, cfg, poison_step=None):
+    """K replica groups in threads, each with its own torchft manager, one lighthouse."""
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=k, join_timeout_ms=100)
+    url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
+    out, errors = {}, []
+    threads = [
+        threading.Thread(target=_run_replica, args=(r, k, url, init, steps, cfg, out, errors, poison_step),
+                         daemon=True)
+        for r in range(k)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=90)
+    finally:
+        lighthouse.shutdown()
+    assert not errors, errors
+    return out
 
 
 @pytest.mark.timeout(120)
@@ -207,30 +231,16 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
     k, steps, lr, mu = 2, 3 * h, 0.7, 0.9
     torch.manual_seed(1)
     init = {n: t.detach().clone() for n, t in Tiny(4).named_parameters()}
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=k, join_timeout_ms=100)
-    url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
     cfg = OuterLoop.Config(sync_every=h, num_fragments=p, fragment_sync_delay=tau, fragment_update_alpha=alpha)
     cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum = name, lr, mu
     cfg.exchange.dtype = dtype
     tol = 1e-5 if dtype == "float32" else 5e-3
-    out, errors = {}, []
-    threads = [
-        threading.Thread(target=_run_replica, args=(r, k, url, init, steps, cfg, out, errors), daemon=True)
-        for r in range(k)
-    ]
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=90)
-    finally:
-        lighthouse.shutdown()
-    assert not errors, errors
+    out = _run_replicas(k, init, steps, cfg)
     expected = _reference({n: v.double() for n, v in init.items()}, k, steps, h, p, tau, alpha, lr, mu, name)
     assert len(expected) == 3 * p
     for r in range(k):
-        history, committed, _ = out[r]
-        assert all(committed) and len(history) == len(expected)
+        history, records, _ = out[r]
+        assert all(rec.committed for rec in records) and len(history) == len(expected)
         for got, want in zip(history, expected):
             for n in want:
                 torch.testing.assert_close(got[n].double(), want[n], rtol=tol, atol=tol)
@@ -239,22 +249,21 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
     assert not math.isnan(sum(float(v.sum()) for v in out[0][0][-1].values()))
 
 
-# -------------------------------------------------------- start rendezvous
-def test_start_waits_until_all_replica_groups_heartbeat():
-    from torchft.coordination import LighthouseClient
-
-    from muloco.outer.manager import heartbeating_replicas, wait_for_replica_groups
-
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
-    url = "http://127.0.0.1:" + lighthouse.address().rsplit(":", 1)[1]
-    try:
-        client = LighthouseClient(url, connect_timeout=timedelta(seconds=5))
-        for i in (0, 1):
-            client.heartbeat(f"muloco_replica_{i}:uuid-{i}")
-        assert heartbeating_replicas(url) == {0, 1}
-        assert wait_for_replica_groups(url, 2, timeout=5) == 2
-        started = time.monotonic()
-        assert wait_for_replica_groups(url, 3, timeout=0.5) == 2  # gives up, does not hang
-        assert time.monotonic() - started < 5
-    finally:
-        lighthouse.shutdown()
+@pytest.mark.timeout(120)
+def test_a_non_finite_average_is_not_committed_anywhere_and_the_replicas_go_on():
+    """Replica 1 diverges (its model becomes inf) in the second round: the averaged Δ is
+    not finite, so no replica commits that sync (θ_g stays as after round 1, the record
+    says why, local models are reset to θ_g) and the third round commits again."""
+    k, h = 2, 4
+    torch.manual_seed(1)
+    init = {n: t.detach().clone() for n, t in Tiny(4).named_parameters()}
+    cfg = OuterLoop.Config(sync_every=h, num_fragments=1, fragment_sync_delay=0)
+    out = _run_replicas(k, init, 3 * h, cfg, poison_step=h + 2)
+    for r in range(k):
+        history, records, final = out[r]
+        assert [rec.committed for rec in records] == [True, False, True]
+        assert "not finite" in records[1].failure and records[1].contributors == k
+        assert all(torch.equal(history[1][n], history[0][n]) for n in history[0])  # θ_g untouched
+        assert all(torch.isfinite(v).all() for v in history[2].values())
+        assert all(torch.isfinite(v).all() for v in final.values())
+    assert all(torch.equal(out[0][0][2][n], out[1][0][2][n]) for n in out[0][0][2])

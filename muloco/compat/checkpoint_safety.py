@@ -79,13 +79,24 @@ def safe_read_metadata(self, *args: Any, **kwargs: Any) -> dcp_metadata.Metadata
     return metadata
 
 
+def _unpickler_reason(err: BaseException) -> str:
+    """What torch's weights-only unpickler objected to, without torch's advice to retry
+    with ``weights_only=False`` (which is exactly the arbitrary-code path refused here)."""
+    text = str(err)
+    _, found, reason = text.partition("WeightsUnpickler error:")
+    reason = reason.split("Check the documentation of torch.load")[0] if found else ""
+    reason = " ".join(reason.split())
+    return reason or "not a plain-data pickle"
+
+
 def _load_plain(value: io.BytesIO) -> Any:
     try:
         return torch.load(value, weights_only=True)
     except pickle.UnpicklingError as err:
         raise UnsafeCheckpointError(
-            f"a checkpoint value holds a Python object that is not plain data ({err}); "
-            "refusing to unpickle it. Re-create the checkpoint with muloco."
+            f"a checkpoint value is garbled or holds a Python object that is not plain data "
+            f"({_unpickler_reason(err)}); refusing to unpickle it. Re-create the checkpoint "
+            "with muloco, or resume from another one."
         ) from None
 
 

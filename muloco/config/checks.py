@@ -6,15 +6,52 @@ allowed, so a bad run stops before it creates folders, logs or checkpoints.
 
 from __future__ import annotations
 
+import math
 import os
+import re
+import tempfile
+from collections.abc import Iterator
 
 from muloco.config.loader import ConfigError
+from muloco.created_dirs import make_dirs, missing_dirs, remove_dirs
 from muloco.models.model_map import UnknownFlavorError, parse_flavor
 
 
 def _positive(key: str, value, what: str = "a positive number") -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
         raise ConfigError(f"{key} is {value!r}; it must be {what}.")
+
+
+def _check_finite(config) -> None:
+    """inf and nan pass range checks written as comparisons (``inf > 0``; nan compares
+    false both ways, so ``not 0 <= nan < 1`` depends on how the test is spelt), and a
+    run with an infinite learning rate dies many steps later on a non-finite loss.
+    So every float setting is rejected here, before the range checks run."""
+    from muloco.config.cli import valid_keys
+
+    for key, value in valid_keys(config).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} is {value!r}; it must be a finite number.")
+
+
+def _regex_settings(config) -> Iterator[tuple[str, str]]:
+    """Every setting that is compiled as a regular expression when the trainer is built."""
+    yield "optimizer.muon_pattern", config.optimizer.muon_pattern
+    for i, group in enumerate(config.optimizer.param_groups):
+        yield f"optimizer.param_groups[{i}].pattern", group.pattern
+    if hasattr(config, "outer"):
+        yield "outer.exchange.skip_pattern", config.outer.exchange.skip_pattern
+
+
+def _check_patterns(config) -> None:
+    for key, pattern in _regex_settings(config):
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigError(
+                f"{key} {pattern!r} is not a valid regular expression ({err}); "
+                "fix it (escape literal characters such as '(' or '.' with a backslash)."
+            ) from None
 
 
 def _check_training(config) -> None:
@@ -53,6 +90,33 @@ def _check_model(config) -> None:
         parse_flavor(config.model.flavor)
     except UnknownFlavorError as err:
         raise ConfigError(str(err)) from None
+
+
+def model_units(flavor: str) -> int:
+    """Layer-sized units the outer loop splits into fragments: the embedding, each
+    transformer block, and the final norm with the output head together (see
+    ``_units`` in :mod:`muloco.outer.schedule`; a test checks this against built models)."""
+    return parse_flavor(flavor).shape.depth + 2
+
+
+def _check_checkpoint(config) -> None:
+    ckpt = config.checkpoint
+    if not ckpt.enable:
+        return
+    if "://" in ckpt.folder or "://" in (ckpt.initial_load_path or ""):
+        raise ConfigError(
+            "checkpoint.folder and checkpoint.initial_load_path must be local folders: muloco "
+            "verifies a checksum manifest of every checkpoint before loading it; mount the "
+            "bucket, or copy the checkpoint to local storage."
+        )
+    if ckpt.async_mode == "async_with_pinned_mem":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                "checkpoint.async_mode 'async_with_pinned_mem' stages checkpoints in pinned "
+                "CUDA memory and there is no CUDA device here; use 'async' or 'disabled'."
+            )
 
 
 def _check_paths(config) -> None:
@@ -108,6 +172,17 @@ def _check_replicas(config) -> None:
         )
     for key in ("timeout_seconds", "quorum_timeout_seconds", "connect_timeout_seconds"):
         _positive(f"fault_tolerance.{key}", getattr(ft, key))
+    if not 0 <= ft.min_replica_size <= ft.group_size:
+        raise ConfigError(
+            f"fault_tolerance.min_replica_size is {ft.min_replica_size}; it must be in [0, {ft.group_size}] "
+            "(0 = a majority of fault_tolerance.group_size; a larger value could never commit)."
+        )
+    for key in ("start_wait_seconds", "end_wait_seconds"):
+        if getattr(ft, key) < 0:
+            raise ConfigError(f"fault_tolerance.{key} is {getattr(ft, key)!r}; it must be >= 0.")
+    if ft.max_commit_failures < -1:
+        raise ConfigError(f"fault_tolerance.max_commit_failures is {ft.max_commit_failures}; "
+                          "it must be >= 0, or -1 for no limit.")
 
 
 def _check_outer(config) -> None:
@@ -115,6 +190,13 @@ def _check_outer(config) -> None:
         config.outer.validate()
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    units, fragments = model_units(config.model.flavor), config.outer.num_fragments
+    if fragments > units:
+        raise ConfigError(
+            f"outer.num_fragments is {fragments}, more than the {units} layer units of "
+            f"model.flavor {config.model.flavor} (the embedding, each block, and the head); "
+            f"use at most --outer.num_fragments {units}."
+        )
     interval = config.outer.schedule().interval
     steps = config.training.steps
     if steps % interval:
@@ -133,11 +215,49 @@ def _check_outer(config) -> None:
 
 def check_config(config) -> None:
     """Raise ConfigError for the first problem found."""
+    _check_finite(config)
     _check_training(config)
     _check_optimizer(config)
     _check_model(config)
+    _check_patterns(config)
     _check_paths(config)
     _check_metrics(config)
+    _check_checkpoint(config)
     if hasattr(config, "outer"):
         _check_replicas(config)
         _check_outer(config)
+
+
+def _probe_once(folder: str) -> None:
+    created = make_dirs(folder)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".muloco-write-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    finally:
+        remove_dirs(created)
+
+
+def check_dump_folder(folder: str) -> None:
+    """The dump folder can be created and written to: tried for real (as root every
+    ``os.access`` says yes, and a read-only filesystem says no only when written), and
+    whatever the probe created is removed again, so a run that fails later in preflight
+    leaves nothing behind."""
+    missing = missing_dirs(folder)
+    existing = os.path.dirname(missing[-1]) if missing else os.path.abspath(folder)
+    if not os.path.isdir(existing):
+        what = "is a file" if existing == os.path.abspath(folder) else f"is under {existing}, which is a file"
+        raise ConfigError(f"dump_folder '{folder}' {what}; pass --dump_folder with a folder path.")
+    for _ in range(3):
+        try:
+            _probe_once(folder)
+            return
+        except FileNotFoundError as err:
+            failure = err  # ranks probing one new folder at once may remove it under each other
+        except OSError as err:
+            failure = err
+            break
+    raise ConfigError(
+        f"dump_folder '{folder}' cannot be created or written ({failure.filename}: {failure.strerror}); "
+        "pass --dump_folder with a folder you can write to."
+    )

@@ -53,6 +53,27 @@ def resolve_config_path(name: str) -> Path:
     )
 
 
+def _frames(tb):
+    while tb is not None:
+        yield tb
+        tb = tb.tb_next
+
+
+def _where(err: BaseException, path: Path) -> str:
+    """``<path>, line N``: the innermost line of the config module where ``err`` was raised."""
+    if isinstance(err, SyntaxError) and err.filename and Path(err.filename).resolve() == path:
+        return f"{path}, line {err.lineno}"
+    lines = [tb.tb_lineno for tb in _frames(err.__traceback__) if Path(tb.tb_frame.f_code.co_filename) == path]
+    return f"{path}, line {lines[-1]}" if lines else str(path)
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, SyntaxError):
+        return f"syntax error: {err.msg}"
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
 def _import_file(path: Path) -> ModuleType:
     module_name = "muloco_config_" + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_")
     spec = importlib.util.spec_from_file_location(module_name, path)
@@ -62,14 +83,39 @@ def _import_file(path: Path) -> ModuleType:
     return module
 
 
+def _run_module(path: Path):
+    """Import the module and call its ``config()``. A parent module's ConfigError passes
+    through unchanged (it already names its own file); any other exception becomes one
+    ConfigError naming this file and the line that raised, instead of a traceback."""
+    try:
+        fn = getattr(_import_file(path), CONFIG_FUNCTION, None)
+        if not callable(fn):
+            raise ConfigError(
+                f"config module {path} has no function {CONFIG_FUNCTION}(); define "
+                f"'def {CONFIG_FUNCTION}():' returning a trainer config (see config/base.py)."
+            )
+        return fn()
+    except ConfigError:
+        raise
+    except Exception as err:  # noqa: BLE001 - user code, reported with its file and line
+        raise ConfigError(f"config module {_where(err, path)}: {_describe(err)}; fix the module.") from None
+
+
+def _check_type(result, path: Path):
+    from muloco.trainer import MulocoTrainer
+
+    if not isinstance(result, MulocoTrainer.Config):
+        raise ConfigError(
+            f"config module {path}: {CONFIG_FUNCTION}() returned {type(result).__name__}, not a "
+            "trainer config; return the config that load_config(...) or MulocoTrainer.Config() gives."
+        )
+    return result
+
+
 def load_config(name: str):
     """Run config module ``name`` and return the config its ``config()`` builds."""
     path = resolve_config_path(name)
-    module = _import_file(path)
-    fn = getattr(module, CONFIG_FUNCTION, None)
-    if not callable(fn):
-        raise ConfigError(f"config module {path} has no function {CONFIG_FUNCTION}()")
-    return fn()
+    return _check_type(_run_module(path), path)
 
 
 def derive(config, cls):

@@ -107,6 +107,15 @@ class DocumentSource(ABC):
     def describe(self) -> str:
         ...
 
+    def first_document(self) -> str | None:
+        """The first document of the split (None: the split is empty), read without
+        going further, so a run can check its data before it writes anything."""
+        reader = self.open_shard(0, None)
+        try:
+            return next(iter(reader.documents()), None)
+        finally:
+            reader.close()
+
 
 # --------------------------------------------------------------------------
 # stdlib: the interpreter's own sources, present on every node
@@ -296,6 +305,20 @@ class JsonlSource(DocumentSource):
 
     def open_shard(self, epoch: int, position: dict[str, Any] | None) -> ShardReader:
         return _JsonlReader(self, self.file_order(epoch), position)
+
+    def first_document(self) -> str | None:
+        """Like the reader, but every line up to the first document of this split is
+        parsed, the other split's lines included: a bad line at the top of a file is
+        reported before the run starts, whichever split it belongs to."""
+        for path in self.files:
+            with open(path, "rb") as handle:
+                for number, raw in enumerate(handle, start=1):
+                    if not raw.strip():
+                        continue
+                    text = parse_jsonl_line(raw, path, number, self.text_field)
+                    if self.keeps_line(path.name, number):
+                        return text
+        return None
 
     def describe(self) -> str:
         how = "hash split" if self.hash_split else "whole files"

@@ -123,21 +123,7 @@ class PackedTextDataLoader(BaseDataLoader):
         self.tokenizer = tokenizer
         self.seq_len = _positive(seq_len, "training.seq_len")
         self.local_batch_size = _positive(local_batch_size, "training.local_batch_size")
-        self.source = build_source(
-            source=config.source,
-            dataset=config.dataset,
-            dataset_path=config.dataset_path,
-            dataset_subset=config.dataset_subset,
-            split=config.split,
-            validation_split=config.validation_split,
-            validation_path=config.validation_path,
-            text_field=config.text_field,
-            val_percent=config.val_percent,
-            seed=config.seed,
-            shuffle=config.shuffle_documents,
-            rank=dp_rank,
-            world=dp_world_size,
-        )
+        self.source = source_for(config, rank=dp_rank, world=dp_world_size)
         self._rank_key = f"dp_rank_{dp_rank}"
         self._epoch = 0
         self._start_position: dict[str, Any] = {}
@@ -273,6 +259,42 @@ class PackedTextDataLoader(BaseDataLoader):
                 "setting, or leave the loader out with "
                 "checkpoint.exclude_from_loading=['dataloader']"
             )
+
+
+def source_for(config: PackedTextDataLoader.Config, *, rank: int, world: int):
+    """The document source ``config`` names, as shard ``rank`` of ``world``."""
+    return build_source(
+        source=config.source, dataset=config.dataset, dataset_path=config.dataset_path,
+        dataset_subset=config.dataset_subset, split=config.split,
+        validation_split=config.validation_split, validation_path=config.validation_path,
+        text_field=config.text_field, val_percent=config.val_percent, seed=config.seed,
+        shuffle=config.shuffle_documents, rank=rank, world=world,
+    )
+
+
+def check_readable(config: PackedTextDataLoader.Config, prefix: str = "dataloader") -> None:
+    """DataError unless ``config``'s split resolves to files and yields a first document.
+
+    Runs in preflight, once per split the run will read, as shard 0 of 1: it resolves
+    the files (a folder without *.jsonl, a glob matching nothing) and reads only up to
+    the first document (an empty file, a bad first line), not whole files.
+    """
+    try:
+        if source_for(config, rank=0, world=1).first_document() is not None:
+            return
+    except OSError as err:
+        raise DataError(
+            f"{prefix}.source {config.source!r}: cannot read {err.filename or 'the data'}: "
+            f"{err.strerror or err}; check the path and its permissions."
+        ) from None
+    data = config.dataset_path or config.dataset or "the standard library"
+    if config.split == "validation":
+        fix = (f"set {prefix}.validation_path, raise {prefix}.val_percent (the held-out part "
+               "is empty), or turn validation off with --validator.no-enable")
+    else:
+        fix = "give data with at least one document (jsonl: one JSON object per non-blank line)"
+    raise DataError(f"{prefix}.source {config.source!r} ({data}) has no document in its "
+                    f"{config.split} split; {fix}.")
 
 
 def _positive(value: int, key: str) -> int:

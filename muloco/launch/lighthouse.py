@@ -1,12 +1,15 @@
 """The torchft lighthouse: the small server every replica group asks for the current quorum.
 
-Run it once per job, before the replicas::
+Run it once per job, before the replicas, telling it how many replica groups the job has::
 
-    python -m muloco.launch.lighthouse                      # local: loopback only
-    python -m muloco.launch.lighthouse --bind "$(hostname -i):29510"   # cluster node
+    python -m muloco.launch.lighthouse --replicas 2                        # local: loopback only
+    python -m muloco.launch.lighthouse --replicas 4 --bind "$(hostname -i):29510"   # cluster node
 
-It prints one line, ``lighthouse listening on http://HOST:PORT (status page: http://HOST:PORT/)``,
-then serves until SIGINT/SIGTERM. Replicas find it through ``TORCHFT_LIGHTHOUSE=http://HOST:PORT``.
+A quorum is a majority of the K groups (⌊K/2⌋+1) unless ``--min_replicas`` says otherwise: two
+majorities always share a group, so two disjoint sets of replicas can never both commit a step
+(split brain). It prints one line,
+``lighthouse listening on http://HOST:PORT (status page: http://HOST:PORT/)``, then serves
+until SIGINT/SIGTERM. Replicas find it through ``TORCHFT_LIGHTHOUSE=http://HOST:PORT``.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 DEFAULT_BIND = "127.0.0.1:29510"
+# 90% of the trainer's default --fault_tolerance.quorum_timeout_seconds (300 s): see
+# join_timeout_for.
+DEFAULT_JOIN_TIMEOUT_MS = 270_000
 # IPv6 hosts must be bracketed ("[::1]:29510") so the port split is unambiguous.
 _BIND_RE = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>[0-9]{1,5})$")
 
@@ -37,6 +43,46 @@ def parse_bind(bind: str) -> tuple[str, int]:
             f"127.0.0.1:29510, \"$(hostname -i):29510\" or [::1]:29510 (port 0 picks a free port)"
         )
     return m["host"], int(m["port"])
+
+
+def majority(replicas: int) -> int:
+    """⌊K/2⌋+1: two quorums of this size always share a replica group, so no split brain."""
+    return replicas // 2 + 1
+
+
+def join_timeout_for(quorum_timeout_s: float) -> int:
+    """The join timeout (ms) for replicas that wait ``quorum_timeout_s`` for a quorum: 90% of it.
+
+    The lighthouse then waits for every heartbeating group that has not joined yet (starting,
+    healing, a slow step) almost as long as a replica itself waits, so slightly late healthy
+    groups are in the quorum instead of healing afterwards; a dead group stops heartbeating and
+    drops out after the heartbeat timeout, so it does not hold the others up that long.
+    """
+    return int(quorum_timeout_s * 900)
+
+
+def below_majority_warning(option: str, min_replicas: int, replicas: int) -> str | None:
+    """The one-line warning for a quorum smaller than a majority, or None when it is one."""
+    if min_replicas >= majority(replicas):
+        return None
+    return (f"{option} {min_replicas} is below a majority of {replicas}: two disjoint groups of "
+            f"replicas could both commit (split brain)")
+
+
+def quorum_size(replicas: int | None, min_replicas: int | None) -> int:
+    """``min_replicas`` if given, else a majority of ``replicas``; refuses to guess with neither."""
+    if replicas is not None and replicas < 1:
+        raise LighthouseError(f"--replicas must be at least 1, got {replicas}")
+    if min_replicas is None:
+        if replicas is None:
+            raise LighthouseError(
+                "give --replicas K (the number of replica groups; a quorum is then a majority, "
+                "K//2+1) or --min_replicas N (the replica groups a quorum needs)")
+        return majority(replicas)
+    if replicas is not None and min_replicas > replicas:
+        raise LighthouseError(f"--min_replicas {min_replicas} exceeds --replicas {replicas}: "
+                              f"a quorum could never form")
+    return min_replicas
 
 
 def _check_settings(min_replicas: int, **timeouts_ms: int) -> None:
@@ -67,11 +113,15 @@ class Lighthouse:
 def start_lighthouse(
     bind: str = "127.0.0.1:0",
     min_replicas: int = 1,
-    join_timeout_ms: int = 2000,
+    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS,
     quorum_tick_ms: int = 100,
     heartbeat_timeout_ms: int = 5000,
 ) -> Lighthouse:
-    """Start a lighthouse in this process; raises LighthouseError with a user-facing message."""
+    """Start a lighthouse in this process; raises LighthouseError with a user-facing message.
+
+    The caller picks the quorum (``majority(K)`` unless it knows better); the CLI refuses to
+    start without being told K or the quorum size.
+    """
     host, port = parse_bind(bind)
     _check_settings(min_replicas, join_timeout_ms=join_timeout_ms,
                     quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
@@ -108,11 +158,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="HOST:PORT to listen on (default %(default)s, loopback only; on a cluster "
                         "use the node's routable address, e.g. \"$(hostname -i):29510\"; port 0 "
                         "picks a free port)")
-    p.add_argument("--min_replicas", type=int, default=1,
-                   help="replica groups needed to form a quorum (default %(default)s, so losing "
-                        "one group never stalls the others)")
-    p.add_argument("--join_timeout_ms", type=int, default=2000,
-                   help="how long a new quorum waits for more groups to join (default %(default)s)")
+    p.add_argument("--replicas", type=int, default=None, metavar="K",
+                   help="replica groups in the job; the quorum is then a majority, K//2+1, so two "
+                        "disjoint sets of groups can never both commit (split brain)")
+    p.add_argument("--min_replicas", type=int, default=None, metavar="N",
+                   help="replica groups needed to form a quorum (default: a majority of "
+                        "--replicas; one of the two options is required). Below a majority "
+                        "it is allowed, with a warning: split brain becomes possible")
+    p.add_argument("--join_timeout_ms", type=int, default=DEFAULT_JOIN_TIMEOUT_MS,
+                   help="how long a forming quorum waits for groups that heartbeat but have not "
+                        "joined yet (default %(default)s = 270 s). Keep it a bit below the "
+                        "replicas' --fault_tolerance.quorum_timeout_seconds (300 s by default): "
+                        "once a replica has waited longer than this, the next majority forms a "
+                        "quorum without the slightly late healthy groups, which then have to "
+                        "heal. Dead groups stop heartbeating and drop out after "
+                        "--heartbeat_timeout_ms, so they do not hold a quorum up this long")
     p.add_argument("--quorum_tick_ms", type=int, default=100,
                    help="how often quorum state is re-evaluated (default %(default)s)")
     p.add_argument("--heartbeat_timeout_ms", type=int, default=5000,
@@ -132,7 +192,13 @@ def _wait_for_signal() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        lh = start_lighthouse(args.bind, args.min_replicas, args.join_timeout_ms,
+        parse_bind(args.bind)  # a typo in the address is reported before the quorum options
+        min_replicas = quorum_size(args.replicas, args.min_replicas)
+        if args.replicas is not None:
+            warning = below_majority_warning("--min_replicas", min_replicas, args.replicas)
+            if warning:
+                print(f"lighthouse: warning: {warning}", file=sys.stderr, flush=True)
+        lh = start_lighthouse(args.bind, min_replicas, args.join_timeout_ms,
                               args.quorum_tick_ms, args.heartbeat_timeout_ms)
     except LighthouseError as e:
         print(f"lighthouse: error: {e}", file=sys.stderr, flush=True)

@@ -2,17 +2,28 @@
 
     python -m muloco.launch.local --config diloco/diloco --replicas 2 -- --training.steps 50
 
-Starts the lighthouse (loopback only), then K replica groups, each with its own store port
-and the torchrun-style environment a static ``torchrun`` would set. Every line a child prints
-is shown prefixed (``[r0]``, ``[r1.1]``, ``[lh]``) and kept raw in ``<log_dir>/replica_<i>.log``.
+Before starting anything it parses and checks the trainer config once (a non-DiLoCo config or
+a bad override is refused with one message, exit 2) and locks the dump folder (a second launch
+on a folder a live run holds is refused, exit 2, without touching it). Then it starts the
+lighthouse (loopback only; a quorum is a majority of the K groups unless ``--min-replicas``
+says otherwise), then K replica groups, each with its own store port and the torchrun-style
+environment a static ``torchrun`` would set. Every line a child prints is shown prefixed
+(``[r0]``, ``[r1.1]``, ``[lh]``) and kept raw in ``<log_dir>/replica_<i>.log``.
 A replica group that fails is restarted up to ``--max-restarts`` times (it heals from a peer);
 otherwise, and on Ctrl-C, everything is stopped: SIGTERM to each child's process group, 10 s
 grace, then SIGKILL. The exit status is 0 only if every replica exited 0.
+
+If the launcher itself is killed, even by SIGKILL, nothing it started survives: the kernel
+kills its direct children (Linux's parent-death signal) and a watchdog process kills their
+process groups, which holds their own children (see ``die_with_launcher`` and
+``GroupReaper``).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import os
 import re
 import shlex
@@ -26,11 +37,17 @@ from functools import cached_property
 from datetime import datetime
 from typing import IO, Callable
 
+from muloco.created_dirs import make_dirs, remove_dirs
+from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
+from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, below_majority_warning,
+                                      join_timeout_for, majority)
 from muloco.launch.ports import free_port, free_ports  # noqa: F401 - re-exported for callers
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"
 LIGHTHOUSE_START_TIMEOUT_S = 30.0
 _URL_LINE = re.compile(r"^lighthouse listening on (http://\S+) \(status page")
+_LIGHTHOUSE_ERROR = "lighthouse: error: "
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Set by torchrun/torchelastic in a parent shell; stale values would confuse the children.
 _INHERITED_DIST_VARS = ("GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
                         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
@@ -44,21 +61,67 @@ class LaunchError(Exception):
         self.status = status
 
 
-def config_dump_folder(config: str) -> str:
-    """The dump folder a config module sets (loading it imports torchtitan: a few seconds)."""
+def replica_args(i: int, replicas: int) -> list[str]:
+    """What the launcher tells replica group ``i`` about its place in the job."""
+    return ["--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(replicas)]
+
+
+def load_trainer_config(config: str, replicas: int, overrides: list[str]):
+    """Replica 0's trainer config, parsed and checked here, once, before anything starts.
+
+    Otherwise a bad override or a config without an outer loop is found by each of the K
+    replicas, after the lighthouse is up, and reported K times. Importing torchtitan takes a
+    few seconds; ``muloco.compat`` must adapt it first.
+    """
     from muloco import compat
 
     compat.apply()
-    from muloco.config import load_config
+    from muloco.config.checks import check_config
+    from muloco.config.cli import parse_args
+    from muloco.config.loader import ConfigError, load_config
 
     try:
-        return load_config(config).dump_folder
-    except Exception:  # noqa: BLE001 - a bad config is reported by the replicas themselves
-        return DEFAULT_DUMP_FOLDER
+        if not hasattr(load_config(config), "outer"):
+            raise LaunchError(_no_outer_loop(config, overrides), 2)
+        _, parsed = parse_args(["--config", config, *replica_args(0, replicas), *overrides],
+                               prog=f"python -m muloco.launch.local --config {config} --")
+        _check_launcher_owned(parsed, replicas)
+        check_config(parsed)
+    except ConfigError as e:
+        raise LaunchError(str(e), 2) from None
+    except SystemExit as e:  # tyro printed --help, or a value it could not parse (its message)
+        if not e.code:
+            raise LaunchError("", 0) from None
+        raise LaunchError("a trainer override was rejected (message above); nothing was "
+                          "started", 2) from None
+    return parsed
+
+
+def _no_outer_loop(config: str, overrides: list[str]) -> str:
+    direct = shlex.join(["python", "-m", "muloco.train", "--config", config, *overrides])
+    return (f"the local launcher runs DiLoCo replica groups; --config {config} has no outer "
+            f"loop: use a diloco/* config (e.g. diloco/diloco, diloco/muloco_2bit), or run it "
+            f"directly: {direct}")
+
+
+def _check_launcher_owned(config, replicas: int) -> None:
+    """Overrides of what the launcher sets per replica would give every replica the same id,
+    a K that is not the job's, or another lighthouse than the one it started."""
+    ft = config.fault_tolerance
+    if ft.group_size != replicas:
+        raise LaunchError(f"--fault_tolerance.group_size {ft.group_size} disagrees with "
+                          f"--replicas {replicas}: drop it, the launcher sets it", 2)
+    if ft.replica_id != 0:
+        raise LaunchError("drop --fault_tolerance.replica_id: the launcher gives each replica "
+                          "group its own", 2)
+    if getattr(ft, "lighthouse", ""):
+        raise LaunchError(f"drop --fault_tolerance.lighthouse {ft.lighthouse}: the launcher "
+                          f"starts its own lighthouse and points the replicas at it", 2)
 
 
 def dump_folder_from(overrides: list[str], default: str = DEFAULT_DUMP_FOLDER) -> str:
-    """The ``--dump_folder`` the replicas will get (last one wins, as in the trainer's CLI)."""
+    """The ``--dump_folder`` in ``overrides`` (last one wins, as in the trainer's CLI); only
+    used for a custom ``command``, whose config the launcher does not parse."""
     folder = default
     for i, arg in enumerate(overrides):
         if arg == "--dump_folder" and i + 1 < len(overrides):
@@ -83,6 +146,119 @@ def shell_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+@functools.lru_cache(maxsize=1)
+def _libc_prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up once in the launcher: never between fork and exec."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def die_with_launcher() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the kernel SIGKILL the child when the launcher dies (Linux).
+
+    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, not the process.
+    Every child is started from the thread that runs ``LocalJob.run()`` (the lighthouse, the
+    replicas, their restarts from the supervision loop), and that thread stops them all before
+    it returns, so the signal only ever fires when the launcher dies. The launcher may die
+    between fork and prctl, and then no signal comes: the child checks that its parent is
+    still the launcher afterwards and exits if not. The signal is reset in the child's own
+    children (fork clears it); those are covered by ``GroupReaper``.
+
+    Elsewhere (macOS, BSD) there is no parent-death signal: returns None, and a SIGKILLed
+    launcher's children are stopped only by the ``GroupReaper``.
+    """
+    prctl = _libc_prctl() if sys.platform.startswith("linux") else None
+    if prctl is None:
+        return None
+    launcher, sigkill = os.getpid(), int(signal.SIGKILL)
+
+    def arm() -> None:
+        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
+        if os.getppid() != launcher:
+            os._exit(1)
+    return arm
+
+
+class GroupReaper:
+    """A watchdog process that SIGKILLs the children's process groups if the launcher dies.
+
+    The parent-death signal reaches only the launcher's direct children; a replica's own
+    children (data loader workers, torchrun's ranks, compile workers) are reparented when it
+    dies that way, but stay in its process group. This watchdog, a tiny process in a session
+    of its own (so Ctrl-C or a hangup of the launcher's terminal does not reach it), is told
+    each group the launcher starts and reaps, over a pipe only the launcher holds. When that
+    pipe reaches end-of-file without a goodbye, which the kernel makes happen when the
+    launcher dies in any way, it SIGKILLs every group still listed, then exits. A process that
+    leaves its group (``setsid``) escapes it; only a cgroup would catch those.
+    """
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c",
+             "from muloco.launch.local import reap_groups_on_eof; reap_groups_on_eof()"],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
+            close_fds=True, text=True)
+        self.pid = self.proc.pid
+        self._lock = threading.Lock()
+
+    def _send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        with self._lock:
+            try:
+                self.proc.stdin.write(line + "\n")
+                self.proc.stdin.flush()
+            except (OSError, ValueError):
+                pass  # the watchdog was killed: direct children still die with the launcher
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"+{pgid}")
+
+    def forget(self, pgid: int) -> None:
+        """Called once a group is reaped, so a reused process-group id is never killed."""
+        self._send(f"-{pgid}")
+
+    def close(self) -> None:
+        """Everything is stopped: say goodbye, so the watchdog exits without killing."""
+        self._send("bye")
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def reap_groups_on_eof(stream: IO[str] | None = None) -> None:
+    """The ``GroupReaper`` process: read ``+PGID``, ``-PGID`` and ``bye`` lines; at end of
+    input without ``bye`` (the launcher died), SIGKILL every group still listed."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    groups: set[int] = set()
+    for line in stream or sys.stdin:
+        line = line.strip()
+        if line == "bye":
+            return
+        if line[:1] == "+":
+            groups.add(int(line[1:]))
+        elif line[:1] == "-":
+            groups.discard(int(line[1:]))
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 class Console:
     """Serialises lines from many pump threads so prefixed lines never interleave mid-line."""
 
@@ -105,16 +281,22 @@ class ManagedProcess:
 
     Its own session means Ctrl-C at the terminal reaches only the launcher, which then stops
     each child *with its children* (dataloader workers, torchft helpers) via its process group.
+    It dies with the launcher (``die_with_launcher``), its group too when a ``reaper`` is
+    given, and inherits no descriptor of the launcher's (the dump folder lock among them).
     """
 
     def __init__(self, cmd: list[str], env: dict[str, str], log_path: str, prefix: str,
-                 console: Console, on_line: Callable[[str], None] | None = None):
+                 console: Console, on_line: Callable[[str], None] | None = None,
+                 reaper: GroupReaper | None = None):
         self.cmd, self.log_path, self.prefix = cmd, log_path, prefix
-        self._console, self._on_line = console, on_line
+        self._console, self._on_line, self._reaper = console, on_line, reaper
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, close_fds=True,
+                                     preexec_fn=die_with_launcher())
         self.pid = self.proc.pid
+        if reaper:
+            reaper.watch(self.pid)
         self._returncode: int | None = None
         self._pump = threading.Thread(target=self._pump_lines, daemon=True,
                                       name=f"pump-{prefix}-{self.pid}")
@@ -139,6 +321,8 @@ class ManagedProcess:
             if rc is not None:
                 self._returncode = rc
                 self.signal_group(signal.SIGKILL)  # orphans would hold the log pipe open
+                if self._reaper:
+                    self._reaper.forget(self.pid)
         return self._returncode
 
     def signal_group(self, sig: int) -> None:
@@ -173,9 +357,8 @@ def stop_processes(procs: list[ManagedProcess], grace_s: float = 10.0,
 class LighthouseProcess:
     """The lighthouse as a child process; ``start()`` returns once it printed its URL."""
 
-    def __init__(self, bind: str = "127.0.0.1:0", min_replicas: int = 1,
-                 join_timeout_ms: int = 2000, quorum_tick_ms: int = 100,
-                 heartbeat_timeout_ms: int = 5000):
+    def __init__(self, bind: str, min_replicas: int, join_timeout_ms: int,
+                 quorum_tick_ms: int = 100, heartbeat_timeout_ms: int = 5000):
         self.cmd = [sys.executable, "-m", "muloco.launch.lighthouse", "--bind", bind,
                     "--min_replicas", str(min_replicas), "--join_timeout_ms", str(join_timeout_ms),
                     "--quorum_tick_ms", str(quorum_tick_ms),
@@ -183,22 +366,28 @@ class LighthouseProcess:
         self.url: str | None = None
         self.process: ManagedProcess | None = None
         self._ready = threading.Event()
+        self._error: str | None = None  # its one-line complaint about its settings, if any
 
     def _watch(self, text: str) -> None:
+        if text.startswith(_LIGHTHOUSE_ERROR):
+            self._error = text[len(_LIGHTHOUSE_ERROR):]
         m = _URL_LINE.match(text)
         if m and not self._ready.is_set():
             self.url = m.group(1)
             self._ready.set()
 
-    def start(self, log_path: str, console: Console,
+    def start(self, log_path: str, console: Console, reaper: GroupReaper | None = None,
               timeout_s: float = LIGHTHOUSE_START_TIMEOUT_S) -> str:
         env = {"RUST_LOG": "warn", **os.environ, "PYTHONUNBUFFERED": "1"}  # quorum INFO lines are noise
-        self.process = ManagedProcess(self.cmd, env, log_path, "[lh]", console, self._watch)
+        self.process = ManagedProcess(self.cmd, env, log_path, "[lh]", console, self._watch,
+                                      reaper)
         deadline = time.monotonic() + timeout_s
         while not self._ready.wait(0.05):
             rc = self.process.poll()
             if rc is not None or time.monotonic() > deadline:
                 self.stop()
+                if rc == 2 and self._error:  # bad settings (e.g. a busy port): say which
+                    raise LaunchError(f"the lighthouse refused to start: {self._error}", 2)
                 why = (f"exited with {describe_exit(rc)}" if rc is not None
                        else f"did not report its address within {timeout_s:.0f} s")
                 raise LaunchError(f"the lighthouse {why} (log: {log_path})",
@@ -240,7 +429,15 @@ class ReplicaGroup:
 
 @dataclass
 class LocalJob:
-    """K replica groups plus a lighthouse on this machine; ``run()`` blocks and returns the status."""
+    """K replica groups plus a lighthouse on this machine; ``run()`` blocks and returns the status.
+
+    ``min_replicas`` None or 0 means a majority of ``replicas`` (or the trainer config's
+    ``fault_tolerance.min_replica_size`` when it sets one); ``join_timeout_ms`` None means 90%
+    of the trainer's ``fault_tolerance.quorum_timeout_seconds``. Each replica runs ``entry``
+    (the trainer; a test may give a wrapper script) with ``--config``, its replica id, K, the
+    ``overrides`` and the quorum size; ``command``, when given, replaces that whole command
+    line (and the config is then not parsed).
+    """
 
     config: str = "diloco/diloco"
     replicas: int = 2
@@ -249,12 +446,13 @@ class LocalJob:
     log_dir: str | None = None
     max_restarts: int = 0
     lighthouse_bind: str = "127.0.0.1:0"
-    min_replicas: int = 1
-    join_timeout_ms: int = 2000
+    min_replicas: int | None = None
+    join_timeout_ms: int | None = None
     heartbeat_timeout_ms: int = 5000
     quorum_tick_ms: int = 100
     threads_per_proc: int | None = None
     command: list[str] | None = None
+    entry: list[str] = field(default_factory=lambda: [sys.executable, "-m", "muloco.train"])
     env: dict[str, str] = field(default_factory=dict)
     restart_delay_s: float = 1.0
     term_grace_s: float = 10.0
@@ -270,26 +468,58 @@ class LocalJob:
         self._out = Console(self.console)
         self._lighthouse: LighthouseProcess | None = None
         self._groups: list[ReplicaGroup] = []
+        self._lock: DumpFolderLock | None = None
+        self._reaper: GroupReaper | None = None
+        self._created_dirs: list[str] = []  # what this launch wrote, undone if it is refused
+        self._created_files: list[str] = []
 
     # -- public helpers -------------------------------------------------------------------
 
     @cached_property
+    def trainer_config(self):
+        """Replica 0's trainer config, parsed and checked (None for a custom ``command``)."""
+        if self.command is not None:
+            return None
+        return load_trainer_config(self.config, self.replicas, self.overrides)
+
+    @cached_property
+    def dump_folder(self) -> str:
+        """The folder this job owns and locks: the trainer config's ``dump_folder`` (overrides
+        applied); for a custom ``command``, ``--dump_folder`` if given, else the log folder."""
+        if self.trainer_config is not None:
+            return self.trainer_config.dump_folder
+        return dump_folder_from(self.overrides, "") or self.log_dir or DEFAULT_DUMP_FOLDER
+
+    @cached_property
     def resolved_log_dir(self) -> str:
-        """``log_dir``, else ``<dump folder>/logs``: the overrides' ``--dump_folder`` or, for the
-        trainer, the config's own dump folder (logs sit next to the replicas' outputs)."""
-        if self.log_dir:
-            return self.log_dir
-        if self.command is None and dump_folder_from(self.overrides, "") == "":
-            return os.path.join(config_dump_folder(self.config), "logs")
-        return os.path.join(dump_folder_from(self.overrides), "logs")
+        """``log_dir``, else ``<dump folder>/logs``: logs sit next to the replicas' outputs."""
+        return self.log_dir or os.path.join(self.dump_folder, "logs")
+
+    @cached_property
+    def quorum_size(self) -> int:
+        """Replica groups a quorum needs: ``min_replicas``, else the trainer config's
+        ``fault_tolerance.min_replica_size``, else a majority (no split brain)."""
+        if self.min_replicas:
+            return self.min_replicas
+        cfg = self.trainer_config
+        return (cfg.fault_tolerance.min_replica_size if cfg else 0) or majority(self.replicas)
+
+    @cached_property
+    def resolved_join_timeout_ms(self) -> int:
+        """``join_timeout_ms``, else 90% of how long a replica itself waits for a quorum."""
+        if self.join_timeout_ms is not None:
+            return self.join_timeout_ms
+        if self.trainer_config is None:
+            return DEFAULT_JOIN_TIMEOUT_MS
+        return join_timeout_for(self.trainer_config.fault_tolerance.quorum_timeout_seconds)
 
     def replica_command(self, i: int) -> list[str]:
-        """The child command line: the trainer with its replica id, or ``command`` as given."""
+        """The child command line: ``entry`` with the config, replica id, K, the overrides and
+        the quorum size last (so trainers and lighthouse agree), or ``command`` as given."""
         if self.command is not None:
             return list(self.command)
-        return [sys.executable, "-m", "muloco.train", "--config", self.config,
-                "--fault_tolerance.replica_id", str(i),
-                "--fault_tolerance.group_size", str(self.replicas), *self.overrides]
+        return [*self.entry, "--config", self.config, *replica_args(i, self.replicas),
+                *self.overrides, "--fault_tolerance.min_replica_size", str(self.quorum_size)]
 
     def replica_env(self, i: int, rank: int, port: int) -> dict[str, str]:
         """What a static torchrun would set for this rank, plus the torchft/DiLoCo variables."""
@@ -327,25 +557,46 @@ class LocalJob:
             raise LaunchError("--replicas and --procs-per-replica must be at least 1", 2)
         if self.max_restarts < 0:
             raise LaunchError("--max-restarts must be >= 0", 2)
-        if not 1 <= self.min_replicas <= self.replicas:
+        if not 0 <= (self.min_replicas or 0) <= self.replicas:
             raise LaunchError(f"--min-replicas must be between 1 and --replicas "
-                              f"({self.replicas}), got {self.min_replicas}: a larger value "
-                              f"means the quorum could never form", 2)
+                              f"({self.replicas}) (0: a majority), got {self.min_replicas}: a "
+                              f"larger value means the quorum could never form", 2)
+        if self.join_timeout_ms is not None and self.join_timeout_ms < 0:
+            raise LaunchError(f"--join-timeout-ms must be >= 0, got {self.join_timeout_ms}", 2)
         if self.threads_per_proc is not None and self.threads_per_proc < 1:
             raise LaunchError("--threads must be at least 1", 2)
 
+    def _check_quorum(self) -> None:
+        """A quorum size taken from the trainer config gets the same range check."""
+        if not 1 <= self.quorum_size <= self.replicas:
+            raise LaunchError(f"--fault_tolerance.min_replica_size {self.quorum_size} must be "
+                              f"between 0 (a majority) and --replicas ({self.replicas})", 2)
+
     def run(self) -> int:
-        """Start everything, supervise until done or failed, always tear down; return the status."""
+        """Check, lock, start everything, supervise until done or failed, always tear down.
+
+        Bad input (exit 2) found before any replica started leaves no trace: what this launch
+        created in the dump folder (the folder itself included) is removed again.
+        """
         restore = self._install_signal_handlers()
+        undo = False
         try:
             self.validate()
+            self.trainer_config  # noqa: B018 - parse and check it now, before anything starts
+            self._check_quorum()
+            if self._stop_code is not None:  # Ctrl-C while torchtitan was being imported
+                return self._stopped()
+            self._lock_dump_folder()
             self._start()
             return self._supervise()
         except LaunchError as e:
-            self._out.line(f"local job failed: {e}")
+            if str(e):
+                self._out.line(f"local job failed: {e}")
+            undo = e.status == 2 and not self.pids
             return e.status
         finally:
             self._teardown()
+            self._release(undo)
             restore()
 
     def _install_signal_handlers(self) -> Callable[[], None]:
@@ -360,17 +611,53 @@ class LocalJob:
                 signal.signal(sig, handler)
         return restore
 
+    def _lock_dump_folder(self) -> None:
+        """Take the dump folder before writing anything into it: one live run per folder."""
+        lock = DumpFolderLock(self.dump_folder)
+        try:
+            lock.acquire()
+        except DumpFolderBusy as e:
+            raise LaunchError(str(e), 2) from None
+        except OSError as e:
+            raise LaunchError(f"cannot create or lock the dump folder {self.dump_folder}: "
+                              f"{e.strerror or e}", 2) from None
+        self._lock = lock
+        if lock.stale is not None:
+            self._out.line(f"local job: taking over a stale lock left by PID {lock.stale.pid}")
+
+    def _announce_quorum(self) -> None:
+        size, k, join_ms = self.quorum_size, self.replicas, self.resolved_join_timeout_ms
+        rule = f"majority {size} of {k}" if size == majority(k) else f"{size} of {k}"
+        self._out.line(f"local job: quorum = {rule} replica groups; the lighthouse waits up to "
+                       f"{join_ms / 1000:g} s for heartbeating groups")
+        source = "--min-replicas" if self.min_replicas else "--fault_tolerance.min_replica_size"
+        warning = below_majority_warning(source, size, k)
+        if warning:
+            self._out.line(f"local job: warning: {warning}")
+        cfg = self.trainer_config
+        quorum_s = cfg.fault_tolerance.quorum_timeout_seconds if cfg is not None else None
+        if quorum_s is not None and join_ms >= quorum_s * 1000:
+            self._out.line(f"local job: warning: --join-timeout-ms {join_ms} is not below the "
+                           f"replicas' quorum timeout ({quorum_s:g} s): a replica gives up on "
+                           f"its quorum before the lighthouse stops waiting for a late group")
+
     def _start(self) -> None:
-        os.makedirs(self.resolved_log_dir, exist_ok=True)
-        self._lighthouse = LighthouseProcess(self.lighthouse_bind, self.min_replicas,
-                                             self.join_timeout_ms, self.quorum_tick_ms,
+        self._announce_quorum()
+        try:
+            self._created_dirs = make_dirs(self.resolved_log_dir)
+        except OSError as e:
+            raise LaunchError(f"cannot create the log folder {self.resolved_log_dir}: "
+                              f"{e.strerror or e}", 2) from None
+        self._reaper = GroupReaper()
+        self._lighthouse = LighthouseProcess(self.lighthouse_bind, self.quorum_size,
+                                             self.resolved_join_timeout_ms, self.quorum_tick_ms,
                                              self.heartbeat_timeout_ms)
         lh_log = os.path.join(self.resolved_log_dir, "lighthouse.log")
         self._mark([lh_log], f"=== launch {datetime.now().isoformat(timespec='seconds')} ===")
-        self.lighthouse_url = self._lighthouse.start(lh_log, self._out)
+        self.lighthouse_url = self._lighthouse.start(lh_log, self._out, self._reaper)
         self.lighthouse_pid = self._lighthouse.pid
-        self._out.line(f"local job: lighthouse {self.lighthouse_url} (status page: "
-                       f"{self.lighthouse_url}/)")
+        self._out.line(f"local job: lighthouse {self.lighthouse_url} (pid {self.lighthouse_pid}; "
+                       f"status page: {self.lighthouse_url}/)")
         self._out.line(f"local job: logs in {os.path.abspath(self.resolved_log_dir)}")
         self._out.line(f"local job: {self.replicas} replica(s) x {self.procs_per_replica} "
                        f"process(es); replica 0 runs: {shlex.join(self.replica_command(0))}")
@@ -380,34 +667,45 @@ class LocalJob:
             self._mark(self._group_logs(g),
                        f"=== launch {datetime.now().isoformat(timespec='seconds')} ===")
             self._launch_group(g)
+        self._out.line("local job: replica pids " + " ".join(
+            f"{self._prefix(g.index, rank)[1:-1]}={p.pid}"
+            for g in self._groups for rank, p in enumerate(g.procs)))
         self.started.set()
 
     def _group_logs(self, g: ReplicaGroup) -> list[str]:
         return [self.log_path(g.index, r) for r in range(self.procs_per_replica)]
 
-    @staticmethod
-    def _mark(paths: list[str], line: str) -> None:
+    def _mark(self, paths: list[str], line: str) -> None:
         """A separator line in each log, so restarts and relaunches are easy to find."""
         for path in paths:
+            if not os.path.exists(path):
+                self._created_files.append(path)
             with open(path, "a") as f:
                 f.write(line + "\n")
+
+    def _prefix(self, i: int, rank: int) -> str:
+        return f"[r{i}]" if self.procs_per_replica == 1 else f"[r{i}.{rank}]"
 
     def _launch_group(self, g: ReplicaGroup) -> None:
         cmd = self.replica_command(g.index)
         g.procs = []
         for rank in range(self.procs_per_replica):
-            prefix = f"[r{g.index}]" if self.procs_per_replica == 1 else f"[r{g.index}.{rank}]"
             p = ManagedProcess(cmd, self.replica_env(g.index, rank, g.port),
-                               self.log_path(g.index, rank), prefix, self._out)
+                               self.log_path(g.index, rank), self._prefix(g.index, rank),
+                               self._out, reaper=self._reaper)
             g.procs.append(p)
             self.pids.append(p.pid)
+
+    def _stopped(self) -> int:
+        assert self._stop_code is not None
+        self._out.line(f"local job stopped: interrupted (exit {self._stop_code})")
+        return self._stop_code
 
     def _supervise(self) -> int:
         """Poll children every 0.1 s; restart failed groups while restarts remain."""
         while True:
             if self._stop_code is not None:
-                self._out.line(f"local job stopped: interrupted (exit {self._stop_code})")
-                return self._stop_code
+                return self._stopped()
             assert self._lighthouse and self._lighthouse.process
             lh_rc = self._lighthouse.process.poll()
             if lh_rc is not None:
@@ -461,6 +759,23 @@ class LocalJob:
         if self._lighthouse:
             self._lighthouse.stop(self.term_grace_s)
 
+    def _release(self, undo: bool) -> None:
+        """After teardown: dismiss the watchdog, then unlock the dump folder; with ``undo``
+        (a refused launch), first remove the files and folders this launch created."""
+        if self._reaper:
+            self._reaper.close()
+            self._reaper = None
+        if undo:
+            for path in self._created_files:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+            remove_dirs(self._created_dirs)
+        if self._lock:
+            self._lock.release(remove_created=undo)
+            self._lock = None
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -477,14 +792,18 @@ def _parser() -> argparse.ArgumentParser:
       help="restart a failed replica group up to N times; it heals from a peer "
            "(default %(default)s)")
     a("--log-dir", default=None,
-      help=f"per-replica logs (default <dump_folder>/logs, dump_folder from the overrides or "
-           f"{DEFAULT_DUMP_FOLDER})")
-    a("--min-replicas", type=int, default=1,
-      help="replica groups needed for a quorum (default %(default)s)")
+      help="per-replica logs (default <dump_folder>/logs, the trainer's dump folder after the "
+           "overrides; the dump folder is locked while the job runs)")
+    a("--min-replicas", type=int, default=None,
+      help="replica groups a quorum needs (default: a majority, K//2+1, unless the config sets "
+           "--fault_tolerance.min_replica_size; 0 also means a majority). 1..K are allowed; "
+           "below a majority, two disjoint sets of groups could both commit (split brain)")
     a("--heartbeat-timeout-ms", type=int, default=5000,
       help="drop a silent replica group after this long (default %(default)s)")
-    a("--join-timeout-ms", type=int, default=2000,
-      help="how long a new quorum waits for more groups (default %(default)s)")
+    a("--join-timeout-ms", type=int, default=None,
+      help="how long the lighthouse waits for heartbeating groups that have not joined a "
+           "forming quorum yet (default: 90%% of the trainer's "
+           "--fault_tolerance.quorum_timeout_seconds, 270000 for its default 300 s)")
     a("--quorum-tick-ms", type=int, default=100, help="lighthouse tick (default %(default)s)")
     a("--lighthouse-bind", default="127.0.0.1:0",
       help="lighthouse HOST:PORT (default %(default)s: loopback, free port)")

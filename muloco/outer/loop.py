@@ -3,13 +3,20 @@
 Per replica group: θ_g (per fragment, on the backup device) and one outer optimizer
 per fragment. After inner step t the trainer calls :meth:`after_inner_step`:
 
-- prepare (t ≡ −τ mod H/P): quorum (a late or restarted replica heals here from a
-  peer: model, inner optimizer, schedule, θ_g, outer momentum, torchft step), pick
-  the fragment from the torchft step, Δ = θ_g − θ_local, start the exchange;
+- prepare (t ≡ −τ mod H/P): quorum (a replica that is behind heals here from a peer:
+  model, inner optimizer, schedule, θ_g, outer momentum, torchft step, and the peer's
+  trainer step), pick the fragment from the torchft step, Δ = θ_g − θ_local, start the
+  exchange;
 - perform (τ steps later): wait for the average, ``should_commit()``; on commit the
-  outer optimizer steps θ_g and θ_local ← θ_g + α·(θ_local − θ_g); on a failed
-  commit θ_g is untouched and θ_local ← θ_g (the round's local progress is dropped,
-  no partial average is ever applied).
+  outer optimizer steps θ_g and θ_local ← θ_g + α·(θ_local − θ_g). A sync is not
+  committed when a collective failed, when no replica contributed, or when the average
+  is not finite; then θ_g is untouched and θ_local ← θ_g (the round's local progress is
+  dropped, no partial or broken average is ever applied).
+
+Around the training loop: :meth:`catch_up` lets a group that starts behind its peers
+(restarted, or late) heal before it trains a step, and :meth:`finish` keeps a group that
+has finished meeting the others until every group stands at the same sync, so the run
+ends with one θ_g everywhere.
 
 Validation uses θ_g (:meth:`global_params`), never a replica's drifting local model.
 """
@@ -18,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,41 +35,34 @@ from torch.distributed.tensor import DTensor
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
+from muloco.outer.coordinator import (
+    CoordinationError,
+    Coordinator,
+    OutOfDateError,
+    QuorumView,
+    coordination,
+)
 from muloco.outer.exchange import Exchange, PendingExchange
 from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.schedule import SyncSchedule, model_fragments
 
+__all__ = ["CoordinationError", "OutOfDateError", "OuterLoop", "SyncRecord"]
 
-def _drill_kill_in_exchange(replica_id: int, step: int) -> None:
-    """Fault drill: SIGKILL this process after it joined the quorum, before it sends.
 
-    ``MULOCO_DRILL_KILL_IN_EXCHANGE=R:N`` makes replica group R die inside the sync it
-    prepares at step N, so its peers are left with an exchange that cannot complete
-    (the case a random kill rarely hits). Unset in normal runs.
-    """
-    drill = os.environ.get("MULOCO_DRILL_KILL_IN_EXCHANGE")
-    if drill and drill == f"{replica_id}:{step}":
-        logger.warning(f"fault drill: killing replica {replica_id} inside the exchange at step {step}")
-        os.kill(os.getpid(), signal.SIGKILL)
+class SyncsKeepFailing(RuntimeError):
+    """More consecutive syncs failed than fault_tolerance.max_commit_failures allows."""
+
+
+def _first_line(err: Any) -> str:
+    """The first line of an error torchft recorded (it wraps them with their traceback)."""
+    err = getattr(err, "original_exception", err)
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
     """The tensor this rank holds (its shard under FSDP): replicas exchange shards rank by rank."""
     return p.to_local() if isinstance(p, DTensor) else p
-
-
-class CoordinationError(RuntimeError):
-    """A torchft quorum or commit call failed (lighthouse gone, no quorum in time)."""
-
-
-@contextlib.contextmanager
-def coordination():
-    """Mark failures of the quorum/commit calls, so the trainer can explain them as a lost
-    lighthouse or quorum while any other error surfaces as what it is."""
-    try:
-        yield
-    except Exception as err:
-        raise CoordinationError(str(err)) from err
 
 
 @dataclass
@@ -73,11 +71,13 @@ class SyncRecord:
     fragment: int
     committed: bool
     participants: int
-    contributors: int
+    contributors: int | None
+    """Replicas whose Δ is in the average; None when the exchange failed (unknown)."""
     quorum_id: int
     seconds: float
     """Time this replica was blocked by the sync (prepare + perform, not the overlapped steps)."""
     bytes_sent: float
+    """Bytes handed to the collectives for the other replicas (also when the sync then failed)."""
     bytes_received: float
     payload_bytes: int = 0
     """This replica's encoded Δ (what compression produced), flag bytes included."""
@@ -85,6 +85,10 @@ class SyncRecord:
     """Elements of the synced fragment on this rank."""
     dense_fp32_bytes: float = 0
     """What a dense fp32 ring all-reduce of this Δ would have sent."""
+    failure: str | None = None
+    """Why the sync was not committed."""
+    healed_from: int | None = None
+    """The replica group this group healed from in this sync's quorum."""
     global_sha256: str | None = None
 
     @property
@@ -97,8 +101,8 @@ class _Open:
     fragment: int
     exchange: PendingExchange
     seconds: float
-    participants: int
-    quorum_id: int
+    quorum: QuorumView
+    catching_up: bool = False
 
 
 class _Fragment:
@@ -166,12 +170,22 @@ class OuterLoop(Configurable):
                 raise ValueError(f"outer.backup_device must be cpu or device, got {self.backup_device!r}")
 
     def __init__(
-        self, config: Config, *, model: nn.Module, manager: Any, device: torch.device, replica_id: int = 0
+        self,
+        config: Config,
+        *,
+        model: nn.Module,
+        manager: Any,
+        device: torch.device,
+        replica_id: int = 0,
+        coordinator: Coordinator | None = None,
+        max_commit_failures: int = -1,
     ):
         config.validate()
         self.replica_id = replica_id
         self.config = config
         self.manager = manager
+        self.coordinator = coordinator or Coordinator(manager)
+        self.max_commit_failures = max_commit_failures
         self.schedule = config.schedule()
         self.device = device
         backup = torch.device("cpu") if config.backup_device == "cpu" else device
@@ -181,36 +195,50 @@ class OuterLoop(Configurable):
             self.exchange.allocate(frag.names, frag.locals())
         self.records: list[SyncRecord] = []
         self._open: _Open | None = None
-        self._healed = False
+        self._healed_to: int | None = None
+        self._failures_in_a_row: list[str] = []
         self.num_params = sum(t.numel() for f in self.fragments for t in f.globals)
 
     # ----------------------------------------------------------------- schedule
     def after_inner_step(self, step: int) -> SyncRecord | None:
+        """Prepare and/or perform the sync due after inner step ``step``.
+
+        A heal during the prepare moves this replica to its peer's trainer step; the
+        schedule and the record go on from there.
+        """
         if self.schedule.prepare_due(step):
-            self._prepare(step)
-        if self.schedule.perform_due(step):
+            step = self._prepare(step)
+        if self.schedule.perform_due(step) and self._open is not None:
             return self._perform(step)
         return None
 
+    def _meet(self, step: int, timeout: float | None = None) -> tuple[QuorumView, int]:
+        """Join a quorum; (what it was, this replica's trainer step afterwards)."""
+        self._healed_to = None
+        view = self.coordinator.quorum(timeout)
+        if self._healed_to is not None:
+            logger.info(
+                f"healed from replica {view.healed_from if view.healed_from is not None else '?'} in quorum "
+                f"{view.quorum_id}: step {step} -> {self._healed_to}, sync {self.manager.current_step()}"
+            )
+            step = self._healed_to
+        return view, step
+
     @torch.no_grad()
-    def _prepare(self, step: int) -> None:
+    def _prepare(self, step: int) -> int:
         started = time.perf_counter()
-        self._healed = False
-        with coordination():
-            self.manager.start_quorum()  # heals this replica from a peer if it is behind
-        contributes = not self._healed
-        _drill_kill_in_exchange(self.replica_id, step)
+        view, step = self._meet(step)
+        # a replica that just healed holds a copy of its peer's state: it adds nothing
+        self._start_exchange(view, started, contributes=self._healed_to is None, catching_up=False)
+        return step
+
+    def _start_exchange(self, view: QuorumView, started: float, *, contributes: bool, catching_up: bool) -> None:
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
         deltas = [g.to(self.device) - l for g, l in zip(frag.globals, frag.locals())]
         pending = self.exchange.start(self.manager, frag.names, deltas, contributes)
-        self._open = _Open(
-            fragment=index,
-            exchange=pending,
-            seconds=time.perf_counter() - started,
-            participants=self.manager.num_participants(),
-            quorum_id=getattr(self.manager, "_quorum_id", -1),
-        )
+        self._open = _Open(fragment=index, exchange=pending, seconds=time.perf_counter() - started,
+                           quorum=view, catching_up=catching_up)
 
     @torch.no_grad()
     def _perform(self, step: int) -> SyncRecord:
@@ -219,8 +247,14 @@ class OuterLoop(Configurable):
         sync, self._open = self._open, None
         frag = self.fragments[sync.fragment]
         averaged = sync.exchange.wait()
+        exchange_failed = self.manager.errored() is not None
+        failure = None if exchange_failed else self._veto(sync.exchange, averaged)
         with coordination():
             committed = self.manager.should_commit()
+        if failure is None and not committed:
+            err = self.manager.errored()
+            failure = f"a replica failed in the exchange or the commit vote ({_first_line(err)})" if err else \
+                "fewer replica groups in the quorum than needed to commit"
         locals_ = frag.locals()
         if committed:
             backup = frag.globals[0].device
@@ -228,25 +262,53 @@ class OuterLoop(Configurable):
             self._pull(frag.globals, locals_, self.config.fragment_update_alpha)
         else:
             sync.exchange.rollback()  # e.g. error-feedback residuals of the dropped Δ
-            self._pull(frag.globals, locals_, 0.0)
+            if not sync.catching_up:  # a catch-up round computed nothing locally: nothing to drop
+                self._pull(frag.globals, locals_, 0.0)
         record = SyncRecord(
             step=step,
             fragment=sync.fragment,
             committed=committed,
-            participants=sync.participants,
-            contributors=sync.exchange.contributors,
-            quorum_id=sync.quorum_id,
+            participants=sync.quorum.size,
+            contributors=None if exchange_failed else sync.exchange.contributors,
+            quorum_id=sync.quorum.quorum_id,
             seconds=sync.seconds + time.perf_counter() - started,
             bytes_sent=sync.exchange.bytes_sent,
             bytes_received=sync.exchange.bytes_received,
             payload_bytes=sync.exchange.payload_bytes,
             numel=sum(g.numel() for g in frag.globals),
             dense_fp32_bytes=sync.exchange.dense_fp32_bytes,
+            failure=None if committed else failure,
+            healed_from=sync.quorum.healed_from,
         )
         if self.config.fingerprint:
             record.global_sha256 = self.fingerprint()
         self.records.append(record)
+        self._count_failures(record)
         return record
+
+    def _veto(self, exchange: PendingExchange, averaged: list[torch.Tensor]) -> str | None:
+        """A reason to refuse this sync on every replica (they all hold the same average),
+        reported to torchft so its commit vote fails; None if the sync may commit."""
+        reason = None
+        if exchange.contributors == 0:
+            reason = "no replica contributed a pseudo-gradient"
+        elif averaged and not bool(torch.stack(torch._foreach_norm(averaged)).sum().isfinite()):
+            reason = "the averaged pseudo-gradient is not finite (NaN/inf: a replica diverged; check the learning rates)"
+        if reason is not None:
+            self.manager.report_error(RuntimeError(reason))
+        return reason
+
+    def _count_failures(self, record: SyncRecord) -> None:
+        if record.committed:
+            self._failures_in_a_row.clear()
+            return
+        self._failures_in_a_row.append(f"step {record.step}: {record.failure}")
+        if 0 <= self.max_commit_failures < len(self._failures_in_a_row):
+            raise SyncsKeepFailing(
+                f"{len(self._failures_in_a_row)} syncs in a row were not committed (limit "
+                f"--fault_tolerance.max_commit_failures {self.max_commit_failures}); last: "
+                f"{self._failures_in_a_row[-1]}"
+            )
 
     def _pull(self, globals_: list[torch.Tensor], locals_: list[torch.Tensor], alpha: float) -> None:
         """θ_local ← θ_g + α·(θ_local − θ_g)."""
@@ -256,6 +318,83 @@ class OuterLoop(Configurable):
             return
         for l, g in zip(locals_, globals_):
             l.lerp_(g.to(l.device, l.dtype), 1.0 - alpha)
+
+    # ------------------------------------------------------- around the loop
+    def catch_up(self, step: int, total_steps: int, *, wait_seconds: float) -> tuple[int, SyncRecord | None]:
+        """At the start of training: a replica group behind its peers heals before it trains.
+
+        Behind means the lighthouse's last quorum stood at a later sync than this group's
+        checkpoint (it restarted, or joined late): its own steps until the next sync would
+        be thrown away by the heal, and its peers would wait for them. It joins the peers'
+        next quorum right away instead (they wait for heartbeating groups), heals, and takes
+        part in that sync's exchange without contributing. If the peers have finished, it
+        heals to their final state. Returns (trainer step afterwards, a sync record if the
+        sync was performed now).
+        """
+        if self.coordinator.url is None:
+            return step, None
+        status = self.coordinator.status()
+        mine = self.manager.current_step()
+        if status.max_step <= mine:
+            return step, None
+        logger.info(f"this replica group is behind: its checkpoint is at sync {mine}, the last quorum was at "
+                    f"sync {status.max_step}; healing from a peer before training")
+        need = self.coordinator.quorum_size
+        alive = self.coordinator.wait_for_groups(need, wait_seconds, "waiting for peers to heal from")
+        if len(alive) < need:
+            raise OutOfDateError(
+                f"replica {self.replica_id} is out of date by at least {status.max_step - mine} sync(s): its "
+                f"checkpoint is at sync {mine} (step {step}), its peers reached sync {status.max_step}, and only "
+                f"{len(alive)} of the {need} replica groups needed for a quorum are running (waited "
+                f"{wait_seconds:g}s). Nothing to heal from: its outputs are out of date; use a replica "
+                "that finished."
+            )
+        started = time.perf_counter()
+        view, step = self._meet(step)
+        if self._healed_to is not None and step >= total_steps:
+            return step, None  # the peers are done: their final state is ours now, no exchange
+        self._start_exchange(view, started, contributes=False, catching_up=self._healed_to is None)
+        if self._healed_to is None:
+            logger.warning(f"no replica group ahead of this one was in quorum {view.quorum_id} (they may have "
+                           "stopped); taking part in its sync without contributing, then training from step "
+                           f"{step}")
+            return step, self._perform(step)
+        if self.schedule.perform_due(step):
+            return step, self._perform(step)
+        return step, None
+
+    def finish(self, *, wait_seconds: float, step: int) -> bool:
+        """After the last step: meet the other groups until all of them stand at the same sync.
+
+        Every group that finishes takes part in exchange-free quorums in which a group
+        whose last sync failed, or that restarted late, heals to the final state; they all
+        stop once a quorum of every group finds nobody behind, or after ``wait_seconds``.
+        Returns True if this group healed (its θ_g changed after its last validation).
+        """
+        k = self.coordinator.group_size
+        if self.coordinator.url is None or k <= 1:
+            return False
+        deadline = time.monotonic() + wait_seconds
+        healed = False
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                view, step = self._meet(step, timeout=max(1.0, remaining))
+            except CoordinationError as err:
+                logger.warning(f"stopping without meeting every replica group again: {err}")
+                return healed
+            healed |= self._healed_to is not None
+            if view.size >= k and view.settled:
+                logger.info(f"all {k} replica groups stand at sync {view.max_step}")
+                return healed
+            if time.monotonic() >= deadline:
+                missing = sorted(set(range(k)) - set(view.groups))
+                logger.warning(
+                    f"replica groups {missing} did not come back within {wait_seconds:g}s of the end of "
+                    f"training (--fault_tolerance.end_wait_seconds); those that return later are out of date"
+                    if missing else "some replica groups were still behind at the end (see their logs)")
+                return healed
+            time.sleep(0.5)
 
     def fingerprint(self) -> str:
         """SHA-256 over the bytes of θ_g (all fragments, this rank's shards)."""
@@ -309,12 +448,13 @@ class OuterLoop(Configurable):
     def healing_state_dict(self) -> dict[str, Any]:
         return self.state_dict(with_exchange=False)
 
-    def load_healing_state_dict(self, state: dict[str, Any]) -> None:
-        """State received from a peer: never its exchange state, and ours is reset."""
+    def load_healing_state_dict(self, state: dict[str, Any], *, step: int) -> None:
+        """State received from a peer: never its exchange state, and ours is reset.
+        ``step`` is the trainer step that came with it (the peer's)."""
         for i, f in enumerate(self.fragments):
             f.load_state_dict(state[f"fragment_{i}"])
         self.exchange.reset()
-        self._healed = True
+        self._healed_to = step
 
     # ------------------------------------------------------------------ summary
     def summary(self, steps: int) -> dict[str, Any]:
@@ -333,6 +473,8 @@ class OuterLoop(Configurable):
             "dense_fp32_exchange_bytes": sum(r.dense_fp32_bytes for r in recs),
             "reduction_vs_dense_fp32": (sum(r.dense_fp32_bytes for r in recs) / sum(r.bytes_sent for r in recs)
                                         if sum(r.bytes_sent for r in recs) else None),  # None: K=1, nothing sent
+            "healed_from": sorted({r.healed_from for r in recs if r.healed_from is not None}),
+            "final_global_sha256": self.fingerprint(),
             "exchange": self.exchange.describe(),
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,
             "outer_parameters": self.num_params,

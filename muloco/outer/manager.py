@@ -7,14 +7,17 @@ healing transport. muloco owns the outer loop, so the quorum is always synchrono
 seeded initialisation, so step 0 needs no healing), and every timeout is a config
 field. The lighthouse address comes from ``--fault_tolerance.lighthouse`` or
 ``TORCHFT_LIGHTHOUSE``.
+
+A sync commits only in a quorum of at least ``min_replica_size`` replica groups, by
+default a majority of ``group_size`` (⌊K/2⌋+1): two majorities always share a group, so
+two disjoint sets of replicas can never both commit a step (split brain). Lower values
+trade that guarantee for availability and are announced with a warning.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import time
-import urllib.request
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -24,12 +27,20 @@ from torchtitan.experiments.torchft.manager import TorchFTManager
 from torchtitan.tools.logging import logger
 
 from muloco.compat import healing_transport
-
-REPLICA_ID_PREFIX = "muloco_replica_"
+from muloco.outer.coordinator import majority
+from muloco.outer.lighthouse_status import REPLICA_ID_PREFIX, LighthouseUnreachable, check_url, fetch_status
 
 
 class ReplicaGroupError(RuntimeError):
     """The replica group cannot reach or keep its torchft lighthouse / quorum."""
+
+    exit_status = 4
+
+
+class ReplicaOutOfDate(ReplicaGroupError):
+    """The replica group ended behind its peers, with nobody left to heal from."""
+
+    exit_status = 5
 
 
 def _process_group(name: str, timeout: timedelta):
@@ -57,7 +68,15 @@ class ReplicaGroupManager(TorchFTManager):
         """Consecutive failed commits before the replica gives up (-1 = never)."""
         start_wait_seconds: float = 60.0
         """Before the first step, wait up to this long until all group_size replica groups
-        are up (0 = don't): otherwise a group that starts first syncs alone."""
+        are up (0 = don't): otherwise a group that starts first syncs alone. A group that
+        is behind its peers waits as long for a majority to be up before it heals."""
+        end_wait_seconds: float = 120.0
+        """After the last step, meet the other groups until all group_size stand at the same
+        sync, for up to this long: a group that restarts late, or whose last sync failed,
+        heals to the final state before anyone exits."""
+        min_replica_size: int = 0
+        """Replica groups a quorum needs to commit (0 = a majority of group_size, which rules
+        out split brain; lower values allow it and are warned about)."""
 
         def lighthouse_url(self) -> str:
             url = self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
@@ -67,7 +86,14 @@ class ReplicaGroupManager(TorchFTManager):
                     "--fault_tolerance.lighthouse http://HOST:PORT (or set TORCHFT_LIGHTHOUSE), "
                     "or use jobs/local/diloco.sh, which starts it for you"
                 )
-            return url
+            try:
+                return check_url(url)
+            except ValueError as err:
+                raise ReplicaGroupError(f"{err}; fix --fault_tolerance.lighthouse or TORCHFT_LIGHTHOUSE") from None
+
+        def quorum_size(self) -> int:
+            """Replica groups needed to commit a sync."""
+            return self.min_replica_size or majority(self.group_size)
 
     def __init__(self, config: Config) -> None:
         self._manager = None
@@ -78,10 +104,13 @@ class ReplicaGroupManager(TorchFTManager):
         self.replica_id = config.replica_id
         timeout = timedelta(seconds=config.timeout_seconds)
         url = config.lighthouse_url()
+        _wait_until_reachable(url, config.replica_id, config.connect_timeout_seconds)
+        self.quorum_size = config.quorum_size()
+        _announce_quorum_rule(self.quorum_size, config.group_size)
         try:
             self._manager = torchft.Manager(
                 pg=_process_group(config.process_group, timedelta(milliseconds=config.process_group_timeout_ms)),
-                min_replica_size=config.min_replica_size,
+                min_replica_size=self.quorum_size,
                 load_state_dict=None,
                 state_dict=None,
                 use_async_quorum=False,
@@ -93,7 +122,7 @@ class ReplicaGroupManager(TorchFTManager):
                 heartbeat_interval=timedelta(milliseconds=config.heartbeat_interval_ms),
                 checkpoint_transport=healing_transport.build(timeout),
                 init_sync=False,
-                max_retries=None if config.max_commit_failures < 0 else config.max_commit_failures,
+                max_retries=None,  # the outer loop counts failed syncs and says why they failed
             )
         except Exception as err:  # the Rust client raises plain RuntimeError/TimeoutError
             raise ReplicaGroupError(
@@ -104,42 +133,30 @@ class ReplicaGroupManager(TorchFTManager):
             ) from err
 
 
-def heartbeating_replicas(lighthouse_url: str, timeout: float = 5.0) -> set[int]:
-    """Ids of the replica groups whose managers heartbeat to the lighthouse right now.
-
-    torchft 0.2.0 has no client call for this; its status page lists heartbeats as
-    ``<replica_id>:<uuid>: seen <age>s ago``. The page is what torchft's own dashboard
-    polls; if its format changes this returns an empty set and callers stop waiting.
-    """
-    with urllib.request.urlopen(f"{lighthouse_url.rstrip('/')}/status", timeout=timeout) as page:
-        text = page.read().decode("utf-8", "replace")
-    return {int(m) for m in re.findall(rf"{REPLICA_ID_PREFIX}(\d+):[\w-]+: seen", text)}
-
-
-def wait_for_replica_groups(lighthouse_url: str, expected: int, timeout: float, poll: float = 0.1) -> int:
-    """Block until ``expected`` replica groups heartbeat (or ``timeout``); returns how many did.
-
-    The lighthouse forms a quorum from the groups that are up: without this, a group
-    that starts a few seconds before the others syncs alone, and the others then
-    heal from it instead of contributing their first round.
-    """
-    deadline = time.monotonic() + timeout
-    seen: set[int] = set()
-    last_report = 0.0
+def _wait_until_reachable(url: str, replica_id: int, connect_timeout: float) -> None:
+    """Fail within the connect timeout, saying how, when the lighthouse cannot be reached
+    (torchft's own client would report a refused connection as a generic transport error)."""
+    deadline = time.monotonic() + connect_timeout
     while True:
         try:
-            seen = heartbeating_replicas(lighthouse_url)
-        except OSError:
-            seen = set()
-        if len(seen) >= expected or time.monotonic() >= deadline:
-            break
-        if time.monotonic() - last_report > 10:
-            logger.info(f"waiting for replica groups: {len(seen)}/{expected} up")
-            last_report = time.monotonic()
-        time.sleep(poll)
-    if len(seen) < expected:
+            fetch_status(url, timeout=min(5.0, connect_timeout))
+            return
+        except LighthouseUnreachable as err:
+            if time.monotonic() >= deadline:
+                raise ReplicaGroupError(
+                    f"replica {replica_id}: {err} (tried for {connect_timeout:g}s). Start it with "
+                    "./torchft_lighthouse, check --fault_tolerance.lighthouse / TORCHFT_LIGHTHOUSE, "
+                    "or raise --fault_tolerance.connect_timeout_seconds."
+                ) from None
+            time.sleep(0.25)
+
+
+def _announce_quorum_rule(size: int, group_size: int) -> None:
+    if size < majority(group_size):
         logger.warning(
-            f"only {len(seen)}/{expected} replica groups up after {timeout:g}s; starting anyway "
-            "(the others heal from a peer when they arrive)"
+            f"fault_tolerance.min_replica_size={size} is below a majority of {group_size} replica groups "
+            f"({majority(group_size)}): two disjoint groups of replicas could both commit the same sync "
+            "(split brain) if the lighthouse lets them form separate quorums"
         )
-    return len(seen)
+    else:
+        logger.info(f"quorum: a sync commits with at least {size} of {group_size} replica groups")

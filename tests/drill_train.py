@@ -1,0 +1,149 @@
+"""``python -m muloco.train`` with fault drills installed: the test-side way to kill a replica
+at an exact point (muloco itself has no fault hooks).
+
+    MULOCO_TEST_DRILLS="mid:1:25,exchange:2:57" MULOCO_TEST_DRILL_DIR=/tmp/x \\
+        python tests/drill_train.py --config diloco/diloco --fault_tolerance.replica_id 1 ...
+
+Each drill is ``kind:replica:step``; the replica group with that id SIGKILLs itself:
+
+- ``mid``        after inner step ``step`` (between syncs);
+- ``boundary``   right after the sync performed at inner step ``step`` (committed or not);
+- ``exchange``   inside the sync prepared at ``step``: after joining the quorum, before sending;
+- ``checkpoint`` while saving the checkpoint of step ``step``: data files written, metadata not;
+- ``healing``    while downloading a peer's state, the first time it heals (``step`` unused);
+- ``heal-source`` while serving its state to a healing peer, the first time (``step`` unused).
+
+A drill fires once per run: it leaves ``<MULOCO_TEST_DRILL_DIR>/<kind>-r<id>-<step>`` behind,
+and a restarted process (same command, same environment) skips drills that already fired.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def _replica_id(argv: list[str]) -> int:
+    for i, arg in enumerate(argv):
+        if arg == "--fault_tolerance.replica_id":
+            return int(argv[i + 1])
+        if arg.startswith("--fault_tolerance.replica_id="):
+            return int(arg.split("=", 1)[1])
+    return 0
+
+
+class Drill:
+    def __init__(self, kind: str, replica: int, step: int, folder: Path):
+        self.kind, self.replica, self.step = kind, replica, step
+        self.marker = folder / f"{kind}-r{replica}-{step}"
+
+    @property
+    def pending(self) -> bool:
+        return not self.marker.exists()
+
+    def fire(self, where: str) -> None:
+        self.marker.write_text(where)
+        print(f"fault drill: killing replica {self.replica} ({self.kind}: {where})", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _install(drill: Drill) -> None:
+    from muloco.diloco_trainer import DilocoTrainer
+    from muloco.outer.loop import OuterLoop
+
+    if drill.kind == "mid":
+        original = DilocoTrainer.train_step
+
+        def train_step(self, data_iterator):
+            original(self, data_iterator)
+            if self.step == drill.step and drill.pending:
+                drill.fire(f"after inner step {self.step}")
+
+        DilocoTrainer.train_step = train_step
+    elif drill.kind == "boundary":
+        original_perform = OuterLoop._perform
+
+        def _perform(self, step):
+            record = original_perform(self, step)
+            if step == drill.step and drill.pending:
+                drill.fire(f"right after the sync at step {step} ({'committed' if record.committed else 'failed'})")
+            return record
+
+        OuterLoop._perform = _perform
+    elif drill.kind == "exchange":
+        original_start = OuterLoop._start_exchange
+        state = {"step": None}
+        original_prepare = OuterLoop._prepare
+
+        def _prepare(self, step):
+            state["step"] = step
+            return original_prepare(self, step)
+
+        def _start_exchange(self, *args, **kwargs):
+            if state["step"] == drill.step and drill.pending:
+                drill.fire(f"inside the sync prepared at step {drill.step}, after the quorum, before sending")
+            return original_start(self, *args, **kwargs)
+
+        OuterLoop._prepare = _prepare
+        OuterLoop._start_exchange = _start_exchange
+    elif drill.kind == "checkpoint":
+        import torch.distributed.checkpoint.filesystem as fs
+
+        original_finish = fs.FileSystemWriter.finish
+
+        def finish(self, metadata, results):
+            if f"step-{drill.step}" in str(self.path) and drill.pending:
+                drill.fire(f"saving the checkpoint of step {drill.step}: data written, metadata not")
+            return original_finish(self, metadata, results)
+
+        fs.FileSystemWriter.finish = finish
+    elif drill.kind == "healing":
+        from muloco.compat.healing_transport import SafeHTTPTransport
+
+        original_recv = SafeHTTPTransport.recv_checkpoint
+
+        def recv_checkpoint(self, *args, **kwargs):
+            if drill.pending:
+                drill.fire("downloading a peer's state while healing")
+            return original_recv(self, *args, **kwargs)
+
+        SafeHTTPTransport.recv_checkpoint = recv_checkpoint
+    elif drill.kind == "heal-source":
+        from muloco.compat.healing_transport import SafeHTTPTransport
+
+        original_send = SafeHTTPTransport.send_checkpoint
+
+        def send_checkpoint(self, *args, **kwargs):
+            if drill.pending:
+                drill.fire("serving its state to a healing peer")
+            return original_send(self, *args, **kwargs)
+
+        SafeHTTPTransport.send_checkpoint = send_checkpoint
+    else:
+        raise SystemExit(f"unknown drill kind {drill.kind!r}")
+
+
+def main() -> int:
+    from muloco import compat
+
+    compat.apply()
+    argv = sys.argv[1:]
+    me = _replica_id(argv)
+    folder = Path(os.environ.get("MULOCO_TEST_DRILL_DIR", "."))
+    for spec in filter(None, os.environ.get("MULOCO_TEST_DRILLS", "").split(",")):
+        kind, replica, step = spec.split(":")
+        drill = Drill(kind, int(replica), int(step), folder)
+        if drill.replica == me and drill.pending:
+            _install(drill)
+    from muloco.train import main as train_main
+
+    return train_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

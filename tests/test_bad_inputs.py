@@ -1,0 +1,342 @@
+"""Bad config, bad data, a bad dump folder or a corrupt checkpoint: one line, no traceback, nothing written.
+
+Every case runs the real entry point as a user would (``python -m muloco.train``) and
+checks the exit status (2: bad input, 3: a checkpoint that cannot be loaded), that
+stderr is exactly one line starting with ``error:`` and naming the problem, that no
+traceback is printed, and that no file appeared (the case's folder is listed before and
+after; a dump folder that did not exist still does not). A process spends ~7 s importing
+torch and torchtitan, so the selected cases' processes start two at a time in the
+background as soon as the first test needs one, and the checkpoint cases share one
+short run that wrote the checkpoints (each corrupts its own copy).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import shutil
+import subprocess
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from conftest import TINY, read_metrics, run_train
+
+MANIFEST = ".muloco-checksums.json"
+UNWRITABLE = "/proc/muloco-test-out"  # we run as root: only a read-only filesystem refuses
+
+
+def _jsonl(*lines: str) -> str:
+    return "".join(line + "\n" for line in lines)
+
+
+def _docs(n: int) -> list[str]:
+    return [json.dumps({"text": f"document {i} with a few words"}) for i in range(n)]
+
+
+# -------------------------------------------------------- checkpoint corruptions
+
+
+def _garble_metadata(step: Path) -> None:
+    (step / ".metadata").write_bytes(b"not a pickle" * 8)
+
+
+def _garble_data(step: Path) -> None:
+    shard = step / "__0_0.distcp"
+    shard.write_bytes(os.urandom(shard.stat().st_size))
+
+
+def _flip_tensor_bytes(step: Path) -> None:
+    """Same length, different bytes, in the middle of the file: tensor data."""
+    shard = step / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    shard.write_bytes(bytes(data))
+
+
+def _remove_manifest(step: Path) -> None:
+    (step / MANIFEST).unlink()
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: list[str]
+    """Command line; ``{dir}`` is the case's own folder, which holds ``files``."""
+    says: str
+    """Text the one error line must contain (``{dir}`` as above)."""
+    code: int = 2
+    files: dict[str, str] = field(default_factory=dict)
+    dump: str = "{dir}/out"
+    corrupt: Callable[[Path], None] | None = None
+    """Checkpoint cases: applied to step-7 of a copy of the written run in ``{dir}/out``."""
+
+    def fill(self, text: str, folder: Path) -> str:
+        return text.replace("{dir}", str(folder))
+
+
+BAD_INPUTS = [
+    # 1. non-finite floats
+    Case("inner-lr-inf", ["--config", "ddp/adamw", "--optimizer.lr", "inf"], "optimizer.lr is inf"),
+    Case("outer-lr-inf", ["--config", "diloco/diloco", "--outer.optimizer.lr", "inf"], "outer.optimizer.lr is inf"),
+    Case("outer-momentum-nan", ["--config", "diloco/diloco", "--outer.optimizer.momentum", "nan"],
+         "outer.optimizer.momentum is nan"),
+    Case("beta2-nan", ["--config", "ddp/adamw", "--optimizer.beta2", "nan"], "optimizer.beta2 is nan"),
+    Case("weight-decay-minus-inf", ["--config", "ddp/adamw", "--optimizer.weight_decay=-inf"],
+         "optimizer.weight_decay is -inf"),
+    Case("muon-lr-factor-inf", ["--config", "ddp/muon", "--optimizer.embedding_lr_factor", "inf"],
+         "optimizer.embedding_lr_factor is inf"),
+    Case("ef-beta-nan", ["--config", "diloco/muloco_2bit", "--outer.exchange.ef_beta", "nan"],
+         "outer.exchange.ef_beta is nan"),
+    # 2. more fragments than layer units (d2: embedding, 2 blocks, head = 4)
+    Case("fragments-over-layer-units", ["--config", "diloco/diloco", *TINY, "--outer.num_fragments", "5"],
+         "outer.num_fragments is 5, more than the 4 layer units"),
+    # 3. regular expressions
+    Case("muon-pattern-not-a-regex", ["--config", "ddp/muon", "--optimizer.muon_pattern", "("],
+         "optimizer.muon_pattern '(' is not a valid regular expression"),
+    Case("skip-pattern-not-a-regex", ["--config", "diloco/muloco_2bit", "--outer.exchange.skip_pattern", "[a"],
+         "outer.exchange.skip_pattern '[a' is not a valid regular expression"),
+    # 4. data
+    Case("jsonl-empty-file", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
+                              "--dataloader.dataset_path", "{dir}/empty.jsonl"],
+         "has no document in its train split", files={"empty.jsonl": ""}),
+    Case("jsonl-invalid-line", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
+                                "--dataloader.dataset_path", "{dir}/bad.jsonl"],
+         "{dir}/bad.jsonl:2: not a JSON object",
+         files={"bad.jsonl": _jsonl(_docs(1)[0], "{not json", *_docs(20))}),
+    Case("jsonl-folder-without-files", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
+                                        "--dataloader.dataset_path", "{dir}/data"],
+         "is a directory without *.jsonl files", files={"data/notes.txt": "not jsonl"}),
+    Case("jsonl-glob-matches-nothing", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
+                                        "--dataloader.dataset_path", "{dir}/*.jsonl"],
+         "matches no file as a glob"),
+    # few.jsonl's first held-out line (5% hash split) is line 8: no validation data.
+    Case("jsonl-no-validation-documents", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
+                                           "--dataloader.dataset_path", "{dir}/few.jsonl"],
+         "has no document in its validation split", files={"few.jsonl": _jsonl(*_docs(5))}),
+    # 5. dump folder
+    Case("dump-folder-unwritable", ["--config", "ddp/adamw"], "cannot be created or written", dump=UNWRITABLE),
+    Case("dump-folder-is-a-file", ["--config", "ddp/adamw"], "is a file", files={"a-file": "x"},
+         dump="{dir}/a-file"),
+    Case("dump-folder-under-a-file", ["--config", "ddp/adamw"], "is under {dir}/a-file, which is a file",
+         files={"a-file": "x"}, dump="{dir}/a-file/run"),
+    # 6. config modules
+    Case("config-syntax-error", ["--config", "{dir}/syntax.py"], "config module {dir}/syntax.py, line 3: syntax error",
+         files={"syntax.py": "from muloco.config import load_config\n\ndef config(:\n    return load_config('base')\n"}),
+    Case("config-raises", ["--config", "{dir}/raises.py"],
+         "config module {dir}/raises.py, line 5: AttributeError",
+         files={"raises.py": "from muloco.config import load_config\n\ndef config():\n"
+                             "    c = load_config('base')\n    c.training.no_such_field += 1\n    return c\n"}),
+    Case("config-wrong-type", ["--config", "{dir}/wrong.py"], "config() returned dict, not a trainer config",
+         files={"wrong.py": "def config():\n    return {'training': {'steps': 3}}\n"}),
+    Case("config-without-config-function", ["--config", "{dir}/empty.py"], "has no function config()",
+         files={"empty.py": "STEPS = 3\n"}),
+]
+
+RESUME = ["--config", "base", *TINY, "--training.steps", "9", "--validator.freq", "1000"]
+
+BAD_CHECKPOINTS = [
+    Case("metadata-garbled", RESUME, "{dir}/out/checkpoint/step-7/.metadata has", code=3, corrupt=_garble_metadata),
+    Case("data-file-garbled", RESUME, "{dir}/out/checkpoint/step-7/__0_0.distcp does not match", code=3,
+         corrupt=_garble_data),
+    Case("tensor-bytes-overwritten", RESUME, "{dir}/out/checkpoint/step-7/__0_0.distcp does not match", code=3,
+         corrupt=_flip_tensor_bytes),
+    Case("explicit-step-incomplete", [*RESUME, "--checkpoint.load_step", "7"],
+         "checkpoint {dir}/out/checkpoint/step-7 is incomplete", code=3, corrupt=_remove_manifest),
+    Case("explicit-step-missing", [*RESUME, "--checkpoint.load_step", "5"],
+         "checkpoint step 5 does not exist in {dir}/out/checkpoint; steps present: 6, 7", code=3,
+         corrupt=lambda step: None),
+]
+
+CASES = {case.id: case for case in BAD_INPUTS + BAD_CHECKPOINTS}
+
+
+def _listing(folder: Path) -> dict[str, int]:
+    """Every path under ``folder`` with its size (folders: -1)."""
+    if not folder.exists():
+        return {}
+    return {str(p.relative_to(folder)): (p.stat().st_size if p.is_file() else -1) for p in folder.rglob("*")}
+
+
+def _write_checkpoints(folder: Path) -> subprocess.CompletedProcess:
+    """7 steps, a checkpoint every 2 (and the last), keep 2, log every 5."""
+    return run_train(["--config", "base", *TINY, "--training.steps", "7", "--checkpoint.interval", "2",
+                      "--checkpoint.keep_latest_k", "2", "--metrics.log_freq", "5", "--validator.freq", "1000",
+                      "--dump_folder", str(folder)])
+
+
+@dataclass
+class Outcome:
+    proc: subprocess.CompletedProcess
+    folder: Path
+    before: dict[str, int]
+    after: dict[str, int]
+
+
+class Runs:
+    """The selected cases' processes, two at a time in the background (the machine has two cores)."""
+
+    def __init__(self, root: Path, cases: list[Case]):
+        self.root = root
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.written = root / "written"
+        self.writer = self.pool.submit(_write_checkpoints, self.written)
+        checkpoint_cases_last = sorted(cases, key=lambda c: c.corrupt is not None)
+        self.outcomes: dict[str, Future] = {c.id: self.pool.submit(self._run, c) for c in checkpoint_cases_last}
+
+    def written_run(self) -> Path:
+        proc = self.writer.result()
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+        return self.written
+
+    def _run(self, case: Case) -> Outcome:
+        folder = self.root / case.id
+        folder.mkdir()
+        for name, text in case.files.items():
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+        if case.corrupt is not None:
+            shutil.copytree(self.written_run(), folder / "out")
+            case.corrupt(folder / "out" / "checkpoint" / "step-7")
+        args = [case.fill(a, folder) for a in case.args]
+        before = _listing(folder)
+        proc = run_train([*args, "--dump_folder", case.fill(case.dump, folder)], timeout=240)
+        return Outcome(proc, folder, before, _listing(folder))
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory) -> Runs:
+    selected = [CASES[item.callspec.id] for item in request.session.items
+                if item.module is request.module and getattr(item, "callspec", None) is not None
+                and item.callspec.id in CASES]
+    runs = Runs(tmp_path_factory.mktemp("bad-inputs"), selected)
+    yield runs
+    runs.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _assert_one_clear_line(case: Case, outcome: Outcome) -> None:
+    proc = outcome.proc
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == case.code, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert case.fill(case.says, outcome.folder) in lines[0], lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert "weights_only" not in lines[0]
+    assert outcome.after == outcome.before, "the failed run wrote files"  # a new dump folder included
+    assert not Path(UNWRITABLE).exists()
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=[c.id for c in BAD_INPUTS])
+def test_bad_input_is_one_line_and_writes_nothing(runs, case):
+    _assert_one_clear_line(case, runs.outcomes[case.id].result())
+
+
+@pytest.mark.parametrize("case", BAD_CHECKPOINTS, ids=[c.id for c in BAD_CHECKPOINTS])
+def test_bad_checkpoint_is_one_line_and_writes_nothing(runs, case):
+    _assert_one_clear_line(case, runs.outcomes[case.id].result())
+
+
+def test_keep_latest_k_leaves_exactly_k_complete_checkpoints(runs):
+    checkpoints = runs.written_run() / "checkpoint"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-6", "step-7"]  # saved: 2, 4, 6, 7
+    assert all((checkpoints / step / MANIFEST).is_file() for step in ("step-6", "step-7"))
+    manifest = json.loads((checkpoints / "step-7" / MANIFEST).read_text())
+    assert {".metadata", "__0_0.distcp"} <= manifest["files"].keys()
+    entry = manifest["files"]["__0_0.distcp"]
+    assert entry["size"] == (checkpoints / "step-7" / "__0_0.distcp").stat().st_size and len(entry["sha256"]) == 64
+
+
+def test_final_train_loss_is_the_last_steps(runs):
+    """7 steps with log_freq 5: the last step is logged, and the summary reports it."""
+    folder = runs.written_run()
+    losses = {r["step"]: r["loss"] for r in read_metrics(folder) if "loss" in r}
+    assert sorted(losses) == [1, 5, 7]
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["final_train_loss"] == pytest.approx(losses[7])
+
+
+def test_resume_skips_an_incomplete_checkpoint(runs, tmp_path):
+    """A save killed before it was sealed (here: its manifest removed) is skipped, with one
+    warning line, and the run resumes from the newest complete checkpoint."""
+    out = tmp_path / "out"
+    shutil.copytree(runs.written_run(), out)
+    _remove_manifest(out / "checkpoint" / "step-7")
+    proc = run_train([*RESUME, "--training.steps", "8", "--dump_folder", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    warnings = [line for line in log.splitlines() if "skipping incomplete checkpoint" in line]
+    assert len(warnings) == 1 and "step-7" in warnings[0] and "resuming from step 6" in warnings[0], log[-3000:]
+    assert "Training starts at step 7" in log
+
+
+def test_async_saves_are_sealed_when_they_finish(tmp_path):
+    """checkpoint.async_mode 'async': each save gets its manifest once it has finished, and
+    keep_latest_k counts them like synchronous ones."""
+    out = tmp_path / "out"
+    proc = run_train(["--config", "base", *TINY, "--training.steps", "5", "--checkpoint.interval", "2",
+                      "--checkpoint.async_mode", "async", "--validator.freq", "1000", "--dump_folder", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    checkpoints = out / "checkpoint"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-4", "step-5"]  # saved: 2, 4 (async), 5 (last)
+    assert all((checkpoints / step / MANIFEST).is_file() for step in ("step-4", "step-5"))
+
+
+# ------------------------------------------------------------- in-process checks
+
+
+def test_every_float_setting_rejects_inf_and_nan():
+    from muloco import compat
+
+    compat.apply()
+    from muloco.config import ConfigError, load_config
+    from muloco.config.checks import check_config
+    from muloco.config.cli import valid_keys
+
+    keys = [k for k, v in valid_keys(load_config("diloco/muloco_2bit")).items() if isinstance(v, float)]
+    assert {"optimizer.lr", "optimizer.beta1", "training.max_norm", "outer.optimizer.lr",
+            "outer.fragment_update_alpha", "optimizer.head_lr_factor"} <= set(keys)
+    for key in keys:
+        for bad in (math.inf, -math.inf, math.nan):
+            config = load_config("diloco/muloco_2bit")
+            section, _, leaf = key.rpartition(".")
+            target = config
+            for part in section.split("."):
+                target = getattr(target, part) if part else target
+            setattr(target, leaf, bad)
+            with pytest.raises(ConfigError, match=f"^{key} is {bad!r}; it must be a finite number"):
+                check_config(config)
+
+
+@pytest.mark.parametrize("flavor", ["llama3-w64-d2-h2", "llama3-w128-d4-h2_qk_torch-rmsnorm_pa_pf"])
+def test_layer_units_match_the_built_model(flavor):
+    """The preflight count (depth + 2) is what the outer loop's fragment split sees."""
+    from muloco import compat
+
+    compat.apply()
+    import torch
+
+    from muloco.config.checks import model_units
+    from muloco.models import ModelConfig, build_model_config
+    from muloco.outer.schedule import _units, model_fragments
+
+    with torch.device("meta"):
+        model = build_model_config(ModelConfig(flavor=flavor), vocab_size=512).build()
+    assert model_units(flavor) == len(_units(model))
+    assert len(model_fragments(model, model_units(flavor))) == model_units(flavor)
+
+
+def test_unpickling_error_never_suggests_weights_only_false():
+    from muloco import compat
+
+    compat.apply()
+    from muloco.compat.checkpoint_safety import UnsafeCheckpointError, _load_plain
+
+    with pytest.raises(UnsafeCheckpointError) as err:
+        _load_plain(io.BytesIO(b"\x80\x02garbage that is not a pickle" * 10))
+    assert "weights_only" not in str(err.value) and "refusing to unpickle" in str(err.value)

@@ -1,0 +1,198 @@
+"""Quorums and the lighthouse: status parsing, fail-fast, majority commits, the quorum record.
+
+Real torchft pieces throughout: an in-process lighthouse (``LighthouseServer``), real
+``torchft.Manager`` instances (each with its own TCPStore and gloo group) driven from
+threads of this process, as torchft tests itself.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from types import SimpleNamespace
+from datetime import timedelta
+
+import pytest
+
+from muloco import compat
+
+compat.apply()
+
+from torch.distributed import TCPStore  # noqa: E402
+from torchft import Manager, ProcessGroupGloo  # noqa: E402
+from torchft.coordination import LighthouseClient, LighthouseServer  # noqa: E402
+
+from muloco.compat.quorum_record import RecordingClient, record_quorums  # noqa: E402
+from muloco.outer.coordinator import CoordinationError, Coordinator, QuorumView, majority  # noqa: E402
+from muloco.outer.lighthouse_status import (  # noqa: E402
+    LighthouseUnreachable,
+    check_url,
+    fetch_status,
+    group_of,
+    parse_status,
+)
+
+
+def _lighthouse(min_replicas: int, **kw) -> tuple[LighthouseServer, str]:
+    lh = LighthouseServer(bind="127.0.0.1:0", min_replicas=min_replicas, **kw)
+    return lh, "http://127.0.0.1:" + lh.address().rsplit(":", 1)[1]
+
+
+def _manager(url: str, group: int, min_size: int) -> Manager:
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), load_state_dict=None, state_dict=None,
+        min_replica_size=min_size, use_async_quorum=False, store_addr="127.0.0.1", store_port=store.port,
+        rank=0, world_size=1, lighthouse_addr=url, replica_id=f"muloco_replica_{group}", init_sync=False,
+        timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=30),
+        connect_timeout=timedelta(seconds=5),
+    )
+    manager.test_store = store  # the group's store must live as long as its manager
+    return manager
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ------------------------------------------------------------- status page
+def test_status_page_shows_alive_groups_last_quorum_steps_and_next_quorum():
+    lh, url = _lighthouse(2, join_timeout_ms=60000, heartbeat_timeout_ms=1000)
+    try:
+        client = LighthouseClient(url, connect_timeout=timedelta(seconds=5))
+        for i in (0, 1, 2):
+            client.heartbeat(f"muloco_replica_{i}:uuid-{i}")
+        status = fetch_status(url)
+        assert status.alive_groups() == {0, 1, 2} and status.members == {} and status.max_step == -1
+        assert "need min_replicas 2" in status.next_quorum
+        results = {}
+
+        def ask(i, step):
+            c = LighthouseClient(url, connect_timeout=timedelta(seconds=5))
+            results[i] = c.quorum(replica_id=f"muloco_replica_{i}:uuid-{i}", timeout=timedelta(seconds=10), step=step)
+
+        threads = [threading.Thread(target=ask, args=(i, s)) for i, s in ((0, 3), (1, 5), (2, 5))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        status = fetch_status(url)
+        assert status.members == {"muloco_replica_0:uuid-0": 3, "muloco_replica_1:uuid-1": 5,
+                                  "muloco_replica_2:uuid-2": 5}
+        assert status.max_step == 5 and status.member_groups() == {0, 1, 2}
+        time.sleep(1.5)  # past the heartbeat timeout: the page marks them old
+        assert fetch_status(url).alive_groups() == set()
+    finally:
+        lh.shutdown()
+
+
+def test_unknown_page_parses_to_nothing_instead_of_failing():
+    status = parse_status("<html>something else</html>")
+    assert status.alive_groups() == set() and status.max_step == -1 and status.next_quorum == ""
+
+
+@pytest.mark.parametrize("rid,group", [("muloco_replica_3:ab-cd", 3), ("muloco_replica_12", 12),
+                                       ("torchtitan_ft_1:x", None), ("muloco_replica_x:1", None)])
+def test_group_of_replica_ids(rid, group):
+    assert group_of(rid) == group
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:29510", "http://127.0.0.1", "http://:29510", "ftp://h:1",
+                                 "http://127.0.0.1:notaport", ""])
+def test_invalid_lighthouse_urls_are_named(url):
+    with pytest.raises(ValueError, match="not a URL like http://HOST:PORT"):
+        check_url(url)
+
+
+def test_refused_and_unresolvable_lighthouses_say_which():
+    port = _free_port()
+    started = time.monotonic()
+    with pytest.raises(LighthouseUnreachable, match="refused the connection"):
+        fetch_status(f"http://127.0.0.1:{port}", timeout=2)
+    with pytest.raises(LighthouseUnreachable, match="does not resolve"):
+        fetch_status("http://no-such-host.invalid:29510", timeout=2)
+    assert time.monotonic() - started < 10
+
+
+def test_start_waits_until_the_replica_groups_heartbeat_and_gives_up_in_time():
+    lh, url = _lighthouse(1)
+    try:
+        client = LighthouseClient(url, connect_timeout=timedelta(seconds=5))
+        for i in (0, 1):
+            client.heartbeat(f"muloco_replica_{i}:uuid-{i}")
+        coordinator = Coordinator(SimpleNamespace(_client=None), lighthouse_url=url, group_size=3)
+        assert coordinator.wait_for_groups(2, timeout=5, what="test") == {0, 1}
+        started = time.monotonic()
+        assert coordinator.wait_for_groups(3, timeout=0.5, what="test") == {0, 1}  # gives up, does not hang
+        assert time.monotonic() - started < 5
+    finally:
+        lh.shutdown()
+
+
+# ------------------------------------------------------------------ quorums
+def test_majority():
+    assert [majority(k) for k in (1, 2, 3, 4, 5, 8)] == [1, 2, 2, 3, 3, 5]
+
+
+@pytest.mark.timeout(60)
+def test_a_minority_quorum_never_commits_even_if_the_lighthouse_forms_it():
+    """A lighthouse started with --min_replicas 1 lets one group of three form a quorum alone
+    (its peers gone): with a majority min_replica_size its commit vote fails, so it cannot
+    commit a step that the other two might commit on their own (split brain)."""
+    lh, url = _lighthouse(1, join_timeout_ms=100)
+    manager = _manager(url, 0, min_size=majority(3))
+    try:
+        view = Coordinator(manager, lighthouse_url=url, group_size=3, quorum_size=2, connect_timeout=5).quorum()
+        assert view.size == 1 and view.groups == (0,)
+        assert manager.should_commit() is False and manager.current_step() == 0
+    finally:
+        manager.shutdown(wait=False)
+        lh.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_quorum_view_records_members_steps_and_who_heals():
+    lh, url = _lighthouse(2, join_timeout_ms=10000)
+    managers = [_manager(url, i, min_size=2) for i in range(2)]
+    managers[1].load_state_dict({"step": 4, "batches_committed": 8})  # group 1 is ahead
+    for m in managers:  # the healing group receives state: register trivial callbacks
+        m.register_state_dict_fn("x", lambda sd: None, lambda: {})
+    views: dict[int, QuorumView] = {}
+    try:
+        def join(i):
+            views[i] = Coordinator(managers[i], lighthouse_url=url, group_size=2, quorum_size=2).quorum()
+
+        threads = [threading.Thread(target=join, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(40)
+        assert set(views) == {0, 1}
+        for v in views.values():
+            assert v.groups == (0, 1) and v.max_step == 4 and v.at_max_step == 1 and not v.settled
+        assert views[0].healed_from == 1 and views[1].healed_from is None
+        assert managers[0].current_step() == 4
+        assert isinstance(managers[0]._client, RecordingClient) and record_quorums(managers[0]) is managers[0]._client
+    finally:
+        for m in managers:
+            m.shutdown(wait=False)
+        lh.shutdown()
+
+
+@pytest.mark.timeout(60)
+def test_waiting_quorum_fails_within_the_connect_timeout_when_the_lighthouse_dies():
+    """torchft's own call would block for the whole quorum timeout (30 s here)."""
+    lh, url = _lighthouse(2, join_timeout_ms=60000)
+    manager = _manager(url, 0, min_size=2)
+    coordinator = Coordinator(manager, lighthouse_url=url, group_size=2, quorum_size=2, connect_timeout=2)
+    try:
+        threading.Timer(1.0, lh.shutdown).start()  # the only other group never comes; then the lighthouse dies
+        started = time.monotonic()
+        with pytest.raises(CoordinationError, match="refused the connection"):
+            coordinator.quorum()
+        assert time.monotonic() - started < 1.0 + 2 + 5
+    finally:
+        manager.shutdown(wait=False)

@@ -1,0 +1,24 @@
+"""The fault-drill matrix in CI: K=3 replica groups under the local launcher, SIGKILLed at a
+sync boundary's neighbourhood, inside an exchange, while healing, while saving a checkpoint,
+within the last interval, and twice in one run (tests/drills.py says what each asserts).
+
+CI runs :data:`drills.CI_DRILLS` with one seed each; ``scripts/fault_drills.py`` runs every
+drill of :data:`drills.DRILLS` with several seeds and prints the table.
+"""
+
+from __future__ import annotations
+
+import pytest
+from drills import CI_DRILLS, describe, run_drill
+
+SEED = 20261122
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("name", CI_DRILLS)
+def test_drill_ends_with_one_global_model_and_no_healthy_replica_healed(tmp_path, name):
+    result = run_drill(name, SEED, tmp_path)
+    print(describe(result))
+    assert result.ok, describe(result) + "\n" + "\n".join(
+        (tmp_path / f"{name}-{SEED}-console.txt").read_text().splitlines()[-60:])
+    assert result.healed, "a killed replica must have come back by healing"

@@ -1,0 +1,144 @@
+"""No orphans: whatever happens to the launcher, nothing it started outlives it.
+
+The launcher runs as a real process (``tests/launch_sleeper_job.py``: the CLI with sleeping
+replicas, each with a sleeping child of its own, like a data loader worker). Every process
+of the run is recorded by PID before the launcher is killed; cleanup kills only those PIDs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from muloco.launch.local import die_with_launcher
+
+REPO = Path(__file__).resolve().parents[1]
+SLEEPER_JOB = REPO / "tests" / "launch_sleeper_job.py"
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="parent-death signal and /proc are Linux")
+
+
+def state(pid: int) -> str | None:
+    """The /proc state letter, None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """Running; a zombie is dead (it only waits for a parent to reap it)."""
+    return state(pid) not in (None, "Z", "X")
+
+
+def children_of(ppid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == ppid:
+                found.append(int(entry))
+    return found
+
+
+class SleeperJob:
+    """The launcher with K sleeping replicas; ``pids()`` is every process of the run."""
+
+    def __init__(self, tmp: Path, replicas: int = 2):
+        self.pid_dir = tmp / "pids"
+        self.pid_dir.mkdir()
+        self.out = tmp / "launcher.txt"
+        with open(self.out, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(SLEEPER_JOB), str(self.pid_dir), "--replicas", str(replicas),
+                 "--log-dir", str(tmp / "logs")], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        self.replicas = replicas
+        self.run_pids: set[int] = set()
+
+    def wait_until_up(self, timeout: float = 90) -> None:
+        """Until every replica recorded itself and its child; then record the launcher's
+        direct children too (lighthouse, replicas, watchdog)."""
+        deadline = time.monotonic() + timeout
+        while len(os.listdir(self.pid_dir)) < self.replicas:
+            assert self.proc.poll() is None, self.out.read_text()
+            assert time.monotonic() < deadline, self.out.read_text()
+            time.sleep(0.1)
+        for name in os.listdir(self.pid_dir):
+            self.run_pids.update(map(int, name.split("-")))
+        self.direct = children_of(self.proc.pid)
+        self.run_pids.update(self.direct)
+
+    def survivors(self, within_s: float) -> tuple[list[int], float]:
+        """PIDs of the run still alive after waiting up to ``within_s``, and the time waited."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < within_s:
+            left = [p for p in self.run_pids if alive(p)]
+            if not left:
+                break
+            time.sleep(0.01)
+        return left, time.monotonic() - t0
+
+    def cleanup(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+        for pid in self.run_pids:  # only the processes of this run, by PID
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(180)
+def test_sigkilled_launcher_takes_every_process_with_it(tmp_path):
+    job = SleeperJob(tmp_path)
+    try:
+        job.wait_until_up()
+        # lighthouse + 2 replicas + the watchdog, and each replica's own child
+        assert len(job.direct) == 4 and len(job.run_pids) == 6, (job.direct, job.run_pids)
+        assert all(alive(p) for p in job.run_pids)
+        os.kill(job.proc.pid, signal.SIGKILL)
+        assert job.proc.wait(10) == -signal.SIGKILL
+        left, waited = job.survivors(within_s=10)
+        print(f"\nlauncher SIGKILLed: all {len(job.run_pids)} processes of the run gone "
+              f"after {waited * 1000:.0f} ms")
+        assert not left, {p: state(p) for p in left}
+    finally:
+        job.cleanup()
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_stops_everything_and_the_watchdog_leaves_quietly(tmp_path):
+    job = SleeperJob(tmp_path)
+    try:
+        job.wait_until_up()
+        job.proc.send_signal(signal.SIGTERM)
+        assert job.proc.wait(60) == 143, job.out.read_text()
+        left, _ = job.survivors(within_s=10)
+        assert not left, {p: state(p) for p in left}
+        assert "local job stopped: interrupted (exit 143)" in job.out.read_text()
+    finally:
+        job.cleanup()
+
+
+@pytest.mark.timeout(60)
+def test_a_child_whose_launcher_died_before_it_was_armed_exits(monkeypatch):
+    """The launcher can die between fork and prctl; then no signal would ever come, so the
+    child checks that its parent is still the launcher and exits if not."""
+    ok = subprocess.run([sys.executable, "-c", "pass"], preexec_fn=die_with_launcher(), timeout=30)
+    assert ok.returncode == 0
+    with monkeypatch.context() as m:
+        m.setattr(os, "getpid", lambda: 1)  # "the launcher" is someone else than our parent
+        arm = die_with_launcher()
+    orphaned = subprocess.run([sys.executable, "-c", "pass"], preexec_fn=arm, timeout=30)
+    assert orphaned.returncode == 1

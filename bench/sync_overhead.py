@@ -245,7 +245,8 @@ def _loop_window(log: Path) -> tuple[float, float] | None:
     return (start, end) if start is not None and end is not None else None
 
 
-def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: float) -> dict:
+def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: float,
+            config: str = "diloco/diloco") -> dict:
     """One lighthouse and K replica groups to completion; what each replica recorded."""
     work = root / name
     work.mkdir(parents=True)
@@ -279,7 +280,7 @@ def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: f
             env = dict(base_env)
             env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[i]), TORCHFT_LIGHTHOUSE=url)
-            cmd = [sys.executable, "-m", "muloco.train", "--config", "diloco/diloco",
+            cmd = [sys.executable, "-m", "muloco.train", "--config", config,
                    "--model.flavor", flavor, *overrides,
                    *CHECKPOINT_OFF, "--validator.no-enable", "--metrics.no-enable-tensorboard",
                    "--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(K),

@@ -59,7 +59,9 @@ TARGET_RATIO = 0.97
 
 def _configure(args, dump_folder: str):
     """The resolved muloco config both trainers start from."""
+    from muloco.compat.cpu_device import device_type
     from muloco.config import load_config
+    from muloco.precision import resolve_precision
 
     c = load_config(args.config)
     if args.flavor:
@@ -69,6 +71,8 @@ def _configure(args, dump_folder: str):
     if args.batch:
         c.training.local_batch_size = args.batch
     c.training.steps = args.steps
+    c.training.mixed_precision_param = resolve_precision(args.precision, device_type())  # same for both
+    c.compile.enable = args.compile
     c.dump_folder = dump_folder
     c.checkpoint.enable = False
     c.validator.enable = False
@@ -134,6 +138,11 @@ def _child(args) -> int:
 
     tt_trainer.time = _NoSleepTime
 
+    if args.vocab_size:  # e.g. Llama 3's 128,256: the model's size, whatever the tokens' ids
+        from muloco.data.tokenizer import MulocoTokenizer
+
+        MulocoTokenizer.get_vocab_size = lambda self: args.vocab_size
+
     with tempfile.TemporaryDirectory(prefix="muloco-bench-", dir=args.dump_root) as tmp:
         c = _configure(args, os.path.join(tmp, "outputs"))
         config = c if args.child == "ours" else _stock_config(c)
@@ -197,6 +206,10 @@ def _child(args) -> int:
             # tokens per CPU-second of this process: blind to time spent descheduled.
             "cpu_tokens_per_s": tokens_per_step * len(timed) / sum(step_cpu_s[w:]),
             "build_s": build_s,
+            "precision": config.training.mixed_precision_param,
+            "compile": config.compile.enable,
+            "parameters": sum(p.numel() for m in trainer.model_parts for p in m.parameters()),
+            "mfu_percent": _mfu(trainer, tokens_per_step * len(timed) / sum(timed)),
             "torch_threads": torch.get_num_threads(),
             "flavor": c.model.flavor,
             "seq_len": config.training.seq_len,
@@ -204,6 +217,16 @@ def _child(args) -> int:
         }
     print(RESULT_MARKER + json.dumps(result), flush=True)
     return 0
+
+
+def _mfu(trainer, tokens_per_s: float) -> float | None:
+    """torchtitan's model FLOPs utilisation (its FLOPs per token and device peak); None off CUDA."""
+    import torch
+
+    mp = trainer.metrics_processor
+    if not torch.cuda.is_available() or mp.num_flops_per_token <= 0:
+        return None
+    return 100 * mp.num_flops_per_token * tokens_per_s / mp.gpu_peak_flops
 
 
 # -------------------------------------------------------------------------- parent
@@ -220,9 +243,13 @@ def _run_one(kind: str, args) -> dict:
         ("--batch", args.batch),
         ("--log-freq", args.log_freq),
         ("--threads", args.threads),
+        ("--precision", args.precision),
+        ("--vocab-size", args.vocab_size),
     ):
         if value is not None:
             cmd += [flag, str(value)]
+    if args.compile:
+        cmd.append("--compile")
     if args.profile_dir:
         os.makedirs(args.profile_dir, exist_ok=True)
         cmd += ["--profile", os.path.join(args.profile_dir, f"{kind}-{_run_one.counter}.prof")]
@@ -266,6 +293,11 @@ def _parse(argv=None):
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the config's)")
     p.add_argument("--batch", type=int, default=None, help="local batch size (default: the config's)")
     p.add_argument("--config", default="base", help="muloco config module (default base)")
+    p.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"),
+                   help="training.mixed_precision_param in both (default auto: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument("--compile", action="store_true", help="torch.compile in both (compile.enable)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="build the model for this vocabulary size (default: the tokenizer's)")
     p.add_argument("--log-freq", type=int, default=20, help="metrics.log_freq in both (default 20)")
     p.add_argument(
         "--threads",
@@ -299,7 +331,12 @@ def main(argv=None) -> int:
     args = _parse(argv)
     if args.child:
         return _child(args)
+    compare(args)
+    return 0
 
+
+def compare(args) -> dict:
+    """Alternate ours and stock runs; print every run, the medians and the ratio; return them."""
     t0 = time.perf_counter()
     load_before = loadavg()
     order = ("stock", "ours") if args.stock_first else ("ours", "stock")
@@ -331,6 +368,8 @@ def main(argv=None) -> int:
         f"steps {args.steps} (timed {first['timed_steps']} after {args.warmup} warm-up)  "
         f"torch threads {first['torch_threads']}  log_freq {args.log_freq}"
     )
+    print(f"{first['parameters']:,} parameters  precision {first['precision']}  "
+          f"compile {'on' if first['compile'] else 'off'}")
     print(f"ours:  {next(r['class'] for r in runs if r['trainer'] == 'ours')}")
     print(f"stock: {next(r['class'] for r in runs if r['trainer'] == 'stock')}")
     print()
@@ -356,6 +395,9 @@ def main(argv=None) -> int:
         )
     ratio = med("ours", "tokens_per_s") / med("stock", "tokens_per_s")
     print(f"ratio ours/stock = {ratio:.3f} (target >= {TARGET_RATIO})")
+    mfu = {kind: (med(kind, "mfu_percent") if first["mfu_percent"] is not None else None) for kind in ("ours", "stock")}
+    if mfu["ours"] is not None:
+        print(f"MFU (torchtitan's FLOPs/token, device peak): ours {mfu['ours']:.1f}%, stock {mfu['stock']:.1f}%")
 
     def ratio_of(key: str) -> str:
         return f"{med('ours', key) / med('stock', key):.3f}"
@@ -377,7 +419,9 @@ def main(argv=None) -> int:
             "processes competed for the CPU, so their figures are noisy"
         )
     print(f"load average after: {loadavg()}; total bench time {time.perf_counter() - t0:.0f}s")
-    return 0
+    return {"ratio": ratio, "ours_tokens_per_s": med("ours", "tokens_per_s"),
+            "stock_tokens_per_s": med("stock", "tokens_per_s"), "ours_mfu": mfu["ours"],
+            "stock_mfu": mfu["stock"], "first": first}
 
 
 if __name__ == "__main__":

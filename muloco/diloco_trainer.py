@@ -76,6 +76,7 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             f"τ={s.delay}, α={config.outer.fragment_update_alpha}, outer {config.outer.optimizer.name} "
             f"lr={config.outer.optimizer.lr} momentum={config.outer.optimizer.momentum}"
         )
+        logger.info(self.outer.describe_memory())
 
     def _validate_on_the_same_data_as_peers(self) -> None:
         """All replica groups validate θ_g on the same held-out batches, so they report the

@@ -18,16 +18,17 @@ from typing import Any
 
 import torch
 from torchtitan.components.loss import BaseLoss, CrossEntropyLoss
-from torchtitan.config.configs import TrainingConfig
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from muloco.checkpoint import MulocoCheckpointManager
+from muloco.compat.cpu_device import device_type
 from muloco.data.loader import PackedTextDataLoader
 from muloco.data.tokenizer import MulocoTokenizer
 from muloco.metrics import MulocoMetrics
 from muloco.models import ModelConfig, build_model_spec
 from muloco.optim import MulocoOptimizers
+from muloco.precision import MulocoTrainingConfig, resolve_precision
 from muloco.validate import MulocoValidator
 
 
@@ -39,7 +40,10 @@ class MulocoTrainerMixin:
 
     def _resolve(self, config) -> None:
         """Settings derived from others: the model from the tokenizer's vocabulary,
-        the validation data from the training data."""
+        the validation data from the training data, the precision from the device."""
+        training = config.training
+        self.requested_precision = training.mixed_precision_param
+        training.mixed_precision_param = resolve_precision(training.mixed_precision_param, device_type())
         config.validator.resolve(config.dataloader)
         tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
         config.model_spec = build_model_spec(config.model, tokenizer.get_vocab_size())
@@ -49,6 +53,12 @@ class MulocoTrainerMixin:
         logger.info(
             f"model {self.config.model.flavor}: {n:,} parameters "
             f"({'causal' if self.config.model.causal else 'bidirectional'} attention)"
+        )
+        t = self.config.training
+        how = "auto for " + device_type() if self.requested_precision == "auto" else "forced"
+        logger.info(
+            f"precision: {t.mixed_precision_param} parameters in compute ({how}), fp32 master weights, "
+            f"{t.mixed_precision_reduce} reductions"
         )
         describe = getattr(self.dataloader, "describe", None)
         if describe is not None:
@@ -85,6 +95,7 @@ class MulocoTrainerMixin:
         cfg = self.config
         summary = {
             "steps": self.step,
+            "precision": cfg.training.mixed_precision_param,
             "tokens_seen": self.ntokens_seen,
             "final_train_loss": mp.last_train_loss,
             "final_validation_loss": mp.last_validation_loss,
@@ -121,6 +132,7 @@ class MulocoTrainerMixin:
             "=" * 64,
             "run summary",
             f"  steps                 {s['steps']}",
+            f"  precision             {s['precision']}",
             f"  tokens seen           {s['tokens_seen']:,}",
             f"  final train loss      {num(s['final_train_loss'], '.4f')}  (ppl {num(s['final_train_ppl'], ',.2f')})",
             f"  final validation loss {num(s['final_validation_loss'], '.4f')}  (ppl {num(s['final_validation_ppl'], ',.2f')})",
@@ -147,9 +159,8 @@ class MulocoTrainer(MulocoTrainerMixin, Trainer):
         checkpoint: MulocoCheckpointManager.Config = field(default_factory=MulocoCheckpointManager.Config)
         validator: MulocoValidator.Config = field(default_factory=MulocoValidator.Config)
         loss: BaseLoss.Config = field(default_factory=CrossEntropyLoss.Config)
-        training: TrainingConfig = field(
-            default_factory=lambda: TrainingConfig(mixed_precision_param="float32")
-        )
+        training: MulocoTrainingConfig = field(default_factory=MulocoTrainingConfig)
+        """torchtitan's training settings; mixed_precision_param ``auto`` fits the device."""
 
     def __init__(self, config: Config):
         self._resolve(config)

@@ -163,11 +163,13 @@ def patched() -> dict:
     )
 
 
-def test_device_type_is_cpu_after_apply_in_fresh_process(patched):
+def test_device_type_is_the_machines_after_apply_in_fresh_process(patched):
+    """cpu here; on a CUDA machine apply() changes nothing and torchtitan keeps cuda."""
+    kind = "cuda" if torch.cuda.is_available() else "cpu"
     assert patched == {
-        "device_type": "cpu",
-        "metrics_device_type": "cpu",
-        "device_module": "torch.cpu",
+        "device_type": kind,
+        "metrics_device_type": kind,
+        "device_module": f"torch.{kind}",
     }
 
 

@@ -95,7 +95,7 @@ def test_outer_optimizer_matches_hand_written_reference(name):
     opt = OuterOptimizer.Config(name=name, lr=lr, momentum=mu).build(params=theta)
     for _ in range(5):
         grads = [torch.randn_like(t) for t in theta]
-        opt.step(grads)
+        opt.step([g.clone() for g in grads])  # step consumes its grads
         for r, b, g in zip(ref, buf, grads):
             g = g.double()
             if name == "none":
@@ -218,20 +218,24 @@ def _run_replicas(k, init, steps, cfg, poison_step=None):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
-    "h,p,tau,alpha,name,dtype",
+    "h,p,tau,alpha,name,dtype,backup",
     [
-        (4, 1, 0, 0.0, "nesterov", "float32"),
-        (6, 2, 1, 0.5, "nesterov", "float32"),
-        (6, 3, 1, 0.0, "sgd", "float32"),
-        (4, 2, 0, 0.25, "none", "float32"),
-        (4, 1, 0, 0.0, "nesterov", "bfloat16"),  # summed in bf16 on the wire
+        (4, 1, 0, 0.0, "nesterov", "float32", "auto"),
+        (6, 2, 1, 0.5, "nesterov", "float32", "auto"),
+        (6, 3, 1, 0.0, "sgd", "float32", "auto"),
+        (4, 2, 0, 0.25, "none", "float32", "auto"),
+        (4, 1, 0, 0.0, "nesterov", "bfloat16", "auto"),  # summed in bf16 on the wire
+        (4, 1, 0, 0.0, "nesterov", "float32", "cpu"),  # θ_g in host memory (pinned on CUDA)
+        (6, 2, 1, 0.5, "nesterov", "float32", "cpu"),
+        (4, 1, 0, 0.0, "nesterov", "float32", "device"),
     ],
 )
-def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha, name, dtype):
+def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha, name, dtype, backup):
     k, steps, lr, mu = 2, 3 * h, 0.7, 0.9
     torch.manual_seed(1)
     init = {n: t.detach().clone() for n, t in Tiny(4).named_parameters()}
-    cfg = OuterLoop.Config(sync_every=h, num_fragments=p, fragment_sync_delay=tau, fragment_update_alpha=alpha)
+    cfg = OuterLoop.Config(sync_every=h, num_fragments=p, fragment_sync_delay=tau, fragment_update_alpha=alpha,
+                           backup_device=backup)
     cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum = name, lr, mu
     cfg.exchange.dtype = dtype
     tol = 1e-5 if dtype == "float32" else 5e-3

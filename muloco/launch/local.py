@@ -39,6 +39,7 @@ from typing import IO, Callable
 
 from muloco.created_dirs import make_dirs, remove_dirs
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
+from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, below_majority_warning,
                                       join_timeout_for, majority)
 from muloco.launch.ports import free_port, free_ports  # noqa: F401 - re-exported for callers
@@ -441,7 +442,14 @@ class LocalJob:
 
     config: str = "diloco/diloco"
     replicas: int = 2
-    procs_per_replica: int = 1
+    procs_per_replica: int | None = None
+    """Ranks per group; default: its GPUs on a GPU node (one rank each), else 1."""
+    gpus_per_replica: int | None = None
+    share_gpus: bool = False
+    dry_run_only: bool = False
+    """--dry-run: ``main`` prints the launch (``dry_run()``) instead of running it."""
+    visible_gpus: list[str] | None = None
+    """Devices to hand out; None: CUDA_VISIBLE_DEVICES, else every CUDA device (gpu_slices.py)."""
     overrides: list[str] = field(default_factory=list)
     log_dir: str | None = None
     max_restarts: int = 0
@@ -459,6 +467,7 @@ class LocalJob:
     console: IO[str] | None = None  # default sys.stdout
 
     def __post_init__(self) -> None:
+        self.slices: list[list[str]] | None = None  # per group, its CUDA_VISIBLE_DEVICES (None: CPU)
         self.lighthouse_url: str | None = None
         self.lighthouse_pid: int | None = None
         self.pids: list[int] = []  # every replica process started, restarts included
@@ -533,6 +542,8 @@ class LocalJob:
         env.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO
         env.update(self.env)
         n = str(self.procs_per_replica)
+        if self.slices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.slices[i])
         env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=n, LOCAL_WORLD_SIZE=n,
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    TORCHFT_LIGHTHOUSE=str(self.lighthouse_url), REPLICA_GROUP_ID=str(i),
@@ -553,8 +564,9 @@ class LocalJob:
 
     def validate(self) -> None:
         """Catch settings that would fail late or hang (e.g. a quorum that can never form)."""
-        if self.replicas < 1 or self.procs_per_replica < 1:
+        if self.replicas < 1 or (self.procs_per_replica is not None and self.procs_per_replica < 1):
             raise LaunchError("--replicas and --procs-per-replica must be at least 1", 2)
+        self._slice_gpus()
         if self.max_restarts < 0:
             raise LaunchError("--max-restarts must be >= 0", 2)
         if not 0 <= (self.min_replicas or 0) <= self.replicas:
@@ -565,6 +577,21 @@ class LocalJob:
             raise LaunchError(f"--join-timeout-ms must be >= 0, got {self.join_timeout_ms}", 2)
         if self.threads_per_proc is not None and self.threads_per_proc < 1:
             raise LaunchError("--threads must be at least 1", 2)
+
+    def _slice_gpus(self) -> None:
+        """Give each group its GPUs, and as many ranks as it has GPUs."""
+        visible = self.visible_gpus if self.visible_gpus is not None else visible_gpus()
+        try:
+            self.slices = gpu_slices(visible, self.replicas, self.gpus_per_replica, self.share_gpus)
+        except GpuLayoutError as e:
+            raise LaunchError(str(e), 2) from None
+        n = len(self.slices[0]) if self.slices else 1
+        if self.procs_per_replica is None:
+            self.procs_per_replica = n
+        elif self.slices and self.procs_per_replica != n:
+            raise LaunchError(f"--procs-per-replica {self.procs_per_replica} does not match the "
+                              f"{n} GPU(s) of each replica group (one rank per GPU); pass "
+                              f"--gpus-per-replica {self.procs_per_replica} instead", 2)
 
     def _check_quorum(self) -> None:
         """A quorum size taken from the trainer config gets the same range check."""
@@ -598,6 +625,35 @@ class LocalJob:
             self._teardown()
             self._release(undo)
             restore()
+
+    def dry_run(self) -> int:
+        """Print every process's command and the environment the launcher sets for it
+        (CUDA_VISIBLE_DEVICES included); start nothing, write nothing."""
+        try:
+            self.validate()
+            self.trainer_config  # noqa: B018 - the same checks as a real launch
+            self._check_quorum()
+        except LaunchError as e:
+            self._out.line(f"local job failed: {e}")
+            return e.status
+        lighthouse = LighthouseProcess(self.lighthouse_bind, self.quorum_size, self.resolved_join_timeout_ms,
+                                       self.quorum_tick_ms, self.heartbeat_timeout_ms)
+        self.lighthouse_url = "<lighthouse url>"
+        layout = ("CPU (no GPU visible)" if self.slices is None else
+                  f"{len(self.slices[0])} GPU(s) per group" + (", shared" if self.share_gpus else ""))
+        self._out.line(f"dry run: {self.replicas} replica group(s) x {self.procs_per_replica} process(es), "
+                       f"{layout}; dump folder {os.path.abspath(self.dump_folder)}; nothing is started")
+        self._out.line(f"[lh] {shlex.join(lighthouse.cmd)}")
+        for i in range(self.replicas):
+            for rank in range(self.procs_per_replica):
+                env = self.replica_env(i, rank, 0)
+                shown = {k: v for k, v in env.items() if os.environ.get(k) != v}
+                shown["MASTER_PORT"] = "<free port of group %d>" % i
+                if self.slices is None:
+                    shown.pop("CUDA_VISIBLE_DEVICES", None)
+                self._out.line(f"{self._prefix(i, rank)} " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()))
+                self._out.line(f"{self._prefix(i, rank)}   {shlex.join(self.replica_command(i))}")
+        return 0
 
     def _install_signal_handlers(self) -> Callable[[], None]:
         """Ctrl-C/SIGTERM become a clean stop; only possible when run() is on the main thread."""
@@ -786,8 +842,17 @@ def _parser() -> argparse.ArgumentParser:
     a = p.add_argument
     a("--config", default="diloco/diloco", help="muloco config name (default %(default)s)")
     a("--replicas", type=int, default=2, help="replica groups K (default %(default)s)")
-    a("--procs-per-replica", type=int, default=1,
-      help="processes per replica group (default %(default)s)")
+    a("--procs-per-replica", type=int, default=None,
+      help="processes (ranks) per replica group (default: one per GPU of its slice; 1 on CPU)")
+    a("--gpus-per-replica", type=int, default=None,
+      help="GPUs per replica group; group i gets the i-th slice of CUDA_VISIBLE_DEVICES "
+           "(default: the visible GPUs split evenly over --replicas)")
+    a("--share-gpus", action="store_true",
+      help="let replica groups share GPUs (e.g. K groups on one GPU) instead of refusing "
+           "when there are fewer GPUs than groups x --gpus-per-replica")
+    a("--dry-run", action="store_true",
+      help="print every process's command and environment (CUDA_VISIBLE_DEVICES included) "
+           "and start nothing")
     a("--max-restarts", type=int, default=0,
       help="restart a failed replica group up to N times; it heals from a peer "
            "(default %(default)s)")
@@ -821,7 +886,8 @@ def job_from_args(argv: list[str]) -> LocalJob:
         argv, extra = argv[:cut], argv[cut + 1:]
     args, unknown = _parser().parse_known_args(argv)
     return LocalJob(config=args.config, replicas=args.replicas,
-                    procs_per_replica=args.procs_per_replica, overrides=unknown + extra,
+                    procs_per_replica=args.procs_per_replica, gpus_per_replica=args.gpus_per_replica,
+                    share_gpus=args.share_gpus, dry_run_only=args.dry_run, overrides=unknown + extra,
                     log_dir=args.log_dir, max_restarts=args.max_restarts,
                     lighthouse_bind=args.lighthouse_bind, min_replicas=args.min_replicas,
                     join_timeout_ms=args.join_timeout_ms,
@@ -830,7 +896,8 @@ def job_from_args(argv: list[str]) -> LocalJob:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return job_from_args(sys.argv[1:] if argv is None else argv).run()
+    job = job_from_args(sys.argv[1:] if argv is None else argv)
+    return job.dry_run() if job.dry_run_only else job.run()
 
 
 if __name__ == "__main__":

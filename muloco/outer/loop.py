@@ -44,6 +44,7 @@ from muloco.outer.coordinator import (
 )
 from muloco.outer.exchange import Exchange, PendingExchange
 from muloco.outer.optimizer import OuterOptimizer
+from muloco.outer.placement import Placement, resolve_backup_device
 from muloco.outer.schedule import SyncSchedule, model_fragments
 
 __all__ = ["CoordinationError", "OutOfDateError", "OuterLoop", "SyncRecord"]
@@ -63,6 +64,22 @@ def _first_line(err: Any) -> str:
 def _local(p: torch.Tensor) -> torch.Tensor:
     """The tensor this rank holds (its shard under FSDP): replicas exchange shards rank by rank."""
     return p.to_local() if isinstance(p, DTensor) else p
+
+
+def _tensors(state: Any):
+    """The tensors in a nested dict/list state."""
+    if isinstance(state, torch.Tensor):
+        yield state
+    elif isinstance(state, dict):
+        for v in state.values():
+            yield from _tensors(v)
+    elif isinstance(state, (list, tuple)):
+        for v in state:
+            yield from _tensors(v)
+
+
+def _gib(tensors) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**30
 
 
 @dataclass
@@ -108,12 +125,12 @@ class _Open:
 class _Fragment:
     """θ_g and the outer optimizer for one slice of the model."""
 
-    def __init__(self, named: list[tuple[str, nn.Parameter]], device: torch.device, opt: OuterOptimizer.Config):
+    def __init__(self, named: list[tuple[str, nn.Parameter]], placement: Placement, opt: OuterOptimizer.Config):
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         with torch.no_grad():
-            self.globals = [_local(p).detach().to(device, copy=True, dtype=torch.float32) for p in self.params]
-        self.optimizer = opt.build(params=self.globals)
+            self.globals = [placement.home(_local(p)) for p in self.params]
+        self.optimizer = opt.build(params=self.globals, zeros_like=placement.zeros_like)
 
     def locals(self) -> list[torch.Tensor]:
         return [_local(p) for p in self.params]
@@ -150,8 +167,9 @@ class OuterLoop(Configurable):
         """α: after a sync θ_local ← θ_g + α·(θ_local − θ_g); 0 keeps pure θ_g."""
         fingerprint: bool = False
         """Log a SHA-256 of θ_g after every sync (checks that replicas agree bitwise; costs a hash)."""
-        backup_device: str = "cpu"
-        """Where θ_g and the outer momentum live: cpu (saves accelerator memory) or device."""
+        backup_device: str = "auto"
+        """Where θ_g and the outer momentum live: auto (the training device when it is an
+        accelerator), device, or cpu (saves accelerator memory; pinned on CUDA)."""
         optimizer: OuterOptimizer.Config = field(default_factory=OuterOptimizer.Config)
         exchange: Exchange.Config = field(default_factory=Exchange.Config)
 
@@ -166,8 +184,7 @@ class OuterLoop(Configurable):
                 raise ValueError(
                     f"outer.fragment_update_alpha must be in [0, 1], got {self.fragment_update_alpha}"
                 )
-            if self.backup_device not in ("cpu", "device"):
-                raise ValueError(f"outer.backup_device must be cpu or device, got {self.backup_device!r}")
+            resolve_backup_device(self.backup_device, torch.device("cpu"))
 
     def __init__(
         self,
@@ -188,8 +205,10 @@ class OuterLoop(Configurable):
         self.max_commit_failures = max_commit_failures
         self.schedule = config.schedule()
         self.device = device
-        backup = torch.device("cpu") if config.backup_device == "cpu" else device
-        self.fragments = [_Fragment(f, backup, config.optimizer) for f in model_fragments(model, config.num_fragments)]
+        self.placement = Placement(resolve_backup_device(config.backup_device, device), device)
+        self.fragments = [
+            _Fragment(f, self.placement, config.optimizer) for f in model_fragments(model, config.num_fragments)
+        ]
         self.exchange = config.exchange.build()
         for frag in self.fragments:
             self.exchange.allocate(frag.names, frag.locals())
@@ -198,6 +217,13 @@ class OuterLoop(Configurable):
         self._healed_to: int | None = None
         self._failures_in_a_row: list[str] = []
         self.num_params = sum(t.numel() for f in self.fragments for t in f.globals)
+
+    def describe_memory(self) -> str:
+        """What the outer state costs this rank, and where it lives."""
+        outer = _gib(t for f in self.fragments for t in (*f.globals, *f.optimizer.momentum))
+        feedback = _gib(_tensors(self.exchange.state_dict()))
+        return (f"outer state on this rank: θ_g + outer momentum {outer:.3f} GiB in {self.placement.describe()}, "
+                f"error feedback {feedback:.3f} GiB on {self.device}")
 
     # ----------------------------------------------------------------- schedule
     def after_inner_step(self, step: int) -> SyncRecord | None:
@@ -235,7 +261,8 @@ class OuterLoop(Configurable):
     def _start_exchange(self, view: QuorumView, started: float, *, contributes: bool, catching_up: bool) -> None:
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
-        deltas = [g.to(self.device) - l for g, l in zip(frag.globals, frag.locals())]
+        locals_ = frag.locals()
+        deltas = torch._foreach_sub(self.placement.to_device(frag.globals), locals_)
         pending = self.exchange.start(self.manager, frag.names, deltas, contributes)
         self._open = _Open(fragment=index, exchange=pending, seconds=time.perf_counter() - started,
                            quorum=view, catching_up=catching_up)
@@ -257,8 +284,7 @@ class OuterLoop(Configurable):
                 "fewer replica groups in the quorum than needed to commit"
         locals_ = frag.locals()
         if committed:
-            backup = frag.globals[0].device
-            frag.optimizer.step([a.to(backup) for a in averaged])
+            frag.optimizer.step(self.placement.to_backup(averaged))
             self._pull(frag.globals, locals_, self.config.fragment_update_alpha)
         else:
             sync.exchange.rollback()  # e.g. error-feedback residuals of the dropped Δ
@@ -312,12 +338,7 @@ class OuterLoop(Configurable):
 
     def _pull(self, globals_: list[torch.Tensor], locals_: list[torch.Tensor], alpha: float) -> None:
         """θ_local ← θ_g + α·(θ_local − θ_g)."""
-        if alpha == 0.0:
-            for l, g in zip(locals_, globals_):
-                l.copy_(g)
-            return
-        for l, g in zip(locals_, globals_):
-            l.lerp_(g.to(l.device, l.dtype), 1.0 - alpha)
+        self.placement.pull(locals_, globals_, alpha)
 
     # ------------------------------------------------------- around the loop
     def catch_up(self, step: int, total_steps: int, *, wait_seconds: float) -> tuple[int, SyncRecord | None]:
@@ -416,17 +437,15 @@ class OuterLoop(Configurable):
         saved = []
         with torch.no_grad():
             for frag in self.fragments:
-                for l, g in zip(frag.locals(), frag.globals):
-                    saved.append(l.clone())
-                    l.copy_(g)
+                locals_ = frag.locals()
+                saved.extend(torch._foreach_mul(locals_, 1.0))  # copies
+                self.placement.pull(locals_, frag.globals, 0.0)
         try:
             yield
         finally:
             with torch.no_grad():
-                it = iter(saved)
-                for frag in self.fragments:
-                    for l in frag.locals():
-                        l.copy_(next(it))
+                locals_ = [l for frag in self.fragments for l in frag.locals()]
+                torch._foreach_copy_(locals_, saved)
 
     # -------------------------------------------------------------------- state
     def state_dict(self, *, with_exchange: bool = True) -> dict[str, Any]:

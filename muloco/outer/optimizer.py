@@ -8,8 +8,12 @@ rate is applied here and nowhere else. With g = mean Δ:
 - ``sgd``:      b ← μ·b + g;  θ_g ← θ_g − η·b
 - ``none``:     θ_g ← θ_g − g   (= the average of the local models; η, μ unused)
 
-The momentum buffers live with θ_g (same device, fp32) and travel with it: they are
-part of the checkpoint and of the state a healing replica receives.
+The step is ``torch.optim.SGD(momentum=μ, nesterov=True, foreach=True)`` (torch's
+multi-tensor kernels, one launch per op and dtype/device bucket), not a hand-written
+loop; its momentum buffers are created up front (zeros: the first step gives b = g,
+as torch's own first step does) so they exist before the first sync, live with θ_g
+(same device, fp32) and travel with it: they are part of the checkpoint and of the
+state a healing replica receives.
 """
 
 from __future__ import annotations
@@ -43,27 +47,29 @@ class OuterOptimizer(Configurable):
             if not 0 <= self.momentum < 1:
                 raise ValueError(f"outer.optimizer.momentum must be in [0, 1), got {self.momentum}")
 
-    def __init__(self, config: Config, *, params: list[torch.Tensor]):
+    def __init__(self, config: Config, *, params: list[torch.Tensor], zeros_like=torch.zeros_like):
         config.validate()
         self.config = config
         self.params = params
-        uses_momentum = config.name != "none" and config.momentum > 0
-        self.momentum = [torch.zeros_like(p) for p in params] if uses_momentum else []
+        if config.name == "none":  # θ_g ← θ_g − g
+            self.sgd = torch.optim.SGD(params, lr=1.0, momentum=0.0, foreach=True)
+        else:
+            self.sgd = torch.optim.SGD(
+                params, lr=config.lr, momentum=config.momentum, foreach=True,
+                nesterov=config.name == "nesterov" and config.momentum > 0,
+            )
+        self.momentum: list[torch.Tensor] = []
+        if config.name != "none" and config.momentum > 0:
+            self.momentum = [zeros_like(p) for p in params]
+            for p, b in zip(params, self.momentum):
+                self.sgd.state[p]["momentum_buffer"] = b
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor]) -> None:
-        """Apply one outer step with the averaged pseudo-gradients ``grads``."""
-        c = self.config
-        if c.name == "none":
-            torch._foreach_sub_(self.params, grads)
-            return
-        if not self.momentum:
-            torch._foreach_add_(self.params, grads, alpha=-c.lr)
-            return
-        torch._foreach_mul_(self.momentum, c.momentum)
-        torch._foreach_add_(self.momentum, grads)
-        if c.name == "nesterov":
-            torch._foreach_add_(self.params, grads, alpha=-c.lr)
-            torch._foreach_add_(self.params, self.momentum, alpha=-c.lr * c.momentum)
-        else:
-            torch._foreach_add_(self.params, self.momentum, alpha=-c.lr)
+        """One outer step with the averaged pseudo-gradients ``grads``, which it consumes:
+        torch's Nesterov step adds μ·b into them in place (no second copy of the model)."""
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        self.sgd.step()
+        for p in self.params:
+            p.grad = None

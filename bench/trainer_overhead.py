@@ -331,6 +331,10 @@ def main(argv=None) -> int:
     args = _parse(argv)
     if args.child:
         return _child(args)
+    if args.steps % args.log_freq:
+        print(f"note: --steps {args.steps} is not a multiple of --log-freq {args.log_freq}: our "
+              f"trainer also logs the last step, stock torchtitan does not, so the two runs do "
+              f"not do the same work; the median-step ratio below is the fair one", flush=True)
     compare(args)
     return 0
 

@@ -558,3 +558,54 @@ def test_force_sum_reduction_gives_the_same_gradient_on_gloo(tmp_path):
     out = _fsdp_gloo(tmp_path, "fixed")
     err = float(next(ln for ln in out.splitlines() if ln.startswith("MAXERR")).split()[1])
     assert err < 1e-4, out
+
+
+# -- torchrun_failures: each failed attempt of a torchrun worker group, as it happens ---------
+
+@pytest.mark.timeout(120)
+def test_torchrun_reports_each_failed_attempt_and_ends_with_the_ranks_status(tmp_path):
+    """A real torchrun (muloco.launch.replica_group) whose rank 1 fails with code 7 every time:
+    one report per attempt (torch only logs the restart at INFO, without the code), torch's
+    own ERROR record replaced by it, and the agent ends with 7 (torchrun's main: 1)."""
+    worker = textwrap.dedent("""
+        import os, sys
+        print("attempt", os.environ["TORCHELASTIC_RESTART_COUNT"], "rank", os.environ["LOCAL_RANK"], flush=True)
+        sys.exit(7 if os.environ["LOCAL_RANK"] == "1" else 0)
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-m", "muloco.launch.replica_group", "--nnodes", "1", "--nproc-per-node",
+         "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "1",
+         "--no-python", sys.executable, "-c", worker],
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=100)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 7, out
+    reports = [ln for ln in proc.stderr.splitlines() if ln.startswith("[muloco] ")]
+    assert len(reports) == 2, out
+    assert reports[0].startswith("[muloco] rank 1 (pid ") and reports[0].endswith(
+        "exited with code 7; restart 1/1")
+    assert reports[1].endswith("exited with code 7; no restart left")
+    assert "failed (exitcode" not in out
+    assert proc.stdout.count("attempt 1 rank 1") == 1
+
+
+def test_torchrun_failure_record_is_the_one_the_hook_reads():
+    """The hook reads the arguments of torch's ERROR record by position; a record of that
+    shape goes to the callback and is dropped, any other passes untouched."""
+    import logging
+
+    from muloco.compat.torchrun_failures import ELASTIC_API_LOGGER, on_worker_failure
+
+    seen = []
+    f = on_worker_failure(seen.append)
+    logger = logging.getLogger(ELASTIC_API_LOGGER)
+    try:
+        failed = logger.makeRecord(ELASTIC_API_LOGGER, logging.ERROR, __file__, 1,
+                                   "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
+                                   (-9, 2, 4242, "python"), None)
+        other = logger.makeRecord(ELASTIC_API_LOGGER, logging.WARNING, __file__, 1,
+                                  "Sending process %s closing signal %s", (1, "SIGTERM"), None)
+        assert f.filter(failed) is False and f.filter(other) is True
+        assert [(s.exitcode, s.local_rank, s.pid) for s in seen] == [(-9, 2, 4242)]
+    finally:
+        logger.removeFilter(f)

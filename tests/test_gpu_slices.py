@@ -62,8 +62,9 @@ def test_each_rank_sees_its_groups_slice_and_counts_local_ranks_in_it(tmp_path):
     job.validate()
     job.lighthouse_url = "http://127.0.0.1:1"
     assert job.procs_per_replica == 2  # one rank per GPU of the slice
-    env = job.replica_env(1, 1, 12345)
-    assert (env["CUDA_VISIBLE_DEVICES"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == ("2,3", "1", "2")
+    env, cmd = job.group_env(1), job.group_command(1)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3"  # torchrun gives its ranks LOCAL_RANK 0 and 1
+    assert cmd[cmd.index("--nproc-per-node") + 1] == "2"
     cpu = LocalJob(config="diloco/diloco", replicas=2, visible_gpus=[], console=io.StringIO())
     cpu.validate()
     assert cpu.procs_per_replica == 1 and cpu.slices is None
@@ -87,12 +88,17 @@ def test_dry_run_on_an_eight_gpu_node_prints_each_slice_and_starts_nothing(tmp_p
     proc = _launcher(["--dry-run", "--replicas", "4"], {"CUDA_VISIBLE_DEVICES": ",".join(EIGHT)}, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
-    assert "4 replica group(s) x 2 process(es), 2 GPU(s) per group" in out and "nothing is started" in out
+    assert "4 replica group(s) x 2 rank(s), 2 GPU(s) per group" in out and "nothing is started" in out
+    lines = out.splitlines()
     for i in range(4):
+        env = next(x for x in lines if x.startswith(f"[r{i}] CUDA_VISIBLE_DEVICES="))
+        assert f"CUDA_VISIBLE_DEVICES={2 * i},{2 * i + 1} " in env and f" REPLICA_GROUP_ID={i} " in env
+        torchrun = next(x for x in lines if x.startswith(f"[r{i}]   "))
+        assert "-m muloco.launch.replica_group " in torchrun and " --nproc-per-node 2 " in torchrun
+        assert f"--fault_tolerance.replica_id {i} " in torchrun
         for rank in range(2):
-            line = next(x for x in out.splitlines() if x.startswith(f"[r{i}.{rank}] CUDA_VISIBLE_DEVICES="))
-            assert f"CUDA_VISIBLE_DEVICES={2 * i},{2 * i + 1} " in line and f" LOCAL_RANK={rank} " in line
-        assert f"[r{i}.0]   " in out and f"--fault_tolerance.replica_id {i}" in out
+            assert (f"[r{i}.{rank}]   rank {rank}: torchrun sets RANK={rank} LOCAL_RANK={rank} "
+                    f"WORLD_SIZE=2  (cuda:{rank} = GPU {2 * i + rank} of this machine)") in lines
     assert "[lh] " in out and "--min_replicas 3" in out
     assert not (tmp_path / "run").exists()  # no dump folder, no lock, no logs
 

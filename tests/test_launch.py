@@ -37,8 +37,7 @@ def alive(pid: int) -> bool:
 
 def make_job(tmp_path: Path, code: str, **kw) -> tuple[LocalJob, io.StringIO]:
     console = io.StringIO()
-    job = LocalJob(command=py(code), log_dir=str(tmp_path / "logs"), console=console,
-                   restart_delay_s=0.2, **kw)
+    job = LocalJob(command=py(code), log_dir=str(tmp_path / "logs"), console=console, **kw)
     return job, console
 
 
@@ -151,6 +150,31 @@ def test_lighthouse_cli_warns_about_a_quorum_below_a_majority():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+# -- a rank under torchrun -------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_rank_process_ends_as_its_rank_ended():
+    """torchrun sees the rank's own exit through muloco.launch.rank_process: its code, or the
+    signal that killed it."""
+    def rank(code: str) -> int:
+        return subprocess.run([sys.executable, "-m", "muloco.launch.rank_process", *py(code)],
+                              cwd=REPO, timeout=30, start_new_session=True).returncode
+    assert rank("pass") == 0
+    assert rank("import sys; sys.exit(5)") == 5
+    assert rank("import os, signal; os.kill(os.getpid(), signal.SIGKILL)") == -signal.SIGKILL
+
+
+@pytest.mark.timeout(60)
+def test_rank_process_whose_agent_is_already_gone_kills_its_group(tmp_path):
+    """Started for an agent PID that is not its parent (the agent died before the rank could
+    ask for its death signal): it stops at once instead of running unsupervised."""
+    env = {**os.environ, "MULOCO_AGENT_PID": "1"}
+    proc = subprocess.run([sys.executable, "-m", "muloco.launch.rank_process",
+                           *py(f"open({str(tmp_path / 'ran')!r}, 'w').close()")],
+                          cwd=REPO, env=env, timeout=30, start_new_session=True)  # as torchrun
+    assert proc.returncode == -signal.SIGKILL and not (tmp_path / "ran").exists()
 
 
 # -- launcher --------------------------------------------------------------------------------
@@ -302,7 +326,7 @@ def test_failed_replica_is_restarted(tmp_path):
     log = (tmp_path / "logs" / "replica_1.log").read_text()
     assert log.index("first try fails") < log.index("=== restart 1 ===") < log.rindex("ok")
     assert "replica 1 exited with code 5; restart 1/1" in console.getvalue()
-    assert len(job.pids) == 3
+    assert len(job.pids) == 2  # one torchrun per group; it restarted the failed rank itself
     assert not any(alive(p) for p in [*job.pids, job.lighthouse_pid])
 
 

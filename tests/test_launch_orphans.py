@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from muloco.launch.local import die_with_launcher
+from muloco.launch.parent_death import die_with_launcher
 
 REPO = Path(__file__).resolve().parents[1]
 SLEEPER_JOB = REPO / "tests" / "launch_sleeper_job.py"
@@ -37,6 +37,16 @@ def state(pid: int) -> str | None:
 def alive(pid: int) -> bool:
     """Running; a zombie is dead (it only waits for a parent to reap it)."""
     return state(pid) not in (None, "Z", "X")
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def command_of(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().replace(b"\0", b" ").decode()
 
 
 def children_of(ppid: int) -> list[int]:
@@ -68,15 +78,17 @@ class SleeperJob:
         self.run_pids: set[int] = set()
 
     def wait_until_up(self, timeout: float = 90) -> None:
-        """Until every replica recorded itself and its child; then record the launcher's
-        direct children too (lighthouse, replicas, watchdog)."""
+        """Until every replica recorded itself and its child; then record the rank processes
+        that torchrun started them through, and the launcher's direct children (lighthouse,
+        torchrun agents, watchdog)."""
         deadline = time.monotonic() + timeout
         while len(os.listdir(self.pid_dir)) < self.replicas:
             assert self.proc.poll() is None, self.out.read_text()
             assert time.monotonic() < deadline, self.out.read_text()
             time.sleep(0.1)
         for name in os.listdir(self.pid_dir):
-            self.run_pids.update(map(int, name.split("-")))
+            replica, child = map(int, name.split("-"))
+            self.run_pids.update((replica, child, parent_of(replica)))
         self.direct = children_of(self.proc.pid)
         self.run_pids.update(self.direct)
 
@@ -104,8 +116,9 @@ def test_sigkilled_launcher_takes_every_process_with_it(tmp_path):
     job = SleeperJob(tmp_path)
     try:
         job.wait_until_up()
-        # lighthouse + 2 replicas + the watchdog, and each replica's own child
-        assert len(job.direct) == 4 and len(job.run_pids) == 6, (job.direct, job.run_pids)
+        # lighthouse + 2 torchrun agents + the watchdog; per replica its rank process, the
+        # replica and the replica's own child
+        assert len(job.direct) == 4 and len(job.run_pids) == 10, (job.direct, job.run_pids)
         assert all(alive(p) for p in job.run_pids)
         os.kill(job.proc.pid, signal.SIGKILL)
         assert job.proc.wait(10) == -signal.SIGKILL
@@ -127,6 +140,25 @@ def test_sigterm_stops_everything_and_the_watchdog_leaves_quietly(tmp_path):
         left, _ = job.survivors(within_s=10)
         assert not left, {p: state(p) for p in left}
         assert "local job stopped: interrupted (exit 143)" in job.out.read_text()
+    finally:
+        job.cleanup()
+
+
+@pytest.mark.timeout(180)
+def test_a_sigkilled_torchrun_agent_takes_its_ranks_with_it(tmp_path):
+    """torchrun starts ranks in sessions of their own and cannot stop them once SIGKILLed:
+    each rank runs under muloco.launch.rank_process, which kills its group when the agent
+    dies. The launcher then fails the job with the agent's status and stops the rest."""
+    job = SleeperJob(tmp_path)
+    try:
+        job.wait_until_up()
+        agents = [p for p in job.direct if "muloco.launch.replica_group" in command_of(p)]
+        assert len(agents) == 2, [command_of(p) for p in job.direct]
+        os.kill(agents[0], signal.SIGKILL)
+        assert job.proc.wait(60) == 128 + signal.SIGKILL, job.out.read_text()
+        left, _ = job.survivors(within_s=10)
+        assert not left, {p: (state(p), command_of(p)) for p in left}
+        assert "exited with signal SIGKILL" in job.out.read_text()
     finally:
         job.cleanup()
 

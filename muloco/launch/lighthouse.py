@@ -180,17 +180,18 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _wait_for_signal() -> None:
-    """Block the main thread until SIGINT or SIGTERM."""
+def _stop_on_signal() -> threading.Event:
+    """An event set by SIGINT or SIGTERM; installed before the address is printed, so a
+    parent that stops the lighthouse as soon as it read the address gets a clean exit."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(0.5):
-        pass
+    return stop
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    stop = _stop_on_signal()
     try:
         parse_bind(args.bind)  # a typo in the address is reported before the quorum options
         min_replicas = quorum_size(args.replicas, args.min_replicas)
@@ -205,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"lighthouse listening on {lh.url} (status page: {lh.url}/)", flush=True)
     try:
-        _wait_for_signal()
+        while not stop.wait(0.5):
+            pass
     finally:
         lh.shutdown()
     return 0

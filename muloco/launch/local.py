@@ -6,29 +6,29 @@ Before starting anything it parses and checks the trainer config once (a non-DiL
 a bad override is refused with one message, exit 2) and locks the dump folder (a second launch
 on a folder a live run holds is refused, exit 2, without touching it). Then it starts the
 lighthouse (loopback only; a quorum is a majority of the K groups unless ``--min-replicas``
-says otherwise), then K replica groups, each with its own store port and the torchrun-style
-environment a static ``torchrun`` would set. Every line a child prints is shown prefixed
-(``[r0]``, ``[r1.1]``, ``[lh]``) and kept raw in ``<log_dir>/replica_<i>.log``.
-A replica group that fails is restarted up to ``--max-restarts`` times (it heals from a peer);
-otherwise, and on Ctrl-C, everything is stopped: SIGTERM to each child's process group, 10 s
-grace, then SIGKILL. The exit status is 0 only if every replica exited 0.
+says otherwise), then K replica groups, each one ``torchrun`` (``muloco.launch.replica_group``)
+with N ranks on its own slice of the GPUs (``CUDA_VISIBLE_DEVICES``; one rank per GPU, FSDP
+inside the group) and its own rendezvous store on a free loopback port. torchrun restarts a
+failed group up to ``--max-restarts`` times (it heals from a peer) and tees the ranks' output;
+every line is shown prefixed (``[r0]``, ``[r1.1]``, ``[lh]``) and kept raw in
+``<log_dir>/replica_<i>.log`` (``replica_<i>_rank<r>.log`` for ranks r > 0). A group that
+fails for good, and Ctrl-C, stop everything: SIGTERM to each child's process group (torchrun
+passes it to its ranks), 10 s grace, then SIGKILL. The exit status is 0 only if every
+replica exited 0, else the failed rank's own exit status.
 
 If the launcher itself is killed, even by SIGKILL, nothing it started survives: the kernel
-kills its direct children (Linux's parent-death signal) and a watchdog process kills their
-process groups, which holds their own children (see ``die_with_launcher`` and
-``GroupReaper``).
+kills its direct children (Linux's parent-death signal), a watchdog process kills their
+process groups, and each rank dies with its torchrun agent (see ``parent_death``,
+``children.GroupReaper`` and ``rank_process``).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import functools
 import os
 import re
 import shlex
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -38,17 +38,23 @@ from datetime import datetime
 from typing import IO, Callable
 
 from muloco.created_dirs import make_dirs, remove_dirs
+from muloco.launch.children import (Console, GroupReaper, ManagedProcess, PrefixedLog,
+                                    stop_processes)
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
+from muloco.launch.exits import describe_exit, shell_status
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, below_majority_warning,
                                       join_timeout_for, majority)
 from muloco.launch.ports import free_port, free_ports  # noqa: F401 - re-exported for callers
+from muloco.launch.replica_group import TAG as GROUP_TAG
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"
 LIGHTHOUSE_START_TIMEOUT_S = 30.0
 _URL_LINE = re.compile(r"^lighthouse listening on (http://\S+) \(status page")
 _LIGHTHOUSE_ERROR = "lighthouse: error: "
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_RANK_PREFIX = re.compile(r"^\[rank(\d+)\] ")  # torchrun's tee, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
+_RESTART = re.compile(r"exited with (.+); restart (\d+)/\d+$")
+_FAILED_RANK = re.compile(r"^rank (\d+) ")
 # Set by torchrun/torchelastic in a parent shell; stale values would confuse the children.
 _INHERITED_DIST_VARS = ("GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
                         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
@@ -132,229 +138,6 @@ def dump_folder_from(overrides: list[str], default: str = DEFAULT_DUMP_FOLDER) -
     return folder
 
 
-def describe_exit(code: int) -> str:
-    """Exit codes as people read them: 'code 3', or 'signal SIGKILL' for a killed process."""
-    if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
-    return f"code {code}"
-
-
-def shell_status(code: int) -> int:
-    """Map Popen's negative 'killed by signal N' to the shell's 128+N, so it fits an exit status."""
-    return 128 - code if code < 0 else code
-
-
-@functools.lru_cache(maxsize=1)
-def _libc_prctl() -> Callable[..., int] | None:
-    """libc's prctl, looked up once in the launcher: never between fork and exec."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                      ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    return prctl
-
-
-def die_with_launcher() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the kernel SIGKILL the child when the launcher dies (Linux).
-
-    ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the child exits, not the process.
-    Every child is started from the thread that runs ``LocalJob.run()`` (the lighthouse, the
-    replicas, their restarts from the supervision loop), and that thread stops them all before
-    it returns, so the signal only ever fires when the launcher dies. The launcher may die
-    between fork and prctl, and then no signal comes: the child checks that its parent is
-    still the launcher afterwards and exits if not. The signal is reset in the child's own
-    children (fork clears it); those are covered by ``GroupReaper``.
-
-    Elsewhere (macOS, BSD) there is no parent-death signal: returns None, and a SIGKILLed
-    launcher's children are stopped only by the ``GroupReaper``.
-    """
-    prctl = _libc_prctl() if sys.platform.startswith("linux") else None
-    if prctl is None:
-        return None
-    launcher, sigkill = os.getpid(), int(signal.SIGKILL)
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0)
-        if os.getppid() != launcher:
-            os._exit(1)
-    return arm
-
-
-class GroupReaper:
-    """A watchdog process that SIGKILLs the children's process groups if the launcher dies.
-
-    The parent-death signal reaches only the launcher's direct children; a replica's own
-    children (data loader workers, torchrun's ranks, compile workers) are reparented when it
-    dies that way, but stay in its process group. This watchdog, a tiny process in a session
-    of its own (so Ctrl-C or a hangup of the launcher's terminal does not reach it), is told
-    each group the launcher starts and reaps, over a pipe only the launcher holds. When that
-    pipe reaches end-of-file without a goodbye, which the kernel makes happen when the
-    launcher dies in any way, it SIGKILLs every group still listed, then exits. A process that
-    leaves its group (``setsid``) escapes it; only a cgroup would catch those.
-    """
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c",
-             "from muloco.launch.local import reap_groups_on_eof; reap_groups_on_eof()"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
-            close_fds=True, text=True)
-        self.pid = self.proc.pid
-        self._lock = threading.Lock()
-
-    def _send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        with self._lock:
-            try:
-                self.proc.stdin.write(line + "\n")
-                self.proc.stdin.flush()
-            except (OSError, ValueError):
-                pass  # the watchdog was killed: direct children still die with the launcher
-
-    def watch(self, pgid: int) -> None:
-        self._send(f"+{pgid}")
-
-    def forget(self, pgid: int) -> None:
-        """Called once a group is reaped, so a reused process-group id is never killed."""
-        self._send(f"-{pgid}")
-
-    def close(self) -> None:
-        """Everything is stopped: say goodbye, so the watchdog exits without killing."""
-        self._send("bye")
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-def reap_groups_on_eof(stream: IO[str] | None = None) -> None:
-    """The ``GroupReaper`` process: read ``+PGID``, ``-PGID`` and ``bye`` lines; at end of
-    input without ``bye`` (the launcher died), SIGKILL every group still listed."""
-    for sig in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)
-    groups: set[int] = set()
-    for line in stream or sys.stdin:
-        line = line.strip()
-        if line == "bye":
-            return
-        if line[:1] == "+":
-            groups.add(int(line[1:]))
-        elif line[:1] == "-":
-            groups.discard(int(line[1:]))
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-class Console:
-    """Serialises lines from many pump threads so prefixed lines never interleave mid-line."""
-
-    def __init__(self, stream: IO[str] | None = None):
-        self.stream = stream
-        self.lock = threading.Lock()
-
-    def line(self, text: str) -> None:
-        stream = self.stream or sys.stdout
-        with self.lock:
-            try:
-                stream.write(text + "\n")
-                stream.flush()
-            except (BrokenPipeError, ValueError):
-                pass  # a closed console must not kill the launcher (logs still get everything)
-
-
-class ManagedProcess:
-    """One child in its own session, its output pumped to the console (prefixed) and a log (raw).
-
-    Its own session means Ctrl-C at the terminal reaches only the launcher, which then stops
-    each child *with its children* (dataloader workers, torchft helpers) via its process group.
-    It dies with the launcher (``die_with_launcher``), its group too when a ``reaper`` is
-    given, and inherits no descriptor of the launcher's (the dump folder lock among them).
-    """
-
-    def __init__(self, cmd: list[str], env: dict[str, str], log_path: str, prefix: str,
-                 console: Console, on_line: Callable[[str], None] | None = None,
-                 reaper: GroupReaper | None = None):
-        self.cmd, self.log_path, self.prefix = cmd, log_path, prefix
-        self._console, self._on_line, self._reaper = console, on_line, reaper
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True, close_fds=True,
-                                     preexec_fn=die_with_launcher())
-        self.pid = self.proc.pid
-        if reaper:
-            reaper.watch(self.pid)
-        self._returncode: int | None = None
-        self._pump = threading.Thread(target=self._pump_lines, daemon=True,
-                                      name=f"pump-{prefix}-{self.pid}")
-        self._pump.start()
-
-    def _pump_lines(self) -> None:
-        assert self.proc.stdout is not None
-        with open(self.log_path, "ab") as log:
-            for raw in iter(self.proc.stdout.readline, b""):
-                log.write(raw)
-                log.flush()  # so `tail -f` shows progress as it happens
-                text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                self._console.line(f"{self.prefix} {text}")
-                if self._on_line:
-                    self._on_line(text)
-        self.proc.stdout.close()
-
-    def poll(self) -> int | None:
-        """Exit code once exited; the first time, also reap leftovers in its process group."""
-        if self._returncode is None:
-            rc = self.proc.poll()
-            if rc is not None:
-                self._returncode = rc
-                self.signal_group(signal.SIGKILL)  # orphans would hold the log pipe open
-                if self._reaper:
-                    self._reaper.forget(self.pid)
-        return self._returncode
-
-    def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-    def join_pump(self, timeout: float = 5.0) -> None:
-        self._pump.join(timeout)
-
-
-def stop_processes(procs: list[ManagedProcess], grace_s: float = 10.0,
-                   hurry: Callable[[], bool] = lambda: False) -> None:
-    """SIGTERM every live group, wait up to ``grace_s`` (or until ``hurry()``), then SIGKILL."""
-    live = [p for p in procs if p.poll() is None]
-    for p in live:
-        p.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while live and time.monotonic() < deadline and not hurry():
-        time.sleep(0.05)
-        live = [p for p in live if p.poll() is None]
-    for p in live:
-        p.signal_group(signal.SIGKILL)
-    for p in live:
-        p.proc.wait()
-        p.poll()
-    for p in procs:
-        p.join_pump()
-
-
 class LighthouseProcess:
     """The lighthouse as a child process; ``start()`` returns once it printed its URL."""
 
@@ -380,8 +163,9 @@ class LighthouseProcess:
     def start(self, log_path: str, console: Console, reaper: GroupReaper | None = None,
               timeout_s: float = LIGHTHOUSE_START_TIMEOUT_S) -> str:
         env = {"RUST_LOG": "warn", **os.environ, "PYTHONUNBUFFERED": "1"}  # quorum INFO lines are noise
-        self.process = ManagedProcess(self.cmd, env, log_path, "[lh]", console, self._watch,
-                                      reaper)
+        self.process = ManagedProcess(self.cmd, env,
+                                      PrefixedLog(log_path, "[lh]", console, self._watch),
+                                      reaper, name="lh")
         deadline = time.monotonic() + timeout_s
         while not self._ready.wait(0.05):
             rc = self.process.poll()
@@ -405,27 +189,55 @@ class LighthouseProcess:
             stop_processes([self.process], grace_s)
 
 
+class GroupOutput:
+    """A replica group's torchrun output, split by rank: raw lines to ``replica_<i>.log``
+    (rank 0 and torchrun itself) or ``replica_<i>_rank<r>.log``, prefixed lines to the
+    console; the agent's ``[muloco]`` failure lines go to ``on_failure`` (not the console)."""
+
+    def __init__(self, index: int, log_paths: list[str], console: Console,
+                 on_failure: Callable[[str], None]):
+        self.index, self.ranks = index, len(log_paths)
+        self._console, self._on_failure = console, on_failure
+        self._logs = [open(path, "ab") for path in log_paths]
+
+    def prefix(self, rank: int | None) -> str:
+        return f"[r{self.index}]" if rank is None or self.ranks == 1 else f"[r{self.index}.{rank}]"
+
+    def write(self, raw: bytes) -> None:
+        text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        rank = None
+        m = _RANK_PREFIX.match(text) if self.ranks > 1 else None
+        if m and int(m.group(1)) < self.ranks:
+            rank, text = int(m.group(1)), text[m.end():]
+            raw = text.encode() + b"\n"
+        log = self._logs[rank or 0]
+        log.write(raw)
+        log.flush()  # so `tail -f` shows progress as it happens
+        if rank is None and text.startswith(GROUP_TAG):
+            self._on_failure(text[len(GROUP_TAG):])
+        else:
+            self._console.line(f"{self.prefix(rank)} {text}")
+
+    def mark(self, line: str) -> None:
+        """A separator line in each rank's log (called from the pump: in order with output)."""
+        for log in self._logs:
+            log.write(line.encode() + b"\n")
+            log.flush()
+
+    def close(self) -> None:
+        for log in self._logs:
+            log.close()
+
+
 @dataclass
 class ReplicaGroup:
-    """The processes of one replica group; restarted as a whole with the same id and store port."""
+    """One replica group: its torchrun agent, and what the agent said about failed attempts."""
 
     index: int
-    port: int
-    procs: list[ManagedProcess] = field(default_factory=list)
+    agent: ManagedProcess | None = None
     restarts: int = 0
-    restart_at: float | None = None  # monotonic time of a pending restart
+    failed_rank: int = 0  # the rank that failed last (for the log named in the final message)
     done: bool = False
-
-    def failure(self) -> tuple[int, int] | None:
-        """(rank, exit code) of the first process that failed, if any."""
-        for rank, p in enumerate(self.procs):
-            rc = p.poll()
-            if rc not in (None, 0):
-                return rank, rc
-        return None
-
-    def all_ok(self) -> bool:
-        return bool(self.procs) and all(p.poll() == 0 for p in self.procs)
 
 
 @dataclass
@@ -434,10 +246,10 @@ class LocalJob:
 
     ``min_replicas`` None or 0 means a majority of ``replicas`` (or the trainer config's
     ``fault_tolerance.min_replica_size`` when it sets one); ``join_timeout_ms`` None means 90%
-    of the trainer's ``fault_tolerance.quorum_timeout_seconds``. Each replica runs ``entry``
-    (the trainer; a test may give a wrapper script) with ``--config``, its replica id, K, the
-    ``overrides`` and the quorum size; ``command``, when given, replaces that whole command
-    line (and the config is then not parsed).
+    of the trainer's ``fault_tolerance.quorum_timeout_seconds``. Each rank of a replica group
+    runs ``entry`` (the trainer; a test may give a wrapper script) with ``--config``, its
+    replica id, K, the ``overrides`` and the quorum size; ``command``, when given, replaces
+    that whole command line (and the config is then not parsed). torchrun starts the ranks.
     """
 
     config: str = "diloco/diloco"
@@ -462,7 +274,6 @@ class LocalJob:
     command: list[str] | None = None
     entry: list[str] = field(default_factory=lambda: [sys.executable, "-m", "muloco.train"])
     env: dict[str, str] = field(default_factory=dict)
-    restart_delay_s: float = 1.0
     term_grace_s: float = 10.0
     console: IO[str] | None = None  # default sys.stdout
 
@@ -530,8 +341,24 @@ class LocalJob:
         return [*self.entry, "--config", self.config, *replica_args(i, self.replicas),
                 *self.overrides, "--fault_tolerance.min_replica_size", str(self.quorum_size)]
 
-    def replica_env(self, i: int, rank: int, port: int) -> dict[str, str]:
-        """What a static torchrun would set for this rank, plus the torchft/DiLoCo variables."""
+    def group_command(self, i: int) -> list[str]:
+        """Group ``i``'s torchrun: N ranks, restarts, a rendezvous store on a free loopback
+        port; each rank runs ``replica_command(i)`` through ``rank_process`` (it dies with
+        its agent). With N > 1 torchrun tees each rank's output, prefixed with its rank, and
+        keeps its own per-attempt copies under ``<log_dir>/torchrun/replica_<i>``."""
+        n = self.procs_per_replica
+        torchrun = ["--nnodes", "1", "--nproc-per-node", str(n), "--rdzv-backend", "c10d",
+                    "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
+                    "--max-restarts", str(self.max_restarts), "--role", f"replica_{i}"]
+        if n > 1:
+            torchrun += ["--tee", "3", "--log-dir",
+                         os.path.join(self.resolved_log_dir, "torchrun", f"replica_{i}")]
+        return [sys.executable, "-m", "muloco.launch.replica_group", *torchrun, "--no-python",
+                sys.executable, "-m", "muloco.launch.rank_process", *self.replica_command(i)]
+
+    def group_env(self, i: int) -> dict[str, str]:
+        """Group ``i``'s environment (torchrun adds each rank's RANK, LOCAL_RANK, WORLD_SIZE,
+        MASTER_ADDR/PORT): its GPU slice, the torchft/DiLoCo variables, threads per rank."""
         env = {k: v for k, v in os.environ.items() if k not in _INHERITED_DIST_VARS}
         threads = self.threads_per_proc or (
             None if "OMP_NUM_THREADS" in os.environ
@@ -541,13 +368,11 @@ class LocalJob:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
         env.setdefault("RUST_LOG", "warn")  # torchft's Rust side logs every quorum at INFO
         env.update(self.env)
-        n = str(self.procs_per_replica)
         if self.slices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.slices[i])
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=n, LOCAL_WORLD_SIZE=n,
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   TORCHFT_LIGHTHOUSE=str(self.lighthouse_url), REPLICA_GROUP_ID=str(i),
-                   NUM_REPLICA_GROUPS=str(self.replicas), PYTHONUNBUFFERED="1")
+        env.update(TORCHFT_LIGHTHOUSE=str(self.lighthouse_url), REPLICA_GROUP_ID=str(i),
+                   NUM_REPLICA_GROUPS=str(self.replicas), PYTHONUNBUFFERED="1",
+                   TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank${local_rank}] ")
         return env
 
     def log_path(self, i: int, rank: int = 0) -> str:
@@ -641,18 +466,19 @@ class LocalJob:
         self.lighthouse_url = "<lighthouse url>"
         layout = ("CPU (no GPU visible)" if self.slices is None else
                   f"{len(self.slices[0])} GPU(s) per group" + (", shared" if self.share_gpus else ""))
-        self._out.line(f"dry run: {self.replicas} replica group(s) x {self.procs_per_replica} process(es), "
+        self._out.line(f"dry run: {self.replicas} replica group(s) x {self.procs_per_replica} rank(s), "
                        f"{layout}; dump folder {os.path.abspath(self.dump_folder)}; nothing is started")
         self._out.line(f"[lh] {shlex.join(lighthouse.cmd)}")
         for i in range(self.replicas):
+            env = self.group_env(i)
+            shown = {k: v for k, v in env.items() if os.environ.get(k) != v}
+            self._out.line(f"[r{i}] " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()))
+            self._out.line(f"[r{i}]   {shlex.join(self.group_command(i))}")
             for rank in range(self.procs_per_replica):
-                env = self.replica_env(i, rank, 0)
-                shown = {k: v for k, v in env.items() if os.environ.get(k) != v}
-                shown["MASTER_PORT"] = "<free port of group %d>" % i
-                if self.slices is None:
-                    shown.pop("CUDA_VISIBLE_DEVICES", None)
-                self._out.line(f"{self._prefix(i, rank)} " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()))
-                self._out.line(f"{self._prefix(i, rank)}   {shlex.join(self.replica_command(i))}")
+                device = ("" if self.slices is None else
+                          f"  (cuda:{rank} = GPU {self.slices[i][rank]} of this machine)")
+                self._out.line(f"{self._prefix(i, rank)}   rank {rank}: torchrun sets RANK={rank} "
+                               f"LOCAL_RANK={rank} WORLD_SIZE={self.procs_per_replica}{device}")
         return 0
 
     def _install_signal_handlers(self) -> Callable[[], None]:
@@ -715,24 +541,21 @@ class LocalJob:
         self._out.line(f"local job: lighthouse {self.lighthouse_url} (pid {self.lighthouse_pid}; "
                        f"status page: {self.lighthouse_url}/)")
         self._out.line(f"local job: logs in {os.path.abspath(self.resolved_log_dir)}")
-        self._out.line(f"local job: {self.replicas} replica(s) x {self.procs_per_replica} "
-                       f"process(es); replica 0 runs: {shlex.join(self.replica_command(0))}")
-        ports = free_ports(self.replicas)
-        self._groups = [ReplicaGroup(i, port) for i, port in enumerate(ports)]
+        self._out.line(f"local job: {self.replicas} replica group(s) x {self.procs_per_replica} "
+                       f"rank(s), one torchrun each; replica 0's ranks run: "
+                       f"{shlex.join(self.replica_command(0))}")
+        self._groups = [ReplicaGroup(i) for i in range(self.replicas)]
         for g in self._groups:
-            self._mark(self._group_logs(g),
-                       f"=== launch {datetime.now().isoformat(timespec='seconds')} ===")
             self._launch_group(g)
-        self._out.line("local job: replica pids " + " ".join(
-            f"{self._prefix(g.index, rank)[1:-1]}={p.pid}"
-            for g in self._groups for rank, p in enumerate(g.procs)))
+        self._out.line("local job: torchrun pids " + " ".join(
+            f"r{g.index}={g.agent.pid}" for g in self._groups if g.agent))
         self.started.set()
 
     def _group_logs(self, g: ReplicaGroup) -> list[str]:
         return [self.log_path(g.index, r) for r in range(self.procs_per_replica)]
 
     def _mark(self, paths: list[str], line: str) -> None:
-        """A separator line in each log, so restarts and relaunches are easy to find."""
+        """A separator line in each log, so relaunches are easy to find."""
         for path in paths:
             if not os.path.exists(path):
                 self._created_files.append(path)
@@ -743,14 +566,25 @@ class LocalJob:
         return f"[r{i}]" if self.procs_per_replica == 1 else f"[r{i}.{rank}]"
 
     def _launch_group(self, g: ReplicaGroup) -> None:
-        cmd = self.replica_command(g.index)
-        g.procs = []
-        for rank in range(self.procs_per_replica):
-            p = ManagedProcess(cmd, self.replica_env(g.index, rank, g.port),
-                               self.log_path(g.index, rank), self._prefix(g.index, rank),
-                               self._out, reaper=self._reaper)
-            g.procs.append(p)
-            self.pids.append(p.pid)
+        """Start group ``g``'s torchrun; its output is split by rank into the group's logs."""
+        logs = self._group_logs(g)
+        self._mark(logs, f"=== launch {datetime.now().isoformat(timespec='seconds')} ===")
+        output = GroupOutput(g.index, logs, self._out, lambda text: self._on_failure(g, output, text))
+        g.agent = ManagedProcess(self.group_command(g.index), self.group_env(g.index), output,
+                                 self._reaper, name=f"r{g.index}")
+        self.pids.append(g.agent.pid)
+
+    def _on_failure(self, g: ReplicaGroup, output: GroupOutput, text: str) -> None:
+        """The agent's report of a failed attempt: a console line, and a restart mark."""
+        m = _FAILED_RANK.match(text)
+        g.failed_rank = int(m.group(1)) if m else 0
+        restart = _RESTART.search(text)
+        if restart is None:
+            return  # no restart left: the agent exits with that status, _check_group says so
+        g.restarts = int(restart.group(2))
+        self._out.line(f"local job: replica {g.index} exited with {restart.group(1)}; "
+                       f"restart {g.restarts}/{self.max_restarts}")
+        output.mark(f"=== restart {g.restarts} ===")
 
     def _stopped(self) -> int:
         assert self._stop_code is not None
@@ -758,7 +592,8 @@ class LocalJob:
         return self._stop_code
 
     def _supervise(self) -> int:
-        """Poll children every 0.1 s; restart failed groups while restarts remain."""
+        """Poll the lighthouse and the torchrun agents every 0.1 s (they restart their own
+        ranks); stop at the first agent that fails for good."""
         while True:
             if self._stop_code is not None:
                 return self._stopped()
@@ -766,7 +601,7 @@ class LocalJob:
             lh_rc = self._lighthouse.process.poll()
             if lh_rc is not None:
                 self._out.line(f"local job failed: the lighthouse exited with "
-                               f"{describe_exit(lh_rc)} (log: {self._lighthouse.process.log_path})")
+                               f"{describe_exit(lh_rc)} (log: {self._lighthouse.process.sink.log_path})")
                 return 1
             for g in self._groups:
                 failed = self._check_group(g)
@@ -778,31 +613,19 @@ class LocalJob:
             time.sleep(0.1)
 
     def _check_group(self, g: ReplicaGroup) -> int | None:
-        """Advance one group's state; returns an exit status only when the job must fail."""
-        if g.done:
+        """Whether group ``g`` finished; an exit status only when the job must fail (its
+        torchrun has no restart left, and exits with the failed rank's status)."""
+        if g.done or g.agent is None:
             return None
-        if g.restart_at is not None:
-            if time.monotonic() >= g.restart_at:
-                g.restart_at = None
-                self._launch_group(g)
+        rc = g.agent.poll()
+        if rc is None:
             return None
-        if g.all_ok():
+        if rc == 0:
             g.done = True
             return None
-        failure = g.failure()
-        if failure is None:
-            return None
-        rank, rc = failure
-        if g.restarts < self.max_restarts:
-            g.restarts += 1
-            self._out.line(f"local job: replica {g.index} exited with {describe_exit(rc)}; "
-                           f"restart {g.restarts}/{self.max_restarts}")
-            stop_processes(g.procs, self.term_grace_s, self._hurry)
-            self._mark(self._group_logs(g), f"=== restart {g.restarts} ===")
-            g.restart_at = time.monotonic() + self.restart_delay_s
-            return None
+        g.agent.join_pump()  # its last lines (and the failed rank) first
         self._out.line(f"local job failed: replica {g.index} exited with {describe_exit(rc)} "
-                       f"(log: {self.log_path(g.index, rank)})")
+                       f"(log: {self.log_path(g.index, g.failed_rank)})")
         return shell_status(rc) or 1
 
     def _hurry(self) -> bool:
@@ -811,7 +634,7 @@ class LocalJob:
 
     def _teardown(self) -> None:
         """Children first (they may still talk to the lighthouse while saving), then the lighthouse."""
-        stop_processes([p for g in self._groups for p in g.procs], self.term_grace_s, self._hurry)
+        stop_processes([g.agent for g in self._groups if g.agent], self.term_grace_s, self._hurry)
         if self._lighthouse:
             self._lighthouse.stop(self.term_grace_s)
 
@@ -836,14 +659,16 @@ class LocalJob:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m muloco.launch.local", allow_abbrev=False,
-        description="Run K DiLoCo replica groups and a torchft lighthouse on this machine.",
+        description="Run K DiLoCo replica groups (one torchrun each) and a torchft lighthouse "
+                    "on this machine.",
         epilog="Everything after `--` (and any option not listed here) is passed to every "
                "replica, e.g. `-- --training.steps 50 --dump_folder outputs/my-run`.")
     a = p.add_argument
     a("--config", default="diloco/diloco", help="muloco config name (default %(default)s)")
     a("--replicas", type=int, default=2, help="replica groups K (default %(default)s)")
     a("--procs-per-replica", type=int, default=None,
-      help="processes (ranks) per replica group (default: one per GPU of its slice; 1 on CPU)")
+      help="ranks per replica group, started by its torchrun (default: one per GPU of its "
+           "slice; 1 on CPU)")
     a("--gpus-per-replica", type=int, default=None,
       help="GPUs per replica group; group i gets the i-th slice of CUDA_VISIBLE_DEVICES "
            "(default: the visible GPUs split evenly over --replicas)")
@@ -854,7 +679,7 @@ def _parser() -> argparse.ArgumentParser:
       help="print every process's command and environment (CUDA_VISIBLE_DEVICES included) "
            "and start nothing")
     a("--max-restarts", type=int, default=0,
-      help="restart a failed replica group up to N times; it heals from a peer "
+      help="torchrun restarts a failed replica group up to N times; it heals from a peer "
            "(default %(default)s)")
     a("--log-dir", default=None,
       help="per-replica logs (default <dump_folder>/logs, the trainer's dump folder after the "

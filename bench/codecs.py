@@ -1,33 +1,39 @@
-"""Codec figures: payload size, error and speed of every pseudo-gradient codec.
+"""Codec figures: payload size, error, speed and memory of every pseudo-gradient codec.
 
-    .venv/bin/python bench/codecs.py [--numel 4194304] [--repeats 9] [--threads 1]
-        [--device auto|cpu|cuda] [--seed 0]
+    .venv/bin/python bench/codecs.py [--numel 4194304] [--large-numel 100000000] [--repeats 9]
+        [--threads 1] [--device auto|cpu|cuda] [--kernels auto|eager|compiled|both] [--seed 0]
 
-For each codec configuration (identity fp32/bf16; quantize statistical, absmax and
-minmax at 1/2/4/8 bits with their default blocks and ranges; top-k at fractions 0.01 and
-0.1 with bfloat16 values and with 4-bit values), on one Gaussian tensor of ``--numel``
-elements:
+For each codec configuration (dense fp32/bf16; quantize statistical, absmax and minmax at
+1/2/4/8 bits with their default blocks and ranges; top-k at fractions 0.01 and 0.1 with
+bfloat16 values and with 4-bit values), on one Gaussian tensor of ``--numel`` elements,
+then for the exchange's main codecs on ``--large-numel`` elements (100M: what one bucket
+stream of a billion-parameter model looks like to a codec; fewer repeats):
 
 - **bits/param**: 8 · payload bytes / numel, metadata (scales, tables, indices) included;
 - **rel err**: ‖decode(encode(x)) − x‖ / ‖x‖;
 - **encode / decode**: median time, and as a ratio against ``x.clone()`` of the same tensor
   timed alongside (a clone reads and writes the tensor once: the floor for any codec that
-  touches every element). Target ≤ 2x clone.
+  touches every element). Target ≤ 2x clone;
+- **peak MB**: the peak of the memory the encode (resp. decode) allocates, beyond its input
+  and output: on CUDA the allocator's ``max_memory_allocated``; on a CPU every storage aten
+  allocates on this thread, alive until freed (``live_bytes.py``).
+
+Kernels (``--kernels``): ``eager`` (the reference), ``compiled`` (``torch.compile`` of the
+same functions: fused Triton kernels on a GPU, C++ loops on a CPU; compilation happens in
+warm-up and is not timed), or ``both`` (each codec twice, and a check that the payloads are
+the same bytes). ``auto``: both on CUDA, eager on a CPU. Statistical quantization runs with
+its device's default statistics (float sums in eager CPU kernels, exact integer sums
+otherwise; see ``muloco/compress/quantize.py``).
 
 Medians over ``--repeats`` after warm-up; clone, encode and decode take turns, so drift
-hits all three.
+hits all three. One torch thread by default (``--threads``): the machine is shared. On
+CUDA every timing synchronizes. Nothing here asserts; the figures are printed with the
+machine's load.
 
 Where CPU time goes (one thread): every eager torch op is one pass over memory, so a codec
 costs roughly its op count in clones; on top of that the statistical centroids need one
 segmented sum (``bincount``, a serial scatter, ~4 clones) and top-k a per-chunk selection
 (``torch.topk``, ~20-40 clones). Those are the encodes furthest from the target there.
-
-One torch thread by default (``--threads``): the machine is shared. On CUDA every timing
-synchronizes. Nothing here asserts; the figures are printed with the machine's load.
-
-The table is ``codec_table(args)``; ``main()`` prints the header and then each table, so a
-further table (e.g. per-replica bytes per sync against the number of replicas) is one more
-function and one more call.
 """
 
 from __future__ import annotations
@@ -38,19 +44,21 @@ import time
 
 import torch
 
-from machine import loadavg  # bench/ is on sys.path when a bench script runs
-from muloco.compress import make_codec
+from live_bytes import LiveBytes  # bench/ is on sys.path when a bench script runs
+from machine import loadavg
+from muloco.compress import Dense, Quantizer, TopK
 
 TARGET_RATIO = 2.0
 
-CODECS: list[tuple[str, dict]] = [
-    ("identity", {"dtype": "float32"}),
-    ("identity", {"dtype": "bfloat16"}),
-    *[("quantize", {"scheme": scheme, "bits": bits})
-      for scheme in ("statistical", "absmax", "minmax") for bits in (1, 2, 4, 8)],
-    *[("topk", {"fraction": fraction, **values})
+CODECS = [
+    Dense.Config(dtype="float32"),
+    Dense.Config(dtype="bfloat16"),
+    *[Quantizer.Config(scheme=scheme, bits=bits) for scheme in ("statistical", "absmax", "minmax") for bits in (1, 2, 4, 8)],
+    *[TopK.Config(fraction=fraction, **values)
       for fraction in (0.01, 0.1) for values in ({"value_dtype": "bfloat16"}, {"value_bits": 4})],
 ]
+LARGE = [Quantizer.Config(bits=2), Quantizer.Config(bits=4), Quantizer.Config(bits=2, scheme="absmax"),
+         TopK.Config(fraction=0.1)]
 
 
 def _sync(device: torch.device) -> None:
@@ -74,56 +82,94 @@ def median_times(fns: dict, device: torch.device, repeats: int, warmup: int = 3)
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def codec_table(args) -> list[dict]:
-    """Print and return one row per codec configuration (see the module docstring)."""
+def peak_bytes(fn, device: torch.device) -> int:
+    """Memory ``fn`` allocates at its peak (its result included)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        result = fn()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        del result
+        return peak
+    with LiveBytes() as live:
+        result = fn()
+    del result
+    return live.peak
+
+
+def _kernels(args) -> list[bool]:
+    """The ``compiled`` flags to build each codec with."""
+    if args.kernels == "both" or (args.kernels == "auto" and args.device.type == "cuda"):
+        return [False, True]
+    return [args.kernels == "compiled"]
+
+
+def codec_table(args, configs=CODECS, numel: int | None = None, repeats: int | None = None) -> list[dict]:
+    """Print and return one row per codec configuration and kernel (see the module docstring)."""
     device = args.device
+    numel = numel or args.numel
+    repeats = repeats or args.repeats
     gen = torch.Generator(device=device).manual_seed(args.seed)
-    x = torch.randn(args.numel, device=device, generator=gen)
-    print(f"\n== codecs on a Gaussian tensor of {args.numel} float32 elements")
-    print(f"{'codec':>48} {'bits/param':>10} {'rel err':>8} {'clone ms':>9} {'encode ms':>10} {'x clone':>8} "
-          f"{'decode ms':>10} {'x clone':>8}")
+    x = torch.randn(numel, device=device, generator=gen)
+    print(f"\n== codecs on a Gaussian tensor of {numel:,} float32 elements ({repeats} repeats)")
+    print(f"{'codec':>48} {'kernels':>8} {'bits/param':>10} {'rel err':>8} {'clone ms':>9} {'encode ms':>10} "
+          f"{'x clone':>8} {'decode ms':>10} {'x clone':>8} {'enc MB':>8} {'dec MB':>8}")
     rows = []
-    for kind, settings in CODECS:
-        codec = make_codec(kind, **settings)
-        payload = codec.encode(x)
-        error = ((codec.decode(payload, x.numel()) - x).norm() / x.norm()).item()
-        t = median_times({"clone": x.clone, "encode": lambda: codec.encode(x),
-                          "decode": lambda: codec.decode(payload, x.numel())}, device, args.repeats)
-        t_clone, t_enc, t_dec = t["clone"], t["encode"], t["decode"]
-        row = {"codec": codec.describe(), "bits": codec.bits_per_element(x.numel()), "error": error,
-               "clone": t_clone, "encode": t_enc, "decode": t_dec}
-        rows.append(row)
-        print(f"{row['codec']:>48} {row['bits']:10.3f} {error:8.4f} {t_clone * 1e3:9.2f} {t_enc * 1e3:10.2f} "
-              f"{t_enc / t_clone:7.1f}x {t_dec * 1e3:10.2f} {t_dec / t_clone:7.1f}x")
-    met = [r["codec"] for r in rows if max(r["encode"], r["decode"]) <= TARGET_RATIO * r["clone"]]
+    for config in configs:
+        payloads = {}
+        for compiled in _kernels(args):
+            codec = config.build(compiled=compiled)
+            payload = codec.encode(x)  # compiles here, outside the timings
+            codec.decode(payload, numel)
+            payloads[compiled] = payload
+            error = ((codec.decode(payload, numel) - x).norm() / x.norm()).item()
+            t = median_times({"clone": x.clone, "encode": lambda: codec.encode(x),
+                              "decode": lambda: codec.decode(payload, numel)}, device, repeats)
+            mem_enc = peak_bytes(lambda: codec.encode(x), device)
+            mem_dec = peak_bytes(lambda: codec.decode(payload, numel), device)
+            row = {"codec": codec.describe(), "kernels": "compiled" if compiled else "eager",
+                   "bits": codec.bits_per_element(numel), "error": error, "clone": t["clone"],
+                   "encode": t["encode"], "decode": t["decode"], "mem_encode": mem_enc, "mem_decode": mem_dec}
+            rows.append(row)
+            print(f"{row['codec']:>48} {row['kernels']:>8} {row['bits']:10.3f} {error:8.4f} {t['clone'] * 1e3:9.2f} "
+                  f"{t['encode'] * 1e3:10.2f} {t['encode'] / t['clone']:7.1f}x {t['decode'] * 1e3:10.2f} "
+                  f"{t['decode'] / t['clone']:7.1f}x {mem_enc / 1e6:8.1f} {mem_dec / 1e6:8.1f}")
+        if len(payloads) == 2:
+            same = torch.equal(payloads[False], payloads[True])
+            print(f"{'':>48} {'':>8} compiled payload {'identical to' if same else 'DIFFERS FROM'} the eager one")
+    met = [f"{r['codec']} ({r['kernels']})" for r in rows if max(r["encode"], r["decode"]) <= TARGET_RATIO * r["clone"]]
     print(f"within {TARGET_RATIO:g}x clone for both encode and decode: {len(met)} of {len(rows)}"
           + (f" ({', '.join(met)})" if met else ""))
+    print(f"(input {4 * numel / 1e6:.1f} MB; peak MB includes the result: a decode's output is another "
+          f"{4 * numel / 1e6:.1f} MB)")
     return rows
 
 
 def exchange_table(args) -> list[dict]:
-    """Per-replica bytes per sync against K, from the wire format (``wire_bytes``, which the
-    3-process tests check against the bytes actually handed to the collectives)."""
+    """Per-replica bytes per sync against K, from the wire format (``Exchange.wire_bytes``,
+    which the 3-process tests check against the bytes actually handed to the collectives)."""
     from muloco import compat
 
     compat.apply()
-    from muloco.compress.build import make_codec
     from muloco.config import load_config
-    from muloco.outer.compressed_exchange import wire_bytes
+    from muloco.outer.exchange import Exchange, ReduceScatter
 
-    cfg = load_config("diloco/muloco_2bit")
-    codecs = {"2-bit statistical": cfg.outer.exchange.make_codec(),
-              "top-k 10% bf16": make_codec("topk", fraction=0.1, chunk_size=4096, value_dtype="bfloat16")}
+    base = load_config("diloco/muloco_2bit").outer.exchange
+    configs = {"2-bit statistical": base.codec, "top-k 10% bf16": TopK.Config(fraction=0.1)}
     n, n_dense = args.exchange_numel, args.exchange_dense
     print(f"\nper-replica bytes per sync, {n / 1e6:.2f}M compressed + {n_dense:,} dense fp32 elements "
           f"(max over ranks; sent = received); ring = dense fp32 ring all-reduce 2(K-1)/K x 4N")
     print(f"{'codec':>18} {'K':>3} {'ring MB':>9} {'allgather MB':>13} {'x less':>7} {'reduce-scatter MB':>18} {'x less':>7}")
     rows = []
-    for label, codec in codecs.items():
+    for label, codec in configs.items():
+        exchanges = {name: Exchange.Config(codec=codec, skip_pattern=base.skip_pattern, strategy=strategy).build()
+                     for name, strategy in (("allgather", None), ("reduce_scatter", ReduceScatter.Config()))}
         for k in (2, 4, 8, 16):
             ring = 2 * (k - 1) / k * 4 * (n + n_dense)
-            ag = max(wire_bytes("allgather", k, codec, n, n_dense, rank=r)["sent"] for r in range(k))
-            rs = max(max(wire_bytes("reduce_scatter", k, codec, n, n_dense, rank=r)[d] for d in ("sent", "received"))
+            ag = max(exchanges["allgather"].wire_bytes(k, n, n_dense, rank=r)["sent"] for r in range(k))
+            rs = max(max(exchanges["reduce_scatter"].wire_bytes(k, n, n_dense, rank=r)[d] for d in ("sent", "received"))
                      for r in range(k))
             rows.append(dict(codec=label, k=k, ring=ring, allgather=ag, reduce_scatter=rs))
             print(f"{label:>18} {k:>3} {ring / 1e6:9.2f} {ag / 1e6:13.2f} {ring / ag:7.1f} {rs / 1e6:18.2f} {ring / rs:7.1f}")
@@ -133,6 +179,10 @@ def exchange_table(args) -> list[dict]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--numel", type=int, default=4 * 1024 * 1024, help="elements of the test tensor")
+    ap.add_argument("--large-numel", type=int, default=100_000_000,
+                    help="elements of the large case (0: skip it)")
+    ap.add_argument("--large-repeats", type=int, default=3)
+    ap.add_argument("--kernels", default="auto", choices=["auto", "eager", "compiled", "both"])
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -155,6 +205,8 @@ def main() -> None:
           f"repeats {args.repeats}")
     if not args.skip_codecs:
         codec_table(args)
+        if args.large_numel:
+            codec_table(args, LARGE, args.large_numel, args.large_repeats)
     exchange_table(args)
     print(f"load after: {loadavg()}")
 

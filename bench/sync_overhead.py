@@ -73,6 +73,7 @@ from datetime import datetime
 from pathlib import Path
 
 from machine import loadavg  # bench/ is on sys.path when a bench script runs
+from muloco.outer.exchange.pipeline import PARTS
 
 REPO = Path(__file__).resolve().parents[1]
 K = 2
@@ -306,7 +307,8 @@ def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: f
         syncs = [
             {"step": r["sync/step"], "seconds": r["sync/seconds"], "bytes_sent": r["sync/bytes_sent"],
              "committed": r["sync/committed"], "participants": r["sync/participants"],
-             "contributors": r["sync/contributors"]}
+             "contributors": r["sync/contributors"], "peak_extra_bytes": r.get("sync/peak_extra_bytes", 0),
+             "parts": {part: r.get(f"sync/time_{part}", 0.0) for part in PARTS}}
             for r in rows if "sync/step" in r
         ]
         syncs.sort(key=lambda s: s["step"])
@@ -558,6 +560,63 @@ def part_size(args, root: Path) -> dict:
     return rows
 
 
+BREAKDOWN_CONFIGS = ("diloco/diloco", "diloco/muloco_2bit")
+CUDA_SIZES = ("llama3-w1024-d12-h8_qk_torch-rmsnorm_pa_pf",)
+
+
+def part_breakdown(args, root: Path) -> dict:
+    """Part 3: each sync's blocked time split into its parts (the trainer's own sync records:
+    quorum, waiting for the slowest, Δ, encode, collective, decode/average, commit, outer
+    step, pull, other), median per part over the syncs after the first, by model size, for
+    the dense fp32 exchange and MuLoCo's 2-bit one."""
+    cuda = _cuda_available()
+    sizes = CUDA_SIZES if cuda else SIZES
+    steps, h = args.size_steps, args.size_every
+    shape = (["--training.seq_len", "2048", "--training.local_batch_size", "4"] if cuda else
+             ["--training.seq_len", "64", "--training.local_batch_size", "2"])
+    overrides = ["--training.steps", str(steps), "--outer.sync_every", str(h), *shape,
+                 "--lr_scheduler.warmup_steps", str(min(5, steps))]
+    print(f"\n== Part 3: sync time by part, K={K}, {steps} steps, H={h}, {'CUDA' if cuda else 'CPU'}, "
+          f"{args.repeats} repeat(s) ==", flush=True)
+    rows = {}
+    for config in BREAKDOWN_CONFIGS:
+        for flavor in sizes:
+            reps = []
+            for rep in range(args.repeats):
+                job = run_job(root, f"parts-{config.replace('/', '-')}-{flavor}-{rep}", flavor, overrides,
+                              args.timeout, config=config)
+                _note_disturbance(job)
+                _check_syncs(job)
+                reps.extend(job["replicas"])
+            syncs = [s for r in reps for s in r["syncs"][1:]]
+            parts = {part: _med([s["parts"][part] for s in syncs]) for part in PARTS}
+            rows[config, flavor] = {"params": reps[0]["diloco"]["outer_parameters"], "parts": parts,
+                                    "seconds": _med([s["seconds"] for s in syncs]),
+                                    "peak": max(s["peak_extra_bytes"] for s in syncs), "n": len(syncs)}
+            print(f"  {config:<18} {flavor:<22} done, load avg {loadavg()}", flush=True)
+    head = "".join(f"{p[:10]:>11}" for p in PARTS)
+    print(f"\n  ms per sync, median over the syncs after each replica's first:\n  {'config':<18} {'params':>7} "
+          f"{'total':>8}{head} {'sum':>8} {'peak MB':>8}")
+    for (config, flavor), r in rows.items():
+        cells = "".join(f"{1000 * r['parts'][p]:>11.1f}" for p in PARTS)
+        print(f"  {config:<18} {_fmt_params(r['params']):>7} {1000 * r['seconds']:>8.1f}{cells} "
+              f"{1000 * sum(r['parts'].values()):>8.1f} {r['peak'] / 1e6:>8.2f}")
+    print("  each sync's parts add up to its total (medians of parts need not add up to the median total);"
+          " wait_slowest: the part of the quorum spent waiting for the other replica (allgather and"
+          " reduce-scatter carry each replica's quorum time; a dense all-reduce cannot tell it apart);"
+          " peak MB: the largest peak of a sync's own buffers")
+    return rows
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -565,7 +624,7 @@ def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 2; 1 with --quick)")
     p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, 1 repeat")
-    p.add_argument("--part", choices=("all", "share", "size"), default="all", help="which part(s) to run")
+    p.add_argument("--part", choices=("all", "share", "size", "parts"), default="all", help="which part(s) to run")
     p.add_argument("--timeout", type=float, default=300, help="seconds per job before it counts as hung")
     p.add_argument("--keep", action="store_true", help="keep the temporary output folder")
     args = p.parse_args(argv)
@@ -597,6 +656,8 @@ def main(argv=None) -> int:
             share = part_share(args, root)
         if args.part in ("all", "size"):
             sizes = part_size(args, root)
+        if args.part in ("all", "parts"):
+            part_breakdown(args, root)
     except RuntimeError as err:  # a job failed or hung: its log tails are in the message
         print(f"\nbench failed: {err}", flush=True)
         return 1

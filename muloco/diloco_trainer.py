@@ -152,8 +152,10 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
 
     def _log_sync(self, record: SyncRecord | None) -> None:
         if record is not None:
-            self.metrics_processor.log_sync({**asdict(record), "bits_per_parameter": record.bits_per_parameter},
-                                            record.step)
+            fields = asdict(record)
+            parts = fields.pop("parts")
+            self.metrics_processor.log_sync({**fields, "bits_per_parameter": record.bits_per_parameter,
+                                             **{f"time_{part}": v for part, v in parts.items()}}, record.step)
 
     @contextlib.contextmanager
     def _coordination_errors(self):
@@ -206,6 +208,12 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             + (f"; a per-step fp32 all-reduce would have sent {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB "
                f"({d['per_step_fp32_allreduce_bytes'] / sent:,.0f}x more)" if sent else " (one replica group: nothing to send)")
         )
+        total = d["sync_seconds_total"] or 0.0
+        if total:
+            parts = ", ".join(f"{part} {100 * sec / total:.0f}%" for part, sec in d["sync_seconds_by_part"].items()
+                              if sec / total >= 0.005)
+            logger.info(f"DiLoCo replica {d['replica_id']}: sync time by part: {parts}; peak extra memory of a "
+                        f"sync {d['sync_peak_extra_bytes'] / mb:,.1f}MB")
         logger.info(f"DiLoCo replica {d['replica_id']}: final θ_g sha256 {d['final_global_sha256']}"
                     + (f", healed from replica(s) {d['healed_from']}" if d["healed_from"] else ""))
         logger.info(

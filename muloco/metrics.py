@@ -30,6 +30,18 @@ def _fmt_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+_PART_LABELS = {"quorum": "quorum", "wait_slowest": "waiting for the slowest", "pseudo_gradient": "Δ",
+                "encode": "encode", "collective": "collective", "decode": "decode/average",
+                "commit": "commit", "outer_step": "outer step", "pull": "pull", "other": "other"}
+
+
+def _breakdown(record: dict[str, Any]) -> str:
+    """The sync's blocked time by part (``time_*`` entries; parts under 1 ms left out)."""
+    parts = [(label, record.get(f"time_{part}") or 0.0) for part, label in _PART_LABELS.items()]
+    shown = ", ".join(f"{label} {1000 * s:,.0f}" for label, s in parts if s >= 0.0005)
+    return f"ms: {shown or 'all parts under 1'}"
+
+
 def _is_metrics_rank() -> bool:
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
@@ -133,7 +145,7 @@ class MulocoMetrics(MetricsProcessor):
                 f"{record['contributors']}/{record['participants']} replicas contributed, "
                 f"quorum {record['quorum_id']}{healed}, {record['seconds'] * 1000:,.0f}ms, "
                 f"sent {record['bytes_sent'] / mb:,.2f}MB received {record['bytes_received'] / mb:,.2f}MB, "
-                f"{record.get('bits_per_parameter', 32.0):.2f} bits/parameter"
+                f"{record.get('bits_per_parameter', 32.0):.2f} bits/parameter; {_breakdown(record)}"
             )
             return
         logger.warning(

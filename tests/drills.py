@@ -62,7 +62,7 @@ DRILLS = {d.name: d for d in [
           lambda r: [f"exchange:2:{r.choice(range(30, 101, H))}"]),
     Drill("exchange-compressed", "inside a top-k reduce-scatter exchange",
           lambda r: [f"exchange:2:{r.choice(range(30, 101, H))}"],
-          ("--outer.exchange.codec", "topk", "--outer.exchange.topk_fraction", "0.25",
+          ("--outer.exchange.codec", "topk", "--outer.exchange.codec.fraction", "0.25",
            "--outer.exchange.strategy", "reduce_scatter")),
     Drill("healing", "killed mid-interval, then killed again while downloading a peer's state",
           lambda r: [f"mid:1:{_mid_step(r, 21, 69)}", "healing:1:0"]),

@@ -92,8 +92,15 @@ BAD_INPUTS = [
          "optimizer.weight_decay is -inf"),
     Case("muon-lr-factor-inf", ["--config", "ddp/muon", "--optimizer.embedding_lr_factor", "inf"],
          "optimizer.embedding_lr_factor is inf"),
-    Case("ef-beta-nan", ["--config", "diloco/muloco_2bit", "--outer.exchange.ef_beta", "nan"],
-         "outer.exchange.ef_beta is nan"),
+    Case("ef-beta-nan", ["--config", "diloco/muloco_2bit", "--outer.exchange.error_feedback.beta", "nan"],
+         "outer.exchange.error_feedback.beta is nan"),
+    Case("bucket-mb-inf", ["--config", "diloco/muloco_2bit", "--outer.exchange.bucket_mb", "inf"],
+         "outer.exchange.bucket_mb is inf"),
+    # 1b. a setting of another codec than the chosen one, and an unknown codec
+    Case("codec-setting-of-another-codec", ["--config", "diloco/muloco_2bit", "--outer.exchange.codec.fraction", "0.1"],
+         "outer.exchange.codec is quantize, which has no setting 'fraction'"),
+    Case("codec-unknown", ["--config", "diloco/muloco_2bit", "--outer.exchange.codec", "zip"],
+         "--outer.exchange.codec must be one of dense, quantize, topk; got 'zip'"),
     # 2. more fragments than layer units (d2: embedding, 2 blocks, head = 4)
     Case("fragments-over-layer-units", ["--config", "diloco/diloco", *TINY, "--outer.num_fragments", "5"],
          "outer.num_fragments is 5, more than the 4 layer units"),

@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 
-from muloco.compress import ErrorFeedback, Identity, Quantizer, TopK, make_codec, pack, packed_bytes, unpack
+from muloco.compress import Dense, ErrorFeedback, Quantizer, TopK, pack, packed_bytes, unpack
 from muloco.compress.quantize import _lookup, _lookup_pairs, segment_sum
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -21,8 +21,17 @@ CODECS = [
     ("topk", {"fraction": 0.1, "value_dtype": "float16", "chunk_size": 1000}),
     *[("topk", {"fraction": 0.1, "value_bits": b}) for b in (2, 4, 8)],
     ("topk", {"fraction": 1.0, "chunk_size": 64}),
-    *[("identity", {"dtype": d}) for d in ("float32", "bfloat16", "float16")],
+    *[("dense", {"dtype": d}) for d in ("float32", "bfloat16", "float16")],
 ]
+KINDS = {"quantize": Quantizer, "topk": TopK, "dense": Dense}
+
+
+def make_codec(kind: str, **settings):
+    return KINDS[kind].Config(**settings).build()
+
+
+def feedback(**settings) -> ErrorFeedback:
+    return ErrorFeedback(ErrorFeedback.Config(**settings))
 IDS = [f"{k}-{'-'.join(f'{v}' for v in s.values())}" for k, s in CODECS]
 SIZES = [0, 1, 7, 4097, 10000]
 
@@ -125,21 +134,21 @@ def test_batched_decode_equals_per_payload_decode(kind, settings):
 def test_identity_is_lossless_and_never_aliases():
     x = gaussian(1000)
     original = x.clone()
-    codec = Identity("float32")
+    codec = make_codec("dense", dtype="float32")
     payload = codec.encode(x)
     x.add_(1.0)  # the payload is a copy
     y = codec.decode(payload, 1000)
     assert torch.equal(y, original)
     payload.zero_()  # so is the decoded tensor
     assert y.abs().sum() > 0
-    assert codec.bits_per_element(1000) == 32 and Identity("bfloat16").bits_per_element(1000) == 16
+    assert codec.bits_per_element(1000) == 32 and make_codec("dense", dtype="bfloat16").bits_per_element(1000) == 16
 
 
 def test_constant_blocks_are_exact():
     """Zero spread: no division by zero, and the block decodes exactly (absmax: zeros)."""
     for scheme in ("statistical", "absmax", "minmax"):
         for bits in (1, 2, 4, 8):
-            q = Quantizer(bits, scheme, block_size=64)
+            q = make_codec("quantize", bits=bits, scheme=scheme, block_size=64)
             constants = (torch.zeros(200),) if scheme == "absmax" else (torch.zeros(200), torch.full((200,), -0.375))
             for x in constants:
                 assert torch.equal(q.decode(q.encode(x), 200), x), (scheme, bits)
@@ -195,7 +204,7 @@ def samples():
 
 @pytest.mark.parametrize("scheme,bits", list(ERROR_BOUNDS))
 def test_error_within_documented_bounds(scheme, bits, samples):
-    q = Quantizer(bits, scheme)
+    q = make_codec("quantize", bits=bits, scheme=scheme)
     errors = [rel_error(q, x) for x in samples]
     bounds = ERROR_BOUNDS[scheme, bits]
     assert all(e <= b for e, b in zip(errors, bounds)), (errors, bounds)
@@ -203,8 +212,8 @@ def test_error_within_documented_bounds(scheme, bits, samples):
 
 def test_two_bit_statistical_near_lloyd_max(samples):
     # the best 4-level scalar quantizer of a Gaussian has 0.3428; MuLoCo's R = 6σ has ~0.40
-    assert rel_error(Quantizer(2, "statistical"), samples[0]) <= 0.36
-    assert rel_error(Quantizer(2, "statistical", range_sigmas=6.0), samples[0]) > 0.38
+    assert rel_error(make_codec("quantize", bits=2, scheme="statistical"), samples[0]) <= 0.36
+    assert rel_error(make_codec("quantize", bits=2, scheme="statistical", range_sigmas=6.0), samples[0]) > 0.38
 
 
 # ---------------------------------------------------------------------- top-k
@@ -212,7 +221,7 @@ def test_two_bit_statistical_near_lloyd_max(samples):
 
 @pytest.mark.parametrize("numel,chunk,fraction", [(10000, 4096, 0.01), (10000, 1000, 0.1), (5, 4096, 0.5)])
 def test_topk_keeps_exactly_the_largest_magnitudes_of_each_chunk(numel, chunk, fraction):
-    codec = TopK(fraction, chunk_size=chunk, value_dtype="float32")
+    codec = make_codec("topk", fraction=fraction, chunk_size=chunk, value_dtype="float32")
     x = gaussian(numel)
     y = codec.decode(codec.encode(x), numel)
     nc, chunk, k = codec.chunks(numel)
@@ -227,16 +236,16 @@ def test_topk_keeps_exactly_the_largest_magnitudes_of_each_chunk(numel, chunk, f
 def test_topk_indices_cover_the_whole_16_bit_range():
     x = torch.zeros(65536)
     x[[0, 32767, 32768, 65535]] = torch.tensor([1.0, -2.0, 3.0, -4.0])
-    codec = TopK(4 / 65536, chunk_size=65536, value_dtype="float32")
+    codec = make_codec("topk", fraction=4 / 65536, chunk_size=65536, value_dtype="float32")
     assert torch.equal(codec.decode(codec.encode(x), x.numel()), x)
 
 
 def test_topk_payload_is_a_formula_of_numel():
-    codec = TopK(0.01, chunk_size=4096, value_dtype="bfloat16")
+    codec = make_codec("topk", fraction=0.01, chunk_size=4096, value_dtype="bfloat16")
     assert codec.payload_bytes(3 * 4096) == 3 * 41 * (2 + 2)
     assert codec.payload_bytes(3 * 4096 + 1) == 4 * 41 * (2 + 2)
     assert codec.payload_bytes(100) == 1 * (2 + 2)
-    q = TopK(0.1, chunk_size=4096, value_bits=4)
+    q = make_codec("topk", fraction=0.1, chunk_size=4096, value_bits=4)
     assert q.payload_bytes(4096 * 2) == 2 * 4 + 410 * 2 * 4 // 8 + 2 * 410 * 2
 
 
@@ -247,7 +256,7 @@ def test_topk_payload_is_a_formula_of_numel():
 def test_error_feedback_loses_nothing(kind, settings):
     """β = 1: the decoded payloads of all rounds plus the residual sum to the deltas."""
     codec = make_codec(kind, **settings)
-    ef = ErrorFeedback(beta=1.0)
+    ef = feedback(beta=1.0)
     n, sent, total = 4097, torch.zeros(4097, dtype=torch.float64), torch.zeros(4097, dtype=torch.float64)
     for r in range(5):
         delta = gaussian(n, seed=r).view(17, 241) * (r + 1)
@@ -259,69 +268,196 @@ def test_error_feedback_loses_nothing(kind, settings):
 
 
 def test_error_feedback_decay_and_disabled():
-    codec = Quantizer(2, "statistical")
-    ef, e = ErrorFeedback(beta=0.5), torch.zeros(3000)
+    codec = make_codec("quantize", bits=2, scheme="statistical")
+    ef, e = feedback(beta=0.5), torch.zeros(3000)
     for r in range(3):
         delta = gaussian(3000, seed=r)
         e = 0.5 * e + delta
         e = e - codec.decode(codec.encode(e), 3000)
         ef.compress("w", delta, codec)
     assert torch.allclose(ef.residual("w"), e, atol=1e-5)
-    off = ErrorFeedback(enabled=False)
+    off = feedback(enabled=False)
     delta = gaussian(3000, seed=9)
     assert torch.equal(off.compress("w", delta, codec), codec.encode(delta)) and len(off) == 0
 
 
 def test_error_feedback_state_dict_round_trip_and_reset():
-    codec = TopK(0.05)
-    ef = ErrorFeedback()
+    codec = make_codec("topk", fraction=0.05)
+    ef = feedback()
     for r in range(2):
         ef.compress("a", gaussian(5000, seed=r), codec)
         ef.compress("b.weight", gaussian(300, seed=r + 10).to(torch.bfloat16), codec)
     buf = io.BytesIO()
     torch.save(ef.state_dict(), buf)
     buf.seek(0)
-    restored = ErrorFeedback()
+    restored = feedback()
     restored.load_state_dict(torch.load(buf, weights_only=True))
     assert set(restored.state_dict()) == {"a", "b.weight"}
     for name, t in ef.state_dict().items():
         assert t.dtype == torch.float32 and torch.equal(restored.residual(name), t)
     delta = gaussian(5000, seed=7)
     assert torch.equal(restored.compress("a", delta, codec), ef.compress("a", delta, codec))
-    ef.reset()
-    assert len(ef) == 0 and ef.residual("a") is None and ef.state_dict() == {}
+    ef.reset()  # zeroed in place: the keys stay for a later checkpoint load
+    assert len(ef) == 2 and all(t.abs().sum() == 0 for t in ef.state_dict().values())
     with pytest.raises(ValueError, match="elements"):
-        restored.compress("a", gaussian(10), codec)
+        restored.compress("a", gaussian(6000), codec)
+
+
+def test_error_feedback_piece_by_piece_equals_whole_and_restores_exactly():
+    """Compressing a stream in aligned pieces (offsets) gives the whole's payload values
+    and residual; ``keep`` receives the replaced residual and ``restore`` puts it back."""
+    codec = make_codec("quantize", bits=2, block_size=64)
+    whole, pieces = feedback(beta=0.9), feedback(beta=0.9)
+    for ef in (whole, pieces):
+        ef.allocate("s", 1000, torch.device("cpu"))
+    for r in range(3):
+        delta = gaussian(1000, seed=r)
+        full = codec.decode(whole.compress("s", delta, codec), 1000)
+        before = pieces.residual("s").clone()
+        kept = delta.clone()
+        parts = [codec.decode(pieces.compress("s", kept[a:b], codec, offset=a, keep=kept[a:b]), b - a)
+                 for a, b in ((0, 640), (640, 1000))]
+        assert torch.equal(torch.cat(parts), full) and torch.equal(pieces.residual("s"), whole.residual("s"))
+        assert torch.equal(kept, before)  # Δ's buffer now holds the replaced residual
+    pieces.restore("s", kept[640:], offset=640)
+    pieces.restore("s", kept[:640])
+    assert torch.equal(pieces.residual("s"), kept)
 
 
 # ---------------------------------------------------------------------- settings
 
 
 @pytest.mark.parametrize("make,setting", [
-    (lambda: Quantizer(bits=3), "bits"),
-    (lambda: Quantizer(bits=2, block_size=0), "block_size"),
-    (lambda: Quantizer(bits=2, scheme="lloyd"), "scheme"),
-    (lambda: Quantizer(bits=2, range_sigmas=0.0), "range_sigmas"),
-    (lambda: TopK(fraction=0.0), "fraction"),
-    (lambda: TopK(fraction=1.5), "fraction"),
-    (lambda: TopK(chunk_size=0), "chunk_size"),
-    (lambda: TopK(chunk_size=65537), "chunk_size"),
-    (lambda: TopK(value_dtype="int8"), "value_dtype"),
-    (lambda: TopK(value_bits=1), "value_bits"),
-    (lambda: Identity(dtype="float64"), "dtype"),
-    (lambda: ErrorFeedback(beta=1.5), "beta"),
-    (lambda: make_codec("zip"), "quantize"),
-    (lambda: make_codec("quantize", fraction=0.1), "fraction"),
-    (lambda: make_codec("topk", bits=2), "valid settings: fraction"),
+    (lambda: Quantizer.Config(bits=3), "bits"),
+    (lambda: Quantizer.Config(bits=2, block_size=-1), "block_size"),
+    (lambda: Quantizer.Config(bits=2, scheme="lloyd"), "scheme"),
+    (lambda: Quantizer.Config(bits=2, range_sigmas=-1.0), "range_sigmas"),
+    (lambda: Quantizer.Config(bits=2, range_sigmas=float("nan")), "range_sigmas"),
+    (lambda: Quantizer.Config(statistics="double"), "statistics"),
+    (lambda: TopK.Config(fraction=0.0), "fraction"),
+    (lambda: TopK.Config(fraction=1.5), "fraction"),
+    (lambda: TopK.Config(chunk_size=0), "chunk_size"),
+    (lambda: TopK.Config(chunk_size=65537), "chunk_size"),
+    (lambda: TopK.Config(value_dtype="int8"), "value_dtype"),
+    (lambda: TopK.Config(value_bits=1), "value_bits"),
+    (lambda: Dense.Config(dtype="float64"), "dtype"),
+    (lambda: ErrorFeedback.Config(beta=1.5), "beta"),
 ])
 def test_bad_settings_name_the_setting(make, setting):
     with pytest.raises(ValueError, match=setting):
-        make()
+        make().build()
 
 
-def test_make_codec_builds_each_kind():
-    assert isinstance(make_codec("quantize", bits=4, scheme="absmax", block_size=256, range_sigmas=None), Quantizer)
-    assert isinstance(make_codec("topk", fraction=0.1, chunk_size=1024, value_dtype="float16", value_bits=0), TopK)
-    assert isinstance(make_codec("identity", dtype="bfloat16"), Identity)
-    q = make_codec("quantize", bits=2)
-    assert q.block_size == 4096 and 2.0 <= q.bits_per_element(2**20) <= 2.05
+def test_each_codec_is_built_from_its_own_config():
+    assert isinstance(Quantizer.Config(bits=4, scheme="absmax", block_size=256).build(), Quantizer)
+    assert isinstance(TopK.Config(fraction=0.1, chunk_size=1024, value_dtype="float16").build(), TopK)
+    assert isinstance(Dense.Config(dtype="bfloat16").build(), Dense)
+    q = Quantizer.Config(bits=2).build()
+    assert q.block_size == 4096 and q.alignment == 4096 and 2.0 <= q.bits_per_element(2**20) <= 2.05
+    assert Dense.Config().build().lossless and not Dense.Config(dtype="bfloat16").build().lossless
+    with pytest.raises(AttributeError):  # a setting of another codec does not exist on this one
+        Quantizer.Config().fraction = 0.1  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------- corrupt payloads
+
+
+@pytest.mark.parametrize("numel", [100, 4096 + 100])  # shorter than a chunk; a last partial chunk
+@pytest.mark.parametrize("values", [{"value_dtype": "bfloat16"}, {"value_bits": 4}])
+def test_topk_decode_of_a_corrupt_payload_stays_in_bounds(numel, values):
+    """Indices past their chunk (what a failed collective can leave) are clamped to the
+    chunk's own last element, not to ``chunk_size - 1``, which is out of bounds for a
+    tensor shorter than one chunk."""
+    codec = make_codec("topk", fraction=0.1, chunk_size=4096, **values)
+    payload = codec.encode(gaussian(numel))
+    nc, chunk, k = codec.chunks(numel)
+    index_bytes = 2 * nc * k
+    payload[-index_bytes:] = 0xFF  # every index 65535
+    out = codec.decode(payload, numel)
+    assert out.shape == (numel,) and torch.isfinite(out).all()
+    batch = codec.decode(torch.stack([payload, payload]), numel)
+    assert torch.equal(batch[0], out)
+
+
+# ---------------------------------------------------------------------- pieces and kernels
+
+
+@pytest.mark.parametrize("kind,settings", [("quantize", {"bits": 2, "block_size": 64}),
+                                           ("quantize", {"bits": 4, "scheme": "minmax", "block_size": 100}),
+                                           ("topk", {"fraction": 0.1, "chunk_size": 64})], ids=["2bit", "minmax", "topk"])
+def test_pieces_cut_at_the_alignment_encode_like_the_whole(kind, settings):
+    """What lets the exchange work in buckets and owner ranges: pieces cut at multiples of
+    the codec's alignment (a short tail joins the piece before it) decode to the whole's values."""
+    from muloco.outer.exchange.layout import cut, ranges
+
+    codec = make_codec(kind, **settings)
+    for n in (1000, 64 * 7 + 5, 37):
+        x = gaussian(n, seed=n)
+        whole = codec.decode(codec.encode(x), n)
+        for bounds in (cut(n, 130, codec.alignment), ranges(n, 3, codec.alignment), ranges(n, 5, codec.alignment)):
+            got = torch.cat([codec.decode(codec.encode(x[a:b]), b - a) for a, b in bounds])
+            assert torch.equal(got, whole), (n, bounds)
+
+
+def test_exact_statistics_keep_the_error_bounds(samples):
+    for bits in (1, 2, 4, 8):
+        q = make_codec("quantize", bits=bits, statistics="exact")
+        bounds = ERROR_BOUNDS["statistical", bits]
+        assert all(rel_error(q, x) <= b for x, b in zip(samples, bounds)), bits
+
+
+def test_kernel_choice_follows_the_device():
+    """Compiled kernels by default on CUDA only; exact statistics wherever the kernels are
+    compiled or the device is not a CPU (CUDA's eager path is then the fused one's reference)."""
+    from muloco.compress.kernels import use_compiled
+    from muloco.outer.exchange import Exchange
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert use_compiled("auto", cuda) and not use_compiled("auto", cpu)
+    assert use_compiled("compiled", cpu) and not use_compiled("eager", cuda)
+    on_gpu = Exchange.Config(codec=Quantizer.Config(bits=2)).build(device=cuda)
+    assert on_gpu.compiled and on_gpu.codec.compiled and on_gpu.codec.exact_statistics(cuda)
+    on_cpu = Exchange.Config(codec=Quantizer.Config(bits=2)).build(device=cpu)
+    assert not on_cpu.codec.compiled and not on_cpu.codec.exact_statistics(cpu)
+    assert make_codec("quantize", bits=2).exact_statistics(cuda)  # eager on a GPU: the reference
+    with pytest.raises(ValueError, match="statistics 'float' runs only in eager kernels"):
+        Quantizer.Config(statistics="float").build(compiled=True)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("kind,settings", [
+    ("quantize", {"bits": 2, "statistics": "exact"}),
+    ("quantize", {"bits": 8, "statistics": "exact"}),
+    ("quantize", {"bits": 4, "scheme": "absmax"}),
+    ("topk", {"fraction": 0.1, "value_bits": 4}),
+], ids=["2bit-statistical", "8bit-statistical", "4bit-absmax", "topk-4bit-values"])
+def test_compiled_kernels_give_the_eager_payloads_byte_for_byte(kind, settings):
+    """The same entry points with ``compiled=True``: torch.compile of the codec's own
+    functions (C++ here, Triton on a GPU). Bytes equal, and so are the decoded values,
+    for a bucket, a partial last block and a tensor smaller than one block."""
+    cls = KINDS[kind]
+    eager, compiled = cls.Config(**settings).build(), cls.Config(**settings).build(compiled=True)
+    for n in (3 * 4096 + 123, 1000):
+        x = gaussian(n, seed=n) * 0.01
+        p_eager, p_compiled = eager.encode(x), compiled.encode(x)
+        assert torch.equal(p_eager, p_compiled), (n, int((p_eager != p_compiled).sum()))
+        assert torch.equal(eager.decode(p_eager, n), compiled.decode(p_compiled, n))
+
+
+def test_a_kernel_that_fails_to_compile_falls_back_to_eager_once():
+    """A compiler failure costs one warning, not the run: the eager kernel (same payloads) takes over."""
+    from muloco.compress import kernels
+
+    calls = []
+
+    def kernel(x):
+        calls.append(x)
+        return x + 1
+
+    real = kernels.torch.compile
+    try:
+        kernels.torch.compile = lambda fn, **kwargs: (lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no compiler")))
+        run = kernels.compiled_kernel.__wrapped__(kernel)
+        assert run(1) == 2 and run(2) == 3 and calls == [1, 2]
+    finally:
+        kernels.torch.compile = real

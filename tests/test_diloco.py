@@ -56,8 +56,8 @@ def _committed_hashes(dump, replica):
         (3, ("--outer.num_fragments", "2", "--outer.fragment_sync_delay", "2", "--outer.fragment_update_alpha", "0.5")),
         (2, ("--optimizer.name", "Muon", "--optimizer.lr", "0.02")),  # MuLoCo
         (2, ("--optimizer.name", "Muon", "--optimizer.lr", "0.02", "--outer.exchange.codec", "quantize",
-             "--outer.exchange.bits", "2", "--outer.exchange.skip_pattern", r"norm\.weight$")),
-        (3, ("--outer.exchange.codec", "topk", "--outer.exchange.topk_fraction", "0.1",
+             "--outer.exchange.codec.bits", "2", "--outer.exchange.skip_pattern", r"norm\.weight$")),
+        (3, ("--outer.exchange.codec", "topk", "--outer.exchange.codec.fraction", "0.1",
              "--outer.exchange.strategy", "reduce_scatter")),
     ],
     ids=["diloco-k2", "streaming-k3", "muloco-k2", "muloco-2bit-ef-k2", "topk-reduce-scatter-k3"],
@@ -116,7 +116,7 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
     dump = tmp_path / "run"
     steps = 240  # long enough that the survivors are still training when the restart heals
     extra = ("--outer.fragment_sync_delay", "3", "--outer.exchange.codec", "topk",
-             "--outer.exchange.topk_fraction", "0.25", "--outer.exchange.strategy", "reduce_scatter")
+             "--outer.exchange.codec.fraction", "0.25", "--outer.exchange.strategy", "reduce_scatter")
     drill_step = 17  # prepared at 17, applied at 20 (τ = 3)
     drills = {"MULOCO_TEST_DRILLS": f"exchange:2:{drill_step}", "MULOCO_TEST_DRILL_DIR": str(tmp_path)}
     for i in range(3):

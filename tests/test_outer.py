@@ -25,7 +25,9 @@ from torchft import Manager, ProcessGroupGloo  # noqa: E402
 from torchft.coordination import LighthouseServer  # noqa: E402
 
 from muloco.compat.healing_transport import SafeHTTPTransport  # noqa: E402
+from muloco.compress import Dense, Quantizer  # noqa: E402
 from muloco.outer import OuterLoop, OuterOptimizer, SyncSchedule, model_fragments  # noqa: E402
+from muloco.outer.exchange import PARTS, ReduceScatter  # noqa: E402
 from muloco.outer.schedule import ScheduleError  # noqa: E402
 
 
@@ -237,7 +239,7 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
     cfg = OuterLoop.Config(sync_every=h, num_fragments=p, fragment_sync_delay=tau, fragment_update_alpha=alpha,
                            backup_device=backup)
     cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum = name, lr, mu
-    cfg.exchange.dtype = dtype
+    cfg.exchange.codec = Dense.Config(dtype=dtype)
     tol = 1e-5 if dtype == "float32" else 5e-3
     out = _run_replicas(k, init, steps, cfg)
     expected = _reference({n: v.double() for n, v in init.items()}, k, steps, h, p, tau, alpha, lr, mu, name)
@@ -251,6 +253,32 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
     for a, b in zip(out[0][0], out[1][0]):  # replicas agree bitwise after every sync
         assert all(torch.equal(a[n], b[n]) for n in a)
     assert not math.isnan(sum(float(v.sum()) for v in out[0][0][-1].values()))
+    for rec in out[0][1]:  # the blocked time, part by part, adds up
+        assert set(rec.parts) == set(PARTS) and all(v >= 0 for v in rec.parts.values())
+        assert sum(rec.parts.values()) == pytest.approx(rec.seconds, rel=1e-6, abs=1e-9)
+        assert rec.peak_extra_bytes >= 4 * rec.numel
+
+
+@pytest.mark.timeout(180)
+def test_buckets_in_flight_change_nothing_in_theta_g():
+    """The compressed exchange over many small buckets, one at a time and three in flight
+    (overlapped encode and collectives, τ = 1), against one bucket: θ_g bitwise equal after
+    every sync, on both replicas."""
+    torch.manual_seed(1)
+    init = {n: t.detach().clone() for n, t in Tiny(4).named_parameters()}
+    histories = []
+    for bucket_mb, depth in ((64.0, 1), (8 * 4 / 2**20, 1), (8 * 4 / 2**20, 3)):
+        cfg = OuterLoop.Config(sync_every=4, num_fragments=2, fragment_sync_delay=1)
+        cfg.exchange.codec = Quantizer.Config(bits=2, block_size=8)
+        cfg.exchange.strategy = ReduceScatter.Config()
+        cfg.exchange.bucket_mb, cfg.exchange.pipeline_depth = bucket_mb, depth
+        out = _run_replicas(2, init, 12, cfg)
+        assert all(rec.committed for r in range(2) for rec in out[r][1])
+        histories.append([out[r][0] for r in range(2)])
+    for other in histories[1:]:
+        for r in range(2):
+            for a, b in zip(histories[0][r], other[r]):
+                assert all(torch.equal(a[n], b[n]) for n in a)
 
 
 @pytest.mark.timeout(120)

@@ -5,7 +5,8 @@ start ``./torchft_lighthouse`` and one ``python -m muloco.train --config diloco/
 --fault_tolerance.replica_id i`` per group yourself. Every knob is overridable:
 ``--outer.sync_every``, ``--outer.optimizer.lr``, ``--outer.optimizer.momentum``,
 ``--outer.num_fragments``, ``--outer.fragment_sync_delay``, ``--outer.fragment_update_alpha``,
-``--outer.backup_device``, ``--outer.exchange.dtype``, ``--fault_tolerance.*_timeout_seconds``.
+``--outer.backup_device``, ``--outer.exchange.codec.dtype`` (bfloat16 halves the bytes),
+``--fault_tolerance.*_timeout_seconds``.
 """
 
 from muloco.config import derive, load_config

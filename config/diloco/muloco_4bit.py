@@ -6,5 +6,5 @@ from muloco.config import load_config
 def config():
     c = load_config("diloco/muloco_2bit")
     c.dump_folder = "./outputs/muloco-4bit"
-    c.outer.exchange.bits = 4
+    c.outer.exchange.codec.bits = 4
     return c

@@ -8,15 +8,45 @@ formula that tests check. Encoding and decoding are vectorised torch on the tens
 device; ``decode`` takes any number of leading batch dimensions (one payload per replica)
 so a receiver decodes K payloads in one call. Zero elements is a valid size (an empty
 payload), so callers need no special case for an empty stream or range.
+
+Each codec is a torchtitan ``Configurable``: its own ``Config`` holds only its own
+settings (``Dense.Config(dtype=...)``, ``Quantizer.Config(bits=...)``,
+``TopK.Config(fraction=...)``) and ``build()`` makes the codec. ``compiled=True`` (a build
+argument: the exchange decides it from the device, see ``kernels.py``) runs the codec's
+kernels through ``torch.compile``; payloads are byte-identical to the eager ones.
+
+``alignment`` is the element granularity of the codec's layout (a quantization block, a
+top-k chunk): a tensor cut at multiples of it and encoded piece by piece gives exactly
+the values of encoding it whole, which is what lets the exchange work in buckets.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torchtitan.config import Configurable
 
 
-class Codec:
+class Codec(Configurable):
     name: str = "codec"
+    lossless: bool = False
+    """Decoding gives back exactly what was encoded (error feedback has nothing to carry)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        def validate(self) -> None:
+            """Raise ValueError naming the bad setting (the exchange adds the codec's name)."""
+
+    def __init__(self, config: Config, *, compiled: bool = False):
+        config.validate()
+        self.config = config
+        self.compiled = compiled
+
+    @property
+    def alignment(self) -> int:
+        """Cut streams only at multiples of this many elements (blocks, chunks)."""
+        return 1
 
     def payload_bytes(self, numel: int) -> int:
         """Exact size of ``encode(x)`` for a tensor of ``numel`` elements."""

@@ -1,6 +1,6 @@
 """Error feedback: what compression dropped this round is sent in later rounds.
 
-Per tensor name a float32 residual e (on the delta's device)::
+Per key (one stream of one fragment) a flat float32 residual e on the delta's device::
 
     e ← β·e + Δ;   payload = encode(e);   e ← e − decode(payload)
 
@@ -11,60 +11,105 @@ decay. The outer learning rate is not folded into e: the pseudo-gradient Δ goes
 is and the outer optimizer applies its learning rate once, to the decoded average
 (MuLoCo's reference applies it to e and again in the outer step).
 
+The exchange compresses a stream piece by piece (``offset``: a bucket's place in the
+stream). A sync that does not commit must take its update back; instead of cloning every
+residual at each sync, ``compress`` can hand the residual it replaces to the caller, in a
+buffer the caller no longer needs (the exchange uses the piece of Δ it just encoded), and
+``restore`` puts it back. No memory beyond the residuals and the caller's Δ, no extra pass.
+
 The buffers are plain tensors keyed by name, so ``state_dict()`` checkpoints with
-``torch.save`` / ``torch.load(weights_only=True)`` or DCP. ``reset()`` forgets them all,
-which a replica does after healing from a peer: its residuals describe a trajectory it no
-longer follows.
+``torch.save`` / ``torch.load(weights_only=True)`` or DCP. ``reset()`` zeroes them, which a
+replica does after healing from a peer: its residuals describe a trajectory it no longer
+follows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torchtitan.config import Configurable
 
 from .codec import Codec
 
 
-class ErrorFeedback:
-    def __init__(self, beta: float = 1.0, enabled: bool = True):
-        if not 0.0 <= beta <= 1.0:  # also rejects NaN
-            raise ValueError(f"error feedback beta must be in [0, 1], got {beta!r}")
-        self.beta = float(beta)
-        self.enabled = bool(enabled)
+class ErrorFeedback(Configurable):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        enabled: bool = True
+        """Keep what a lossy codec dropped and add it to the next Δ."""
+        beta: float = 0.9
+        """β, the decay of the residual (e ← β·e + Δ), in [0, 1]."""
+
+        def validate(self) -> None:
+            if not 0.0 <= self.beta <= 1.0:  # also rejects NaN
+                raise ValueError(f"beta must be in [0, 1], got {self.beta!r}")
+
+    def __init__(self, config: Config | None = None):
+        config = config or ErrorFeedback.Config()
+        config.validate()
+        self.config = config
+        self.beta = float(config.beta)
+        self.enabled = bool(config.enabled)
         self._residuals: dict[str, torch.Tensor] = {}
 
-    def compress(self, name: str, delta: torch.Tensor, codec: Codec) -> torch.Tensor:
-        """Encode ``delta`` (any shape, any float dtype) plus the carried error of ``name``."""
+    def applies_to(self, codec: Codec) -> bool:
+        """Whether ``codec`` gets a residual (a lossless one has nothing to carry)."""
+        return self.enabled and not codec.lossless
+
+    def allocate(self, key: str, numel: int, device: torch.device) -> None:
+        """A zero residual for ``key`` now (so a checkpoint load, which DCP does in place, finds it)."""
+        if key not in self._residuals:
+            self._residuals[key] = torch.zeros(numel, dtype=torch.float32, device=device)
+
+    def compress(self, key: str, delta: torch.Tensor, codec: Codec, offset: int = 0,
+                 keep: torch.Tensor | None = None) -> torch.Tensor:
+        """Encode ``delta`` (a piece of ``key``'s stream starting at ``offset``) plus its carried error.
+
+        ``keep`` (as many elements as ``delta``; it may be ``delta`` itself) receives the
+        residual piece as it was before this call, for :meth:`restore`.
+        """
         flat = delta.detach().reshape(-1)
         if not self.enabled:
             return codec.encode(flat)
-        e = self._residual(name, flat)
-        torch.add(flat, e, alpha=self.beta, out=e)  # e ← β·e + Δ in one pass
-        payload = codec.encode(e)
-        e.sub_(codec.decode(payload, e.numel()))
+        e = self._residual(key, offset + flat.numel(), flat.device)[offset:offset + flat.numel()]
+        target = torch.add(flat, e, alpha=self.beta)  # β·e + Δ in one pass
+        payload = codec.encode(target)
+        if keep is not None:
+            keep.view(-1).copy_(e)
+        torch.sub(target, codec.decode(payload, target.numel()), out=e)
         return payload
 
-    def _residual(self, name: str, flat: torch.Tensor) -> torch.Tensor:
-        e = self._residuals.get(name)
+    def restore(self, key: str, saved: torch.Tensor, offset: int = 0) -> None:
+        """Put back the residual piece ``compress(..., keep=saved)`` replaced."""
+        e = self._residuals.get(key)
+        if e is not None:
+            e[offset:offset + saved.numel()].copy_(saved.reshape(-1))
+
+    def _residual(self, key: str, numel: int, device: torch.device) -> torch.Tensor:
+        e = self._residuals.get(key)
         if e is None:
-            e = self._residuals[name] = torch.zeros(flat.numel(), dtype=torch.float32, device=flat.device)
-        elif e.numel() != flat.numel():
-            raise ValueError(f"error feedback residual {name!r} has {e.numel()} elements, the delta {flat.numel()}")
-        elif e.device != flat.device:  # e.g. loaded from a CPU checkpoint
-            e = self._residuals[name] = e.to(flat.device)
+            e = self._residuals[key] = torch.zeros(numel, dtype=torch.float32, device=device)
+        elif e.numel() < numel:
+            raise ValueError(f"error feedback residual {key!r} has {e.numel()} elements, the delta reaches {numel}")
+        elif e.device != device:  # e.g. loaded from a CPU checkpoint
+            e = self._residuals[key] = e.to(device)
         return e
 
-    def residual(self, name: str) -> torch.Tensor | None:
-        """The carried error of ``name`` (flat float32), or None before its first round."""
-        return self._residuals.get(name)
+    def residual(self, key: str) -> torch.Tensor | None:
+        """The carried error of ``key`` (flat float32), or None before its first round."""
+        return self._residuals.get(key)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self._residuals)
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        self._residuals = {name: t.detach().reshape(-1).to(torch.float32, copy=True) for name, t in state.items()}
+        self._residuals = {key: t.detach().reshape(-1).to(torch.float32, copy=True) for key, t in state.items()}
 
     def reset(self) -> None:
-        self._residuals.clear()
+        """Zero every residual in place (keys kept: a later checkpoint load expects them)."""
+        for e in self._residuals.values():
+            e.zero_()
 
     def __len__(self) -> int:
         return len(self._residuals)

@@ -107,3 +107,29 @@ def from_bytes(data: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return data.view(dtype)
     except RuntimeError:  # .contiguous() would keep the odd stride of a size-1 dimension
         return torch.empty(data.shape, dtype=torch.uint8, device=data.device).copy_(data).view(dtype)
+
+
+def pack_columns(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """``pack`` written as shifts of whole columns: the same bytes, in a form
+    ``torch.compile`` fuses into one kernel (it cannot fuse the word views above).
+    ``(..., n)`` uint8 codes with ``n`` a multiple of ``8 // bits``."""
+    if bits == 8:
+        return codes
+    per = 8 // bits
+    columns = codes.reshape(*codes.shape[:-1], -1, per).to(torch.int32)
+    out = columns[..., 0]
+    for i in range(1, per):
+        out = out | (columns[..., i] << (i * bits))
+    return out.to(torch.uint8)
+
+
+def unpack_columns(data: torch.Tensor, bits: int) -> torch.Tensor:
+    """The inverse of :func:`pack_columns`: ``(..., nbytes)`` -> ``(..., nbytes * 8 // bits)``
+    uint8 codes (padding codes included), as column shifts ``torch.compile`` can fuse."""
+    if bits == 8:
+        return data
+    per = 8 // bits
+    words = data.to(torch.int32).unsqueeze(-1)
+    shifts = torch.arange(0, 8, bits, dtype=torch.int32, device=data.device)
+    codes = (words >> shifts) & (2**bits - 1)
+    return codes.to(torch.uint8).reshape(*data.shape[:-1], data.shape[-1] * per)

@@ -56,6 +56,19 @@ value, does better on Student-t). Error feedback carries what is clipped to the 
 round; ``range_sigmas`` widens the range. absmax and minmax spend their levels on the
 block's extremes, which is why they are the naive baselines at 1 and 2 bits.
 
+Statistics (``statistics``): the statistical scheme's per-block sums can be taken two ways.
+``float`` sums float32 values (one pass each for Σx and ‖x‖, a serial ``bincount`` for the
+centroids: the fastest on a CPU). ``exact`` sums integers: each element as a 30-bit fixed
+point number scaled by its block's absolute maximum (a power of two, so the scaling is
+exact), accumulated in int64. Integer sums do not depend on the order of the additions,
+so the result is the same bit for bit on every device, in any kernel, with atomics or
+without: the compiled kernels (``compiled=True``, default on GPUs) reproduce the eager
+payloads byte for byte, and a GPU's eager path (whose float ``index_add_`` is atomic, hence
+run-to-run different) becomes reproducible. The fixed point keeps 30 bits of Σx and 22 of
+Σx² relative to the block maximum, far below the grid's own resolution. ``auto`` takes
+``float`` for eager kernels on a CPU and ``exact`` everywhere else. absmax and minmax need
+no sums (max and min are exact in any order): their payloads are identical either way.
+
 Everything is vectorised torch on the input's device; ``decode`` takes any leading batch
 dimensions. Inputs must be finite.
 """
@@ -64,13 +77,16 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
 from .codec import Codec
-from .packing import as_bytes, check_bits, from_bytes, pack, packed_bytes, unpack
+from .kernels import compiled_kernel
+from .packing import as_bytes, check_bits, from_bytes, pack, pack_columns, packed_bytes, unpack, unpack_columns
 
 SCHEMES = ("statistical", "absmax", "minmax")
+STATISTICS = ("auto", "exact", "float")
 DEFAULT_RANGE_SIGMAS = {1: 4.0 * math.sqrt(2.0 / math.pi), 2: 3.93, 4: 5.12, 8: 7.57}
 DEFAULT_BLOCK_SIZE = {
     "statistical": {1: 4096, 2: 4096, 4: 16384, 8: 65536},
@@ -78,27 +94,57 @@ DEFAULT_BLOCK_SIZE = {
     "minmax": {1: 4096, 2: 4096, 4: 4096, 8: 4096},
 }
 METADATA_FLOATS = {"statistical": None, "absmax": 1, "minmax": 2}  # None: one per bin
+FIXED_POINT_BITS = 30
+"""Exact statistics: |x| / 2**e < 1 becomes an int32 with this many fraction bits."""
 
 
 class Quantizer(Codec):
     name = "quantize"
 
-    def __init__(self, bits: int = 2, scheme: str = "statistical", block_size: int | None = None,
-                 range_sigmas: float | None = None):
-        self.bits = check_bits(bits)
-        if scheme not in SCHEMES:
-            raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
-        self.scheme = scheme
-        self.block_size = DEFAULT_BLOCK_SIZE[scheme][bits] if block_size is None else int(block_size)
-        if self.block_size <= 0:
-            raise ValueError(f"block_size must be > 0, got {block_size!r}")
-        self.range_sigmas = DEFAULT_RANGE_SIGMAS[bits] if range_sigmas is None else float(range_sigmas)
-        if not self.range_sigmas > 0:  # also rejects NaN
-            raise ValueError(f"range_sigmas must be > 0, got {range_sigmas!r}")
-        self.n_bins = 2**bits
-        self.meta_floats = METADATA_FLOATS[scheme] or self.n_bins
+    @dataclass(kw_only=True, slots=True)
+    class Config(Codec.Config):
+        bits: int = 2
+        """Bits per element: 1 | 2 | 4 | 8."""
+        scheme: str = "statistical"
+        """statistical (mean, σ-range bins, centroid table) | absmax | minmax (uniform per block)."""
+        block_size: int = 0
+        """Elements per block of statistics / scales (0 = the default for ``bits``: 4096, larger
+        at 4 and 8 bits so the statistical tables stay ≤ 0.125 bits/element)."""
+        range_sigmas: float = 0.0
+        """statistical: bin range in σ (0 = the default for ``bits``, near Lloyd–Max)."""
+        statistics: str = "auto"
+        """statistical: auto | exact (integer sums: bitwise the same on every device and
+        kernel) | float (float32 sums: fastest on a CPU). auto = float for eager kernels on
+        a CPU, exact otherwise."""
+
+        def validate(self) -> None:
+            check_bits(self.bits)
+            if self.scheme not in SCHEMES:
+                raise ValueError(f"scheme must be one of {SCHEMES}, got {self.scheme!r}")
+            if self.block_size < 0 or self.block_size != int(self.block_size):
+                raise ValueError(f"block_size must be > 0 (0: the default), got {self.block_size!r}")
+            if not self.range_sigmas >= 0:  # also rejects NaN
+                raise ValueError(f"range_sigmas must be > 0 (0: the default), got {self.range_sigmas!r}")
+            if self.statistics not in STATISTICS:
+                raise ValueError(f"statistics must be one of {STATISTICS}, got {self.statistics!r}")
+
+    def __init__(self, config: Config, *, compiled: bool = False):
+        super().__init__(config, compiled=compiled)
+        if compiled and config.statistics == "float":
+            raise ValueError("statistics 'float' runs only in eager kernels (float sums are not reproducible "
+                             "by compiled ones); use statistics 'exact' or 'auto'")
+        self.bits = config.bits
+        self.scheme = config.scheme
+        self.block_size = config.block_size or DEFAULT_BLOCK_SIZE[config.scheme][config.bits]
+        self.range_sigmas = config.range_sigmas or DEFAULT_RANGE_SIGMAS[config.bits]
+        self.n_bins = 2**config.bits
+        self.meta_floats = METADATA_FLOATS[config.scheme] or self.n_bins
 
     # ------------------------------------------------------------------ layout
+
+    @property
+    def alignment(self) -> int:
+        return self.block_size
 
     def blocks(self, numel: int) -> tuple[int, int]:
         """(number of blocks, block length) for a tensor of ``numel`` elements."""
@@ -115,57 +161,72 @@ class Quantizer(Codec):
         extra = f", R {self.range_sigmas:.2f}σ" if self.scheme == "statistical" else ""
         return f"quantize({self.scheme}, {self.bits}b, block {self.block_size}{extra})"
 
+    def exact_statistics(self, device: torch.device) -> bool:
+        """Whether the statistical scheme sums integers on ``device`` (see the module docstring)."""
+        if self.config.statistics != "auto":
+            return self.config.statistics == "exact"
+        return self.compiled or device.type != "cpu"
+
     # ------------------------------------------------------------------ encode
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         x = x.detach().reshape(-1)
-        nb, block = self.blocks(x.numel())
-        payload = torch.empty(self.payload_bytes(x.numel()), dtype=torch.uint8, device=x.device)
+        numel = x.numel()
+        nb, block = self.blocks(numel)
+        payload = torch.empty(self.payload_bytes(numel), dtype=torch.uint8, device=x.device)
         if nb == 0:
             return payload
         xb = _blocks(x, nb, block)
-        stats = self._stats(xb)
-        codes = _codes(xb, *self._grid(stats), self.n_bins)
         split = 4 * nb * self.meta_floats
-        packed = pack(codes.view(-1)[:x.numel()], self.bits, out=payload[split:])  # padding is not sent
-        payload[:split] = as_bytes(self._metadata(xb, codes, packed, stats))
+        if self.scheme != "statistical":
+            meta, packed = self._encode_extremes(xb, numel)
+        elif self.exact_statistics(x.device):
+            meta, packed = self._encode_exact(xb, numel)
+        else:
+            meta, packed = self._encode_float(xb, payload[split:], numel)
+        if packed is not None:
+            payload[split:] = packed
+        payload[:split] = as_bytes(meta)
         return payload
 
-    def _stats(self, xb: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Per-block statistics, each ``(nblocks, 1)``: two reductions, no temporaries."""
-        if self.scheme == "absmax":
-            return (torch.maximum(xb.amax(1, keepdim=True), xb.amin(1, keepdim=True).neg()),)
-        if self.scheme == "minmax":
-            lo, hi = xb.amin(1, keepdim=True), xb.amax(1, keepdim=True)
-            return lo, (hi - lo) / self.n_bins
-        # σ² = E[x²] − μ²: one pass each for Σx and ‖x‖ (torch.var_mean is ~20x slower on
-        # CPU). It loses precision only where |μ| ≫ σ (|μ|/σ ≳ 1e3), which costs accuracy
-        # of the bin width, never correctness: the centroids are exact means.
-        block = xb.shape[1]
-        mu = xb.sum(1, keepdim=True) / block
-        var = torch.linalg.vector_norm(xb, dim=1, keepdim=True).square_().div_(block).sub_(mu * mu)
-        step = var.clamp_min_(0).sqrt_().mul_(self.range_sigmas / self.n_bins)
-        return mu, step
+    def _kernel(self, fn):
+        return compiled_kernel(fn) if self.compiled else fn
 
-    def _grid(self, stats) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per block (lowest bin edge, 1 / bin width): bin = floor((x − edge) / width)."""
-        if self.scheme == "absmax":
-            (absmax,) = stats
-            return absmax.neg(), _reciprocal(absmax) * (self.n_bins / 2)
-        lo_or_mu, step = stats
-        edge = lo_or_mu if self.scheme == "minmax" else lo_or_mu - step * (self.n_bins / 2)  # μ − R·σ/2
-        return edge, _reciprocal(step)
-
-    def _metadata(self, xb, codes, packed, stats) -> torch.Tensor:
-        if self.scheme == "absmax":
-            return stats[0]
-        if self.scheme == "minmax":
-            return torch.cat(stats, dim=1)
-        mu, step = stats
+    def _encode_float(self, xb: torch.Tensor, out: torch.Tensor, numel: int):
+        """float32 statistics, packed straight into ``out`` (the eager CPU path)."""
+        mu, step = _float_moments(xb, self.range_sigmas / self.n_bins)
+        codes = _codes(xb, *_statistical_grid(mu, step, self.n_bins), self.n_bins)
+        packed = pack(codes.view(-1)[:numel], self.bits, out=out)  # padding is not sent
         sums, counts = _bin_sums(xb, codes, packed, self.bits)
-        centres = torch.addcmul(mu, step, torch.arange(self.n_bins, dtype=torch.float32, device=xb.device)
-                                + (0.5 - self.n_bins / 2))
-        return torch.where(counts > 0, sums / counts.clamp_min(1), centres)
+        return _centroids(sums, counts, mu, step, self.n_bins), None
+
+    def _encode_exact(self, xb: torch.Tensor, numel: int):
+        """Integer statistics (see the module docstring): two kernels around a little
+        per-block arithmetic that both paths share."""
+        nb, block = xb.shape
+        shift = _square_shift(block)
+        exponent, sum_q, sum_sq = self._kernel(_exact_moments)(xb, shift)
+        unit = torch.ldexp(torch.ones_like(sum_q, dtype=torch.float64), exponent.long() - FIXED_POINT_BITS)
+        mu64 = sum_q.double() * unit / block
+        mean_square = sum_sq.double() * (unit * 2.0**shift).square() / block
+        sigma = (mean_square - mu64 * mu64).clamp_min(0).sqrt()
+        mu, step = mu64.float(), (sigma * (self.range_sigmas / self.n_bins)).float()
+        edge, inv = _statistical_grid(mu, step, self.n_bins)
+        packed, sums, counts = self._kernel(_codes_and_bin_sums)(xb, edge, inv, exponent, self.bits, numel)
+        means = (sums.double() * unit / counts.clamp_min(1)).float()
+        return _centroids(means, counts, mu, step, self.n_bins, already_means=True), packed
+
+    def _encode_extremes(self, xb: torch.Tensor, numel: int):
+        """absmax / minmax: exact maxima and minima, so one path serves every kernel."""
+        lo, hi = self._kernel(_extremes)(xb)
+        n = self.n_bins
+        if self.scheme == "absmax":
+            absmax = torch.maximum(hi, lo.neg())
+            meta, edge, inv = absmax, absmax.neg(), _reciprocal(absmax) * (n / 2)
+        else:
+            step = (hi - lo) / n
+            meta, edge, inv = torch.cat([lo, step], dim=1), lo, _reciprocal(step)
+        return meta, self._kernel(_codes_packed)(xb, edge, inv, self.bits, numel)
 
     # ------------------------------------------------------------------ decode
 
@@ -181,7 +242,9 @@ class Quantizer(Codec):
         meta = from_bytes(rows[:, :split], torch.float32).reshape(k * nb, self.meta_floats)
         table = self._table(meta).contiguous()  # (k * nb, n): the value of every code
         codes = rows[:, split:]
-        if self.bits < 8 and block % 2 == 0 and 16 * self.n_bins**2 <= block:  # pair table ≤ 1/8 of out
+        if self.compiled:
+            out = compiled_kernel(_lookup_columns)(codes, table, self.bits, block)
+        elif self.bits < 8 and block % 2 == 0 and 16 * self.n_bins**2 <= block:  # pair table ≤ 1/8 of out
             out = _lookup_pairs(codes, table, self.bits, numel, block)
         else:
             out = _lookup(unpack(codes, self.bits, numel), table, block)
@@ -198,6 +261,100 @@ class Quantizer(Codec):
             return meta * ((2 * j + 1 - n) / n)
         lo, step = meta[:, :1], meta[:, 1:]
         return torch.addcmul(lo, step, j + 0.5)
+
+
+# ------------------------------------------------------------------- statistics
+
+
+def _float_moments(xb: torch.Tensor, width_per_sigma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block (μ, bin width), float32.
+
+    σ² = E[x²] − μ²: one pass each for Σx and ‖x‖ (torch.var_mean is ~20x slower on CPU).
+    It loses precision only where |μ| ≫ σ (|μ|/σ ≳ 1e3), which costs accuracy of the bin
+    width, never correctness: the centroids are exact means.
+    """
+    block = xb.shape[1]
+    mu = xb.sum(1, keepdim=True) / block
+    var = torch.linalg.vector_norm(xb, dim=1, keepdim=True).square_().div_(block).sub_(mu * mu)
+    return mu, var.clamp_min_(0).sqrt_().mul_(width_per_sigma)
+
+
+def _statistical_grid(mu: torch.Tensor, step: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block (lowest bin edge μ − R·σ/2, 1 / bin width): bin = floor((x − edge) / width)."""
+    return mu - step * (n / 2), _reciprocal(step)
+
+
+def _centroids(sums, counts, mu, step, n: int, already_means: bool = False) -> torch.Tensor:
+    """Each bin's mean (``sums / counts``), or its centre where it is empty: ``(nb, n)`` float32."""
+    centres = torch.addcmul(mu, step, torch.arange(n, dtype=torch.float32, device=mu.device) + (0.5 - n / 2))
+    means = sums if already_means else sums / counts.clamp_min(1)
+    return torch.where(counts > 0, means, centres)
+
+
+def _square_shift(block: int) -> int:
+    """Right shift of the 30-bit fixed point before squaring, so a block's Σq² fits int64."""
+    room = (62 - max(block - 1, 1).bit_length()) // 2  # bits per value with block · 2^(2·room) < 2^62
+    return max(0, FIXED_POINT_BITS - min(room, 22))
+
+
+def _scale_exponent(xb: torch.Tensor) -> torch.Tensor:
+    """Per block e with max|x| < 2**e, from the float32 bits of the maximum (clamped so
+    2**(30 − e) stays a normal float32): ``(nb, 1)`` int32."""
+    absmax = xb.abs().amax(1, keepdim=True)
+    biased = (absmax.view(torch.int32) >> 23) & 0xFF
+    return (biased - 126).clamp(-96, 128)
+
+
+def _fixed_point(xb: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """x · 2**(30 − e) truncated to int32 (|·| < 2**30): the scaling is a power of two, so exact."""
+    scale = ((FIXED_POINT_BITS + 127 - exponent) << 23).view(torch.float32)
+    return (xb * scale).to(torch.int32)
+
+
+def _exact_moments(xb: torch.Tensor, shift: int):
+    """Per block (e, Σq, Σ(q >> shift)²): integers, the same in any summation order."""
+    exponent = _scale_exponent(xb)
+    q = _fixed_point(xb, exponent)
+    coarse = (q >> shift).to(torch.int64)
+    return exponent, q.sum(1, keepdim=True, dtype=torch.int64), (coarse * coarse).sum(1, keepdim=True)
+
+
+def _codes_and_bin_sums(xb, edge, inv, exponent, bits: int, numel: int):
+    """Packed codes, and per block and bin the integer Σq and the count: ``(nb, n)`` int64 each."""
+    nb, block = xb.shape
+    n = 2**bits
+    codes = _codes(xb, edge, inv, n)
+    index = (codes.to(torch.int64) + torch.arange(0, nb * n, n, device=xb.device).view(nb, 1)).view(-1)
+    q = _fixed_point(xb, exponent).to(torch.int64).view(-1)
+    sums = torch.zeros(nb * n, dtype=torch.int64, device=xb.device).index_add_(0, index, q)
+    counts = torch.zeros(nb * n, dtype=torch.int64, device=xb.device).index_add_(0, index, torch.ones_like(q))
+    return _pack_flat(codes, bits, numel), sums.view(nb, n), counts.view(nb, n)
+
+
+def _extremes(xb: torch.Tensor):
+    return xb.amin(1, keepdim=True), xb.amax(1, keepdim=True)
+
+
+def _codes_packed(xb, edge, inv, bits: int, numel: int) -> torch.Tensor:
+    return _pack_flat(_codes(xb, edge, inv, 2**bits), bits, numel)
+
+
+def _pack_flat(codes: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
+    """The first ``numel`` codes (a last block's padding is not sent), packed: by word
+    views in eager mode (fewer passes on a CPU), by column shifts when compiled."""
+    flat = codes.reshape(-1)[:numel]
+    if not torch.compiler.is_compiling():
+        return pack(flat, bits)
+    pad = (-numel) % (8 // bits)
+    if pad:
+        flat = torch.nn.functional.pad(flat, (0, pad))
+    return pack_columns(flat, bits)
+
+
+def _lookup_columns(packed: torch.Tensor, table: torch.Tensor, bits: int, block: int) -> torch.Tensor:
+    """Decode for compiled kernels: unpack by column shifts, then one gather per code."""
+    codes = unpack_columns(packed, bits)
+    return _lookup(codes, table, block)
 
 
 # ---------------------------------------------------------------------- helpers

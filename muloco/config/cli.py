@@ -1,9 +1,11 @@
 """Command line: ``--config <module> [--section.key value ...]``.
 
 Overrides are parsed by tyro with torchtitan's rules, so every dataclass field is
-reachable and ``--help`` lists each with its default. Before tyro sees them, every
-``--key`` is checked against the config's fields: a misspelt key is an error that
-names the closest valid keys (MuLoCo's own launcher silently drops them).
+reachable and ``--help`` lists each with its default. Before tyro sees them, fields that
+hold one of several config classes are set from their names (``--outer.exchange.codec
+quantize``, see ``variants.py``) and every ``--key`` is checked against the config's
+fields: a misspelt key is an error that names the closest valid keys (MuLoCo's own
+launcher silently drops them), a setting of an unchosen variant names where it belongs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import tyro
 from torchtitan.config.manager import ConfigManager, custom_registry
 
 from muloco.config.loader import ConfigError, load_config
+from muloco.config.variants import apply_choices, describe_choices, misplaced_key_hint
 
 DEFAULT_CONFIG = "base"
 
@@ -54,6 +57,9 @@ def check_keys(config, args: list[str]) -> None:
         negated = f"{section}.{leaf[3:]}" if section else leaf[3:]
         if key in keys or (leaf.startswith("no_") and isinstance(keys.get(negated), bool)):
             continue
+        misplaced = misplaced_key_hint(config, key)
+        if misplaced:
+            raise ConfigError(f"unknown config key '--{key}': {misplaced}")
         close = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.5)
         if not close and section:
             close = [k for k in keys if k.startswith(section + ".")][:8]
@@ -83,6 +89,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m muloco.trai
     argv = list(sys.argv[1:] if argv is None else argv)
     name, rest = _split_config_arg(argv)
     loaded = load_config(name)
+    rest = apply_choices(loaded, rest)
     check_keys(loaded, rest)
     _ensure_tyro_rules()
     config = tyro.cli(
@@ -91,7 +98,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m muloco.trai
         default=loaded,
         registry=custom_registry,
         prog=prog,
-        description=f"muloco trainer (config module: {name})",
+        description=f"muloco trainer (config module: {name}). {describe_choices(loaded)}".strip(),
     )
     return name, config
 

@@ -5,13 +5,12 @@ torchtitan's wiring hard-codes: the global parameters, the pseudo-gradient, the
 outer optimizer, the exchange and the fragment schedule.
 """
 
-from muloco.outer.exchange import DenseAllReduce, Exchange, PendingExchange
+from muloco.outer.exchange import Exchange, PendingExchange
 from muloco.outer.loop import OuterLoop
 from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.schedule import SyncSchedule, model_fragments
 
 __all__ = [
-    "DenseAllReduce",
     "Exchange",
     "OuterLoop",
     "OuterOptimizer",

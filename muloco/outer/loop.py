@@ -42,7 +42,7 @@ from muloco.outer.coordinator import (
     QuorumView,
     coordination,
 )
-from muloco.outer.exchange import Exchange, PendingExchange
+from muloco.outer.exchange import PARTS, Exchange, PendingExchange
 from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.placement import Placement, resolve_backup_device
 from muloco.outer.schedule import SyncSchedule, model_fragments
@@ -78,6 +78,37 @@ def _tensors(state: Any):
             yield from _tensors(v)
 
 
+class _Clock:
+    """Consecutive laps of the caller's time, by name."""
+
+    def __init__(self):
+        self.start = self.last = time.perf_counter()
+        self.laps: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = self.laps.get(name, 0.0) + now - self.last
+        self.last = now
+
+    def total(self) -> float:
+        return self.last - self.start
+
+
+def _parts(sync: "_Open", clock: _Clock, seconds: float) -> dict[str, float]:
+    """The sync's blocked time by part (:data:`PARTS`); ``other`` makes them add up to ``seconds``."""
+    exchange = sync.exchange.times
+    slowest = getattr(sync.exchange, "wait_for_slowest", lambda: None)()
+    parts = dict.fromkeys(PARTS, 0.0)
+    parts["wait_slowest"] = min(slowest or 0.0, sync.quorum_seconds)
+    parts["quorum"] = sync.quorum_seconds - parts["wait_slowest"]
+    for name in ("pseudo_gradient", "encode", "collective", "decode"):
+        parts[name] = exchange.get(name, 0.0)
+    for name in ("commit", "outer_step", "pull"):
+        parts[name] = clock.laps.get(name, 0.0)
+    parts["other"] = max(0.0, seconds - sum(v for k, v in parts.items() if k != "other"))
+    return parts
+
+
 def _gib(tensors) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / 2**30
 
@@ -107,6 +138,10 @@ class SyncRecord:
     healed_from: int | None = None
     """The replica group this group healed from in this sync's quorum."""
     global_sha256: str | None = None
+    peak_extra_bytes: int = 0
+    """Peak bytes of the buffers this sync held (Δ, averages, buckets in flight)."""
+    parts: dict[str, float] = field(default_factory=dict)
+    """``seconds`` split into :data:`muloco.outer.exchange.PARTS` (they add up to it)."""
 
     @property
     def bits_per_parameter(self) -> float:
@@ -119,6 +154,7 @@ class _Open:
     exchange: PendingExchange
     seconds: float
     quorum: QuorumView
+    quorum_seconds: float
     catching_up: bool = False
 
 
@@ -209,7 +245,7 @@ class OuterLoop(Configurable):
         self.fragments = [
             _Fragment(f, self.placement, config.optimizer) for f in model_fragments(model, config.num_fragments)
         ]
-        self.exchange = config.exchange.build()
+        self.exchange = config.exchange.build(device=device)
         for frag in self.fragments:
             self.exchange.allocate(frag.names, frag.locals())
         self.records: list[SyncRecord] = []
@@ -259,25 +295,33 @@ class OuterLoop(Configurable):
         return step
 
     def _start_exchange(self, view: QuorumView, started: float, *, contributes: bool, catching_up: bool) -> None:
+        """Start the exchange of the fragment due now; ``started``: when its quorum began."""
+        quorum_seconds = time.perf_counter() - started
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
         locals_ = frag.locals()
-        deltas = torch._foreach_sub(self.placement.to_device(frag.globals), locals_)
-        pending = self.exchange.start(self.manager, frag.names, deltas, contributes)
+
+        def pseudo_gradient(views: list[torch.Tensor]) -> None:  # Δ = θ_g − θ_local, in the exchange's buffers
+            self.placement.copy_to_device(views, frag.globals)
+            torch._foreach_sub_(views, locals_)
+
+        pending = self.exchange.start(self.manager, frag.names, pseudo_gradient, contributes, quorum_seconds)
         self._open = _Open(fragment=index, exchange=pending, seconds=time.perf_counter() - started,
-                           quorum=view, catching_up=catching_up)
+                           quorum=view, quorum_seconds=quorum_seconds, catching_up=catching_up)
 
     @torch.no_grad()
     def _perform(self, step: int) -> SyncRecord:
         assert self._open is not None, "perform without prepare"
-        started = time.perf_counter()
         sync, self._open = self._open, None
         frag = self.fragments[sync.fragment]
+        clock = _Clock()
         averaged = sync.exchange.wait()
         exchange_failed = self.manager.errored() is not None
         failure = None if exchange_failed else self._veto(sync.exchange, averaged)
+        clock.lap("exchange")
         with coordination():
             committed = self.manager.should_commit()
+        clock.lap("commit")
         if failure is None and not committed:
             err = self.manager.errored()
             failure = f"a replica failed in the exchange or the commit vote ({_first_line(err)})" if err else \
@@ -285,11 +329,15 @@ class OuterLoop(Configurable):
         locals_ = frag.locals()
         if committed:
             frag.optimizer.step(self.placement.to_backup(averaged))
+            clock.lap("outer_step")
             self._pull(frag.globals, locals_, self.config.fragment_update_alpha)
         else:
             sync.exchange.rollback()  # e.g. error-feedback residuals of the dropped Δ
+            clock.lap("outer_step")
             if not sync.catching_up:  # a catch-up round computed nothing locally: nothing to drop
                 self._pull(frag.globals, locals_, 0.0)
+        clock.lap("pull")
+        seconds = sync.seconds + clock.total()
         record = SyncRecord(
             step=step,
             fragment=sync.fragment,
@@ -297,7 +345,7 @@ class OuterLoop(Configurable):
             participants=sync.quorum.size,
             contributors=None if exchange_failed else sync.exchange.contributors,
             quorum_id=sync.quorum.quorum_id,
-            seconds=sync.seconds + time.perf_counter() - started,
+            seconds=seconds,
             bytes_sent=sync.exchange.bytes_sent,
             bytes_received=sync.exchange.bytes_received,
             payload_bytes=sync.exchange.payload_bytes,
@@ -305,6 +353,8 @@ class OuterLoop(Configurable):
             dense_fp32_bytes=sync.exchange.dense_fp32_bytes,
             failure=None if committed else failure,
             healed_from=sync.quorum.healed_from,
+            peak_extra_bytes=sync.exchange.peak_extra_bytes,
+            parts=_parts(sync, clock, seconds),
         )
         if self.config.fingerprint:
             record.global_sha256 = self.fingerprint()
@@ -486,6 +536,8 @@ class OuterLoop(Configurable):
             "syncs_failed": len(recs) - len(committed),
             "sync_seconds_total": sum(seconds),
             "sync_seconds_mean": sum(seconds) / len(seconds) if seconds else None,
+            "sync_seconds_by_part": {part: sum(r.parts.get(part, 0.0) for r in recs) for part in PARTS},
+            "sync_peak_extra_bytes": max((r.peak_extra_bytes for r in recs), default=0),
             "bytes_sent": sum(r.bytes_sent for r in recs),
             "bytes_received": sum(r.bytes_received for r in recs),
             "payload_bits_per_parameter": 8 * sum(r.payload_bytes for r in recs) / max(1, sum(r.numel for r in recs)),

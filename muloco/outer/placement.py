@@ -60,9 +60,19 @@ class Placement:
         if not tensors or tensors[0].device == self.device:
             return tensors
         out = [torch.empty(t.shape, dtype=t.dtype, device=self.device) for t in tensors]  # current stream's memory
+        self.copy_to_device(out, tensors)
+        return out
+
+    def copy_to_device(self, out: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
+        """``out`` (on the training device) ← ``tensors`` (on the backup device), ready to use
+        on the current stream when this returns."""
+        if not tensors:
+            return
+        if tensors[0].device == self.device:
+            torch._foreach_copy_(out, tensors)
+            return
         with self._on_side_stream():
             torch._foreach_copy_(out, tensors, non_blocking=self.pinned)
-        return out
 
     def to_backup(self, tensors: list[torch.Tensor], dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
         """``tensors`` (on the training device) on the backup device in ``dtype``, complete

@@ -1,10 +1,11 @@
-"""Collectives the torchft Manager does not offer (it has only ``allreduce``).
+"""Collectives on the torchft Manager's process group, inside the current quorum.
 
-They run on the manager's reconfigured process group inside the current quorum and
-follow the manager's own error contract: a failure (a peer died, a timeout) is recorded
-with ``report_error`` so ``should_commit()`` fails on every replica and the outer loop
-rolls the sync back, instead of raising in the middle of training. After an error the
-buffers hold garbage; callers only need them not to crash.
+The Manager offers only ``allreduce``; all-gather and all-to-all run on its reconfigured
+process group and follow the manager's own error contract: a failure (a peer died, a
+timeout) is recorded with ``report_error`` so ``should_commit()`` fails on every replica
+and the outer loop rolls the sync back, instead of raising in the middle of training.
+After an error the buffers hold garbage; callers check ``manager.errored()`` before
+reading them. Each call returns an object with ``wait()``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
+from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions, ReduceOp
 
 
 def _managed(manager: Any, issue) -> torch.futures.Future:
@@ -43,11 +44,16 @@ def group_rank(manager: Any) -> int:
     return manager._pg.parent.rank() if not manager.errored() else 0
 
 
-def all_gather(manager: Any, tensor: torch.Tensor) -> tuple[list[torch.Tensor], torch.futures.Future]:
-    """Every replica's ``tensor`` (same size everywhere), in quorum rank order."""
-    outputs = [torch.empty_like(tensor) for _ in range(group_size(manager))]
-    fut = _managed(manager, lambda pg: pg.allgather([outputs], [tensor], AllgatherOptions()))
-    return outputs, fut
+def all_reduce(manager: Any, tensor: torch.Tensor):
+    """Sum ``tensor`` over the quorum, in place (torchft's own managed all-reduce)."""
+    return manager.allreduce(tensor, reduce_op=ReduceOp.SUM)
+
+
+def all_gather(manager: Any, out: torch.Tensor, tensor: torch.Tensor) -> torch.futures.Future:
+    """Every replica's ``tensor`` (same size everywhere) into the rows of ``out`` (K, size),
+    in quorum rank order."""
+    rows = list(out.unbind(0))
+    return _managed(manager, lambda pg: pg.allgather([rows], [tensor], AllgatherOptions()))
 
 
 def all_to_all(

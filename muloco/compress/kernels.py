@@ -1,0 +1,61 @@
+"""Compiled codec kernels: ``torch.compile`` of the codecs' own eager functions.
+
+Each codec writes its encode and decode as a few pure tensor functions (statistics,
+codes and packing, table lookup). Eager mode calls them as they are; ``compiled=True``
+calls them through ``torch.compile``, which on a GPU fuses each into one or two Triton
+kernels (on a CPU, into C++ loops). Same functions, same inputs: the payloads are the
+same bytes, provided nothing in them depends on the order of floating-point additions,
+which is why the compiled quantizer takes its statistics as integer sums (see
+``quantize.py``). Tests compare the two byte for byte.
+
+The exchange picks compiled kernels by default on CUDA only
+(``outer.exchange.kernels``: auto | eager | compiled): compiling costs seconds at the
+first sync of each bucket shape, and on a CPU the eager kernels are already tuned.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+from torchtitan.tools.logging import logger
+
+KERNELS = ("auto", "eager", "compiled")
+
+
+def use_compiled(kernels: str, device: torch.device) -> bool:
+    """Whether the codecs of an exchange on ``device`` run compiled kernels."""
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
+    if kernels == "auto":
+        return device.type == "cuda"
+    return kernels == "compiled"
+
+
+@functools.cache
+def compiled_kernel(fn: Callable) -> Callable:
+    """``fn`` through ``torch.compile``, once per function (shapes are dynamic: buckets,
+    reduce-scatter ranges and the last partial bucket share one compiled kernel).
+
+    If compiling or running the compiled kernel fails (a toolchain that cannot build
+    kernels on this host, say), the eager function takes over for good, after one warning:
+    its payloads are the same bytes, so replicas that compiled and replicas that did not
+    still agree.
+    """
+    compiled = torch.compile(fn, dynamic=True, fullgraph=False)
+    state = {"broken": None}
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if state["broken"] is None:
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - any compiler failure; the eager path is equivalent
+                state["broken"] = err
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                logger.warning(f"compiled codec kernel {fn.__name__} failed ({type(err).__name__}: {first}); "
+                               "using the eager kernels (the same payloads) from now on")
+        return fn(*args, **kwargs)
+
+    return run

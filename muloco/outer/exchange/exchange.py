@@ -1,0 +1,203 @@
+"""How replicas average their pseudo-gradients: a codec, a strategy, error feedback, buckets.
+
+An exchange takes this replica's pseudo-gradient Δ for one fragment and returns the
+average over the replicas that contributed. It runs inside a torchft quorum, over the
+manager's reconfigured process group, and never decides about commits: any collective
+error is recorded by the manager, ``should_commit()`` then fails on every replica and the
+outer loop discards the result (and calls ``rollback``).
+
+What it is made of, each chosen by its own config class (torchtitan's ``Configurable``):
+
+- the **codec** (``compress/``): ``dense`` (its dtype on the wire), ``quantize`` or
+  ``topk``; on the command line ``--outer.exchange.codec quantize`` picks it and
+  ``--outer.exchange.codec.bits 2`` sets its own settings (a setting of another codec is
+  an error that names the codec);
+- the **strategy** (``strategies.py``): ``allreduce`` (dense only), ``allgather`` or
+  ``reduce_scatter``; unset, ``allreduce`` for the dense codec and ``allgather`` otherwise;
+- **error feedback** (replica-local state: ``state_dict`` goes into this replica's
+  checkpoint, never to a healing peer, and ``reset`` runs on heal);
+- tensors matching ``skip_pattern`` (norms, say) form a second stream sent dense in
+  ``skip_dtype``, through the same strategy;
+- **buckets**: both streams are processed ``bucket_mb`` MB of parameters at a time, a few
+  buckets in flight (``pipeline.py``): the memory of a sync is O(n) + O(K · bucket).
+
+Bytes are counted from the buffers handed to each collective: what this replica's
+collectives carry to and from the *other* replicas (a ring all-reduce of B bytes:
+2(K−1)/K·B each way; an all-gather: (K−1)·B; an all-to-all: the splits for other
+ranks). ``payload_bytes`` is the size of this replica's encoded Δ, from which the bits
+per parameter follow. :meth:`Exchange.wire_bytes` gives the same from the formulas, for any K.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import tyro
+from torchtitan.config import Configurable
+
+from muloco.compress import CodecConfig, Dense, ErrorFeedback
+from muloco.compress.dense import DTYPES
+from muloco.compress.kernels import KERNELS, use_compiled
+from muloco.outer.exchange import collectives
+from muloco.outer.exchange.layout import COMPRESSED, DENSE, FragmentLayout, cut
+from muloco.outer.exchange.pipeline import PendingExchange, Sync
+from muloco.outer.exchange.strategies import STRATEGIES, AllGather, AllReduce, StrategyConfig
+
+MB = 2**20
+
+
+class Exchange(Configurable):
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        codec: tyro.conf.AvoidSubcommands[CodecConfig] = field(default_factory=Dense.Config)
+        """dense | quantize | topk: pick with ``--outer.exchange.codec NAME``, then set its
+        own settings as ``--outer.exchange.codec.SETTING`` (see --help after picking)."""
+        strategy: tyro.conf.AvoidSubcommands[StrategyConfig | None] = None
+        """allreduce (dense only) | allgather | reduce_scatter; unset: allreduce for the
+        dense codec, allgather for the others."""
+        error_feedback: ErrorFeedback.Config = field(default_factory=ErrorFeedback.Config)
+        """What a lossy codec dropped is added to the next Δ (e ← β·e + Δ)."""
+        skip_pattern: str = ""
+        """Regex on parameter names sent dense in ``skip_dtype`` (e.g. norms: ``norm\\.weight$``)."""
+        skip_dtype: str = "float32"
+        """float32 | bfloat16 | float16: dtype of the tensors matched by ``skip_pattern``."""
+        bucket_mb: float = 64.0
+        """Parameters (float32 MB) encoded, exchanged and decoded at a time."""
+        pipeline_depth: int = 2
+        """Buckets in flight (2: bucket b+1 is encoded while bucket b's collective runs)."""
+        kernels: str = "auto"
+        """auto (compiled on CUDA, eager elsewhere) | eager | compiled (torch.compile; the
+        same payloads byte for byte)."""
+
+        def validate(self) -> None:
+            try:
+                self.codec.validate()
+            except ValueError as err:
+                raise ValueError(f"outer.exchange.codec ({_codec_name(self.codec)}): {err}") from None
+            try:
+                self.error_feedback.validate()
+            except ValueError as err:
+                raise ValueError(f"outer.exchange.error_feedback.{err}") from None
+            try:
+                re.compile(self.skip_pattern)
+            except re.error as err:
+                raise ValueError(f"outer.exchange.skip_pattern is not a valid regex: {err}") from None
+            if self.skip_dtype not in DTYPES:
+                raise ValueError(f"outer.exchange.skip_dtype must be one of {', '.join(DTYPES)}; "
+                                 f"got {self.skip_dtype!r}")
+            if not (math.isfinite(self.bucket_mb) and self.bucket_mb > 0):
+                raise ValueError(f"outer.exchange.bucket_mb must be a positive number, got {self.bucket_mb!r}")
+            if self.pipeline_depth < 1:
+                raise ValueError(f"outer.exchange.pipeline_depth must be >= 1, got {self.pipeline_depth!r}")
+            if self.kernels not in KERNELS:
+                raise ValueError(f"outer.exchange.kernels must be one of {', '.join(KERNELS)}; got {self.kernels!r}")
+            strategy = self.resolved_strategy().build()
+            try:
+                strategy.check_codec(self.codec.build())
+            except ValueError as err:
+                raise ValueError(f"outer.exchange.strategy {strategy.name}: {err}") from None
+
+        def resolved_strategy(self):
+            if self.strategy is not None:
+                return self.strategy
+            return AllReduce.Config() if isinstance(self.codec, Dense.Config) else AllGather.Config()
+
+    def __init__(self, config: Config, *, device: torch.device | None = None):
+        config.validate()
+        self.config = config
+        self.device = device or torch.device("cpu")
+        self.compiled = use_compiled(config.kernels, self.device)
+        self.codec = config.codec.build(compiled=self.compiled)
+        self.codecs = {COMPRESSED: self.codec, DENSE: Dense.Config(dtype=config.skip_dtype).build()}
+        self.strategy = config.resolved_strategy().build()
+        self.feedback = config.error_feedback.build()
+        self.skip = re.compile(config.skip_pattern) if config.skip_pattern else None
+        self.bucket_numel = max(1, int(config.bucket_mb * MB) // 4)
+        self.layouts: dict[tuple[str, ...], FragmentLayout] = {}
+
+    def describe(self) -> str:
+        fed = [s for s, c in self.codecs.items() if self.feedback.applies_to(c)]
+        ef = f"error feedback β={self.feedback.beta:g}" if fed else "no error feedback"
+        skip = f", {self.config.skip_pattern!r} dense {self.config.skip_dtype}" if self.skip else ""
+        kernels = "compiled" if self.compiled else "eager"
+        return (f"{self.codec.describe()}, {ef}, {self.strategy.name}{skip}, buckets of "
+                f"{self.config.bucket_mb:g} MB, {kernels} kernels")
+
+    # ------------------------------------------------------------------- state
+
+    def allocate(self, names: list[str], tensors: list[torch.Tensor]) -> None:
+        """Once per fragment (this rank's tensors), before training: its layout, and zero
+        residuals so a checkpoint load (DCP loads in place) finds them."""
+        layout = FragmentLayout(names, [t.shape for t in tensors], self.skip)
+        self.layouts[tuple(names)] = layout
+        for stream, codec in self.codecs.items():
+            if self.feedback.applies_to(codec) and layout.numel[stream]:
+                self.feedback.allocate(f"{layout.key}/{stream}", layout.numel[stream], tensors[0].device)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Residuals under this rank's key: under FSDP each rank's residuals cover its own
+        shards, and distinct keys keep DCP from treating them as one replicated tensor."""
+        residuals = self.feedback.state_dict()
+        return {_rank_key(): {s: {k: t for k, t in residuals.items() if k.endswith("/" + s)}
+                              for s in (COMPRESSED, DENSE)}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        mine = state.get(_rank_key())
+        if mine is None:
+            raise ValueError(f"the checkpoint has no error-feedback residuals for {_rank_key()}")
+        self.feedback.load_state_dict({k: t for s in (COMPRESSED, DENSE) for k, t in mine.get(s, {}).items()})
+
+    def reset(self) -> None:
+        """Zero the residuals (after healing from a peer: they describe a trajectory this
+        replica no longer follows). Zeroed, not dropped, so a checkpoint taken before the
+        next sync still has every key a later load expects."""
+        self.feedback.reset()
+
+    # -------------------------------------------------------------------- sync
+
+    def start(self, manager: Any, names: list[str], fill: Callable[[list[torch.Tensor]], None], contributes: bool,
+              quorum_seconds: float = 0.0) -> PendingExchange:
+        """Start averaging one fragment's Δ, which ``fill`` writes into the views it is given
+        (one per tensor of the fragment, in ``names`` order).
+
+        ``contributes=False`` (a replica that has just healed and holds a copy of a peer's
+        state) adds nothing to the average but still takes part in the collectives so every
+        replica's buffers have the same size. ``quorum_seconds``: how long this replica's
+        quorum took, sent along so each replica can tell its wait for the slowest apart.
+        """
+        layout = self.layouts.get(tuple(names))
+        if layout is None:
+            raise ValueError(f"exchange.allocate was not called for the fragment {names[0]}..{names[-1]}")
+        return Sync(manager=manager, layout=layout, strategy=self.strategy, codecs=self.codecs,
+                    feedback=self.feedback, bucket_numel=self.bucket_numel, depth=self.config.pipeline_depth,
+                    contributes=contributes, quorum_seconds=quorum_seconds, fill=fill, device=self.device,
+                    k=collectives.group_size(manager), rank=collectives.group_rank(manager))
+
+    def wire_bytes(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> dict[str, float]:
+        """Bytes replica ``rank`` sends and receives in one sync of a fragment with ``numel``
+        compressed and ``numel_dense`` skipped elements, and its payload, from the wire
+        format alone (what the exchange counts from its buffers), for any K."""
+        total = {"payload": 0.0, "sent": 0.0, "received": 0.0}
+        layout_numel = {COMPRESSED: numel, DENSE: numel_dense}
+        for stream, codec in self.codecs.items():
+            for a, b in cut(layout_numel[stream], self.bucket_numel, codec.alignment):
+                for key, value in self.strategy.bucket_bytes(k, codec, b - a, rank).items():
+                    total[key] += value
+        return total
+
+
+def _rank_key() -> str:
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    return f"rank_{rank}"
+
+
+def _codec_name(config: Any) -> str:
+    owner = getattr(type(config), "_owner", None)
+    return getattr(owner, "name", type(config).__name__)
+
+
+__all__ = ["STRATEGIES", "Exchange", "PendingExchange"]

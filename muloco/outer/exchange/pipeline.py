@@ -1,0 +1,321 @@
+"""One sync's exchange in flight: buckets through encode → collective → decode/average.
+
+The outer loop writes Δ into the fragment's stream buffers (``layout.py``) and starts a
+:class:`Sync`. A worker thread then takes the buckets through the strategy's stages: a
+strategy's ``run`` is a generator per bucket that encodes, yields the collective it
+issued, and on resumption decodes and averages (a reduce-scatter yields twice: its second
+phase is issued the moment its first one completes). The worker keeps ``depth`` buckets
+in flight: bucket b+1 is encoded while bucket b's collective runs (gloo works on its own
+threads; on CUDA the worker runs on a side stream), and with τ > 0 the whole exchange,
+both reduce-scatter phases included, proceeds while the training loop runs. Every
+replica issues the same collectives in the same order (same buckets, same schedule).
+
+Memory: Δ's buffers (n float32; with error feedback they then hold the residuals each
+bucket replaced, for a rollback) and, with error feedback, the average's buffers (n
+float32), plus about ``depth`` buckets of payloads, gathered payloads and decoded rows:
+O(n) + O(K · bucket), never O(K · n). ``peak_extra_bytes`` is the peak of the buffers
+the sync holds, counted where they are allocated and released (the codecs' short-lived
+temporaries, a few buckets' worth, are not in it).
+
+Time: the parts of the blocked time are measured where they happen (quorum, Δ, commit,
+outer step, pull on the caller's side; encode, collective, decode on the worker's). The
+worker's time counts only where the caller waits for it: its intervals are intersected
+with the caller's wait, so the parts add up to the blocked time (the rest is ``other``).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from muloco.compress import Codec, ErrorFeedback
+from muloco.compress.packing import from_bytes
+from muloco.outer.exchange.layout import Bucket, FragmentLayout
+
+HEADER_BYTES = 5
+"""Each payload starts with its sender's flag (1: contributes, 0: sends zeros) and the
+sender's quorum time in seconds (float32), from which the time spent waiting for the
+slowest replica is told apart from the quorum's own cost."""
+
+PARTS = ("quorum", "wait_slowest", "pseudo_gradient", "encode", "collective", "decode", "commit", "outer_step",
+         "pull", "other")
+"""The blocked time of a sync, part by part (``wait_slowest`` is the part of the quorum spent
+waiting for the last replica to arrive, where the strategy carries the headers to tell)."""
+
+
+class Tally:
+    """Bytes of the tensors registered with :meth:`track` that are still alive, and their peak."""
+
+    def __init__(self):
+        self.live = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+
+    def track(self, t: torch.Tensor) -> torch.Tensor:
+        nbytes = t.numel() * t.element_size()
+        with self._lock:
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        weakref.finalize(t, self._release, nbytes)
+        return t
+
+    def _release(self, nbytes: int) -> None:
+        with self._lock:
+            self.live -= nbytes
+
+
+class PartTimer:
+    """Intervals of named work on one thread; attributed later to a window of another."""
+
+    def __init__(self):
+        self.segments: list[tuple[str, float, float]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, part: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.segments.append((part, start, time.perf_counter()))
+
+    def within(self, start: float, end: float) -> dict[str, float]:
+        out: dict[str, float] = collections.defaultdict(float)
+        for part, a, b in self.segments:
+            overlap = min(b, end) - max(a, start)
+            if overlap > 0:
+                out[part] += overlap
+        return out
+
+
+@dataclass
+class Job:
+    """One bucket of one stream: where its Δ is, where its average goes, how it is encoded."""
+
+    bucket: Bucket
+    codec: Codec
+    delta: torch.Tensor
+    out: torch.Tensor
+    feedback: ErrorFeedback | None
+    key: str
+    encoded: bool = False
+
+    @property
+    def numel(self) -> int:
+        return self.bucket.numel
+
+
+class PendingExchange:
+    """An exchange in flight; ``wait`` gives the averaged pseudo-gradients (per tensor)."""
+
+    bytes_sent: float = 0
+    bytes_received: float = 0
+    payload_bytes: int = 0
+    """Size of this replica's encoded Δ (headers included)."""
+    dense_fp32_bytes: float = 0
+    """What a dense fp32 ring all-reduce of the same Δ would carry each way, for comparison."""
+    contributors: int = 0
+    """Replicas whose Δ is in the average (known after ``wait``)."""
+    peak_extra_bytes: int = 0
+    times: dict[str, float]
+
+    def wait(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def rollback(self) -> None:
+        """The sync did not commit: undo any replica-local state change it made."""
+
+
+class Sync(PendingExchange):
+    def __init__(self, *, manager: Any, layout: FragmentLayout, strategy: Any, codecs: dict[str, Codec],
+                 feedback: ErrorFeedback, bucket_numel: int, depth: int, contributes: bool, quorum_seconds: float,
+                 fill: Callable[[list[torch.Tensor]], None], device: torch.device, k: int, rank: int):
+        self.manager, self.layout, self.strategy = manager, layout, strategy
+        self.contributes, self.quorum_seconds = contributes, quorum_seconds
+        self.k, self.rank, self.depth, self.device = k, rank, depth, device
+        self.tally, self.timer = Tally(), PartTimer()
+        self.times = {}
+        self.peers_quorum_seconds: list[float] | None = None
+        self._error: BaseException | None = None
+        started = time.perf_counter()
+        self.deltas = {s: self.tally.track(b) for s, b in layout.new_buffers(device).items()}
+        with torch.no_grad():  # Δ is data, not part of any graph (the caller may have grad mode on)
+            fill(layout.views(self.deltas))
+        self.jobs = self._jobs(codecs, feedback, bucket_numel)
+        self.dense_fp32_bytes = 2 * (k - 1) / k * 4 * sum(layout.numel.values())
+        self._streams = _SideStream.after_current(device)
+        self._thread = threading.Thread(target=self._work, name="muloco-exchange", daemon=True)
+        self._thread.start()
+        self.times["pseudo_gradient"] = time.perf_counter() - started
+
+    def _jobs(self, codecs: dict[str, Codec], feedback: ErrorFeedback, bucket_numel: int) -> list[Job]:
+        """With error feedback, averages go to buffers of their own: Δ's keep the replaced residuals."""
+        outs = {}
+        for stream, delta in self.deltas.items():
+            fed = feedback.applies_to(codecs[stream])
+            outs[stream] = self.tally.track(torch.empty_like(delta)) if fed else delta
+        jobs = []
+        for b in self.layout.buckets(codecs, bucket_numel):
+            codec = codecs[b.stream]
+            fed = feedback if feedback.applies_to(codec) else None
+            jobs.append(Job(b, codec, self.deltas[b.stream][b.start:b.end], outs[b.stream][b.start:b.end], fed,
+                            f"{self.layout.key}/{b.stream}"))
+        self.outputs = outs
+        return jobs
+
+    # ------------------------------------------------------------------ worker
+
+    def _work(self) -> None:
+        try:
+            with self._streams.side(), torch.no_grad():  # grad mode is per thread: off here too
+                self._schedule()
+        except BaseException as err:  # noqa: BLE001 - re-raised by wait() on the caller's thread
+            self._error = err
+        finally:
+            self._streams.record_done()
+
+    def _schedule(self) -> None:
+        """Each bucket's generator runs to its first collective; the oldest in flight is
+        resumed once ``depth`` are out (so encoding overlaps the previous collectives)."""
+        active: collections.deque[tuple[Iterator, Any]] = collections.deque()
+        for job in self.jobs:
+            self._advance(active, self.strategy.run(self, job))
+            while len(active) >= self.depth:
+                self._resume(active)
+        while active:
+            self._resume(active)
+
+    def _resume(self, active) -> None:
+        gen, pending = active.popleft()
+        with self.timer("collective"):
+            pending.wait()
+        self._advance(active, gen)
+
+    @staticmethod
+    def _advance(active, gen) -> None:
+        """Run ``gen`` to its next collective (queued behind the others), or to its end."""
+        try:
+            active.append((gen, next(gen)))
+        except StopIteration:
+            pass
+
+    # ------------------------------------------------- used by the strategies
+
+    def failed(self) -> bool:
+        return self.manager.errored() is not None
+
+    def encode(self, job: Job, codec: Codec) -> torch.Tensor:
+        """This replica's payload for ``job`` (zeros if it does not contribute); with error
+        feedback the residual piece it replaces is kept in Δ's buffer for a rollback."""
+        if not self.contributes:  # a healed replica adds nothing and must not feed its buffer
+            return self.tally.track(codec.encode(torch.zeros_like(job.delta)))
+        if job.feedback is None:
+            return self.tally.track(codec.encode(job.delta))
+        job.encoded = True
+        return self.tally.track(job.feedback.compress(job.key, job.delta, codec, offset=job.bucket.start,
+                                                      keep=job.delta))
+
+    def header(self) -> torch.Tensor:
+        flag = torch.tensor([1 if self.contributes else 0], dtype=torch.uint8)
+        seconds = torch.tensor([self.quorum_seconds], dtype=torch.float32).view(torch.uint8)
+        return torch.cat([flag, seconds]).to(self.device)
+
+    def read_headers(self, headers: torch.Tensor) -> list[int]:
+        """Flags of the K senders (``headers``: (K, HEADER_BYTES)); notes their quorum times."""
+        rows = headers.cpu()
+        if self.peers_quorum_seconds is None:
+            self.peers_quorum_seconds = from_bytes(rows[:, 1:], torch.float32).view(-1).tolist()
+        return rows[:, 0].tolist()
+
+    def average_into(self, out: torch.Tensor, rows: torch.Tensor, flags: list[int]) -> None:
+        """Mean over the contributing rows of ``rows`` (K, m), added in rank order (bitwise
+        the same on every replica, whatever the bucket sizes); zeros if none contributes."""
+        chosen = [j for j, f in enumerate(flags) if f == 1]
+        self.contributors = len(chosen)
+        if not chosen:
+            out.zero_()
+            return
+        out.copy_(rows[chosen[0]])
+        for j in chosen[1:]:
+            out.add_(rows[j])
+        if len(chosen) > 1:
+            out.div_(len(chosen))
+
+    def count(self, *, sent: float = 0, received: float = 0, payload: int = 0) -> None:
+        self.bytes_sent += sent
+        self.bytes_received += received
+        self.payload_bytes += payload
+
+    # ------------------------------------------------------------------ caller
+
+    def wait(self) -> list[torch.Tensor]:
+        started = time.perf_counter()
+        self._thread.join()
+        self._streams.wait_done()
+        ended = time.perf_counter()
+        if self._error is not None:
+            raise self._error
+        for part, seconds in self.timer.within(started, ended).items():
+            self.times[part] = self.times.get(part, 0.0) + seconds
+        self.times["other"] = self.times.get("other", 0.0) + max(
+            0.0, (ended - started) - sum(self.timer.within(started, ended).values()))
+        self.peak_extra_bytes = self.tally.peak
+        if self.failed():  # the buffers hold garbage; nothing will be committed
+            return [torch.zeros(s, device=self.device) for s in self.layout.shapes]
+        return self.layout.views(self.outputs)
+
+    def wait_for_slowest(self) -> float | None:
+        """Seconds of this replica's quorum spent waiting for the last one to arrive: its
+        quorum time minus the fastest replica's (the quorum's own cost), if the headers came."""
+        if not self.peers_quorum_seconds:
+            return None
+        return max(0.0, self.quorum_seconds - min(self.peers_quorum_seconds))
+
+    def rollback(self) -> None:
+        """Error-feedback residuals back to what they were before this sync."""
+        for job in self.jobs:
+            if job.encoded:
+                job.feedback.restore(job.key, job.delta, offset=job.bucket.start)
+                job.encoded = False
+
+
+class _SideStream:
+    """On CUDA: the worker runs on its own stream, after the caller's work so far (Δ), and
+    the caller's stream waits for it at ``wait``. Elsewhere: nothing to order."""
+
+    def __init__(self, device: torch.device, ready):
+        self.device = device
+        self.ready = ready
+        self.stream = torch.cuda.Stream(device) if ready is not None else None
+        self.done = torch.cuda.Event() if ready is not None else None
+
+    @classmethod
+    def after_current(cls, device: torch.device) -> "_SideStream":
+        if device.type != "cuda":
+            return cls(device, None)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(device))
+        return cls(device, ready)
+
+    @contextlib.contextmanager
+    def side(self):
+        if self.stream is None:
+            yield
+            return
+        self.stream.wait_event(self.ready)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            yield
+
+    def record_done(self) -> None:
+        if self.done is not None:
+            self.done.record(self.stream)
+
+    def wait_done(self) -> None:
+        if self.done is not None:
+            torch.cuda.current_stream(self.device).wait_event(self.done)

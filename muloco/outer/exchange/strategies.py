@@ -1,0 +1,216 @@
+"""How the replicas combine one bucket: all-reduce, all-gather or reduce-scatter.
+
+Each strategy is a torchtitan ``Configurable`` (chosen by its own config class; on the
+command line ``--outer.exchange.strategy allreduce|allgather|reduce_scatter``) whose
+``run(sync, job)`` is a generator over one bucket: it encodes, issues a collective and
+yields it; when the pipeline resumes it (the collective done), it decodes and writes the
+bucket's average into ``job.out``. ``bucket_bytes`` gives, from the wire format alone,
+what one bucket carries: what the pipeline counts from its buffers (the tests compare).
+
+* ``allreduce`` (dense codecs only: payloads are summed as numbers): one all-reduce of
+  [values, flag] in the codec's dtype; the flag sum counts contributors. Ring traffic
+  2(K−1)/K × the buffer each way.
+* ``allgather``: every replica receives every payload, decodes the K of them in one call
+  and averages the contributors'. Exact with respect to the payloads; (K−1)× the payload.
+* ``reduce_scatter``: the bucket is cut into K owner ranges; range j of every payload goes
+  to replica j (all-to-all), which decodes, averages and re-encodes it; a second
+  all-to-all, issued as soon as the first completes, hands every replica each owner's
+  re-encoded range. About 2(K−1)/K × the payload each way whatever K is; the re-encoding
+  adds a second, un-fed-back quantization of the average (as MuLoCo simulates).
+
+A replica that does not contribute (it has just healed) sends zeros with flag 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Iterator
+
+import torch
+import tyro
+from torchtitan.config import Configurable
+
+from muloco.compress import Codec, Dense
+from muloco.compress.packing import from_bytes
+from muloco.outer.exchange import collectives
+from muloco.outer.exchange.layout import ranges
+from muloco.outer.exchange.pipeline import HEADER_BYTES
+
+if TYPE_CHECKING:
+    from muloco.outer.exchange.pipeline import Job, Sync
+
+
+class Strategy(Configurable):
+    name = "strategy"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        pass
+
+    def __init__(self, config: Config):
+        self.config = config
+
+    def check_codec(self, codec: Codec) -> None:
+        """Raise ValueError if this strategy cannot carry ``codec``'s payloads."""
+
+    def run(self, sync: "Sync", job: "Job") -> Iterator:
+        raise NotImplementedError
+
+    def bucket_bytes(self, k: int, codec: Codec, numel: int, rank: int = 0) -> dict[str, float]:
+        """One bucket of ``numel`` elements: this replica's payload, and the bytes its
+        collectives send to and receive from the other replicas."""
+        raise NotImplementedError
+
+
+class AllReduce(Strategy):
+    name = "allreduce"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Strategy.Config):
+        pass
+
+    def check_codec(self, codec: Codec) -> None:
+        if not isinstance(codec, Dense):
+            raise ValueError(f"allreduce sums payloads as numbers, which only the dense codec's are; "
+                             f"use allgather or reduce_scatter with {codec.name}")
+
+    def run(self, sync, job):
+        dtype = job.codec.dtype
+        with sync.timer("encode"):
+            values = from_bytes(sync.encode(job, job.codec), dtype)
+            flag = torch.ones(1, dtype=dtype, device=values.device) * (1 if sync.contributes else 0)
+            buf = sync.tally.track(torch.cat([values, flag]))
+        work = collectives.all_reduce(sync.manager, buf)
+        ring = 2 * (sync.k - 1) / sync.k * buf.numel() * buf.element_size()
+        sync.count(payload=buf.numel() * buf.element_size(), sent=ring, received=ring)
+        yield work
+        if sync.failed():
+            return
+        with sync.timer("decode"):
+            total = buf.float()
+            sync.contributors = int(total[-1].round())
+            torch.div(total[:-1], total[-1].clamp(min=1.0), out=job.out)
+
+    def bucket_bytes(self, k, codec, numel, rank=0):
+        payload = codec.payload_bytes(numel + 1)
+        ring = 2 * (k - 1) / k * payload
+        return {"payload": payload, "sent": ring, "received": ring}
+
+
+class AllGather(Strategy):
+    name = "allgather"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Strategy.Config):
+        pass
+
+    def run(self, sync, job):
+        with sync.timer("encode"):
+            buf = torch.cat([sync.header(), sync.encode(job, job.codec)])
+            gathered = sync.tally.track(buf.new_empty(sync.k, buf.numel()))
+        fut = collectives.all_gather(sync.manager, gathered, buf)
+        sync.count(payload=buf.numel(), sent=(sync.k - 1) * buf.numel(), received=(sync.k - 1) * buf.numel())
+        yield fut
+        if sync.failed():
+            return
+        with sync.timer("decode"):
+            flags = sync.read_headers(gathered[:, :HEADER_BYTES])
+            rows = sync.tally.track(job.codec.decode(gathered[:, HEADER_BYTES:], job.numel))
+            sync.average_into(job.out, rows, flags)
+
+    def bucket_bytes(self, k, codec, numel, rank=0):
+        payload = HEADER_BYTES + codec.payload_bytes(numel)
+        return {"payload": payload, "sent": (k - 1) * payload, "received": (k - 1) * payload}
+
+
+class _RangeCodec(Codec):
+    """A codec applied owner range by owner range (for reduce-scatter), so error feedback
+    sees the exact payload that is sent."""
+
+    def __init__(self, base: Codec, bounds: list[tuple[int, int]]):
+        self.base, self.bounds = base, bounds
+        self.sizes = [base.payload_bytes(b - a) for a, b in bounds]
+        self.lossless = base.lossless
+
+    def payload_bytes(self, numel: int) -> int:
+        return sum(self.sizes)
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.base.encode(x[a:b]) for a, b in self.bounds])
+
+    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+        pieces = payload.split(self.sizes, dim=-1)
+        return torch.cat([self.base.decode(p, b - a) for p, (a, b) in zip(pieces, self.bounds)], dim=-1)
+
+
+class ReduceScatter(Strategy):
+    name = "reduce_scatter"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Strategy.Config):
+        pass
+
+    def run(self, sync, job):
+        k, me, codec = sync.k, sync.rank, job.codec
+        ranged = _RangeCodec(codec, ranges(job.numel, k, codec.alignment))
+        with sync.timer("encode"):
+            header = sync.header()
+            pieces = [torch.cat([header, p]) for p in sync.encode(job, ranged).split(ranged.sizes)]
+            send_splits = [p.numel() for p in pieces]
+            send = sync.tally.track(torch.cat(pieces))
+            del pieces
+        recv, fut = collectives.all_to_all(sync.manager, send, send_splits, [send_splits[me]] * k)
+        sync.tally.track(recv)
+        sync.count(payload=send.numel(), sent=send.numel() - send_splits[me], received=recv.numel() - send_splits[me])
+        yield fut
+        if sync.failed():
+            return
+        (a, b) = ranged.bounds[me]
+        with sync.timer("decode"):
+            mine = recv.view(k, -1)
+            flags = sync.read_headers(mine[:, :HEADER_BYTES])
+            rows = sync.tally.track(codec.decode(mine[:, HEADER_BYTES:], b - a))
+            average = sync.tally.track(torch.empty(b - a, dtype=torch.float32, device=rows.device))
+            sync.average_into(average, rows, flags)
+            del rows, recv, mine, send
+        with sync.timer("encode"):
+            chunk = sync.tally.track(codec.encode(average))
+            del average
+        send2 = sync.tally.track(chunk.repeat(k))
+        recv2, fut2 = collectives.all_to_all(sync.manager, send2, [chunk.numel()] * k, ranged.sizes)
+        sync.tally.track(recv2)
+        sync.count(sent=send2.numel() - chunk.numel(), received=recv2.numel() - ranged.sizes[me])
+        del send2
+        yield fut2
+        if sync.failed():
+            return
+        with sync.timer("decode"):
+            for piece, (a, b) in zip(recv2.split(ranged.sizes), ranged.bounds):
+                if b > a:
+                    job.out[a:b].copy_(codec.decode(piece, b - a))
+
+    @staticmethod
+    def _first_phase_bytes(k: int, sizes: list[int], me: int) -> dict[str, float]:
+        pieces = [HEADER_BYTES + s for s in sizes]
+        return {"payload": sum(pieces), "sent": sum(p for j, p in enumerate(pieces) if j != me),
+                "received": (k - 1) * pieces[me]}
+
+    @staticmethod
+    def _second_phase_bytes(k: int, sizes: list[int], me: int) -> dict[str, float]:
+        return {"sent": (k - 1) * sizes[me], "received": sum(s for j, s in enumerate(sizes) if j != me)}
+
+    def bucket_bytes(self, k, codec, numel, rank=0):
+        sizes = [codec.payload_bytes(b - a) for a, b in ranges(numel, k, codec.alignment)]
+        first, second = self._first_phase_bytes(k, sizes, rank), self._second_phase_bytes(k, sizes, rank)
+        return {"payload": first["payload"], "sent": first["sent"] + second["sent"],
+                "received": first["received"] + second["received"]}
+
+
+StrategyConfig = (
+    Annotated[AllReduce.Config, tyro.conf.subcommand(AllReduce.name)]
+    | Annotated[AllGather.Config, tyro.conf.subcommand(AllGather.name)]
+    | Annotated[ReduceScatter.Config, tyro.conf.subcommand(ReduceScatter.name)]
+)
+"""One strategy's config; the command line picks it by name (``--outer.exchange.strategy reduce_scatter``)."""
+
+STRATEGIES: tuple[type[Strategy], ...] = (AllReduce, AllGather, ReduceScatter)

@@ -60,7 +60,8 @@ WORKER = textwrap.dedent(
         from muloco.compress import Quantizer, TopK
         from muloco.outer.exchange import Exchange, ReduceScatter
 
-        exchange_worker_inline().__enter__()
+        inline = exchange_worker_inline()  # kept: dropping it would close it and undo the patch
+        inline.__enter__()
         codec = Quantizer.Config(bits=2) if case["codec"] == "quantize" else TopK.Config(fraction=0.1)
         exchange = Exchange.Config(codec=codec, strategy=ReduceScatter.Config() if case["strategy"] == "reduce_scatter"
                                    else None, bucket_mb=case["bucket_mb"]).build()
@@ -137,6 +138,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--baseline-repo", type=Path, default=None)
     args = ap.parse_args()
+    os.environ.setdefault("RUST_LOG", "warn")  # the in-process lighthouse logs every quorum at INFO
     fragment = 4 * args.numel
     print(f"K={K}, one fragment of {args.numel:,} float32 parameters ({fragment / 1e6:.0f} MB); peak memory of a "
           f"sync (Δ included), max over replicas, rounds 2..{args.rounds}; buckets of {args.bucket_mb:g} MB")

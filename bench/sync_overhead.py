@@ -1,6 +1,6 @@
-"""Cost of DiLoCo's outer sync: its share of the training loop, and its time by model size.
+"""Cost of DiLoCo's outer sync: its share of the training loop, its time by model size, and by part.
 
-    .venv/bin/python bench/sync_overhead.py [--repeats 2] [--quick] [--part all|share|size]
+    .venv/bin/python bench/sync_overhead.py [--repeats 2] [--quick] [--part all|share|size|parts]
         [--timeout 300] [--keep]
 
 Every run is a real job on this machine, started as users start one: a torchft
@@ -37,6 +37,14 @@ after the first (both replicas, all repeats), the first sync on its own, paramet
 bytes per sync and bytes per second of sync time; then what a dense fp32 all-reduce
 every step would have sent in the same run (``per_step_fp32_allreduce_bytes``)
 against what DiLoCo sent.
+
+Part 3 (sync time by part): the same sizes (on CUDA: the 158M shape
+``llama3-w1024-d12-h8_qk_torch-rmsnorm_pa_pf`` with the embedded vocabulary, seq 2048), each
+with the dense fp32 exchange (``diloco/diloco``) and the 2-bit one with error feedback
+(``diloco/diloco_2bit``, MuLoCo's exchange with AdamW inside): the median per part of each sync's blocked time, as the trainer
+records it (quorum, waiting for the slowest, Δ, encode, collective, decode/average, commit,
+outer step, pull, other; each sync's parts add up to its time), and the largest peak of a
+sync's own buffers.
 
 What a "sync" time contains: the time the replica is blocked in the outer loop, i.e.
 the quorum (including waiting for the slower replica to arrive), Δ = θ_g − θ, the
@@ -560,7 +568,9 @@ def part_size(args, root: Path) -> dict:
     return rows
 
 
-BREAKDOWN_CONFIGS = ("diloco/diloco", "diloco/muloco_2bit")
+BREAKDOWN_CONFIGS = ("diloco/diloco", "diloco/diloco_2bit")
+"""Dense fp32 and 2-bit exchanges; AdamW inside (the sync does not depend on the inner
+optimizer, and Muon's bf16 Newton–Schulz crawls on CPUs without bf16 matrix units)."""
 CUDA_SIZES = ("llama3-w1024-d12-h8_qk_torch-rmsnorm_pa_pf",)
 
 
@@ -647,8 +657,8 @@ def main(argv=None) -> int:
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(f"machine: {os.cpu_count()} CPU cores ({len(os.sched_getaffinity(0))} usable), "
           f"load average before: {loadavg()}; python {sys.version.split()[0]}")
-    print(f"each job: torchft lighthouse + {K} replica groups (1 process each, OMP_NUM_THREADS=1, gloo, "
-          "dense fp32 all-reduce), no checkpoint saves, validation/TensorBoard off", flush=True)
+    print(f"each job: torchft lighthouse + {K} replica groups (1 process each, OMP_NUM_THREADS=1, gloo; "
+          "parts 1-2: dense fp32 all-reduce), no checkpoint saves, validation/TensorBoard off", flush=True)
     root = Path(tempfile.mkdtemp(prefix="muloco-sync-bench-"))
     share = sizes = None
     try:

@@ -229,9 +229,9 @@ def _check_bytes(spec: dict, got: list[list[dict]]) -> None:
         res = got[r][0]
         formula = exchange.wire_bytes(k, comp_n, dense_n, rank=res["rank"])
         assert formula == {"payload": res["payload"], "sent": res["sent"], "received": res["received"]}
-        if isinstance(exchange.strategy, AllReduce):
-            ring = 2 * (k - 1) / k * 4 * (comp_n + 1)
-            assert res["payload"] == 4 * (comp_n + 1) and res["sent"] == res["received"] == ring
+        if isinstance(exchange.strategy, AllReduce):  # the buffer, and the contributor count once
+            ring = 2 * (k - 1) / k * 4 * comp_n + 2 * (k - 1) / k * 4
+            assert res["payload"] == 4 * (comp_n + 1) and res["sent"] == res["received"] == pytest.approx(ring)
         elif isinstance(exchange.strategy, AllGather):
             payload = HEADER_BYTES + codec.payload_bytes(comp_n)
             assert res["payload"] == payload and res["sent"] == res["received"] == (k - 1) * payload
@@ -269,8 +269,9 @@ BIG_SHAPES = [(384, 256), (256,), (256, 384), (300, 257)]
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("strategy,skip_dtype", [("allgather", "bfloat16"), ("reduce_scatter", "float32")])
 def test_buckets_and_overlap_change_nothing_bitwise_and_memory_stays_bounded(tmp_path, strategy, skip_dtype):
-    """One bucket, one in flight (today's unbucketed exchange) against 17 buckets with 1
-    and 3 in flight: the same averages bitwise on every replica, every round. The measured
+    """One bucket, one in flight (today's unbucketed exchange) against 17 buckets, 3 in
+    flight: the same averages bitwise on every replica, every round (one bucket at a time
+    against three in flight: tests/test_outer.py). The measured
     peak of a sync's allocations at K=3 stays below 2 copies of Δ plus 12 buckets' worth,
     far from the K+1 copies of Δ that decoding every payload at once takes; the peak the
     sync itself reports (its own buffers) is below the measured one."""
@@ -279,7 +280,6 @@ def test_buckets_and_overlap_change_nothing_bitwise_and_memory_stays_bounded(tmp
     bucket_mb = 16384 * 4 / 2**20
     runs = {}
     for name, extra in {"whole": dict(bucket_mb=64.0, pipeline_depth=1),
-                        "buckets": dict(bucket_mb=bucket_mb, pipeline_depth=1),
                         "overlapped": dict(bucket_mb=bucket_mb, pipeline_depth=3, profile_memory=True)}.items():
         folder = tmp_path / name
         folder.mkdir()
@@ -287,8 +287,7 @@ def test_buckets_and_overlap_change_nothing_bitwise_and_memory_stays_bounded(tmp
     for t in range(ROUNDS):
         for r in range(3):
             whole = runs["whole"][r][t]["avg"]
-            for name in ("buckets", "overlapped"):
-                assert all(torch.equal(a, b) for a, b in zip(whole, runs[name][r][t]["avg"])), (name, t, r)
+            assert all(torch.equal(a, b) for a, b in zip(whole, runs["overlapped"][r][t]["avg"])), (t, r)
             assert all(torch.equal(a, b) for a, b in zip(whole, runs["whole"][0][t]["avg"]))
     n_bytes = 4 * sum(torch.Size(s).numel() for s in BIG_SHAPES)
     bucket_bytes = 16384 * 4

@@ -179,7 +179,7 @@ class Quantizer(Codec):
         xb = _blocks(x, nb, block)
         split = 4 * nb * self.meta_floats
         if self.scheme != "statistical":
-            meta, packed = self._encode_extremes(xb, numel)
+            meta, packed = self._encode_extremes(xb, payload[split:], numel)
         elif self.exact_statistics(x.device):
             meta, packed = self._encode_exact(xb, numel)
         else:
@@ -216,8 +216,9 @@ class Quantizer(Codec):
         means = (sums.double() * unit / counts.clamp_min(1)).float()
         return _centroids(means, counts, mu, step, self.n_bins, already_means=True), packed
 
-    def _encode_extremes(self, xb: torch.Tensor, numel: int):
-        """absmax / minmax: exact maxima and minima, so one path serves every kernel."""
+    def _encode_extremes(self, xb: torch.Tensor, out: torch.Tensor, numel: int):
+        """absmax / minmax: exact maxima and minima, so one path serves every kernel (eager
+        kernels pack straight into ``out``)."""
         lo, hi = self._kernel(_extremes)(xb)
         n = self.n_bins
         if self.scheme == "absmax":
@@ -226,7 +227,10 @@ class Quantizer(Codec):
         else:
             step = (hi - lo) / n
             meta, edge, inv = torch.cat([lo, step], dim=1), lo, _reciprocal(step)
-        return meta, self._kernel(_codes_packed)(xb, edge, inv, self.bits, numel)
+        if not self.compiled:
+            pack(_codes(xb, edge, inv, n).view(-1)[:numel], self.bits, out=out)
+            return meta, None
+        return meta, compiled_kernel(_codes_packed)(xb, edge, inv, self.bits, numel)
 
     # ------------------------------------------------------------------ decode
 

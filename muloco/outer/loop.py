@@ -302,8 +302,7 @@ class OuterLoop(Configurable):
         locals_ = frag.locals()
 
         def pseudo_gradient(views: list[torch.Tensor]) -> None:  # Δ = θ_g − θ_local, in the exchange's buffers
-            self.placement.copy_to_device(views, frag.globals)
-            torch._foreach_sub_(views, locals_)
+            self.placement.subtract_into(views, frag.globals, locals_)
 
         pending = self.exchange.start(self.manager, frag.names, pseudo_gradient, contributes, quorum_seconds)
         self._open = _Open(fragment=index, exchange=pending, seconds=time.perf_counter() - started,

@@ -63,6 +63,16 @@ class Placement:
         self.copy_to_device(out, tensors)
         return out
 
+    def subtract_into(self, out: list[torch.Tensor], globals_: list[torch.Tensor], locals_: list[torch.Tensor]) -> None:
+        """``out`` ← θ_g − θ_local: one pass where θ_g lives on the training device (an
+        asynchronous kernel per tensor, into the caller's buffers), else the copy over first."""
+        if globals_ and globals_[0].device == self.device:
+            for o, g, local in zip(out, globals_, locals_):
+                torch.sub(g, local, out=o)
+            return
+        self.copy_to_device(out, globals_)
+        torch._foreach_sub_(out, locals_)
+
     def copy_to_device(self, out: list[torch.Tensor], tensors: list[torch.Tensor]) -> None:
         """``out`` (on the training device) ← ``tensors`` (on the backup device), ready to use
         on the current stream when this returns."""

@@ -42,9 +42,8 @@ from torchtitan.config import Configurable
 from muloco.compress import CodecConfig, Dense, ErrorFeedback
 from muloco.compress.dense import DTYPES
 from muloco.compress.kernels import KERNELS, use_compiled
-from muloco.outer.exchange import collectives
 from muloco.outer.exchange.layout import COMPRESSED, DENSE, FragmentLayout, cut
-from muloco.outer.exchange.pipeline import PendingExchange, Sync
+from muloco.outer.exchange.pipeline import PendingExchange, Plan, Sync
 from muloco.outer.exchange.strategies import STRATEGIES, AllGather, AllReduce, StrategyConfig
 
 MB = 2**20
@@ -117,7 +116,7 @@ class Exchange(Configurable):
         self.feedback = config.error_feedback.build()
         self.skip = re.compile(config.skip_pattern) if config.skip_pattern else None
         self.bucket_numel = max(1, int(config.bucket_mb * MB) // 4)
-        self.layouts: dict[tuple[str, ...], FragmentLayout] = {}
+        self.plans: dict[tuple[str, ...], Plan] = {}
 
     def describe(self) -> str:
         fed = [s for s, c in self.codecs.items() if self.feedback.applies_to(c)]
@@ -133,7 +132,8 @@ class Exchange(Configurable):
         """Once per fragment (this rank's tensors), before training: its layout, and zero
         residuals so a checkpoint load (DCP loads in place) finds them."""
         layout = FragmentLayout(names, [t.shape for t in tensors], self.skip)
-        self.layouts[tuple(names)] = layout
+        self.plans[tuple(names)] = Plan(layout, self.strategy, self.codecs, self.feedback, self.bucket_numel,
+                                        self.config.pipeline_depth, self.device)
         for stream, codec in self.codecs.items():
             if self.feedback.applies_to(codec) and layout.numel[stream]:
                 self.feedback.allocate(f"{layout.key}/{stream}", layout.numel[stream], tensors[0].device)
@@ -169,13 +169,10 @@ class Exchange(Configurable):
         replica's buffers have the same size. ``quorum_seconds``: how long this replica's
         quorum took, sent along so each replica can tell its wait for the slowest apart.
         """
-        layout = self.layouts.get(tuple(names))
-        if layout is None:
+        plan = self.plans.get(tuple(names))
+        if plan is None:
             raise ValueError(f"exchange.allocate was not called for the fragment {names[0]}..{names[-1]}")
-        return Sync(manager=manager, layout=layout, strategy=self.strategy, codecs=self.codecs,
-                    feedback=self.feedback, bucket_numel=self.bucket_numel, depth=self.config.pipeline_depth,
-                    contributes=contributes, quorum_seconds=quorum_seconds, fill=fill, device=self.device,
-                    k=collectives.group_size(manager), rank=collectives.group_rank(manager))
+        return Sync(plan, manager, fill, contributes=contributes, quorum_seconds=quorum_seconds)
 
     def wire_bytes(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> dict[str, float]:
         """Bytes replica ``rank`` sends and receives in one sync of a fragment with ``numel``
@@ -187,6 +184,8 @@ class Exchange(Configurable):
             for a, b in cut(layout_numel[stream], self.bucket_numel, codec.alignment):
                 for key, value in self.strategy.bucket_bytes(k, codec, b - a, rank).items():
                     total[key] += value
+        for key, value in self.strategy.sync_bytes(k, rank).items():
+            total[key] += value
         return total
 
 

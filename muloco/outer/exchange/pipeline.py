@@ -37,6 +37,7 @@ import torch
 
 from muloco.compress import Codec, ErrorFeedback
 from muloco.compress.packing import from_bytes
+from muloco.outer.exchange import collectives
 from muloco.outer.exchange.layout import Bucket, FragmentLayout
 
 HEADER_BYTES = 5
@@ -132,24 +133,42 @@ class PendingExchange:
         """The sync did not commit: undo any replica-local state change it made."""
 
 
+@dataclass(frozen=True)
+class Plan:
+    """What every sync of one fragment shares: made once by the exchange."""
+
+    layout: FragmentLayout
+    strategy: Any
+    codecs: dict[str, Codec]
+    """Per stream (layout.COMPRESSED, layout.DENSE)."""
+    feedback: ErrorFeedback
+    bucket_numel: int
+    depth: int
+    """Buckets in flight."""
+    device: torch.device
+
+
 class Sync(PendingExchange):
-    def __init__(self, *, manager: Any, layout: FragmentLayout, strategy: Any, codecs: dict[str, Codec],
-                 feedback: ErrorFeedback, bucket_numel: int, depth: int, contributes: bool, quorum_seconds: float,
-                 fill: Callable[[list[torch.Tensor]], None], device: torch.device, k: int, rank: int):
-        self.manager, self.layout, self.strategy = manager, layout, strategy
+    """One sync of one fragment, from Δ to the average (see the module docstring)."""
+
+    def __init__(self, plan: Plan, manager: Any, fill: Callable[[list[torch.Tensor]], None], *,
+                 contributes: bool, quorum_seconds: float):
+        self.manager, self.plan, self.strategy, self.device = manager, plan, plan.strategy, plan.device
         self.contributes, self.quorum_seconds = contributes, quorum_seconds
-        self.k, self.rank, self.depth, self.device = k, rank, depth, device
+        self.k, self.rank = collectives.group_size(manager), collectives.group_rank(manager)
         self.tally, self.timer = Tally(), PartTimer()
         self.times = {}
         self.peers_quorum_seconds: list[float] | None = None
+        self.contributor_count = None
+        """The all-reduce strategy's one count of contributors per sync (it sets it)."""
         self._error: BaseException | None = None
         started = time.perf_counter()
-        self.deltas = {s: self.tally.track(b) for s, b in layout.new_buffers(device).items()}
+        self.deltas = {s: self.tally.track(b) for s, b in plan.layout.new_buffers(plan.device).items()}
         with torch.no_grad():  # Δ is data, not part of any graph (the caller may have grad mode on)
-            fill(layout.views(self.deltas))
-        self.jobs = self._jobs(codecs, feedback, bucket_numel)
-        self.dense_fp32_bytes = 2 * (k - 1) / k * 4 * sum(layout.numel.values())
-        self._streams = _SideStream.after_current(device)
+            fill(plan.layout.views(self.deltas))
+        self.jobs = self._jobs(plan.codecs, plan.feedback, plan.bucket_numel)
+        self.dense_fp32_bytes = 2 * (self.k - 1) / self.k * 4 * sum(plan.layout.numel.values())
+        self._streams = _SideStream.after_current(plan.device)
         self._thread = threading.Thread(target=self._work, name="muloco-exchange", daemon=True)
         self._thread.start()
         self.times["pseudo_gradient"] = time.perf_counter() - started
@@ -161,11 +180,11 @@ class Sync(PendingExchange):
             fed = feedback.applies_to(codecs[stream])
             outs[stream] = self.tally.track(torch.empty_like(delta)) if fed else delta
         jobs = []
-        for b in self.layout.buckets(codecs, bucket_numel):
+        for b in self.plan.layout.buckets(codecs, bucket_numel):
             codec = codecs[b.stream]
             fed = feedback if feedback.applies_to(codec) else None
             jobs.append(Job(b, codec, self.deltas[b.stream][b.start:b.end], outs[b.stream][b.start:b.end], fed,
-                            f"{self.layout.key}/{b.stream}"))
+                            f"{self.plan.layout.key}/{b.stream}"))
         self.outputs = outs
         return jobs
 
@@ -186,7 +205,7 @@ class Sync(PendingExchange):
         active: collections.deque[tuple[Iterator, Any]] = collections.deque()
         for job in self.jobs:
             self._advance(active, self.strategy.run(self, job))
-            while len(active) >= self.depth:
+            while len(active) >= self.plan.depth:
                 self._resume(active)
         while active:
             self._resume(active)
@@ -267,8 +286,8 @@ class Sync(PendingExchange):
             0.0, (ended - started) - sum(self.timer.within(started, ended).values()))
         self.peak_extra_bytes = self.tally.peak
         if self.failed():  # the buffers hold garbage; nothing will be committed
-            return [torch.zeros(s, device=self.device) for s in self.layout.shapes]
-        return self.layout.views(self.outputs)
+            return [torch.zeros(s, device=self.device) for s in self.plan.layout.shapes]
+        return self.plan.layout.views(self.outputs)
 
     def wait_for_slowest(self) -> float | None:
         """Seconds of this replica's quorum spent waiting for the last one to arrive: its

@@ -7,8 +7,9 @@ yields it; when the pipeline resumes it (the collective done), it decodes and wr
 bucket's average into ``job.out``. ``bucket_bytes`` gives, from the wire format alone,
 what one bucket carries: what the pipeline counts from its buffers (the tests compare).
 
-* ``allreduce`` (dense codecs only: payloads are summed as numbers): one all-reduce of
-  [values, flag] in the codec's dtype; the flag sum counts contributors. Ring traffic
+* ``allreduce`` (dense codecs only: payloads are summed as numbers): one all-reduce per
+  bucket in the codec's dtype (float32 in place, in Δ's buffer: no copy), and one
+  one-element all-reduce of the flags per sync that counts contributors. Ring traffic
   2(K−1)/K × the buffer each way.
 * ``allgather``: every replica receives every payload, decodes the K of them in one call
   and averages the contributors'. Exact with respect to the payloads; (K−1)× the payload.
@@ -61,6 +62,10 @@ class Strategy(Configurable):
         collectives send to and receive from the other replicas."""
         raise NotImplementedError
 
+    def sync_bytes(self, k: int, rank: int = 0) -> dict[str, float]:
+        """What a sync carries once, beyond its buckets."""
+        return {"payload": 0, "sent": 0, "received": 0}
+
 
 class AllReduce(Strategy):
     name = "allreduce"
@@ -75,26 +80,62 @@ class AllReduce(Strategy):
                              f"use allgather or reduce_scatter with {codec.name}")
 
     def run(self, sync, job):
-        dtype = job.codec.dtype
+        """A lossless (float32) bucket is summed in place, in Δ's own buffer; a lossy one is
+        encoded (with error feedback) first. Contributors are counted once per sync, by a
+        one-element all-reduce of the flags issued with the first bucket."""
+        in_place = job.codec.lossless and job.feedback is None
         with sync.timer("encode"):
-            values = from_bytes(sync.encode(job, job.codec), dtype)
-            flag = torch.ones(1, dtype=dtype, device=values.device) * (1 if sync.contributes else 0)
-            buf = sync.tally.track(torch.cat([values, flag]))
+            if in_place:
+                if not sync.contributes:  # a healed replica adds nothing
+                    job.delta.zero_()
+                buf = job.delta
+            else:
+                buf = sync.tally.track(from_bytes(sync.encode(job, job.codec), job.codec.dtype))
+            counter = self._contributor_count(sync)
         work = collectives.all_reduce(sync.manager, buf)
-        ring = 2 * (sync.k - 1) / sync.k * buf.numel() * buf.element_size()
-        sync.count(payload=buf.numel() * buf.element_size(), sent=ring, received=ring)
+        nbytes = buf.numel() * buf.element_size()
+        ring = 2 * (sync.k - 1) / sync.k * nbytes
+        sync.count(payload=nbytes, sent=ring, received=ring)
         yield work
         if sync.failed():
             return
         with sync.timer("decode"):
-            total = buf.float()
-            sync.contributors = int(total[-1].round())
-            torch.div(total[:-1], total[-1].clamp(min=1.0), out=job.out)
+            sync.contributors = count = counter.value()
+            if in_place:
+                job.out.div_(max(count, 1))
+            else:
+                job.out.copy_(buf).div_(max(count, 1))
+
+    @staticmethod
+    def _contributor_count(sync) -> "_Count":
+        """The sync's contributor count, all-reduced once (with the first bucket that asks)."""
+        counter = sync.contributor_count
+        if counter is None:
+            flag = torch.full((1,), 1.0 if sync.contributes else 0.0, device=sync.device)
+            counter = sync.contributor_count = _Count(flag, collectives.all_reduce(sync.manager, flag))
+            ring = 2 * (sync.k - 1) / sync.k * 4
+            sync.count(payload=4, sent=ring, received=ring)
+        return counter
 
     def bucket_bytes(self, k, codec, numel, rank=0):
-        payload = codec.payload_bytes(numel + 1)
+        payload = codec.payload_bytes(numel)
         ring = 2 * (k - 1) / k * payload
         return {"payload": payload, "sent": ring, "received": ring}
+
+    def sync_bytes(self, k, rank=0):
+        ring = 2 * (k - 1) / k * 4
+        return {"payload": 4, "sent": ring, "received": ring}
+
+
+class _Count:
+    """A one-element all-reduce of the contributor flags; ``value`` waits for it."""
+
+    def __init__(self, flag: torch.Tensor, work):
+        self.flag, self.work = flag, work
+
+    def value(self) -> int:
+        self.work.wait()
+        return int(self.flag.round().item())
 
 
 class AllGather(Strategy):

@@ -35,3 +35,24 @@ def test_a_file_in_the_way_is_an_error(tmp_path):
     with pytest.raises(NotADirectoryError):
         make_dirs(tmp_path / "file" / "sub")
     assert os.listdir(tmp_path) == ["file"]
+
+
+def test_a_folder_a_peer_removed_between_two_looks_is_not_taken_for_a_file(tmp_path, monkeypatch):
+    """Ranks of a group probe one new dump folder at once: the folder one of them saw may be
+    gone (the other's probe removed it) when it checks it is a folder. That is looked at again,
+    not reported as 'is a file' (it was, once, in CI)."""
+    from muloco import compat
+
+    compat.apply()
+    from muloco.config import checks
+
+    target = tmp_path / "run"
+    looks = []
+
+    def first_look_sees_a_peers_folder(path):
+        looks.append(path)
+        return [] if len(looks) == 1 else missing_dirs(path)
+
+    monkeypatch.setattr(checks, "missing_dirs", first_look_sees_a_peers_folder)
+    checks.check_dump_folder(str(target))
+    assert len(looks) >= 2 and not target.exists()

@@ -238,16 +238,26 @@ def _probe_once(folder: str) -> None:
         remove_dirs(created)
 
 
+def _check_not_under_a_file(folder: str) -> None:
+    """The deepest existing part of ``folder``'s path must be a folder. A path that vanishes
+    between the two looks (a peer rank's probe just removed the folder it made) is looked at
+    again, not taken for a file."""
+    for _ in range(10):
+        missing = missing_dirs(folder)
+        existing = os.path.dirname(missing[-1]) if missing else os.path.abspath(folder)
+        if os.path.isdir(existing):
+            return
+        if os.path.lexists(existing):
+            what = "is a file" if existing == os.path.abspath(folder) else f"is under {existing}, which is a file"
+            raise ConfigError(f"dump_folder '{folder}' {what}; pass --dump_folder with a folder path.")
+
+
 def check_dump_folder(folder: str) -> None:
     """The dump folder can be created and written to: tried for real (as root every
     ``os.access`` says yes, and a read-only filesystem says no only when written), and
     whatever the probe created is removed again, so a run that fails later in preflight
     leaves nothing behind."""
-    missing = missing_dirs(folder)
-    existing = os.path.dirname(missing[-1]) if missing else os.path.abspath(folder)
-    if not os.path.isdir(existing):
-        what = "is a file" if existing == os.path.abspath(folder) else f"is under {existing}, which is a file"
-        raise ConfigError(f"dump_folder '{folder}' {what}; pass --dump_folder with a folder path.")
+    _check_not_under_a_file(folder)
     for _ in range(3):
         try:
             _probe_once(folder)

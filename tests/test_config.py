@@ -109,3 +109,33 @@ def test_help_lists_options_with_defaults():
                 "--metrics.jsonl-file", "--validator.follow-training-data"):
         assert key in proc.stdout.replace("_", "-"), key
     assert "default" in proc.stdout.lower()
+
+
+def test_codec_and_strategy_are_picked_by_name_and_set_by_their_own_keys():
+    from muloco.compress import Dense, Quantizer, TopK
+    from muloco.outer.exchange import ReduceScatter
+
+    _, c = parse_args(["--config", "diloco/diloco", "--outer.exchange.codec", "quantize",
+                       "--outer.exchange.codec.bits", "4", "--outer.exchange.strategy=reduce_scatter"])
+    assert c.outer.exchange.codec == Quantizer.Config(bits=4) and isinstance(c.outer.exchange.strategy, ReduceScatter.Config)
+    # picking the codec the config module set keeps its settings; the order of the flags does not matter
+    _, c = parse_args(["--config", "diloco/muloco_topk", "--outer.exchange.codec.fraction", "0.2",
+                       "--outer.exchange.codec", "topk", "--outer.exchange.strategy", "auto"])
+    assert c.outer.exchange.codec == TopK.Config(fraction=0.2) and c.outer.exchange.strategy is None
+    _, c = parse_args(["--config", "diloco/muloco_2bit", "--outer.exchange.codec", "dense",
+                       "--outer.exchange.codec.dtype", "bfloat16"])
+    assert c.outer.exchange.codec == Dense.Config(dtype="bfloat16")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--outer.exchange.codec.fraction", "0.1"],
+     "outer.exchange.codec is quantize, which has no setting 'fraction' (its settings: bits, scheme, "
+     "block_size, range_sigmas, statistics); fraction belongs to topk: pick it with --outer.exchange.codec topk."),
+    (["--outer.exchange.bits", "4"], "did you mean --outer.exchange.codec.bits (a setting of outer.exchange.codec quantize)?"),
+    (["--outer.exchange.strategy", "ring"], "--outer.exchange.strategy must be one of allreduce, allgather, "
+                                            "reduce_scatter, auto; got 'ring'."),
+])
+def test_a_setting_of_another_variant_names_the_chosen_one(args, message):
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--config", "diloco/muloco_2bit", *args])
+    assert message in str(err.value)

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from torchtitan.config import Configurable
 
+from .kernels import compiled_kernel
+
 
 class Codec(Configurable):
     name: str = "codec"
@@ -59,6 +61,10 @@ class Codec(Configurable):
     def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         """``(..., payload_bytes(numel))`` uint8 -> ``(..., numel)`` float32."""
         raise NotImplementedError
+
+    def _kernel(self, fn):
+        """``fn`` as this codec runs it: through ``torch.compile`` if ``compiled``, else as it is."""
+        return compiled_kernel(fn) if self.compiled else fn
 
     def check_payload(self, payload: torch.Tensor, numel: int) -> int:
         """The payload size for ``numel``; a clear error if ``payload`` is not ``(..., size)`` uint8."""

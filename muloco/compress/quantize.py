@@ -82,7 +82,6 @@ from dataclasses import dataclass
 import torch
 
 from .codec import Codec
-from .kernels import compiled_kernel
 from .packing import as_bytes, check_bits, from_bytes, pack, pack_columns, packed_bytes, unpack, unpack_columns
 
 SCHEMES = ("statistical", "absmax", "minmax")
@@ -189,9 +188,6 @@ class Quantizer(Codec):
         payload[:split] = as_bytes(meta)
         return payload
 
-    def _kernel(self, fn):
-        return compiled_kernel(fn) if self.compiled else fn
-
     def _encode_float(self, xb: torch.Tensor, out: torch.Tensor, numel: int):
         """float32 statistics, packed straight into ``out`` (the eager CPU path)."""
         mu, step = _float_moments(xb, self.range_sigmas / self.n_bins)
@@ -230,7 +226,7 @@ class Quantizer(Codec):
         if not self.compiled:
             pack(_codes(xb, edge, inv, n).view(-1)[:numel], self.bits, out=out)
             return meta, None
-        return meta, compiled_kernel(_codes_packed)(xb, edge, inv, self.bits, numel)
+        return meta, self._kernel(_codes_packed)(xb, edge, inv, self.bits, numel)
 
     # ------------------------------------------------------------------ decode
 
@@ -247,7 +243,7 @@ class Quantizer(Codec):
         table = self._table(meta).contiguous()  # (k * nb, n): the value of every code
         codes = rows[:, split:]
         if self.compiled:
-            out = compiled_kernel(_lookup_columns)(codes, table, self.bits, block)
+            out = self._kernel(_lookup_columns)(codes, table, self.bits, block)
         elif self.bits < 8 and block % 2 == 0 and 16 * self.n_bins**2 <= block:  # pair table ≤ 1/8 of out
             out = _lookup_pairs(codes, table, self.bits, numel, block)
         else:

@@ -24,7 +24,6 @@ import torch
 
 from .codec import Codec
 from .dense import dtype_name, resolve_dtype
-from .kernels import compiled_kernel
 from .packing import as_bytes, from_bytes
 from .quantize import Quantizer
 
@@ -99,15 +98,12 @@ class TopK(Codec):
 
     # ------------------------------------------------------------------ encode / decode
 
-    def _k(self, fn):
-        return compiled_kernel(fn) if self.compiled else fn
-
     def encode(self, x: torch.Tensor) -> torch.Tensor:
         x = x.detach().reshape(-1)
         nc, chunk, k = self.chunks(x.numel())
         if nc == 0:
             return torch.empty(0, dtype=torch.uint8, device=x.device)
-        values, index16 = self._k(_select)(x, nc, chunk, k)
+        values, index16 = self._kernel(_select)(x, nc, chunk, k)
         quantizer = self._values_codec(k)
         value_bytes = as_bytes(values.to(self.value_dtype)) if quantizer is None else quantizer.encode(values)
         return torch.cat([value_bytes, as_bytes(index16)])
@@ -126,7 +122,7 @@ class TopK(Codec):
         else:
             values = quantizer.decode(rows[:, :split], nc * k)
         index = from_bytes(rows[:, split:], torch.int16)
-        out = self._k(_scatter)(values.reshape(rows.shape[0], nc, k), index.reshape(rows.shape[0], nc, k), chunk)
+        out = self._kernel(_scatter)(values.reshape(rows.shape[0], nc, k), index.reshape(rows.shape[0], nc, k), chunk)
         out = out.view(rows.shape[0], nc * chunk)
         if nc * chunk != numel:
             out = out[:, :numel].contiguous()

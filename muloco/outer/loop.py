@@ -97,7 +97,7 @@ class _Clock:
 def _parts(sync: "_Open", clock: _Clock, seconds: float) -> dict[str, float]:
     """The sync's blocked time by part (:data:`PARTS`); ``other`` makes them add up to ``seconds``."""
     exchange = sync.exchange.times
-    slowest = getattr(sync.exchange, "wait_for_slowest", lambda: None)()
+    slowest = sync.exchange.wait_for_slowest()
     parts = dict.fromkeys(PARTS, 0.0)
     parts["wait_slowest"] = min(slowest or 0.0, sync.quorum_seconds)
     parts["quorum"] = sync.quorum_seconds - parts["wait_slowest"]

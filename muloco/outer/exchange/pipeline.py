@@ -132,6 +132,10 @@ class PendingExchange:
     def rollback(self) -> None:
         """The sync did not commit: undo any replica-local state change it made."""
 
+    def wait_for_slowest(self) -> float | None:
+        """Seconds of this replica's quorum spent waiting for the last replica, if known."""
+        return None
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -47,6 +47,11 @@ def _cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0].rstrip('.') if text else 'file ended early or is unreadable'}"
 
 
+RUN_FILE = "run.json"
+"""In a run folder: the command line that made it (config module, overrides, working
+directory), written by ``muloco.train``; how ``muloco.generate`` rebuilds the model."""
+
+
 def run_folder(config) -> str:
     """Where this process writes: the dump folder, or its replica group's own
     ``replica_<id>/`` under it (as DilocoTrainer sets it) for a DiLoCo config."""

@@ -51,6 +51,7 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         self._resolve(config)
         config.dump_folder = os.path.join(config.dump_folder, f"replica_{config.fault_tolerance.replica_id}")
         super().__init__(config)
+        self._build_objective()
         manager = self.ft_manager.manager
         logging.getLogger("torchft").setLevel(logging.WARNING)  # per-sync INFO lines; ours say it once
         ft = config.fault_tolerance
@@ -89,6 +90,9 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             self.validator.dp_world_size, self.validator.dp_rank = 1, 0
 
     # -------------------------------------------------------------- healing
+    def _replica_index(self) -> int:
+        return self.config.fault_tolerance.replica_id
+
     def _healing_state(self) -> dict[str, Any]:
         return {
             "model": self._model_state.state_dict(),

@@ -60,6 +60,7 @@ class MulocoMetrics(MetricsProcessor):
         self.last_train_loss: float | None = None
         self.last_validation_loss: float | None = None
         self.last_validation_step: int | None = None
+        self.last_validation_extra: dict[str, float] = {}
         self.tokens_per_second: list[float] = []
         self._jsonl = None
         if config.jsonl_file and _is_metrics_rank():
@@ -132,6 +133,12 @@ class MulocoMetrics(MetricsProcessor):
         self._record({"validation_loss": loss, "validation_ppl": ppl, **(extra_metrics or {})}, step)
         self.last_validation_loss = loss
         self.last_validation_step = step
+        self.last_validation_extra = dict(extra_metrics or {})
+        if "validation_masked_accuracy" in self.last_validation_extra:
+            accuracy = self.last_validation_extra["validation_masked_accuracy"]
+            logger.info(f"validation at step {step}: NELBO {loss:7.4f} nats/token  ppl bound {ppl:,.2f}  "
+                        f"masked-token accuracy {accuracy:.3f}")
+            return
         logger.info(f"validation at step {step}: loss {loss:7.4f}  ppl {ppl:,.2f}")
 
     def log_sync(self, record: dict[str, Any], step: int) -> None:

@@ -7,6 +7,7 @@ with one message and exit status 2.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -18,9 +19,9 @@ compat.apply()
 import torch  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 
-from muloco.checkpoint import CheckpointLoadError, check_loadable, run_folder  # noqa: E402
+from muloco.checkpoint import RUN_FILE, CheckpointLoadError, check_loadable, run_folder  # noqa: E402
 from muloco.config.checks import check_config, check_dump_folder  # noqa: E402
-from muloco.config.cli import parse_args  # noqa: E402
+from muloco.config.cli import parse_args, split_config_arg  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
 from muloco.launch.ports import free_port  # noqa: E402
@@ -106,10 +107,25 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
     return (ConfigError, DataError, TokenizerError)
 
 
+def _record_command(name: str, argv: list[str], config) -> None:
+    """Rank 0 writes ``run.json`` (config module, overrides, working directory) to its run folder."""
+    if os.environ.get("RANK", "0") != "0":
+        return
+    from muloco.config.loader import resolve_config_path
+
+    record = {"config": str(resolve_config_path(name)), "args": argv, "cwd": os.getcwd()}
+    path = os.path.join(run_folder(config), RUN_FILE)
+    with open(path + ".tmp", "w") as f:
+        json.dump(record, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def run(argv: list[str] | None = None) -> dict:
-    _, config = parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    name, config = parse_args(argv)
     preflight(config)
     lock = _lock_run_folder(config)
+    _record_command(name, split_config_arg(argv)[1], config)
     ensure_single_process_env()
     trainer = None
     try:

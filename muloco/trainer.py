@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import tyro
 from torchtitan.components.loss import BaseLoss, CrossEntropyLoss
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
@@ -27,6 +28,7 @@ from muloco.data.loader import PackedTextDataLoader
 from muloco.data.tokenizer import MulocoTokenizer
 from muloco.metrics import MulocoMetrics
 from muloco.models import ModelConfig, build_model_spec
+from muloco.objectives import Autoregressive, NoiseKey, Objective, ObjectiveConfig, SpecialTokens
 from muloco.optim import MulocoOptimizers
 from muloco.precision import MulocoTrainingConfig, resolve_precision
 from muloco.validate import MulocoValidator
@@ -39,21 +41,67 @@ class MulocoTrainerMixin:
     metrics_processor: MulocoMetrics
 
     def _resolve(self, config) -> None:
-        """Settings derived from others: the model from the tokenizer's vocabulary,
-        the validation data from the training data, the precision from the device."""
+        """Settings derived from others: the model from the tokenizer's vocabulary and the
+        objective (its attention direction), the loader rows from the objective, the
+        validation data from the training data, the precision from the device."""
         training = config.training
         self.requested_precision = training.mixed_precision_param
         training.mixed_precision_param = resolve_precision(training.mixed_precision_param, device_type())
+        objective_class = config.objective._owner
+        config.dataloader.next_token = objective_class.next_token
         config.validator.resolve(config.dataloader)
         tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
-        config.model_spec = build_model_spec(config.model, tokenizer.get_vocab_size())
+        config.model_spec = build_model_spec(config.model, tokenizer.get_vocab_size(), objective_class.causal)
+
+    def _build_objective(self) -> None:
+        """The objective, after torchtitan built the model: with a masked-only head the model
+        returns hidden states and the objective applies ``lm_head`` where it scores."""
+        tokenizer = self.tokenizer
+        dp_world = getattr(self.dataloader, "dp_world_size", 1)
+        self.objective: Objective = self.config.objective.build(
+            tokens=SpecialTokens(bos=tokenizer.bos_id, eos=tokenizer.eos_id, mask=tokenizer.mask_id),
+            rows_per_step=self.config.training.local_batch_size * dp_world,
+        )
+        model = self.model_parts[0]
+        if self.objective.skip_lm_head:
+            model._skip_lm_head = True
+            self.objective.lm_head = model.lm_head
+        mp = self.metrics_processor
+        mp.num_flops_per_token = self.objective.flops_per_token(mp.num_flops_per_token, model.lm_head.weight.numel())
+        self.validator.objective = self.objective
+        self._micro = (None, 0)
+
+    def _noise_key(self) -> NoiseKey:
+        step, micro = self._micro
+        micro = micro + 1 if step == self.step else 0
+        self._micro = (self.step, micro)
+        return NoiseKey(replica=self._replica_index(), step=self.step, micro=micro,
+                        rank=getattr(self.dataloader, "dp_rank", 0),
+                        world=getattr(self.dataloader, "dp_world_size", 1))
+
+    def _replica_index(self) -> int:
+        return 0
+
+    def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
+        """torchtitan's step with the objective preparing the batch and scoring the output."""
+        if self.parallel_dims.pp_enabled:
+            raise NotImplementedError("pipeline parallelism is not supported by muloco's objectives")
+        inputs, labels, extra = self.post_dataloading_process(input_dict, labels)
+        batch = self.objective.prepare(inputs, labels, self._noise_key())
+        with self.train_context():
+            pred = self.model_parts[0](batch.inputs, **extra, **batch.model_kwargs)
+            loss = self.objective.loss(pred, batch, global_valid_tokens)
+            del pred
+            loss.backward()
+        return loss
 
     def _log_start(self) -> None:
         n = sum(p.numel() for m in self.model_parts for p in m.parameters())
         logger.info(
             f"model {self.config.model.flavor}: {n:,} parameters "
-            f"({'causal' if self.config.model.causal else 'bidirectional'} attention)"
+            f"({'causal' if self.objective.causal else 'bidirectional'} attention)"
         )
+        logger.info(f"objective: {self.objective.name} {self.config.objective}")
         t = self.config.training
         how = "auto for " + device_type() if self.requested_precision == "auto" else "forced"
         logger.info(
@@ -94,6 +142,7 @@ class MulocoTrainerMixin:
         tps = mp.tokens_per_second
         cfg = self.config
         summary = {
+            "objective": self.objective.name,
             "steps": self.step,
             "precision": cfg.training.mixed_precision_param,
             "tokens_seen": self.ntokens_seen,
@@ -117,6 +166,11 @@ class MulocoTrainerMixin:
         for key in ("final_train_loss", "final_validation_loss"):
             loss = summary[key]
             summary[key.replace("loss", "ppl")] = math.exp(loss) if loss is not None and loss < 50 else None
+        if "validation_masked_accuracy" in mp.last_validation_extra:
+            # masked diffusion: the validation loss is the negative ELBO per token, its exp a bound
+            summary["final_validation_nelbo"] = summary["final_validation_loss"]
+            summary["final_validation_ppl_bound"] = summary["final_validation_ppl"]
+            summary["final_masked_accuracy"] = mp.last_validation_extra["validation_masked_accuracy"]
         return summary
 
     def _report(self, s: dict[str, Any]) -> None:
@@ -130,12 +184,12 @@ class MulocoTrainerMixin:
 
         lines = [
             "=" * 64,
-            "run summary",
+            f"run summary ({s['objective']} objective)",
             f"  steps                 {s['steps']}",
             f"  precision             {s['precision']}",
             f"  tokens seen           {s['tokens_seen']:,}",
             f"  final train loss      {num(s['final_train_loss'], '.4f')}  (ppl {num(s['final_train_ppl'], ',.2f')})",
-            f"  final validation loss {num(s['final_validation_loss'], '.4f')}  (ppl {num(s['final_validation_ppl'], ',.2f')})",
+            self._validation_line(s, num),
             f"  tokens/s              {num(s['tokens_per_second'], ',.0f')}",
             f"  wall time             {s['wall_seconds']:.1f}s",
             f"  outputs               {s['dump_folder']}",
@@ -145,6 +199,15 @@ class MulocoTrainerMixin:
             "=" * 64,
         ]
         logger.info("\n".join(lines))
+
+    @staticmethod
+    def _validation_line(s: dict[str, Any], num) -> str:
+        if "final_validation_nelbo" in s:
+            return (f"  final validation NELBO {num(s['final_validation_nelbo'], '.4f')} nats/token  "
+                    f"(ppl bound {num(s['final_validation_ppl_bound'], ',.2f')}, masked-token accuracy "
+                    f"{num(s['final_masked_accuracy'], '.3f')})")
+        return (f"  final validation loss {num(s['final_validation_loss'], '.4f')}  "
+                f"(ppl {num(s['final_validation_ppl'], ',.2f')})")
 
 
 class MulocoTrainer(MulocoTrainerMixin, Trainer):
@@ -161,8 +224,12 @@ class MulocoTrainer(MulocoTrainerMixin, Trainer):
         loss: BaseLoss.Config = field(default_factory=CrossEntropyLoss.Config)
         training: MulocoTrainingConfig = field(default_factory=MulocoTrainingConfig)
         """torchtitan's training settings; mixed_precision_param ``auto`` fits the device."""
+        objective: tyro.conf.AvoidSubcommands[ObjectiveConfig] = field(default_factory=Autoregressive.Config)
+        """ar | mdlm: pick with ``--objective NAME`` (it sets the attention direction), then
+        set its own settings as ``--objective.SETTING``."""
 
     def __init__(self, config: Config):
         self._resolve(config)
         super().__init__(config)
+        self._build_objective()
         self._log_start()

@@ -5,6 +5,11 @@ data source in sync by hand is how runs end up validating on a different corpus
 (or, as in MuLoCo's ``dclm_test``, on training data). Here the validation loader
 is, by default, the training loader's config with ``split="validation"``. The
 time and tokens spent validating are kept out of the training throughput.
+
+What is measured follows the objective: the next-token loss for ``ar``; for ``mdlm``
+the negative ELBO per token (nats; its exp is a perplexity bound) estimated with
+``objective.eval_samples`` stratified noise levels per batch from fixed seeds, so every
+replica and every validation sees the same masks, plus the masked-token accuracy.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from collections.abc import Callable
 from typing import ContextManager
 from dataclasses import dataclass, field
 
+import torch
 from torchtitan.components.validate import Validator
 
 from muloco.data.loader import PackedTextDataLoader
+from muloco.objectives import MaskedDiffusion, Objective
 
 
 class MulocoValidator(Validator):
@@ -43,6 +50,15 @@ class MulocoValidator(Validator):
         def resolve(self, training_data: PackedTextDataLoader.Config) -> None:
             self.dataloader = self.data_config(training_data)
 
+    objective: Objective | None = None
+    """Set by the trainer once built."""
+
+    def post_dataloading_process(self, input_dict, labels, model_parts):
+        inputs, labels, extra = super().post_dataloading_process(input_dict, labels, model_parts)
+        if self.objective is not None:
+            extra.update(self.objective.attention_kwargs(inputs))
+        return inputs, labels, extra
+
     def evaluate_with(self, params: Callable[[], ContextManager], due: Callable[[int, int], bool]) -> None:
         """Validate other parameters than the model's (DiLoCo: θ_g), on another schedule.
 
@@ -60,6 +76,34 @@ class MulocoValidator(Validator):
         tokens, started = mp.ntokens_since_last_log, time.perf_counter()
         params = getattr(self, "_params", None)
         with params() if params is not None else contextlib.nullcontext():
-            super().validate(model_parts, step)
+            if isinstance(self.objective, MaskedDiffusion):
+                self._validate_elbo(model_parts, step)
+            else:
+                super().validate(model_parts, step)
         mp.ntokens_since_last_log = tokens
         mp.time_last_log += time.perf_counter() - started
+
+    @torch.no_grad()
+    def _validate_elbo(self, model_parts, step: int) -> None:
+        model = model_parts[0]
+        model.eval()
+        device = next(model.parameters()).device
+        loader = self.dl_config.build(dp_world_size=self.dp_world_size, dp_rank=self.dp_rank,
+                                      tokenizer=self.tokenizer, seq_len=self.seq_len,
+                                      local_batch_size=self.local_batch_size)
+        sums = torch.zeros(4, dtype=torch.float64, device=device)
+        for index, (input_dict, labels) in enumerate(loader):
+            if self.config.steps != -1 and index >= self.config.steps:
+                break
+            self.metrics_processor.ntokens_since_last_log += labels.numel()
+            x0, labels = input_dict["input"].to(device), labels.to(device)
+            with self.validation_context():
+                sums += self.objective.elbo_terms(model, x0, labels, batch_index=index)
+        if self.parallel_dims.dp_enabled:
+            torch.distributed.all_reduce(sums, group=self.parallel_dims.get_mesh("batch").get_group())
+        nelbo, tokens, correct, masked = sums.tolist()
+        nelbo /= max(tokens, 1.0)
+        self.metrics_processor.log_validation(
+            loss=nelbo, step=step,
+            extra_metrics={"validation_nelbo": nelbo, "validation_masked_accuracy": correct / max(masked, 1.0)})
+        model.train()

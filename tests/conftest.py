@@ -22,6 +22,25 @@ TINY = [
 ]
 
 
+def tiny_model(causal: bool, vocab: int = 32, seed: int = 0):
+    """An initialised ``llama3-w64-d2-h2`` on CPU with exactly ``vocab`` embedding rows, in eval
+    mode, built as torchtitan's trainer builds it (meta device, to_empty, init_weights)."""
+    import torch
+
+    from muloco import compat
+
+    compat.apply()
+    from muloco.models import ModelConfig, build_model_config
+
+    torch.manual_seed(seed)
+    with torch.device("meta"):
+        model = build_model_config(ModelConfig(flavor="llama3-w64-d2-h2", vocab_multiple_of=1), vocab, causal).build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model.eval()
+
+
 def run_train(args: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python -m muloco.train` as users do; the child is killed on timeout."""
     cmd = [sys.executable, "-m", "muloco.train", *args]

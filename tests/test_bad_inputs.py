@@ -60,6 +60,12 @@ def _flip_tensor_bytes(step: Path) -> None:
     shard.write_bytes(bytes(data))
 
 
+def _truncate_data(step: Path) -> None:
+    """As after a full disk."""
+    shard = step / "__0_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])
+
+
 def _remove_manifest(step: Path) -> None:
     (step / MANIFEST).unlink()
 
@@ -101,6 +107,9 @@ BAD_INPUTS = [
          "outer.exchange.codec is quantize, which has no setting 'fraction'"),
     Case("codec-unknown", ["--config", "diloco/muloco_2bit", "--outer.exchange.codec", "zip"],
          "--outer.exchange.codec must be one of dense, quantize, topk; got 'zip'"),
+    # 1c. the objective's settings
+    Case("objective-eps-outside-0-1", ["--config", "ddp/adamw", "--objective", "mdlm", "--objective.eps", "1"],
+         "objective.eps is 1.0; it must be in (0, 1)"),
     # 2. more fragments than layer units (d2: embedding, 2 blocks, head = 4)
     Case("fragments-over-layer-units", ["--config", "diloco/diloco", *TINY, "--outer.num_fragments", "5"],
          "outer.num_fragments is 5, more than the 4 layer units"),
@@ -154,6 +163,8 @@ BAD_CHECKPOINTS = [
          corrupt=_garble_data),
     Case("tensor-bytes-overwritten", RESUME, "{dir}/out/checkpoint/step-7/__0_0.distcp does not match", code=3,
          corrupt=_flip_tensor_bytes),
+    Case("data-file-truncated", RESUME, "checkpoint {dir}/out/checkpoint/step-7 is corrupt: "
+         "{dir}/out/checkpoint/step-7/__0_0.distcp has 100 bytes", code=3, corrupt=_truncate_data),
     Case("explicit-step-incomplete", [*RESUME, "--checkpoint.load_step", "7"],
          "checkpoint {dir}/out/checkpoint/step-7 is incomplete", code=3, corrupt=_remove_manifest),
     Case("explicit-step-missing", [*RESUME, "--checkpoint.load_step", "5"],

@@ -36,12 +36,12 @@ def test_config_module_by_path(tmp_path):
 def test_dotted_overrides_reach_every_section():
     _, c = parse_args([
         "--config", "ddp/adamw", "--optimizer.lr", "0.01", "--training.seq_len", "32",
-        "--model.flavor", "llama3-w64-d2-h2", "--model.no-causal",
+        "--model.flavor", "llama3-w64-d2-h2", "--objective", "mdlm", "--objective.eps", "0.01",
         "--dataloader.val-percent", "7", "--metrics.jsonl_file", "m.jsonl",
         "--validator.steps", "3", "--checkpoint.no-enable",
     ])
     assert c.optimizer.lr == 0.01 and c.training.seq_len == 32
-    assert c.model.flavor == "llama3-w64-d2-h2" and c.model.causal is False
+    assert c.model.flavor == "llama3-w64-d2-h2" and c.objective.eps == 0.01
     assert c.dataloader.val_percent == 7 and c.metrics.jsonl_file == "m.jsonl"
     assert c.validator.steps == 3 and c.checkpoint.enable is False
 

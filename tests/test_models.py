@@ -40,7 +40,7 @@ QK = "_qk_torch-rmsnorm"
 
 
 def _meta_model(flavor: str, vocab_size: int = 2048, causal: bool = True):
-    cfg = build_model_config(ModelConfig(flavor=flavor, causal=causal), vocab_size=vocab_size)
+    cfg = build_model_config(ModelConfig(flavor=flavor), vocab_size=vocab_size, causal=causal)
     with torch.device("meta"):
         return cfg.build()
 

@@ -45,8 +45,11 @@ def test_console_lines_show_progress(tmp_path):
     assert {"loss", "lr", "tokens_per_second", "step_time_s", "eta_s"} <= record.keys()
 
 
-@pytest.mark.parametrize("optimizer", [[], ["--optimizer.name", "Muon", "--optimizer.lr", "0.02"]], ids=["adamw", "muon"])
+@pytest.mark.parametrize("optimizer", [["--optimizer.name", "Muon", "--optimizer.lr", "0.02"], ["--objective", "mdlm"]],
+                         ids=["muon", "mdlm-adamw"])
 def test_resume_matches_uninterrupted_run(tmp_path, optimizer):
+    """Muon (next-token) and AdamW with masked diffusion, whose masks and noise levels are drawn
+    from (seed, step, rank)."""
     common = ["--config", "base", *TINY, "--metrics.log_freq", "1", "--validator.freq", "1000",
               "--checkpoint.interval", "10", "--lr_scheduler.total_steps", "20", *optimizer]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
@@ -63,17 +66,3 @@ def test_resume_matches_uninterrupted_run(tmp_path, optimizer):
     want, got = train_losses(straight), train_losses(resumed)
     for step in range(11, 21):
         assert got[step] == pytest.approx(want[step], abs=1e-6), (step, got[step], want[step])
-
-
-def test_corrupt_checkpoint_is_one_clear_error(tmp_path):
-    out = tmp_path / "run"
-    args = ["--config", "base", *TINY, "--validator.freq", "1000", "--dump_folder", str(out)]
-    first = run_train([*args, "--training.steps", "3"])
-    assert first.returncode == 0, first.stderr[-3000:]
-    step = out / "checkpoint" / "step-3"
-    for shard in step.glob("*.distcp"):
-        shard.write_bytes(shard.read_bytes()[:100])  # truncated, as after a full disk
-    again = run_train([*args, "--training.steps", "6"])
-    assert again.returncode == 3, again.stderr[-3000:]
-    assert f"checkpoint {step} is corrupt: {step / '__0_0.distcp'} has 100 bytes" in again.stderr
-    assert "--checkpoint.load_step" in again.stderr and "Traceback" not in again.stderr

@@ -213,9 +213,20 @@ def _check_outer(config) -> None:
         )
 
 
+def _check_objective(config) -> None:
+    try:
+        config.objective.validate()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if config.parallelism.pipeline_parallel_degree > 1:
+        raise ConfigError("parallelism.pipeline_parallel_degree > 1 is not supported by muloco's "
+                          "objectives; use data parallelism (FSDP) inside a replica group.")
+
+
 def check_config(config) -> None:
     """Raise ConfigError for the first problem found."""
     _check_finite(config)
+    _check_objective(config)
     _check_training(config)
     _check_optimizer(config)
     _check_model(config)

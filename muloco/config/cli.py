@@ -23,6 +23,12 @@ from muloco.config.variants import apply_choices, describe_choices, misplaced_ke
 
 DEFAULT_CONFIG = "base"
 
+RETIRED_KEYS = {
+    "model.causal": "the attention direction follows the objective: --objective mdlm trains a "
+                    "bidirectional model, --objective ar (the default) a causal one.",
+}
+"""Keys that no longer exist, with what replaced them."""
+
 
 def _leaf_keys(obj, prefix: str = "") -> Iterator[tuple[str, object]]:
     for f in dataclasses.fields(obj):
@@ -57,6 +63,9 @@ def check_keys(config, args: list[str]) -> None:
         negated = f"{section}.{leaf[3:]}" if section else leaf[3:]
         if key in keys or (leaf.startswith("no_") and isinstance(keys.get(negated), bool)):
             continue
+        retired = RETIRED_KEYS.get(negated if leaf.startswith("no_") else key)
+        if retired:
+            raise ConfigError(f"unknown config key '--{key}': {retired}")
         misplaced = misplaced_key_hint(config, key)
         if misplaced:
             raise ConfigError(f"unknown config key '--{key}': {misplaced}")
@@ -67,7 +76,7 @@ def check_keys(config, args: list[str]) -> None:
         raise ConfigError(f"unknown config key '--{key}'.{hint} See --help for all keys.")
 
 
-def _split_config_arg(argv: list[str]) -> tuple[str, list[str]]:
+def split_config_arg(argv: list[str]) -> tuple[str, list[str]]:
     name, rest, i = DEFAULT_CONFIG, [], 0
     while i < len(argv):
         arg = argv[i]
@@ -87,7 +96,7 @@ def _split_config_arg(argv: list[str]) -> tuple[str, list[str]]:
 def parse_args(argv: list[str] | None = None, prog: str = "python -m muloco.train"):
     """Load the config module named by --config and apply the overrides."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    name, rest = _split_config_arg(argv)
+    name, rest = split_config_arg(argv)
     loaded = load_config(name)
     rest = apply_choices(loaded, rest)
     check_keys(loaded, rest)

@@ -6,7 +6,8 @@ field*. ``--outer.exchange.codec quantize`` puts a ``Quantizer.Config`` there (t
 config module set, if it is already that class: its settings are kept), and the chosen
 class's own settings are then ordinary keys (``--outer.exchange.codec.bits 2``): tyro
 parses them because the fields are marked ``AvoidSubcommands`` (no subcommand syntax; the
-default, i.e. the chosen instance, is what it fills in). A setting of another variant is
+default, i.e. the chosen instance, is what it fills in); ``--FIELD.name NAME`` is the same
+as ``--FIELD NAME``. A setting of another variant is
 an error that names the chosen one and where the setting belongs. The names come from the
 type annotation itself: no registry to keep in step.
 """
@@ -102,6 +103,8 @@ def apply_choices(config, args: list[str]) -> list[str]:
     while i < len(args):
         arg = args[i]
         key = arg[2:].split("=", 1)[0].replace("-", "_") if arg.startswith("--") else None
+        if key is not None and key.endswith(".name") and key[:-5] in fields:
+            key = key[:-5]  # --objective.name mdlm spells --objective mdlm
         if key not in fields:
             rest.append(arg)
             i += 1

@@ -18,7 +18,7 @@ import json
 import os
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -272,12 +272,15 @@ class JsonlSource(DocumentSource):
         shuffle: bool,
         rank: int,
         world: int,
+        parse_line: Callable[[bytes, Path, int], Any] | None = None,
     ) -> None:
         check_split(split)
         check_val_percent(val_percent)
         check_shard(rank, world)
         self.split = split
         self.text_field = text_field
+        self.parse_line = parse_line or (lambda raw, path, number: parse_jsonl_line(raw, path, number, text_field))
+        """A line's document: its text field, or whatever ``parse_line`` makes of it (SFT examples)."""
         self.val_percent = val_percent
         self.seed = seed
         self.shuffle = shuffle
@@ -315,7 +318,7 @@ class JsonlSource(DocumentSource):
                 for number, raw in enumerate(handle, start=1):
                     if not raw.strip():
                         continue
-                    text = parse_jsonl_line(raw, path, number, self.text_field)
+                    text = self.parse_line(raw, path, number)
                     if self.keeps_line(path.name, number):
                         return text
         return None
@@ -365,7 +368,7 @@ class _JsonlReader(ShardReader):
                 mine = pos["stream_index"] % src.world == src.rank
                 pos["stream_index"] += 1
                 if mine:
-                    text = parse_jsonl_line(raw, path, pos["line_number"], src.text_field)
+                    text = src.parse_line(raw, path, pos["line_number"])
                     pos["doc_index"] += 1
                     yield text
         self._handle = None
@@ -577,8 +580,10 @@ def build_source(
     shuffle: bool,
     rank: int,
     world: int,
+    parse_line: Callable[[bytes, Path, int], Any] | None = None,
 ) -> DocumentSource:
-    """The source named by ``dataloader.source``, checked before any training starts."""
+    """The source named by ``dataloader.source``, checked before any training starts.
+    ``parse_line`` (jsonl only) turns a line into something other than its text field."""
     if source == "stdlib":
         return StdlibSource(
             split=split, val_percent=val_percent, seed=seed, shuffle=shuffle,
@@ -588,7 +593,7 @@ def build_source(
         return JsonlSource(
             dataset_path=dataset_path or dataset or None, validation_path=validation_path,
             split=split, text_field=text_field, val_percent=val_percent, seed=seed,
-            shuffle=shuffle, rank=rank, world=world,
+            shuffle=shuffle, rank=rank, world=world, parse_line=parse_line,
         )
     if source == "huggingface":
         return HuggingFaceSource(

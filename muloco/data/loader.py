@@ -7,6 +7,7 @@ dicts, so a checkpoint loads with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,9 +17,11 @@ from typing import Any, Literal
 import torch
 
 from torchtitan.components.dataloader import BaseDataLoader
+from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
 from muloco.data.corpus import DataError, ShardReader, build_source
+from muloco.data.sft import SftExample, SftFields, parse_sft_line, sft_row
 
 # Documents per tokenizer call: large enough for batch encoding to pay off,
 # small enough that the pending-token buffer in a checkpoint stays small.
@@ -28,10 +31,12 @@ DOCS_PER_TOKENIZE_CALL = 16
 class PackedTextDataLoader(BaseDataLoader):
     """Documents packed end to end into rows of exactly ``seq_len`` tokens.
 
-    Each document becomes ``[bos] + tokens + [eos]``; inputs take ``doc[:-1]``
-    and labels ``doc[1:]`` before concatenation, so no label is ever the first
-    token of the next document. No ``positions`` are emitted: the model's SDPA
-    attention has no per-document mask and RoPE uses 0..L-1 per row.
+    Each document becomes ``[bos] + tokens + [eos]``. For next-token prediction
+    inputs take ``doc[:-1]`` and labels ``doc[1:]`` before concatenation, so no
+    label is ever the first token of the next document. Otherwise (masked
+    diffusion) inputs are the whole document and labels the same tokens with BOS
+    and EOS ignored: what the objective may mask. No ``positions`` are emitted: RoPE
+    uses 0..L-1 per row, and the objective finds the documents from the BOS tokens.
     """
 
     @dataclass(kw_only=True, slots=True)
@@ -81,6 +86,21 @@ class PackedTextDataLoader(BaseDataLoader):
         assigned by a hash of (file name, line number).
         """
 
+        format: Literal["text", "sft"] = "text"
+        """
+        'text': documents packed end to end. 'sft' (jsonl only): one prompt/response
+        example per row, the prompt never trained on (see muloco/data/sft.py).
+        """
+
+        prompt_field: str = "prompt"
+        """format='sft': field of the prompt."""
+
+        response_field: str = "response"
+        """format='sft': field of the response."""
+
+        messages_field: str = "messages"
+        """format='sft': field of a chat (a list of {role, content}; the last one answers)."""
+
         text_field: str = "text"
         """Field of each JSON line / dataset example that holds the document text."""
 
@@ -95,6 +115,12 @@ class PackedTextDataLoader(BaseDataLoader):
 
         seed: int = 0
         """Seed of the per-epoch document order (with the epoch number)."""
+
+        next_token: bool = True
+        """
+        Labels are the next tokens (autoregressive). Set from the objective:
+        masked diffusion reads whole documents with their BOS/EOS labels ignored.
+        """
 
         shuffle_documents: bool = True
         """
@@ -131,10 +157,13 @@ class PackedTextDataLoader(BaseDataLoader):
         self._documents: Iterator[str] | None = None
         self._inputs: list[int] = []
         self._labels: list[int] = []
+        self.skipped = 0
+        """SFT examples whose prompt alone fills a row."""
 
     def describe(self) -> str:
+        layout = "one SFT example per row" if self.config.format == "sft" else "packed documents"
         return (
-            f"{self.source.describe()}; rows of {self.seq_len} tokens, "
+            f"{self.source.describe()}; {layout}, rows of {self.seq_len} tokens, "
             f"{self.local_batch_size} rows per batch, "
             f"{'infinite' if self.config.infinite else 'one pass'}"
         )
@@ -175,10 +204,38 @@ class PackedTextDataLoader(BaseDataLoader):
             self._documents = self._reader.documents()
         return self._documents
 
-    def _append_documents(self, texts: list[str]) -> None:
+    def _append_documents(self, texts: list) -> None:
+        if self.config.format == "sft":
+            self._append_examples(texts)
+            return
         for doc in self._encode(texts):
-            self._inputs.extend(doc[:-1])
-            self._labels.extend(doc[1:])
+            if self.config.next_token:
+                self._inputs.extend(doc[:-1])
+                self._labels.extend(doc[1:])
+            else:
+                self._inputs.extend(doc)
+                self._labels.extend([IGNORE_INDEX, *doc[1:-1], IGNORE_INDEX])
+
+    def _append_examples(self, examples: list[SftExample]) -> None:
+        prompts = self._encode_plain([e.prompt for e in examples])
+        responses = self._encode_plain([e.response for e in examples])
+        for prompt, response in zip(prompts, responses):
+            row = sft_row(prompt, response, self.seq_len, self.tokenizer.bos_id, self.tokenizer.eos_id,
+                          self.config.next_token)
+            if row is None:
+                self.skipped += 1
+                if self.skipped in (1, 100, 10000):
+                    logger.warning(f"{self.skipped} SFT example(s) skipped so far: the prompt fills the "
+                                   f"{self.seq_len}-token row; raise training.seq_len")
+                continue
+            self._inputs.extend(row[0])
+            self._labels.extend(row[1])
+
+    def _encode_plain(self, texts: list[str]) -> list[list[int]]:
+        encode_batch = getattr(self.tokenizer, "encode_batch", None)
+        if encode_batch is not None:
+            return encode_batch(texts)
+        return [self.tokenizer.encode(t) for t in texts]
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
         encode_batch = getattr(self.tokenizer, "encode_batch", None)
@@ -218,6 +275,7 @@ class PackedTextDataLoader(BaseDataLoader):
             self._rank_key: {
                 "source": self.config.source,
                 "split": self.config.split,
+                "next_token": self.config.next_token,
                 "epoch": self._epoch,
                 "position": json.dumps(position, sort_keys=True),
                 "inputs": list(self._inputs),
@@ -251,6 +309,13 @@ class PackedTextDataLoader(BaseDataLoader):
         state = state_dict.get(self._rank_key)
         if state is None:
             raise DataError(f"the checkpoint has no data loader state for {self._rank_key}")
+        if state.get("next_token", True) != self.config.next_token:
+            raise DataError(
+                "the checkpoint's data position was read for the "
+                f"{'autoregressive' if state.get('next_token', True) else 'masked-diffusion'} objective, "
+                "this run trains the other one; resume with the same --objective, or leave the loader "
+                "out with checkpoint.exclude_from_loading=['dataloader']"
+            )
         saved = (state.get("source"), state.get("split"))
         if saved != (self.config.source, self.config.split):
             raise DataError(
@@ -263,12 +328,19 @@ class PackedTextDataLoader(BaseDataLoader):
 
 def source_for(config: PackedTextDataLoader.Config, *, rank: int, world: int):
     """The document source ``config`` names, as shard ``rank`` of ``world``."""
+    parse_line = None
+    if config.format == "sft":
+        if config.source != "jsonl":
+            raise DataError(f"dataloader.format 'sft' reads jsonl files; dataloader.source is "
+                            f"{config.source!r}: use --dataloader.source jsonl --dataloader.dataset_path FILE")
+        fields = SftFields(config.prompt_field, config.response_field, config.messages_field)
+        parse_line = functools.partial(parse_sft_line, fields=fields)
     return build_source(
         source=config.source, dataset=config.dataset, dataset_path=config.dataset_path,
         dataset_subset=config.dataset_subset, split=config.split,
         validation_split=config.validation_split, validation_path=config.validation_path,
         text_field=config.text_field, val_percent=config.val_percent, seed=config.seed,
-        shuffle=config.shuffle_documents, rank=rank, world=world,
+        shuffle=config.shuffle_documents, rank=rank, world=world, parse_line=parse_line,
     )
 
 

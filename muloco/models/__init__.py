@@ -1,7 +1,8 @@
 """Llama-3-family models built from torchtitan's building blocks.
 
 A flavor name from :mod:`muloco.models.model_map` plus the tokenizer's vocabulary
-and the attention direction gives a torchtitan ``ModelSpec``. Initialisation,
+and the attention direction (fixed by the objective, not a model setting) gives a
+torchtitan ``ModelSpec``. Initialisation,
 parallelisation and the parameter/FLOP count come from torchtitan's llama3 model.
 """
 
@@ -34,8 +35,6 @@ NORM_EPS = 1e-6
 class ModelConfig:
     flavor: str = "llama3-w128-d4-h2"
     """Model-map flavor: llama3-w{dim}-d{depth}-h{heads}[_qk_torch-rmsnorm][_pa][_pf]."""
-    causal: bool = True
-    """Causal attention (autoregressive); False gives bidirectional attention."""
     vocab_multiple_of: int = 64
     """The embedding/head rows are padded to a multiple of this (GPU-friendly shapes)."""
 
@@ -72,7 +71,7 @@ def _layer(flavor: Flavor, layer_id: int, causal: bool) -> SandwichBlock.Config:
     )
 
 
-def build_model_config(cfg: ModelConfig, vocab_size: int) -> Llama3Model.Config:
+def build_model_config(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> Llama3Model.Config:
     flavor = parse_flavor(cfg.flavor)
     dim = flavor.shape.dim
     vocab = padded_vocab(vocab_size, cfg.vocab_multiple_of)
@@ -87,15 +86,15 @@ def build_model_config(cfg: ModelConfig, vocab_size: int) -> Llama3Model.Config:
         lm_head=Linear.Config(
             in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)
         ),
-        layers=[_layer(flavor, i, cfg.causal) for i in range(flavor.shape.depth)],
+        layers=[_layer(flavor, i, causal) for i in range(flavor.shape.depth)],
     )
 
 
-def build_model_spec(cfg: ModelConfig, vocab_size: int) -> ModelSpec:
+def build_model_spec(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> ModelSpec:
     return ModelSpec(
         name="llama3",
         flavor=cfg.flavor,
-        model=build_model_config(cfg, vocab_size),
+        model=build_model_config(cfg, vocab_size, causal),
         parallelize_fn=gloo_safe_parallelize(parallelize_llama),
         pipelining_fn=None,
         post_optimizer_build_fn=None,

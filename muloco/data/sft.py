@@ -1,0 +1,84 @@
+"""Supervised fine-tuning examples: a prompt and a response per JSON line, one example per row.
+
+A line is ``{"prompt": ..., "response": ...}`` or ``{"messages": [{"role": ..., "content":
+...}, ...]}`` ending with an assistant message (field names configurable). A conversation
+becomes its last assistant message as the response and every turn before it as the
+prompt, each turn written ``<|role|>\\ncontent\\n`` and the prompt ending ``<|assistant|>\\n``.
+
+Rows are not packed: each holds one example, ``[bos] + prompt + response + [eos]``, padded
+to the row length. The prompt is never trained on (its labels are ignored). For masked
+diffusion the padding is EOS and belongs to the response, as LLaDA documents: the model
+learns where an answer ends by predicting EOS, so padding EOS are masked and scored too;
+normalise per response with ``--objective.normaliser sequence``. For next-token
+prediction the row is shifted and the padding ignored. A response that does not fit is
+cut; an example whose prompt fills the row is skipped (counted in the data description).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchtitan.components.loss import IGNORE_INDEX
+
+from muloco.data.corpus import DataError
+
+
+@dataclass(frozen=True)
+class SftFields:
+    prompt: str = "prompt"
+    response: str = "response"
+    messages: str = "messages"
+
+
+@dataclass(frozen=True)
+class SftExample:
+    prompt: str
+    response: str
+
+
+def _render(messages: list, where: str) -> SftExample:
+    if not messages or not all(isinstance(m, dict) and isinstance(m.get("content"), str)
+                               and isinstance(m.get("role"), str) for m in messages):
+        raise DataError(f"{where}: messages must be a non-empty list of {{'role': str, 'content': str}}; "
+                        "fix or remove the line")
+    if messages[-1]["role"] != "assistant":
+        raise DataError(f"{where}: the last message has role {messages[-1]['role']!r}; an SFT conversation "
+                        "must end with the assistant's answer")
+    prompt = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages[:-1]) + "<|assistant|>\n"
+    return SftExample(prompt, messages[-1]["content"])
+
+
+def parse_sft_line(raw: bytes, path: Path, line_number: int, fields: SftFields) -> SftExample:
+    """One JSON line as an example, or a DataError that points at the line."""
+    where = f"{path}:{line_number}"
+    try:
+        record = json.loads(raw)
+    except ValueError as err:
+        raise DataError(f"{where}: not a JSON object ({err}); fix or remove the line") from None
+    if isinstance(record, dict) and fields.messages in record:
+        return _render(record[fields.messages], where)
+    if isinstance(record, dict) and isinstance(record.get(fields.prompt), str) \
+            and isinstance(record.get(fields.response), str):
+        return SftExample(record[fields.prompt], record[fields.response])
+    found = sorted(record) if isinstance(record, dict) else type(record).__name__
+    raise DataError(f"{where}: an SFT line needs string fields {fields.prompt!r} and {fields.response!r}, "
+                    f"or a {fields.messages!r} list (found {found}); set dataloader.prompt_field / "
+                    "response_field / messages_field, or fix the line")
+
+
+def sft_row(prompt: list[int], response: list[int], seq_len: int, bos: int, eos: int,
+            next_token: bool) -> tuple[list[int], list[int]] | None:
+    """``(inputs, labels)`` of exactly ``seq_len`` tokens, or None if the prompt fills the row."""
+    head = [bos, *prompt]
+    if len(head) >= seq_len:
+        return None
+    if not next_token:  # masked diffusion: EOS padding is part of the answer
+        body = ([*response, eos] + [eos] * seq_len)[: seq_len - len(head)]
+        return head + body, [IGNORE_INDEX] * len(head) + body
+    sequence = (head + [*response, eos])[: seq_len + 1]
+    inputs, labels = sequence[:-1], sequence[1:]
+    labels = [IGNORE_INDEX] * (len(head) - 1) + labels[len(head) - 1:]
+    pad = seq_len - len(inputs)
+    return inputs + [eos] * pad, labels + [IGNORE_INDEX] * pad

@@ -1,0 +1,200 @@
+"""Sample from a trained run: ``python -m muloco.generate --checkpoint DIR --prompt "..."``.
+
+``DIR`` is a run's dump folder (a DiLoCo run's: replica 0 unless ``--replica``), one
+replica's folder, or a ``checkpoint/step-N`` folder. The model is rebuilt from the run's
+``run.json`` (its config module and overrides) and loaded from the newest complete
+checkpoint (or ``--step``), verified against its checksums and read without unpickling
+arbitrary objects. A DiLoCo run samples from θ_g, the global model the replicas agreed
+on. A masked-diffusion run samples by iterative unmasking (:mod:`muloco.objectives.sampling`),
+an autoregressive one token by token. The same seed gives the same text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from muloco import compat
+
+compat.apply()
+
+import torch  # noqa: E402
+
+from muloco.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step  # noqa: E402
+from muloco.config.cli import parse_args  # noqa: E402
+from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.models import build_model_spec  # noqa: E402
+from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # noqa: E402
+from muloco.objectives.sampling import (  # noqa: E402
+    ORDERS,
+    DiffusionSampling,
+    sample_autoregressive,
+    sample_diffusion,
+    until_eos,
+)
+
+GLOBAL_KEY = ".global."
+"""θ_g in a DiLoCo checkpoint: ``outer.fragment_<i>.global.<parameter name>``."""
+
+
+class GenerateError(ValueError):
+    pass
+
+
+@contextlib.contextmanager
+def _working_directory(path: str):
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def locate(path: str, replica: int, step: int | None) -> tuple[Path, int | None]:
+    """The run folder holding ``run.json`` for ``path``, and the step named by a step folder."""
+    folder = Path(path)
+    if folder.name.startswith("step-") and folder.name[5:].isdigit():
+        return locate(str(folder.parent.parent), replica, int(folder.name[5:]) if step is None else step)
+    for candidate in (folder, folder / f"replica_{replica}"):
+        if (candidate / RUN_FILE).is_file():
+            return candidate, step
+    if not folder.is_dir():
+        raise GenerateError(f"--checkpoint {path} is not a folder; give a run's dump folder or a "
+                            "checkpoint/step-N folder of it.")
+    raise GenerateError(f"--checkpoint {path} holds no {RUN_FILE} (nor replica_{replica}/{RUN_FILE}): "
+                        "it is not a folder written by python -m muloco.train; give the run's dump folder.")
+
+
+def load_config(run: Path):
+    record = json.loads((run / RUN_FILE).read_text())
+    with _working_directory(record["cwd"]) if os.path.isdir(record["cwd"]) else contextlib.nullcontext():
+        _, config = parse_args(["--config", record["config"], *record["args"]], prog="python -m muloco.generate")
+    return config
+
+
+def load_model(run: Path, config, step: int | None, device: torch.device):
+    """The run's model with the weights of ``step`` (newest complete: None), θ_g where the run has one."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = run / config.checkpoint.folder
+    step = resolve_step(str(folder), -1 if step is None else step, warn=False)
+    if step < 0:
+        raise GenerateError(f"{folder} holds no complete checkpoint; train with checkpoints on "
+                            "(--checkpoint.enable, the default) or wait for the run's first save.")
+    step_dir = str(folder / f"step-{step}")
+    verify_step(step_dir)
+    check_metadata(step_dir)
+    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    objective = config.objective._owner
+    spec = build_model_spec(config.model, tokenizer.get_vocab_size(), objective.causal)
+    with torch.device("meta"):
+        model = spec.model.build()
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)  # buffers (RoPE tables) are not in checkpoints
+    saved = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
+    params = dict(model.state_dict())
+    globals_ = {k.split(GLOBAL_KEY, 1)[1]: k for k in saved if GLOBAL_KEY in k}
+    wanted = {globals_.get(name, name): t for name, t in params.items()}
+    missing = sorted(k for k in wanted if k not in saved)
+    if missing:
+        raise CheckpointLoadError(f"checkpoint {step_dir} lacks {missing[0]} (and {len(missing) - 1} more) of "
+                                  f"this model ({config.model.flavor}); was it written by another config?")
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(wanted, checkpoint_id=step_dir, no_dist=True)
+    model.eval()
+    return model, tokenizer, objective, step, bool(globals_)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m muloco.generate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--checkpoint", required=True, help="run dump folder, replica folder or checkpoint/step-N")
+    p.add_argument("--prompt", action="append", default=None, help="prompt text (repeat for several samples)")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete)")
+    p.add_argument("--replica", type=int, default=0, help="DiLoCo run: the replica folder to read")
+    p.add_argument("--length", type=int, default=64, help="tokens to generate")
+    p.add_argument("--steps", type=int, default=None, help="diffusion: denoising steps (default: --length)")
+    p.add_argument("--block-length", type=int, default=None, help="diffusion: semi-AR block (default: --length)")
+    p.add_argument("--order", choices=ORDERS, default="confidence", help="diffusion: which masks to fill first")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: float64 Gumbel sampling")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--score", action="append", default=None, metavar="CHOICE",
+                   help="instead of sampling, score this continuation of each prompt (repeat for "
+                        "multiple choice): −log p(choice | prompt) in nats, exact for causal models, "
+                        "LLaDA's Monte Carlo bound for diffusion ones; the smallest wins")
+    p.add_argument("--mc-samples", type=int, default=128, help="diffusion scoring: Monte Carlo rows per choice")
+    p.add_argument("--json", action="store_true", help="print one JSON object per sample")
+    return p
+
+
+def generate(args: argparse.Namespace) -> list[dict]:
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    run, step = locate(args.checkpoint, args.replica, args.step)
+    config = load_config(run)
+    model, tokenizer, objective, step, global_model = load_model(run, config, step, device)
+    how = DiffusionSampling(length=args.length, steps=args.steps or args.length,
+                            block_length=args.block_length or args.length, temperature=args.temperature,
+                            order=args.order)
+    if not objective.causal:
+        how.check()
+    out = []
+    for i, prompt in enumerate(args.prompt or [""]):
+        generator = torch.Generator(device=device).manual_seed(args.seed + i)
+        ids = tokenizer.encode(prompt, add_bos=True)
+        if args.score:
+            scores = {c: _score(model, objective, tokenizer, ids, c, args, generator, device) for c in args.score}
+            out.append({"prompt": prompt, "scores": scores, "best": min(scores, key=scores.get),
+                        "objective": objective.name, "step": step, "run": str(run)})
+            continue
+        if objective.causal:
+            tokens = sample_autoregressive(model, ids, tokenizer.eos_id, args.length, args.temperature,
+                                           generator, device)
+        else:
+            tokens = sample_diffusion(model, ids, tokenizer.mask_id, how, generator, device)
+        out.append({"prompt": prompt, "text": tokenizer.decode(until_eos(tokens, tokenizer.eos_id)),
+                    "tokens": tokens, "objective": objective.name, "step": step,
+                    "weights": "θ_g" if global_model else "model", "run": str(run)})
+    return out
+
+
+def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, device) -> float:
+    target = tokenizer.encode(choice)
+    if objective.causal:
+        return autoregressive_nll(model, prompt_ids, target, device)
+    return diffusion_nll(model, prompt_ids, target, tokenizer.mask_id, samples=args.mc_samples,
+                         generator=generator, device=device)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        samples = generate(args)
+    except (GenerateError, ConfigError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except CheckpointLoadError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
+    for s in samples:
+        if args.json:
+            print(json.dumps(s))
+        elif "scores" in s:
+            print(f"--- {s['objective']} scores (nats), step {s['step']}, prompt {s['prompt']!r}")
+            for choice, nll in sorted(s["scores"].items(), key=lambda kv: kv[1]):
+                print(f"{nll:10.4f}  {choice!r}{'  <- best' if choice == s['best'] else ''}")
+        else:
+            print(f"--- {s['objective']} sample, step {s['step']} ({s['weights']}), prompt {s['prompt']!r}")
+            print(s["prompt"] + s["text"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

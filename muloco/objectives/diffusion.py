@@ -1,0 +1,215 @@
+"""Masked diffusion (MDLM / LLaDA): bidirectional attention, 1/t-weighted loss on masked tokens.
+
+Each row gets a noise level t (stratified over the replica group's rows of the step,
+see :mod:`.noise`), each maskable token becomes ``<|mask|>`` with probability p(t), and
+the model predicts the original tokens at the masked positions:
+
+    loss = Σ_rows Σ_{i masked} w · CE_i  /  normaliser
+
+with ``weight`` ``elbo`` (w = −α′/(1 − α) = 1/t for the linear schedule: the negative
+ELBO), ``uniform`` (w = 1) or ``cart`` (geometric weights of the visible neighbours,
+banded), and ``normaliser`` ``tokens`` (the maskable tokens of the step: LLaDA's B·L in
+pre-training), ``sequence`` (each row by its own maskable count, then the rows: LLaDA's
+SFT) or ``batch`` (the rows). What is maskable comes from the loader: every label that
+is not ignored (BOS, EOS, padding and SFT prompts are).
+
+The head and the cross-entropy run only at the masked positions (``masked_only_head``):
+the model returns hidden states and the loss applies ``lm_head`` to the selected rows,
+about half the head's FLOPs and logit memory at mean t = 0.5. The mask token's logit is
+−∞, so it is never predicted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torchtitan.components.loss import IGNORE_INDEX
+
+from .noise import (
+    bernoulli_masks,
+    cart_weights,
+    check_schedule,
+    elbo_weight,
+    generator,
+    mask_probability,
+    noise_levels,
+    time_of,
+)
+from .objective import NoiseKey, Objective, Prepared, SpecialTokens
+
+WEIGHTS = ("elbo", "uniform", "cart")
+NORMALISERS = ("tokens", "sequence", "batch")
+EVAL_SEED = 7919
+"""Validation noise is seeded by this and the batch index only: the same on every replica and every time."""
+
+
+class MaskedDiffusion(Objective):
+    name = "mdlm"
+    causal = False
+    next_token = False
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Objective.Config):
+        document_mask: bool = True
+        """Packed documents attend only within themselves (bidirectional attention would leak)."""
+        eps: float = 1e-3
+        """Floor of the noise level: t = eps + (1 − eps)·u, in (0, 1)."""
+        schedule: str = "linear"
+        """Mask probability p(t): linear (p = t) or cosine (p = cos(π/2·(1 − t)))."""
+        weight: str = "elbo"
+        """Per-token loss weight: elbo (−α′/(1−α), 1/t for linear), uniform (1) or cart (geometric)."""
+        cart_p: float = 0.3
+        """CART's geometric parameter (weight: cart)."""
+        normaliser: str = "tokens"
+        """Divide by the step's maskable tokens (tokens), per row then by rows (sequence), or by rows (batch)."""
+        stratified: bool = True
+        """Noise levels spread evenly over [eps, 1) across the rows of a step (all data-parallel ranks)."""
+        complementary_masks: bool = False
+        """Also train every row with the complementary mask (m and 1 − m): twice the rows per step."""
+        masked_only_head: bool = True
+        """Apply the LM head and the cross-entropy only at masked positions."""
+        truncate_probability: float = 0.01
+        """Probability that a step's rows are cut to a random length (the same on every rank)."""
+        eval_samples: int = 8
+        """Noise levels per validation batch (stratified, fixed seeds) for the ELBO estimate."""
+        seed: int = 0
+        """Seed of the masks and noise levels (with replica, step, micro-batch and rank)."""
+
+        def validate(self) -> None:
+            if not 0.0 < self.eps < 1.0:
+                raise ValueError(f"objective.eps is {self.eps!r}; it must be in (0, 1), e.g. 1e-3.")
+            check_schedule(self.schedule, "objective.schedule")
+            if self.weight not in WEIGHTS:
+                raise ValueError(f"objective.weight must be one of {', '.join(WEIGHTS)}; got {self.weight!r}")
+            if self.normaliser not in NORMALISERS:
+                raise ValueError(f"objective.normaliser must be one of {', '.join(NORMALISERS)}; "
+                                 f"got {self.normaliser!r}")
+            if not 0.0 < self.cart_p < 1.0:
+                raise ValueError(f"objective.cart_p is {self.cart_p!r}; it must be in (0, 1).")
+            if not 0.0 <= self.truncate_probability <= 1.0:
+                raise ValueError(f"objective.truncate_probability is {self.truncate_probability!r}; "
+                                 "it must be in [0, 1].")
+            if self.eval_samples < 1:
+                raise ValueError(f"objective.eval_samples is {self.eval_samples}; it must be >= 1.")
+
+    def __init__(self, config: Config, *, tokens: SpecialTokens, rows_per_step: int = 1):
+        super().__init__(config, tokens=tokens, rows_per_step=rows_per_step)
+        if tokens.mask is None or tokens.mask in (tokens.bos, tokens.eos, tokens.pad):
+            raise ValueError(
+                "the tokenizer has no mask token distinct from bos/eos/pad, which the mdlm objective "
+                "needs; use a tokenizer with <|mask|> (muloco adds one to tokenizer.json files) "
+                "or --objective ar.")
+
+    @property
+    def skip_lm_head(self) -> bool:
+        return self.config.masked_only_head
+
+    def expected_mask_fraction(self) -> float:
+        """E[p(t)] over t = ε + (1 − ε)·u, u ~ U[0, 1): the share of maskable tokens masked."""
+        u = (torch.arange(4096, dtype=torch.float64) + 0.5) / 4096
+        return float(mask_probability(self.config.eps + (1 - self.config.eps) * u, self.config.schedule).mean())
+
+    def flops_per_token(self, model_flops: float, head_params: int) -> float:
+        """The head runs only at masked positions (about half of them for the linear schedule),
+        and complementary masks run every row twice."""
+        flops = model_flops
+        if self.config.masked_only_head:
+            flops -= 6 * head_params * (1.0 - self.expected_mask_fraction())
+        return flops * (2 if self.config.complementary_masks else 1)
+
+    # ------------------------------------------------------------------ training
+
+    def prepare(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey) -> Prepared:
+        c, device = self.config, inputs.device
+        shared = generator(torch.device("cpu"), c.seed, key.replica, key.step, key.micro)
+        own = generator(device, c.seed, key.replica, key.step, key.micro, key.rank + 1)
+        x0, maskable = inputs, labels != IGNORE_INDEX
+        if c.truncate_probability and torch.rand((), generator=shared).item() < c.truncate_probability:
+            length = int(torch.randint(1, x0.shape[1] + 1, (), generator=shared))
+            x0, maskable = x0[:, :length], maskable[:, :length]
+        rows = x0.shape[0]
+        u0 = torch.rand((), generator=shared).item()
+        t = noise_levels(key.rank * rows, rows, rows * key.world, c.eps, u0, own,
+                         stratified=c.stratified, device=device)
+        p = mask_probability(t, c.schedule)
+        masked = bernoulli_masks(maskable, p, own)
+        if c.complementary_masks:
+            x0, maskable = torch.cat([x0, x0]), torch.cat([maskable, maskable])
+            masked = torch.cat([masked, maskable[rows:] & ~masked])
+            p = torch.cat([p, 1.0 - p])
+            t = torch.cat([t, time_of(p[rows:], c.schedule).clamp_min(c.eps)])
+        weight = self._token_weights(masked, maskable, t)
+        xt = x0.masked_fill(masked, self.tokens.mask)
+        return Prepared(xt, x0, self.attention_kwargs(x0), {"masked": masked, "weight": weight, "t": t})
+
+    def _token_weights(self, masked: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """``(B, L)`` float32: each masked token's weight with the row part of the normaliser folded in."""
+        c = self.config
+        if c.weight == "elbo":
+            w = elbo_weight(t, c.schedule)[:, None].expand(masked.shape)
+        elif c.weight == "cart":
+            w = cart_weights(masked, c.cart_p)
+        else:
+            w = torch.ones(masked.shape, device=masked.device)
+        if c.normaliser == "sequence":
+            w = w / maskable.sum(dim=1, keepdim=True).clamp_min(1)
+        if c.normaliser != "tokens":
+            w = w / self.rows_per_step
+        if c.complementary_masks:
+            w = w * 0.5  # the two halves are two estimates of the same loss
+        return w
+
+    def loss(self, pred: torch.Tensor, batch: Prepared, global_valid_tokens=None) -> torch.Tensor:
+        masked, weight = batch.extra["masked"], batch.extra["weight"]
+        ce = self._cross_entropy(pred, masked, batch.labels[masked])
+        total = (ce * weight[masked]).sum()
+        if self.config.normaliser == "tokens" and global_valid_tokens is not None:
+            total = total / global_valid_tokens
+        return total
+
+    def logits_at(self, pred: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
+        """float32 logits at the ``where`` positions, the mask token's set to −∞."""
+        picked = pred[where]
+        if self.skip_lm_head:
+            picked = self.lm_head(picked)
+        logits = picked.float()  # a new tensor or the head's output: neither is saved for backward
+        logits[:, self.tokens.mask] = -math.inf
+        return logits
+
+    def _cross_entropy(self, pred: torch.Tensor, where: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.logits_at(pred, where), targets, reduction="none")
+
+    # ---------------------------------------------------------------- evaluation
+
+    @torch.no_grad()
+    def elbo_terms(self, model, x0: torch.Tensor, labels: torch.Tensor, batch_index: int,
+                   model_kwargs: dict | None = None) -> torch.Tensor:
+        """float64 ``[Σ nelbo, maskable tokens, correct, masked]`` of one batch, ``eval_samples`` levels per row.
+
+        Σ nelbo is an unbiased estimate of ∫_ε^1 w(t)·E[Σ_masked CE] dt per row (stratified
+        u = (u₀ + k)/S per row, times (1 − ε) for the change of variable), so divided by the
+        maskable tokens it is the negative ELBO per token (a bound on the NLL, in nats).
+        """
+        c, device = self.config, x0.device
+        own = generator(device, EVAL_SEED, c.seed, batch_index)
+        maskable = labels != IGNORE_INDEX
+        rows, S = x0.shape[0], c.eval_samples
+        u0 = torch.rand(rows, generator=own, device=device)
+        kwargs = self.attention_kwargs(x0) if model_kwargs is None else model_kwargs
+        out = torch.zeros(4, dtype=torch.float64, device=device)
+        for k in range(S):
+            t = c.eps + (1.0 - c.eps) * (u0 + k) / S
+            masked = bernoulli_masks(maskable, mask_probability(t, c.schedule), own)
+            pred = model(x0.masked_fill(masked, self.tokens.mask), **kwargs)
+            logits = self.logits_at(pred, masked)
+            targets = x0[masked]
+            ce = F.cross_entropy(logits, targets, reduction="none").double()
+            w = (1.0 - c.eps) * elbo_weight(t.double(), c.schedule)[:, None].expand(masked.shape)[masked]
+            out[0] += (ce * w).sum() / S
+            out[2] += (logits.argmax(dim=-1) == targets).sum()
+            out[3] += targets.numel()
+        out[1] = maskable.sum()
+        return out

@@ -1,0 +1,98 @@
+"""What a model is trained to do: how a batch becomes model inputs, and its loss.
+
+The trainer, the validator and the benchmarks talk to one :class:`Objective`: it
+fixes the attention direction of the model it trains (``causal``), turns a loader
+batch into model inputs (:meth:`prepare`, which may corrupt them and adds the
+per-document attention mask) and scores the model's output (:meth:`loss`). A loss is
+a SUM over this rank's tokens divided by a global normaliser, as torchtitan's losses
+are, so gradient accumulation and data parallelism add up the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torchtitan.config import Configurable
+
+from .documents import document_ids, document_mask
+
+
+@dataclass(frozen=True)
+class NoiseKey:
+    """Identifies one micro-batch: every random draw of an objective is seeded from it (and
+    the objective's own seed)."""
+
+    replica: int
+    step: int
+    micro: int
+    rank: int
+    world: int
+    """Data-parallel ranks of this replica group (noise levels are stratified over all of them)."""
+
+
+@dataclass
+class Prepared:
+    """A batch ready for the model: its inputs and what the loss needs to score the output."""
+
+    inputs: torch.Tensor
+    labels: torch.Tensor
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    bos: int
+    eos: int
+    mask: int | None
+    pad: int | None = None
+
+
+class Objective(Configurable):
+    name: str = "objective"
+    causal: bool = True
+    """The attention direction the model is built with."""
+    next_token: bool = True
+    """Loader rows: labels are the next tokens (True) or the tokens themselves (False)."""
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        document_mask: bool = False
+        """Attend only within a document of a packed row (SDPA with a block mask)."""
+
+        def validate(self) -> None:
+            """Raise ValueError naming the bad setting (``objective.<key> ...``)."""
+
+    def __init__(self, config: Config, *, tokens: SpecialTokens, rows_per_step: int = 1):
+        config.validate()
+        self.config = config
+        self.tokens = tokens
+        self.rows_per_step = rows_per_step
+        """Rows of one micro-batch across the replica group's data-parallel ranks."""
+
+    @property
+    def skip_lm_head(self) -> bool:
+        """The model returns hidden states and :meth:`loss` applies the head (``lm_head`` set)."""
+        return False
+
+    lm_head: torch.nn.Module | None = None
+
+    def flops_per_token(self, model_flops: float, head_params: int) -> float:
+        """Training FLOPs per loader token, from torchtitan's count for the model (6·N plus
+        full seq×seq attention: exact for bidirectional attention, torchtitan's convention
+        for causal) and the LM head's parameter count."""
+        return model_flops
+
+    def attention_kwargs(self, inputs: torch.Tensor) -> dict[str, Any]:
+        if not self.config.document_mask:
+            return {}
+        return {"attention_masks": document_mask(document_ids(inputs, self.tokens.bos), self.causal)}
+
+    def prepare(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey) -> Prepared:
+        raise NotImplementedError
+
+    def loss(self, pred: torch.Tensor, batch: Prepared, global_valid_tokens: torch.Tensor | None) -> torch.Tensor:
+        """This rank's summed loss over ``global_valid_tokens`` (None: the plain sum)."""
+        raise NotImplementedError

@@ -1,0 +1,120 @@
+"""Sampling: iterative unmasking for masked-diffusion models, token by token for causal ones.
+
+Diffusion (LLaDA's procedure): the canvas is the prompt followed by ``length`` mask
+tokens, cut into blocks of ``block_length`` filled left to right (semi-autoregressive;
+one block = fully parallel). Each block gets ``steps / blocks`` steps; at each step the
+model predicts every masked position, and the ``k`` most confident predictions inside
+the current block are kept (``k``: the block's masked count split evenly over its steps,
+the remainder to the first ones). Confidence is the predicted token's probability
+(``confidence``), the gap between the two most likely tokens (``margin``), the negative
+entropy (``entropy``) or a random order (``random``). With temperature > 0 the tokens are
+drawn by Gumbel-max in float64 (float32 Gumbel noise biases samples towards likely
+tokens, arXiv 2409.02908). The mask token is never predicted. Everything is drawn from
+one seeded generator, so a seed gives the same text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+ORDERS = ("confidence", "margin", "entropy", "random")
+
+
+@dataclass(frozen=True)
+class DiffusionSampling:
+    length: int = 64
+    """Tokens to generate after the prompt."""
+    steps: int = 64
+    """Denoising steps in all (a multiple of the number of blocks)."""
+    block_length: int = 64
+    """Semi-autoregressive block size (``length`` must be a multiple of it)."""
+    temperature: float = 0.0
+    order: str = "confidence"
+
+    def check(self) -> None:
+        if self.length < 1 or self.block_length < 1 or self.length % self.block_length:
+            raise ValueError(f"--length {self.length} must be a positive multiple of --block-length "
+                             f"{self.block_length}")
+        blocks = self.length // self.block_length
+        if self.steps < blocks or self.steps % blocks:
+            raise ValueError(f"--steps {self.steps} must be a positive multiple of the number of blocks "
+                             f"({blocks} = length / block length)")
+        if self.order not in ORDERS:
+            raise ValueError(f"--order must be one of {', '.join(ORDERS)}; got {self.order!r}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"--temperature must be a finite number >= 0; got {self.temperature}")
+
+
+def transfer_counts(masked: int, steps: int) -> list[int]:
+    """How many tokens to unmask at each of ``steps`` steps: even split, remainder first."""
+    base, extra = divmod(masked, steps)
+    return [base + (1 if i < extra else 0) for i in range(steps)]
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    u = torch.rand(logits.shape, generator=generator, dtype=torch.float64, device=logits.device)
+    gumbel = -torch.log(-torch.log(u.clamp_min(1e-300)))
+    return (logits.double() / temperature + gumbel).argmax(dim=-1)
+
+
+def _confidence(logits: torch.Tensor, chosen: torch.Tensor, order: str, generator: torch.Generator):
+    if order == "random":
+        return torch.rand(chosen.shape, generator=generator, dtype=torch.float64, device=chosen.device)
+    probs = torch.softmax(logits.double(), dim=-1)
+    if order == "confidence":
+        return probs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+    if order == "margin":
+        top2 = probs.topk(2, dim=-1).values
+        return top2[..., 0] - top2[..., 1]
+    return (probs * torch.log(probs.clamp_min(1e-300))).sum(-1)  # entropy: −H, higher is surer
+
+
+@torch.no_grad()
+def sample_diffusion(model, prompt: list[int], mask_id: int, how: DiffusionSampling,
+                     generator: torch.Generator, device: torch.device) -> list[int]:
+    """The generated tokens (no mask token left) after ``prompt``."""
+    how.check()
+    x = torch.tensor([prompt + [mask_id] * how.length], device=device)
+    start, steps_per_block = len(prompt), how.steps // (how.length // how.block_length)
+    for block_start in range(start, start + how.length, how.block_length):
+        block_end = block_start + how.block_length
+        for k in transfer_counts(how.block_length, steps_per_block):
+            logits = model(x)[0].float()
+            logits[:, mask_id] = -math.inf
+            chosen = _pick(logits, how.temperature, generator)
+            confidence = _confidence(logits, chosen, how.order, generator)
+            open_ = x[0] == mask_id
+            open_[:block_start] = False
+            open_[block_end:] = False
+            confidence = confidence.masked_fill(~open_, -math.inf)
+            k = min(k, int(open_.sum()))
+            if k:
+                where = confidence.topk(k).indices
+                x[0, where] = chosen[where]
+    return x[0, start:].tolist()
+
+
+@torch.no_grad()
+def sample_autoregressive(model, prompt: list[int], eos_id: int, length: int, temperature: float,
+                          generator: torch.Generator, device: torch.device) -> list[int]:
+    """Up to ``length`` next tokens, stopping after EOS."""
+    x = torch.tensor([prompt], device=device)
+    out: list[int] = []
+    for _ in range(length):
+        logits = model(x)[0, -1].float()
+        token = int(_pick(logits[None], temperature, generator)[0])
+        out.append(token)
+        if token == eos_id:
+            break
+        x = torch.cat([x, torch.tensor([[token]], device=device)], dim=1)
+    return out
+
+
+def until_eos(tokens: list[int], eos_id: int) -> list[int]:
+    """The tokens before the first EOS (a diffusion sample pads its end with EOS)."""
+    return tokens[: tokens.index(eos_id)] if eos_id in tokens else tokens

@@ -1,0 +1,111 @@
+"""Masked diffusion end to end: a real training run (its ELBO falls), its summary, and sampling
+from its checkpoint with ``python -m muloco.generate``; the samplers on their own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, TINY, read_metrics, run_train, tiny_model
+
+from muloco import compat
+
+compat.apply()
+
+from muloco.objectives.sampling import (  # noqa: E402
+    DiffusionSampling,
+    sample_autoregressive,
+    sample_diffusion,
+    transfer_counts,
+)
+
+MASK, EOS = 31, 30
+
+
+@pytest.fixture(scope="module")
+def diffusion_run(tmp_path_factory):
+    dump = tmp_path_factory.mktemp("mdlm") / "run"
+    proc = run_train(["--config", "ddp/adamw", "--objective", "mdlm", *TINY, "--training.steps", "40",
+                      "--validator.freq", "20", "--validator.steps", "4", "--metrics.log_freq", "10",
+                      "--optimizer.lr", "0.01", "--dump_folder", str(dump)])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return dump, proc.stdout + proc.stderr
+
+
+def test_a_diffusion_run_reports_a_falling_elbo_and_its_bound(diffusion_run):
+    dump, log = diffusion_run
+    validations = [r for r in read_metrics(dump) if "validation_nelbo" in r]
+    assert [r["step"] for r in validations] == [1, 20, 40]
+    first, last = validations[0]["validation_nelbo"], validations[-1]["validation_nelbo"]
+    # nats per token, on held-out data (seen here: 7.78, 7.34, 7.19)
+    assert last < validations[1]["validation_nelbo"] < first - 0.3, validations
+    assert validations[-1]["validation_masked_accuracy"] > validations[0]["validation_masked_accuracy"]
+    s = json.loads((dump / "summary.json").read_text())
+    assert s["objective"] == "mdlm" and s["final_validation_nelbo"] == pytest.approx(last)
+    assert s["final_validation_ppl_bound"] == pytest.approx(torch.tensor(last).exp().item(), rel=1e-6)
+    assert "final validation NELBO" in log and "ppl bound" in log and "bidirectional attention" in log
+
+
+def _generate(dump, *args):
+    return subprocess.run([sys.executable, "-m", "muloco.generate", "--checkpoint", str(dump), "--json", *args],
+                          capture_output=True, text=True, timeout=120, cwd=REPO)
+
+
+def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diffusion_run):
+    from muloco.data.tokenizer import MulocoTokenizer
+    from muloco.generate import _parser, generate
+
+    dump, _ = diffusion_run
+    args = ["--prompt", "def f(", "--prompt", "import", "--length", "24", "--block-length", "8", "--steps", "12",
+            "--temperature", "0.7", "--seed", "3"]
+    cli = _generate(dump, *args)  # the command line once; the repeats in this process
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    samples = [json.loads(line) for line in cli.stdout.splitlines()]
+    assert [s["prompt"] for s in samples] == ["def f(", "import"]
+    assert generate(_parser().parse_args(["--checkpoint", str(dump), *args])) == samples
+    mask_id = MulocoTokenizer().mask_id
+    for s in samples:
+        assert len(s["tokens"]) == 24 and mask_id not in s["tokens"] and s["step"] == 40
+    other_seed = generate(_parser().parse_args(["--checkpoint", str(dump), *args[:-1], "4"]))
+    assert [s["tokens"] for s in other_seed] != [s["tokens"] for s in samples]
+
+
+def test_generate_names_a_folder_that_is_not_a_run(tmp_path):
+    proc = _generate(tmp_path, "--prompt", "x")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "run.json" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def _model(causal: bool):
+    return tiny_model(causal)
+
+
+@pytest.mark.parametrize("order", ["confidence", "margin", "entropy", "random"])
+def test_diffusion_sampler_keeps_the_prompt_leaves_no_mask_and_is_deterministic(order):
+    model = _model(causal=False)
+    prompt = [29, 3, 4, 5]
+    how = DiffusionSampling(length=12, steps=6, block_length=4, temperature=1.0, order=order)
+    runs = [sample_diffusion(model, prompt, MASK, how, torch.Generator().manual_seed(s), torch.device("cpu"))
+            for s in (1, 1, 2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 12 and MASK not in runs[0]
+    greedy = DiffusionSampling(length=12, steps=12, block_length=12)
+    assert MASK not in sample_diffusion(model, prompt, MASK, greedy, torch.Generator(), torch.device("cpu"))
+
+
+def test_transfer_schedule_and_bad_sampling_settings():
+    assert transfer_counts(10, 4) == [3, 3, 2, 2] and sum(transfer_counts(7, 7)) == 7
+    with pytest.raises(ValueError, match="multiple of --block-length"):
+        DiffusionSampling(length=10, block_length=4).check()
+    with pytest.raises(ValueError, match="multiple of the number of blocks"):
+        DiffusionSampling(length=8, steps=3, block_length=4).check()
+
+
+def test_autoregressive_sampler_stops_at_eos_and_repeats_with_a_seed():
+    model = _model(causal=True)
+    a = sample_autoregressive(model, [29, 3], EOS, 16, 1.0, torch.Generator().manual_seed(5), torch.device("cpu"))
+    b = sample_autoregressive(model, [29, 3], EOS, 16, 1.0, torch.Generator().manual_seed(5), torch.device("cpu"))
+    assert a == b and 1 <= len(a) <= 16 and (EOS not in a[:-1])

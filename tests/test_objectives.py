@@ -1,0 +1,258 @@
+"""The objectives on their own: masked-diffusion loss against float64 references, the ELBO
+estimator against the exact sum, noise-level stratification, masks, document masks."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_model
+
+from muloco import compat
+
+compat.apply()
+
+from torchtitan.components.loss import IGNORE_INDEX  # noqa: E402
+
+from muloco.config.checks import check_config  # noqa: E402
+from muloco.config.cli import parse_args  # noqa: E402
+from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.objectives import Autoregressive, MaskedDiffusion, NoiseKey, SpecialTokens  # noqa: E402
+from muloco.objectives.documents import document_ids  # noqa: E402
+from muloco.objectives.noise import elbo_weight, mask_probability  # noqa: E402
+
+V, BOS, EOS, MASK = 32, 29, 30, 31
+TOKENS = SpecialTokens(bos=BOS, eos=EOS, mask=MASK)
+
+
+def _key(step=1, micro=0, rank=0, world=1):
+    return NoiseKey(replica=0, step=step, micro=micro, rank=rank, world=world)
+
+
+def _rows(b=4, n=24, seed=0):
+    """Packed rows as the loader makes them for masked diffusion: documents [bos … eos]."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 29, (b, n), generator=g)
+    x[:, 0], x[:, 9], x[:, 10], x[:, 17], x[:, 18] = BOS, EOS, BOS, EOS, BOS
+    labels = x.masked_fill((x == BOS) | (x == EOS), IGNORE_INDEX)
+    return x, labels
+
+
+def _objective(**kw) -> MaskedDiffusion:
+    kw.setdefault("truncate_probability", 0.0)
+    return MaskedDiffusion.Config(**kw).build(tokens=TOKENS, rows_per_step=kw.pop("rows", 4))
+
+
+def _tiny_model(causal=False, seed=0):
+    return tiny_model(causal, V, seed).double()
+
+
+def _reference_loss(logits, batch, cfg, rows_global, gvt):
+    """Σ_masked w·CE / normaliser in float64, written out plainly (CART with a dense L×L matrix)."""
+    masked, t, x0 = batch.extra["masked"], batch.extra["t"].double(), batch.labels
+    logp = logits.double().clone()
+    logp[..., MASK] = -math.inf
+    ce = -torch.log_softmax(logp, -1).gather(-1, x0.unsqueeze(-1)).squeeze(-1)
+    total = torch.zeros((), dtype=torch.float64)
+    for b in range(x0.shape[0]):
+        L = x0.shape[1]
+        for i in range(L):
+            if not masked[b, i]:
+                continue
+            if cfg.weight == "elbo":
+                w = 1.0 / t[b] if cfg.schedule == "linear" else 0.5 * math.pi * math.tan(0.5 * math.pi * (1 - t[b]))
+            elif cfg.weight == "uniform":
+                w = 1.0
+            else:
+                w = sum(0.5 * cfg.cart_p * (1 - cfg.cart_p) ** (abs(i - j) - 1)
+                        for j in range(L) if j != i and not masked[b, j])
+            if cfg.normaliser == "sequence":
+                w = w / int(((x0[b] != BOS) & (x0[b] != EOS)).sum())
+            total = total + w * ce[b, i]
+    if cfg.normaliser == "tokens":
+        return total / gvt
+    return total / rows_global
+
+
+@pytest.mark.parametrize("weight,normaliser,schedule", [
+    ("elbo", "tokens", "linear"), ("elbo", "sequence", "cosine"), ("uniform", "batch", "linear"),
+    ("cart", "tokens", "linear"),
+])
+def test_loss_equals_a_float64_reference_on_fixed_masks_and_levels(weight, normaliser, schedule):
+    torch.manual_seed(0)
+    x, labels = _rows()
+    obj = _objective(weight=weight, normaliser=normaliser, schedule=schedule, masked_only_head=False)
+    batch = obj.prepare(x, labels, _key())
+    assert batch.extra["masked"].any()
+    logits = torch.randn(*x.shape, V, dtype=torch.float64)
+    gvt = torch.tensor(float((labels != IGNORE_INDEX).sum()))
+    got = obj.loss(logits, batch, gvt)
+    want = _reference_loss(logits, batch, obj.config, 4, gvt)
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+
+
+def test_masked_only_head_gives_the_loss_and_gradients_of_the_full_head():
+    x, labels = _rows()
+    model = _tiny_model().float().train()
+    gvt = torch.tensor(float((labels != IGNORE_INDEX).sum()))
+    results = []
+    for masked_only in (False, True):
+        obj = _objective(masked_only_head=masked_only)
+        model._skip_lm_head = masked_only
+        obj.lm_head = model.lm_head
+        batch = obj.prepare(x, labels, _key())
+        model.zero_grad()
+        loss = obj.loss(model(batch.inputs), batch, gvt)
+        loss.backward()
+        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+    (full, g_full), (head, g_head) = results
+    assert head == pytest.approx(full, rel=1e-6)
+    for a, b in zip(g_full, g_head):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_the_mask_token_is_never_predicted():
+    x, labels = _rows()
+    obj = _objective(masked_only_head=False)
+    batch = obj.prepare(x, labels, _key())
+    logits = torch.zeros(*x.shape, V)
+    logits[..., MASK] = 100.0  # the model would say "mask" everywhere
+    picked = obj.logits_at(logits, batch.extra["masked"])
+    assert torch.isneginf(picked[:, MASK]).all() and torch.isfinite(obj.loss(logits, batch))
+
+
+def test_elbo_estimate_is_unbiased_against_the_exact_sum_over_mask_counts():
+    """NELBO = Σ_l (1/l)·E_{|S|=l}[Σ_{i∈S} CE_i(x_S)]: every subset of a 6-token row, against the
+    estimator with many stratified levels (ε small: the part of [0, ε) it leaves out is ~ε·L·CE)."""
+    model = _tiny_model()
+    L = 6
+    x = torch.randint(0, 29, (1, L), generator=torch.Generator().manual_seed(3))
+    labels = x.clone()
+    obj = _objective(eps=1e-5, masked_only_head=False, document_mask=False, eval_samples=32)
+    exact = 0.0
+    for n in range(1, L + 1):
+        terms = []
+        for subset in itertools.combinations(range(L), n):
+            where = torch.zeros(1, L, dtype=torch.bool)
+            where[0, list(subset)] = True
+            with torch.no_grad():
+                logits = obj.logits_at(model(x.masked_fill(where, MASK)), where)
+            terms.append(F.cross_entropy(logits, x[where], reduction="sum").item())
+        exact += sum(terms) / len(terms) / n
+    rows = 128  # the row repeated: every row draws its own levels, so one call is many samples
+    estimates = []
+    for batch_index in range(8):
+        nelbo, tokens, _, _ = obj.elbo_terms(model, x.repeat(rows, 1), labels.repeat(rows, 1),
+                                             batch_index=batch_index).tolist()
+        assert tokens == L * rows
+        estimates.append(nelbo / rows)
+    mean = sum(estimates) / len(estimates)
+    se = (sum((e - mean) ** 2 for e in estimates) / (len(estimates) - 1) / len(estimates)) ** 0.5
+    assert abs(mean - exact) < 4 * se + 1e-3 * exact, (mean, se, exact)
+    assert se < 0.01 * exact  # the test can tell a bias of a few percent
+
+
+def test_noise_levels_cover_every_stratum_of_the_step_across_two_ranks():
+    eps, rows, world = 1e-3, 4, 2
+    obj = _objective(eps=eps)
+    x, labels = _rows(b=rows)
+    levels = torch.cat([obj.prepare(x, labels, _key(step=7, rank=r, world=world)).extra["t"] for r in range(world)])
+    u = ((levels - eps) / (1 - eps)).double()
+    strata = torch.floor(u * rows * world).long().sort().values
+    assert strata.tolist() == list(range(rows * world))  # one level in each [j/n, (j+1)/n)
+    other_step = torch.cat([obj.prepare(x, labels, _key(step=8, rank=r, world=world)).extra["t"] for r in range(world)])
+    assert not torch.equal(levels, other_step)
+
+
+def test_masks_never_touch_bos_eos_or_ignored_tokens_and_are_reproducible():
+    x, labels = _rows()
+    labels[:, 1:4] = IGNORE_INDEX  # e.g. an SFT prompt
+    obj = _objective(eps=0.9)  # t >= 0.9: nearly everything maskable is masked
+    for step in range(5):
+        batch = obj.prepare(x, labels, _key(step=step))
+        masked = batch.extra["masked"]
+        assert not masked[labels == IGNORE_INDEX].any()
+        assert (batch.inputs[~masked] == x[~masked]).all() and (batch.inputs[masked] == MASK).all()
+        assert masked.float().mean() > 0.5
+        again = obj.prepare(x, labels, _key(step=step))
+        assert torch.equal(again.inputs, batch.inputs)
+
+
+def test_complementary_masks_split_the_maskable_tokens_between_two_copies():
+    x, labels = _rows()
+    obj = _objective(complementary_masks=True, eps=0.3)
+    batch = obj.prepare(x, labels, _key())
+    m = batch.extra["masked"]
+    assert m.shape[0] == 2 * x.shape[0]
+    a, b = m[: x.shape[0]], m[x.shape[0]:]
+    assert not (a & b).any() and torch.equal(a | b, labels != IGNORE_INDEX)
+
+
+def test_truncation_cuts_every_rank_to_the_same_length():
+    x, labels = _rows(n=64)
+    obj = _objective(truncate_probability=1.0)
+    lengths = {obj.prepare(x, labels, _key(step=3, rank=r, world=2)).inputs.shape[1] for r in range(2)}
+    assert len(lengths) == 1 and next(iter(lengths)) <= 64
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_token_sees_nothing_of_the_other_documents_in_its_row(causal):
+    model = _tiny_model(causal=causal)
+    obj = (Autoregressive.Config(document_mask=True) if causal else MaskedDiffusion.Config()).build(tokens=TOKENS)
+    x, _ = _rows(b=1)
+    other = x.clone()
+    other[0, 11:17] = (other[0, 11:17] + 5) % 29  # change the second document only
+    ids = document_ids(x, BOS)[0]
+    first = ids == ids[1]
+    with torch.no_grad():
+        a = model(x, **obj.attention_kwargs(x))
+        b = model(other, **obj.attention_kwargs(other))
+        c, d = model(x), model(other)
+    torch.testing.assert_close(a[0, first], b[0, first], rtol=0, atol=1e-12)
+    if not causal:  # without the mask the first document reads the second
+        assert (c[0, first] - d[0, first]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--objective.eps", "1.5"], "objective.eps is 1.5; it must be in (0, 1)"),
+    (["--objective.eps", "0"], "objective.eps is 0.0; it must be in (0, 1)"),
+    (["--objective.schedule", "sqrt"], "objective.schedule must be one of linear, cosine; got 'sqrt'"),
+    (["--objective.weight", "focal"], "objective.weight must be one of elbo, uniform, cart; got 'focal'"),
+])
+def test_bad_objective_settings_are_one_clear_error(args, message):
+    _, config = parse_args(["--config", "ddp/adamw", "--objective", "mdlm", *args])
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    assert message in str(err.value)
+
+
+def test_a_tokenizer_without_a_mask_token_is_a_clear_error():
+    with pytest.raises(ValueError, match="no mask token"):
+        MaskedDiffusion.Config().build(tokens=SpecialTokens(bos=BOS, eos=EOS, mask=None))
+
+
+def test_bidirectional_attention_only_comes_with_the_diffusion_objective():
+    with pytest.raises(ConfigError, match="the attention direction follows the objective"):
+        parse_args(["--config", "ddp/adamw", "--model.no-causal"])
+    assert MaskedDiffusion.causal is False and Autoregressive.causal is True
+
+
+def test_schedules_weights_are_minus_alpha_prime_over_one_minus_alpha():
+    t = torch.linspace(0.01, 0.99, 50, dtype=torch.float64)
+    for schedule in ("linear", "cosine"):
+        p = mask_probability(t, schedule)
+        dp = torch.autograd.functional.jacobian(lambda s: mask_probability(s, schedule), t).diagonal()
+        torch.testing.assert_close(elbo_weight(t, schedule), dp / p)
+
+
+def test_flops_count_the_head_only_where_it_runs():
+    model_flops, head = 1e9, 1_000_000
+    assert Autoregressive.Config().build(tokens=TOKENS).flops_per_token(model_flops, head) == model_flops
+    mdlm = _objective()
+    assert mdlm.expected_mask_fraction() == pytest.approx(0.5 + 0.5e-3, rel=1e-6)  # E[t], t = ε + (1-ε)u
+    assert mdlm.flops_per_token(model_flops, head) == pytest.approx(model_flops - 6 * head * (1 - 0.5005))
+    assert _objective(masked_only_head=False).flops_per_token(model_flops, head) == model_flops
+    assert _objective(complementary_masks=True, masked_only_head=False).flops_per_token(model_flops, head) == 2e9

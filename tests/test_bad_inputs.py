@@ -88,20 +88,14 @@ class Case:
 
 
 BAD_INPUTS = [
-    # 1. non-finite floats
+    # 1. non-finite floats: three through the command line (a value, a negative value with
+    # "=", a nested setting); every float setting of every section is checked in process by
+    # test_every_float_setting_rejects_inf_and_nan
     Case("inner-lr-inf", ["--config", "ddp/adamw", "--optimizer.lr", "inf"], "optimizer.lr is inf"),
-    Case("outer-lr-inf", ["--config", "diloco/diloco", "--outer.optimizer.lr", "inf"], "outer.optimizer.lr is inf"),
-    Case("outer-momentum-nan", ["--config", "diloco/diloco", "--outer.optimizer.momentum", "nan"],
-         "outer.optimizer.momentum is nan"),
-    Case("beta2-nan", ["--config", "ddp/adamw", "--optimizer.beta2", "nan"], "optimizer.beta2 is nan"),
     Case("weight-decay-minus-inf", ["--config", "ddp/adamw", "--optimizer.weight_decay=-inf"],
          "optimizer.weight_decay is -inf"),
-    Case("muon-lr-factor-inf", ["--config", "ddp/muon", "--optimizer.embedding_lr_factor", "inf"],
-         "optimizer.embedding_lr_factor is inf"),
     Case("ef-beta-nan", ["--config", "diloco/muloco_2bit", "--outer.exchange.error_feedback.beta", "nan"],
          "outer.exchange.error_feedback.beta is nan"),
-    Case("bucket-mb-inf", ["--config", "diloco/muloco_2bit", "--outer.exchange.bucket_mb", "inf"],
-         "outer.exchange.bucket_mb is inf"),
     # 1b. a setting of another codec than the chosen one, and an unknown codec
     Case("codec-setting-of-another-codec", ["--config", "diloco/muloco_2bit", "--outer.exchange.codec.fraction", "0.1"],
          "outer.exchange.codec is quantize, which has no setting 'fraction'"),
@@ -316,12 +310,13 @@ def test_every_float_setting_rejects_inf_and_nan():
     from muloco.config.checks import check_config
     from muloco.config.cli import valid_keys
 
-    keys = [k for k, v in valid_keys(load_config("diloco/muloco_2bit")).items() if isinstance(v, float)]
+    keys = [k for k, v in valid_keys(load_config("diffusion/muloco_2bit")).items() if isinstance(v, float)]
     assert {"optimizer.lr", "optimizer.beta1", "training.max_norm", "outer.optimizer.lr",
-            "outer.fragment_update_alpha", "optimizer.head_lr_factor"} <= set(keys)
+            "outer.fragment_update_alpha", "optimizer.head_lr_factor", "outer.exchange.bucket_mb",
+            "outer.exchange.error_feedback.beta", "objective.eps", "objective.cart_p"} <= set(keys)
     for key in keys:
         for bad in (math.inf, -math.inf, math.nan):
-            config = load_config("diloco/muloco_2bit")
+            config = load_config("diffusion/muloco_2bit")
             section, _, leaf = key.rpartition(".")
             target = config
             for part in section.split("."):

@@ -1,7 +1,7 @@
 """Masked diffusion (MDLM / LLaDA): bidirectional attention, 1/t-weighted loss on masked tokens.
 
-Each row gets a noise level t (stratified over the replica group's rows of the step,
-see :mod:`.noise`), each maskable token becomes ``<|mask|>`` with probability p(t), and
+Each row gets a noise level t (stratified over the replica group's rows of the
+micro-batch, see :mod:`.noise`), each maskable token becomes ``<|mask|>`` with probability p(t), and
 the model predicts the original tokens at the masked positions:
 
     loss = Σ_rows Σ_{i masked} w · CE_i  /  normaliser
@@ -66,7 +66,7 @@ class MaskedDiffusion(Objective):
         normaliser: str = "tokens"
         """Divide by the step's maskable tokens (tokens), per row then by rows (sequence), or by rows (batch)."""
         stratified: bool = True
-        """Noise levels spread evenly over [eps, 1) across the rows of a step (all data-parallel ranks)."""
+        """Noise levels spread evenly over [eps, 1) across a micro-batch's rows on all data-parallel ranks."""
         complementary_masks: bool = False
         """Also train every row with the complementary mask (m and 1 − m): twice the rows per step."""
         masked_only_head: bool = True

@@ -7,9 +7,9 @@ ELBO weight is −α′(t)/(1 − α(t)): the continuous-time negative ELBO is
 ∫₀¹ w(t)·E[Σ_masked −log p(x₀ᵢ | x_t)] dt. t is drawn as ε + (1 − ε)·u with the floor
 ε keeping w finite.
 
-Noise levels are stratified: the n rows of one step get u = (u₀ + j)/n for their
-global index j and one shared u₀, so a step covers [ε, 1) evenly across all its
-data-parallel ranks (MDLM stratifies per device only). Every draw comes from a
+Noise levels are stratified: the n rows of one micro-batch, over all data-parallel
+ranks of the replica group, get u = (u₀ + j)/n for their global index j and one shared
+u₀, so each micro-batch covers [ε, 1) evenly (MDLM stratifies per device only). Every draw comes from a
 generator seeded by the caller's key (seed, replica, step, micro-batch, rank), so a
 resumed run draws the same noise.
 """

@@ -60,7 +60,8 @@ class MulocoTrainerMixin:
         dp_world = getattr(self.dataloader, "dp_world_size", 1)
         self.objective: Objective = self.config.objective.build(
             tokens=SpecialTokens(bos=tokenizer.bos_id, eos=tokenizer.eos_id, mask=tokenizer.mask_id),
-            rows_per_step=self.config.training.local_batch_size * dp_world,
+            # the rows of one optimizer step: every rank's micro-batches, accumulation included
+            rows_per_step=self.config.training.local_batch_size * dp_world * self.gradient_accumulation_steps,
         )
         model = self.model_parts[0]
         if self.objective.skip_lm_head:

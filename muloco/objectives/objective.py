@@ -70,7 +70,7 @@ class Objective(Configurable):
         self.config = config
         self.tokens = tokens
         self.rows_per_step = rows_per_step
-        """Rows of one micro-batch across the replica group's data-parallel ranks."""
+        """Rows of one optimizer step: all micro-batches on all data-parallel ranks of the group."""
 
     @property
     def skip_lm_head(self) -> bool:

@@ -18,6 +18,21 @@ from dataclasses import dataclass, field
 FFN_MULTIPLIER = 2.75
 TOKENS_PER_PARAM = 20  # Chinchilla budget, as in MuLoCo's MODEL_STEP_MAP
 LLAMA3_VOCAB = 128256
+WD_REFERENCE_BATCH = 512
+"""MuLoCo tuned weight decay at this global batch and rescales it by steps (see rescaled_weight_decay)."""
+
+SOURCES: dict[str, str] = {
+    "muon": "MuLoCo model_map.py OPTIMAL_WD_MAP['muon'] (weight decay, global batch 512)",
+    "adamw": "MuLoCo model_map.py OPTIMAL_WD_MAP['adamw'] (weight decay, global batch 512)",
+    "muloco_k8_topk": "MuLoCo inner_sweep_distributed_quantized_topk.py (MuLoCo inner lr, K=8, B=512, top-k)",
+    "muloco_k8_quantized": "MuLoCo inner_sweep_distributed_quantized_streaming.py (MuLoCo inner lr, K=8, "
+                           "B=512, 2-bit; middle of its grid 0.0473/0.0224/0.0106)",
+    "diloco_k8": "MuLoCo inner_sweep_distributed_quantized_topk.py (DiLoCo AdamW inner lr, K=8, B=512)",
+    "ddp_muon_gbs8192": "MuLoCo ddp_baselines_h100.py (DDP Muon lr, B=8192; middle of 0.0442/0.0313/0.0221)",
+    "muloco_k16": "MuLoCo diloco_muloco_no-compression_h100.py (MuLoCo inner lr, K=16, B=2048)",
+    "diloco_k16": "MuLoCo diloco_muloco_no-compression_h100.py (DiLoCo AdamW inner lr, K=16, B=1024)",
+}
+"""Where each tuned value of the table comes from (keys of Shape.weight_decay and Shape.tuned_lr)."""
 
 
 @dataclass(frozen=True)
@@ -147,3 +162,56 @@ def steps_for_batch(
     if global_batch <= 0 or seq_len <= 0:
         raise ValueError("global_batch and seq_len must be positive")
     return -(-token_budget(flavor, vocab_size) // (global_batch * seq_len))
+
+
+def non_embedding_parameters(flavor: str | Flavor, vocab_size: int) -> int:
+    return count_parameters(flavor, vocab_size) - count_embedding_parameters(flavor, vocab_size)
+
+
+def gpus_without_accumulation(flavor: str, global_batch: int) -> int:
+    """GPUs whose micro-batches (the map's ``max_local_batch`` each) hold the global batch in one step."""
+    return -(-global_batch // parse_flavor(flavor).shape.max_local_batch)
+
+
+def rescaled_weight_decay(weight_decay: float, flavor: str, global_batch: int, *, replicas: int = 1,
+                          seq_len: int = 2048, vocab_size: int = LLAMA3_VOCAB) -> float:
+    """MuLoCo's launchers' rule: the weight decay tuned at global batch 512 scales with the
+    number of steps, wd · steps(512) / steps(B), and is divided by K for DiLoCo/MuLoCo."""
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
+    ratio = steps_for_batch(flavor, WD_REFERENCE_BATCH, seq_len, vocab_size) / steps_for_batch(
+        flavor, global_batch, seq_len, vocab_size)
+    return weight_decay * ratio / replicas
+
+
+@dataclass(frozen=True)
+class SizingRow:
+    flavor: str
+    parameters: int
+    non_embedding_parameters: int
+    token_budget: int
+    steps: int
+    max_micro_batch: int
+    gpus: int
+    weight_decay: dict[str, float]
+    """Tuned at batch 512, rescaled to this batch and K."""
+    tuned_lr: dict[str, float]
+
+
+def sizing(flavor: str, *, global_batch: int, vocab_size: int = LLAMA3_VOCAB, seq_len: int = 2048,
+           replicas: int = 1) -> SizingRow:
+    """One row of the sizing table (``python -m muloco.model_map``)."""
+    shape = parse_flavor(flavor).shape
+    params = count_parameters(flavor, vocab_size)
+    return SizingRow(
+        flavor=flavor,
+        parameters=params,
+        non_embedding_parameters=non_embedding_parameters(flavor, vocab_size),
+        token_budget=TOKENS_PER_PARAM * params,
+        steps=steps_for_batch(flavor, global_batch, seq_len, vocab_size),
+        max_micro_batch=shape.max_local_batch,
+        gpus=gpus_without_accumulation(flavor, global_batch),
+        weight_decay={k: rescaled_weight_decay(v, flavor, global_batch, replicas=replicas, seq_len=seq_len,
+                                               vocab_size=vocab_size) for k, v in shape.weight_decay.items()},
+        tuned_lr=dict(shape.tuned_lr),
+    )

@@ -1,0 +1,91 @@
+"""The sizing table (``python -m muloco.model_map``): every derived number against its formula,
+the parameter split against a built model, and the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, tiny_model
+
+from muloco import compat
+
+compat.apply()
+
+from muloco.model_map import main  # noqa: E402
+from muloco.models.model_map import (  # noqa: E402
+    SHAPES,
+    SOURCES,
+    count_parameters,
+    rescaled_weight_decay,
+    sizing,
+    steps_for_batch,
+)
+
+
+@pytest.mark.parametrize("global_batch, vocab, replicas", [(512, 128256, 1), (2048, 128256, 8), (64, 2048, 2)])
+def test_every_derived_number_follows_its_formula(global_batch, vocab, replicas, capsys):
+    assert main(["--global-batch", str(global_batch), "--vocab", str(vocab), "--replicas", str(replicas),
+                 "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["flavor"] for r in rows] == list(SHAPES)
+    for r in rows:
+        shape = SHAPES[r["flavor"]]
+        params = count_parameters(r["flavor"], vocab)
+        assert r["parameters"] == params
+        assert r["non_embedding_parameters"] == params - 2 * vocab * shape.dim  # untied embedding + head
+        assert r["token_budget"] == 20 * params
+        assert r["steps"] == math.ceil(20 * params / (global_batch * 2048))
+        assert r["max_micro_batch"] == shape.max_local_batch
+        assert r["gpus"] == math.ceil(global_batch / shape.max_local_batch)
+        for key, wd in shape.weight_decay.items():
+            want = wd * steps_for_batch(r["flavor"], 512, 2048, vocab) / r["steps"] / replicas
+            assert r["weight_decay"][key] == pytest.approx(want, rel=1e-12)
+        assert r["tuned_lr"] == shape.tuned_lr
+        assert set(r["weight_decay"]) | set(r["tuned_lr"]) <= set(SOURCES)  # every tuned value has a source
+
+
+def test_weight_decay_rule_matches_muloco_launchers():
+    # MuLoCo's 3B DDP baseline: wd 0.001 at B=512 -> B=8192 steps shrink 16x, wd grows 16x
+    flavor = "llama3-w2560-d30-h20"
+    assert rescaled_weight_decay(0.001, flavor, 8192) == pytest.approx(
+        0.001 * steps_for_batch(flavor, 512) / steps_for_batch(flavor, 8192))
+    assert rescaled_weight_decay(0.001, flavor, 8192) == pytest.approx(0.016, rel=0.01)
+    assert rescaled_weight_decay(0.01, flavor, 512, replicas=16) == pytest.approx(0.01 / 16)
+    with pytest.raises(ValueError, match="replicas"):
+        rescaled_weight_decay(0.01, flavor, 512, replicas=0)
+
+
+def test_the_parameter_split_matches_a_built_model():
+    vocab = 32
+    model = tiny_model(causal=True, vocab=vocab)
+    row = sizing("llama3-w64-d2-h2", global_batch=4, vocab_size=vocab, seq_len=64)
+    embedding_and_head = model.tok_embeddings.weight.numel() + model.lm_head.weight.numel()
+    assert row.parameters == sum(p.numel() for p in model.parameters())
+    assert row.non_embedding_parameters == row.parameters - embedding_and_head
+
+
+def test_the_table_as_users_print_it():
+    proc = subprocess.run([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8",
+                           "--global-batch", "512", "--replicas", "8"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "llama3-w1024-d12-h8" in out and "416.83M" in out and "7,951" in out
+    assert "lr[muloco_k8_quantized] 0.0224" in out and "wd[muon] 0.00125" in out  # 0.01 / K=8
+    assert SOURCES["muloco_k8_quantized"] in out and "divided by K" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--flavor", "llama3-w1000"], "model.flavor 'llama3-w1000' is not in the model map"),
+    (["--global-batch", "0"], "--global-batch must be at least 1; got 0"),
+    (["--replicas", "-2"], "--replicas must be at least 1; got -2"),
+])
+def test_bad_arguments_are_one_line(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1

@@ -217,8 +217,8 @@ class PackedTextDataLoader(BaseDataLoader):
                 self._labels.extend([IGNORE_INDEX, *doc[1:-1], IGNORE_INDEX])
 
     def _append_examples(self, examples: list[SftExample]) -> None:
-        prompts = self._encode_plain([e.prompt for e in examples])
-        responses = self._encode_plain([e.response for e in examples])
+        prompts = self._encode([e.prompt for e in examples], documents=False)
+        responses = self._encode([e.response for e in examples], documents=False)
         for prompt, response in zip(prompts, responses):
             row = sft_row(prompt, response, self.seq_len, self.tokenizer.bos_id, self.tokenizer.eos_id,
                           self.config.next_token)
@@ -231,17 +231,12 @@ class PackedTextDataLoader(BaseDataLoader):
             self._inputs.extend(row[0])
             self._labels.extend(row[1])
 
-    def _encode_plain(self, texts: list[str]) -> list[list[int]]:
+    def _encode(self, texts: list[str], documents: bool = True) -> list[list[int]]:
+        """Token ids of each text; ``documents``: wrapped in BOS ... EOS."""
         encode_batch = getattr(self.tokenizer, "encode_batch", None)
         if encode_batch is not None:
-            return encode_batch(texts)
-        return [self.tokenizer.encode(t) for t in texts]
-
-    def _encode(self, texts: list[str]) -> list[list[int]]:
-        encode_batch = getattr(self.tokenizer, "encode_batch", None)
-        if encode_batch is not None:
-            return encode_batch(texts, add_bos=True, add_eos=True)
-        return [self.tokenizer.encode(t, add_bos=True, add_eos=True) for t in texts]
+            return encode_batch(texts, add_bos=documents, add_eos=documents)
+        return [self.tokenizer.encode(t, add_bos=documents, add_eos=documents) for t in texts]
 
     def _end_epoch(self) -> bool:
         """Close the finished pass; True if another one starts."""

@@ -163,6 +163,7 @@ SHARDED = textwrap.dedent(
     if dist.get_rank() == 0:
         print(f"ERR sharded={err(sharded):.3e} shard_local={err(local):.3e}", flush=True)
     dist.destroy_process_group()
+    os._exit(0)  # done; gloo's threads can abort interpreter teardown ("terminate called ...", seen here)
     """
 )
 

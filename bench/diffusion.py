@@ -38,7 +38,7 @@ from torchtitan.components.loss import IGNORE_INDEX  # noqa: E402
 
 from muloco.data.loader import PackedTextDataLoader  # noqa: E402
 from muloco.data.tokenizer import MulocoTokenizer  # noqa: E402
-from muloco.models import ModelConfig, build_model_config  # noqa: E402
+from muloco.models import ModelConfig, init_model  # noqa: E402
 from muloco.objectives import Autoregressive, MaskedDiffusion, NoiseKey, SpecialTokens  # noqa: E402
 
 TARGET_RATIO = 0.97
@@ -60,12 +60,7 @@ def _batches(tokenizer, next_token: bool, seq_len: int, batch: int, n: int, spli
 
 def _model(flavor: str, vocab: int, causal: bool, device, seed=0):
     torch.manual_seed(seed)
-    with torch.device("meta"):
-        model = build_model_config(ModelConfig(flavor=flavor), vocab, causal).build()
-    model.to_empty(device=device)
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    return model
+    return init_model(ModelConfig(flavor=flavor), vocab, causal, device)
 
 
 class Variant:

@@ -28,7 +28,7 @@ import torch  # noqa: E402
 from muloco.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
-from muloco.models import build_model_spec  # noqa: E402
+from muloco.models import init_model  # noqa: E402
 from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # noqa: E402
 from muloco.objectives.sampling import (  # noqa: E402
     ORDERS,
@@ -44,16 +44,6 @@ GLOBAL_KEY = ".global."
 
 class GenerateError(ValueError):
     pass
-
-
-@contextlib.contextmanager
-def _working_directory(path: str):
-    before = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(before)
 
 
 def locate(path: str, replica: int, step: int | None) -> tuple[Path, int | None]:
@@ -73,7 +63,7 @@ def locate(path: str, replica: int, step: int | None) -> tuple[Path, int | None]
 
 def load_config(run: Path):
     record = json.loads((run / RUN_FILE).read_text())
-    with _working_directory(record["cwd"]) if os.path.isdir(record["cwd"]) else contextlib.nullcontext():
+    with contextlib.chdir(record["cwd"]) if os.path.isdir(record["cwd"]) else contextlib.nullcontext():
         _, config = parse_args(["--config", record["config"], *record["args"]], prog="python -m muloco.generate")
     return config
 
@@ -92,12 +82,7 @@ def load_model(run: Path, config, step: int | None, device: torch.device):
     check_metadata(step_dir)
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     objective = config.objective._owner
-    spec = build_model_spec(config.model, tokenizer.get_vocab_size(), objective.causal)
-    with torch.device("meta"):
-        model = spec.model.build()
-    model.to_empty(device=device)
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)  # buffers (RoPE tables) are not in checkpoints
+    model = init_model(config.model, tokenizer.get_vocab_size(), objective.causal, device)
     saved = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
     params = dict(model.state_dict())
     globals_ = {k.split(GLOBAL_KEY, 1)[1]: k for k in saved if GLOBAL_KEY in k}

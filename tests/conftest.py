@@ -30,15 +30,10 @@ def tiny_model(causal: bool, vocab: int = 32, seed: int = 0):
     from muloco import compat
 
     compat.apply()
-    from muloco.models import ModelConfig, build_model_config
+    from muloco.models import ModelConfig, init_model
 
     torch.manual_seed(seed)
-    with torch.device("meta"):
-        model = build_model_config(ModelConfig(flavor="llama3-w64-d2-h2", vocab_multiple_of=1), vocab, causal).build()
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    return model.eval()
+    return init_model(ModelConfig(flavor="llama3-w64-d2-h2", vocab_multiple_of=1), vocab, causal).eval()
 
 
 def run_train(args: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:

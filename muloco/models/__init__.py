@@ -9,6 +9,8 @@ parallelisation and the parameter/FLOP count come from torchtitan's llama3 model
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
 from torchtitan.models.llama3 import (
@@ -90,6 +92,18 @@ def build_model_config(cfg: ModelConfig, vocab_size: int, causal: bool = True) -
     )
 
 
+def init_model(cfg: ModelConfig, vocab_size: int, causal: bool = True, device="cpu") -> Llama3Model:
+    """The model as torchtitan's trainer makes it, outside a trainer (sampling, benchmarks, tests):
+    built on the meta device, materialised on ``device``, its weights and buffers (the RoPE
+    tables, which checkpoints do not hold) initialised."""
+    with torch.device("meta"):
+        model = build_model_config(cfg, vocab_size, causal).build()
+    model.to_empty(device=device)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model
+
+
 def build_model_spec(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> ModelSpec:
     return ModelSpec(
         name="llama3",
@@ -102,4 +116,4 @@ def build_model_spec(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> 
     )
 
 
-__all__ = ["ModelConfig", "build_model_config", "build_model_spec"]
+__all__ = ["ModelConfig", "build_model_config", "build_model_spec", "init_model"]

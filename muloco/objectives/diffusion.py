@@ -97,9 +97,9 @@ class MaskedDiffusion(Objective):
 
     def __init__(self, config: Config, *, tokens: SpecialTokens, rows_per_step: int = 1):
         super().__init__(config, tokens=tokens, rows_per_step=rows_per_step)
-        if tokens.mask is None or tokens.mask in (tokens.bos, tokens.eos, tokens.pad):
+        if tokens.mask is None or tokens.mask in (tokens.bos, tokens.eos):
             raise ValueError(
-                "the tokenizer has no mask token distinct from bos/eos/pad, which the mdlm objective "
+                "the tokenizer has no mask token distinct from bos/eos, which the mdlm objective "
                 "needs; use a tokenizer with <|mask|> (muloco adds one to tokenizer.json files) "
                 "or --objective ar.")
 
@@ -164,7 +164,7 @@ class MaskedDiffusion(Objective):
 
     def loss(self, pred: torch.Tensor, batch: Prepared, global_valid_tokens=None) -> torch.Tensor:
         masked, weight = batch.extra["masked"], batch.extra["weight"]
-        ce = self._cross_entropy(pred, masked, batch.labels[masked])
+        ce = F.cross_entropy(self.logits_at(pred, masked), batch.labels[masked], reduction="none")
         total = (ce * weight[masked]).sum()
         if self.config.normaliser == "tokens" and global_valid_tokens is not None:
             total = total / global_valid_tokens
@@ -179,14 +179,10 @@ class MaskedDiffusion(Objective):
         logits[:, self.tokens.mask] = -math.inf
         return logits
 
-    def _cross_entropy(self, pred: torch.Tensor, where: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(self.logits_at(pred, where), targets, reduction="none")
-
     # ---------------------------------------------------------------- evaluation
 
     @torch.no_grad()
-    def elbo_terms(self, model, x0: torch.Tensor, labels: torch.Tensor, batch_index: int,
-                   model_kwargs: dict | None = None) -> torch.Tensor:
+    def elbo_terms(self, model, x0: torch.Tensor, labels: torch.Tensor, batch_index: int) -> torch.Tensor:
         """float64 ``[Σ nelbo, maskable tokens, correct, masked]`` of one batch, ``eval_samples`` levels per row.
 
         Σ nelbo is an unbiased estimate of ∫_ε^1 w(t)·E[Σ_masked CE] dt per row (stratified
@@ -198,7 +194,7 @@ class MaskedDiffusion(Objective):
         maskable = labels != IGNORE_INDEX
         rows, S = x0.shape[0], c.eval_samples
         u0 = torch.rand(rows, generator=own, device=device)
-        kwargs = self.attention_kwargs(x0) if model_kwargs is None else model_kwargs
+        kwargs = self.attention_kwargs(x0)
         out = torch.zeros(4, dtype=torch.float64, device=device)
         for k in range(S):
             t = c.eps + (1.0 - c.eps) * (u0 + k) / S

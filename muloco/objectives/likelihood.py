@@ -19,10 +19,6 @@ import torch.nn.functional as F
 from .noise import exact_count_masks
 
 
-def _logits(model, x: torch.Tensor) -> torch.Tensor:
-    return model(x).float()
-
-
 @torch.no_grad()
 def diffusion_nll(model, prompt: list[int], target: list[int], mask_id: int, *, samples: int = 128,
                   batch: int = 32, generator: torch.Generator, device: torch.device) -> float:
@@ -40,12 +36,11 @@ def diffusion_nll(model, prompt: list[int], target: list[int], mask_id: int, *, 
         region[:, P:] = True
         masked = exact_count_masks(region, counts, generator)
         rows = x.expand(b, -1).masked_fill(masked, mask_id)
-        logits = _logits(model, rows)
+        logits = model(rows).float()
         logits[..., mask_id] = -math.inf
         ce = F.cross_entropy(logits[masked], x.expand(b, -1)[masked], reduction="none")
-        per_row = torch.zeros(b, dtype=torch.float64, device=device).index_add_(
-            0, masked.nonzero()[:, 0], ce.double())
-        total += (per_row * T / counts.double()).sum().item()
+        scale = (T / counts.double())[:, None].expand(masked.shape)[masked]  # T/l of each token's row
+        total += (ce.double() * scale).sum().item()
         done += b
     return total / samples
 
@@ -56,5 +51,5 @@ def autoregressive_nll(model, prompt: list[int], target: list[int], device: torc
     if not target:
         return 0.0
     x = torch.tensor([prompt + target], device=device)
-    logits = _logits(model, x[:, :-1])[0, len(prompt) - 1:]
+    logits = model(x[:, :-1]).float()[0, len(prompt) - 1:]
     return F.cross_entropy(logits, x[0, len(prompt):], reduction="sum").item()

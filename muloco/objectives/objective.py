@@ -47,7 +47,6 @@ class SpecialTokens:
     bos: int
     eos: int
     mask: int | None
-    pad: int | None = None
 
 
 class Objective(Configurable):

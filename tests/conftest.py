@@ -84,3 +84,32 @@ def train_losses(folder: Path) -> dict[int, float]:
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    """One real local SLURM (munged + slurmctld + slurmd) for the whole run, its SLURM_CONF and
+    PATH (with the sacct substitute) exported so that submitit and plain sbatch find it; skipped
+    when SLURM cannot be installed here."""
+    from slurm_cluster import LocalSlurm, SlurmError, ensure_slurm_installed
+
+    reason = ensure_slurm_installed()
+    if reason:
+        pytest.skip(f"no local SLURM: {reason}")
+    cluster = LocalSlurm(tmp_path_factory.mktemp("slurm"))
+    try:
+        cluster.start()
+    except SlurmError as e:
+        print(e)  # carries the daemon log tails
+        raise
+    saved = {k: os.environ.get(k) for k in cluster.env}
+    os.environ.update(cluster.env)
+    try:
+        yield cluster
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        cluster.stop()

@@ -180,7 +180,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _stop_on_signal() -> threading.Event:
+def stop_on_signal() -> threading.Event:
     """An event set by SIGINT or SIGTERM; installed before the address is printed, so a
     parent that stops the lighthouse as soon as it read the address gets a clean exit."""
     stop = threading.Event()
@@ -191,7 +191,7 @@ def _stop_on_signal() -> threading.Event:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    stop = _stop_on_signal()
+    stop = stop_on_signal()
     try:
         parse_bind(args.bind)  # a typo in the address is reported before the quorum options
         min_replicas = quorum_size(args.replicas, args.min_replicas)

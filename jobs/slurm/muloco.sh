@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# MuLoCo 2-bit, K replica groups (--replicas) on one node, one GPU slice each.
+# Usage: jobs/slurm/muloco.sh [--config C] [cluster and job options] [--dry-run] [-- trainer overrides]
+# (python -m muloco.launch.slurm groups --help lists the options; later options override earlier ones)
+set -euo pipefail
+exec "$(dirname "${BASH_SOURCE[0]}")/submit.sh" groups --config gpu/muloco_2bit "$@"

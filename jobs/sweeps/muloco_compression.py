@@ -1,0 +1,33 @@
+"""MuLoCo paper: compressed pseudo-gradients, 2-bit quantization and top-k (2%), each with and
+without error feedback; K=8 groups of one GPU on one node, two inner LRs.
+
+    python jobs/sweeps/muloco_compression.py --dry-run
+"""
+
+from muloco.launch.sweep import Sweep, grid, lr_grid, main
+from muloco.models.model_map import parse_flavor
+
+TUNED = parse_flavor("llama3-w1024-d12-h8").shape.tuned_lr
+LRS = lr_grid(TUNED["muloco_k8_quantized"], 2)
+EF = ["--outer.exchange.error_feedback.enabled", "--outer.exchange.error_feedback.no-enabled"]
+
+
+def with_ef(runs, flag):
+    for r in runs:
+        r.overrides.append(flag)
+    return runs
+
+
+SWEEP = Sweep("muloco_compression", [
+    run
+    for flag in EF
+    for run in with_ef(
+        grid("groups", "gpu/muloco_2bit", replicas=8, vary={"--optimizer.lr": LRS})
+        + grid("groups", "gpu/muloco", replicas=8,
+               fixed={"--outer.exchange.codec": "topk", "--outer.exchange.codec.fraction": 0.02},
+               vary={"--optimizer.lr": LRS}),
+        flag)
+])
+
+if __name__ == "__main__":
+    raise SystemExit(main(SWEEP))

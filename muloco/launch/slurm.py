@@ -1,0 +1,602 @@
+"""Generate and submit SLURM jobs: ``python -m muloco.launch.slurm KIND --config C [options] -- OVERRIDES``.
+
+Kinds (one class each, all for autoregressive and diffusion configs alike):
+
+- ``ddp``: one replica group over ``--nodes`` nodes, torchrun on each (c10d rendezvous on the
+  first node), FSDP/DDP over every GPU;
+- ``groups``: K DiLoCo replica groups on one node, each on its own GPU slice, with the
+  lighthouse on loopback (the local launcher, ``muloco.launch.local``, under ``srun``);
+- ``spanning``: K groups of ``--nodes-per-replica`` nodes each, one job; the lighthouse runs on
+  the first node, bound to its address;
+- ``array``: fault-tolerant DiLoCo, each replica group one task of a job array and the
+  lighthouse a small job of its own. A dead node requeues only its group's task; the group
+  heals from a peer while the others keep training.
+
+Every flag is honoured or refused; cluster defaults come from ``~/.config/muloco/cluster.toml``
+or ``MULOCO_SLURM_*`` (``muloco.launch.cluster``) and are checked against ``sinfo`` before any
+file is written. ``--dry-run`` prints the script(s) and submits nothing; otherwise they are
+written to ``<dump folder>/slurm/`` and submitted with ``sbatch``. The scripts hold relative
+paths and no secrets: they ``cd`` to the directory sbatch was called from, and W&B keys and
+the like reach the job through the environment sbatch passes on.
+
+Requeue (``--requeue``, on by default): SLURM requeues the job when its node fails, and the
+script requeues itself on ``USR1``, which SLURM sends ``--signal-s`` seconds before the time
+limit (``scancel --signal=USR1 --batch JOB`` does the same by hand); ``--retries N`` requeues
+a failed run up to N times. A requeued job resumes from its newest complete checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+from muloco.launch.cluster import (ClusterError, ClusterSettings, ClusterUnreachable, Partition, check_request,
+                                   default_partition, load_cluster_settings, query_sinfo,
+                                   resolve_partition)
+
+SLURM_DIR = "slurm"
+LOG_DIR = "logs"
+ENV_BLOCK = {
+    "PYTHONUNBUFFERED": "1",
+    "RUST_LOG": "warn",  # torchft's Rust side logs every quorum at INFO
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",  # fewer fragmentation OOMs
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",  # a hung collective fails the rank (torchft then heals it)
+    "NCCL_DEBUG": "WARN",
+}
+"""The environment every generated job exports; a cluster file's ``[env]`` adds to or replaces it."""
+
+
+class JobError(ValueError):
+    """A job that cannot be generated as asked; the message names the problem and the fix."""
+
+
+@dataclass
+class JobSpec:
+    """What every kind shares: the trainer command, the cluster request, the requeue policy."""
+
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    job_name: str | None = None
+    requeue: bool = True
+    retries: int = 0
+    signal_s: int = 120
+    max_restarts: int = 0
+    procs: int = 1
+    """Ranks per node (per group on ``groups``) when the job has no GPUs."""
+    dependency: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.job_name or os.path.splitext(self.config.replace("/", "-"))[0]
+
+
+@dataclass
+class Script:
+    """One sbatch file of a job, and what to export at submission (``@file`` = that file's job id)."""
+
+    file: str
+    text: str
+    exports: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Resources:
+    """One job's (or array task's) request."""
+
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+    ntasks_per_node: int = 1
+
+
+def _q(value) -> str:
+    return shlex.quote(str(value))
+
+
+def sbatch_header(spec: JobSpec, res: Resources, *, name: str, output: str, array: str | None = None,
+                  requeue: bool | None = None) -> list[str]:
+    c = spec.cluster
+    lines = [f"#SBATCH --job-name={name}", f"#SBATCH --nodes={res.nodes}",
+             f"#SBATCH --ntasks-per-node={res.ntasks_per_node}",
+             f"#SBATCH --cpus-per-task={max(1, res.cpus_per_node // res.ntasks_per_node)}"]
+    if res.gpus_per_node:
+        lines.append(f"#SBATCH --gpus-per-node={res.gpus_per_node}")
+    for key, value in (("partition", c.partition), ("account", c.account), ("qos", c.qos),
+                       ("mem", c.mem), ("constraint", c.constraint)):
+        if value:
+            lines.append(f"#SBATCH --{key}={value}")
+    lines += [f"#SBATCH --time={c.time}", f"#SBATCH --output={output}", "#SBATCH --open-mode=append"]
+    if array:
+        lines.append(f"#SBATCH --array={array}")
+    if spec.requeue if requeue is None else requeue:
+        lines += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{spec.signal_s}"]
+    else:
+        lines.append("#SBATCH --no-requeue")
+    if spec.dependency:
+        lines.append(f"#SBATCH --dependency={spec.dependency}")
+    return lines
+
+
+def preamble(spec: JobSpec) -> list[str]:
+    """Working directory, interpreter, the one environment block, the user's setup lines."""
+    env = {**ENV_BLOCK, **spec.cluster.env}
+    lines = ["set -uo pipefail",
+             'cd "${MULOCO_WORKDIR:-$SLURM_SUBMIT_DIR}"  # where sbatch was called: relative paths start here',
+             'PYTHON="${MULOCO_PYTHON:-.venv/bin/python}"',
+             "",
+             "# --- environment (one block; add or change values in the [env] table of "
+             "~/.config/muloco/cluster.toml) ---",
+             "# Secrets (WANDB_API_KEY, HF_TOKEN) are never written here: export them before sbatch.",
+             *(f"export {k}={_q(v)}" for k, v in env.items())]
+    if spec.cluster.setup:
+        lines += ["", "# --- cluster setup (setup in the cluster file) ---", *spec.cluster.setup]
+    return lines
+
+
+def requeue_block(spec: JobSpec) -> list[str]:
+    """Self-requeue on USR1 (time limit, ``scancel --signal=USR1 --batch``) and on failure up to
+    ``retries`` times (counted in a file in the run folder, so time-limit requeues do not use
+    them up)."""
+    if not spec.requeue:
+        return ["requeue_or_exit() { exit \"$1\"; }"]
+    return [
+        'JOB_KEY="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
+        'JOB_KEY="${JOB_KEY:-$SLURM_JOB_ID}"',
+        'requeue_self() { echo "muloco: requeueing job $JOB_KEY ($1); it resumes from its newest checkpoint"; '
+        'scontrol requeue "$JOB_KEY"; }',
+        "trap 'requeue_self \"USR1: time limit or preemption\"; exit 0' USR1",
+        f"RETRIES={spec.retries}",
+        f'FAILURES_FILE="$RUN_DIR/{SLURM_DIR}/failures-$JOB_KEY"',
+        "requeue_or_exit() {  # $1: the run's exit status",
+        '  local failures; failures=$(cat "$FAILURES_FILE" 2>/dev/null || echo 0)',
+        '  if [ "$1" -ne 0 ] && [ "$failures" -lt "$RETRIES" ]; then',
+        '    echo $((failures + 1)) > "$FAILURES_FILE"',
+        '    requeue_self "exit $1, retry $((failures + 1))/$RETRIES"; exit 0',
+        "  fi",
+        '  exit "$1"',
+        "}",
+    ]
+
+
+def overrides_block(spec: JobSpec, run_dir: str) -> list[str]:
+    return [f"CONFIG={_q(spec.config)}", "OVERRIDES=(" + " ".join(_q(o) for o in spec.overrides) + ")",
+            f"RUN_DIR={_q(run_dir)}  # the trainer's dump folder"]
+
+
+def wait_block(pids: str = '"$!"') -> list[str]:
+    """Wait in the background-and-wait form, so the USR1 trap runs while the run is going."""
+    return [f"wait {pids}", "requeue_or_exit $?"]
+
+
+def script(header: list[str], body: list[str], comment: str) -> str:
+    return "\n".join(["#!/bin/bash", f"# {comment}", "# Generated by python -m muloco.launch.slurm; "
+                      "edit the command, not this file.", *header, "", *body, ""])
+
+
+class Kind:
+    """One layout of replica groups over nodes. Subclasses hold their own ``Config``."""
+
+    def __init__(self, spec: JobSpec, trainer_config, partition: Partition | None):
+        self.spec, self.trainer, self.partition = spec, trainer_config, partition
+
+    @property
+    def run_dir(self) -> str:
+        return self.trainer.dump_folder
+
+    @property
+    def gpus_per_node(self) -> int:
+        g = self.spec.cluster.gpus_per_node
+        if g is None:
+            g = self.partition.gpus_per_node if self.partition else 0
+        return g
+
+    @property
+    def cpus_per_node(self) -> int:
+        c = self.spec.cluster.cpus_per_node
+        if c is None:
+            c = self.partition.cpus_per_node if self.partition else 1
+        return c
+
+    def resources(self) -> Resources:
+        raise NotImplementedError
+
+    def launch_lines(self) -> list[str]:
+        """The job's own commands (after the preamble); kinds with one script per job."""
+        raise NotImplementedError
+
+    def description(self) -> str:
+        raise NotImplementedError
+
+    def scripts(self) -> list[Script]:
+        body = [*preamble(self.spec), "", *overrides_block(self.spec, self.run_dir),
+                *requeue_block(self.spec), "", *self.launch_lines()]
+        header = sbatch_header(self.spec, self.resources(), name=self.spec.name,
+                               output=self._log(f"{SLURM_DIR}/%x-%j.out"))
+        return [Script("job.sh", script(header, body, self.description()))]
+
+    def check(self) -> None:
+        """Refuse layouts the node cannot hold; then what the partition cannot satisfy."""
+        if self.partition is not None:
+            res = self.resources()
+            check_request(self.partition, nodes=res.nodes, gpus_per_node=res.gpus_per_node,
+                          cpus_per_node=res.cpus_per_node)
+
+    def _log(self, name: str) -> str:
+        return os.path.join(self.run_dir, name)
+
+
+class DdpJob(Kind):
+    """One replica group over ``nodes`` nodes: torchrun per node, rendezvous on the first."""
+
+    @dataclass
+    class Config:
+        nodes: int = 1
+
+    def __init__(self, cfg: "DdpJob.Config", *a):
+        super().__init__(*a)
+        self.cfg = cfg
+
+    def resources(self) -> Resources:
+        return Resources(self.cfg.nodes, self.gpus_per_node, self.cpus_per_node)
+
+    def launch_lines(self) -> list[str]:
+        procs = self.gpus_per_node or self.spec.procs
+        return ['HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                "RDZV_PORT=$((29500 + SLURM_JOB_ID % 20000))",
+                f"srun --kill-on-bad-exit=1 \"$PYTHON\" -m torch.distributed.run --nnodes \"$SLURM_JOB_NUM_NODES\" "
+                f"--nproc-per-node {procs} --rdzv-backend c10d --rdzv-endpoint \"$HEAD:$RDZV_PORT\" "
+                f"--rdzv-id \"$SLURM_JOB_ID\" --max-restarts {self.spec.max_restarts} "
+                f"-m muloco.train --config \"$CONFIG\" \"${{OVERRIDES[@]}}\" &",
+                *wait_block()]
+
+    def description(self) -> str:
+        return f"DDP: one replica group over {self.cfg.nodes} node(s)"
+
+
+class _DilocoKind(Kind):
+    """What the DiLoCo layouts share: K, the quorum the trainer config asks for."""
+
+    @property
+    def replicas(self) -> int:
+        return self.cfg.replicas
+
+    @property
+    def quorum(self) -> int:
+        from muloco.launch.lighthouse import majority
+
+        return self.trainer.fault_tolerance.min_replica_size or majority(self.replicas)
+
+    @property
+    def join_timeout_ms(self) -> int:
+        from muloco.launch.lighthouse import join_timeout_for
+
+        return join_timeout_for(self.trainer.fault_tolerance.quorum_timeout_seconds)
+
+    def lighthouse_cmd(self, url_file: str, until_job: str | None) -> str:
+        until = f" --until-job {until_job}" if until_job else ""
+        return (f"\"$PYTHON\" -m muloco.launch.slurm_lighthouse --replicas {self.replicas} "
+                f"--min-replicas {self.quorum} --join-timeout-ms {self.join_timeout_ms} "
+                f"--url-file {url_file}{until}")
+
+    def group_cmd(self, replica: str, url_file: str) -> str:
+        return (f"\"$PYTHON\" -m muloco.launch.slurm_group --config \"$CONFIG\" --replica {replica} "
+                f"--replicas {self.replicas} --min-replicas {self.quorum} --lighthouse-file {url_file} "
+                f"--procs {self.spec.procs} --max-restarts {self.spec.max_restarts} -- \"${{OVERRIDES[@]}}\"")
+
+
+class GroupsJob(_DilocoKind):
+    """K replica groups on one node, one GPU slice each, lighthouse on loopback (local launcher)."""
+
+    @dataclass
+    class Config:
+        replicas: int = 2
+
+    def __init__(self, cfg: "GroupsJob.Config", *a):
+        super().__init__(*a)
+        self.cfg = cfg
+
+    def resources(self) -> Resources:
+        return Resources(1, self.gpus_per_node, self.cpus_per_node)
+
+    def check(self) -> None:
+        g = self.gpus_per_node
+        if g and g % self.replicas:
+            raise JobError(f"K={self.replicas} replica groups do not divide the {g} GPUs of the node: "
+                           f"use --replicas with a divisor of {g}, or --gpus-per-node {g - g % self.replicas}")
+        super().check()
+
+    def launch_lines(self) -> list[str]:
+        local = (f"\"$PYTHON\" -m muloco.launch.local --config \"$CONFIG\" --replicas {self.replicas} "
+                 f"--max-restarts {self.spec.max_restarts}")
+        local += (f" --gpus-per-replica {self.gpus_per_node // self.replicas}" if self.gpus_per_node
+                  else f" --procs-per-replica {self.spec.procs}")
+        return ["# K replica groups + their lighthouse (loopback) on this node; per-replica logs in $RUN_DIR/logs/",
+                f"srun --ntasks=1 {local} -- \"${{OVERRIDES[@]}}\" &", *wait_block()]
+
+    def description(self) -> str:
+        return f"DiLoCo: {self.replicas} replica groups on one node"
+
+
+class SpanningJob(_DilocoKind):
+    """K groups of N nodes each in one job; the lighthouse on the first node."""
+
+    @dataclass
+    class Config:
+        replicas: int = 2
+        nodes_per_replica: int = 1
+
+    def __init__(self, cfg: "SpanningJob.Config", *a):
+        super().__init__(*a)
+        self.cfg = cfg
+
+    def resources(self) -> Resources:
+        return Resources(self.replicas * self.cfg.nodes_per_replica, self.gpus_per_node, self.cpus_per_node)
+
+    def scripts(self) -> list[Script]:
+        npr = self.cfg.nodes_per_replica
+        url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$SLURM_JOB_ID.url"'
+        body = [*preamble(self.spec), "", *overrides_block(self.spec, self.run_dir), *requeue_block(self.spec), "",
+                'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+                f"srun --nodes=1 --ntasks=1 --overlap --cpus-per-task=1 --nodelist=\"${{NODES[0]}}\" "
+                f"{self.lighthouse_cmd(url, None)} > \"$RUN_DIR/{LOG_DIR}/lighthouse.log\" 2>&1 &",
+                "LIGHTHOUSE=$!",
+                "GROUP_PIDS=()",
+                f"for r in $(seq 0 {self.replicas - 1}); do",
+                f"  group_nodes=$(IFS=,; echo \"${{NODES[*]:$((r * {npr})):{npr}}}\")",
+                f"  srun --nodes={npr} --ntasks-per-node=1 --nodelist=\"$group_nodes\" "
+                f"{self.group_cmd('$r', url)} >> \"$RUN_DIR/{LOG_DIR}/replica_$r.log\" 2>&1 &",
+                "  GROUP_PIDS+=($!)",
+                "done",
+                'rc=0; for pid in "${GROUP_PIDS[@]}"; do wait "$pid" || rc=$?; done',
+                'kill "$LIGHTHOUSE" 2>/dev/null',
+                "requeue_or_exit $rc"]
+        header = sbatch_header(self.spec, self.resources(), name=self.spec.name,
+                               output=self._log(f"{SLURM_DIR}/%x-%j.out"))
+        return [Script("job.sh", script(header, body, f"DiLoCo: {self.replicas} replica groups of {npr} "
+                                                      f"node(s) each, lighthouse on the first node"))]
+
+
+class ArrayJob(_DilocoKind):
+    """Each replica group one array task; the lighthouse a small job of its own."""
+
+    @dataclass
+    class Config:
+        replicas: int = 2
+        nodes_per_replica: int = 1
+        gpus_per_replica: int | None = None
+        """GPUs per node of a group (default: every GPU of a node)."""
+
+    def __init__(self, cfg: "ArrayJob.Config", *a):
+        super().__init__(*a)
+        self.cfg = cfg
+
+    def resources(self) -> Resources:
+        g = self.cfg.gpus_per_replica if self.cfg.gpus_per_replica is not None else self.gpus_per_node
+        return Resources(self.cfg.nodes_per_replica, g, self.cpus_per_node)
+
+    def scripts(self) -> list[Script]:
+        url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$SLURM_ARRAY_JOB_ID.url"'
+        npr = self.cfg.nodes_per_replica
+        groups = [*preamble(self.spec), "", *overrides_block(self.spec, self.run_dir), *requeue_block(self.spec), "",
+                  "# this task is replica group $SLURM_ARRAY_TASK_ID; a requeued task heals from a peer",
+                  f"srun --nodes={npr} --ntasks-per-node=1 {self.group_cmd('$SLURM_ARRAY_TASK_ID', url)} &",
+                  *wait_block()]
+        groups_header = sbatch_header(self.spec, self.resources(), name=self.spec.name,
+                                      output=self._log(f"{LOG_DIR}/replica_%a.log"),
+                                      array=f"0-{self.replicas - 1}")
+        lh_url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$MULOCO_GROUPS_JOB.url"'
+        lighthouse = [*preamble(self.spec), "", f"RUN_DIR={_q(self.run_dir)}",
+                      ': "${MULOCO_GROUPS_JOB:?the job id of the replica groups array (set at submission)}"',
+                      "exec " + self.lighthouse_cmd(lh_url, '"$MULOCO_GROUPS_JOB"')]
+        lh_spec = JobSpec(self.spec.config, cluster=self.spec.cluster, requeue=True, signal_s=self.spec.signal_s)
+        lh_header = sbatch_header(lh_spec, Resources(1, 0, 1), name=f"{self.spec.name}-lighthouse",
+                                  output=self._log(f"{LOG_DIR}/lighthouse-%j.log"))
+        lh_header = [h for h in lh_header if not h.startswith("#SBATCH --signal")]
+        return [Script("groups.sh", script(groups_header, groups,
+                                           f"Fault-tolerant DiLoCo: {self.replicas} replica groups, one array "
+                                           f"task each")),
+                Script("lighthouse.sh", script(lh_header, lighthouse, "The lighthouse of groups.sh (its own job)"),
+                       exports={"MULOCO_GROUPS_JOB": "@groups.sh"})]
+
+
+KINDS: dict[str, type[Kind]] = {"ddp": DdpJob, "groups": GroupsJob, "spanning": SpanningJob, "array": ArrayJob}
+
+
+# -- checking the trainer config -------------------------------------------------------------
+
+
+def trainer_config(kind: type[Kind], spec: JobSpec, replicas: int | None):
+    """The trainer config the job would run, parsed and checked here (a bad override is one
+    message now, not K failed jobs later)."""
+    from muloco.launch.local import LaunchError, load_trainer_config
+
+    if kind is DdpJob:
+        return _ddp_config(spec)
+    try:
+        return load_trainer_config(spec.config, replicas, spec.overrides)
+    except LaunchError as e:
+        raise JobError(str(e).replace("the local launcher runs", "this kind runs")) from None
+
+
+def _ddp_config(spec: JobSpec):
+    from muloco import compat
+
+    compat.apply()
+    from muloco.config.checks import check_config
+    from muloco.config.cli import parse_args
+    from muloco.config.loader import ConfigError, load_config
+
+    try:
+        if hasattr(load_config(spec.config), "outer"):
+            raise JobError(f"--config {spec.config} has an outer loop (DiLoCo): use the groups, spanning "
+                           f"or array kind, or a ddp/* config")
+        _, parsed = parse_args(["--config", spec.config, *spec.overrides],
+                               prog=f"python -m muloco.launch.slurm ddp --config {spec.config} --")
+        check_config(parsed)
+    except ConfigError as e:
+        raise JobError(str(e)) from None
+    except SystemExit as e:
+        raise JobError("a trainer override was rejected (message above)") from None
+    return parsed
+
+
+# -- writing and submitting ------------------------------------------------------------------
+
+
+def submit_scripts(scripts: list[Script], folder: str, *, env: dict[str, str] | None = None,
+                   extra_exports: dict[str, str] | None = None) -> dict[str, str]:
+    """Write each script into ``folder`` and sbatch it in order; ``@file`` exports become the id
+    of that earlier script's job. Returns {file: job id}. A failed sbatch removes the files this
+    call wrote but did not submit, and raises."""
+    ids: dict[str, str] = {}
+    written = []
+    # The job finds this interpreter through the environment sbatch passes on (not the file).
+    env = {**(os.environ if env is None else env)}
+    env.setdefault("MULOCO_PYTHON", sys.executable)
+    for s in scripts:
+        path = os.path.join(folder, s.file)
+        with open(path, "w") as f:
+            f.write(s.text)
+        os.chmod(path, 0o755)
+        written.append(path)
+        exports = {k: ids[v[1:]] if v.startswith("@") else v for k, v in s.exports.items()}
+        exports.update(extra_exports or {})
+        cmd = ["sbatch", "--parsable"]
+        if exports:
+            cmd.append("--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in exports.items())]))
+        r = subprocess.run([*cmd, path], capture_output=True, text=True, env=env, timeout=120)
+        if r.returncode != 0:
+            for p in written[len(ids):]:
+                os.unlink(p)
+            raise JobError(f"sbatch refused {path}: {r.stderr.strip()}")
+        ids[s.file] = r.stdout.strip().split(";")[0]
+    return ids
+
+
+def build(kind_name: str, kind_cfg, spec: JobSpec, *, check_cluster: bool = True) -> Kind:
+    """Parse the trainer config, resolve the partition, check the layout; nothing is written."""
+    kind = KINDS[kind_name]
+    replicas = getattr(kind_cfg, "replicas", None)
+    if replicas is not None and replicas < 1:
+        raise JobError(f"--replicas must be at least 1, got {replicas}")
+    for key in ("nodes", "nodes_per_replica"):
+        if getattr(kind_cfg, key, 1) < 1:
+            raise JobError(f"--{key.replace('_', '-')} must be at least 1")
+    partition = None
+    if check_cluster:
+        nodes = query_sinfo()
+        partition = resolve_partition(spec.cluster, nodes, default_partition())
+        spec.cluster.partition = partition.name
+    job = kind(kind_cfg, spec, trainer_config(kind, spec, replicas), partition)
+    job.check()
+    return job
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m muloco.launch.slurm", allow_abbrev=False,
+                                description="Generate (and submit) a SLURM job for a muloco config.",
+                                epilog="Everything after `--` goes to the trainer, e.g. "
+                                       "`-- --training.steps 1000 --dump_folder outputs/run1`.")
+    sub = p.add_subparsers(dest="kind", required=True)
+    for name, help_ in (("ddp", "one replica group over --nodes nodes (torchrun)"),
+                        ("groups", "K DiLoCo replica groups on one node, one GPU slice each"),
+                        ("spanning", "K replica groups of --nodes-per-replica nodes, one job"),
+                        ("array", "fault tolerant: each replica group its own array task, the "
+                                  "lighthouse its own job")):
+        s = sub.add_parser(name, help=help_, allow_abbrev=False)
+        a = s.add_argument
+        a("--config", required=True, help="muloco config module (e.g. diloco/muloco_2bit)")
+        if name == "ddp":
+            a("--nodes", type=int, default=1)
+        else:
+            a("--replicas", type=int, default=2, help="replica groups K (default %(default)s)")
+        if name in ("spanning", "array"):
+            a("--nodes-per-replica", type=int, default=1)
+        if name == "array":
+            a("--gpus-per-replica", type=int, default=None,
+              help="GPUs per node of a group (default: the node's; fewer packs groups onto nodes)")
+        for key in ("partition", "account", "qos", "time", "mem", "constraint"):
+            a(f"--{key}", default=None, help=f"SLURM {key} (default: cluster file / MULOCO_SLURM_{key.upper()})")
+        a("--gpus-per-node", type=int, default=None, help="default: what the partition's nodes have")
+        a("--cpus-per-node", type=int, default=None, help="default: what the partition's nodes have")
+        a("--procs", type=int, default=1, help="ranks per node (per group on `groups`) without GPUs")
+        a("--job-name", default=None)
+        a("--requeue", action=argparse.BooleanOptionalAction, default=True,
+          help="requeue on node failure and before the time limit, resuming from the newest checkpoint")
+        a("--signal-s", type=int, default=120, help="seconds before the time limit to requeue")
+        a("--retries", type=int, default=0, help="requeue a failed run up to N times")
+        a("--max-restarts", type=int, default=0, help="torchrun restarts of a failed group inside the job")
+        a("--dependency", default=None, help="sbatch --dependency, e.g. afterok:1234")
+        a("--dry-run", action="store_true", help="print the script(s); write and submit nothing")
+    return p
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def spec_from_args(args, overrides: list[str]) -> JobSpec:
+    flags = {k: getattr(args, k) for k in ("partition", "account", "qos", "time", "mem", "constraint",
+                                           "gpus_per_node", "cpus_per_node")}
+    for key, value in (("retries", args.retries), ("max_restarts", args.max_restarts), ("procs", args.procs),
+                       ("signal_s", args.signal_s)):
+        if value < (1 if key in ("procs", "signal_s") else 0):
+            raise JobError(f"--{key.replace('_', '-')} must be >= {1 if key in ('procs', 'signal_s') else 0}")
+    return JobSpec(args.config, overrides, load_cluster_settings(flags), job_name=args.job_name,
+                   requeue=args.requeue, retries=args.retries, signal_s=args.signal_s,
+                   max_restarts=args.max_restarts, procs=args.procs, dependency=args.dependency)
+
+
+def kind_config(args):
+    kind = KINDS[args.kind]
+    fields = kind.Config.__dataclass_fields__
+    return kind.Config(**{k: getattr(args, k) for k in fields})
+
+
+def prepare_folder(run_dir: str) -> None:
+    for sub in (SLURM_DIR, LOG_DIR):
+        os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ours, overrides = _split(list(sys.argv[1:] if argv is None else argv))
+    args = _parser().parse_args(ours)
+    try:
+        spec = spec_from_args(args, overrides)
+        try:
+            job = build(args.kind, kind_config(args), spec)
+        except ClusterUnreachable as e:
+            if not args.dry_run:
+                raise
+            print(f"muloco.launch.slurm: warning: {e}; the dry run is not checked against a cluster",
+                  file=sys.stderr)
+            job = build(args.kind, kind_config(args), spec, check_cluster=False)
+        scripts = job.scripts()
+        if args.dry_run:
+            for s in scripts:
+                print(f"# ===== {os.path.join(job.run_dir, SLURM_DIR, s.file)} (dry run: not written, "
+                      f"not submitted) =====")
+                print(s.text)
+            return 0
+        prepare_folder(job.run_dir)
+        ids = submit_scripts(scripts, os.path.join(job.run_dir, SLURM_DIR))
+    except (JobError, ClusterError) as e:
+        print(f"muloco.launch.slurm: error: {e}", file=sys.stderr)
+        return 2
+    for file, job_id in ids.items():
+        print(f"submitted {os.path.join(job.run_dir, SLURM_DIR, file)} as job {job_id}")
+    print(f"logs: {os.path.join(job.run_dir, LOG_DIR)}/ and {os.path.join(job.run_dir, SLURM_DIR)}/; "
+          f"results: python -m muloco.report {job.run_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

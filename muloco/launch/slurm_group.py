@@ -1,0 +1,123 @@
+"""One DiLoCo replica group inside a SLURM job: ``srun ... python -m muloco.launch.slurm_group``.
+
+Run once per node of the group (``srun --nodes N --ntasks-per-node 1``). It waits for the
+lighthouse's URL file (the lighthouse may be another job that starts later), then becomes the
+group's torchrun (``muloco.launch.replica_group``, so failed ranks are restarted and reported as
+in the local launcher) over the group's nodes: a c10d rendezvous on the group's first node at a
+port derived from the SLURM job id (groups on one node each get their own), each rank running
+``muloco.train`` with the group's replica id, K and quorum size. GPUs are the ones SLURM gave
+the step (``CUDA_VISIBLE_DEVICES``), one rank each; on CPU ``--procs`` ranks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+
+from muloco.launch.local import replica_args
+
+RDZV_PORT_BASE = 29600
+RDZV_PORT_SPAN = 20000
+
+
+class GroupStartError(RuntimeError):
+    """The group cannot start; the message says why and what to check."""
+
+
+def wait_for_url(path: str, timeout_s: float) -> str:
+    """The lighthouse URL from its file, once it exists (polls; the lighthouse may start later)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with open(path) as f:
+                url = f.read().strip()
+            if url:
+                return url
+        except FileNotFoundError:
+            pass
+        if time.monotonic() > deadline:
+            raise GroupStartError(f"no lighthouse URL in {path} after {timeout_s:.0f} s: is the "
+                                  f"lighthouse job running? (squeue --me; its log is in the run's logs/)")
+        time.sleep(1.0)
+
+
+def step_hosts() -> list[str]:
+    """The nodes of this srun step, in SLURM's order (the first one hosts the rendezvous)."""
+    nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        raise GroupStartError("not inside a SLURM step (no SLURM_STEP_NODELIST): run it with srun")
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    return out.split()
+
+
+def rendezvous_port(job_id: int, replica: int) -> int:
+    """A port for the group's rendezvous store that differs between the groups and jobs sharing
+    a node (two array tasks on one node have different job ids)."""
+    return RDZV_PORT_BASE + (job_id * 17 + replica) % RDZV_PORT_SPAN
+
+
+def visible_gpu_count() -> int:
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return len([d for d in spec.split(",") if d.strip()])
+
+
+def torchrun_command(args, hosts: list[str]) -> list[str]:
+    """The group's torchrun (through replica_group) and each rank's trainer command."""
+    job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
+    procs = visible_gpu_count() or args.procs
+    endpoint = (f"{hosts[0]}:{rendezvous_port(job_id, args.replica)}" if len(hosts) > 1
+                else "127.0.0.1:0")
+    torchrun = ["--nnodes", str(len(hosts)), "--nproc-per-node", str(procs), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", endpoint, "--rdzv-id", f"{job_id}_{args.replica}",
+                "--max-restarts", str(args.max_restarts), "--role", f"replica_{args.replica}"]
+    if len(hosts) == 1:
+        torchrun += ["--local-addr", "127.0.0.1"]
+    trainer = [sys.executable, "-m", "muloco.train", "--config", args.config,
+               *replica_args(args.replica, args.replicas), *args.overrides,
+               "--fault_tolerance.min_replica_size", str(args.min_replicas)]
+    return [sys.executable, "-m", "muloco.launch.replica_group", *torchrun, "--no-python",
+            sys.executable, "-m", "muloco.launch.rank_process", *trainer]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m muloco.launch.slurm_group",
+                                description="One DiLoCo replica group of a SLURM job.")
+    p.add_argument("--config", required=True)
+    p.add_argument("--replica", type=int, required=True)
+    p.add_argument("--replicas", type=int, required=True)
+    p.add_argument("--min-replicas", type=int, required=True)
+    p.add_argument("--lighthouse-file", required=True)
+    p.add_argument("--lighthouse-wait-s", type=float, default=900.0)
+    p.add_argument("--procs", type=int, default=1, help="ranks per node on CPU (GPUs: one per GPU)")
+    p.add_argument("--max-restarts", type=int, default=0)
+    p.add_argument("overrides", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.overrides[:1] == ["--"]:
+        args.overrides = args.overrides[1:]
+    try:
+        url = wait_for_url(args.lighthouse_file, args.lighthouse_wait_s)
+        hosts = step_hosts()
+    except GroupStartError as e:
+        print(f"replica group {args.replica}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    cmd = torchrun_command(args, hosts)
+    env = {**os.environ, "TORCHFT_LIGHTHOUSE": url, "REPLICA_GROUP_ID": str(args.replica),
+           "NUM_REPLICA_GROUPS": str(args.replicas), "PYTHONUNBUFFERED": "1",
+           "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${local_rank}] "}
+    env.setdefault("RUST_LOG", "warn")
+    print(f"replica group {args.replica}/{args.replicas} on {','.join(hosts)}, lighthouse {url}",
+          flush=True)
+    os.execvpe(cmd[0], cmd, env)
+    return 1  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""The lighthouse of a SLURM job whose replica groups are array tasks (or srun steps).
+
+    python -m muloco.launch.slurm_lighthouse --replicas K --url-file RUN/slurm/lighthouse-A.url \
+        [--until-job A] [--host ADDR]
+
+It binds to this node's address (``--host``, default: the address ``hostname`` resolves to;
+the groups run on other nodes, so loopback would not do), a free port, writes its URL to
+``--url-file`` atomically (the groups wait for that file, so start order does not matter), and
+serves until SIGTERM or, with ``--until-job``, until SLURM no longer lists any task of that
+job (all groups finished or were cancelled; a requeued task is listed as pending, so the
+lighthouse stays up for it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, LighthouseError, stop_on_signal,
+                                      quorum_size, start_lighthouse)
+
+POLL_S = 5.0
+
+
+def node_address() -> str:
+    """This node's address as other nodes reach it (what its hostname resolves to)."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+def write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def job_listed(job_id: str) -> bool:
+    """Whether squeue still lists a task of ``job_id`` (pending, running, requeued, completing).
+    A failing squeue (controller restarting) counts as listed: never stop on a hiccup."""
+    r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        return "Invalid job id" not in r.stderr
+    return bool(r.stdout.strip())
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m muloco.launch.slurm_lighthouse",
+                                description="A torchft lighthouse for the replica groups of a SLURM job.")
+    p.add_argument("--replicas", type=int, required=True, metavar="K")
+    p.add_argument("--min-replicas", type=int, default=None)
+    p.add_argument("--join-timeout-ms", type=int, default=DEFAULT_JOIN_TIMEOUT_MS)
+    p.add_argument("--heartbeat-timeout-ms", type=int, default=5000)
+    p.add_argument("--url-file", required=True, help="where the URL is written for the groups")
+    p.add_argument("--until-job", default=None, help="stop once SLURM lists no task of this job")
+    p.add_argument("--host", default=None, help="address to bind (default: this node's address)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    stop = stop_on_signal()
+    try:
+        lh = start_lighthouse(f"{args.host or node_address()}:0",
+                              quorum_size(args.replicas, args.min_replicas),
+                              args.join_timeout_ms, heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+    except LighthouseError as e:
+        print(f"lighthouse: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    write_atomically(args.url_file, lh.url + "\n")
+    print(f"lighthouse listening on {lh.url} (status page: {lh.url}/); URL in {args.url_file}",
+          flush=True)
+    try:
+        while not stop.wait(POLL_S):
+            if args.until_job and not job_listed(args.until_job):
+                print(f"lighthouse: job {args.until_job} has no task left; stopping", flush=True)
+                break
+    finally:
+        lh.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,449 @@
+"""Hyperparameter sweeps on SLURM: a grid of runs, one job array where the shapes allow.
+
+A sweep file (``jobs/sweeps/*.py``) names its runs with ``grid`` and calls ``main``::
+
+    from muloco.launch.sweep import Sweep, grid, main
+    SWEEP = Sweep("inner_lr", grid("groups", "diloco/muloco", replicas=2,
+                                   vary={"--optimizer.lr": [0.01, 0.02]}))
+    if __name__ == "__main__":
+        raise SystemExit(main(SWEEP))
+
+``python jobs/sweeps/FILE.py [--out DIR] [--dry-run] [--parallel N] [--max-nodes M]
+[--smoke-steps S] [--retries R] [--resubmit-failed] [--status] [cluster flags] [-- overrides]``
+
+- Every run's trainer config is parsed and checked before anything is submitted; run names
+  encode method, objective, flavor, K, H, codec and learning rates (readable, unique, stable).
+- Runs of one kind and shape become one job array, throttled with ``--array=...%N``
+  (``--parallel``); otherwise, or with ``--max-nodes``, one job each.
+- ``--max-nodes M`` submits a job only once this user's running and pending jobs (all QOS,
+  counted with squeue) plus the job's nodes fit in M; it waits in the foreground, saying so.
+- ``--smoke-steps S`` first submits a short copy of the first run; the sweep depends on it
+  (``afterok``), so a broken setup fails once, not N times.
+- Failed runs requeue themselves up to ``--retries`` times and resume from their checkpoint.
+- ``manifest.jsonl`` in the sweep folder has one line per run (name, kind, config, overrides,
+  run folder, job ids, state). Running the sweep again submits only runs that have no job yet
+  (resume); ``--resubmit-failed`` also resubmits runs whose job failed, was cancelled or timed
+  out; ``--status`` prints the states. Nothing is ever deleted; the manifest is rewritten
+  atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from muloco import compat
+
+compat.apply()  # sweep files import the model map (muloco.models imports torchtitan)
+
+from muloco.launch.cluster import ClusterError, ClusterUnreachable, load_cluster_settings
+from muloco.launch.slurm import (KINDS, LOG_DIR, SLURM_DIR, JobError, JobSpec, Kind, Script, build,
+                                 overrides_block, preamble, prepare_folder, requeue_block,
+                                 sbatch_header, script, submit_scripts)
+
+MANIFEST = "manifest.jsonl"
+FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                 "DEADLINE", "PREEMPTED"}
+KNOWN_STATES = FAILED_STATES | {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED", "REQUEUED",
+                                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
+ACTIVE_STATES = "PENDING,RUNNING,CONFIGURING,COMPLETING,REQUEUED,RESIZING,SUSPENDED"
+
+
+@dataclass
+class RunSpec:
+    """One run of a sweep before it has a name: kind, config, kind options, trainer overrides."""
+
+    kind: str
+    config: str
+    overrides: list[str] = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+    """The kind's Config fields (replicas, nodes, ...)."""
+
+
+@dataclass
+class Sweep:
+    name: str
+    runs: list[RunSpec]
+
+
+def _flag_value(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def lr_grid(center: float, points: int = 3) -> list[float]:
+    """``points`` learning rates around ``center`` on MuLoCo's 2^(-k/2) ladder (√2 apart)."""
+    half = points // 2
+    return [float(f"{center * 2 ** (k / 2):.4g}") for k in range(-half, points - half)]
+
+
+def grid(kind: str, config: str, *, vary: dict[str, list] | None = None, fixed: dict | None = None,
+         **options) -> list[RunSpec]:
+    """Every combination of ``vary`` (trainer flag → values), with ``fixed`` flags on all."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
+    vary = vary or {}
+    base = [x for k, v in (fixed or {}).items() for x in (k, _flag_value(v))]
+    runs = []
+    for values in itertools.product(*vary.values()):
+        flags = [x for k, v in zip(vary, values) for x in (k, _flag_value(v))]
+        runs.append(RunSpec(kind, config, base + flags, dict(options)))
+    return runs
+
+
+# -- names -----------------------------------------------------------------------------------
+
+
+def _codec(cfg) -> str:
+    outer = getattr(cfg, "outer", None)
+    if outer is None:
+        return ""
+    codec = outer.exchange.codec
+    if hasattr(codec, "bits"):
+        label = f"{codec.bits}bit"
+    elif hasattr(codec, "fraction"):
+        label = f"top{codec.fraction:g}"
+    else:
+        return "dense"
+    return f"{label}-{'ef' if outer.exchange.error_feedback.enabled else 'noef'}"
+
+
+def run_name(run: RunSpec, cfg) -> str:
+    """method-objective-flavor-K-H-codec-lrs, from the parsed config (so defaults are named too)."""
+    method = run.config.replace("/", "-").replace("_", "-")
+    parts = [method, getattr(cfg.objective, "name", "ar"), cfg.model.flavor.replace("llama3-", "")]
+    outer = getattr(cfg, "outer", None)
+    if outer is not None:
+        parts += [f"K{cfg.fault_tolerance.group_size}", f"H{outer.sync_every}", _codec(cfg)]
+    parts.append(f"lr{cfg.optimizer.lr:g}")
+    if outer is not None:
+        parts.append(f"olr{outer.optimizer.lr:g}")
+    return "_".join(p for p in parts if p)
+
+
+# -- the manifest ----------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    """One manifest line."""
+
+    name: str
+    kind: str
+    config: str
+    overrides: list[str]
+    options: dict
+    run_dir: str
+    jobs: list[str] = field(default_factory=list)
+    state: str = "NEW"
+
+    @property
+    def job(self) -> str | None:
+        return self.jobs[-1] if self.jobs else None
+
+
+def read_manifest(folder: str) -> dict[str, Entry]:
+    path = os.path.join(folder, MANIFEST)
+    entries: dict[str, Entry] = {}
+    if not os.path.exists(path):
+        return entries
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                e = Entry(**json.loads(line))
+            except (json.JSONDecodeError, TypeError) as err:
+                raise JobError(f"{path}:{n} is not a manifest line ({err}); fix or move the file") from None
+            entries[e.name] = e
+    return entries
+
+
+def write_manifest(folder: str, entries: dict[str, Entry]) -> None:
+    path = os.path.join(folder, MANIFEST)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        for e in entries.values():
+            f.write(json.dumps(asdict(e)) + "\n")
+    os.replace(tmp, path)
+
+
+# -- job states ------------------------------------------------------------------------------
+
+
+def _state_in(text: str) -> str | None:
+    for token in text.replace("|", " ").split():
+        word = token.removeprefix("JobState=")
+        if word in KNOWN_STATES:
+            return word
+    return None
+
+
+def job_state(job_id: str, run_dir: str) -> str:
+    """SLURM's state of a job (array task ``A_i``): scontrol while the controller remembers it
+    (MinJobAge), else sacct where accounting exists, else the run folder (a summary means done)."""
+    for cmd in (["scontrol", "show", "job", job_id], ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id]):
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except FileNotFoundError:
+            continue
+        state = _state_in(r.stdout.splitlines()[0] if cmd[0] == "sacct" and r.stdout else r.stdout)
+        if r.returncode == 0 and state:
+            return state
+    return "COMPLETED" if os.path.exists(os.path.join(run_dir, "summary.json")) else "UNKNOWN"
+
+
+def nodes_in_use(user: str) -> int:
+    """Nodes held or wanted by this user's running and pending jobs, every QOS and partition
+    (array tasks counted one by one)."""
+    out = subprocess.run(["squeue", "-h", "--array", "-u", user, "-t", ACTIVE_STATES, "-o", "%D"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return sum(int(x) for x in out.split())
+
+
+def wait_for_nodes(needed: int, max_nodes: int, poll_s: float, say) -> None:
+    user = getpass.getuser()
+    announced = False
+    while (used := nodes_in_use(user)) + needed > max_nodes:
+        if not announced:
+            say(f"waiting: {used} node(s) in use by {user}, the next job needs {needed}, "
+                f"--max-nodes {max_nodes}")
+            announced = True
+        time.sleep(poll_s)
+
+
+# -- building and submitting -----------------------------------------------------------------
+
+
+@dataclass
+class Planned:
+    entry: Entry
+    job: Kind
+
+
+def plan(sweep: Sweep, folder: str, spec_for, extra: list[str]) -> list[Planned]:
+    """Parse every run's config (a bad one stops the sweep before anything is submitted)."""
+    planned, names = [], set()
+    for run in sweep.runs:
+        kind_cfg = KINDS[run.kind].Config(**run.options)
+        spec = spec_for(run.config, run.overrides + extra)
+        job = build(run.kind, kind_cfg, spec, check_cluster=False)
+        name = run_name(run, job.trainer)
+        if name in names:
+            raise JobError(f"two runs of sweep {sweep.name} are both named {name}: they differ only in "
+                           f"settings the name does not show; vary a named setting or split the sweep")
+        names.add(name)
+        run_dir = os.path.join(folder, name)
+        spec.overrides = [*spec.overrides, "--dump_folder", run_dir]
+        spec.job_name = f"{sweep.name}-{name}"[:120]
+        job.trainer.dump_folder = run_dir
+        planned.append(Planned(Entry(name, run.kind, run.config, spec.overrides, run.options, run_dir), job))
+    return planned
+
+
+def same_shape(planned: list[Planned]) -> bool:
+    """One array needs one header: same kind, same resources, single-script kinds."""
+    first = planned[0].job
+    return all(type(p.job) is type(first) and p.job.resources() == first.resources()
+               and len(p.job.scripts()) == 1 for p in planned)
+
+
+def array_script(planned: list[Planned], sweep: Sweep, folder: str, parallel: int) -> Script:
+    """One array over the runs: each task picks its run's config, overrides and folder."""
+    first = planned[0].job
+    cases = ['case "$SLURM_ARRAY_TASK_ID" in']
+    for i, p in enumerate(planned):
+        block = overrides_block(p.job.spec, p.job.run_dir)
+        cases.append(f"  {i})  # {p.entry.name}")
+        cases += [f"    {line.split('  #')[0]}" for line in block]
+        cases.append("    ;;")
+    cases += ['  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
+    body = [*preamble(first.spec), "", *cases, 'mkdir -p "$RUN_DIR/slurm" "$RUN_DIR/logs"',
+            *requeue_block(first.spec), "", *first.launch_lines()]
+    n = len(planned)
+    header = sbatch_header(first.spec, first.resources(), name=sweep.name,
+                           output=os.path.join(folder, SLURM_DIR, "%x-%A_%a.out"),
+                           array=f"0-{n - 1}%{min(parallel, n)}")
+    return Script("sweep_array.sh", script(header, body, f"Sweep {sweep.name}: {n} runs, one array task each"))
+
+
+def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
+    """A short copy of run ``p`` in its own folder; the sweep waits for it to succeed."""
+    spec = p.job.spec
+    smoke_dir = os.path.join(folder, "smoke")
+    smoke = JobSpec(spec.config, [*spec.overrides, "--training.steps", str(steps), "--dump_folder", smoke_dir],
+                    spec.cluster, job_name=f"{spec.name}-smoke"[:120], requeue=False, procs=spec.procs,
+                    max_restarts=spec.max_restarts)
+    kind_cfg = p.job.cfg
+    job = build(p.entry.kind, kind_cfg, smoke, check_cluster=False)
+    prepare_folder(smoke_dir)
+    return job.scripts()[0], smoke_dir
+
+
+class SweepRunner:
+    """Submits a planned sweep and keeps its manifest."""
+
+    def __init__(self, sweep: Sweep, folder: str, args, say=print):
+        self.sweep, self.folder, self.args, self.say = sweep, folder, args, say
+        self.entries = read_manifest(folder)
+
+    def pending(self, planned: list[Planned]) -> list[Planned]:
+        """Runs to submit now: no job yet, or (``--resubmit-failed``) a job that failed."""
+        todo = []
+        for p in planned:
+            old = self.entries.get(p.entry.name)
+            if old is None or not old.jobs:
+                todo.append(p)
+                continue
+            old.state = job_state(old.job, old.run_dir)
+            if self.args.resubmit_failed and old.state.split()[0] in FAILED_STATES:
+                p.entry.jobs = list(old.jobs)
+                todo.append(p)
+        return todo
+
+    def record(self, p: Planned, job_id: str) -> None:
+        p.entry.jobs.append(job_id)
+        p.entry.state = "SUBMITTED"
+        self.entries[p.entry.name] = p.entry
+        write_manifest(self.folder, self.entries)
+
+    def submit(self, todo: list[Planned], dependency: str | None) -> None:
+        for p in todo:
+            prepare_folder(p.job.run_dir)
+            p.job.spec.dependency = dependency
+        use_array = not self.args.max_nodes and len(todo) > 1 and same_shape(todo)
+        if use_array:
+            s = array_script(todo, self.sweep, self.folder, self.args.parallel)
+            array_id = submit_scripts([s], os.path.join(self.folder, SLURM_DIR))[s.file]
+            for i, p in enumerate(todo):
+                self.record(p, f"{array_id}_{i}")
+            self.say(f"submitted {len(todo)} runs as job array {array_id} (at most {self.args.parallel} at once)")
+            return
+        for p in todo:
+            if self.args.max_nodes:
+                wait_for_nodes(p.job.resources().nodes * (p.job.replicas if p.entry.kind == "array" else 1),
+                               self.args.max_nodes, self.args.poll_s, self.say)
+            ids = submit_scripts(p.job.scripts(), os.path.join(p.job.run_dir, SLURM_DIR))
+            self.record(p, next(iter(ids.values())))
+            self.say(f"submitted {p.entry.name} as job {', '.join(ids.values())}")
+
+    def status(self) -> int:
+        for e in self.entries.values():
+            e.state = job_state(e.job, e.run_dir) if e.job else "NEW"
+            self.say(f"{e.state:<12} {e.job or '-':<12} {e.name}")
+        write_manifest(self.folder, self.entries)
+        return 0
+
+
+def _parser(sweep: Sweep) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"sweep {sweep.name}", allow_abbrev=False,
+                                description=f"Submit sweep {sweep.name} ({len(sweep.runs)} runs) to SLURM.",
+                                epilog="Everything after `--` is passed to every run's trainer.")
+    a = p.add_argument
+    a("--out", default=os.path.join("outputs", "sweeps", sweep.name), help="sweep folder (default %(default)s)")
+    a("--dry-run", action="store_true", help="print the runs and script(s); write and submit nothing")
+    a("--parallel", type=int, default=8, help="array tasks running at once (--array=...%%N)")
+    a("--max-nodes", type=int, default=None, help="keep this user's nodes in use at or below M")
+    a("--poll-s", type=float, default=30.0, help="how often --max-nodes re-counts (seconds)")
+    a("--smoke-steps", type=int, default=None, help="gate the sweep on a short copy of its first run")
+    a("--retries", type=int, default=1, help="requeue a failed run up to N times (default %(default)s)")
+    a("--resubmit-failed", action="store_true", help="also resubmit runs whose job failed or was cancelled")
+    a("--status", action="store_true", help="print every run's job state and exit")
+    for key in ("partition", "account", "qos", "time", "mem", "constraint"):
+        a(f"--{key}", default=None)
+    a("--gpus-per-node", type=int, default=None)
+    a("--cpus-per-node", type=int, default=None)
+    a("--procs", type=int, default=1, help="ranks per node (per group) without GPUs")
+    return p
+
+
+def main(sweep: Sweep, argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    args = _parser(sweep).parse_args(argv)
+    try:
+        return _run(sweep, args, extra)
+    except (JobError, ClusterError) as e:
+        print(f"sweep {sweep.name}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _check_args(args) -> None:
+    for key in ("parallel", "max_nodes", "smoke_steps", "procs"):
+        value = getattr(args, key)
+        if value is not None and value < 1:
+            raise JobError(f"--{key.replace('_', '-')} must be at least 1, got {value}")
+    if args.retries < 0:
+        raise JobError(f"--retries must be >= 0, got {args.retries}")
+
+
+def _run(sweep: Sweep, args, extra: list[str]) -> int:
+    _check_args(args)
+    runner = SweepRunner(sweep, args.out, args)
+    if args.status:
+        return runner.status()
+    flags = {k: getattr(args, k) for k in ("partition", "account", "qos", "time", "mem", "constraint",
+                                           "gpus_per_node", "cpus_per_node")}
+    cluster = load_cluster_settings(flags)
+
+    def spec_for(config: str, overrides: list[str]) -> JobSpec:
+        return JobSpec(config, overrides, cluster, retries=args.retries, procs=args.procs)
+
+    planned = plan(sweep, args.out, spec_for, extra)
+    _check_cluster(planned, args.dry_run)
+    if args.dry_run:
+        return _dry_run(planned, sweep, args)
+    todo = runner.pending(planned)
+    if not todo:
+        print(f"sweep {sweep.name}: every run already has a job (--status shows them; "
+              f"--resubmit-failed resubmits the failed ones)")
+        return 0
+    os.makedirs(os.path.join(args.out, SLURM_DIR), exist_ok=True)
+    dependency = None
+    if args.smoke_steps:
+        smoke, smoke_dir = smoke_script(todo[0], args.smoke_steps, args.out)
+        smoke_id = submit_scripts([smoke], os.path.join(smoke_dir, SLURM_DIR))[smoke.file]
+        dependency = f"afterok:{smoke_id}"
+        print(f"submitted smoke test ({args.smoke_steps} steps of {todo[0].entry.name}) as job {smoke_id}")
+    runner.submit(todo, dependency)
+    print(f"manifest: {os.path.join(args.out, MANIFEST)}; results: python -m muloco.report {args.out}")
+    return 0
+
+
+def _check_cluster(planned: list[Planned], dry_run: bool) -> None:
+    """Every run's request against sinfo (one query); a dry run without SLURM only warns."""
+    from muloco.launch.cluster import check_request, default_partition, query_sinfo, resolve_partition
+
+    try:
+        nodes = query_sinfo()
+    except ClusterUnreachable as e:
+        if not dry_run:
+            raise
+        print(f"warning: {e}; the dry run is not checked against a cluster", file=sys.stderr)
+        return
+    for p in planned:
+        partition = resolve_partition(p.job.spec.cluster, nodes, default_partition())
+        p.job.partition = partition
+        p.job.spec.cluster.partition = partition.name
+        p.job.check()
+
+
+def _dry_run(planned: list[Planned], sweep: Sweep, args) -> int:
+    for p in planned:
+        print(f"run {p.entry.name}: {p.entry.kind} --config {p.entry.config} -- {' '.join(p.entry.overrides)}")
+    if not args.max_nodes and len(planned) > 1 and same_shape(planned):
+        print(array_script(planned, sweep, args.out, args.parallel).text)
+    else:
+        for p in planned:
+            for s in p.job.scripts():
+                print(s.text)
+    print(f"dry run: {len(planned)} run(s); nothing written, nothing submitted")
+    return 0

@@ -1,0 +1,186 @@
+"""muloco.report on real tiny runs: the table against each run's own summary.json, the best-run
+mark, the plots and text files, bad input (exit 2), and a live run's half-written last line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY, run_train
+from muloco import report
+
+QUICK = [*TINY, "--training.steps", "12", "--validator.freq", "4", "--metrics.log_freq", "2",
+         "--checkpoint.no-enable", "--metrics.no-enable-tensorboard"]
+# folder -> (name in the manifest or None, config, overrides)
+RUNS = {
+    "lr_low": ("adamw lr 1e-3", "ddp/adamw", ["--optimizer.lr", "1e-3"]),
+    "lr_high": ("adamw lr 1e-2", "ddp/adamw", ["--optimizer.lr", "1e-2"]),
+    "diffusion": (None, "diffusion/ddp_adamw", []),
+}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    """A sweep folder with three real runs (two at a time: the machine has 2 cores) and a
+    manifest naming two of them."""
+    root = tmp_path_factory.mktemp("sweep")
+
+    def train(folder: str):
+        _, config, overrides = RUNS[folder]
+        return run_train(["--config", config, *QUICK, *overrides, "--dump_folder", str(root / folder)])
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for folder, proc in zip(RUNS, pool.map(train, RUNS)):
+            assert proc.returncode == 0, f"{folder}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+    lines = [{"name": name, "overrides": [*overrides, "--dump_folder", str(root / folder)]}
+             for folder, (name, _, overrides) in RUNS.items() if name]
+    (root / "manifest.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return root
+
+
+def summary(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def parse_table(text: str) -> dict[str, tuple[bool, dict[str, str]]]:
+    """{run name: (marked best, {column: cell})} from the printed table."""
+    lines = [line for line in text.splitlines() if line and not line.startswith("wrote ")]
+    header = ["run", *re.split(r"\s{2,}", lines[0].strip())[1:]]
+    rows = {}
+    for line in lines[2:]:
+        cells = re.split(r"\s{2,}", line[1:].strip())
+        rows[cells[0]] = (line.startswith("*"), dict(zip(header, cells)))
+    return rows
+
+
+def label(folder: str) -> str:
+    return RUNS[folder][0] or folder
+
+
+@pytest.fixture(scope="module")
+def printed(sweep):
+    """One report of the sweep into its default folder: (exit status, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = report.main([str(sweep)])
+    return status, out.getvalue(), err.getvalue()
+
+
+def test_table_rows_match_each_runs_summary(sweep, printed):
+    status, out, _ = printed
+    assert status == 0
+    rows = parse_table(out)
+    assert set(rows) == {label(f) for f in RUNS}
+    for folder in RUNS:
+        s, (_, row) = summary(sweep / folder), rows[label(folder)]
+        validation = s.get("final_validation_nelbo", s["final_validation_loss"])
+        assert float(row["val loss"]) == pytest.approx(validation, abs=5e-5)
+        assert float(row["train loss"]) == pytest.approx(s["final_train_loss"], abs=5e-5)
+        assert int(row["steps"]) == s["steps"] == 12
+        assert int(row["tokens"].replace(",", "")) == s["tokens_seen"]
+        assert row["obj"] == s["objective"]
+        assert row["method"] == "ddp-adamw"
+        assert row["wall"] == f"{s['wall_seconds']:.1f}s"
+        assert (row["bits/param"], row["sent/replica"], row["sync"]) == ("-", "-", "-")  # one group: no syncs
+    assert rows["diffusion"][1]["obj"] == "mdlm"
+
+
+def test_best_run_per_method_is_marked(sweep, printed):
+    rows = parse_table(printed[1])
+    losses = {f: summary(sweep / f)["final_validation_loss"] for f in ("lr_low", "lr_high")}
+    winner = min(losses, key=losses.get)
+    assert [f for f in RUNS if rows[label(f)][0]] == [winner]  # the lone mdlm run is not "best" of anything
+    order = list(rows)
+    assert order.index(label(winner)) < order.index(label(max(losses, key=losses.get)))  # sorted by loss
+
+
+def test_outputs_are_the_report_files_only(sweep, printed):
+    out = sweep / "report"
+    assert sorted(p.name for p in out.iterdir()) == sorted(report.REPORT_FILES)
+    for name in report.REPORT_FILES[:3]:
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+    assert "left out 3 run(s) without byte counts" in printed[2]
+    rows = {r["name"]: r for r in json.loads((out / "report.json").read_text())["rows"]}
+    for folder in RUNS:
+        s, row = summary(sweep / folder), rows[label(folder)]
+        assert row["final_validation_loss"] == s["final_validation_loss"]
+        assert (row["steps"], row["tokens"], row["wall_seconds"]) == (s["steps"], s["tokens_seen"], s["wall_seconds"])
+    md = (out / "report.md").read_text()
+    assert all(f"| {label(f)} | ddp-adamw |" in md for f in RUNS)
+
+
+def test_missing_path_and_folder_without_runs_are_exit_2(tmp_path, capsys):
+    assert report.main([str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {tmp_path / 'nope'}: no such file or folder") and "\n" not in err
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    assert report.main([str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {tmp_path / 'empty'}: no runs found") and "--dump_folder" in err
+    assert not (tmp_path / "empty" / "report").exists()
+
+
+def test_malformed_line_names_file_and_line(sweep, tmp_path, capsys):
+    run = shutil.copytree(sweep / "lr_low", tmp_path / "run")
+    lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+    lines[2] = "{not json\n"
+    (run / "metrics.jsonl").write_text("".join(lines))
+    assert report.main([str(run)]) == 2
+    assert f"{run / 'metrics.jsonl'}:3: not valid JSON" in capsys.readouterr().err
+    (run / "summary.json").write_text('{"steps": 12,\n')
+    assert report.main([str(run)]) == 2
+    assert f"{run / 'summary.json'}:2: not valid JSON" in capsys.readouterr().err
+
+
+def test_live_runs_partial_last_line_is_skipped(sweep, tmp_path, capsys):
+    run = shutil.copytree(sweep / "lr_high", tmp_path / "live")
+    (run / "summary.json").unlink()
+    text = (run / "metrics.jsonl").read_text()
+    (run / "metrics.jsonl").write_text(text[:-30])  # the writer died mid-line
+    assert report.main([str(run), "--out", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    n = len(text.splitlines())
+    assert f"warning: {run / 'metrics.jsonl'}:{n}: skipped a partial last line" in err
+    _, row = parse_table(out)["live (no summary)"]
+    kept = [json.loads(line) for line in text.splitlines()[:-1]]
+    assert int(row["steps"]) == max(r["step"] for r in kept)
+    assert float(row["val loss"]) == pytest.approx([r for r in kept if "validation_loss" in r][-1]["validation_loss"],
+                                                   abs=5e-5)
+    assert row["wall"] == "-"
+
+
+def test_diloco_job_folder_is_one_run(sweep, tmp_path):
+    """A DiLoCo job's replica_<i>/ folders read as one run: tokens summed, bytes and bits from
+    the syncs, the method from run.json's config and the exchange the summary describes. The
+    replicas are a real run's files with sync records added (a real K=2 job costs 30 s)."""
+    job = tmp_path / "job"
+    sent = [(4, 1000), (8, 1000), (12, 1000)]
+    for i in range(2):
+        rep = shutil.copytree(sweep / "lr_low", job / f"replica_{i}")
+        run_json = json.loads((rep / "run.json").read_text())
+        (rep / "run.json").write_text(json.dumps({**run_json, "config": "/x/config/diloco/muloco_2bit.py"}))
+        with open(rep / "metrics.jsonl", "a") as f:
+            for step, n in sent:
+                f.write(json.dumps({"step": step, "sync/bytes_sent": n + i, "sync/payload_bytes": n,
+                                    "sync/numel": 4000, "sync/fragment": 0}) + "\n")
+        s = summary(rep)
+        s["diloco"] = {"bytes_sent": 3000 + 3 * i, "payload_bits_per_parameter": 2.0,
+                       "exchange": "quantize(statistical, 2b, block 4096, R 3.93σ), error feedback β=0.9",
+                       "sync_share_of_wall_time": 0.1 * (i + 1)}
+        (rep / "summary.json").write_text(json.dumps(s))
+    run = report.find_runs([job])[0]
+    one = summary(sweep / "lr_low")
+    assert (run.name, run.method, run.objective, run.replicas) == ("job", "muloco-2bit", "ar", 2)
+    assert run.tokens == 2 * one["tokens_seen"]
+    assert run.bytes_sent_per_replica == pytest.approx(3001.5) and run.bits_per_parameter == 2.0
+    assert run.sync_share == pytest.approx(0.15)
+    assert list(run.sync_steps) == [4, 8, 12] and list(run.sync_bytes) == pytest.approx([1000.5, 2001, 3001.5])
+    assert "job" in report.table([run]) and report.without_bytes([run]) == []

@@ -1,0 +1,306 @@
+"""Generated SLURM jobs on a real single-node SLURM on localhost (the ``slurm`` fixture).
+
+Every job trains the tiny flavor on CPU through the same commands users run:
+``python -m muloco.launch.slurm KIND ...`` and ``python jobs/sweeps/tiny_cpu.py ...``. Jobs are
+submitted early and waited for late, so their start-up overlaps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import runpy
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TINY, read_metrics
+
+pytestmark = pytest.mark.timeout(600)
+
+CPU = ["--gpus-per-node", "0", "--time", "15"]
+JOB_TIMEOUT = 400
+
+
+def generate(*args: str, cwd: Path, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m muloco.launch.slurm ARGS`` as a user runs it, from ``cwd``."""
+    return subprocess.run([sys.executable, "-m", "muloco.launch.slurm", *args], cwd=cwd, text=True,
+                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def submitted(proc: subprocess.CompletedProcess) -> dict[str, str]:
+    """{script file name: job id} from the generator's output."""
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ids = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("submitted "):
+            path, job = line[len("submitted "):].split(" as job ")
+            ids[Path(path).name] = job
+    return ids
+
+
+def final(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def wait_done(slurm, job: str, run: Path, timeout: float = JOB_TIMEOUT) -> str:
+    states = slurm.wait_jobs_done([job], timeout=timeout)
+    state = states[job] if job in states else next(iter(states.values()))
+    if state != "COMPLETED":
+        logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(run.rglob("*.out")) +
+                         sorted(run.rglob("*.log")))
+        pytest.fail(f"job {job} ended {state}\n{logs}\n{slurm.logs()}")
+    return state
+
+
+@pytest.fixture(scope="module")
+def jobs(slurm, tmp_path_factory):
+    """Submit the DDP (diffusion) job, the K=2 MuLoCo 2-bit job and an uninterrupted twin of
+    the requeue test's run at once; tests wait for the ones they need."""
+    root = tmp_path_factory.mktemp("jobs")
+    out = {"root": root}
+    out["ddp"] = root / "ddp"
+    out["ddp_ids"] = submitted(generate("ddp", "--config", "diffusion/ddp_adamw", *CPU, "--cpus-per-node", "1",
+                                        "--", *TINY, "--training.steps", "12", "--dump_folder", str(out["ddp"]),
+                                        cwd=root))
+    out["k2"] = root / "k2"
+    out["k2_ids"] = submitted(generate("groups", "--config", "diloco/muloco_2bit", "--replicas", "2", *CPU,
+                                       "--cpus-per-node", "2", "--", *TINY, "--training.steps", "10",
+                                       "--outer.sync_every", "5", "--dump_folder", str(out["k2"]), cwd=root))
+    out["twin"] = root / "twin"
+    out["twin_ids"] = submitted(generate("ddp", "--config", "ddp/adamw", *CPU, "--cpus-per-node", "1", "--",
+                                         *REQUEUE_RUN, "--dump_folder", str(out["twin"]), cwd=root))
+    return out
+
+
+ARRAY_STEPS = 400
+REQUEUE_RUN = [*TINY, "--training.steps", "120", "--checkpoint.interval", "20", "--metrics.log_freq", "10",
+               "--validator.freq", "1000"]
+
+
+def test_ddp_diffusion_job_runs_to_completion_under_slurm(slurm, jobs):
+    run, job = jobs["ddp"], jobs["ddp_ids"]["job.sh"]
+    wait_done(slurm, job, run)
+    summary = final(run)
+    assert summary["objective"] == "mdlm" and summary["steps"] == 12
+    assert summary["final_validation_loss"] == pytest.approx(summary["final_validation_loss"])  # finite
+    assert (run / "slurm" / "job.sh").is_file()
+    assert list((run / "slurm").glob(f"*-{job}.out")), "the job's own log is in <run>/slurm/"
+
+
+def test_k2_muloco_2bit_job_runs_to_completion_under_slurm(slurm, jobs):
+    run, job = jobs["k2"], jobs["k2_ids"]["job.sh"]
+    wait_done(slurm, job, run)
+    a, b = final(run / "replica_0"), final(run / "replica_1")
+    assert a["steps"] == b["steps"] == 10
+    assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
+    assert a["final_validation_loss"] == b["final_validation_loss"]
+    assert a["diloco"]["payload_bits_per_parameter"] < 2.5  # 2-bit codec with its block metadata
+    assert (run / "logs" / "replica_0.log").is_file() and (run / "logs" / "replica_1.log").is_file()
+
+
+def _complete_checkpoints(run: Path) -> list[int]:
+    folder = run / "checkpoint"
+    if not folder.is_dir():
+        return []
+    return sorted(int(p.name.split("-")[1]) for p in folder.glob("step-*")
+                  if (p / ".muloco-checksums.json").exists())
+
+
+def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_loss(slurm, jobs):
+    """``scancel --signal=USR1 --batch`` is what SLURM sends before the time limit: the script
+    requeues the job, which starts again and resumes from its newest complete checkpoint."""
+    run = jobs["root"] / "requeued"
+    job = submitted(generate("ddp", "--config", "ddp/adamw", *CPU, "--cpus-per-node", "1", "--",
+                             *REQUEUE_RUN, "--dump_folder", str(run), cwd=jobs["root"]))["job.sh"]
+    deadline = time.monotonic() + JOB_TIMEOUT
+    while not _complete_checkpoints(run):
+        assert time.monotonic() < deadline, f"no checkpoint in {run}\n{slurm.logs()}"
+        assert slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), slurm.job_state(job)
+        time.sleep(0.2)
+    slurm.run(["scancel", "--signal=USR1", "--batch", job])
+    wait_done(slurm, job, run)
+    out = next((run / "slurm").glob(f"*-{job}.out")).read_text()
+    requeued = out.index("requeueing job")
+    assert "Loading the checkpoint from" in out[requeued:], "the requeued job did not resume"
+    assert "Restarts=1" in slurm.run(["scontrol", "show", "job", job]).stdout
+    wait_done(slurm, jobs["twin_ids"]["job.sh"], jobs["twin"])
+    assert final(run)["final_validation_loss"] == pytest.approx(final(jobs["twin"])["final_validation_loss"],
+                                                                rel=1e-6)
+    assert final(run)["final_train_loss"] == pytest.approx(final(jobs["twin"])["final_train_loss"], rel=1e-6)
+
+
+def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slurm, jobs):
+    """Each replica group its own array task: requeueing group 1's task stops only group 1;
+    group 0 trains on (a quorum of 1 lets it commit alone), and group 1 heals from it."""
+    run = jobs["root"] / "array"
+    ids = submitted(generate("array", "--config", "diloco/muloco_2bit", "--replicas", "2", *CPU,
+                             "--cpus-per-node", "1", "--", *TINY, "--training.steps", str(ARRAY_STEPS),
+                             "--outer.sync_every", "5", "--fault_tolerance.min_replica_size", "1",
+                             "--checkpoint.interval", "1000", "--metrics.log_freq", "5",
+                             "--validator.freq", "1000", "--dump_folder", str(run), cwd=jobs["root"]))
+    array, lighthouse = ids["groups.sh"], ids["lighthouse.sh"]
+    deadline = time.monotonic() + JOB_TIMEOUT
+
+    def steps(replica: int) -> int:
+        try:
+            return max((r["step"] for r in read_metrics(run / f"replica_{replica}") if "loss" in r), default=0)
+        except (FileNotFoundError, json.JSONDecodeError):
+            return 0
+
+    while min(steps(0), steps(1)) < 5:
+        assert time.monotonic() < deadline, f"groups did not start\n{slurm.logs()}"
+        time.sleep(0.2)
+    slurm.run(["scontrol", "requeue", f"{array}_1"])
+    before = steps(0)
+    while slurm.job_state(f"{array}_1") == "RUNNING" or slurm.job_state(f"{array}_1") == "COMPLETING":
+        time.sleep(0.1)
+    while steps(0) <= before + 10:
+        assert time.monotonic() < deadline, "group 0 stopped training while group 1 was requeued"
+        time.sleep(0.2)
+    for task in ("0", "1"):
+        wait_done(slurm, f"{array}_{task}", run)
+    slurm.wait_jobs_done([lighthouse], timeout=60)
+    a, b = final(run / "replica_0"), final(run / "replica_1")
+    assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
+    assert a["steps"] == b["steps"] == ARRAY_STEPS
+    healed = re.search(r"healed from replica 0 in quorum \d+: step \d+ -> (\d+)",
+                       (run / "logs" / "replica_1.log").read_text())
+    assert healed and int(healed.group(1)) < ARRAY_STEPS, "group 1 healed mid-run and trained on"
+    assert "healed from replica" not in (run / "logs" / "replica_0.log").read_text()
+    assert (run / "slurm" / f"lighthouse-{array}.url").read_text().startswith("http://")
+
+
+def sweep(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "jobs" / "sweeps" / "tiny_cpu.py"), *args], cwd=cwd,
+                          text=True, capture_output=True, timeout=timeout)
+
+
+def manifest(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "manifest.jsonl").read_text().splitlines()]
+
+
+def test_two_run_sweep_runs_as_an_array_resubmits_its_failure_and_the_report_compares_it(slurm, tmp_path):
+    folder = tmp_path / "sweep"
+    proc = sweep("--out", str(folder), *CPU, "--cpus-per-node", "1", "--parallel", "2", "--retries", "0",
+                 cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "as job array" in proc.stdout
+    entries = manifest(folder)
+    assert len(entries) == 2 and len({e["jobs"][0].split("_")[0] for e in entries}) == 1
+    slurm.run(["scancel", entries[1]["jobs"][0]])  # one run fails (cancelled)
+    slurm.wait_jobs_done([e["jobs"][0] for e in entries], timeout=JOB_TIMEOUT)
+    status = sweep("--out", str(folder), "--status", cwd=tmp_path)
+    assert "COMPLETED" in status.stdout and "CANCELLED" in status.stdout, status.stdout
+    again = sweep("--out", str(folder), *CPU, "--cpus-per-node", "1", cwd=tmp_path)  # resume: nothing to do
+    assert again.returncode == 0 and "every run already has a job" in again.stdout
+    retry = sweep("--out", str(folder), *CPU, "--cpus-per-node", "1", "--resubmit-failed", cwd=tmp_path)
+    assert retry.returncode == 0 and retry.stdout.count("submitted ") == 1, retry.stdout
+    entries = manifest(folder)
+    assert len(entries[0]["jobs"]) == 1 and len(entries[1]["jobs"]) == 2, "the failed run got a second job"
+    for e in entries:
+        wait_done(slurm, e["jobs"][-1], folder)
+    report = subprocess.run([sys.executable, "-m", "muloco.report", str(folder)], cwd=tmp_path, text=True,
+                            capture_output=True, timeout=120)
+    assert report.returncode == 0, report.stdout + report.stderr
+    for e in entries:
+        assert e["name"] in report.stdout
+        assert f"{final(Path(e['run_dir']))['final_validation_loss']:.4f}" in report.stdout
+    assert report.stdout.count("*") == 1, "the best run of the sweep is marked"
+    pngs = sorted((folder / "report").glob("*.png"))
+    assert pngs and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_max_nodes_holds_the_second_run_back_until_the_first_finishes(slurm, tmp_path):
+    folder = tmp_path / "quota"
+    proc = sweep("--out", str(folder), *CPU, "--cpus-per-node", "1", "--max-nodes", "1", "--poll-s", "0.5",
+                 cwd=tmp_path, timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "waiting: 1 node(s) in use" in proc.stdout
+    first, second = (e["jobs"][0] for e in manifest(folder))
+    slurm.wait_jobs_done([first, second], timeout=JOB_TIMEOUT)
+    info = {j: slurm.run(["scontrol", "show", "job", j]).stdout for j in (first, second)}
+
+    def field(text: str, key: str) -> str:
+        return next(t.split("=", 1)[1] for t in text.split() if t.startswith(key + "="))
+
+    assert field(info[second], "SubmitTime") >= field(info[first], "EndTime")
+
+
+def test_dry_run_submits_and_writes_nothing_and_the_scripts_hold_no_secrets(slurm, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    secret = "wandb-secret-value-123"
+    monkeypatch.setenv("WANDB_API_KEY", secret)
+    monkeypatch.setenv("HF_TOKEN", secret)
+    before = slurm.run(["squeue", "-h", "-t", "all"]).stdout
+    for kind in (["groups", "--replicas", "2"], ["array", "--replicas", "2"], ["spanning", "--replicas", "1"],
+                 ["ddp"]):
+        config = "ddp/adamw" if kind[0] == "ddp" else "diloco/muloco_2bit"
+        status, text, err = generate_here(capsys, *kind, "--config", config, "--dry-run", *CPU, "--",
+                                          "--training.steps", "30")
+        assert status == 0, err
+        assert "#SBATCH --partition=debug" in text and "dry run" in text
+        assert secret not in text and "WANDB_API_KEY=" not in text
+        for path in (str(REPO), str(tmp_path), str(Path.home()), sys.executable):
+            assert path not in text, f"{path} is baked into the generated script"
+    tiny = runpy.run_path(str(REPO / "jobs" / "sweeps" / "tiny_cpu.py"))
+    assert tiny["main"](tiny["SWEEP"], ["--out", "s", "--dry-run", *CPU]) == 0
+    out = capsys.readouterr().out
+    assert "nothing submitted" in out and "#SBATCH --array=0-1%2" in out
+    assert not list(tmp_path.iterdir()), "a dry run wrote files"
+    assert slurm.run(["squeue", "-h", "-t", "all"]).stdout == before
+
+
+def generate_here(capsys, *args: str) -> tuple[int, str, str]:
+    """The generator in this process (no second torchtitan import): status, stdout, stderr."""
+    from muloco.launch.slurm import main
+
+    status = main(list(args))
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["groups", "--partition", "nosuch"], "unknown partition 'nosuch': this cluster has"),
+    (["groups", "--gpus-per-node", "4"], "more than the 0 GPU(s) a node of partition 'debug' has"),
+    (["groups", "--replicas", "3", "--gpus-per-node", "8"], "K=3 replica groups do not divide the 8 GPUs"),
+    (["groups", "--cpus-per-node", "512"], "more than the 8 CPUs"),
+    (["spanning", "--replicas", "2"], "needs 2 node(s) but partition 'debug' has 1"),
+    (["groups", "--time", "soon"], "time 'soon' is not a SLURM time"),
+])
+def test_bad_cluster_settings_are_one_clear_error_before_anything_is_submitted(slurm, tmp_path, capsys,
+                                                                               monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    before = slurm.run(["squeue", "-h", "-t", "all"]).stdout
+    status, _, err = generate_here(capsys, *args, "--config", "diloco/muloco_2bit", "--", "--training.steps",
+                                   "30", "--dump_folder", str(tmp_path / "run"))
+    assert status == 2
+    assert message in err and err.count("error:") == 1, err
+    assert not (tmp_path / "run").exists()
+    assert slurm.run(["squeue", "-h", "-t", "all"]).stdout == before
+
+
+def test_cluster_file_sets_defaults_a_flag_beats_it_and_an_unknown_key_is_refused(slurm, tmp_path, capsys,
+                                                                                 monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cluster = tmp_path / "cluster.toml"
+    monkeypatch.setenv("MULOCO_CLUSTER_FILE", str(cluster))
+    cluster.write_text('partition = "long"\ntime = "00:20:00"\n[env]\nNCCL_IB_DISABLE = "1"\n')
+    args = ["groups", "--config", "diloco/muloco_2bit", "--dry-run", "--gpus-per-node", "0"]
+    status, out, err = generate_here(capsys, *args, "--", "--training.steps", "30")
+    assert status == 0, err
+    assert "#SBATCH --partition=long" in out and "#SBATCH --time=00:20:00" in out
+    assert "export NCCL_IB_DISABLE=1" in out
+    monkeypatch.setenv("MULOCO_SLURM_TIME", "00:30:00")
+    status, out, err = generate_here(capsys, *args, "--partition", "debug", "--", "--training.steps", "30")
+    assert "#SBATCH --partition=debug" in out and "#SBATCH --time=00:30:00" in out, "flag > env > file"
+    cluster.write_text('partiton = "long"\n')
+    status, _, err = generate_here(capsys, *args)
+    assert status == 2 and "unknown cluster setting 'partiton'" in err
+    cluster.write_text('[env]\nWANDB_API_KEY = "abc"\n')
+    status, _, err = generate_here(capsys, *args)
+    assert status == 2 and "secrets are never written into job files" in err and "abc" not in err

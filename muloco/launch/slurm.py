@@ -32,7 +32,7 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from muloco.launch.cluster import (ClusterError, ClusterSettings, ClusterUnreachable, Partition, check_request,
                                    default_partition, load_cluster_settings, query_sinfo,
@@ -82,6 +82,8 @@ class Script:
     file: str
     text: str
     exports: dict[str, str] = field(default_factory=dict)
+    after: str | None = None
+    """``@file``: submit held, then release with ``--dependency=after:<that file's job>``."""
 
 
 @dataclass
@@ -117,8 +119,8 @@ def sbatch_header(spec: JobSpec, res: Resources, *, name: str, output: str, arra
         lines += ["#SBATCH --requeue", f"#SBATCH --signal=B:USR1@{spec.signal_s}"]
     else:
         lines.append("#SBATCH --no-requeue")
-    if spec.dependency:
-        lines.append(f"#SBATCH --dependency={spec.dependency}")
+    if spec.dependency:  # a dependency that can never be met cancels the job instead of leaving it queued
+        lines += [f"#SBATCH --dependency={spec.dependency}", "#SBATCH --kill-on-invalid-dep=yes"]
     return lines
 
 
@@ -126,8 +128,10 @@ def preamble(spec: JobSpec) -> list[str]:
     """Working directory, interpreter, the one environment block, the user's setup lines."""
     env = {**ENV_BLOCK, **spec.cluster.env}
     lines = ["set -uo pipefail",
-             'cd "${MULOCO_WORKDIR:-$SLURM_SUBMIT_DIR}"  # where sbatch was called: relative paths start here',
+             'cd "${MULOCO_WORKDIR:-$SLURM_SUBMIT_DIR}" || exit 2  # where sbatch was called: relative paths start here',
              'PYTHON="${MULOCO_PYTHON:-.venv/bin/python}"',
+             '# srun no longer inherits --cpus-per-task from sbatch (SLURM 22.05): hand it on',
+             'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
              "",
              "# --- environment (one block; add or change values in the [env] table of "
              "~/.config/muloco/cluster.toml) ---",
@@ -148,15 +152,16 @@ def requeue_block(spec: JobSpec) -> list[str]:
         'JOB_KEY="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
         'JOB_KEY="${JOB_KEY:-$SLURM_JOB_ID}"',
         'requeue_self() { echo "muloco: requeueing job $JOB_KEY ($1); it resumes from its newest checkpoint"; '
-        'scontrol requeue "$JOB_KEY"; }',
-        "trap 'requeue_self \"USR1: time limit or preemption\"; exit 0' USR1",
+        'scontrol requeue "$JOB_KEY" || { echo "muloco: scontrol requeue $JOB_KEY failed" >&2; return 1; }; }',
+        "# a failed requeue ends the job as FAILED (so --resubmit-failed finds it), never as COMPLETED",
+        "trap 'requeue_self \"USR1: time limit or preemption\" && exit 0; exit 1' USR1",
         f"RETRIES={spec.retries}",
         f'FAILURES_FILE="$RUN_DIR/{SLURM_DIR}/failures-$JOB_KEY"',
         "requeue_or_exit() {  # $1: the run's exit status",
         '  local failures; failures=$(cat "$FAILURES_FILE" 2>/dev/null || echo 0)',
         '  if [ "$1" -ne 0 ] && [ "$failures" -lt "$RETRIES" ]; then',
         '    echo $((failures + 1)) > "$FAILURES_FILE"',
-        '    requeue_self "exit $1, retry $((failures + 1))/$RETRIES"; exit 0',
+        '    requeue_self "exit $1, retry $((failures + 1))/$RETRIES" && exit 0',
         "  fi",
         '  exit "$1"',
         "}",
@@ -221,6 +226,9 @@ class Kind:
 
     def check(self) -> None:
         """Refuse layouts the node cannot hold; then what the partition cannot satisfy."""
+        if self.spec.procs != 1 and self.gpus_per_node:
+            raise JobError(f"--procs {self.spec.procs} is for jobs without GPUs; with GPUs each rank gets "
+                           f"one GPU (set --gpus-per-node, or --gpus-per-node 0 to run on CPUs)")
         if self.partition is not None:
             res = self.resources()
             check_request(self.partition, nodes=res.nodes, gpus_per_node=res.gpus_per_node,
@@ -246,10 +254,14 @@ class DdpJob(Kind):
 
     def launch_lines(self) -> list[str]:
         procs = self.gpus_per_node or self.spec.procs
-        return ['HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                "RDZV_PORT=$((29500 + SLURM_JOB_ID % 20000))",
+        if self.cfg.nodes == 1:  # one node: a free loopback port, nothing to collide with
+            endpoint = ["RDZV=127.0.0.1:0"]
+        else:  # below the ephemeral range (32768+), different for jobs sharing a first node
+            endpoint = ['HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                        'RDZV="$HEAD:$((29500 + SLURM_JOB_ID % 3000))"']
+        return [*endpoint,
                 f"srun --kill-on-bad-exit=1 \"$PYTHON\" -m torch.distributed.run --nnodes \"$SLURM_JOB_NUM_NODES\" "
-                f"--nproc-per-node {procs} --rdzv-backend c10d --rdzv-endpoint \"$HEAD:$RDZV_PORT\" "
+                f"--nproc-per-node {procs} --rdzv-backend c10d --rdzv-endpoint \"$RDZV\" "
                 f"--rdzv-id \"$SLURM_JOB_ID\" --max-restarts {self.spec.max_restarts} "
                 f"-m muloco.train --config \"$CONFIG\" \"${{OVERRIDES[@]}}\" &",
                 *wait_block()]
@@ -337,13 +349,14 @@ class SpanningJob(_DilocoKind):
     def resources(self) -> Resources:
         return Resources(self.replicas * self.cfg.nodes_per_replica, self.gpus_per_node, self.cpus_per_node)
 
-    def scripts(self) -> list[Script]:
+    def launch_lines(self) -> list[str]:
         npr = self.cfg.nodes_per_replica
-        url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$SLURM_JOB_ID.url"'
-        body = [*preamble(self.spec), "", *overrides_block(self.spec, self.run_dir), *requeue_block(self.spec), "",
-                'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-                f"srun --nodes=1 --ntasks=1 --overlap --cpus-per-task=1 --nodelist=\"${{NODES[0]}}\" "
-                f"{self.lighthouse_cmd(url, None)} > \"$RUN_DIR/{LOG_DIR}/lighthouse.log\" 2>&1 &",
+        # a requeued job starts a new lighthouse: a new file, never the last run's stale URL
+        url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}.url"'
+        return ['mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+                "# the lighthouse: one CPU on the first node, no GPU (--gres=none leaves them to group 0)",
+                f"srun --nodes=1 --ntasks=1 --overlap --cpus-per-task=1 --gres=none --nodelist=\"${{NODES[0]}}\" "
+                f"{self.lighthouse_cmd(url, None)} >> \"$RUN_DIR/{LOG_DIR}/lighthouse.log\" 2>&1 &",
                 "LIGHTHOUSE=$!",
                 "GROUP_PIDS=()",
                 f"for r in $(seq 0 {self.replicas - 1}); do",
@@ -355,10 +368,10 @@ class SpanningJob(_DilocoKind):
                 'rc=0; for pid in "${GROUP_PIDS[@]}"; do wait "$pid" || rc=$?; done',
                 'kill "$LIGHTHOUSE" 2>/dev/null',
                 "requeue_or_exit $rc"]
-        header = sbatch_header(self.spec, self.resources(), name=self.spec.name,
-                               output=self._log(f"{SLURM_DIR}/%x-%j.out"))
-        return [Script("job.sh", script(header, body, f"DiLoCo: {self.replicas} replica groups of {npr} "
-                                                      f"node(s) each, lighthouse on the first node"))]
+
+    def description(self) -> str:
+        return (f"DiLoCo: {self.replicas} replica groups of {self.cfg.nodes_per_replica} node(s) each, "
+                f"lighthouse on the first node")
 
 
 class ArrayJob(_DilocoKind):
@@ -376,10 +389,22 @@ class ArrayJob(_DilocoKind):
         self.cfg = cfg
 
     def resources(self) -> Resources:
+        """A group's GPUs per node, and its share of a node's CPUs (so tasks pack onto nodes)."""
         g = self.cfg.gpus_per_replica if self.cfg.gpus_per_replica is not None else self.gpus_per_node
-        return Resources(self.cfg.nodes_per_replica, g, self.cpus_per_node)
+        node_gpus = self.gpus_per_node
+        cpus = self.cpus_per_node * g // node_gpus if g and node_gpus and g < node_gpus else self.cpus_per_node
+        return Resources(self.cfg.nodes_per_replica, g, max(1, cpus))
+
+    def check(self) -> None:
+        g = self.cfg.gpus_per_replica
+        if g is not None and self.gpus_per_node and (g < 1 or g > self.gpus_per_node):
+            raise JobError(f"--gpus-per-replica {g} must be between 1 and the node's {self.gpus_per_node} GPUs")
+        super().check()
 
     def scripts(self) -> list[Script]:
+        """The groups array is submitted held, then the lighthouse job; the array is released
+        with ``--dependency=after:<lighthouse>``, so no group waits for a lighthouse that is
+        still queued."""
         url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$SLURM_ARRAY_JOB_ID.url"'
         npr = self.cfg.nodes_per_replica
         groups = [*preamble(self.spec), "", *overrides_block(self.spec, self.run_dir), *requeue_block(self.spec), "",
@@ -389,19 +414,23 @@ class ArrayJob(_DilocoKind):
         groups_header = sbatch_header(self.spec, self.resources(), name=self.spec.name,
                                       output=self._log(f"{LOG_DIR}/replica_%a.log"),
                                       array=f"0-{self.replicas - 1}")
+        return [Script("groups.sh", script(groups_header, groups, f"Fault-tolerant DiLoCo: {self.replicas} "
+                                           f"replica groups, one array task each"), after="@lighthouse.sh"),
+                self._lighthouse_script()]
+
+    def _lighthouse_script(self) -> Script:
+        """One CPU, no GPU or memory request; requeues itself before its time limit like the groups."""
+        lh_cluster = replace(self.spec.cluster, mem=None, constraint=None)
+        lh_spec = JobSpec(self.spec.config, cluster=lh_cluster, requeue=True, signal_s=self.spec.signal_s)
         lh_url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$MULOCO_GROUPS_JOB.url"'
-        lighthouse = [*preamble(self.spec), "", f"RUN_DIR={_q(self.run_dir)}",
-                      ': "${MULOCO_GROUPS_JOB:?the job id of the replica groups array (set at submission)}"',
-                      "exec " + self.lighthouse_cmd(lh_url, '"$MULOCO_GROUPS_JOB"')]
-        lh_spec = JobSpec(self.spec.config, cluster=self.spec.cluster, requeue=True, signal_s=self.spec.signal_s)
-        lh_header = sbatch_header(lh_spec, Resources(1, 0, 1), name=f"{self.spec.name}-lighthouse",
-                                  output=self._log(f"{LOG_DIR}/lighthouse-%j.log"))
-        lh_header = [h for h in lh_header if not h.startswith("#SBATCH --signal")]
-        return [Script("groups.sh", script(groups_header, groups,
-                                           f"Fault-tolerant DiLoCo: {self.replicas} replica groups, one array "
-                                           f"task each")),
-                Script("lighthouse.sh", script(lh_header, lighthouse, "The lighthouse of groups.sh (its own job)"),
-                       exports={"MULOCO_GROUPS_JOB": "@groups.sh"})]
+        body = [*preamble(lh_spec), "", f"RUN_DIR={_q(self.run_dir)}",
+                ': "${MULOCO_GROUPS_JOB:?the job id of the replica groups array (set at submission)}"',
+                *requeue_block(lh_spec), "",
+                self.lighthouse_cmd(lh_url, '"$MULOCO_GROUPS_JOB"') + " &", *wait_block()]
+        header = sbatch_header(lh_spec, Resources(1, 0, 1), name=f"{self.spec.name}-lighthouse",
+                               output=self._log(f"{LOG_DIR}/lighthouse-%j.log"))
+        return Script("lighthouse.sh", script(header, body, "The lighthouse of groups.sh (its own job)"),
+                      exports={"MULOCO_GROUPS_JOB": "@groups.sh"})
 
 
 KINDS: dict[str, type[Kind]] = {"ddp": DdpJob, "groups": GroupsJob, "spanning": SpanningJob, "array": ArrayJob}
@@ -448,33 +477,52 @@ def _ddp_config(spec: JobSpec):
 # -- writing and submitting ------------------------------------------------------------------
 
 
-def submit_scripts(scripts: list[Script], folder: str, *, env: dict[str, str] | None = None,
-                   extra_exports: dict[str, str] | None = None) -> dict[str, str]:
+def _sbatch(cmd: list[str], env: dict[str, str]) -> str:
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    if r.returncode != 0:
+        raise JobError(f"sbatch refused {cmd[-1]}: {r.stderr.strip()}")
+    return r.stdout.strip().split(";")[0]
+
+
+def _scontrol(*args: str) -> None:
+    r = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise JobError(f"scontrol {' '.join(args)} failed: {r.stderr.strip()}")
+
+
+def submit_scripts(scripts: list[Script], folder: str, *, env: dict[str, str] | None = None) -> dict[str, str]:
     """Write each script into ``folder`` and sbatch it in order; ``@file`` exports become the id
-    of that earlier script's job. Returns {file: job id}. A failed sbatch removes the files this
-    call wrote but did not submit, and raises."""
+    of that earlier script's job; a script with ``after`` is submitted held and released once
+    its dependency is set. Returns {file: job id}. All or nothing: on any failure the jobs this
+    call submitted are cancelled, the files it wrote removed, and JobError raised."""
     ids: dict[str, str] = {}
-    written = []
+    written: list[str] = []
     # The job finds this interpreter through the environment sbatch passes on (not the file).
     env = {**(os.environ if env is None else env)}
     env.setdefault("MULOCO_PYTHON", sys.executable)
-    for s in scripts:
-        path = os.path.join(folder, s.file)
-        with open(path, "w") as f:
-            f.write(s.text)
-        os.chmod(path, 0o755)
-        written.append(path)
-        exports = {k: ids[v[1:]] if v.startswith("@") else v for k, v in s.exports.items()}
-        exports.update(extra_exports or {})
-        cmd = ["sbatch", "--parsable"]
-        if exports:
-            cmd.append("--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in exports.items())]))
-        r = subprocess.run([*cmd, path], capture_output=True, text=True, env=env, timeout=120)
-        if r.returncode != 0:
-            for p in written[len(ids):]:
-                os.unlink(p)
-            raise JobError(f"sbatch refused {path}: {r.stderr.strip()}")
-        ids[s.file] = r.stdout.strip().split(";")[0]
+    try:
+        for s in scripts:
+            path = os.path.join(folder, s.file)
+            with open(path, "w") as f:
+                f.write(s.text)
+            os.chmod(path, 0o755)
+            written.append(path)
+            cmd = ["sbatch", "--parsable", *(["--hold"] if s.after else [])]
+            exports = {k: ids[v[1:]] if v.startswith("@") else v for k, v in s.exports.items()}
+            if exports:
+                cmd.append("--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in exports.items())]))
+            ids[s.file] = _sbatch([*cmd, path], env)
+        for s in scripts:
+            if s.after:
+                _scontrol("update", f"JobId={ids[s.file]}", f"Dependency=after:{ids[s.after[1:]]}")
+                _scontrol("release", ids[s.file])
+    except (JobError, OSError, subprocess.TimeoutExpired) as e:
+        if ids:
+            subprocess.run(["scancel", *ids.values()], capture_output=True, timeout=60)
+        for path in written:
+            os.unlink(path)
+        cancelled = f" (cancelled what was submitted: {', '.join(ids.values())})" if ids else ""
+        raise JobError(f"{e}{cancelled}") from None
     return ids
 
 
@@ -550,6 +598,8 @@ def spec_from_args(args, overrides: list[str]) -> JobSpec:
                        ("signal_s", args.signal_s)):
         if value < (1 if key in ("procs", "signal_s") else 0):
             raise JobError(f"--{key.replace('_', '-')} must be >= {1 if key in ('procs', 'signal_s') else 0}")
+    if not args.requeue and args.retries:
+        raise JobError("--retries requeues failed runs: it needs --requeue (drop --no-requeue or --retries)")
     return JobSpec(args.config, overrides, load_cluster_settings(flags), job_name=args.job_name,
                    requeue=args.requeue, retries=args.retries, signal_s=args.signal_s,
                    max_restarts=args.max_restarts, procs=args.procs, dependency=args.dependency)

@@ -16,31 +16,43 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 from muloco.launch.local import replica_args
 
-RDZV_PORT_BASE = 29600
-RDZV_PORT_SPAN = 20000
+RDZV_PORT_BASE = 26400
+RDZV_PORT_SPAN = 3000  # 26400-29399: below the ephemeral range and the ddp kind's ports
 
 
 class GroupStartError(RuntimeError):
     """The group cannot start; the message says why and what to check."""
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/", timeout=5):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def wait_for_url(path: str, timeout_s: float) -> str:
-    """The lighthouse URL from its file, once it exists (polls; the lighthouse may start later)."""
+    """The lighthouse URL from its file, once the file exists and the lighthouse answers there
+    (polls: the lighthouse may start later, and a file left by a dead one is not trusted)."""
     deadline = time.monotonic() + timeout_s
+    url = ""
     while True:
         try:
             with open(path) as f:
                 url = f.read().strip()
-            if url:
+            if url and _answers(url):
                 return url
         except FileNotFoundError:
             pass
         if time.monotonic() > deadline:
-            raise GroupStartError(f"no lighthouse URL in {path} after {timeout_s:.0f} s: is the "
-                                  f"lighthouse job running? (squeue --me; its log is in the run's logs/)")
+            seen = f"{url} does not answer" if url else f"no lighthouse URL in {path}"
+            raise GroupStartError(f"{seen} after {timeout_s:.0f} s: is the lighthouse job running? "
+                                  f"(squeue --me; its log is in the run's logs/)")
         time.sleep(1.0)
 
 

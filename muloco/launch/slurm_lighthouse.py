@@ -18,7 +18,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, LighthouseError, stop_on_signal,
                                       quorum_size, start_lighthouse)
@@ -27,7 +26,16 @@ POLL_S = 5.0
 
 
 def node_address() -> str:
-    """This node's address as other nodes reach it (what its hostname resolves to)."""
+    """This node's address as other nodes reach it: the source address of its default route,
+    else what its hostname resolves to (loopback only as a last resort, said in the log)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # UDP connect sends nothing; it only picks a route
+            address = s.getsockname()[0]
+        if not address.startswith("127."):
+            return address
+    except OSError:
+        pass
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:
@@ -67,8 +75,16 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     stop = stop_on_signal()
+    try:  # a URL left by an earlier run (or an earlier start of this job) must not be read
+        os.unlink(args.url_file)
+    except FileNotFoundError:
+        pass
+    host = args.host or node_address()
+    if host.startswith("127.") and not args.host:
+        print(f"lighthouse: warning: this node's only address is {host}: groups on other nodes cannot "
+              f"reach it (pass --host)", file=sys.stderr, flush=True)
     try:
-        lh = start_lighthouse(f"{args.host or node_address()}:0",
+        lh = start_lighthouse(f"{host}:0",
                               quorum_size(args.replicas, args.min_replicas),
                               args.join_timeout_ms, heartbeat_timeout_ms=args.heartbeat_timeout_ms)
     except LighthouseError as e:

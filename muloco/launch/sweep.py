@@ -44,13 +44,15 @@ from muloco import compat
 compat.apply()  # sweep files import the model map (muloco.models imports torchtitan)
 
 from muloco.launch.cluster import ClusterError, ClusterUnreachable, load_cluster_settings
+from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
 from muloco.launch.slurm import (KINDS, LOG_DIR, SLURM_DIR, JobError, JobSpec, Kind, Script, build,
                                  overrides_block, preamble, prepare_folder, requeue_block,
                                  sbatch_header, script, submit_scripts)
 
 MANIFEST = "manifest.jsonl"
 FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                 "DEADLINE", "PREEMPTED"}
+                 "DEADLINE", "PREEMPTED", "LOST"}
+"""LOST: SLURM no longer knows the job (no accounting, older than MinJobAge) and the run has no summary."""
 KNOWN_STATES = FAILED_STATES | {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED", "REQUEUED",
                                 "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
 ACTIVE_STATES = "PENDING,RUNNING,CONFIGURING,COMPLETING,REQUEUED,RESIZING,SUSPENDED"
@@ -171,6 +173,8 @@ def write_manifest(folder: str, entries: dict[str, Entry]) -> None:
     with open(tmp, "w") as f:
         for e in entries.values():
             f.write(json.dumps(asdict(e)) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -196,18 +200,30 @@ def job_state(job_id: str, run_dir: str) -> str:
         state = _state_in(r.stdout.splitlines()[0] if cmd[0] == "sacct" and r.stdout else r.stdout)
         if r.returncode == 0 and state:
             return state
-    return "COMPLETED" if os.path.exists(os.path.join(run_dir, "summary.json")) else "UNKNOWN"
+    return "COMPLETED" if run_finished(run_dir) else "LOST"
+
+
+def run_finished(run_dir: str) -> bool:
+    """A summary in the run folder, or in every replica group's folder of a DiLoCo run."""
+    if os.path.exists(os.path.join(run_dir, "summary.json")):
+        return True
+    groups = [d for d in (os.listdir(run_dir) if os.path.isdir(run_dir) else []) if d.startswith("replica_")]
+    return bool(groups) and all(os.path.exists(os.path.join(run_dir, d, "summary.json")) for d in groups)
 
 
 def nodes_in_use(user: str) -> int:
     """Nodes held or wanted by this user's running and pending jobs, every QOS and partition
     (array tasks counted one by one)."""
-    out = subprocess.run(["squeue", "-h", "--array", "-u", user, "-t", ACTIVE_STATES, "-o", "%D"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    return sum(int(x) for x in out.split())
+    r = subprocess.run(["squeue", "-h", "--array", "-u", user, "-t", ACTIVE_STATES, "-o", "%D"],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        raise JobError(f"squeue failed while counting nodes for --max-nodes: {r.stderr.strip()}")
+    return sum(int(x) for x in r.stdout.split())
 
 
 def wait_for_nodes(needed: int, max_nodes: int, poll_s: float, say) -> None:
+    if needed > max_nodes:
+        raise JobError(f"a run needs {needed} node(s), more than --max-nodes {max_nodes}: it could never start")
     user = getpass.getuser()
     announced = False
     while (used := nodes_in_use(user)) + needed > max_nodes:
@@ -248,10 +264,12 @@ def plan(sweep: Sweep, folder: str, spec_for, extra: list[str]) -> list[Planned]
 
 
 def same_shape(planned: list[Planned]) -> bool:
-    """One array needs one header: same kind, same resources, single-script kinds."""
-    first = planned[0].job
-    return all(type(p.job) is type(first) and p.job.resources() == first.resources()
-               and len(p.job.scripts()) == 1 for p in planned)
+    """One array needs one header and one launch line: the same kind with the same options
+    (K, nodes) and resources, of a kind that is one script per run (not ``array``)."""
+    first = planned[0]
+    return (first.entry.kind != "array"
+            and all(p.entry.kind == first.entry.kind and p.entry.options == first.entry.options
+                    and p.job.resources() == first.job.resources() for p in planned))
 
 
 def array_script(planned: list[Planned], sweep: Sweep, folder: str, parallel: int) -> Script:
@@ -276,7 +294,10 @@ def array_script(planned: list[Planned], sweep: Sweep, folder: str, parallel: in
 def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
     """A short copy of run ``p`` in its own folder; the sweep waits for it to succeed."""
     spec = p.job.spec
-    smoke_dir = os.path.join(folder, "smoke")
+    if p.entry.kind == "array":
+        raise JobError("--smoke-steps is not available for array-kind sweeps (its lighthouse is a job of "
+                       "its own); smoke-test one run with python -m muloco.launch.slurm array first")
+    smoke_dir = os.path.join(folder, "smoke-" + time.strftime("%Y%m%d-%H%M%S"))  # never reuse a checkpoint
     smoke = JobSpec(spec.config, [*spec.overrides, "--training.steps", str(steps), "--dump_folder", smoke_dir],
                     spec.cluster, job_name=f"{spec.name}-smoke"[:120], requeue=False, procs=spec.procs,
                     max_restarts=spec.max_restarts)
@@ -284,6 +305,12 @@ def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
     job = build(p.entry.kind, kind_cfg, smoke, check_cluster=False)
     prepare_folder(smoke_dir)
     return job.scripts()[0], smoke_dir
+
+
+def nodes_of(p: Planned) -> int:
+    """Nodes a run holds: an array-kind run is K tasks plus its lighthouse's (shared) node."""
+    nodes = p.job.resources().nodes
+    return nodes * p.job.replicas + 1 if p.entry.kind == "array" else nodes
 
 
 class SweepRunner:
@@ -298,6 +325,11 @@ class SweepRunner:
         todo = []
         for p in planned:
             old = self.entries.get(p.entry.name)
+            if old is not None and (old.overrides, old.config, old.options) != (
+                    p.entry.overrides, p.entry.config, p.entry.options):
+                raise JobError(f"run {p.entry.name} is in {MANIFEST} with other settings "
+                               f"({old.config} {' '.join(old.overrides)}): its folder would mix two "
+                               f"runs; use a new --out for changed settings")
             if old is None or not old.jobs:
                 todo.append(p)
                 continue
@@ -327,8 +359,7 @@ class SweepRunner:
             return
         for p in todo:
             if self.args.max_nodes:
-                wait_for_nodes(p.job.resources().nodes * (p.job.replicas if p.entry.kind == "array" else 1),
-                               self.args.max_nodes, self.args.poll_s, self.say)
+                wait_for_nodes(nodes_of(p), self.args.max_nodes, self.args.poll_s, self.say)
             ids = submit_scripts(p.job.scripts(), os.path.join(p.job.run_dir, SLURM_DIR))
             self.record(p, next(iter(ids.values())))
             self.say(f"submitted {p.entry.name} as job {', '.join(ids.values())}")
@@ -348,7 +379,8 @@ def _parser(sweep: Sweep) -> argparse.ArgumentParser:
     a = p.add_argument
     a("--out", default=os.path.join("outputs", "sweeps", sweep.name), help="sweep folder (default %(default)s)")
     a("--dry-run", action="store_true", help="print the runs and script(s); write and submit nothing")
-    a("--parallel", type=int, default=8, help="array tasks running at once (--array=...%%N)")
+    a("--parallel", type=int, default=8, help="array tasks running at once (--array=...%%N; when the "
+                                               "sweep is one array)")
     a("--max-nodes", type=int, default=None, help="keep this user's nodes in use at or below M")
     a("--poll-s", type=float, default=30.0, help="how often --max-nodes re-counts (seconds)")
     a("--smoke-steps", type=int, default=None, help="gate the sweep on a short copy of its first run")
@@ -401,6 +433,18 @@ def _run(sweep: Sweep, args, extra: list[str]) -> int:
     _check_cluster(planned, args.dry_run)
     if args.dry_run:
         return _dry_run(planned, sweep, args)
+    try:  # one submitting launcher per sweep folder: two would lose each other's job ids
+        lock = DumpFolderLock(args.out).acquire()
+    except DumpFolderBusy as e:
+        raise JobError(str(e)) from None
+    try:
+        return _submit(sweep, args, runner, planned)
+    finally:
+        lock.release()
+
+
+def _submit(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -> int:
+    runner.entries = read_manifest(args.out)  # as it is now that we hold the folder
     todo = runner.pending(planned)
     if not todo:
         print(f"sweep {sweep.name}: every run already has a job (--status shows them; "

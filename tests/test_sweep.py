@@ -1,0 +1,118 @@
+"""Sweep definitions, run names, the manifest and cluster settings, without a cluster."""
+
+from __future__ import annotations
+
+import runpy
+
+import pytest
+
+from conftest import REPO
+from muloco.launch.cluster import ClusterError, ClusterSettings, _gpus, load_cluster_settings
+from muloco.launch.slurm import JobError, JobSpec
+from muloco.launch.sweep import Entry, grid, lr_grid, plan, read_manifest, same_shape, write_manifest
+
+SWEEP_FILES = sorted((REPO / "jobs" / "sweeps").glob("*.py"))
+
+
+def test_lr_grid_is_the_root_two_ladder_around_its_centre():
+    center = 0.0224
+    assert lr_grid(center, 3) == [pytest.approx(center / 2 ** 0.5, rel=1e-3), center,
+                                  pytest.approx(center * 2 ** 0.5, rel=1e-3)]
+    assert len(lr_grid(center, 2)) == 2 and lr_grid(center, 1) == [center]
+
+
+def test_grid_is_the_product_of_its_values_with_the_fixed_flags_on_every_run():
+    runs = grid("groups", "diloco/muloco", replicas=4, fixed={"--training.steps": 60},
+                vary={"--optimizer.lr": [0.01, 0.02], "--outer.optimizer.lr": [0.7, 0.9, 1.0]})
+    assert len(runs) == 6
+    assert all(r.overrides[:2] == ["--training.steps", "60"] and r.options == {"replicas": 4} for r in runs)
+    pairs = {(r.overrides[3], r.overrides[5]) for r in runs}
+    assert pairs == {(a, b) for a in ("0.01", "0.02") for b in ("0.7", "0.9", "1")}
+    with pytest.raises(ValueError, match="unknown kind"):
+        grid("mpi", "ddp/adamw")
+
+
+@pytest.mark.parametrize("path", SWEEP_FILES, ids=lambda p: p.stem)
+def test_every_shipped_sweep_plans_with_unique_readable_names(path, tmp_path):
+    sweep = runpy.run_path(str(path))["SWEEP"]
+    planned = plan(sweep, str(tmp_path), lambda c, o: JobSpec(c, o, ClusterSettings(gpus_per_node=8)), [])
+    names = [p.entry.name for p in planned]
+    assert len(set(names)) == len(names) == len(sweep.runs)
+    for p in planned:
+        cfg = p.job.trainer
+        assert f"lr{cfg.optimizer.lr:g}" in p.entry.name and cfg.model.flavor.replace("llama3-", "") in p.entry.name
+        if hasattr(cfg, "outer"):
+            assert f"K{cfg.fault_tolerance.group_size}_H{cfg.outer.sync_every}" in p.entry.name
+        assert cfg.dump_folder == str(tmp_path / p.entry.name) == p.entry.run_dir
+    assert not list(tmp_path.iterdir()), "planning writes nothing"
+
+
+def test_runs_of_one_shape_share_an_array_and_mixed_kinds_do_not(tmp_path):
+    spec = lambda c, o: JobSpec(c, o, ClusterSettings(gpus_per_node=8))  # noqa: E731
+    tiny = {"--model.flavor": "llama3-w64-d2-h2"}
+    same = plan(runpy.run_path(str(REPO / "jobs/sweeps/tiny_cpu.py"))["SWEEP"], str(tmp_path), spec, [])
+    assert same_shape(same)
+    from muloco.launch.sweep import Sweep
+    mixed = Sweep("m", grid("ddp", "ddp/adamw", nodes=1, fixed=tiny)
+                  + grid("groups", "diloco/muloco", replicas=2, fixed={**tiny, "--training.steps": 30}))
+    assert not same_shape(plan(mixed, str(tmp_path), spec, []))
+
+
+def test_runs_with_different_k_are_not_one_array_and_spanning_runs_render_as_one(tmp_path):
+    from muloco.launch.sweep import Sweep, array_script
+    spec = lambda c, o: JobSpec(c, o, ClusterSettings(gpus_per_node=8))  # noqa: E731
+    fixed = {"--model.flavor": "llama3-w64-d2-h2", "--training.steps": 30}
+    ks = Sweep("k", grid("groups", "diloco/muloco", replicas=2, fixed=fixed)
+               + grid("groups", "diloco/muloco", replicas=4, fixed=fixed))
+    assert not same_shape(plan(ks, str(tmp_path), spec, []))
+    span = Sweep("s", grid("spanning", "diloco/muloco", replicas=2, nodes_per_replica=2, fixed=fixed,
+                           vary={"--optimizer.lr": [0.01, 0.02]}))
+    planned = plan(span, str(tmp_path), spec, [])
+    assert same_shape(planned)
+    text = array_script(planned, span, str(tmp_path), 2).text
+    assert "#SBATCH --nodes=4" in text and "--replicas 2" in text and "#SBATCH --array=0-1%2" in text
+
+
+def test_a_run_larger_than_max_nodes_is_refused_instead_of_waiting_forever():
+    from muloco.launch.sweep import wait_for_nodes
+    with pytest.raises(JobError, match="more than --max-nodes 2: it could never start"):
+        wait_for_nodes(3, 2, 0.1, print)
+
+
+def test_two_runs_with_one_name_are_refused(tmp_path):
+    from muloco.launch.sweep import Sweep
+    twice = Sweep("d", grid("ddp", "ddp/adamw", nodes=1, vary={"--debug.seed": [1, 2]}))
+    with pytest.raises(JobError, match="both named"):
+        plan(twice, str(tmp_path), lambda c, o: JobSpec(c, o, ClusterSettings(gpus_per_node=0)), [])
+
+
+def test_manifest_round_trips_and_a_broken_line_is_named(tmp_path):
+    entries = {n: Entry(n, "ddp", "ddp/adamw", ["--optimizer.lr", "0.01"], {"nodes": 1}, str(tmp_path / n),
+                        ["12_0", "15"], "COMPLETED") for n in ("a", "b")}
+    write_manifest(str(tmp_path), entries)
+    assert read_manifest(str(tmp_path)) == entries
+    assert [p.name for p in tmp_path.iterdir()] == ["manifest.jsonl"], "written atomically, no temp left"
+    with open(tmp_path / "manifest.jsonl", "a") as f:
+        f.write("{not json\n")
+    with pytest.raises(JobError, match=r"manifest.jsonl:3 is not a manifest line"):
+        read_manifest(str(tmp_path))
+
+
+def test_gres_strings_give_the_gpu_count():
+    assert _gpus("gpu:h100:8(S:0-1)") == 8
+    assert _gpus("gpu:4,shard:2") == 4
+    assert _gpus("(null)") == 0
+
+
+def test_cluster_settings_precedence_and_type_errors(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('partition = "a"\ngpus_per_node = 4\n')
+    s = load_cluster_settings({"partition": None}, f, {"MULOCO_SLURM_GPUS_PER_NODE": "2"})
+    assert (s.partition, s.gpus_per_node) == ("a", 2)
+    s = load_cluster_settings({"gpus_per_node": 0}, f, {"MULOCO_SLURM_GPUS_PER_NODE": "2"})
+    assert s.gpus_per_node == 0
+    with pytest.raises(ClusterError, match="gpus_per_node = 'eight' is not a valid"):
+        load_cluster_settings({}, f, {"MULOCO_SLURM_GPUS_PER_NODE": "eight"})
+    f.write_text("partition = \n")
+    with pytest.raises(ClusterError, match="not valid TOML"):
+        load_cluster_settings({}, f, {})

@@ -76,7 +76,7 @@ DRILLS = {d.name: d for d in [
           lambda r: [f"mid:1:{_mid_step(r, 15, 45)}", f"mid:2:{_mid_step(r, 60, 140)}"]),
 ]}
 
-CI_DRILLS = ["last-interval"]
+CI_DRILLS: list[str] = []
 """What tests/test_fault_drills.py runs, one seed each (about 80 s per drill here). The others
 run from scripts/fault_drills.py. CI covers nearby cases elsewhere: a kill inside a compressed
 exchange (tests/test_diloco.py::test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on),
@@ -84,7 +84,8 @@ a killed replica that heals (test_k2_survivor_pauses_until_the_launcher_restarts
 a save killed before its manifest (tests/test_bad_inputs.py::test_resume_skips_an_incomplete_checkpoint),
 a replica group's SLURM task requeued mid-run that heals while the other trains on
 (tests/test_slurm_jobs.py::test_array_layout_a_requeued_group_heals_while_the_other_keeps_training).
-two-kills left CI when the SLURM tests came in (20-minute budget)."""
+two-kills and last-interval left CI when the SLURM tests came in (20-minute budget); the SLURM
+array test is CI's kill-and-heal drill on real processes now."""
 
 
 @dataclass

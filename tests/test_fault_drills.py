@@ -13,9 +13,15 @@ from drills import CI_DRILLS, describe, run_drill
 
 SEED = 20261122
 
+if not CI_DRILLS:
+    pytestmark = pytest.mark.skip(
+        reason="the fault-drill matrix runs from scripts/fault_drills.py (out of CI for its 20-minute "
+               "budget); CI's kill-and-heal drill is tests/test_slurm_jobs.py::"
+               "test_array_layout_a_requeued_group_heals_while_the_other_keeps_training")
+
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("name", CI_DRILLS)
+@pytest.mark.parametrize("name", CI_DRILLS or ["last-interval"])
 def test_drill_ends_with_one_global_model_and_no_healthy_replica_healed(tmp_path, name):
     result = run_drill(name, SEED, tmp_path)
     print(describe(result))

@@ -60,25 +60,22 @@ def wait_done(slurm, job: str, run: Path, timeout: float = JOB_TIMEOUT) -> str:
 
 @pytest.fixture(scope="module")
 def jobs(slurm, tmp_path_factory):
-    """Submit the DDP (diffusion) job, the K=2 MuLoCo 2-bit job and an uninterrupted twin of
-    the requeue test's run at once; tests wait for the ones they need."""
+    """Submit the DDP (diffusion, Muon) job and the K=2 MuLoCo 2-bit job at once; tests wait for
+    the ones they need. The DDP job is also the uninterrupted twin of the requeue test's run."""
     root = tmp_path_factory.mktemp("jobs")
     out = {"root": root}
     out["ddp"] = root / "ddp"
-    out["ddp_ids"] = submitted(generate("ddp", "--config", "diffusion/ddp_adamw", *CPU, "--cpus-per-node", "1",
-                                        "--", *TINY, "--training.steps", "12", "--dump_folder", str(out["ddp"]),
-                                        cwd=root))
+    out["ddp_ids"] = submitted(generate("ddp", "--config", REQUEUE_CONFIG, *CPU, "--cpus-per-node", "1", "--",
+                                        *REQUEUE_RUN, "--dump_folder", str(out["ddp"]), cwd=root))
     out["k2"] = root / "k2"
     out["k2_ids"] = submitted(generate("groups", "--config", "diloco/muloco_2bit", "--replicas", "2", *CPU,
                                        "--cpus-per-node", "2", "--", *TINY, "--training.steps", "10",
                                        "--outer.sync_every", "5", "--dump_folder", str(out["k2"]), cwd=root))
-    out["twin"] = root / "twin"
-    out["twin_ids"] = submitted(generate("ddp", "--config", "diffusion/ddp_adamw", *CPU, "--cpus-per-node", "1", "--",
-                                         *REQUEUE_RUN, "--dump_folder", str(out["twin"]), cwd=root))
     return out
 
 
 ARRAY_STEPS = 300
+REQUEUE_CONFIG = "diffusion/ddp_muon"
 REQUEUE_RUN = [*TINY, "--training.steps", "60", "--checkpoint.interval", "10", "--metrics.log_freq", "10",
                "--validator.freq", "1000"]
 
@@ -87,7 +84,7 @@ def test_ddp_diffusion_job_runs_to_completion_under_slurm(slurm, jobs):
     run, job = jobs["ddp"], jobs["ddp_ids"]["job.sh"]
     wait_done(slurm, job, run)
     summary = final(run)
-    assert summary["objective"] == "mdlm" and summary["steps"] == 12
+    assert summary["objective"] == "mdlm" and summary["steps"] == 60
     assert math.isfinite(summary["final_validation_loss"]) and math.isfinite(summary["final_train_loss"])
     assert (run / "slurm" / "job.sh").is_file()
     assert list((run / "slurm").glob(f"*-{job}.out")), "the job's own log is in <run>/slurm/"
@@ -117,7 +114,7 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_l
     requeues the job, which starts again and resumes from its newest complete checkpoint. A
     diffusion run: its noise stream must resume exactly too."""
     run = jobs["root"] / "requeued"
-    job = submitted(generate("ddp", "--config", "diffusion/ddp_adamw", *CPU, "--cpus-per-node", "1", "--",
+    job = submitted(generate("ddp", "--config", REQUEUE_CONFIG, *CPU, "--cpus-per-node", "1", "--",
                              *REQUEUE_RUN, "--dump_folder", str(run), cwd=jobs["root"]))["job.sh"]
     deadline = time.monotonic() + JOB_TIMEOUT
     while not _complete_checkpoints(run):
@@ -130,10 +127,13 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_l
     requeued = out.index("requeueing job")
     assert "Loading the checkpoint from" in out[requeued:], "the requeued job did not resume"
     assert "Restarts=1" in slurm.run(["scontrol", "show", "job", job]).stdout
-    wait_done(slurm, jobs["twin_ids"]["job.sh"], jobs["twin"])
-    assert final(run)["final_validation_loss"] == pytest.approx(final(jobs["twin"])["final_validation_loss"],
-                                                                rel=1e-6)
-    assert final(run)["final_train_loss"] == pytest.approx(final(jobs["twin"])["final_train_loss"], rel=1e-6)
+    twin = jobs["ddp"]  # the same run, never interrupted
+    wait_done(slurm, jobs["ddp_ids"]["job.sh"], twin)
+    assert final(run)["final_validation_loss"] == pytest.approx(final(twin)["final_validation_loss"], rel=1e-6)
+    assert final(run)["final_train_loss"] == pytest.approx(final(twin)["final_train_loss"], rel=1e-6)
+    last = {r["step"]: r["loss"] for r in read_metrics(run) if "loss" in r}  # the resumed leg's, last per step
+    want = {r["step"]: r["loss"] for r in read_metrics(twin) if "loss" in r}
+    assert last.keys() == want.keys() and all(last[s] == pytest.approx(want[s], abs=1e-6) for s in want)
 
 
 def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slurm, jobs):

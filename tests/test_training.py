@@ -45,25 +45,6 @@ def test_console_lines_show_progress(tmp_path):
     assert {"loss", "lr", "tokens_per_second", "step_time_s", "eta_s"} <= record.keys()
 
 
-# The diffusion objective's resume (noise stream included) is checked on SLURM instead:
-# tests/test_slurm_jobs.py::test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_loss
-@pytest.mark.parametrize("optimizer", [["--optimizer.name", "Muon", "--optimizer.lr", "0.02"]], ids=["muon"])
-def test_resume_matches_uninterrupted_run(tmp_path, optimizer):
-    """Muon (next-token) and AdamW with masked diffusion, whose masks and noise levels are drawn
-    from (seed, step, rank)."""
-    common = ["--config", "base", *TINY, "--metrics.log_freq", "1", "--validator.freq", "1000",
-              "--checkpoint.interval", "10", "--lr_scheduler.total_steps", "20", *optimizer]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    a = run_train([*common, "--training.steps", "20", "--dump_folder", str(straight)])
-    assert a.returncode == 0, a.stderr[-3000:]
-    # The first leg stops at step 10 with the schedule of the 20-step run, then resumes.
-    b1 = run_train([*common, "--training.steps", "10", "--lr_scheduler.total_steps", "20",
-                    "--dump_folder", str(resumed)])
-    assert b1.returncode == 0, b1.stderr[-3000:]
-    assert max(train_losses(resumed)) == 10
-    b2 = run_train([*common, "--training.steps", "20", "--dump_folder", str(resumed)])
-    assert b2.returncode == 0, b2.stderr[-3000:]
-    assert "Training starts at step 11" in b2.stdout + b2.stderr
-    want, got = train_losses(straight), train_losses(resumed)
-    for step in range(11, 21):
-        assert got[step] == pytest.approx(want[step], abs=1e-6), (step, got[step], want[step])
+# Resuming equals the uninterrupted run (Muon state, diffusion noise stream, data position, LR
+# schedule): tests/test_slurm_jobs.py::test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_loss
+# (a requeued SLURM job); DiLoCo: tests/test_diloco.py::test_whole_job_cold_restart_continues_exactly.

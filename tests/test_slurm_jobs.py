@@ -171,6 +171,7 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
     a, b = final(run / "replica_0"), final(run / "replica_1")
     assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
     assert a["steps"] == b["steps"] == ARRAY_STEPS
+    assert b["diloco"]["healed_from"] == [0] and a["diloco"]["healed_from"] == []
     healed = re.search(r"healed from replica 0 in quorum \d+: step \d+ -> (\d+)",
                        (run / "logs" / "replica_1.log").read_text())
     assert healed and int(healed.group(1)) < ARRAY_STEPS, "group 1 healed mid-run and trained on"

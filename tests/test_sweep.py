@@ -116,3 +116,17 @@ def test_cluster_settings_precedence_and_type_errors(tmp_path):
     f.write_text("partition = \n")
     with pytest.raises(ClusterError, match="not valid TOML"):
         load_cluster_settings({}, f, {})
+
+
+def test_paper_settings_split_the_batch_over_k_and_rescale_the_weight_decay():
+    from muloco.launch.sweep import paper_batch_and_decay
+    from muloco.models.model_map import parse_flavor, steps_for_batch
+
+    flavor = "llama3-w1024-d12-h8"
+    flags = paper_batch_and_decay(flavor, "muon", 8)
+    wd = parse_flavor(flavor).shape.weight_decay["muon"]
+    ratio = steps_for_batch(flavor, 512, 2048) / steps_for_batch(flavor, 512, 2048)
+    assert flags["--training.global_batch_size"] == 64
+    assert flags["--optimizer.weight_decay"] == pytest.approx(wd * ratio / 8, rel=1e-5)
+    with pytest.raises(ValueError, match="does not split"):
+        paper_batch_and_decay(flavor, "muon", 3)

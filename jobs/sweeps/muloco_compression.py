@@ -4,10 +4,12 @@ without error feedback; K=8 groups of one GPU on one node, two inner LRs.
     python jobs/sweeps/muloco_compression.py --dry-run
 """
 
-from muloco.launch.sweep import Sweep, grid, lr_grid, main
+from muloco.launch.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
 from muloco.models.model_map import parse_flavor
 
-TUNED = parse_flavor("llama3-w1024-d12-h8").shape.tuned_lr
+FLAVOR = "llama3-w1024-d12-h8"
+TUNED = parse_flavor(FLAVOR).shape.tuned_lr
+PAPER = paper_batch_and_decay(FLAVOR, "muon", 8)
 LRS = lr_grid(TUNED["muloco_k8_quantized"], 2)
 EF = ["--outer.exchange.error_feedback.enabled", "--outer.exchange.error_feedback.no-enabled"]
 
@@ -22,9 +24,9 @@ SWEEP = Sweep("muloco_compression", [
     run
     for flag in EF
     for run in with_ef(
-        grid("groups", "gpu/muloco_2bit", replicas=8, vary={"--optimizer.lr": LRS})
+        grid("groups", "gpu/muloco_2bit", replicas=8, fixed=PAPER, vary={"--optimizer.lr": LRS})
         + grid("groups", "gpu/muloco", replicas=8,
-               fixed={"--outer.exchange.codec": "topk", "--outer.exchange.codec.fraction": 0.02},
+               fixed={**PAPER, "--outer.exchange.codec": "topk", "--outer.exchange.codec.fraction": 0.02},
                vary={"--optimizer.lr": LRS}),
         flag)
 ])

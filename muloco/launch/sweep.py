@@ -85,6 +85,20 @@ def lr_grid(center: float, points: int = 3) -> list[float]:
     return [float(f"{center * 2 ** (k / 2):.4g}") for k in range(-half, points - half)]
 
 
+def paper_batch_and_decay(flavor: str, weight_decay_key: str, replicas: int = 1,
+                          global_batch: int = 512) -> dict[str, object]:
+    """Fixed flags that hold MuLoCo's setup for K groups: the global batch split over the groups
+    (the GPU presets split it by the config's own K, not the launcher's ``--replicas``) and the
+    weight decay tuned at batch 512, rescaled by steps and divided by K (the model map's rule)."""
+    from muloco.models.model_map import parse_flavor, rescaled_weight_decay
+
+    if global_batch % replicas:
+        raise ValueError(f"global batch {global_batch} does not split over K={replicas} groups")
+    wd = parse_flavor(flavor).shape.weight_decay[weight_decay_key]
+    return {"--training.global_batch_size": global_batch // replicas,
+            "--optimizer.weight_decay": float(f"{rescaled_weight_decay(wd, flavor, global_batch, replicas=replicas):.6g}")}
+
+
 def grid(kind: str, config: str, *, vary: dict[str, list] | None = None, fixed: dict | None = None,
          **options) -> list[RunSpec]:
     """Every combination of ``vary`` (trainer flag → values), with ``fixed`` flags on all."""

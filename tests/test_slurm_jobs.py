@@ -284,6 +284,15 @@ def test_bad_cluster_settings_are_one_clear_error_before_anything_is_submitted(s
     assert slurm.run(["squeue", "-h", "-t", "all"]).stdout == before
 
 
+def test_a_refused_submission_leaves_nothing_behind(slurm, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    status, _, err = generate_here(capsys, "array", "--config", "diloco/muloco_2bit", *CPU, "--constraint",
+                                   "nosuchfeature", "--", "--training.steps", "30", "--dump_folder",
+                                   str(tmp_path / "run"))
+    assert status == 2 and "sbatch refused" in err and err.count("error:") == 1, err
+    assert not (tmp_path / "run").exists(), "the folders and scripts of a refused submission are removed"
+
+
 def test_cluster_file_sets_defaults_a_flag_beats_it_and_an_unknown_key_is_refused(slurm, tmp_path, capsys,
                                                                                  monkeypatch):
     monkeypatch.chdir(tmp_path)

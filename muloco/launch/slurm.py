@@ -34,6 +34,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 
+from muloco.created_dirs import make_dirs, remove_dirs
 from muloco.launch.cluster import (ClusterError, ClusterSettings, ClusterUnreachable, Partition, check_request,
                                    default_partition, load_cluster_settings, query_sinfo,
                                    resolve_partition)
@@ -480,7 +481,8 @@ def _ddp_config(spec: JobSpec):
 def _sbatch(cmd: list[str], env: dict[str, str]) -> str:
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     if r.returncode != 0:
-        raise JobError(f"sbatch refused {cmd[-1]}: {r.stderr.strip()}")
+        said = " ".join(line.replace("sbatch: error: ", "") for line in r.stderr.strip().splitlines())
+        raise JobError(f"sbatch refused {cmd[-1]}: {said}")
     return r.stdout.strip().split(";")[0]
 
 
@@ -611,9 +613,13 @@ def kind_config(args):
     return kind.Config(**{k: getattr(args, k) for k in fields})
 
 
-def prepare_folder(run_dir: str) -> None:
+def prepare_folder(run_dir: str) -> list[str]:
+    """The run's ``slurm/`` and ``logs/`` folders (SLURM does not create a log file's folder);
+    returns the folders this call created, for ``remove_dirs`` if the submission fails."""
+    created: list[str] = []
     for sub in (SLURM_DIR, LOG_DIR):
-        os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
+        created += make_dirs(os.path.join(run_dir, sub))
+    return created
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -636,10 +642,18 @@ def main(argv: list[str] | None = None) -> int:
                       f"not submitted) =====")
                 print(s.text)
             return 0
-        prepare_folder(job.run_dir)
-        ids = submit_scripts(scripts, os.path.join(job.run_dir, SLURM_DIR))
+        created = prepare_folder(job.run_dir)
+        try:
+            ids = submit_scripts(scripts, os.path.join(job.run_dir, SLURM_DIR))
+        except JobError:
+            remove_dirs(created)  # nothing half-written: the scripts are gone, so are these
+            raise
     except (JobError, ClusterError) as e:
         print(f"muloco.launch.slurm: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"muloco.launch.slurm: error: cannot write the job into {job.run_dir}: {e.strerror or e}; "
+              f"pick a writable --dump_folder", file=sys.stderr)
         return 2
     for file, job_id in ids.items():
         print(f"submitted {os.path.join(job.run_dir, SLURM_DIR, file)} as job {job_id}")

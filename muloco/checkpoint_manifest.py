@@ -18,7 +18,8 @@ import hashlib
 import json
 import os
 import re
-import tempfile
+
+from muloco.atomic_file import write_atomically
 
 MANIFEST = ".muloco-checksums.json"
 FORMAT = 1
@@ -91,17 +92,7 @@ def write_manifest(step_dir: str) -> None:
         path = os.path.join(step_dir, rel)
         entries[rel] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
     data = json.dumps({"format": FORMAT, "files": entries}, indent=1, sort_keys=True).encode()
-    fd, tmp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=step_dir)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, manifest_path(step_dir))
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomically(manifest_path(step_dir), data, temp_prefix=_TEMP_PREFIX)
     _verified.add((os.path.realpath(step_dir), data))
 
 

@@ -19,6 +19,7 @@ compat.apply()
 import torch  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 
+from muloco.atomic_file import write_atomically  # noqa: E402
 from muloco.checkpoint import RUN_FILE, CheckpointLoadError, check_loadable, run_folder  # noqa: E402
 from muloco.config.checks import check_config, check_dump_folder  # noqa: E402
 from muloco.config.cli import parse_args, split_config_arg  # noqa: E402
@@ -115,9 +116,7 @@ def _record_command(name: str, argv: list[str], config) -> None:
 
     record = {"config": str(resolve_config_path(name)), "args": argv, "cwd": os.getcwd()}
     path = os.path.join(run_folder(config), RUN_FILE)
-    with open(path + ".tmp", "w") as f:
-        json.dump(record, f, indent=2)
-    os.replace(path + ".tmp", path)
+    write_atomically(path, json.dumps(record, indent=2))
 
 
 def run(argv: list[str] | None = None) -> dict:

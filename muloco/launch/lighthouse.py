@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 DEFAULT_BIND = "127.0.0.1:29510"
 # 90% of the trainer's default --fault_tolerance.quorum_timeout_seconds (300 s): see
@@ -189,6 +189,16 @@ def stop_on_signal() -> threading.Event:
     return stop
 
 
+def serve(lh: Lighthouse, stop: threading.Event, poll_s: float = 0.5,
+          finished: Callable[[], bool] = lambda: False) -> None:
+    """Serve until SIGINT/SIGTERM (``stop``) or ``finished()`` says so, then shut down."""
+    try:
+        while not stop.wait(poll_s) and not finished():
+            pass
+    finally:
+        lh.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     stop = stop_on_signal()
@@ -205,11 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lighthouse: error: {e}", file=sys.stderr, flush=True)
         return 2
     print(f"lighthouse listening on {lh.url} (status page: {lh.url}/)", flush=True)
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        lh.shutdown()
+    serve(lh, stop)
     return 0
 
 

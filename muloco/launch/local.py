@@ -73,6 +73,29 @@ def replica_args(i: int, replicas: int) -> list[str]:
     return ["--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(replicas)]
 
 
+def trainer_command(entry: list[str], config: str, i: int, replicas: int, overrides: list[str],
+                    quorum: int) -> list[str]:
+    """Replica group ``i``'s trainer: ``entry`` with the config, replica id, K, the overrides and
+    the quorum size last (so trainers and lighthouse agree)."""
+    return [*entry, "--config", config, *replica_args(i, replicas), *overrides,
+            "--fault_tolerance.min_replica_size", str(quorum)]
+
+
+def torchrun_group(torchrun_args: list[str], rank_command: list[str]) -> list[str]:
+    """A replica group as one torchrun (``replica_group``: failures reported, the failed rank's
+    exit status kept), each rank running ``rank_command`` through ``rank_process`` (it dies
+    with its agent)."""
+    return [sys.executable, "-m", "muloco.launch.replica_group", *torchrun_args, "--no-python",
+            sys.executable, "-m", "muloco.launch.rank_process", *rank_command]
+
+
+def group_variables(lighthouse_url: str, i: int, replicas: int) -> dict[str, str]:
+    """What every rank of replica group ``i`` finds in its environment besides torchrun's own."""
+    return {"TORCHFT_LIGHTHOUSE": lighthouse_url, "REPLICA_GROUP_ID": str(i),
+            "NUM_REPLICA_GROUPS": str(replicas), "PYTHONUNBUFFERED": "1",
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${local_rank}] "}
+
+
 def load_trainer_config(config: str, replicas: int, overrides: list[str]):
     """Replica 0's trainer config, parsed and checked here, once, before anything starts.
 
@@ -338,8 +361,7 @@ class LocalJob:
         the quorum size last (so trainers and lighthouse agree), or ``command`` as given."""
         if self.command is not None:
             return list(self.command)
-        return [*self.entry, "--config", self.config, *replica_args(i, self.replicas),
-                *self.overrides, "--fault_tolerance.min_replica_size", str(self.quorum_size)]
+        return trainer_command(self.entry, self.config, i, self.replicas, self.overrides, self.quorum_size)
 
     def group_command(self, i: int) -> list[str]:
         """Group ``i``'s torchrun: N ranks, restarts, a rendezvous store on a free loopback
@@ -353,8 +375,7 @@ class LocalJob:
         if n > 1:
             torchrun += ["--tee", "3", "--log-dir",
                          os.path.join(self.resolved_log_dir, "torchrun", f"replica_{i}")]
-        return [sys.executable, "-m", "muloco.launch.replica_group", *torchrun, "--no-python",
-                sys.executable, "-m", "muloco.launch.rank_process", *self.replica_command(i)]
+        return torchrun_group(torchrun, self.replica_command(i))
 
     def group_env(self, i: int) -> dict[str, str]:
         """Group ``i``'s environment (torchrun adds each rank's RANK, LOCAL_RANK, WORLD_SIZE,
@@ -370,9 +391,7 @@ class LocalJob:
         env.update(self.env)
         if self.slices is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.slices[i])
-        env.update(TORCHFT_LIGHTHOUSE=str(self.lighthouse_url), REPLICA_GROUP_ID=str(i),
-                   NUM_REPLICA_GROUPS=str(self.replicas), PYTHONUNBUFFERED="1",
-                   TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[rank${local_rank}] ")
+        env.update(group_variables(str(self.lighthouse_url), i, self.replicas))
         return env
 
     def log_path(self, i: int, rank: int = 0) -> str:

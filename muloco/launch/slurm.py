@@ -35,8 +35,8 @@ import sys
 from dataclasses import dataclass, field, replace
 
 from muloco.created_dirs import make_dirs, remove_dirs
-from muloco.launch.cluster import (ClusterError, ClusterSettings, ClusterUnreachable, Partition, check_request,
-                                   default_partition, load_cluster_settings, query_sinfo,
+from muloco.launch.cluster import (ClusterError, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
+                                   check_request, default_partition, load_cluster_settings, query_sinfo,
                                    resolve_partition)
 
 SLURM_DIR = "slurm"
@@ -187,8 +187,9 @@ def script(header: list[str], body: list[str], comment: str) -> str:
 class Kind:
     """One layout of replica groups over nodes. Subclasses hold their own ``Config``."""
 
-    def __init__(self, spec: JobSpec, trainer_config, partition: Partition | None):
-        self.spec, self.trainer, self.partition = spec, trainer_config, partition
+    def __init__(self, cfg, spec: JobSpec, trainer_config, partition: Partition | None):
+        """``cfg``: the subclass's own ``Config`` (its layout: K, nodes, ...)."""
+        self.cfg, self.spec, self.trainer, self.partition = cfg, spec, trainer_config, partition
 
     @property
     def run_dir(self) -> str:
@@ -235,6 +236,12 @@ class Kind:
             check_request(self.partition, nodes=res.nodes, gpus_per_node=res.gpus_per_node,
                           cpus_per_node=res.cpus_per_node)
 
+    def place(self, nodes: list[NodeInfo], default: str | None) -> None:
+        """Send the job to its partition (the cluster's default when none is set), then check it."""
+        self.partition = resolve_partition(self.spec.cluster, nodes, default)
+        self.spec.cluster.partition = self.partition.name
+        self.check()
+
     def _log(self, name: str) -> str:
         return os.path.join(self.run_dir, name)
 
@@ -245,10 +252,6 @@ class DdpJob(Kind):
     @dataclass
     class Config:
         nodes: int = 1
-
-    def __init__(self, cfg: "DdpJob.Config", *a):
-        super().__init__(*a)
-        self.cfg = cfg
 
     def resources(self) -> Resources:
         return Resources(self.cfg.nodes, self.gpus_per_node, self.cpus_per_node)
@@ -309,10 +312,6 @@ class GroupsJob(_DilocoKind):
     class Config:
         replicas: int = 2
 
-    def __init__(self, cfg: "GroupsJob.Config", *a):
-        super().__init__(*a)
-        self.cfg = cfg
-
     def resources(self) -> Resources:
         return Resources(1, self.gpus_per_node, self.cpus_per_node)
 
@@ -342,10 +341,6 @@ class SpanningJob(_DilocoKind):
     class Config:
         replicas: int = 2
         nodes_per_replica: int = 1
-
-    def __init__(self, cfg: "SpanningJob.Config", *a):
-        super().__init__(*a)
-        self.cfg = cfg
 
     def resources(self) -> Resources:
         return Resources(self.replicas * self.cfg.nodes_per_replica, self.gpus_per_node, self.cpus_per_node)
@@ -384,10 +379,6 @@ class ArrayJob(_DilocoKind):
         nodes_per_replica: int = 1
         gpus_per_replica: int | None = None
         """GPUs per node of a group (default: every GPU of a node)."""
-
-    def __init__(self, cfg: "ArrayJob.Config", *a):
-        super().__init__(*a)
-        self.cfg = cfg
 
     def resources(self) -> Resources:
         """A group's GPUs per node, and its share of a node's CPUs (so tasks pack onto nodes)."""
@@ -537,13 +528,12 @@ def build(kind_name: str, kind_cfg, spec: JobSpec, *, check_cluster: bool = True
     for key in ("nodes", "nodes_per_replica"):
         if getattr(kind_cfg, key, 1) < 1:
             raise JobError(f"--{key.replace('_', '-')} must be at least 1")
-    partition = None
-    if check_cluster:
-        nodes = query_sinfo()
-        partition = resolve_partition(spec.cluster, nodes, default_partition())
-        spec.cluster.partition = partition.name
-    job = kind(kind_cfg, spec, trainer_config(kind, spec, replicas), partition)
-    job.check()
+    nodes = query_sinfo() if check_cluster else None  # an unreachable cluster is known before the config is parsed
+    job = kind(kind_cfg, spec, trainer_config(kind, spec, replicas), None)
+    if nodes is None:
+        job.check()
+    else:
+        job.place(nodes, default_partition())
     return job
 
 

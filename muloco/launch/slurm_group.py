@@ -18,7 +18,7 @@ import sys
 import time
 import urllib.request
 
-from muloco.launch.local import replica_args
+from muloco.launch.local import group_variables, torchrun_group, trainer_command
 
 RDZV_PORT_BASE = 26400
 RDZV_PORT_SPAN = 3000  # 26400-29399: below the ephemeral range and the ddp kind's ports
@@ -88,11 +88,9 @@ def torchrun_command(args, hosts: list[str]) -> list[str]:
                 "--max-restarts", str(args.max_restarts), "--role", f"replica_{args.replica}"]
     if len(hosts) == 1:
         torchrun += ["--local-addr", "127.0.0.1"]
-    trainer = [sys.executable, "-m", "muloco.train", "--config", args.config,
-               *replica_args(args.replica, args.replicas), *args.overrides,
-               "--fault_tolerance.min_replica_size", str(args.min_replicas)]
-    return [sys.executable, "-m", "muloco.launch.replica_group", *torchrun, "--no-python",
-            sys.executable, "-m", "muloco.launch.rank_process", *trainer]
+    trainer = trainer_command([sys.executable, "-m", "muloco.train"], args.config, args.replica, args.replicas,
+                              args.overrides, args.min_replicas)
+    return torchrun_group(torchrun, trainer)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -121,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replica group {args.replica}: error: {e}", file=sys.stderr, flush=True)
         return 2
     cmd = torchrun_command(args, hosts)
-    env = {**os.environ, "TORCHFT_LIGHTHOUSE": url, "REPLICA_GROUP_ID": str(args.replica),
-           "NUM_REPLICA_GROUPS": str(args.replicas), "PYTHONUNBUFFERED": "1",
-           "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${local_rank}] "}
+    env = {**os.environ, **group_variables(url, args.replica, args.replicas)}
     env.setdefault("RUST_LOG", "warn")
     print(f"replica group {args.replica}/{args.replicas} on {','.join(hosts)}, lighthouse {url}",
           flush=True)

@@ -19,7 +19,8 @@ import socket
 import subprocess
 import sys
 
-from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, LighthouseError, stop_on_signal,
+from muloco.atomic_file import write_atomically
+from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, LighthouseError, serve, stop_on_signal,
                                       quorum_size, start_lighthouse)
 
 POLL_S = 5.0
@@ -42,11 +43,12 @@ def node_address() -> str:
         return "127.0.0.1"
 
 
-def write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def job_gone(job_id: str) -> bool:
+    """SLURM lists no task of ``job_id`` any more (said once, in the log)."""
+    if job_listed(job_id):
+        return False
+    print(f"lighthouse: job {job_id} has no task left; stopping", flush=True)
+    return True
 
 
 def job_listed(job_id: str) -> bool:
@@ -93,13 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     write_atomically(args.url_file, lh.url + "\n")
     print(f"lighthouse listening on {lh.url} (status page: {lh.url}/); URL in {args.url_file}",
           flush=True)
-    try:
-        while not stop.wait(POLL_S):
-            if args.until_job and not job_listed(args.until_job):
-                print(f"lighthouse: job {args.until_job} has no task left; stopping", flush=True)
-                break
-    finally:
-        lh.shutdown()
+    serve(lh, stop, POLL_S, lambda: bool(args.until_job) and job_gone(args.until_job))
     return 0
 
 

@@ -43,6 +43,7 @@ from muloco import compat
 
 compat.apply()  # sweep files import the model map (muloco.models imports torchtitan)
 
+from muloco.atomic_file import write_atomically
 from muloco.launch.cluster import ClusterError, ClusterUnreachable, load_cluster_settings
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
 from muloco.launch.slurm import (KINDS, LOG_DIR, SLURM_DIR, JobError, JobSpec, Kind, Script, build,
@@ -182,14 +183,7 @@ def read_manifest(folder: str) -> dict[str, Entry]:
 
 
 def write_manifest(folder: str, entries: dict[str, Entry]) -> None:
-    path = os.path.join(folder, MANIFEST)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        for e in entries.values():
-            f.write(json.dumps(asdict(e)) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomically(os.path.join(folder, MANIFEST), "".join(json.dumps(asdict(e)) + "\n" for e in entries.values()))
 
 
 # -- job states ------------------------------------------------------------------------------
@@ -478,7 +472,7 @@ def _submit(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -
 
 def _check_cluster(planned: list[Planned], dry_run: bool) -> None:
     """Every run's request against sinfo (one query); a dry run without SLURM only warns."""
-    from muloco.launch.cluster import check_request, default_partition, query_sinfo, resolve_partition
+    from muloco.launch.cluster import default_partition, query_sinfo
 
     try:
         nodes = query_sinfo()
@@ -487,11 +481,9 @@ def _check_cluster(planned: list[Planned], dry_run: bool) -> None:
             raise
         print(f"warning: {e}; the dry run is not checked against a cluster", file=sys.stderr)
         return
+    default = default_partition()
     for p in planned:
-        partition = resolve_partition(p.job.spec.cluster, nodes, default_partition())
-        p.job.partition = partition
-        p.job.spec.cluster.partition = partition.name
-        p.job.check()
+        p.job.place(nodes, default)
 
 
 def _dry_run(planned: list[Planned], sweep: Sweep, args) -> int:

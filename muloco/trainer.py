@@ -69,7 +69,8 @@ class MulocoTrainerMixin:
             self.objective.lm_head = model.lm_head
         mp = self.metrics_processor
         mp.num_flops_per_token = self.objective.flops_per_token(mp.num_flops_per_token, model.lm_head.weight.numel())
-        self.validator.objective = self.objective
+        if self.config.validator.enable:  # torchtitan builds no validator when validation is off
+            self.validator.objective = self.objective
         self._micro = (None, 0)
 
     def _noise_key(self) -> NoiseKey:

@@ -100,13 +100,17 @@ def test_replicas_train_and_hold_identical_global_params_after_every_sync(cluste
 
 
 @pytest.mark.timeout(120)
-def test_one_replica_group_trains_and_its_summary_claims_no_savings(cluster, tmp_path):
-    """K=1: nothing crosses a link, so the summary says so (no "…x more" over zero bytes)."""
+@pytest.mark.parametrize("objective", ["ar", "mdlm"])
+def test_one_replica_group_trains_and_its_summary_claims_no_savings(cluster, tmp_path, objective):
+    """K=1: nothing crosses a link, so the summary says so (no "…x more" over zero bytes).
+    Validation off (torchtitan then builds no validator), for both objectives."""
     c = cluster(1)
     dump = tmp_path / "run"
-    c.start_replica(0, _args(dump, steps=20))
+    c.start_replica(0, _args(dump, steps=20, extra=("--objective", objective, "--validator.no-enable")))
     assert c.wait("r0", 100) == 0, c.tail("r0")
-    s = summary(dump, 0)["diloco"]
+    full = summary(dump, 0)
+    assert full["objective"] == objective and full["final_validation_loss"] is None
+    s = full["diloco"]
     assert s["syncs_committed"] == s["syncs"] == 2 and s["bytes_sent"] == 0 and s["reduction_vs_dense_fp32"] is None
     log = c.logs["r0"].read_text()
     assert "(one replica group: nothing to send)" in log and "x more" not in log

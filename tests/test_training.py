@@ -45,6 +45,20 @@ def test_console_lines_show_progress(tmp_path):
     assert {"loss", "lr", "tokens_per_second", "step_time_s", "eta_s"} <= record.keys()
 
 
+@pytest.mark.parametrize("objective", ["ar", "mdlm"])
+def test_validation_off_trains_and_summarises(tmp_path, objective):
+    """``--validator.no-enable``: torchtitan builds no validator; the run trains, and the summary
+    says there is no validation loss instead of failing."""
+    out = tmp_path / "run"
+    proc = run_train(["--config", "base", *TINY, "--objective", objective, "--training.steps", "2",
+                      "--validator.no-enable", "--checkpoint.no-enable", "--dump_folder", str(out)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["objective"] == objective and summary["steps"] == 2
+    assert summary["final_validation_loss"] is None and summary["final_train_loss"] is not None
+    assert "final validation" in proc.stdout + proc.stderr
+
+
 # Resuming equals the uninterrupted run (Muon state, diffusion noise stream, data position, LR
 # schedule): tests/test_slurm_jobs.py::test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_loss
 # (a requeued SLURM job); DiLoCo: tests/test_diloco.py::test_whole_job_cold_restart_continues_exactly.

@@ -22,6 +22,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
 from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.tools.logging import logger
@@ -34,6 +35,18 @@ from muloco.outer.manager import ReplicaGroupError, ReplicaGroupManager, Replica
 from muloco.trainer import MulocoTrainer, MulocoTrainerMixin
 
 HEALING_KEY = "muloco"
+
+
+def _tensor_bytes(obj: Any) -> int:
+    """Bytes of every tensor in a nested state dict (what a heal brought over)."""
+    if isinstance(obj, torch.Tensor):
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        return local.numel() * local.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
 
 
 class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
@@ -107,7 +120,7 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         self.optimizers.load_state_dict(state["optimizer"])
         self.lr_schedulers.load_state_dict(state["lr_scheduler"])
         self.load_state_dict(state["train_state"])
-        self.outer.load_healing_state_dict(state["outer"], step=self.step)
+        self.outer.load_healing_state_dict(state["outer"], step=self.step, received_bytes=_tensor_bytes(state))
 
     # ----------------------------------------------------------------- loop
     def _on_loop_start(self) -> None:
@@ -218,8 +231,10 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
                               if sec / total >= 0.005)
             logger.info(f"DiLoCo replica {d['replica_id']}: sync time by part: {parts}; peak extra memory of a "
                         f"sync {d['sync_peak_extra_bytes'] / mb:,.1f}MB")
-        logger.info(f"DiLoCo replica {d['replica_id']}: final θ_g sha256 {d['final_global_sha256']}"
-                    + (f", healed from replica(s) {d['healed_from']}" if d["healed_from"] else ""))
+        heals = ", ".join(f"{h['phase']}: from replica {h['peer']} to step {h['step_to']} (sync {h['sync']}, "
+                          f"{h['bytes_received'] / mb:,.1f}MB)" for h in d["heal_log"])
+        logger.info(f"DiLoCo replica {d['replica_id']}: final θ_g sha256 {d['final_global_sha256']} (sync "
+                    f"{d['final_sync']})" + (f"; healed {d['heals']}x: {heals}" if heals else ""))
         logger.info(
             f"DiLoCo replica {d['replica_id']}: exchange {d['exchange']}: "
             f"{d['payload_bits_per_parameter']:.2f} bits per parameter (dense fp32: 32); "

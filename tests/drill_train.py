@@ -13,8 +13,18 @@ Each drill is ``kind:replica:step``; the replica group with that id SIGKILLs its
 - ``healing``    while downloading a peer's state, the first time it heals (``step`` unused);
 - ``heal-source`` while serving its state to a healing peer, the first time (``step`` unused).
 
+One drill paces instead of killing, so that a test sets the order of events instead of
+assuming which process is faster:
+
+- ``hold``       after inner step ``step`` the replica waits (heartbeating, in no quorum) until
+  the test creates ``<MULOCO_TEST_DRILL_DIR>/release-r<id>-<step>`` (see :func:`release`).
+
 A drill fires once per run: it leaves ``<MULOCO_TEST_DRILL_DIR>/<kind>-r<id>-<step>`` behind,
 and a restarted process (same command, same environment) skips drills that already fired.
+
+Processes the test does not start itself (a SLURM job's ranks) get the drills through
+``tests/drill_site`` on ``PYTHONPATH``: its ``sitecustomize`` calls :func:`install_from_env`
+when the trainer module is imported.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,11 +63,35 @@ class Drill:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def release(folder: Path, replica: int, step: int) -> None:
+    """Let a replica held by ``hold:<replica>:<step>`` go on."""
+    (folder / f"release-r{replica}-{step}").write_text("go")
+
+
+def _hold(drill: Drill, poll_seconds: float = 0.05) -> None:
+    """Block this replica until the test releases it (the wait is for a file, not for time)."""
+    drill.marker.write_text(f"holding after inner step {drill.step}")
+    print(f"fault drill: replica {drill.replica} holds after inner step {drill.step} until released", flush=True)
+    go = drill.marker.parent / f"release-r{drill.replica}-{drill.step}"
+    while not go.exists():
+        time.sleep(poll_seconds)
+    print(f"fault drill: replica {drill.replica} released after inner step {drill.step}", flush=True)
+
+
 def _install(drill: Drill) -> None:
     from muloco.diloco_trainer import DilocoTrainer
     from muloco.outer.loop import OuterLoop
 
-    if drill.kind == "mid":
+    if drill.kind == "hold":
+        original_hold = DilocoTrainer.train_step
+
+        def train_step(self, data_iterator):
+            original_hold(self, data_iterator)
+            if self.step == drill.step and drill.pending:
+                _hold(drill)
+
+        DilocoTrainer.train_step = train_step
+    elif drill.kind == "mid":
         original = DilocoTrainer.train_step
 
         def train_step(self, data_iterator):
@@ -128,11 +163,8 @@ def _install(drill: Drill) -> None:
         raise SystemExit(f"unknown drill kind {drill.kind!r}")
 
 
-def main() -> int:
-    from muloco import compat
-
-    compat.apply()
-    argv = sys.argv[1:]
+def install_from_env(argv: list[str]) -> None:
+    """Install this replica's pending drills from ``MULOCO_TEST_DRILLS`` (``kind:replica:step,...``)."""
     me = _replica_id(argv)
     folder = Path(os.environ.get("MULOCO_TEST_DRILL_DIR", "."))
     for spec in filter(None, os.environ.get("MULOCO_TEST_DRILLS", "").split(",")):
@@ -140,6 +172,14 @@ def main() -> int:
         drill = Drill(kind, int(replica), int(step), folder)
         if drill.replica == me and drill.pending:
             _install(drill)
+
+
+def main() -> int:
+    from muloco import compat
+
+    compat.apply()
+    argv = sys.argv[1:]
+    install_from_env(argv)
     from muloco.train import main as train_main
 
     return train_main(argv)

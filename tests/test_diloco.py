@@ -308,3 +308,47 @@ def test_sharded_replicas_compress_their_shards_and_resume(tmp_path):
         assert all(0.4 * model_params < r["numel"] < 0.6 * model_params for r in recs), (recs, model_params)
     nelbo = {summary(dump, i)["final_validation_nelbo"] for i in range(2)}
     assert len(nelbo) == 1 and 0 < nelbo.pop() < 20  # θ_g, validated by both ranks of each group
+
+
+@pytest.mark.timeout(300)
+def test_group_back_after_the_others_finished_heals_and_its_summary_counts_it(tmp_path):
+    """Group 1 starts only once group 0 has trained its last step (the test sets that order):
+    it heals to the final state without training, and its summary says so (healed_from, the
+    heal with its phase and bytes, one committed sync, the final sync) instead of claiming it
+    never synced."""
+    c = Cluster(tmp_path, 2, min_replicas=1)
+    try:
+        c.start_lighthouse()
+        dump, steps = tmp_path / "run", 20
+        args = _args(dump, steps=steps, extra=("--fault_tolerance.min_replica_size", "1",
+                                               "--fault_tolerance.start_wait_seconds", "0",
+                                               "--fault_tolerance.end_wait_seconds", "600",
+                                               "--checkpoint.no-enable"))
+        c.start_replica(0, args)
+        deadline = time.monotonic() + 200
+        while not any(r["step"] == steps for r in _rows(dump, 0) if "loss" in r):
+            assert time.monotonic() < deadline and c.procs["r0"].poll() is None, c.tail("r0")
+            time.sleep(0.1)
+        c.start_replica(1, args)
+        assert c.wait("r0", 200) == 0, c.tail("r0")
+        assert c.wait("r1", 200) == 0, c.tail("r1")
+        a, b = summary(dump, 0), summary(dump, 1)
+        assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
+        assert a["final_validation_loss"] == b["final_validation_loss"] and b["steps"] == steps
+        da, db = a["diloco"], b["diloco"]
+        assert da["heals"] == 0 and da["healed_from"] == [] and da["syncs_committed"] == steps // H
+        assert db["healed_from"] == [0] and db["heals"] == 1 and db["syncs_committed"] == 1
+        heal = db["heal_log"][0]
+        assert heal["phase"] == "start" and heal["step_from"] == 0 and heal["step_to"] == steps
+        assert heal["sync"] == db["final_sync"] == da["final_sync"] and heal["bytes_received"] > 0
+        assert "healed 1x: start: from replica 0" in c.logs["r1"].read_text()
+    finally:
+        c.close()
+
+
+def _rows(dump, replica):
+    path = dump / f"replica_{replica}" / "metrics.jsonl"
+    try:
+        return read_metrics(path.parent)
+    except (FileNotFoundError, ValueError):  # not written yet, or a line being written
+        return []

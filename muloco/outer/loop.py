@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -149,6 +149,23 @@ class SyncRecord:
 
 
 @dataclass
+class HealRecord:
+    """One heal of this replica group from a peer, wherever it happened."""
+
+    phase: str
+    """``start`` (behind its peers before training), ``sync`` (in a sync's quorum, mid-run) or
+    ``end`` (in the end-of-run agreement)."""
+    peer: int | None
+    quorum_id: int
+    step_from: int
+    step_to: int
+    sync: int
+    """The torchft step (committed syncs) of the θ_g it received."""
+    bytes_received: int
+    """Bytes of the tensors in the state it received from the peer."""
+
+
+@dataclass
 class _Open:
     fragment: int
     exchange: PendingExchange
@@ -251,6 +268,8 @@ class OuterLoop(Configurable):
         self.records: list[SyncRecord] = []
         self._open: _Open | None = None
         self._healed_to: int | None = None
+        self._heal_bytes = 0
+        self.heals: list[HealRecord] = []
         self._failures_in_a_row: list[str] = []
         self.num_params = sum(t.numel() for f in self.fragments for t in f.globals)
 
@@ -274,14 +293,19 @@ class OuterLoop(Configurable):
             return self._perform(step)
         return None
 
-    def _meet(self, step: int, timeout: float | None = None) -> tuple[QuorumView, int]:
-        """Join a quorum; (what it was, this replica's trainer step afterwards)."""
+    def _meet(self, step: int, phase: str, timeout: float | None = None) -> tuple[QuorumView, int]:
+        """Join a quorum; (what it was, this replica's trainer step afterwards). A heal in it is
+        recorded with ``phase`` (start, sync or end), so the summary counts it wherever it was."""
         self._healed_to = None
         view = self.coordinator.quorum(timeout)
         if self._healed_to is not None:
+            heal = HealRecord(phase=phase, peer=view.healed_from, quorum_id=view.quorum_id, step_from=step,
+                              step_to=self._healed_to, sync=self.manager.current_step(),
+                              bytes_received=self._heal_bytes)
+            self.heals.append(heal)
             logger.info(
-                f"healed from replica {view.healed_from if view.healed_from is not None else '?'} in quorum "
-                f"{view.quorum_id}: step {step} -> {self._healed_to}, sync {self.manager.current_step()}"
+                f"healed from replica {heal.peer if heal.peer is not None else '?'} in quorum "
+                f"{view.quorum_id}: step {step} -> {heal.step_to}, sync {heal.sync} ({phase})"
             )
             step = self._healed_to
         return view, step
@@ -289,7 +313,7 @@ class OuterLoop(Configurable):
     @torch.no_grad()
     def _prepare(self, step: int) -> int:
         started = time.perf_counter()
-        view, step = self._meet(step)
+        view, step = self._meet(step, "sync")
         # a replica that just healed holds a copy of its peer's state: it adds nothing
         self._start_exchange(view, started, contributes=self._healed_to is None, catching_up=False)
         return step
@@ -420,7 +444,7 @@ class OuterLoop(Configurable):
                 "that finished."
             )
         started = time.perf_counter()
-        view, step = self._meet(step)
+        view, step = self._meet(step, "start")
         if self._healed_to is not None and step >= total_steps:
             return step, None  # the peers are done: their final state is ours now, no exchange
         self._start_exchange(view, started, contributes=False, catching_up=self._healed_to is None)
@@ -449,7 +473,7 @@ class OuterLoop(Configurable):
         while True:
             remaining = deadline - time.monotonic()
             try:
-                view, step = self._meet(step, timeout=max(1.0, remaining))
+                view, step = self._meet(step, "end", timeout=max(1.0, remaining))
             except CoordinationError as err:
                 logger.warning(f"stopping without meeting every replica group again: {err}")
                 return healed
@@ -516,23 +540,34 @@ class OuterLoop(Configurable):
     def healing_state_dict(self) -> dict[str, Any]:
         return self.state_dict(with_exchange=False)
 
-    def load_healing_state_dict(self, state: dict[str, Any], *, step: int) -> None:
+    def load_healing_state_dict(self, state: dict[str, Any], *, step: int, received_bytes: int = 0) -> None:
         """State received from a peer: never its exchange state, and ours is reset.
-        ``step`` is the trainer step that came with it (the peer's)."""
+        ``step`` is the trainer step that came with it (the peer's); ``received_bytes`` the size
+        of everything that came with it (model, optimizers, θ_g), for the summary."""
         for i, f in enumerate(self.fragments):
             f.load_state_dict(state[f"fragment_{i}"])
         self.exchange.reset()
         self._healed_to = step
+        self._heal_bytes = received_bytes
 
     # ------------------------------------------------------------------ summary
     def summary(self, steps: int) -> dict[str, Any]:
+        """What this replica group took part in. A heal outside an exchange (before training,
+        when its peers had finished, or in the end-of-run agreement) counts as a committed sync:
+        the group took that sync's θ_g from a peer in a quorum, as a late member of it."""
         recs = self.records
         committed = [r for r in recs if r.committed]
+        in_a_sync = {r.quorum_id for r in recs}
+        heals_alone = [h for h in self.heals if h.quorum_id not in in_a_sync]
         seconds = [r.seconds for r in recs]
         return {
-            "syncs": len(recs),
-            "syncs_committed": len(committed),
+            "syncs": len(recs) + len(heals_alone),
+            "syncs_committed": len(committed) + len(heals_alone),
             "syncs_failed": len(recs) - len(committed),
+            "final_sync": self.manager.current_step(),
+            "heals": len(self.heals),
+            "heal_log": [asdict(h) for h in self.heals],
+            "heal_bytes_received": sum(h.bytes_received for h in self.heals),
             "sync_seconds_total": sum(seconds),
             "sync_seconds_mean": sum(seconds) / len(seconds) if seconds else None,
             "sync_seconds_by_part": {part: sum(r.parts.get(part, 0.0) for r in recs) for part in PARTS},
@@ -543,7 +578,8 @@ class OuterLoop(Configurable):
             "dense_fp32_exchange_bytes": sum(r.dense_fp32_bytes for r in recs),
             "reduction_vs_dense_fp32": (sum(r.dense_fp32_bytes for r in recs) / sum(r.bytes_sent for r in recs)
                                         if sum(r.bytes_sent for r in recs) else None),  # None: K=1, nothing sent
-            "healed_from": sorted({r.healed_from for r in recs if r.healed_from is not None}),
+            "healed_from": sorted({h.peer for h in self.heals if h.peer is not None}
+                                  | {r.healed_from for r in recs if r.healed_from is not None}),
             "final_global_sha256": self.fingerprint(),
             "exchange": self.exchange.describe(),
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TINY, read_metrics
+from drill_train import release
+from replicas import syncs
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -74,7 +76,8 @@ def jobs(slurm, tmp_path_factory):
     return out
 
 
-ARRAY_STEPS = 300
+ARRAY_STEPS = 60
+ARRAY_HOLD = 30
 REQUEUE_CONFIG = "diffusion/ddp_muon"
 REQUEUE_RUN = [*TINY, "--training.steps", "60", "--checkpoint.interval", "10", "--metrics.log_freq", "10",
                "--validator.freq", "1000"]
@@ -136,17 +139,38 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_l
     assert last.keys() == want.keys() and all(last[s] == pytest.approx(want[s], abs=1e-6) for s in want)
 
 
+def _drill_env(folder: Path, drills: str) -> dict:
+    """Environment for a job whose ranks run test drills (tests/drill_train.py) through
+    tests/drill_site's sitecustomize: the job inherits it from the generator's sbatch."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = [str(REPO / "tests" / "drill_site"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {"PYTHONPATH": os.pathsep.join(path), "MULOCO_TEST_DRILLS": drills, "MULOCO_TEST_DRILL_DIR": str(folder)}
+
+
+def _wait_for(what: str, done, deadline: float, slurm, poll: float = 0.2) -> None:
+    while not done():
+        assert time.monotonic() < deadline, f"{what}\n{slurm.logs()}"
+        time.sleep(poll)
+
+
 def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slurm, jobs):
     """Each replica group its own array task: requeueing group 1's task stops only group 1;
-    group 0 trains on (a quorum of 1 lets it commit alone), and group 1 heals from it."""
+    group 0 trains on (a quorum of 1 lets it commit alone), and group 1 heals from it mid-run.
+
+    The test sets the order instead of assuming speeds: group 0 holds after step ARRAY_HOLD
+    (heartbeating, in no quorum) until group 1's requeued task is back and behind, so group 1
+    heals at group 0's next sync whatever the speed of training or of SLURM's requeue."""
     run = jobs["root"] / "array"
+    drills = jobs["root"] / "array-drills"
     ids = submitted(generate("array", "--config", "diloco/muloco_2bit", "--replicas", "2", *CPU,
                              "--cpus-per-node", "1", "--", *TINY, "--training.steps", str(ARRAY_STEPS),
                              "--outer.sync_every", "5", "--fault_tolerance.min_replica_size", "1",
                              "--checkpoint.interval", "1000", "--metrics.log_freq", "5",
-                             "--validator.freq", "1000", "--dump_folder", str(run), cwd=jobs["root"]))
+                             "--validator.freq", "1000", "--dump_folder", str(run), cwd=jobs["root"],
+                             env=_drill_env(drills, f"hold:0:{ARRAY_HOLD}")))
     array, lighthouse = ids["groups.sh"], ids["lighthouse.sh"]
     deadline = time.monotonic() + JOB_TIMEOUT
+    log1 = run / "logs" / "replica_1.log"
 
     def steps(replica: int) -> int:
         try:
@@ -154,27 +178,27 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
         except (FileNotFoundError, json.JSONDecodeError):
             return 0
 
-    while min(steps(0), steps(1)) < 5:
-        assert time.monotonic() < deadline, f"groups did not start\n{slurm.logs()}"
-        time.sleep(0.2)
+    _wait_for("group 1 did not start training", lambda: steps(1) >= 5, deadline, slurm)
     slurm.run(["scontrol", "requeue", f"{array}_1"])
-    before = steps(0)
-    while slurm.job_state(f"{array}_1") in ("RUNNING", "COMPLETING"):
-        assert time.monotonic() < deadline, "group 1's task was not requeued"
-        time.sleep(0.1)
-    while steps(0) <= before + 10:
-        assert time.monotonic() < deadline, "group 0 stopped training while group 1 was requeued"
-        time.sleep(0.2)
+    _wait_for("group 1's task was not requeued",
+              lambda: slurm.job_state(f"{array}_1") not in ("RUNNING", "COMPLETING"), deadline, slurm, 0.1)
+    first_leg = len(log1.read_text())
+    _wait_for(f"group 0 did not reach its hold at step {ARRAY_HOLD}",
+              lambda: (drills / f"hold-r0-{ARRAY_HOLD}").exists(), deadline, slurm)
+    _wait_for("group 1's requeued task did not come back behind its peer",
+              lambda: "this replica group is behind" in log1.read_text()[first_leg:], deadline, slurm)
+    release(drills, 0, ARRAY_HOLD)
     for task in ("0", "1"):
         wait_done(slurm, f"{array}_{task}", run)
     slurm.wait_jobs_done([lighthouse], timeout=60)
     a, b = final(run / "replica_0"), final(run / "replica_1")
     assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
     assert a["steps"] == b["steps"] == ARRAY_STEPS
+    alone = [r for r in syncs(run, 0) if r["committed"] and r["participants"] == 1]
+    assert alone, "group 0 committed no sync alone while group 1 was requeued"
     assert b["diloco"]["healed_from"] == [0] and a["diloco"]["healed_from"] == []
-    healed = re.search(r"healed from replica 0 in quorum \d+: step \d+ -> (\d+)",
-                       (run / "logs" / "replica_1.log").read_text())
-    assert healed and int(healed.group(1)) < ARRAY_STEPS, "group 1 healed mid-run and trained on"
+    healed = re.search(r"healed from replica 0 in quorum \d+: step \d+ -> (\d+)", log1.read_text()[first_leg:])
+    assert healed and ARRAY_HOLD < int(healed.group(1)) < ARRAY_STEPS, "group 1 healed mid-run and trained on"
     assert "healed from replica" not in (run / "logs" / "replica_0.log").read_text()
     assert (run / "slurm" / f"lighthouse-{array}.url").read_text().startswith("http://")
 

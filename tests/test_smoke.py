@@ -96,9 +96,7 @@ def _entry_points() -> list[str]:
 
 
 ENTRY_POINTS = _entry_points()
-# internal: the rank torchrun starts runs `CMD ...`, so `--help` would be run as a command; it
-# prints its usage (exit 1) when given nothing to run
-HELP_ARGS = {"muloco.launch.rank_process": []}
+HELP_ARGS: dict[str, list[str]] = {}  # an entry point whose help is asked for otherwise than --help
 
 # Whatever runs here by parametrised test: {test function: its parameter ids}.
 PARAMS = {

@@ -30,9 +30,17 @@ def _kill_own_group(*_args) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
+USAGE = ("usage: python -m muloco.launch.rank_process CMD [ARG ...]\n"
+         "Runs CMD as one rank of a replica group: it dies with its torchrun agent.\n"
+         "  -h, --help  show this message and exit")
+
+
 def main(argv: list[str]) -> None:
     if not argv:
-        sys.exit("usage: python -m muloco.launch.rank_process CMD [ARG ...]")
+        sys.exit(USAGE)
+    if argv[0] in ("-h", "--help"):
+        print(USAGE)
+        sys.exit(0)
     signal.signal(_AGENT_GONE, _kill_own_group)
     agent = os.environ.get(AGENT_PID_VAR)
     if agent is not None and not signal_on_parent_death(_AGENT_GONE, int(agent)):

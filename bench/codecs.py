@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/codecs.py [--numel 4194304] [--large-numel 100000000] [--repeats 9]
         [--threads 1] [--device auto|cpu|cuda] [--kernels auto|eager|compiled|both] [--seed 0]
+        [--json PATH] [--smoke]
 
 For each codec configuration (dense fp32/bf16; quantize statistical, absmax and minmax at
 1/2/4/8 bits with their default blocks and ranges; top-k at fractions 0.01 and 0.1 with
@@ -21,9 +22,16 @@ stream of a billion-parameter model looks like to a codec; fewer repeats):
 Kernels (``--kernels``): ``eager`` (the reference), ``compiled`` (``torch.compile`` of the
 same functions: fused Triton kernels on a GPU, C++ loops on a CPU; compilation happens in
 warm-up and is not timed), or ``both`` (each codec twice, and a check that the payloads are
-the same bytes). ``auto``: both on CUDA, eager on a CPU. Statistical quantization runs with
+the same bytes; the eager reference of that check sums statistics as integers, as the
+compiled kernels do, where ``auto`` would take float sums on a CPU). ``auto``: both on CUDA,
+eager on a CPU (inductor's C++ build of every codec takes minutes there; ``--kernels both``
+does it). Statistical quantization runs with
 its device's default statistics (float sums in eager CPU kernels, exact integer sums
 otherwise; see ``muloco/compress/quantize.py``).
+
+``--numel 0`` (or ``--large-numel 0``) leaves a table out. ``--json PATH`` appends one JSON
+line per row (bench/gpu_suite.py reads them). ``--smoke`` (CI): 4,096 and 65,536 elements
+(a table left out stays out), one repeat, eager kernels only on a CPU: every table in seconds.
 
 Medians over ``--repeats`` after warm-up; clone, encode and decode take turns, so drift
 hits all three. One torch thread by default (``--threads``): the machine is shared. On
@@ -39,7 +47,10 @@ segmented sum (``bincount``, a serial scatter, ~4 clones) and top-k a per-chunk 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import statistics
+import sys
 import time
 
 import torch
@@ -106,6 +117,12 @@ def _kernels(args) -> list[bool]:
     return [args.kernels == "compiled"]
 
 
+def _emit(args, row: dict) -> None:
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def codec_table(args, configs=CODECS, numel: int | None = None, repeats: int | None = None) -> list[dict]:
     """Print and return one row per codec configuration and kernel (see the module docstring)."""
     device = args.device
@@ -129,7 +146,8 @@ def codec_table(args, configs=CODECS, numel: int | None = None, repeats: int | N
                               "decode": lambda: codec.decode(payload, numel)}, device, repeats)
             mem_enc = peak_bytes(lambda: codec.encode(x), device)
             mem_dec = peak_bytes(lambda: codec.decode(payload, numel), device)
-            row = {"codec": codec.describe(), "kernels": "compiled" if compiled else "eager",
+            row = {"table": "codecs", "numel": numel, "codec": codec.describe(),
+                   "kernels": "compiled" if compiled else "eager",
                    "bits": codec.bits_per_element(numel), "error": error, "clone": t["clone"],
                    "encode": t["encode"], "decode": t["decode"], "mem_encode": mem_enc, "mem_decode": mem_dec}
             rows.append(row)
@@ -137,14 +155,24 @@ def codec_table(args, configs=CODECS, numel: int | None = None, repeats: int | N
                   f"{t['encode'] * 1e3:10.2f} {t['encode'] / t['clone']:7.1f}x {t['decode'] * 1e3:10.2f} "
                   f"{t['decode'] / t['clone']:7.1f}x {mem_enc / 1e6:8.1f} {mem_dec / 1e6:8.1f}")
         if len(payloads) == 2:
-            same = torch.equal(payloads[False], payloads[True])
+            rows[-1]["identical"] = same = torch.equal(_eager_reference(config, x, payloads), payloads[True])
             print(f"{'':>48} {'':>8} compiled payload {'identical to' if same else 'DIFFERS FROM'} the eager one")
+        for row in rows[-len(payloads):]:
+            _emit(args, row)
     met = [f"{r['codec']} ({r['kernels']})" for r in rows if max(r["encode"], r["decode"]) <= TARGET_RATIO * r["clone"]]
     print(f"within {TARGET_RATIO:g}x clone for both encode and decode: {len(met)} of {len(rows)}"
           + (f" ({', '.join(met)})" if met else ""))
     print(f"(input {4 * numel / 1e6:.1f} MB; peak MB includes the result: a decode's output is another "
           f"{4 * numel / 1e6:.1f} MB)")
     return rows
+
+
+def _eager_reference(config, x: torch.Tensor, payloads: dict) -> torch.Tensor:
+    """The eager payload to compare the compiled one with: with integer statistics, which the
+    compiled kernels always use (``statistics`` auto takes float sums in eager CPU kernels)."""
+    if getattr(config, "statistics", None) != "auto" or x.device.type != "cpu":
+        return payloads[False]
+    return dataclasses.replace(config, statistics="exact").build(compiled=False).encode(x)
 
 
 def exchange_table(args) -> list[dict]:
@@ -171,7 +199,8 @@ def exchange_table(args) -> list[dict]:
             ag = max(exchanges["allgather"].wire_bytes(k, n, n_dense, rank=r)["sent"] for r in range(k))
             rs = max(max(exchanges["reduce_scatter"].wire_bytes(k, n, n_dense, rank=r)[d] for d in ("sent", "received"))
                      for r in range(k))
-            rows.append(dict(codec=label, k=k, ring=ring, allgather=ag, reduce_scatter=rs))
+            rows.append(dict(table="exchange", codec=label, k=k, ring=ring, allgather=ag, reduce_scatter=rs))
+            _emit(args, rows[-1])
             print(f"{label:>18} {k:>3} {ring / 1e6:9.2f} {ag / 1e6:13.2f} {ring / ag:7.1f} {rs / 1e6:18.2f} {ring / rs:7.1f}")
     return rows
 
@@ -191,25 +220,48 @@ def build_parser() -> argparse.ArgumentParser:
                     help="compressed elements for the bytes-vs-K table (default: the default job's model without norms)")
     ap.add_argument("--exchange-dense", type=int, default=1_152, help="elements sent dense (the norms)")
     ap.add_argument("--skip-codecs", action="store_true", help="only the bytes-vs-K table")
+    ap.add_argument("--json", default=None, help="append one JSON line per row to this file")
+    ap.add_argument("--smoke", action="store_true", help="tiny tensors, one repeat: every table in seconds (CI)")
     return ap
 
 
-def main() -> None:
+SMOKE = {"numel": 4096, "large_numel": 65536, "repeats": 1, "large_repeats": 1}
+
+
+def _smoke(args) -> None:
+    """--smoke sizes; a table left out stays out; eager only where compiling means a C++ build."""
+    for key, value in SMOKE.items():
+        setattr(args, key, value if getattr(args, key) else 0)
+    if args.device.type == "cpu" and args.kernels != "eager":
+        print("compiled kernels and their byte-identity check: need CUDA in --smoke (on a CPU inductor builds "
+              "C++ for every codec, minutes); eager only")
+        _emit(args, {"table": "codecs", "case": "compiled kernels, byte identity", "skipped": "needs CUDA in --smoke"})
+        args.kernels = "eager"
+
+
+def main() -> int:
     args = build_parser().parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     args.device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                                ("cpu" if args.device == "auto" else args.device))
+    if args.smoke:
+        _smoke(args)
     name = torch.cuda.get_device_name() if args.device.type == "cuda" else "CPU"
     print(f"device {args.device} ({name}), torch threads {torch.get_num_threads()}, load {loadavg()}, "
           f"repeats {args.repeats}")
+    if args.kernels == "auto" and args.device.type == "cpu":
+        print("compiled kernels and their byte-identity check: --kernels both on a CPU (inductor builds C++ "
+              "for every codec, minutes); eager here")
     if not args.skip_codecs:
-        codec_table(args)
+        if args.numel:
+            codec_table(args)
         if args.large_numel:
             codec_table(args, LARGE, args.large_numel, args.large_repeats)
     exchange_table(args)
     print(f"load after: {loadavg()}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

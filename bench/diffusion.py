@@ -1,7 +1,7 @@
 """Masked-diffusion objective against next-token prediction, and the validator's ELBO variance.
 
     .venv/bin/python bench/diffusion.py [--flavor F] [--seq-len L] [--batch B] [--steps 12]
-        [--repeats 5] [--threads 1] [--checkpoint RUN_FOLDER]
+        [--repeats 5] [--threads 1] [--checkpoint RUN_FOLDER] [--smoke]
 
 1. Throughput. One model, one batch shape, one optimizer (AdamW), forward + backward +
    step through each objective's ``prepare``/``loss`` exactly as the trainer calls them:
@@ -15,6 +15,8 @@
    validation batches, repeated with ``--variance-repeats`` different seeds at 1, 8 and 32
    noise levels per batch; prints mean, standard deviation across seeds and the cost in
    forward passes. With ``--checkpoint`` (a run folder) the model is a trained one.
+``--smoke`` (CI): both parts on ``llama3-w64-d2-h2``, seq 64, batch 2, one step per round,
+one round, two seeds on one batch (an untrained model: ``--checkpoint`` needs a run).
 Nothing here asserts on timing.
 """
 
@@ -151,6 +153,10 @@ def elbo_variance(args, tokenizer, device) -> None:
         print(f"{samples:>12}{mean:>12.4f}{std:>13.4f}{std / mean:>9.4f}{samples * len(data):>10}")
 
 
+SMOKE = {"flavor": "llama3-w64-d2-h2", "seq_len": 64, "batch": 2, "steps": 1, "repeats": 1,
+         "variance_batches": 1, "variance_repeats": 2, "checkpoint": None}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--flavor", default="llama3-w128-d4-h2")
@@ -163,7 +169,10 @@ def main() -> int:
     p.add_argument("--variance-batches", type=int, default=4)
     p.add_argument("--variance-repeats", type=int, default=8)
     p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="both parts at a tiny size: checks the bench runs (CI)")
     args = p.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

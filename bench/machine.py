@@ -1,4 +1,5 @@
-"""Machine facts the benchmarks print next to their figures (the machine is shared)."""
+"""Machine facts the benchmarks print next to their figures (the machine is shared), and the
+process handling they share. A library for the scripts in bench/, not a benchmark."""
 
 
 def loadavg() -> str:
@@ -8,3 +9,13 @@ def loadavg() -> str:
             return " ".join(f.read().split()[:3])
     except OSError:
         return "n/a"
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (a time limit, e.g. bench/gpu_suite.py's) raises SystemExit in the main thread,
+    so the ``finally`` blocks that stop a bench's own children (lighthouse, replica groups)
+    run; Python's default would end the process with its children still running."""
+    import signal
+    import sys
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

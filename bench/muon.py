@@ -1,7 +1,7 @@
 """Muon's cost: Newton–Schulz efficiency and optimizer step time against AdamW.
 
     .venv/bin/python bench/muon.py [--flavors F1,F2] [--repeats 7] [--threads 1]
-        [--device auto|cpu|cuda] [--batch 8] [--seq-len 256]
+        [--device auto|cpu|cuda] [--batch 8] [--seq-len 256] [--smoke]
 
 1. **Newton–Schulz efficiency.** For every hidden-matrix shape of each flavor, batched
    as the optimizer batches them (same-shape matrices stacked), time ``orthogonalize``
@@ -19,7 +19,8 @@
 Medians over ``--repeats`` after warm-up; AdamW and Muon alternate so drift hits both.
 One torch thread by default (``--threads``): the machine is shared and a multi-threaded
 run stalls whenever another process holds a core. On CUDA every timing synchronizes.
-Nothing here asserts; the figures are printed with the machine's load.
+Nothing here asserts; the figures are printed with the machine's load. ``--smoke`` (CI):
+both parts for ``llama3-w64-d2-h2`` at batch 2 × 64, one repeat.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from muloco.optim.container import HIDDEN_MATRIX_PATTERN  # noqa: E402
 from muloco.optim.newton_schulz import orthogonalize  # noqa: E402
 
 TARGET_EFFICIENCY = 0.8
+SMOKE = {"flavors": "llama3-w64-d2-h2", "repeats": 1, "batch": 2, "seq_len": 64}
 
 
 def _sync(device: torch.device) -> None:
@@ -149,7 +151,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--ns-steps", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="both parts for a tiny flavor: checks the bench runs (CI)")
     args = ap.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else

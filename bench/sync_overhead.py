@@ -1,6 +1,6 @@
 """Cost of DiLoCo's outer sync: its share of the training loop, its time by model size, and by part.
 
-    .venv/bin/python bench/sync_overhead.py [--repeats 2] [--quick] [--part all|share|size|parts]
+    .venv/bin/python bench/sync_overhead.py [--repeats 2] [--quick] [--smoke] [--part all|share|size|parts]
         [--timeout 300] [--keep]
 
 Every run is a real job on this machine, started as users start one: a torchft
@@ -54,6 +54,12 @@ two replicas ("last to arrive") is also printed as the closest figure to the syn
 own cost; the per-replica figures include straggler waiting, which is part of what
 DiLoCo costs a real run.
 
+``--smoke`` (what CI runs) takes every part through its code at the smallest size:
+``llama3-w64-d2-h2``, seq 64, batch 2, 4 steps, H=2 (two syncs: the first, and one to
+take figures from), one size, one repeat, and part 3 with the dense exchange only (the
+2-bit job is bench/gpu_throughput.py's smoke). Parts that ask for the same job share it
+(``shared_job``), so the smoke starts one job.
+
 Every child runs in its own session under a deadline and is killed by its PID (its
 process group) in a ``finally``; outputs go to a temporary folder removed at the end
 (``--keep`` leaves it). The machine's load average, and each replica's CPU seconds
@@ -80,7 +86,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from machine import loadavg  # bench/ is on sys.path when a bench script runs
+from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
 from muloco.outer.exchange.pipeline import PARTS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -254,6 +260,22 @@ def _loop_window(log: Path) -> tuple[float, float] | None:
     return (start, end) if start is not None and end is not None else None
 
 
+_SHARED_JOBS: dict[tuple, dict] = {}
+
+
+def shared_job(args, root: Path, name: str, flavor: str, overrides: list[str],
+               config: str = "diloco/diloco") -> dict:
+    """``run_job``; under ``--smoke`` a job the same as one already run (config, flavor,
+    overrides) is that job, so parts with the same settings share one start-up."""
+    key = (config, flavor, tuple(overrides))
+    if args.smoke and key in _SHARED_JOBS:
+        print(f"  (smoke: {name} is the job {_SHARED_JOBS[key]['name']}, same settings)", flush=True)
+        return _SHARED_JOBS[key]
+    job = run_job(root, name, flavor, overrides, args.timeout, config=config)
+    _SHARED_JOBS[key] = job
+    return job
+
+
 def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: float,
             config: str = "diloco/diloco") -> dict:
     """One lighthouse and K replica groups to completion; what each replica recorded."""
@@ -377,7 +399,7 @@ def _check_syncs(job: dict) -> list[str]:
                     f"{job['name']} replica {r['replica']} sync at step {s['step']}: committed={s['committed']} "
                     f"participants={s['participants']} contributors={s['contributors']}"
                 )
-    _BAD_SYNCS.extend(notes)
+    _BAD_SYNCS.extend(n for n in notes if n not in _BAD_SYNCS)  # a shared job is checked once per part
     return notes
 
 
@@ -421,9 +443,10 @@ DISTURBED_BELOW = 0.85  # a replica's loop CPU/wall under this: other processes 
 
 
 def _note_disturbance(job: dict) -> None:
-    if any(r["loop_cpu_per_wall"] is not None and r["loop_cpu_per_wall"] < DISTURBED_BELOW
-           for r in job["replicas"]):
-        _DISTURBED.append(f"{job['name']} ({_cpu_per_wall(job)})")
+    note = f"{job['name']} ({_cpu_per_wall(job)})"
+    if note not in _DISTURBED and any(r["loop_cpu_per_wall"] is not None and r["loop_cpu_per_wall"] < DISTURBED_BELOW
+                                      for r in job["replicas"]):
+        _DISTURBED.append(note)
 
 
 def _last_to_arrive(job: dict, skip_first: bool = True) -> list[float]:
@@ -438,12 +461,13 @@ def _last_to_arrive(job: dict, skip_first: bool = True) -> list[float]:
 
 def part_share(args, root: Path) -> dict:
     steps, h = args.share_steps, args.share_every
-    overrides = ["--training.steps", str(steps), "--outer.sync_every", str(h)]
-    print(f"\n== Part 1: sync share, K={K}, {TINY} (seq 256, batch 8), {steps} steps, H={h}, "
+    overrides = ["--training.steps", str(steps), "--outer.sync_every", str(h), *args.share_shape]
+    shape = shlex.join(args.share_shape) or "seq 256, batch 8 from config/base.py"
+    print(f"\n== Part 1: sync share, K={K}, {args.share_flavor} ({shape}), {steps} steps, H={h}, "
           f"{args.repeats} repeat(s) ==", flush=True)
     jobs = []
     for rep in range(args.repeats):
-        job = run_job(root, f"share-{rep}", TINY, overrides, args.timeout)
+        job = shared_job(args, root, f"share-{rep}", args.share_flavor, overrides)
         jobs.append(job)
         _note_disturbance(job)
         print(f"  run {rep + 1}: job {job['job_wall_s']:.1f}s, CPU/wall per replica (loop outside syncs) {_cpu_per_wall(job)} "
@@ -504,15 +528,14 @@ def part_share(args, root: Path) -> dict:
 
 def part_size(args, root: Path) -> dict:
     steps, h = args.size_steps, args.size_every
-    overrides = ["--training.steps", str(steps), "--outer.sync_every", str(h),
-                 "--training.seq_len", "64", "--training.local_batch_size", "2",
+    overrides = ["--training.steps", str(steps), "--outer.sync_every", str(h), *SMALL_SHAPE,
                  "--lr_scheduler.warmup_steps", str(min(5, steps))]
     print(f"\n== Part 2: sync time by model size, K={K}, {steps} steps, H={h}, seq 64, batch 2, "
           f"{args.repeats} repeat(s), sizes alternating ==", flush=True)
-    jobs: dict[str, list[dict]] = {f: [] for f in SIZES}
+    jobs: dict[str, list[dict]] = {f: [] for f in args.sizes}
     for rep in range(args.repeats):
-        for flavor in SIZES:
-            job = run_job(root, f"size-{flavor}-{rep}", flavor, overrides, args.timeout)
+        for flavor in args.sizes:
+            job = shared_job(args, root, f"size-{flavor}-{rep}", flavor, overrides)
             jobs[flavor].append(job)
             _note_disturbance(job)
             secs = [s["seconds"] for r in job["replicas"] for s in r["syncs"][1:]]
@@ -523,7 +546,7 @@ def part_size(args, root: Path) -> dict:
           f"{'min ms':>8} {'max ms':>8} {'last ms':>8} {'MB/s':>7} {'last MB/s':>9}")
     rows = {}
     notes = []
-    for flavor in SIZES:
+    for flavor in args.sizes:
         js = jobs[flavor]
         reps = [r for j in js for r in j["replicas"]]
         d = reps[0]["diloco"]
@@ -550,11 +573,11 @@ def part_size(args, root: Path) -> dict:
           "replica's time (the one that arrived last, least straggler wait);\n  MB/s: bytes sent per sync / "
           "sync time (an effective rate: the sync also takes the quorum, Δ, commit vote, outer step)")
 
-    print(f"\n  dense fp32 all-reduce every step vs DiLoCo, same run ({rows[SIZES[0]]['steps']} steps, "
+    print(f"\n  dense fp32 all-reduce every step vs DiLoCo, same run ({rows[args.sizes[0]]['steps']} steps, "
           f"H={h}), per replica:")
     print(f"  {'flavor':<20} {'per-step MB':>11} {'DiLoCo MB':>9} {'ratio':>6} {'est. per-step s':>15} "
           f"{'DiLoCo sync s':>13} {'loop s':>7}")
-    for flavor in SIZES:
+    for flavor in args.sizes:
         r = rows[flavor]
         est = r["steps"] * r["median_s"]
         print(f"  {flavor:<20} {r['per_step_bytes'] / 1e6:>11.1f} {r['sent_bytes'] / 1e6:>9.1f} "
@@ -574,47 +597,62 @@ optimizer, and Muon's bf16 Newton–Schulz crawls on CPUs without bf16 matrix un
 CUDA_SIZES = ("llama3-w1024-d12-h8_qk_torch-rmsnorm_pa_pf",)
 
 
+def sync_parts(replicas: list[dict]) -> dict:
+    """The replicas' syncs after each one's first, by part: the median of each part, of the
+    total, and the largest peak of a sync's own buffers (shared with gpu_throughput.py)."""
+    syncs = [s for r in replicas for s in r["syncs"][1:]]
+    return {"params": replicas[0]["diloco"]["outer_parameters"], "n": len(syncs),
+            "parts": {part: _med([s["parts"][part] for s in syncs]) for part in PARTS},
+            "seconds": _med([s["seconds"] for s in syncs]),
+            "peak": max((s["peak_extra_bytes"] for s in syncs), default=0)}
+
+
+def print_parts_table(rows: dict[str, dict]) -> None:
+    """One line per ``sync_parts`` result: ms per part, their sum, the peak."""
+    width = max(18, *(len(label) for label in rows))
+    head = "".join(f"{p[:10]:>11}" for p in PARTS)
+    print(f"\n  ms per sync, median over the syncs after each replica's first:\n  {'':<{width}} {'params':>7} "
+          f"{'total':>8}{head} {'sum':>8} {'peak MB':>8}")
+    for label, r in rows.items():
+        cells = "".join(f"{1000 * r['parts'][p]:>11.1f}" for p in PARTS)
+        print(f"  {label:<{width}} {_fmt_params(r['params']):>7} {1000 * r['seconds']:>8.1f}{cells} "
+              f"{1000 * sum(r['parts'].values()):>8.1f} {r['peak'] / 1e6:>8.2f}")
+    print("  each sync's parts add up to its total (medians of parts need not add up to the median total);"
+          " wait_slowest: the part of the quorum spent waiting for the other replica (allgather and"
+          " reduce-scatter carry each replica's quorum time; a dense all-reduce cannot tell it apart);"
+          " peak MB: the largest peak of a sync's own buffers")
+
+
 def part_breakdown(args, root: Path) -> dict:
     """Part 3: each sync's blocked time split into its parts (the trainer's own sync records:
     quorum, waiting for the slowest, Δ, encode, collective, decode/average, commit, outer
     step, pull, other), median per part over the syncs after the first, by model size, for
     the dense fp32 exchange and MuLoCo's 2-bit one."""
     cuda = _cuda_available()
-    sizes = CUDA_SIZES if cuda else SIZES
+    sizes = CUDA_SIZES if cuda else args.sizes
     steps, h = args.size_steps, args.size_every
-    shape = (["--training.seq_len", "2048", "--training.local_batch_size", "4"] if cuda else
-             ["--training.seq_len", "64", "--training.local_batch_size", "2"])
+    shape = ["--training.seq_len", "2048", "--training.local_batch_size", "4"] if cuda else SMALL_SHAPE
     overrides = ["--training.steps", str(steps), "--outer.sync_every", str(h), *shape,
                  "--lr_scheduler.warmup_steps", str(min(5, steps))]
     print(f"\n== Part 3: sync time by part, K={K}, {steps} steps, H={h}, {'CUDA' if cuda else 'CPU'}, "
           f"{args.repeats} repeat(s) ==", flush=True)
     rows = {}
-    for config in BREAKDOWN_CONFIGS:
+    configs = BREAKDOWN_CONFIGS[:1] if args.smoke else BREAKDOWN_CONFIGS
+    if args.smoke:
+        print(f"  (smoke: {', '.join(BREAKDOWN_CONFIGS[1:])} left out: one more job; bench/gpu_throughput.py "
+              "--smoke runs a 2-bit job)")
+    for config in configs:
         for flavor in sizes:
             reps = []
             for rep in range(args.repeats):
-                job = run_job(root, f"parts-{config.replace('/', '-')}-{flavor}-{rep}", flavor, overrides,
-                              args.timeout, config=config)
+                job = shared_job(args, root, f"parts-{config.replace('/', '-')}-{flavor}-{rep}", flavor,
+                                 overrides, config=config)
                 _note_disturbance(job)
                 _check_syncs(job)
                 reps.extend(job["replicas"])
-            syncs = [s for r in reps for s in r["syncs"][1:]]
-            parts = {part: _med([s["parts"][part] for s in syncs]) for part in PARTS}
-            rows[config, flavor] = {"params": reps[0]["diloco"]["outer_parameters"], "parts": parts,
-                                    "seconds": _med([s["seconds"] for s in syncs]),
-                                    "peak": max(s["peak_extra_bytes"] for s in syncs), "n": len(syncs)}
+            rows[f"{config} {flavor}" if len(sizes) > 1 else config] = sync_parts(reps)
             print(f"  {config:<18} {flavor:<22} done, load avg {loadavg()}", flush=True)
-    head = "".join(f"{p[:10]:>11}" for p in PARTS)
-    print(f"\n  ms per sync, median over the syncs after each replica's first:\n  {'config':<18} {'params':>7} "
-          f"{'total':>8}{head} {'sum':>8} {'peak MB':>8}")
-    for (config, flavor), r in rows.items():
-        cells = "".join(f"{1000 * r['parts'][p]:>11.1f}" for p in PARTS)
-        print(f"  {config:<18} {_fmt_params(r['params']):>7} {1000 * r['seconds']:>8.1f}{cells} "
-              f"{1000 * sum(r['parts'].values()):>8.1f} {r['peak'] / 1e6:>8.2f}")
-    print("  each sync's parts add up to its total (medians of parts need not add up to the median total);"
-          " wait_slowest: the part of the quorum spent waiting for the other replica (allgather and"
-          " reduce-scatter carry each replica's quorum time; a dense all-reduce cannot tell it apart);"
-          " peak MB: the largest peak of a sync's own buffers")
+    print_parts_table(rows)
     return rows
 
 
@@ -630,28 +668,42 @@ def _cuda_available() -> bool:
 # --------------------------------------------------------------------------- main
 
 
+SMALL_SHAPE = ["--training.seq_len", "64", "--training.local_batch_size", "2"]
+SMOKE_FLAVOR = "llama3-w64-d2-h2"
+
+
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 2; 1 with --quick)")
-    p.add_argument("--quick", action="store_true", help="smoke run: fewer steps, 1 repeat")
+    p.add_argument("--quick", action="store_true", help="a shorter measurement: fewer steps, 1 repeat")
+    p.add_argument("--smoke", action="store_true",
+                   help="every part at the smallest size (4 steps, H=2, one size, 1 repeat): checks the bench runs")
     p.add_argument("--part", choices=("all", "share", "size", "parts"), default="all", help="which part(s) to run")
     p.add_argument("--timeout", type=float, default=300, help="seconds per job before it counts as hung")
     p.add_argument("--keep", action="store_true", help="keep the temporary output folder")
     args = p.parse_args(argv)
     if args.repeats is None:
-        args.repeats = 1 if args.quick else 2
+        args.repeats = 1 if args.quick or args.smoke else 2
     if args.repeats < 1:
         p.error("--repeats must be at least 1")
     # Part 1: H=30 either way; the quick run has 3 syncs instead of 4.
+    args.share_flavor, args.share_shape = TINY, []
     args.share_every = 30
     args.share_steps = 90 if args.quick else 120
     # Part 2: short runs; the quick run has 3 syncs instead of 4.
+    args.sizes = SIZES
     args.size_every = 5
     args.size_steps = 15 if args.quick else 20
+    if args.smoke:  # the same job settings in every part, so the parts share jobs (shared_job)
+        args.share_every = args.size_every = 2
+        args.share_steps = args.size_steps = 4
+        args.share_flavor, args.sizes = SMOKE_FLAVOR, (SMOKE_FLAVOR,)
+        args.share_shape = [*SMALL_SHAPE, "--lr_scheduler.warmup_steps", str(min(5, args.size_steps))]
     return args
 
 
 def main(argv=None) -> int:
+    exit_on_sigterm()  # a time limit's SIGTERM still runs the finally that stops the jobs
     args = _parse(argv)
     t0 = time.perf_counter()
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
@@ -700,7 +752,7 @@ def main(argv=None) -> int:
                          for r in sizes.values())
         print(f"sync time by model size (K={K}, fp32 dense all-reduce, median after the 1st sync): {by}")
         print(f"  last to arrive (least straggler wait): {last}; effective rate: {rate}")
-        big = sizes[SIZES[-1]]
+        big = sizes[args.sizes[-1]]
         print(f"  a per-step fp32 all-reduce would have sent {big['per_step_bytes'] / big['sent_bytes']:.1f}x "
               f"DiLoCo's bytes (H={args.size_every}; the ratio is about H)")
     if _BAD_SYNCS:

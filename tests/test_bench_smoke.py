@@ -1,0 +1,102 @@
+"""Every benchmark runs: ``python bench/X.py --smoke`` for each script in bench/.
+
+The parameters are the files themselves, so a new bench without ``--smoke`` (or without
+its table registered in TABLES) fails here. A module of bench/ that is a library, not a
+script, is named in LIBRARIES with the reason, and checked to have no ``__main__`` block.
+What a smoke run prints is measured on whatever machine runs it, so no figure is checked
+against a value: the run must exit 0 and print its tables (their header and rows with
+numbers in them).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHES = sorted((REPO / "bench").glob("*.py"))
+HANG_S = 420
+"""A smoke run still going after this hangs (the slowest takes about a minute on 2 free cores)."""
+
+LIBRARIES = {
+    "live_bytes.py": "LiveBytes, a dispatch mode counting the bytes of live tensors; imported by "
+                     "codecs.py, exchange_memory.py and the exchange's memory test",
+    "machine.py": "the load average and the SIGTERM handling the benches share",
+}
+
+NUM = r"[\d,]+(?:\.\d+)?"
+TABLES = {
+    "codecs.py": [r"codec +kernels +bits/param +rel err +clone ms +encode ms",
+                  rf"dense\(float32\) +eager +32\.000 +{NUM} +{NUM} +{NUM} +{NUM}x",
+                  rf"quantize\(statistical, 2b.*eager +2\.0\d+ +{NUM}",
+                  rf"codec +K +ring MB +allgather MB", rf"2-bit statistical +16 +{NUM} +{NUM}"],
+    "diffusion.py": [r"objective +tok/s \(median\) +ratio to ar", rf"(?m)^mdlm +{NUM} +{NUM}",
+                     r"levels/batch +NELBO mean", rf"(?m)^ +32 +{NUM} +{NUM}"],
+    "exchange_memory.py": [r"codec +strategy +this checkout",
+                           rf"quantize +reduce_scatter +{NUM} MB +{NUM}x Δ", rf"topk +allgather +{NUM} MB"],
+    "gpu_suite.py": [r"(?m)^part +case +figures +\[status\]",
+                     rf"(?m)^throughput +416m ar, compile eager.*ours {NUM} tok/s.*ratio {NUM} +\[ok\]",
+                     rf"(?m)^throughput +158m mdlm, no compile.*ratio {NUM} +\[ok\]",
+                     rf"(?m)^sync +θ_g on device.*{NUM} ms per sync \(quorum {NUM}.*\[ok\]",
+                     r"(?m)^sync +θ_g on cpu.*\[skipped: needs CUDA",
+                     rf"(?m)^memory +sync buffers, θ_g on device +peak {NUM} MB.*\[ok\]",
+                     rf"(?m)^codecs +quantize\(statistical, 2b.*eager.*encode {NUM} ms = {NUM}x clone.*\[ok\]"],
+    "gpu_throughput.py": [r"run# +side +tokens/s", rf"(?m)^416m compile off ours: {NUM} tok/s, stock {NUM}: ratio",
+                          rf"θ_g on device +0\.4M +{NUM} +{NUM}",
+                          rf"sync share, θ_g on the training device: {NUM}%.*{NUM} ms per sync, peak {NUM} MB"],
+    "muon.py": [r"NS batch \(b x m x n\) +GFLOP", r"optimizer +step\(\) ms +train step ms",
+                rf"(?m)^ +Muon +{NUM} +{NUM} +{NUM}%", r"flavor +params +NS eff",
+                rf"llama3-w64-d2-h2 +0\.36M +{NUM} +{NUM}x"],
+    "sync_overhead.py": [rf"(?m)^ +1 +0 +{NUM} +{NUM} +{NUM} +{NUM}%", rf"llama3-w64-d2-h2 +362,816 +{NUM}",
+                         rf"(?m)^  diloco/diloco +0\.4M +{NUM} +{NUM}", rf"sync share at H=2, K=2.*: {NUM}%",
+                         rf"sync time by model size .*0\.4M: {NUM} ms"],
+    "trainer_overhead.py": [r"run# +side +tokens/s", rf"(?m)^ +1 +ours +{NUM} +{NUM}",
+                            rf"(?m)^ +2 +stock +{NUM}", rf"ratio ours/stock = {NUM}"],
+}
+"""Per bench, what its smoke output must show: each pattern is searched for in the output."""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.mark.timeout(HANG_S + 60)
+@pytest.mark.parametrize("bench", BENCHES, ids=lambda path: path.name)
+def test_bench_smoke(bench: Path):
+    if bench.name in LIBRARIES:
+        assert "__main__" not in bench.read_text(), f"{bench.name} is listed as a library but runs as a script"
+        return
+    assert bench.name in TABLES, (f"bench/{bench.name} has no expected table here: add what its --smoke run "
+                                  "prints to TABLES (or, if it is a library, to LIBRARIES with the reason)")
+    code, out, err = _run_smoke(bench)
+    tail = f"--- stdout tail ---\n{out[-4000:]}\n--- stderr tail ---\n{err[-4000:]}"
+    assert code == 0, f"bench/{bench.name} --smoke exited {code}\n{tail}"
+    missing = [p for p in TABLES[bench.name] if not re.search(p, out)]
+    assert not missing, f"bench/{bench.name} --smoke did not print {missing}\n{tail}"
+
+
+def _run_smoke(bench: Path) -> tuple[int | None, str, str]:
+    """Exit status, stdout and stderr of ``bench --smoke``. A run past HANG_S gets SIGTERM first:
+    the benches stop the jobs and parts they started in sessions of their own (which a
+    SIGKILL of the bench alone would leave running), then SIGKILL."""
+    proc = subprocess.Popen([sys.executable, str(bench), "--smoke"], cwd=REPO, env=_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=HANG_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(f"bench/{bench.name} --smoke still running after {HANG_S} s (a hang)\n{out[-4000:]}\n{err[-4000:]}")
+    return proc.returncode, out, err

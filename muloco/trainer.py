@@ -23,6 +23,7 @@ from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
 from muloco.checkpoint import MulocoCheckpointManager
+from muloco.compat import lone_rank_sleep
 from muloco.compat.cpu_device import device_type
 from muloco.data.loader import PackedTextDataLoader
 from muloco.data.tokenizer import MulocoTokenizer
@@ -32,6 +33,8 @@ from muloco.objectives import Autoregressive, NoiseKey, Objective, ObjectiveConf
 from muloco.optim import MulocoOptimizers
 from muloco.precision import MulocoTrainingConfig, resolve_precision
 from muloco.validate import MulocoValidator
+
+lone_rank_sleep.apply()
 
 
 class MulocoTrainerMixin:

@@ -47,19 +47,21 @@ def run_train(args: list[str], timeout: int = 300, env: dict | None = None) -> s
 
 def run_together(commands: list[list[str]], envs: list[dict], timeout: float) -> list[tuple[int, str]]:
     """Start every command at once (they meet in collectives) and wait for all of them:
-    (exit code, combined output) each. Any still running at the end is killed by its PID."""
+    (exit code, its stdout then its stderr) each. The two are read apart, so a line a process
+    prints to stdout is never cut by what its other threads (gloo, warnings) write to stderr.
+    Any still running at the end is killed by its PID."""
     procs = []
     try:
         for cmd, env in zip(commands, envs):
             procs.append(subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-                                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-        outs = [p.communicate(timeout=timeout)[0] for p in procs]
+                                          text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        outs = [p.communicate(timeout=timeout) for p in procs]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
-    return [(p.returncode, out) for p, out in zip(procs, outs)]
+    return [(p.returncode, out + err) for p, (out, err) in zip(procs, outs)]
 
 
 def run_gloo_ranks(script: Path, world: int, args: list[str], timeout: float) -> list[tuple[int, str]]:

@@ -21,9 +21,9 @@ from muloco.launch.dump_lock import DumpFolderLock  # noqa: E402
 
 def main() -> None:
     DumpFolderLock(sys.argv[1]).acquire()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     print(os.getpid(), child.pid, flush=True)
-    time.sleep(300)
+    time.sleep(3600)
 
 
 if __name__ == "__main__":

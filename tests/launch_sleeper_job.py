@@ -18,10 +18,10 @@ from muloco.launch.local import job_from_args  # noqa: E402
 
 REPLICA = """
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
 open(os.path.join(sys.argv[1], f"{os.getpid()}-{child.pid}"), "w").close()
 print("sleeping", flush=True)
-time.sleep(300)
+time.sleep(3600)
 """
 
 

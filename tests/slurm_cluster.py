@@ -26,7 +26,7 @@ _SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 _MARKER = ".local_slurm"  # only a directory carrying this (or an empty one) is ever wiped
-START_TIMEOUT = 30.0
+START_TIMEOUT = 120.0  # only a hang timeout for a daemon to come up
 KILL_AFTER = 15.0
 
 # A requeued job may start again only cred_expire (default 120 s) later, and nothing wakes the

@@ -616,3 +616,28 @@ def test_torchrun_failure_record_is_the_one_the_hook_reads():
         assert [(s.exitcode, s.local_rank, s.pid) for s in seen] == [(-9, 2, 4242)]
     finally:
         logger.removeFilter(f)
+
+
+def test_lone_rank_skips_torchtitans_end_of_training_sleep(monkeypatch, tmp_path):
+    """torchtitan's trainer sleeps 2 s at the end "for other ranks"; in a world of one it is
+    skipped, with more ranks (or no process group) it is the real sleep; the rest is ``time``."""
+    import time
+
+    import torch.distributed as dist
+
+    import muloco.trainer  # noqa: F401  (applies it)
+    import torchtitan.trainer as titan
+    from muloco.compat import lone_rank_sleep
+
+    slept = []
+    monkeypatch.setattr(lone_rank_sleep._time, "sleep", slept.append)
+    assert titan.time.perf_counter is time.perf_counter
+    titan.time.sleep(2)  # no process group: the real sleep
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        titan.time.sleep(2)  # a world of one: nobody to wait for
+    finally:
+        dist.destroy_process_group()
+    assert slept == [2]
+    lone_rank_sleep.apply()  # idempotent
+    assert isinstance(titan.time, lone_rank_sleep._TimeSkippingLoneSleep)

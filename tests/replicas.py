@@ -1,7 +1,8 @@
 """Multi-process DiLoCo runs for tests: a lighthouse process and K replica-group processes.
 
 Every process is started in its own session and killed by PID when the test ends,
-whatever happened; every wait has a deadline so a hang fails the test.
+whatever happened; every wait has a deadline so a hang fails the test. Deadlines are only hang
+timeouts (HANG_S): starting a process that imports torch takes 30 s and more on one busy core.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from conftest import REPO, TINY
 from muloco.launch.ports import free_ports
 
 DRILL_ENTRY = [sys.executable, str(REPO / "tests" / "drill_train.py")]
+HANG_S = 300
+"""How long a test waits for something that must happen before it calls it a hang."""
 
 DILOCO_TINY = [
     *TINY,
@@ -50,7 +53,7 @@ class Cluster:
             "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms),
         ]
         proc = self._spawn("lighthouse", cmd, {})
-        deadline = time.time() + 30
+        deadline = time.time() + HANG_S
         while time.time() < deadline:
             m = re.search(r"listening on (http://\S+)", self.logs["lighthouse"].read_text())
             if m:
@@ -118,6 +121,19 @@ class Cluster:
                 except ProcessLookupError:
                     pass
                 proc.wait(timeout=30)
+
+
+def waiting_in_quorum(url: str) -> int:
+    """Replica groups in the quorum the lighthouse at ``url`` is forming now (its status page;
+    -1 if it does not say): a test releases the groups it holds once a late one waits there."""
+    from muloco.outer.lighthouse_status import LighthouseUnreachable, fetch_status
+
+    try:
+        status = fetch_status(url)
+    except LighthouseUnreachable:
+        return -1
+    m = re.search(r"\[(\d+)/\d+ participants healthy\]", status.next_quorum)
+    return int(m.group(1)) if m else -1
 
 
 def syncs(dump: Path, replica: int) -> list[dict]:

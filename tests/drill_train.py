@@ -13,11 +13,16 @@ Each drill is ``kind:replica:step``; the replica group with that id SIGKILLs its
 - ``healing``    while downloading a peer's state, the first time it heals (``step`` unused);
 - ``heal-source`` while serving its state to a healing peer, the first time (``step`` unused).
 
-One drill paces instead of killing, so that a test sets the order of events instead of
+Two drills pace instead of killing, so that a test sets the order of events instead of
 assuming which process is faster:
 
 - ``hold``       after inner step ``step`` the replica waits (heartbeating, in no quorum) until
-  the test creates ``<MULOCO_TEST_DRILL_DIR>/release-r<id>-<step>`` (see :func:`release`).
+  the test creates ``<MULOCO_TEST_DRILL_DIR>/release-r<id>-<step>`` (see :func:`release`);
+- ``gate``       the process of torchrun's restart ``step`` of the replica (its
+  ``TORCHELASTIC_RESTART_COUNT``) waits before it builds its trainer (no heartbeat, no
+  quorum: for its peers it is still dead) until the test creates
+  ``<MULOCO_TEST_DRILL_DIR>/open-r<id>-<step>`` (see :func:`open_gate`): the test decides
+  when a killed replica comes back.
 
 A drill fires once per run: it leaves ``<MULOCO_TEST_DRILL_DIR>/<kind>-r<id>-<step>`` behind,
 and a restarted process (same command, same environment) skips drills that already fired.
@@ -68,6 +73,26 @@ def release(folder: Path, replica: int, step: int) -> None:
     (folder / f"release-r{replica}-{step}").write_text("go")
 
 
+def open_gate(folder: Path, replica: int, attempt: int) -> None:
+    """Let the process of restart ``attempt`` of a replica held by ``gate:<replica>:<attempt>`` start."""
+    (folder / f"open-r{replica}-{attempt}").write_text("go")
+
+
+def _restart_count() -> int:
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def _gate(drill: Drill, poll_seconds: float = 0.05) -> None:
+    """Block this process before it builds its trainer until the test opens the gate."""
+    drill.marker.write_text(f"restart {drill.step} waiting")
+    print(f"fault drill: replica {drill.replica}'s restart {drill.step} waits until the test lets it start",
+          flush=True)
+    go = drill.marker.parent / f"open-r{drill.replica}-{drill.step}"
+    while not go.exists():
+        time.sleep(poll_seconds)
+    print(f"fault drill: replica {drill.replica}'s restart {drill.step} starts", flush=True)
+
+
 def _hold(drill: Drill, poll_seconds: float = 0.05) -> None:
     """Block this replica until the test releases it (the wait is for a file, not for time)."""
     drill.marker.write_text(f"holding after inner step {drill.step}")
@@ -82,7 +107,10 @@ def _install(drill: Drill) -> None:
     from muloco.diloco_trainer import DilocoTrainer
     from muloco.outer.loop import OuterLoop
 
-    if drill.kind == "hold":
+    if drill.kind == "gate":
+        if drill.step == _restart_count():
+            _gate(drill)
+    elif drill.kind == "hold":
         original_hold = DilocoTrainer.train_step
 
         def train_step(self, data_iterator):

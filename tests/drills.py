@@ -8,8 +8,17 @@ Each drill asserts, on the real outputs of the run:
 - every group's summary has the same final θ_g hash and the same final validation loss;
 - after every committed sync, every group that committed it holds bitwise the same θ_g, and
   every committed sync had a majority of the groups in its quorum (no split brain);
-- no healthy replica healed: a "healed from replica" line appears only in the log of a
-  process that was started again after a kill.
+- no healthy replica healed, and each killed replica healed exactly where its drill says: from
+  which peer, to which step, in which restart (the "healed from replica" lines of each start of
+  its log).
+
+The test sets the order of events instead of assuming which process is faster (a restart
+takes seconds here and far less on a fast host): a killed replica's restart is gated until its
+peers stand where the drill wants them (``gate``), and they hold there (``hold``) until the
+restarted replica waits in their next quorum, which the lighthouse's status page shows. So it
+heals at that sync whatever the speed of training or of restarting; a replica killed in the
+last interval is let back only once its peers have trained their last step, and heals to the
+final state. :class:`Pacer` does this from a thread while the launcher runs.
 
 Kill steps are drawn from ``random.Random(seed)`` inside each drill's window, so a failing run
 is reproduced by its seed. Used by tests/test_fault_drills.py (a subset in CI) and
@@ -22,21 +31,28 @@ import json
 import random
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from replicas import DILOCO_TINY, DRILL_ENTRY, summary, syncs
+from drill_train import open_gate, release
+from replicas import DILOCO_TINY, DRILL_ENTRY, summary, syncs, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
 
 K = 3
 H = 10
-STEPS = 240
-"""Long enough (about 25 s of training here) that a replica restarted early in the run (about 11 s
-to come back) heals while its peers still train; kills late in the run exercise the end."""
+STEPS = 100
 CHECKPOINT_EVERY = 20
+HOLD = STEPS - H - H // 2
+"""Where the survivors of a kill wait for its restart: mid-way through the last interval but
+one, so that the restart heals at sync HEAL_AT and trains the last interval with them."""
+HEAL_AT = STEPS - H
+PACE_TIMEOUT = 600.0
+"""Only a hang: how long the pacer waits for any one event."""
+HEAL_LINE = re.compile(r"healed from replica (\d+) in quorum \d+: step \d+ -> (\d+)")
 
 
 def _mid_step(rng: random.Random, lo: int, hi: int) -> int:
@@ -45,41 +61,96 @@ def _mid_step(rng: random.Random, lo: int, hi: int) -> int:
 
 
 @dataclass(frozen=True)
+class Comeback:
+    """When killed replicas come back, set by the test."""
+
+    restarts: tuple[tuple[int, int], ...]
+    """(replica, torchrun restart) processes gated until now (``gate`` drills)."""
+    survivors: tuple[int, ...]
+    """Replicas that hold after inner step ``hold`` until the replicas behind wait in their next
+    quorum."""
+    hold: int | None
+    """None: the restarts start once the survivors have trained their last step."""
+    behind: int = 0
+    """Replicas waiting in the survivors' next quorum before they are released (0: the restarts)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    kills: list[str]
+    """Killing drills for tests/drill_train.py (``kind:replica:step``)."""
+    comebacks: list[Comeback]
+    heals: dict[tuple[int, str], tuple[int, int]]
+    """(replica, log segment: 'restart N') → (peer it healed from, step it healed to); no heal anywhere else."""
+
+    def specs(self) -> list[str]:
+        """Every drill of the run: the kills, and the gates and holds that pace the comebacks."""
+        out = list(self.kills)
+        for c in self.comebacks:
+            out += [f"gate:{r}:{attempt}" for r, attempt in c.restarts]
+            if c.hold is not None:
+                out += [f"hold:{s}:{c.hold}" for s in c.survivors]
+        return out
+
+
+def _one_kill(kill: str) -> Plan:
+    """One replica killed (``kind:replica:step``, before HOLD - H): the other two hold at HOLD
+    until its restart waits in their next quorum, so it heals at HEAL_AT from the lower-numbered
+    survivor (torchft gives a lone replica behind the first one up to date, in replica-id order)."""
+    victim = int(kill.split(":")[1])
+    survivors = tuple(r for r in range(K) if r != victim)
+    return Plan([kill], [Comeback(((victim, 1),), survivors, HOLD)], {(victim, "restart 1"): (survivors[0], HEAL_AT)})
+
+
+@dataclass(frozen=True)
 class Drill:
     name: str
     what: str
-    kills: Callable[[random.Random], list[str]]
-    """Drill specs for tests/drill_train.py (``kind:replica:step``), from the seeded RNG."""
+    plan: Callable[[random.Random], Plan]
+    """The run's drills and expected heals, from the seeded RNG."""
     extra: tuple[str, ...] = ()
 
 
 DRILLS = {d.name: d for d in [
     Drill("sync-boundary", "right after a committed sync",
-          lambda r: [f"boundary:1:{r.choice(range(30, 101, H))}"]),
+          lambda r: _one_kill(f"boundary:1:{r.choice(range(30, 71, H))}")),
     Drill("mid-interval", "between two syncs",
-          lambda r: [f"mid:1:{_mid_step(r, 21, 99)}"]),
+          lambda r: _one_kill(f"mid:1:{_mid_step(r, 21, 69)}")),
     Drill("exchange", "inside an exchange: after the quorum, before sending",
-          lambda r: [f"exchange:2:{r.choice(range(30, 101, H))}"]),
+          lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}")),
     Drill("exchange-compressed", "inside a top-k reduce-scatter exchange",
-          lambda r: [f"exchange:2:{r.choice(range(30, 101, H))}"],
+          lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"),
           ("--outer.exchange.codec", "topk", "--outer.exchange.codec.fraction", "0.25",
            "--outer.exchange.strategy", "reduce_scatter")),
+    # its first restart joins the quorum of sync 60 and is killed while downloading; the
+    # second joins that of HEAL_AT and heals
     Drill("healing", "killed mid-interval, then killed again while downloading a peer's state",
-          lambda r: [f"mid:1:{_mid_step(r, 21, 69)}", "healing:1:0"]),
+          lambda r: Plan([f"mid:1:{_mid_step(r, 21, 49)}", "healing:1:0"],
+                         [Comeback(((1, 1),), (0, 2), 55), Comeback(((1, 2),), (0, 2), HOLD)],
+                         {(1, "restart 2"): (0, HEAL_AT)})),
+    # replica 1's restart heals from replica 0 in the quorum of sync 60, which is killed while
+    # serving it; replica 0's restart and replica 1 (its heal failed: it trains on from its
+    # checkpoint) both heal from replica 2 in the quorum of sync 70
     Drill("heal-source", "a healthy peer killed while serving a healing replica",
-          lambda r: [f"mid:1:{_mid_step(r, 21, 69)}", "heal-source:0:0"]),
+          lambda r: Plan([f"mid:1:{_mid_step(r, 21, 49)}", "heal-source:0:0"],
+                         [Comeback(((1, 1),), (0, 2), 55), Comeback(((0, 1),), (2,), 65, behind=2)],
+                         {(0, "restart 1"): (2, 70), (1, "restart 1"): (2, 70)})),
     Drill("checkpoint-save", "while saving a checkpoint: data written, metadata not",
-          lambda r: [f"checkpoint:2:{r.choice(range(40, 101, CHECKPOINT_EVERY))}"]),
+          lambda r: _one_kill(f"checkpoint:2:{r.choice(range(40, 71, CHECKPOINT_EVERY))}")),
+    # its restart starts only once the others trained their last step: it heals to the end
     Drill("last-interval", "within the last interval of the run",
-          lambda r: [f"mid:1:{_mid_step(r, STEPS - H + 1, STEPS - 1)}"]),
+          lambda r: Plan([f"mid:1:{_mid_step(r, STEPS - H + 1, STEPS - 1)}"],
+                         [Comeback(((1, 1),), (0, 2), None)], {(1, "restart 1"): (0, STEPS)})),
     Drill("two-kills", "two replicas killed at different times in one run",
-          lambda r: [f"mid:1:{_mid_step(r, 15, 45)}", f"mid:2:{_mid_step(r, 60, 140)}"]),
+          lambda r: Plan([f"mid:1:{_mid_step(r, 15, 35)}", f"mid:2:{_mid_step(r, 51, 69)}"],
+                         [Comeback(((1, 1),), (0, 2), 45), Comeback(((2, 1),), (0, 1), HOLD)],
+                         {(1, "restart 1"): (0, 50), (2, "restart 1"): (0, HEAL_AT)})),
 ]}
 
 CI_DRILLS: list[str] = []
-"""What tests/test_fault_drills.py runs, one seed each (about 80 s per drill here). The others
-run from scripts/fault_drills.py. CI covers nearby cases elsewhere: a kill inside a compressed
-exchange (tests/test_diloco.py::test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on),
+"""What tests/test_fault_drills.py runs, one seed each. The others run from
+scripts/fault_drills.py. CI covers nearby cases elsewhere: a kill inside a compressed exchange
+(tests/test_diloco.py::test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on),
 a killed replica that heals (test_k2_survivor_pauses_until_the_launcher_restarts_the_dead_replica_which_heals),
 a save killed before its manifest (tests/test_bad_inputs.py::test_resume_skips_an_incomplete_checkpoint),
 a replica group's SLURM task requeued mid-run that heals while the other trains on
@@ -92,7 +163,8 @@ array test is CI's kill-and-heal drill on real processes now."""
 class DrillResult:
     drill: str
     seed: int
-    kills: list[str]
+    specs: list[str]
+    """Every drill of the run (tests/drill_train.py): the kills, and the gates and holds."""
     status: int
     seconds: float
     final_hashes: list[str | None] = field(default_factory=list)
@@ -108,7 +180,7 @@ class DrillResult:
 
 def _log_segments(log: Path) -> list[tuple[str, str]]:
     """(segment name, text) of a replica log: the first start, then each restart."""
-    text = log.read_text()
+    text = log.read_text() if log.exists() else ""
     parts = re.split(r"^=== (restart \d+) ===$", text, flags=re.M)
     segments = [("original", parts[0])]
     segments += [(parts[i], parts[i + 1]) for i in range(1, len(parts) - 1, 2)]
@@ -124,7 +196,7 @@ def _committed_by_step(dump: Path, replica: int) -> dict[int, dict]:
     return out
 
 
-def check(dump: Path, result: DrillResult) -> None:
+def check(dump: Path, result: DrillResult, plan: Plan) -> None:
     """Fill ``result`` from the run's outputs and record every broken invariant."""
     p = result.problems
     if result.status != 0:
@@ -147,48 +219,134 @@ def check(dump: Path, result: DrillResult) -> None:
         if any(r["participants"] < K // 2 + 1 for r in recs):
             p.append(f"sync at step {step} committed by a minority: {[r['participants'] for r in recs]}")
     for i in range(K):
-        segments = _log_segments(dump / "logs" / f"replica_{i}.log")
-        healed = [name for name, text in segments if "healed from replica" in text]
-        if healed:
-            result.healed[i] = healed
-        if "original" in healed:
-            p.append(f"healthy replica {i} healed from a peer")
+        for name, text in _log_segments(dump / "logs" / f"replica_{i}.log"):
+            found = [(int(peer), int(to)) for peer, to in HEAL_LINE.findall(text)]
+            if found:
+                result.healed.setdefault(i, []).append(name)
+            want = plan.heals.get((i, name))
+            if name == "original" and found:
+                p.append(f"healthy replica {i} healed from a peer: {found}")
+            elif found != ([want] if want else []):
+                p.append(f"replica {i} ({name}) healed {found or 'nowhere'} (from replica, to step); "
+                         f"the drill sets {[want] if want else 'no heal'}")
+    missing = {key for key in plan.heals if key[0] not in result.healed or key[1] not in result.healed[key[0]]}
+    if missing:
+        p.append(f"no heal where the drill sets one: {sorted(missing)}")
+
+
+class PacingError(AssertionError):
+    pass
+
+
+class Pacer(threading.Thread):
+    """Lets killed replicas come back where the plan says (:class:`Comeback`), from a thread
+    while ``job.run()`` blocks: waits for the survivors to hold, opens the restarts' gates, waits
+    until the replicas behind wait in the survivors' next quorum (the lighthouse's status page
+    counts them), then releases the survivors. A wait that never ends stops the job."""
+
+    def __init__(self, job: LocalJob, plan: Plan, dump: Path, markers: Path):
+        super().__init__(name="drill-pacer", daemon=True)
+        self.job, self.plan, self.dump, self.markers = job, plan, dump, markers
+        self.done = threading.Event()  # set by run_drill once job.run() returned
+        self.problem: str | None = None
+
+    def run(self) -> None:
+        try:
+            self._until("the launcher did not start", self.job.started.is_set)
+            for comeback in self.plan.comebacks:
+                self._comeback(comeback)
+        except PacingError as e:
+            if not self.done.is_set():
+                self.problem = f"pacing: {e}"
+                self.job.stop(1)
+
+    def _until(self, what: str, happened: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + PACE_TIMEOUT
+        while not happened():
+            if self.done.is_set():
+                raise PacingError(f"the job ended first: {what}")
+            if time.monotonic() > deadline:
+                raise PacingError(f"{what} (waited {PACE_TIMEOUT:.0f} s)")
+            time.sleep(0.1)
+
+    def _comeback(self, c: Comeback) -> None:
+        if c.hold is None:
+            self._until(f"replicas {c.survivors} did not train their last step",
+                        lambda: all(self._trained_all(s) for s in c.survivors))
+        else:
+            self._until(f"replicas {c.survivors} did not hold after step {c.hold}",
+                        lambda: all((self.markers / f"hold-r{s}-{c.hold}").exists() for s in c.survivors))
+        for replica, attempt in c.restarts:
+            open_gate(self.markers, replica, attempt)
+        for replica, attempt in c.restarts:
+            self._until(f"replica {replica}'s restart {attempt} did not find itself behind its peers",
+                        lambda: "this replica group is behind" in self._segment(replica, f"restart {attempt}"))
+        if c.hold is None:
+            return
+        behind = c.behind or len(c.restarts)
+        self._until(f"{behind} replica group(s) behind did not wait in a quorum",
+                    lambda: waiting_in_quorum(str(self.job.lighthouse_url)) == behind)
+        for s in c.survivors:
+            release(self.markers, s, c.hold)
+
+    def _trained_all(self, replica: int) -> bool:
+        try:
+            return any(r["step"] == STEPS for r in syncs(self.dump, replica))
+        except (FileNotFoundError, ValueError, KeyError):  # not written yet, or a line being written
+            return False
+
+    def _segment(self, replica: int, name: str) -> str:
+        return dict(_log_segments(self.dump / "logs" / f"replica_{replica}.log")).get(name, "")
+
 
 
 def run_drill(name: str, seed: int, tmp: Path, console=None) -> DrillResult:
     """One drill under the local launcher; returns what it found (never raises on a broken invariant)."""
     drill = DRILLS[name]
-    kills = drill.kills(random.Random(seed))
+    plan = drill.plan(random.Random(seed))
+    specs = plan.specs()
     dump = tmp / f"{name}-{seed}"
     markers = tmp / f"{name}-{seed}-markers"
     markers.mkdir(parents=True, exist_ok=True)
     overrides = [
         *DILOCO_TINY, "--training.steps", str(STEPS), "--outer.sync_every", str(H),
         "--checkpoint.interval", str(CHECKPOINT_EVERY), "--validator.freq", str(2 * H),
-        "--fault_tolerance.process_group_timeout_ms", "3000",
-        "--fault_tolerance.quorum_timeout_seconds", "120",
-        "--fault_tolerance.start_wait_seconds", "60", "--fault_tolerance.end_wait_seconds", "90",
+        # every wait for a peer is only a hang timeout: a killed peer's sockets close at once
+        # (its collectives fail then), and the pacer decides who comes back when
+        "--fault_tolerance.process_group_timeout_ms", "60000",
+        "--fault_tolerance.quorum_timeout_seconds", "300",
+        "--fault_tolerance.start_wait_seconds", "300", "--fault_tolerance.end_wait_seconds", "300",
         *drill.extra, "--dump_folder", str(dump),
     ]
     job = LocalJob(
         config="diloco/muloco_2bit", replicas=K, overrides=overrides, max_restarts=2,
-        heartbeat_timeout_ms=1000, threads_per_proc=1, entry=DRILL_ENTRY,
-        env={"MULOCO_TEST_DRILLS": ",".join(kills), "MULOCO_TEST_DRILL_DIR": str(markers)},
+        # a live replica is never dropped for a late heartbeat under load; a dead one after 3 s
+        heartbeat_timeout_ms=3000, threads_per_proc=1, entry=DRILL_ENTRY,
+        env={"MULOCO_TEST_DRILLS": ",".join(specs), "MULOCO_TEST_DRILL_DIR": str(markers)},
         console=console if console is not None else open(tmp / f"{name}-{seed}-console.txt", "w"),
     )
+    pacer = Pacer(job, plan, dump, markers)
     started = time.monotonic()
-    status = job.run()
-    result = DrillResult(name, seed, kills, status, time.monotonic() - started)
-    check(dump, result)
-    fired = sorted(p.name for p in markers.iterdir())
-    if len(fired) != len(kills):
-        result.problems.append(f"only these drills fired: {fired} of {kills}")
+    pacer.start()
+    try:
+        status = job.run()
+    finally:
+        pacer.done.set()
+        pacer.join(10)
+    result = DrillResult(name, seed, specs, status, time.monotonic() - started)
+    if pacer.problem:
+        result.problems.append(pacer.problem)
+    check(dump, result, plan)
+    fired = {p.name for p in markers.iterdir() if not p.name.startswith(("release-", "open-"))}
+    want = {"{}-r{}-{}".format(*spec.split(":")) for spec in specs}  # drill_train's markers
+    if fired != want:
+        result.problems.append(f"drills that fired: {sorted(fired)}; the plan has {sorted(want)}")
     return result
 
 
 def describe(result: DrillResult) -> str:
     return json.dumps({
-        "drill": result.drill, "seed": result.seed, "kills": result.kills, "status": result.status,
+        "drill": result.drill, "seed": result.seed, "drills": result.specs, "status": result.status,
         "seconds": round(result.seconds, 1), "final_sha256": sorted({h[:12] for h in result.final_hashes if h}),
         "final_losses": result.final_losses, "healed": result.healed, "problems": result.problems,
     })

@@ -140,7 +140,8 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
     whatever the speed of training or of starting a process. More kill points:
     scripts/fault_drills.py.
     """
-    c = cluster(3, join_timeout_ms=HANG_S * 1000)  # a live replica is always waited for
+    # a live replica is always waited for, and never dropped for a heartbeat late under load
+    c = cluster(3, heartbeat_timeout_ms=3000, join_timeout_ms=HANG_S * 1000)
     dump, markers = tmp_path / "run", tmp_path / "drills"
     markers.mkdir()
     steps, hold = 40, 30  # the sync prepared at 27 commits without the dead replica, then they hold

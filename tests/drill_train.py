@@ -103,6 +103,17 @@ def _hold(drill: Drill, poll_seconds: float = 0.05) -> None:
     print(f"fault drill: replica {drill.replica} released after inner step {drill.step}", flush=True)
 
 
+def _hold_after_train_step(trainer: type, drill: Drill) -> None:
+    original = trainer.train_step
+
+    def train_step(self, data_iterator):
+        original(self, data_iterator)
+        if self.step == drill.step and drill.pending:
+            _hold(drill)
+
+    trainer.train_step = train_step
+
+
 def _install(drill: Drill) -> None:
     from muloco.diloco_trainer import DilocoTrainer
     from muloco.outer.loop import OuterLoop
@@ -111,14 +122,10 @@ def _install(drill: Drill) -> None:
         if drill.step == _restart_count():
             _gate(drill)
     elif drill.kind == "hold":
-        original_hold = DilocoTrainer.train_step
+        from muloco.trainer import MulocoTrainer
 
-        def train_step(self, data_iterator):
-            original_hold(self, data_iterator)
-            if self.step == drill.step and drill.pending:
-                _hold(drill)
-
-        DilocoTrainer.train_step = train_step
+        for trainer in (DilocoTrainer, MulocoTrainer):  # a replica group, or a DDP run (replica 0)
+            _hold_after_train_step(trainer, drill)
     elif drill.kind == "mid":
         original = DilocoTrainer.train_step
 

@@ -117,13 +117,16 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_l
     requeues the job, which starts again and resumes from its newest complete checkpoint. A
     diffusion run: its noise stream must resume exactly too."""
     run = jobs["root"] / "requeued"
+    drills = jobs["root"] / "requeued-drills"  # the run holds after step 15 until requeued: it cannot end first
     job = submitted(generate("ddp", "--config", REQUEUE_CONFIG, *CPU, "--cpus-per-node", "1", "--",
-                             *REQUEUE_RUN, "--dump_folder", str(run), cwd=jobs["root"]))["job.sh"]
+                             *REQUEUE_RUN, "--dump_folder", str(run), cwd=jobs["root"],
+                             env=_drill_env(drills, "hold:0:15")))["job.sh"]
     deadline = time.monotonic() + JOB_TIMEOUT
-    while not _complete_checkpoints(run):
-        assert time.monotonic() < deadline, f"no checkpoint in {run}\n{slurm.logs()}"
+    while not ((drills / "hold-r0-15").exists() and _complete_checkpoints(run)):
+        assert time.monotonic() < deadline, f"the run did not reach step 15 in {run}\n{slurm.logs()}"
         assert slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), slurm.job_state(job)
         time.sleep(0.2)
+    assert _complete_checkpoints(run) == [10]  # held at 15: the step-10 checkpoint is the newest
     slurm.run(["scancel", "--signal=USR1", "--batch", job])
     wait_done(slurm, job, run)
     out = next((run / "slurm").glob(f"*-{job}.out")).read_text()
@@ -227,12 +230,27 @@ def test_two_run_sweep_runs_as_an_array_resubmits_its_failure_within_max_nodes_a
     again = sweep("--out", str(folder), *CPU, "--cpus-per-node", "1", cwd=tmp_path)  # resume: nothing to do
     assert again.returncode == 0 and "every run already has a job" in again.stdout
     # --max-nodes 1 while another job of ours holds the node: the resubmission waits for it
-    blocker = slurm.sbatch("--time=2", "--cpus-per-task=1", f"--output={tmp_path}/blocker.out", "--wrap", "sleep 6")
-    slurm.wait_state(blocker, ["RUNNING"], timeout=60)
-    retry = sweep("--out", str(folder), *CPU, "--cpus-per-node", "1", "--resubmit-failed", "--max-nodes", "1",
-                  "--poll-s", "0.5", cwd=tmp_path)
-    assert retry.returncode == 0 and retry.stdout.count("submitted ") == 1, retry.stdout
-    assert "waiting: 1 node(s) in use" in retry.stdout
+    # (the blocker runs until the sweep says it waits for it: no assumption on how fast the sweep starts)
+    blocker = slurm.sbatch("--time=5", "--cpus-per-task=1", f"--output={tmp_path}/blocker.out", "--wrap", "sleep 3600")
+    slurm.wait_state(blocker, ["RUNNING"], timeout=120)
+    retry = subprocess.Popen([sys.executable, str(REPO / "jobs" / "sweeps" / "tiny_cpu.py"), "--out", str(folder),
+                              *CPU, "--cpus-per-node", "1", "--resubmit-failed", "--max-nodes", "1", "--poll-s", "0.5"],
+                             cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        seen = []
+        for line in retry.stdout:  # ends when the sweep exits: a sweep that never waits fails below
+            seen.append(line)
+            if "waiting: 1 node(s) in use" in line:
+                slurm.run(["scancel", blocker])
+        retry.wait(timeout=300)
+    finally:
+        if retry.poll() is None:
+            retry.kill()
+            retry.wait(timeout=60)
+    out = "".join(seen)
+    assert retry.returncode == 0 and out.count("submitted ") == 1, out
+    assert "waiting: 1 node(s) in use" in out
     entries = manifest(folder)
     assert len(entries[0]["jobs"]) == 1 and len(entries[1]["jobs"]) == 2, "the failed run got a second job"
     info = {j: slurm.run(["scontrol", "show", "job", j]).stdout for j in (blocker, entries[1]["jobs"][1])}

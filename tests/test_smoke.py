@@ -368,7 +368,7 @@ def _record(script: Path, args: list[str], folder: Path, env: dict[str, str]) ->
     recorder, record = folder / "record-python", folder / "record"
     recorder.write_text(RECORDER)
     recorder.chmod(0o755)
-    proc = subprocess.run([str(script), *args], cwd=folder, text=True, capture_output=True, timeout=60,
+    proc = subprocess.run([str(script), *args], cwd=folder, text=True, capture_output=True, timeout=240,
                           env=clean_env(**env, MULOCO_PYTHON=str(recorder), SMOKE_RECORD=str(record)))
     argv = record.read_text().split("\0")[:-1] if record.is_file() else []
     return Ran(proc.returncode, proc.stdout + proc.stderr, folder, argv)
@@ -494,13 +494,13 @@ def test_torchft_lighthouse_script_serves_and_stops(tmp_path):
         line = proc.stdout.readline()  # the first line: its URL (blocks until printed)
         m = re.fullmatch(r"lighthouse listening on (http://127\.0\.0\.1:\d+) \(status page: \1/\)\n", line)
         assert m, line
-        with urllib.request.urlopen(m.group(1) + "/status", timeout=10) as r:
+        with urllib.request.urlopen(m.group(1) + "/status", timeout=120) as r:
             assert r.status == 200 and b"quorum" in r.read().lower()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0
+        assert proc.wait(timeout=240) == 0
     finally:
         _kill_session(proc)
-        proc.wait(timeout=30)
+        proc.wait(timeout=240)
         proc.stdout.close()
 
 

@@ -49,7 +49,7 @@ from muloco.launch.ports import free_port, free_ports  # noqa: F401 - re-exporte
 from muloco.launch.replica_group import TAG as GROUP_TAG
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"
-LIGHTHOUSE_START_TIMEOUT_S = 30.0
+LIGHTHOUSE_START_TIMEOUT_S = 300.0
 _URL_LINE = re.compile(r"^lighthouse listening on (http://\S+) \(status page")
 _LIGHTHOUSE_ERROR = "lighthouse: error: "
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\] ")  # torchrun's tee, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE

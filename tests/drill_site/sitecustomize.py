@@ -1,7 +1,7 @@
 """Fault drills for processes a test does not start itself (a SLURM job's ranks, through
 torchrun): put this folder on ``PYTHONPATH`` with ``MULOCO_TEST_DRILLS`` set, and the drills of
-``tests/drill_train.py`` are installed when the trainer module is imported. A process that never
-imports the trainer (the lighthouse, torchrun's agent) is left alone."""
+``tests/drill_train.py`` are installed when a trainer (DDP or DiLoCo) starts to build. A process
+that never imports the trainer (the lighthouse, torchrun's agent) is left alone."""
 
 import os
 import sys
@@ -11,7 +11,7 @@ if os.environ.get("MULOCO_TEST_DRILLS"):
     import importlib.machinery
 
     class _InstallDrillsAfterTrainerImport(importlib.abc.MetaPathFinder):
-        target = "muloco.diloco_trainer"
+        target = "muloco.trainer"
 
         def find_spec(self, name, path, target=None):
             if name != self.target:
@@ -24,11 +24,18 @@ if os.environ.get("MULOCO_TEST_DRILLS"):
 
             def exec_module(module):
                 execute(module)
-                tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-                sys.path.insert(0, tests)
-                import drill_train
+                mixin = module.MulocoTrainerMixin
+                resolve = mixin._resolve
 
-                drill_train.install_from_env(sys.argv[1:])
+                def _resolve(self, config):  # first thing every trainer does: every module is imported
+                    mixin._resolve = resolve
+                    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                    import drill_train
+
+                    drill_train.install_from_env(sys.argv[1:])
+                    return resolve(self, config)
+
+                mixin._resolve = _resolve
 
             spec.loader.exec_module = exec_module
             return spec

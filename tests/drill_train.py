@@ -18,8 +18,8 @@ assuming which process is faster:
 
 - ``hold``       after inner step ``step`` the replica waits (heartbeating, in no quorum) until
   the test creates ``<MULOCO_TEST_DRILL_DIR>/release-r<id>-<step>`` (see :func:`release`);
-- ``gate``       the process of torchrun's restart ``step`` of the replica (its
-  ``TORCHELASTIC_RESTART_COUNT``) waits before it builds its trainer (no heartbeat, no
+- ``gate``       the process of restart ``step`` of the replica (torchrun's
+  ``TORCHELASTIC_RESTART_COUNT`` plus SLURM's ``SLURM_RESTART_COUNT`` of a requeued job) waits before it builds its trainer (no heartbeat, no
   quorum: for its peers it is still dead) until the test creates
   ``<MULOCO_TEST_DRILL_DIR>/open-r<id>-<step>`` (see :func:`open_gate`): the test decides
   when a killed replica comes back.
@@ -79,7 +79,8 @@ def open_gate(folder: Path, replica: int, attempt: int) -> None:
 
 
 def _restart_count() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    """How many times this replica's process was started again: by torchrun, or by SLURM requeueing its job."""
+    return sum(int(os.environ.get(name) or 0) for name in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"))
 
 
 def _gate(drill: Drill, poll_seconds: float = 0.05) -> None:

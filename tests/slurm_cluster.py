@@ -396,15 +396,22 @@ class LocalSlurm:
         self._pids.clear()
         self._kill_leftovers()
 
-    def _cancel_all(self) -> None:
-        def queue() -> list[str]:
-            proc = self.run(["squeue", "-h", "-o", "%A"], check=False, timeout=10)
-            return proc.stdout.split() if proc.returncode == 0 else []
+    def job_ids(self, *, ended_too: bool = False) -> set[str]:
+        """The ids of the jobs in the queue (each array task its own id); with ``ended_too``, also
+        the ended ones slurmctld still lists; empty when squeue fails."""
+        proc = self.run(["squeue", "-h", "-o", "%A", *(["-t", "all"] if ended_too else [])], check=False,
+                        timeout=10)
+        return set(proc.stdout.split()) if proc.returncode == 0 else set()
 
-        jobs = queue()
+    def cancel(self, jobs: Iterable[str]) -> None:
+        """Cancel ``jobs`` and wait (a bounded while) until they left the queue."""
+        jobs = set(jobs)
         if jobs:
-            self.run(["scancel", *jobs], check=False, timeout=10)
-            _wait_until(lambda: not queue(), 5 + KILL_AFTER, interval=0.2)
+            self.run(["scancel", *sorted(jobs)], check=False, timeout=10)
+            _wait_until(lambda: not (self.job_ids() & jobs), 5 + KILL_AFTER, interval=0.2)
+
+    def _cancel_all(self) -> None:
+        self.cancel(self.job_ids())
 
     @staticmethod
     def _terminate(pid: int) -> None:

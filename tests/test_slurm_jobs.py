@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TINY, read_metrics
-from drill_train import release
+from drill_train import open_gate, release
 from replicas import syncs
 
 pytestmark = pytest.mark.timeout(1800)  # hang timeouts only: the suite may share the machine with others
@@ -58,6 +58,16 @@ def wait_done(slurm, job: str, run: Path, timeout: float = JOB_TIMEOUT) -> str:
                          sorted(run.rglob("*.log")))
         pytest.fail(f"job {job} ended {state}\n{logs}\n{slurm.logs()}")
     return state
+
+
+@pytest.fixture(autouse=True)
+def _cancel_jobs_the_test_left(slurm):
+    """A failed test's jobs would hold the node (and change the queue) for the tests after it:
+    whatever a test submitted and left queued or running is cancelled when it ends. The module's
+    ``jobs`` fixture submits first (module fixtures are set up before function ones): they stay."""
+    before = slurm.job_ids(ended_too=True)
+    yield
+    slurm.cancel(slurm.job_ids() - before)
 
 
 @pytest.fixture(scope="module")
@@ -160,9 +170,11 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
     """Each replica group its own array task: requeueing group 1's task stops only group 1;
     group 0 trains on (a quorum of 1 lets it commit alone), and group 1 heals from it mid-run.
 
-    The test sets the order instead of assuming speeds: group 0 holds after step ARRAY_HOLD
-    (heartbeating, in no quorum) until group 1's requeued task is back and behind, so group 1
-    heals at group 0's next sync whatever the speed of training or of SLURM's requeue."""
+    The test sets the order instead of assuming speeds: group 1's requeued task waits before it
+    builds its trainer (a gate drill) until group 0, having committed syncs alone, holds after
+    step ARRAY_HOLD (heartbeating, in no quorum); group 1 then starts behind, and group 0 is let
+    go once group 1 says so: group 1 heals at group 0's next sync whatever the speed of training,
+    of SLURM's requeue, or of the moment the requeue lands (before or after a sync commits)."""
     run = jobs["root"] / "array"
     drills = jobs["root"] / "array-drills"
     ids = submitted(generate("array", "--config", "diloco/muloco_2bit", "--replicas", "2", *CPU,
@@ -170,7 +182,7 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
                              "--outer.sync_every", "5", "--fault_tolerance.min_replica_size", "1",
                              "--checkpoint.interval", "1000", "--metrics.log_freq", "5",
                              "--validator.freq", "1000", "--dump_folder", str(run), cwd=jobs["root"],
-                             env=_drill_env(drills, f"hold:0:{ARRAY_HOLD}")))
+                             env=_drill_env(drills, f"hold:0:{ARRAY_HOLD},gate:1:1")))
     array, lighthouse = ids["groups.sh"], ids["lighthouse.sh"]
     deadline = time.monotonic() + JOB_TIMEOUT
     log1 = run / "logs" / "replica_1.log"
@@ -181,15 +193,22 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
         except (FileNotFoundError, json.JSONDecodeError):
             return 0
 
-    _wait_for("group 1 did not start training", lambda: steps(1) >= 5, deadline, slurm)
-    slurm.run(["scontrol", "requeue", f"{array}_1"])
-    _wait_for("group 1's task was not requeued",
-              lambda: slurm.job_state(f"{array}_1") not in ("RUNNING", "COMPLETING"), deadline, slurm, 0.1)
-    first_leg = len(log1.read_text())
-    _wait_for(f"group 0 did not reach its hold at step {ARRAY_HOLD}",
-              lambda: (drills / f"hold-r0-{ARRAY_HOLD}").exists(), deadline, slurm)
-    _wait_for("group 1's requeued task did not come back behind its peer",
-              lambda: "this replica group is behind" in log1.read_text()[first_leg:], deadline, slurm)
+    try:
+        _wait_for("group 1 did not start training", lambda: steps(1) >= 5, deadline, slurm)
+        slurm.run(["scontrol", "requeue", f"{array}_1"])
+        _wait_for("group 1's task was not requeued",
+                  lambda: slurm.job_state(f"{array}_1") not in ("RUNNING", "COMPLETING"), deadline, slurm, 0.1)
+        first_leg = len(log1.read_text())
+        _wait_for(f"group 0 did not reach its hold at step {ARRAY_HOLD}",
+                  lambda: (drills / f"hold-r0-{ARRAY_HOLD}").exists(), deadline, slurm)
+        _wait_for("group 1's requeued task did not reach its gate",
+                  lambda: (drills / "gate-r1-1").exists(), deadline, slurm)
+        open_gate(drills, 1, 1)
+        _wait_for("group 1's requeued task did not come back behind its peer",
+                  lambda: "this replica group is behind" in log1.read_text()[first_leg:], deadline, slurm)
+    except BaseException:
+        slurm.run(["scancel", array, lighthouse], check=False)  # group 0 would hold until the job's time limit
+        raise
     release(drills, 0, ARRAY_HOLD)
     for task in ("0", "1"):
         wait_done(slurm, f"{array}_{task}", run)
@@ -278,7 +297,7 @@ def test_dry_run_submits_and_writes_nothing_and_the_scripts_hold_no_secrets(slur
     secret = "wandb-secret-value-123"
     monkeypatch.setenv("WANDB_API_KEY", secret)
     monkeypatch.setenv("HF_TOKEN", secret)
-    before = slurm.run(["squeue", "-h", "-t", "all"]).stdout
+    before = slurm.job_ids(ended_too=True)
     for kind in (["groups", "--replicas", "2"], ["array", "--replicas", "2"], ["spanning", "--replicas", "1"],
                  ["ddp"]):
         config = "ddp/adamw" if kind[0] == "ddp" else "diloco/muloco_2bit"
@@ -294,7 +313,7 @@ def test_dry_run_submits_and_writes_nothing_and_the_scripts_hold_no_secrets(slur
     out = capsys.readouterr().out
     assert "nothing submitted" in out and "#SBATCH --array=0-1%2" in out
     assert not list(tmp_path.iterdir()), "a dry run wrote files"
-    assert slurm.run(["squeue", "-h", "-t", "all"]).stdout == before
+    assert not slurm.job_ids(ended_too=True) - before, "a dry run submitted a job"
 
 
 def generate_here(capsys, *args: str) -> tuple[int, str, str]:
@@ -317,13 +336,13 @@ def generate_here(capsys, *args: str) -> tuple[int, str, str]:
 def test_bad_cluster_settings_are_one_clear_error_before_anything_is_submitted(slurm, tmp_path, capsys,
                                                                                monkeypatch, args, message):
     monkeypatch.chdir(tmp_path)
-    before = slurm.run(["squeue", "-h", "-t", "all"]).stdout
+    before = slurm.job_ids(ended_too=True)
     status, _, err = generate_here(capsys, *args, "--config", "diloco/muloco_2bit", "--", "--training.steps",
                                    "30", "--dump_folder", str(tmp_path / "run"))
     assert status == 2
     assert message in err and err.count("error:") == 1, err
     assert not (tmp_path / "run").exists()
-    assert slurm.run(["squeue", "-h", "-t", "all"]).stdout == before
+    assert not slurm.job_ids(ended_too=True) - before, "a refused submission submitted a job"
 
 
 def test_a_refused_submission_leaves_nothing_behind(slurm, tmp_path, capsys, monkeypatch):

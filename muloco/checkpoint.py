@@ -23,6 +23,7 @@ from torchtitan.components.checkpointer.dcp import AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
 
 from muloco import checkpoint_manifest as manifest
+from muloco.run_facts import RUN_FILE  # noqa: F401 - where a run folder's command and facts are
 
 
 class CheckpointLoadError(RuntimeError):
@@ -47,9 +48,6 @@ def _cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0].rstrip('.') if text else 'file ended early or is unreadable'}"
 
 
-RUN_FILE = "run.json"
-"""In a run folder: the command line that made it (config module, overrides, working
-directory), written by ``muloco.train``; how ``muloco.generate`` rebuilds the model."""
 
 
 def run_folder(config) -> str:

@@ -13,8 +13,9 @@ object per line with at least ``name`` (and ``overrides``; ``muloco.launch.sweep
 a line names the run found in its ``run_dir``/``dump_folder``/``folder``/``path`` key, in the
 ``--dump_folder`` of its overrides, or in the sub-folder called ``name``.
 
-For every run the table shows its method (from ``run.json``'s config module name and overrides,
-the codec from the summary's exchange description), the objective (``ar``/``mdlm``), the final
+For every run the table shows its method and objective as the run recorded them in the facts
+of its ``run.json`` (``muloco.run_facts``: from the resolved config, never from a file or folder
+name; a run without facts shows ``?`` and a warning naming what is unknown), the final
 validation loss of θ_g (the NELBO for ``mdlm``), the final train loss, steps, tokens (all replica
 groups together), bits per parameter and bytes sent per replica (DiLoCo only), the share of wall
 time spent in syncs and the wall time; ``-`` where the run did not record the value (a run still
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from muloco.run_facts import RUN_FILE, method_of, missing_facts
 
 EXIT_BAD_INPUT = 2
 RUN_FILES = ("summary.json", "metrics.jsonl")
@@ -62,6 +64,8 @@ class Run:
     name: str
     method: str
     objective: str
+    facts: dict[str, Any] | None = None
+    """What run.json recorded the run to be (None: it recorded no facts)."""
     replicas: int = 1
     complete: bool = False
     """Every replica wrote its summary (the run finished)."""
@@ -135,75 +139,23 @@ def _warn(message: str) -> None:
 # ---------------------------------------------------------------------------- method
 
 
-def _overrides(args: list[str]) -> dict[str, str | None]:
-    """``--section.key value`` / ``--section.key=value`` / ``--flag`` as {key: value}; dashes in
-    keys read as underscores (the CLI accepts both); a later value wins, as on the CLI."""
-    out: dict[str, str | None] = {}
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg.startswith("--"):
-            key, eq, value = arg[2:].partition("=")
-            if not eq and i + 1 < len(args) and not args[i + 1].startswith("--"):
-                value, i = args[i + 1], i + 1
-            out[key.replace("-", "_")] = value if (eq or value) else None
-        i += 1
-    return out
+def _facts(folder: Path, run_json: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's recorded facts; a run.json without them (an older muloco, or a run that
+    stopped before its model was built) is said, with what is unknown, and nothing is guessed."""
+    missing = missing_facts(run_json)
+    if missing:
+        what = "no run.json" if run_json is None else f"run.json records no {', '.join(missing)}"
+        _warn(f"{folder}: {what} (written by an older muloco, or the run stopped before its model was "
+              "built): its method is shown as '?'; resume or rerun it with this version to record them")
+        return None
+    return run_json["facts"]
 
 
-def _codec_suffix(module: str, overrides: dict[str, str | None], exchange: str | None) -> str:
-    """``-2bit``, ``-topk``, ``-bfloat16`` or '' (dense fp32). The summary's exchange
-    description is what actually ran; before there is one, the module name and overrides."""
-    if exchange:
-        if m := re.match(r"quantize\([^,]*, (\d+)b", exchange):
-            return f"-{m.group(1)}bit"
-        if exchange.startswith("topk"):
-            return "-topk"
-        m = re.match(r"dense\((\w+)\)", exchange)
-        return "" if not m or m.group(1) == "float32" else f"-{m.group(1)}"
-    codec = overrides.get("outer.exchange.codec")
-    bits = overrides.get("outer.exchange.codec.bits")
-    if codec == "dense":
-        return ""
-    if codec == "topk" or (codec is None and "topk" in module):
-        return "-topk"
-    module_bits = re.search(r"(\d+)bit", module)
-    if codec == "quantize" or module_bits:
-        return f"-{bits or (module_bits.group(1) if module_bits else '2')}bit"
-    return ""
-
-
-def _method(run_json: dict[str, Any] | None, summary: dict[str, Any] | None, replicas: int) -> str:
-    """ddp-adamw, ddp-muon, diloco[-codec], muloco[-codec][-streaming]: the inner optimizer from
-    the config module's name (``muon``/``muloco`` in it) unless ``--optimizer.name`` says
-    otherwise, an outer loop when the summary has one or the job has replica folders."""
-    if run_json is None:
-        return "?"
-    config = Path(str(run_json.get("config", "")))
-    module = f"{config.parent.name}/{config.stem}".lower()
-    overrides = _overrides([str(a) for a in run_json.get("args", [])])
-    name = (overrides.get("optimizer.name") or "").lower()
-    inner = name or ("muon" if ("muon" in module or "muloco" in module) else "adamw")
-    outer = (summary is not None and "diloco" in summary) or replicas > 1 or "diloco" in module \
-        or "muloco" in module or any(k.startswith("outer.") for k in overrides)
-    if not outer:
-        return f"ddp-{inner}"
-    exchange = (summary or {}).get("diloco", {}).get("exchange")
-    streaming = "streaming" in module or overrides.get("outer.num_fragments") not in (None, "1")
-    return ("muloco" if inner == "muon" else "diloco") + _codec_suffix(module, overrides, exchange) \
-        + ("-streaming" if streaming else "")
-
-
-def _objective(run_json: dict[str, Any] | None, summary: dict[str, Any] | None) -> str:
-    """ar or mdlm: what the summary says, else ``--objective``, else the config's folder."""
+def _objective(facts: dict[str, Any] | None, summary: dict[str, Any] | None) -> str:
+    """ar or mdlm, as the summary or the facts recorded it."""
     if summary and summary.get("objective"):
         return str(summary["objective"])
-    if run_json is None:
-        return "?"
-    overrides = _overrides([str(a) for a in run_json.get("args", [])])
-    if overrides.get("objective"):
-        return str(overrides["objective"])
-    return "mdlm" if Path(str(run_json.get("config", ""))).parent.name == "diffusion" else "ar"
+    return str(facts["objective"]) if facts else "?"
 
 
 # ---------------------------------------------------------------------------- one replica
@@ -248,7 +200,7 @@ def _add_record(replica: _Replica, r: dict[str, Any]) -> None:
 
 def _replica_folders(folder: Path) -> list[Path]:
     """A DiLoCo job's ``replica_<i>/`` run folders, by replica id."""
-    found = [p for p in folder.glob("replica_*") if re.fullmatch(r"replica_\d+", p.name) and _is_run_folder(p)]
+    found = [p for p in folder.glob("replica_*") if p.name[len("replica_"):].isdigit() and _is_run_folder(p)]
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
@@ -347,12 +299,13 @@ def load_run(folder: Path | str) -> Run:
         raise ReportError(f"{folder}: not a run folder (no summary.json or metrics.jsonl, no replica_<i>/); "
                           "pass a run's --dump_folder")
     reps = [_read_replica(p) for p in parts]
-    run_json = _json_file(parts[0] / "run.json")
+    run_json = _json_file(parts[0] / RUN_FILE)
     summary = next((r.summary for r in reps if r.summary is not None), None)
     curves = _curves(reps)
     try:
-        return Run(folder=folder, name=folder.resolve().name, method=_method(run_json, summary, len(parts)),
-                   objective=_objective(run_json, summary), replicas=len(parts),
+        facts = _facts(parts[0], run_json)
+        return Run(folder=folder, name=folder.resolve().name, method=method_of(facts) if facts else "?",
+                   objective=_objective(facts, summary), facts=facts, replicas=len(parts),
                    complete=all(r.summary is not None for r in reps), **_scalars(reps, curves), **curves)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise ReportError(f"{folder}: summary.json or run.json has a missing or mistyped field ({err!r}); "
@@ -393,9 +346,20 @@ def _manifest_folders(base: Path, line: dict[str, Any]) -> list[Path]:
     if isinstance(overrides, dict):
         overrides = [part for k, v in overrides.items() for part in (f"--{str(k).lstrip('-')}", str(v))]
     given = [line.get(k) for k in ("run_dir", "dump_folder", "folder", "path")]
-    given += [_overrides([str(o) for o in overrides]).get("dump_folder"), line["name"]]
+    given += [_dump_folder_of([str(o) for o in overrides]), line["name"]]
     paths = {Path(str(g)) for g in given if g}
     return [p.resolve() for p in paths] + [(base / p).resolve() for p in paths if not p.is_absolute()]
+
+
+def _dump_folder_of(args: list[str]) -> str | None:
+    """The last ``--dump_folder`` of a manifest line's trainer overrides (as the CLI reads it)."""
+    folder = None
+    for i, arg in enumerate(args):
+        if arg == "--dump_folder" and i + 1 < len(args):
+            folder = args[i + 1]
+        elif arg.startswith("--dump_folder="):
+            folder = arg.split("=", 1)[1]
+    return folder
 
 
 def find_runs(paths: list[Path | str]) -> list[Run]:
@@ -523,7 +487,7 @@ def rows_json(runs: list[Run], metric: str = "validation") -> list[dict[str, Any
     keys = ("name", "method", "objective", "replicas", "complete", "final_validation_loss", "final_train_loss",
             "steps", "tokens", "bits_per_parameter", "bytes_sent_per_replica", "sync_share", "wall_seconds")
     return [{**{k: getattr(r, k) for k in keys}, "folder": str(r.folder), "sweep": str(r.sweep) if r.sweep else None,
-             "best": id(r) in marks} for r in ordered(runs, metric)]
+             "best": id(r) in marks, "facts": r.facts} for r in ordered(runs, metric)]
 
 
 # ---------------------------------------------------------------------------- plots

@@ -7,7 +7,6 @@ with one message and exit status 2.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -19,14 +18,14 @@ compat.apply()
 import torch  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 
-from muloco.atomic_file import write_atomically  # noqa: E402
-from muloco.checkpoint import RUN_FILE, CheckpointLoadError, check_loadable, run_folder  # noqa: E402
+from muloco.checkpoint import CheckpointLoadError, check_loadable, run_folder  # noqa: E402
 from muloco.config.checks import check_config, check_dump_folder  # noqa: E402
 from muloco.config.cli import parse_args, split_config_arg  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
 from muloco.launch.ports import free_port  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError  # noqa: E402
+from muloco.run_facts import update_run_record  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_BAD_CHECKPOINT = 3
@@ -109,14 +108,13 @@ def _bad_input_errors() -> tuple[type[BaseException], ...]:
 
 
 def _record_command(name: str, argv: list[str], config) -> None:
-    """Rank 0 writes ``run.json`` (config module, overrides, working directory) to its run folder."""
+    """Rank 0 writes the command (config module, overrides, working directory) into the run
+    folder's ``run.json``; the trainer adds the run's facts once its model is built."""
     if os.environ.get("RANK", "0") != "0":
         return
     from muloco.config.loader import resolve_config_path
 
-    record = {"config": str(resolve_config_path(name)), "args": argv, "cwd": os.getcwd()}
-    path = os.path.join(run_folder(config), RUN_FILE)
-    write_atomically(path, json.dumps(record, indent=2))
+    update_run_record(run_folder(config), config=str(resolve_config_path(name)), args=argv, cwd=os.getcwd())
 
 
 def run(argv: list[str] | None = None) -> dict:

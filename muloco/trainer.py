@@ -32,6 +32,7 @@ from muloco.models import ModelConfig, build_model_spec
 from muloco.objectives import Autoregressive, NoiseKey, Objective, ObjectiveConfig, SpecialTokens
 from muloco.optim import MulocoOptimizers
 from muloco.precision import MulocoTrainingConfig, resolve_precision
+from muloco.run_facts import facts_of, update_run_record
 from muloco.validate import MulocoValidator
 
 lone_rank_sleep.apply()
@@ -102,6 +103,7 @@ class MulocoTrainerMixin:
 
     def _log_start(self) -> None:
         n = sum(p.numel() for m in self.model_parts for p in m.parameters())
+        self._record_facts(n)
         logger.info(
             f"model {self.config.model.flavor}: {n:,} parameters "
             f"({'causal' if self.objective.causal else 'bidirectional'} attention)"
@@ -116,6 +118,13 @@ class MulocoTrainerMixin:
         describe = getattr(self.dataloader, "describe", None)
         if describe is not None:
             logger.info(f"data: {describe()}")
+
+    def _record_facts(self, parameters: int) -> None:
+        """Rank 0 records what this run is (from the resolved config) in its ``run.json``:
+        what the report and the sweeps read instead of guessing from names."""
+        if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+            return
+        update_run_record(self.config.dump_folder, facts=facts_of(self.config, parameters=parameters))
 
     def should_continue_training(self) -> bool:
         if not getattr(self, "_loop_started", False):

@@ -8,13 +8,21 @@ import io
 import json
 import re
 import shutil
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import TINY, run_train
-from muloco import report
+from conftest import REPO, TINY, run_train
+from muloco import compat, report
+
+compat.apply()
+from muloco.config import load_config  # noqa: E402
+from muloco.run_facts import facts_of  # noqa: E402
+
+MULOCO_2BIT_FACTS = facts_of(load_config("diloco/muloco_2bit"))
 
 QUICK = [*TINY, "--training.steps", "12", "--validator.freq", "4", "--metrics.log_freq", "2",
          "--checkpoint.no-enable", "--metrics.no-enable-tensorboard"]
@@ -159,14 +167,14 @@ def test_live_runs_partial_last_line_is_skipped(sweep, tmp_path, capsys):
 
 def test_diloco_job_folder_is_one_run(sweep, tmp_path):
     """A DiLoCo job's replica_<i>/ folders read as one run: tokens summed, bytes and bits from
-    the syncs, the method from run.json's config and the exchange the summary describes. The
-    replicas are a real run's files with sync records added (a real K=2 job costs 30 s)."""
+    the syncs, the method from the facts in run.json. The replicas are a real run's files with
+    sync records and a K=2 MuLoCo config's facts added (a real K=2 job is trained below)."""
     job = tmp_path / "job"
     sent = [(4, 1000), (8, 1000), (12, 1000)]
     for i in range(2):
         rep = shutil.copytree(sweep / "lr_low", job / f"replica_{i}")
         run_json = json.loads((rep / "run.json").read_text())
-        (rep / "run.json").write_text(json.dumps({**run_json, "config": "/x/config/diloco/muloco_2bit.py"}))
+        (rep / "run.json").write_text(json.dumps({**run_json, "facts": MULOCO_2BIT_FACTS}))
         with open(rep / "metrics.jsonl", "a") as f:
             for step, n in sent:
                 f.write(json.dumps({"step": step, "sync/bytes_sent": n + i, "sync/payload_bytes": n,
@@ -184,3 +192,49 @@ def test_diloco_job_folder_is_one_run(sweep, tmp_path):
     assert run.sync_share == pytest.approx(0.15)
     assert list(run.sync_steps) == [4, 8, 12] and list(run.sync_bytes) == pytest.approx([1000.5, 2001, 3001.5])
     assert "job" in report.table([run]) and report.without_bytes([run]) == []
+
+
+def test_an_older_run_without_facts_is_reported_with_them_named_not_guessed(sweep, tmp_path, capsys):
+    """A run.json from before facts were recorded: the method is '?', and a warning names the
+    missing facts, whatever the config module or folder is called."""
+    run = shutil.copytree(sweep / "lr_low", tmp_path / "diloco-muloco_2bit-K2")
+    record = json.loads((run / "run.json").read_text())
+    del record["facts"]
+    (run / "run.json").write_text(json.dumps({**record, "config": "/x/config/diloco/muloco_2bit.py"}))
+    assert report.main([str(run), "--out", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    _, row = parse_table(out)["diloco-muloco_2bit-K2"]
+    assert row["method"] == "?" and row["obj"] == "ar"  # the objective is in the summary: recorded, not guessed
+    assert f"warning: {run}: run.json records no method, objective, model, inner_optimizer, outer" in err
+
+
+NEUTRAL_MODULE = """from muloco.config import load_config
+
+
+def config():
+    return load_config("diloco/muloco_2bit")
+"""
+
+
+def test_a_neutrally_named_muloco_run_is_named_by_its_facts_after_its_folder_is_renamed(tmp_path, capsys):
+    """A config module ``exp_a.py`` (MuLoCo 2-bit inside, nothing in its name says so) trained as a
+    real K=2 job; its folder renamed to something misleading; the report still says muloco-2bit."""
+    module = tmp_path / "exp_a.py"
+    module.write_text(NEUTRAL_MODULE)
+    folder = tmp_path / "first-name"
+    proc = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config", str(module), "--replicas", "2",
+                           "--", *TINY, "--training.steps", "10", "--outer.sync_every", "5", "--validator.freq", "5",
+                           "--checkpoint.no-enable", "--metrics.no-enable-tensorboard", "--dump_folder", str(folder)],
+                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    renamed = folder.rename(tmp_path / "ddp-adamw-baseline")
+    assert report.main([str(renamed), "--out", str(tmp_path / "report")]) == 0
+    out, _ = capsys.readouterr()
+    print(out)  # the closing note of the issue quotes it
+    _, row = parse_table(out)["ddp-adamw-baseline"]
+    assert (row["method"], row["obj"]) == ("muloco-2bit", "ar")
+    assert float(row["bits/param"]) < 2.5
+    facts = json.loads((tmp_path / "report" / "report.json").read_text())["rows"][0]["facts"]
+    assert facts["inner_optimizer"]["name"] == "Muon" and facts["outer"]["replica_groups"] == 2
+    assert facts["outer"]["codec"]["name"] == "quantize" and facts["outer"]["codec"]["bits"] == 2
+    assert facts["outer"]["error_feedback"]["enabled"] and facts["model"]["parameters"] > 0

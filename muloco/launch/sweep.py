@@ -49,6 +49,7 @@ from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
 from muloco.launch.slurm import (KINDS, LOG_DIR, SLURM_DIR, JobError, JobSpec, Kind, Script, build,
                                  overrides_block, preamble, prepare_folder, requeue_block,
                                  sbatch_header, script, submit_scripts)
+from muloco.run_facts import facts_of
 
 MANIFEST = "manifest.jsonl"
 FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -117,30 +118,26 @@ def grid(kind: str, config: str, *, vary: dict[str, list] | None = None, fixed: 
 # -- names -----------------------------------------------------------------------------------
 
 
-def _codec(cfg) -> str:
-    outer = getattr(cfg, "outer", None)
-    if outer is None:
+def _codec_detail(outer: dict) -> str:
+    """What the method's name does not say about a lossy codec: top-k's fraction, error feedback."""
+    codec = outer["codec"]
+    if codec["name"] == "dense" and codec.get("dtype", "float32") == "float32":
         return ""
-    codec = outer.exchange.codec
-    if hasattr(codec, "bits"):
-        label = f"{codec.bits}bit"
-    elif hasattr(codec, "fraction"):
-        label = f"top{codec.fraction:g}"
-    else:
-        return "dense"
-    return f"{label}-{'ef' if outer.exchange.error_feedback.enabled else 'noef'}"
+    ef = "ef" if outer["error_feedback"]["enabled"] else "noef"
+    return f"top{codec['fraction']:g}-{ef}" if codec["name"] == "topk" else ef
 
 
-def run_name(run: RunSpec, cfg) -> str:
-    """method-objective-flavor-K-H-codec-lrs, from the parsed config (so defaults are named too)."""
-    method = run.config.replace("/", "-").replace("_", "-")
-    parts = [method, getattr(cfg.objective, "name", "ar"), cfg.model.flavor.replace("llama3-", "")]
-    outer = getattr(cfg, "outer", None)
+def run_name(cfg) -> str:
+    """method_objective_flavor[_K_H_codec]_lrs, from the parsed config's facts (the method as the
+    report names it, defaults included; never from the config module's file name)."""
+    facts = facts_of(cfg, environment=False)
+    parts = [facts["method"], facts["objective"], cfg.model.flavor.replace("llama3-", "")]
+    outer = facts["outer"]
     if outer is not None:
-        parts += [f"K{cfg.fault_tolerance.group_size}", f"H{outer.sync_every}", _codec(cfg)]
+        parts += [f"K{outer['replica_groups']}", f"H{outer['sync_every']}", _codec_detail(outer)]
     parts.append(f"lr{cfg.optimizer.lr:g}")
     if outer is not None:
-        parts.append(f"olr{outer.optimizer.lr:g}")
+        parts.append(f"olr{outer['optimizer']['lr']:g}")
     return "_".join(p for p in parts if p)
 
 
@@ -258,7 +255,7 @@ def plan(sweep: Sweep, folder: str, spec_for, extra: list[str]) -> list[Planned]
         kind_cfg = KINDS[run.kind].Config(**run.options)
         spec = spec_for(run.config, run.overrides + extra)
         job = build(run.kind, kind_cfg, spec, check_cluster=False)
-        name = run_name(run, job.trainer)
+        name = run_name(job.trainer)
         if name in names:
             raise JobError(f"two runs of sweep {sweep.name} are both named {name}: they differ only in "
                            f"settings the name does not show; vary a named setting or split the sweep")

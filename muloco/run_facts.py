@@ -1,0 +1,187 @@
+"""What a run is, taken from its resolved config: the facts ``run.json`` records.
+
+The report, the sweeps and anything that compares runs read these facts instead of guessing
+from a config module's file name or from regular expressions over command lines: a config
+module ``exp_a.py`` that loads ``diloco/muloco_2bit`` is MuLoCo 2-bit because its resolved
+config has Muon inside, an outer loop and a 2-bit codec, whatever it is called.
+
+``facts_of`` reads a trainer config (imports nothing heavy itself); ``method_of`` names the
+method from facts alone (no torch import: the report uses it). A ``run.json`` written before
+facts were recorded has none: ``missing_facts`` names what is unknown, and nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+RUN_FILE = "run.json"
+"""In a run folder: the command that made it (config module, overrides, working directory),
+written by ``muloco.train`` (how ``muloco.generate`` rebuilds the model), and its ``facts``."""
+FACTS_VERSION = 1
+FACT_KEYS = ("method", "objective", "model", "inner_optimizer", "outer", "data", "seed", "versions", "commit")
+"""Every key ``facts_of`` writes (``outer`` is None for a run without an outer loop)."""
+PACKAGES = ("torch", "torchtitan", "torchft", "muloco")
+_DATA_FIELDS = {
+    "stdlib": ("val_percent",),
+    "jsonl": ("dataset_path", "dataset", "validation_path", "text_field", "val_percent"),
+    "huggingface": ("dataset", "dataset_path", "dataset_subset", "validation_split", "text_field", "val_percent"),
+}
+_SFT_FIELDS = ("prompt_field", "response_field", "messages_field")
+
+
+def _variant_name(config: Any) -> str:
+    """The name a variant config class is chosen by (``quantize``, ``allgather``, ``mdlm``)."""
+    owner = getattr(type(config), "_owner", None)
+    return str(getattr(owner, "name", type(config).__name__))
+
+
+def _settings(config: Any) -> dict[str, Any]:
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if f.init and not f.name.startswith("_")}
+
+
+def codec_facts(exchange: Any) -> dict[str, Any]:
+    """The codec's name, its settings, and its bits per element on the wire (before metadata)."""
+    codec = exchange.codec
+    name = _variant_name(codec)
+    settings = _settings(codec)
+    if name == "quantize":
+        bits = settings["bits"]
+    elif name == "topk":
+        value_bits = settings["value_bits"] or _dtype_bits(settings["value_dtype"])
+        bits = settings["fraction"] * (value_bits + 16)  # each kept value and its 16-bit index
+    else:
+        bits = _dtype_bits(settings.get("dtype", "float32"))
+    return {"name": name, "bits": bits, **settings}
+
+
+def _dtype_bits(dtype: str) -> int:
+    return 32 if dtype == "float32" else 16
+
+
+def outer_facts(config: Any) -> dict[str, Any] | None:
+    """K, H, fragments and overlap, the outer optimizer, codec, error feedback and strategy."""
+    outer = getattr(config, "outer", None)
+    if outer is None:
+        return None
+    exchange = outer.exchange
+    codec = codec_facts(exchange)
+    ef = exchange.error_feedback
+    lossy = codec["name"] != "dense" or codec.get("dtype") != "float32"  # what ErrorFeedback.applies_to asks
+    return {
+        "replica_groups": config.fault_tolerance.group_size,
+        "quorum": config.fault_tolerance.min_replica_size or None,
+        "sync_every": outer.sync_every,
+        "fragments": outer.num_fragments,
+        "overlap_steps": outer.fragment_sync_delay,
+        "fragment_update_alpha": outer.fragment_update_alpha,
+        "optimizer": _settings(outer.optimizer),
+        "codec": codec,
+        "error_feedback": {"enabled": bool(ef.enabled) and lossy, "beta": ef.beta},
+        "strategy": _variant_name(exchange.resolved_strategy()),
+        "skip_pattern": exchange.skip_pattern,
+    }
+
+
+def data_facts(dataloader: Any) -> dict[str, Any]:
+    """The data source and only the settings that source reads."""
+    source = dataloader.source
+    fields = _DATA_FIELDS.get(source, ()) + (_SFT_FIELDS if dataloader.format == "sft" else ())
+    return {"source": source, "format": dataloader.format, **{k: getattr(dataloader, k) for k in fields}}
+
+
+def facts_of(config: Any, *, parameters: int | None = None, environment: bool = True) -> dict[str, Any]:
+    """Every fact of a resolved trainer config; ``parameters`` once the model is built;
+    ``environment``: the package versions and the project's commit too (a sweep naming its
+    runs needs only the config's)."""
+    optimizer = config.optimizer
+    facts = {
+        "facts_version": FACTS_VERSION,
+        "objective": _variant_name(config.objective),
+        "model": {"flavor": config.model.flavor, "parameters": parameters},
+        "inner_optimizer": {"name": optimizer.name, "lr": optimizer.lr, "weight_decay": optimizer.weight_decay},
+        "outer": outer_facts(config),
+        "data": data_facts(config.dataloader),
+        "seed": config.debug.seed,
+    }
+    if environment:
+        facts.update(versions=package_versions(), commit=source_commit())
+    facts["method"] = method_of(facts)
+    return facts
+
+
+def method_of(facts: dict[str, Any]) -> str:
+    """ddp-adamw, ddp-muon, diloco[-codec][-streaming], muloco[-codec][-streaming], from facts:
+    MuLoCo is Muon inside an outer loop; the codec suffix is ``-<bits>bit``, ``-topk`` or the
+    wire dtype of a dense exchange other than float32; streaming is more than one fragment."""
+    inner = str(facts["inner_optimizer"]["name"]).lower()
+    outer = facts["outer"]
+    if outer is None:
+        return f"ddp-{inner}"
+    codec = outer["codec"]
+    if codec["name"] == "quantize":
+        suffix = f"-{codec['bits']}bit"
+    elif codec["name"] == "topk":
+        suffix = "-topk"
+    else:
+        dtype = codec.get("dtype", "float32")
+        suffix = "" if dtype == "float32" else f"-{dtype}"
+    streaming = "-streaming" if outer["fragments"] > 1 else ""
+    return ("muloco" if inner == "muon" else "diloco") + suffix + streaming
+
+
+def missing_facts(record: dict[str, Any] | None) -> list[str]:
+    """The facts a ``run.json`` (None: no file) does not record; [] when it records them all."""
+    facts = (record or {}).get("facts")
+    if not isinstance(facts, dict):
+        return list(FACT_KEYS)
+    return [k for k in FACT_KEYS if k not in facts]
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def source_commit() -> dict[str, Any] | None:
+    """The project's git commit and whether tracked files differ from it; None outside a checkout."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=30)
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if head.returncode != 0:
+        return None
+    return {"sha": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+
+
+def update_run_record(folder: str | os.PathLike, **parts: Any) -> None:
+    """Set ``parts`` (``config``/``args``/``cwd`` of the command, ``facts``) in ``folder``'s
+    ``run.json``, keeping what else it holds; readers see the old file or the new one whole."""
+    from muloco.atomic_file import write_atomically
+
+    path = Path(folder) / RUN_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        record = {}
+    if not isinstance(record, dict):
+        record = {}
+    record.update(parts)
+    write_atomically(path, json.dumps(record, indent=2, default=str))

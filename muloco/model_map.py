@@ -1,35 +1,235 @@
-"""The sizing table: ``python -m muloco.model_map [--flavor F ...] [--global-batch B] [--vocab V]``.
+"""The model map: every flavor's shape, parameter count, token budget and tuned settings.
 
-For each flavor of the model map (:mod:`muloco.models.model_map`): parameters with and
-without the embedding and head for a vocabulary, the token budget at 20 tokens per
-parameter, the steps that spend it at a global batch of ``--seq-len`` sequences, the
-largest micro-batch per GPU (MuLoCo's LBS_MAP, seq 2048), the GPUs that hold the global
-batch without gradient accumulation, and the tuned values with where each comes from:
-inner learning rates as MuLoCo's launchers set them, and weight decay tuned at batch 512
-rescaled the way MuLoCo's launchers rescale it (× steps(512)/steps(B), ÷ K for
-DiLoCo/MuLoCo with ``--replicas K``). ``--json`` prints one object per flavor.
+One source of truth for the trainer (which builds models from it), the job generators and
+sweeps (which read budgets, batch limits and tuned values from it) and the sizing CLI,
+``python -m muloco.model_map [--flavor F ...] [--global-batch B] [--vocab V]``, which prints
+for each flavor: parameters with and without the embedding and head for a vocabulary, the token
+budget at 20 tokens per parameter, the steps that spend it at a global batch of ``--seq-len``
+sequences, the largest micro-batch per GPU (MuLoCo's LBS_MAP, seq 2048), the GPUs that hold the
+global batch without gradient accumulation, and the tuned values with where each comes from:
+inner learning rates as MuLoCo's launchers set them, and weight decay tuned at batch 512 rescaled
+the way MuLoCo's launchers rescale it (× steps(512)/steps(B), ÷ K for DiLoCo/MuLoCo with
+``--replicas K``). ``--json`` prints one object per flavor. Pure Python: no torch import. Flavors are named like
+MuLoCo's ``model_map``: ``llama3-w{dim}-d{depth}-h{heads}``, optionally followed by
+``_qk_torch-rmsnorm`` (per-head QK RMSNorm) and ``_pa`` / ``_pf`` (post-attention /
+post-FFN norms). Shapes follow MuLoCo: no GQA, SwiGLU FFN of ``int(2.75 * dim)``,
+untied embeddings, no biases. The vocabulary comes from the tokenizer, so counts
+are functions of ``vocab_size``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
+import re
 import sys
+from dataclasses import dataclass, field
 
-from muloco import compat
+FFN_MULTIPLIER = 2.75
+TOKENS_PER_PARAM = 20  # Chinchilla budget, as in MuLoCo's MODEL_STEP_MAP
+LLAMA3_VOCAB = 128256
+WD_REFERENCE_BATCH = 512
+"""MuLoCo tuned weight decay at this global batch and rescales it by steps (see rescaled_weight_decay)."""
 
-compat.apply()  # muloco.models imports torchtitan
+SOURCES: dict[str, str] = {
+    "muon": "MuLoCo model_map.py OPTIMAL_WD_MAP['muon'] (weight decay, global batch 512)",
+    "adamw": "MuLoCo model_map.py OPTIMAL_WD_MAP['adamw'] (weight decay, global batch 512)",
+    "muloco_k8_topk": "MuLoCo inner_sweep_distributed_quantized_topk.py (MuLoCo inner lr, K=8, B=512, top-k)",
+    "muloco_k8_quantized": "MuLoCo inner_sweep_distributed_quantized_streaming.py (MuLoCo inner lr, K=8, "
+                           "B=512, 2-bit; middle of its grid 0.0473/0.0224/0.0106)",
+    "diloco_k8": "MuLoCo inner_sweep_distributed_quantized_topk.py (DiLoCo AdamW inner lr, K=8, B=512)",
+    "ddp_muon_gbs8192": "MuLoCo ddp_baselines_h100.py (DDP Muon lr, B=8192; middle of 0.0442/0.0313/0.0221)",
+    "muloco_k16": "MuLoCo diloco_muloco_no-compression_h100.py (MuLoCo inner lr, K=16, B=2048)",
+    "diloco_k16": "MuLoCo diloco_muloco_no-compression_h100.py (DiLoCo AdamW inner lr, K=16, B=1024)",
+}
+"""Where each tuned value of the table comes from (keys of Shape.weight_decay and Shape.tuned_lr)."""
 
-from muloco.models.model_map import (  # noqa: E402
-    LLAMA3_VOCAB,
-    SHAPES,
-    SOURCES,
-    UnknownFlavorError,
-    WD_REFERENCE_BATCH,
-    parse_flavor,
-    sizing,
-)
+
+@dataclass(frozen=True)
+class Shape:
+    dim: int
+    depth: int
+    heads: int
+    max_local_batch: int = 32
+    """Largest micro-batch per GPU at seq 2048 (MuLoCo's LBS_MAP; tiny models: CPU)."""
+    weight_decay: dict[str, float] = field(default_factory=dict)
+    """Tuned decoupled weight decay at global batch 512 (MuLoCo's OPTIMAL_WD_MAP)."""
+    tuned_lr: dict[str, float] = field(default_factory=dict)
+    """Tuned inner learning rates from MuLoCo's launchers, keyed by method."""
+
+    @property
+    def ffn_dim(self) -> int:
+        return int(FFN_MULTIPLIER * self.dim)
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.heads
+
+
+@dataclass(frozen=True)
+class Flavor:
+    name: str
+    shape: Shape
+    qk_norm: bool
+    post_attention_norm: bool
+    post_ffn_norm: bool
+
+
+# Tiny flavors train on a 2-core CPU (tests and the embedded default job);
+# the rest are MuLoCo's table (head_dim 128).
+SHAPES: dict[str, Shape] = {
+    "llama3-w64-d2-h2": Shape(64, 2, 2),
+    "llama3-w128-d4-h2": Shape(128, 4, 2),
+    "llama3-w192-d4-h3": Shape(192, 4, 3),
+    "llama3-w256-d4-h4": Shape(256, 4, 4),
+    "llama3-w256-d6-h4": Shape(256, 6, 4),
+    "llama3-w512-d6-h4": Shape(512, 6, 4, 32, {"muon": 0.01, "adamw": 0.001}),
+    "llama3-w1024-d12-h8": Shape(
+        1024,
+        12,
+        8,
+        16,
+        {"muon": 0.01, "adamw": 0.01},
+        {"muloco_k8_topk": 0.0625, "muloco_k8_quantized": 0.0224, "diloco_k8": 0.0039},
+    ),
+    "llama3-w1536-d18-h12": Shape(1536, 18, 12, 16, {"muon": 0.01, "adamw": 0.01}),
+    "llama3-w2048-d24-h16": Shape(2048, 24, 16, 8, {"muon": 0.001, "adamw": 0.001}),
+    "llama3-w2560-d30-h20": Shape(
+        2560,
+        30,
+        20,
+        4,
+        {"muon": 0.001, "adamw": 0.001},
+        {"ddp_muon_gbs8192": 0.0313, "muloco_k16": 0.015625, "diloco_k16": 0.000691},
+    ),
+    "llama3-w3072-d36-h24": Shape(3072, 36, 24, 2),
+    "llama3-w3584-d42-h28": Shape(3584, 42, 28, 2),
+    "llama3-w4096-d48-h32": Shape(4096, 48, 32, 2),
+    "llama3-w4608-d54-h36": Shape(4608, 54, 36, 2, {"muon": 1e-4, "adamw": 1e-4}),
+}
+
+_SUFFIX = re.compile(r"^(?P<base>llama3-w\d+-d\d+-h\d+)(?P<qk>_qk_torch-rmsnorm)?(?P<pa>_pa)?(?P<pf>_pf)?$")
+
+
+class UnknownFlavorError(ValueError):
+    pass
+
+
+def known_flavors() -> list[str]:
+    """Every base shape, plain and with MuLoCo's full suffix."""
+    return sorted(SHAPES) + sorted(f"{b}_qk_torch-rmsnorm_pa_pf" for b in SHAPES)
+
+
+def parse_flavor(name: str) -> Flavor:
+    match = _SUFFIX.match(name)
+    if match is None or match["base"] not in SHAPES:
+        close = difflib.get_close_matches(name, known_flavors(), n=3, cutoff=0.6)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise UnknownFlavorError(
+            f"model.flavor '{name}' is not in the model map.{hint} Known shapes: "
+            f"{', '.join(SHAPES)}; each may be suffixed with _qk_torch-rmsnorm, _pa, _pf."
+        )
+    return Flavor(
+        name=name,
+        shape=SHAPES[match["base"]],
+        qk_norm=match["qk"] is not None,
+        post_attention_norm=match["pa"] is not None,
+        post_ffn_norm=match["pf"] is not None,
+    )
+
+
+def padded_vocab(vocab_size: int, multiple_of: int) -> int:
+    return -(-vocab_size // multiple_of) * multiple_of
+
+
+def count_parameters(flavor: str | Flavor, vocab_size: int) -> int:
+    """Closed-form parameter count; the tests check it against built models."""
+    f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
+    s = f.shape
+    norms_per_layer = 2 + int(f.post_attention_norm) + int(f.post_ffn_norm)
+    per_layer = (
+        4 * s.dim * s.dim  # wq, wk, wv, wo (no GQA)
+        + 3 * s.dim * s.ffn_dim  # SwiGLU w1, w2, w3
+        + norms_per_layer * s.dim
+        + (2 * s.head_dim if f.qk_norm else 0)
+    )
+    return 2 * vocab_size * s.dim + s.depth * per_layer + s.dim  # + final norm
+
+
+def count_embedding_parameters(flavor: str | Flavor, vocab_size: int) -> int:
+    f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
+    return 2 * vocab_size * f.shape.dim
+
+
+def token_budget(flavor: str, vocab_size: int = LLAMA3_VOCAB) -> int:
+    return TOKENS_PER_PARAM * count_parameters(flavor, vocab_size)
+
+
+def steps_for_batch(
+    flavor: str, global_batch: int, seq_len: int = 2048, vocab_size: int = LLAMA3_VOCAB
+) -> int:
+    """Steps that spend the 20-tokens-per-parameter budget at this global batch."""
+    if global_batch <= 0 or seq_len <= 0:
+        raise ValueError("global_batch and seq_len must be positive")
+    return -(-token_budget(flavor, vocab_size) // (global_batch * seq_len))
+
+
+def non_embedding_parameters(flavor: str | Flavor, vocab_size: int) -> int:
+    return count_parameters(flavor, vocab_size) - count_embedding_parameters(flavor, vocab_size)
+
+
+def gpus_without_accumulation(flavor: str, global_batch: int) -> int:
+    """GPUs whose micro-batches (the map's ``max_local_batch`` each) hold the global batch in one step."""
+    return -(-global_batch // parse_flavor(flavor).shape.max_local_batch)
+
+
+def rescaled_weight_decay(weight_decay: float, flavor: str, global_batch: int, *, replicas: int = 1,
+                          seq_len: int = 2048, vocab_size: int = LLAMA3_VOCAB) -> float:
+    """MuLoCo's launchers' rule: the weight decay tuned at global batch 512 scales with the
+    number of steps, wd · steps(512) / steps(B), and is divided by K for DiLoCo/MuLoCo."""
+    if replicas < 1:
+        raise ValueError("replicas must be at least 1")
+    ratio = steps_for_batch(flavor, WD_REFERENCE_BATCH, seq_len, vocab_size) / steps_for_batch(
+        flavor, global_batch, seq_len, vocab_size)
+    return weight_decay * ratio / replicas
+
+
+@dataclass(frozen=True)
+class SizingRow:
+    flavor: str
+    parameters: int
+    non_embedding_parameters: int
+    token_budget: int
+    steps: int
+    max_micro_batch: int
+    gpus: int
+    weight_decay: dict[str, float]
+    """Tuned at batch 512, rescaled to this batch and K."""
+    tuned_lr: dict[str, float]
+
+
+def sizing(flavor: str, *, global_batch: int, vocab_size: int = LLAMA3_VOCAB, seq_len: int = 2048,
+           replicas: int = 1) -> SizingRow:
+    """One row of the sizing table (``python -m muloco.model_map``)."""
+    shape = parse_flavor(flavor).shape
+    params = count_parameters(flavor, vocab_size)
+    return SizingRow(
+        flavor=flavor,
+        parameters=params,
+        non_embedding_parameters=non_embedding_parameters(flavor, vocab_size),
+        token_budget=TOKENS_PER_PARAM * params,
+        steps=steps_for_batch(flavor, global_batch, seq_len, vocab_size),
+        max_micro_batch=shape.max_local_batch,
+        gpus=gpus_without_accumulation(flavor, global_batch),
+        weight_decay={k: rescaled_weight_decay(v, flavor, global_batch, replicas=replicas, seq_len=seq_len,
+                                               vocab_size=vocab_size) for k, v in shape.weight_decay.items()},
+        tuned_lr=dict(shape.tuned_lr),
+    )
+
+
+# ---------------------------------------------------------------------------- the sizing CLI
 
 
 def _count(n: int) -> str:

@@ -16,13 +16,13 @@ from muloco import compat
 
 compat.apply()
 
-from muloco.model_map import main  # noqa: E402
-from muloco.models.model_map import (  # noqa: E402
+from muloco.model_map import (  # noqa: E402
     SHAPES,
     SOURCES,
     count_parameters,
     rescaled_weight_decay,
     sizing,
+    main,
     steps_for_batch,
 )
 
@@ -89,3 +89,10 @@ def test_bad_arguments_are_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_map_is_read_without_torch():
+    """Job generators, sweeps and the sizing CLI read the map; none of them pays for a torch import."""
+    code = "import sys, muloco.model_map; assert 'torch' not in sys.modules, sorted(sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

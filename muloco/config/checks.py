@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from muloco.config.loader import ConfigError
 from muloco.created_dirs import make_dirs, missing_dirs, remove_dirs
-from muloco.models.model_map import UnknownFlavorError, parse_flavor
+from muloco.model_map import UnknownFlavorError, parse_flavor
 
 
 def _positive(key: str, value, what: str = "a positive number") -> None:

@@ -39,10 +39,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
-from muloco import compat
-
-compat.apply()  # sweep files import the model map (muloco.models imports torchtitan)
-
 from muloco.atomic_file import write_atomically
 from muloco.launch.cluster import ClusterError, ClusterUnreachable, load_cluster_settings
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
@@ -92,7 +88,7 @@ def paper_batch_and_decay(flavor: str, weight_decay_key: str, replicas: int = 1,
     """Fixed flags that hold MuLoCo's setup for K groups: the global batch split over the groups
     (the GPU presets split it by the config's own K, not the launcher's ``--replicas``) and the
     weight decay tuned at batch 512, rescaled by steps and divided by K (the model map's rule)."""
-    from muloco.models.model_map import parse_flavor, rescaled_weight_decay
+    from muloco.model_map import parse_flavor, rescaled_weight_decay
 
     if global_batch % replicas:
         raise ValueError(f"global batch {global_batch} does not split over K={replicas} groups")

@@ -641,3 +641,19 @@ def test_lone_rank_skips_torchtitans_end_of_training_sleep(monkeypatch, tmp_path
     assert slept == [2]
     lone_rank_sleep.apply()  # idempotent
     assert isinstance(titan.time, lone_rank_sleep._TimeSkippingLoneSleep)
+
+
+@pytest.mark.parametrize("user_level, quorum_lines", [(None, False), ("info", True)])
+def test_torchfts_rust_log_is_quiet_unless_the_user_asks(user_level, quorum_lines):
+    """torchft logs every lighthouse tick at INFO unless RUST_LOG is set before its import:
+    ``compat.apply()`` sets warn; a user's own RUST_LOG wins."""
+    code = ("import time; from muloco import compat; compat.apply(); "
+            "from torchft.coordination import LighthouseServer; "
+            "s = LighthouseServer(bind='127.0.0.1:0', min_replicas=1); time.sleep(0.3); s.shutdown()")
+    env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
+    if user_level:
+        env["RUST_LOG"] = user_level
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert ("[INFO] [torchft::lighthouse]" in proc.stderr) is quorum_lines, proc.stderr

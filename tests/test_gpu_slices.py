@@ -99,7 +99,7 @@ def test_dry_run_on_an_eight_gpu_node_prints_each_slice_and_starts_nothing(tmp_p
         for rank in range(2):
             assert (f"[r{i}.{rank}]   rank {rank}: torchrun sets RANK={rank} LOCAL_RANK={rank} "
                     f"WORLD_SIZE=2  (cuda:{rank} = GPU {2 * i + rank} of this machine)") in lines
-    assert "[lh] " in out and "--min_replicas 3" in out
+    assert "[lh] " in out and "min_replicas 3" in out
     assert not (tmp_path / "run").exists()  # no dump folder, no lock, no logs
 
 

@@ -82,8 +82,8 @@ class SleeperJob:
 
     def wait_until_up(self, timeout: float = HANG_S) -> None:
         """Until every replica recorded itself and its child; then record the rank processes
-        that torchrun started them through, and the launcher's direct children (lighthouse,
-        torchrun agents, watchdog)."""
+        that torchrun started them through, and the launcher's direct children (torchrun
+        agents, watchdog)."""
         deadline = time.monotonic() + timeout
         while len(os.listdir(self.pid_dir)) < self.replicas:
             assert self.proc.poll() is None, self.out.read_text()
@@ -120,9 +120,9 @@ def test_sigkilled_launcher_takes_every_process_with_it(tmp_path):
     job = SleeperJob(tmp_path)
     try:
         job.wait_until_up()
-        # lighthouse + 2 torchrun agents + the watchdog; per replica its rank process, the
-        # replica and the replica's own child
-        assert len(job.direct) == 4 and len(job.run_pids) == 10, (job.direct, job.run_pids)
+        # 2 torchrun agents + the watchdog (the lighthouse is a thread of the launcher); per
+        # replica its rank process, the replica and the replica's own child
+        assert len(job.direct) == 3 and len(job.run_pids) == 9, (job.direct, job.run_pids)
         assert all(alive(p) for p in job.run_pids)
         os.kill(job.proc.pid, signal.SIGKILL)
         assert job.proc.wait(HANG_S) == -signal.SIGKILL

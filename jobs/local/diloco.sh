@@ -11,7 +11,7 @@ Usage: jobs/local/${MULOCO_JOB_SCRIPT:-$(basename "$0")} [launcher options] [-- 
 Runs K DiLoCo replica groups and their torchft lighthouse on this machine, all bound to
 127.0.0.1: each group is one torchrun with its ranks on its own slice of the GPUs
 (CUDA_VISIBLE_DEVICES; --gpus-per-replica, --dry-run shows the layout). Each replica's output
-is shown prefixed ([r0], [r1], [lh]) and kept raw in <dump_folder>/logs/replica_<i>.log. A quorum is a majority of the K groups (--min-replicas).
+is shown prefixed ([r0], [r1]) and kept raw in <dump_folder>/logs/replica_<i>.log. A quorum is a majority of the K groups (--min-replicas).
 Ctrl-C stops everything (a second Ctrl-C skips the 10 s grace); if the launcher is killed,
 its lighthouse and replicas die with it. Exit status: 0 only if every replica finished;
 2 if nothing was started (a config without an outer loop, a bad override, or a dump folder

@@ -1,4 +1,4 @@
-"""The one place where muloco adapts third-party behaviour (torch 2.13, torchtitan 0.3.0).
+"""The one place where muloco adapts third-party behaviour (torch 2.13, torchtitan 0.3.0, torchft 0.2.0).
 
 Every entry point calls :func:`apply` before it imports torchtitan: torchtitan copies
 the device type into module globals at import time, so a later fix would be too late.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 
-from muloco.compat import checkpoint_safety, cpu_device, distributed, triton_stub
+from muloco.compat import checkpoint_safety, cpu_device, distributed, torchft_log_level, triton_stub
 
 _applied = False
 
@@ -25,6 +25,7 @@ def apply() -> None:
     global _applied
     if _applied:
         return
+    torchft_log_level.apply()
     cpu_device.apply()
     triton_stub.apply()
     distributed.apply()

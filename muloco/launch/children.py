@@ -18,7 +18,7 @@ from muloco.launch.parent_death import die_with_launcher
 class GroupReaper:
     """A watchdog process that SIGKILLs the children's process groups if the launcher dies.
 
-    The parent-death signal reaches only the launcher's direct children (the lighthouse, the
+    The parent-death signal reaches only the launcher's direct children (the
     torchrun agents); their own children that stay in their process group (compile workers,
     helpers) are reparented when they die that way. The ranks torchrun starts in sessions of
     their own die with their agent (``muloco.launch.rank_process``). This watchdog, a tiny
@@ -108,28 +108,6 @@ class Console:
                 pass  # a closed console must not kill the launcher (logs still get everything)
 
 
-class PrefixedLog:
-    """Where a child's output goes: each line raw to its log file, prefixed to the console,
-    and to ``on_line`` (e.g. to spot the lighthouse's address)."""
-
-    def __init__(self, log_path: str, prefix: str, console: Console,
-                 on_line: Callable[[str], None] | None = None):
-        self.log_path, self.prefix = log_path, prefix
-        self._console, self._on_line = console, on_line
-        self._log = open(log_path, "ab")
-
-    def write(self, raw: bytes) -> None:
-        self._log.write(raw)
-        self._log.flush()  # so `tail -f` shows progress as it happens
-        text = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-        self._console.line(f"{self.prefix} {text}")
-        if self._on_line:
-            self._on_line(text)
-
-    def close(self) -> None:
-        self._log.close()
-
-
 class ManagedProcess:
     """One child in its own session, each line of its output handed to a ``sink``.
 
@@ -139,7 +117,7 @@ class ManagedProcess:
     descriptor of the launcher's (the dump folder lock among them).
     """
 
-    def __init__(self, cmd: list[str], env: dict[str, str], sink: PrefixedLog | Any,
+    def __init__(self, cmd: list[str], env: dict[str, str], sink: Any,
                  reaper: GroupReaper | None = None, name: str = "child"):
         self.cmd, self.sink, self._reaper = cmd, sink, reaper
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,

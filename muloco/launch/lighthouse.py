@@ -126,6 +126,9 @@ def start_lighthouse(
     _check_settings(min_replicas, join_timeout_ms=join_timeout_ms,
                     quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
     # Imported late: it pulls in torch, and bad arguments should fail fast without it.
+    from muloco.compat import torchft_log_level
+
+    torchft_log_level.apply()
     from torchft.coordination import LighthouseServer
 
     try:

@@ -5,18 +5,19 @@
 Before starting anything it parses and checks the trainer config once (a non-DiLoCo config or
 a bad override is refused with one message, exit 2) and locks the dump folder (a second launch
 on a folder a live run holds is refused, exit 2, without touching it). Then it starts the
-lighthouse (loopback only; a quorum is a majority of the K groups unless ``--min-replicas``
-says otherwise), then K replica groups, each one ``torchrun`` (``muloco.launch.replica_group``)
+lighthouse in its own process (torchft's server thread; loopback only; a quorum is a majority
+of the K groups unless ``--min-replicas`` says otherwise), then K replica groups, each one ``torchrun`` (``muloco.launch.replica_group``)
 with N ranks on its own slice of the GPUs (``CUDA_VISIBLE_DEVICES``; one rank per GPU, FSDP
 inside the group) and its own rendezvous store on a free loopback port. torchrun restarts a
 failed group up to ``--max-restarts`` times (it heals from a peer) and tees the ranks' output;
-every line is shown prefixed (``[r0]``, ``[r1.1]``, ``[lh]``) and kept raw in
+every line is shown prefixed (``[r0]``, ``[r1.1]``) and kept raw in
 ``<log_dir>/replica_<i>.log`` (``replica_<i>_rank<r>.log`` for ranks r > 0). A group that
 fails for good, and Ctrl-C, stop everything: SIGTERM to each child's process group (torchrun
 passes it to its ranks), 10 s grace, then SIGKILL. The exit status is 0 only if every
 replica exited 0, else the failed rank's own exit status.
 
-If the launcher itself is killed, even by SIGKILL, nothing it started survives: the kernel
+If the launcher itself is killed, even by SIGKILL, nothing it started survives (the lighthouse
+dies with it, being part of it): the kernel
 kills its direct children (Linux's parent-death signal), a watchdog process kills their
 process groups, and each rank dies with its torchrun agent (see ``parent_death``,
 ``children.GroupReaper`` and ``rank_process``).
@@ -38,20 +39,16 @@ from datetime import datetime
 from typing import IO, Callable
 
 from muloco.created_dirs import make_dirs, remove_dirs
-from muloco.launch.children import (Console, GroupReaper, ManagedProcess, PrefixedLog,
-                                    stop_processes)
+from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
 from muloco.launch.exits import describe_exit, shell_status
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
-from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, below_majority_warning,
-                                      join_timeout_for, majority)
+from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, LighthouseError,
+                                      below_majority_warning, join_timeout_for, majority, start_lighthouse)
 from muloco.launch.ports import free_port, free_ports  # noqa: F401 - re-exported for callers
 from muloco.launch.replica_group import TAG as GROUP_TAG
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"
-LIGHTHOUSE_START_TIMEOUT_S = 300.0
-_URL_LINE = re.compile(r"^lighthouse listening on (http://\S+) \(status page")
-_LIGHTHOUSE_ERROR = "lighthouse: error: "
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\] ")  # torchrun's tee, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
 _RESTART = re.compile(r"exited with (.+); restart (\d+)/\d+$")
 _FAILED_RANK = re.compile(r"^rank (\d+) ")
@@ -161,57 +158,6 @@ def dump_folder_from(overrides: list[str], default: str = DEFAULT_DUMP_FOLDER) -
     return folder
 
 
-class LighthouseProcess:
-    """The lighthouse as a child process; ``start()`` returns once it printed its URL."""
-
-    def __init__(self, bind: str, min_replicas: int, join_timeout_ms: int,
-                 quorum_tick_ms: int = 100, heartbeat_timeout_ms: int = 5000):
-        self.cmd = [sys.executable, "-m", "muloco.launch.lighthouse", "--bind", bind,
-                    "--min_replicas", str(min_replicas), "--join_timeout_ms", str(join_timeout_ms),
-                    "--quorum_tick_ms", str(quorum_tick_ms),
-                    "--heartbeat_timeout_ms", str(heartbeat_timeout_ms)]
-        self.url: str | None = None
-        self.process: ManagedProcess | None = None
-        self._ready = threading.Event()
-        self._error: str | None = None  # its one-line complaint about its settings, if any
-
-    def _watch(self, text: str) -> None:
-        if text.startswith(_LIGHTHOUSE_ERROR):
-            self._error = text[len(_LIGHTHOUSE_ERROR):]
-        m = _URL_LINE.match(text)
-        if m and not self._ready.is_set():
-            self.url = m.group(1)
-            self._ready.set()
-
-    def start(self, log_path: str, console: Console, reaper: GroupReaper | None = None,
-              timeout_s: float = LIGHTHOUSE_START_TIMEOUT_S) -> str:
-        env = {"RUST_LOG": "warn", **os.environ, "PYTHONUNBUFFERED": "1"}  # quorum INFO lines are noise
-        self.process = ManagedProcess(self.cmd, env,
-                                      PrefixedLog(log_path, "[lh]", console, self._watch),
-                                      reaper, name="lh")
-        deadline = time.monotonic() + timeout_s
-        while not self._ready.wait(0.05):
-            rc = self.process.poll()
-            if rc is not None or time.monotonic() > deadline:
-                self.stop()
-                if rc == 2 and self._error:  # bad settings (e.g. a busy port): say which
-                    raise LaunchError(f"the lighthouse refused to start: {self._error}", 2)
-                why = (f"exited with {describe_exit(rc)}" if rc is not None
-                       else f"did not report its address within {timeout_s:.0f} s")
-                raise LaunchError(f"the lighthouse {why} (log: {log_path})",
-                                  2 if rc == 2 else 1)
-        assert self.url is not None
-        return self.url
-
-    @property
-    def pid(self) -> int | None:
-        return self.process.pid if self.process else None
-
-    def stop(self, grace_s: float = 10.0) -> None:
-        if self.process:
-            stop_processes([self.process], grace_s)
-
-
 class GroupOutput:
     """A replica group's torchrun output, split by rank: raw lines to ``replica_<i>.log``
     (rank 0 and torchrun itself) or ``replica_<i>_rank<r>.log``, prefixed lines to the
@@ -303,13 +249,12 @@ class LocalJob:
     def __post_init__(self) -> None:
         self.slices: list[list[str]] | None = None  # per group, its CUDA_VISIBLE_DEVICES (None: CPU)
         self.lighthouse_url: str | None = None
-        self.lighthouse_pid: int | None = None
         self.pids: list[int] = []  # every replica process started, restarts included
         self.started = threading.Event()  # set once the lighthouse and all groups are up
         self._stop_code: int | None = None
         self._stop_requests = 0
         self._out = Console(self.console)
-        self._lighthouse: LighthouseProcess | None = None
+        self._lighthouse: Lighthouse | None = None
         self._groups: list[ReplicaGroup] = []
         self._lock: DumpFolderLock | None = None
         self._reaper: GroupReaper | None = None
@@ -480,14 +425,12 @@ class LocalJob:
         except LaunchError as e:
             self._out.line(f"local job failed: {e}")
             return e.status
-        lighthouse = LighthouseProcess(self.lighthouse_bind, self.quorum_size, self.resolved_join_timeout_ms,
-                                       self.quorum_tick_ms, self.heartbeat_timeout_ms)
         self.lighthouse_url = "<lighthouse url>"
         layout = ("CPU (no GPU visible)" if self.slices is None else
                   f"{len(self.slices[0])} GPU(s) per group" + (", shared" if self.share_gpus else ""))
         self._out.line(f"dry run: {self.replicas} replica group(s) x {self.procs_per_replica} rank(s), "
                        f"{layout}; dump folder {os.path.abspath(self.dump_folder)}; nothing is started")
-        self._out.line(f"[lh] {shlex.join(lighthouse.cmd)}")
+        self._out.line(f"[lh] {self._lighthouse_settings()}")
         for i in range(self.replicas):
             env = self.group_env(i)
             shown = {k: v for k, v in env.items() if os.environ.get(k) != v}
@@ -550,15 +493,7 @@ class LocalJob:
             raise LaunchError(f"cannot create the log folder {self.resolved_log_dir}: "
                               f"{e.strerror or e}", 2) from None
         self._reaper = GroupReaper()
-        self._lighthouse = LighthouseProcess(self.lighthouse_bind, self.quorum_size,
-                                             self.resolved_join_timeout_ms, self.quorum_tick_ms,
-                                             self.heartbeat_timeout_ms)
-        lh_log = os.path.join(self.resolved_log_dir, "lighthouse.log")
-        self._mark([lh_log], f"=== launch {datetime.now().isoformat(timespec='seconds')} ===")
-        self.lighthouse_url = self._lighthouse.start(lh_log, self._out, self._reaper)
-        self.lighthouse_pid = self._lighthouse.pid
-        self._out.line(f"local job: lighthouse {self.lighthouse_url} (pid {self.lighthouse_pid}; "
-                       f"status page: {self.lighthouse_url}/)")
+        self._start_lighthouse()
         self._out.line(f"local job: logs in {os.path.abspath(self.resolved_log_dir)}")
         self._out.line(f"local job: {self.replicas} replica group(s) x {self.procs_per_replica} "
                        f"rank(s), one torchrun each; replica 0's ranks run: "
@@ -569,6 +504,28 @@ class LocalJob:
         self._out.line("local job: torchrun pids " + " ".join(
             f"r{g.index}={g.agent.pid}" for g in self._groups if g.agent))
         self.started.set()
+
+    def _lighthouse_settings(self) -> str:
+        return (f"torchft lighthouse in the launcher's process: bind {self.lighthouse_bind}, min_replicas "
+                f"{self.quorum_size}, join_timeout_ms {self.resolved_join_timeout_ms}, quorum_tick_ms "
+                f"{self.quorum_tick_ms}, heartbeat_timeout_ms {self.heartbeat_timeout_ms}")
+
+    def _start_lighthouse(self) -> None:
+        """The lighthouse runs in this process (torchft's server is a thread): its address is
+        known when it returns, and it cannot outlive the launcher. ``lighthouse.log`` says where
+        it listened, for each launch."""
+        try:
+            self._lighthouse = start_lighthouse(self.lighthouse_bind, self.quorum_size, self.resolved_join_timeout_ms,
+                                                self.quorum_tick_ms, self.heartbeat_timeout_ms)
+        except LighthouseError as e:
+            raise LaunchError(f"the lighthouse refused to start: {e}", 2) from None
+        self.lighthouse_url = self._lighthouse.url
+        self._mark([os.path.join(self.resolved_log_dir, "lighthouse.log")],
+                   f"=== launch {datetime.now().isoformat(timespec='seconds')} ===\n"
+                   f"{self._lighthouse_settings()}\nlighthouse listening on {self.lighthouse_url} "
+                   f"(status page: {self.lighthouse_url}/)")
+        self._out.line(f"local job: lighthouse {self.lighthouse_url} (in this process; status page: "
+                       f"{self.lighthouse_url}/)")
 
     def _group_logs(self, g: ReplicaGroup) -> list[str]:
         return [self.log_path(g.index, r) for r in range(self.procs_per_replica)]
@@ -611,17 +568,11 @@ class LocalJob:
         return self._stop_code
 
     def _supervise(self) -> int:
-        """Poll the lighthouse and the torchrun agents every 0.1 s (they restart their own
-        ranks); stop at the first agent that fails for good."""
+        """Poll the torchrun agents every 0.1 s (they restart their own ranks); stop at the first
+        agent that fails for good."""
         while True:
             if self._stop_code is not None:
                 return self._stopped()
-            assert self._lighthouse and self._lighthouse.process
-            lh_rc = self._lighthouse.process.poll()
-            if lh_rc is not None:
-                self._out.line(f"local job failed: the lighthouse exited with "
-                               f"{describe_exit(lh_rc)} (log: {self._lighthouse.process.sink.log_path})")
-                return 1
             for g in self._groups:
                 failed = self._check_group(g)
                 if failed is not None:
@@ -655,7 +606,8 @@ class LocalJob:
         """Children first (they may still talk to the lighthouse while saving), then the lighthouse."""
         stop_processes([g.agent for g in self._groups if g.agent], self.term_grace_s, self._hurry)
         if self._lighthouse:
-            self._lighthouse.stop(self.term_grace_s)
+            self._lighthouse.shutdown()
+            self._lighthouse = None
 
     def _release(self, undo: bool) -> None:
         """After teardown: dismiss the watchdog, then unlock the dump folder; with ``undo``

@@ -321,7 +321,7 @@ def run_drill(name: str, seed: int, tmp: Path, console=None) -> DrillResult:
     job = LocalJob(
         config="diloco/muloco_2bit", replicas=K, overrides=overrides, max_restarts=2,
         # a live replica is never dropped for a late heartbeat under load; a dead one after 3 s
-        heartbeat_timeout_ms=3000, threads_per_proc=1, entry=DRILL_ENTRY,
+        heartbeat_timeout_ms=3000, threads=1, entry=DRILL_ENTRY,
         env={"MULOCO_TEST_DRILLS": ",".join(specs), "MULOCO_TEST_DRILL_DIR": str(markers)},
         console=console if console is not None else open(tmp / f"{name}-{seed}-console.txt", "w"),
     )

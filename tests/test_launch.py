@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from muloco.launch.lighthouse import LighthouseError, parse_bind, quorum_size, start_lighthouse
-from muloco.launch.local import LocalJob, free_ports, job_from_args
+from muloco.launch.cli import UsageError
+from muloco.launch.local import LocalJob, free_ports, job_from_args, main
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_S = 240
@@ -182,9 +183,9 @@ def test_rank_process_whose_agent_is_already_gone_kills_its_group(tmp_path):
 
 # -- launcher --------------------------------------------------------------------------------
 
-def test_cli_arguments_split_into_options_and_overrides(tmp_path):
-    job = job_from_args(["--replicas", "3", "--training.steps", "60", "--max-restarts", "1",
-                         "--", "--dump_folder", str(tmp_path / "run")])
+def test_cli_arguments_split_into_options_and_overrides(tmp_path, capsys):
+    job = job_from_args(["--replicas", "3", "--max-restarts", "1",
+                         "--", "--training.steps", "60", "--dump_folder", str(tmp_path / "run")])
     assert (job.replicas, job.max_restarts, job.config) == (3, 1, "diloco/diloco")
     assert job.overrides == ["--training.steps", "60", "--dump_folder", str(tmp_path / "run")]
     assert job.resolved_log_dir == str(tmp_path / "run" / "logs")
@@ -199,6 +200,12 @@ def test_cli_arguments_split_into_options_and_overrides(tmp_path):
                        overrides=["--dump_folder", str(tmp_path / "run")])
     assert wrapped.replica_command(1)[:4] == [sys.executable, "tests/drill_train.py", "--config",
                                               "diloco/diloco"]
+    with pytest.raises(UsageError, match=r"unknown option '--training.steps'.*trainer overrides go after `--`"):
+        job_from_args(["--replicas", "3", "--training.steps", "60"])  # a trainer override before `--`
+    assert main(["--max-restart", "1"]) == 2
+    assert capsys.readouterr().err == ("python -m muloco.launch.local: error: unknown option '--max-restart'. "
+                                       "Closest valid options: --max-restarts, --min-replicas. See python -m "
+                                       "muloco.launch.local --help; trainer overrides go after `--`.\n")
 
 
 def test_quorum_defaults_follow_the_replicas_and_the_trainer_config(tmp_path):

@@ -26,7 +26,7 @@ Examples:
 
 Launcher options (python -m muloco.launch.local):
 USAGE
-    "$REPO/.venv/bin/python" -m muloco.launch.local --help | sed -n '/^options:/,$p'
+    "$REPO/.venv/bin/python" -m muloco.launch.local --help | sed -n '/─ options ─/,$p'
 }
 
 for arg in "$@"; do

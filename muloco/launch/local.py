@@ -25,7 +25,7 @@ process groups, and each rank dies with its torchrun agent (see ``parent_death``
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import re
 import shlex
@@ -39,6 +39,7 @@ from datetime import datetime
 from typing import IO, Callable
 
 from muloco.created_dirs import make_dirs, remove_dirs
+from muloco.launch.cli import UsageError, parse
 from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
 from muloco.launch.exits import describe_exit, shell_status
@@ -210,7 +211,47 @@ class ReplicaGroup:
 
 
 @dataclass
-class LocalJob:
+class LaunchOptions:
+    """Run K DiLoCo replica groups (one torchrun each) and a torchft lighthouse on this machine."""
+
+    config: str = "diloco/diloco"
+    """muloco config module with an outer loop (diloco/*), or a path to a .py file."""
+    replicas: int = 2
+    """Replica groups K."""
+    procs_per_replica: int | None = None
+    """Ranks per replica group, started by its torchrun (default: one per GPU of its slice; 1 on CPU)."""
+    gpus_per_replica: int | None = None
+    """GPUs per replica group; group i gets the i-th slice of CUDA_VISIBLE_DEVICES (default: the
+    visible GPUs split evenly over --replicas)."""
+    share_gpus: bool = False
+    """Let replica groups share GPUs (e.g. K groups on one GPU) instead of refusing when there are
+    fewer GPUs than groups x --gpus-per-replica."""
+    dry_run: bool = False
+    """Print every process's command and environment (CUDA_VISIBLE_DEVICES included); start nothing."""
+    max_restarts: int = 0
+    """torchrun restarts a failed replica group up to N times; it heals from a peer."""
+    log_dir: str | None = None
+    """Per-replica logs (default <dump_folder>/logs, the trainer's dump folder after the overrides;
+    the dump folder is locked while the job runs)."""
+    min_replicas: int | None = None
+    """Replica groups a quorum needs (default: a majority, K//2+1, unless the config sets
+    --fault_tolerance.min_replica_size; 0 also means a majority). 1..K are allowed; below a
+    majority, two disjoint sets of groups could both commit (split brain)."""
+    heartbeat_timeout_ms: int = 5000
+    """Drop a silent replica group after this long."""
+    join_timeout_ms: int | None = None
+    """How long the lighthouse waits for heartbeating groups that have not joined a forming quorum
+    yet (default: 90% of the trainer's --fault_tolerance.quorum_timeout_seconds, 270000 for 300 s)."""
+    quorum_tick_ms: int = 100
+    """Lighthouse tick."""
+    lighthouse_bind: str = "127.0.0.1:0"
+    """Lighthouse HOST:PORT (loopback and a free port by default)."""
+    threads: int | None = None
+    """OMP_NUM_THREADS per process (default: the cores shared out over every rank)."""
+
+
+@dataclass
+class LocalJob(LaunchOptions):
     """K replica groups plus a lighthouse on this machine; ``run()`` blocks and returns the status.
 
     ``min_replicas`` None or 0 means a majority of ``replicas`` (or the trainer config's
@@ -219,27 +260,12 @@ class LocalJob:
     runs ``entry`` (the trainer; a test may give a wrapper script) with ``--config``, its
     replica id, K, the ``overrides`` and the quorum size; ``command``, when given, replaces
     that whole command line (and the config is then not parsed). torchrun starts the ranks.
+    With ``dry_run``, ``main`` prints the launch (``show_launch()``) instead of running it.
     """
 
-    config: str = "diloco/diloco"
-    replicas: int = 2
-    procs_per_replica: int | None = None
-    """Ranks per group; default: its GPUs on a GPU node (one rank each), else 1."""
-    gpus_per_replica: int | None = None
-    share_gpus: bool = False
-    dry_run_only: bool = False
-    """--dry-run: ``main`` prints the launch (``dry_run()``) instead of running it."""
+    overrides: list[str] = field(default_factory=list)
     visible_gpus: list[str] | None = None
     """Devices to hand out; None: CUDA_VISIBLE_DEVICES, else every CUDA device (gpu_slices.py)."""
-    overrides: list[str] = field(default_factory=list)
-    log_dir: str | None = None
-    max_restarts: int = 0
-    lighthouse_bind: str = "127.0.0.1:0"
-    min_replicas: int | None = None
-    join_timeout_ms: int | None = None
-    heartbeat_timeout_ms: int = 5000
-    quorum_tick_ms: int = 100
-    threads_per_proc: int | None = None
     command: list[str] | None = None
     entry: list[str] = field(default_factory=lambda: [sys.executable, "-m", "muloco.train"])
     env: dict[str, str] = field(default_factory=dict)
@@ -326,7 +352,7 @@ class LocalJob:
         """Group ``i``'s environment (torchrun adds each rank's RANK, LOCAL_RANK, WORLD_SIZE,
         MASTER_ADDR/PORT): its GPU slice, the torchft/DiLoCo variables, threads per rank."""
         env = {k: v for k, v in os.environ.items() if k not in _INHERITED_DIST_VARS}
-        threads = self.threads_per_proc or (
+        threads = self.threads or (
             None if "OMP_NUM_THREADS" in os.environ
             else max(1, (os.cpu_count() or 1) // (self.replicas * self.procs_per_replica))
         )
@@ -364,7 +390,7 @@ class LocalJob:
                               f"larger value means the quorum could never form", 2)
         if self.join_timeout_ms is not None and self.join_timeout_ms < 0:
             raise LaunchError(f"--join-timeout-ms must be >= 0, got {self.join_timeout_ms}", 2)
-        if self.threads_per_proc is not None and self.threads_per_proc < 1:
+        if self.threads is not None and self.threads < 1:
             raise LaunchError("--threads must be at least 1", 2)
 
     def _slice_gpus(self) -> None:
@@ -415,7 +441,7 @@ class LocalJob:
             self._release(undo)
             restore()
 
-    def dry_run(self) -> int:
+    def show_launch(self) -> int:
         """Print every process's command and the environment the launcher sets for it
         (CUDA_VISIBLE_DEVICES included); start nothing, write nothing."""
         try:
@@ -627,73 +653,20 @@ class LocalJob:
             self._lock = None
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m muloco.launch.local", allow_abbrev=False,
-        description="Run K DiLoCo replica groups (one torchrun each) and a torchft lighthouse "
-                    "on this machine.",
-        epilog="Everything after `--` (and any option not listed here) is passed to every "
-               "replica, e.g. `-- --training.steps 50 --dump_folder outputs/my-run`.")
-    a = p.add_argument
-    a("--config", default="diloco/diloco", help="muloco config name (default %(default)s)")
-    a("--replicas", type=int, default=2, help="replica groups K (default %(default)s)")
-    a("--procs-per-replica", type=int, default=None,
-      help="ranks per replica group, started by its torchrun (default: one per GPU of its "
-           "slice; 1 on CPU)")
-    a("--gpus-per-replica", type=int, default=None,
-      help="GPUs per replica group; group i gets the i-th slice of CUDA_VISIBLE_DEVICES "
-           "(default: the visible GPUs split evenly over --replicas)")
-    a("--share-gpus", action="store_true",
-      help="let replica groups share GPUs (e.g. K groups on one GPU) instead of refusing "
-           "when there are fewer GPUs than groups x --gpus-per-replica")
-    a("--dry-run", action="store_true",
-      help="print every process's command and environment (CUDA_VISIBLE_DEVICES included) "
-           "and start nothing")
-    a("--max-restarts", type=int, default=0,
-      help="torchrun restarts a failed replica group up to N times; it heals from a peer "
-           "(default %(default)s)")
-    a("--log-dir", default=None,
-      help="per-replica logs (default <dump_folder>/logs, the trainer's dump folder after the "
-           "overrides; the dump folder is locked while the job runs)")
-    a("--min-replicas", type=int, default=None,
-      help="replica groups a quorum needs (default: a majority, K//2+1, unless the config sets "
-           "--fault_tolerance.min_replica_size; 0 also means a majority). 1..K are allowed; "
-           "below a majority, two disjoint sets of groups could both commit (split brain)")
-    a("--heartbeat-timeout-ms", type=int, default=5000,
-      help="drop a silent replica group after this long (default %(default)s)")
-    a("--join-timeout-ms", type=int, default=None,
-      help="how long the lighthouse waits for heartbeating groups that have not joined a "
-           "forming quorum yet (default: 90%% of the trainer's "
-           "--fault_tolerance.quorum_timeout_seconds, 270000 for its default 300 s)")
-    a("--quorum-tick-ms", type=int, default=100, help="lighthouse tick (default %(default)s)")
-    a("--lighthouse-bind", default="127.0.0.1:0",
-      help="lighthouse HOST:PORT (default %(default)s: loopback, free port)")
-    a("--threads", type=int, default=None,
-      help="OMP_NUM_THREADS per process (default: unset, torch decides)")
-    return p
-
-
 def job_from_args(argv: list[str]) -> LocalJob:
-    """CLI arguments to a LocalJob: our options parsed, the rest (and all after `--`) passed on."""
-    argv = list(argv)
-    extra: list[str] = []
-    if "--" in argv:
-        cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
-    args, unknown = _parser().parse_known_args(argv)
-    return LocalJob(config=args.config, replicas=args.replicas,
-                    procs_per_replica=args.procs_per_replica, gpus_per_replica=args.gpus_per_replica,
-                    share_gpus=args.share_gpus, dry_run_only=args.dry_run, overrides=unknown + extra,
-                    log_dir=args.log_dir, max_restarts=args.max_restarts,
-                    lighthouse_bind=args.lighthouse_bind, min_replicas=args.min_replicas,
-                    join_timeout_ms=args.join_timeout_ms,
-                    heartbeat_timeout_ms=args.heartbeat_timeout_ms,
-                    quorum_tick_ms=args.quorum_tick_ms, threads_per_proc=args.threads)
+    """The command line to a LocalJob: the launcher's options, and the trainer overrides after ``--``."""
+    options, overrides = parse(LaunchOptions, argv, prog="python -m muloco.launch.local",
+                               description=LaunchOptions.__doc__)
+    return LocalJob(**dataclasses.asdict(options), overrides=overrides)
 
 
 def main(argv: list[str] | None = None) -> int:
-    job = job_from_args(sys.argv[1:] if argv is None else argv)
-    return job.dry_run() if job.dry_run_only else job.run()
+    try:
+        job = job_from_args(sys.argv[1:] if argv is None else argv)
+    except UsageError as e:
+        print(f"python -m muloco.launch.local: error: {e}", file=sys.stderr)
+        return 2
+    return job.show_launch() if job.dry_run else job.run()
 
 
 if __name__ == "__main__":

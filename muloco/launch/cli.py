@@ -1,0 +1,92 @@
+"""Launcher command lines, parsed by tyro as the trainer's are: ``[options] -- trainer overrides``.
+
+Each launcher's options are one dataclass (its fields' docstrings are the ``--help``). The
+command line is split once, at the first ``--``: what follows goes to the trainer unchanged.
+An option the launcher does not have is refused the way the trainer refuses an unknown key,
+one line naming the closest valid options; then tyro parses the rest (values checked by type,
+``--flag`` / ``--no-flag`` for booleans, the same help layout as ``python -m muloco.train``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import typing
+from typing import Any, TypeVar
+
+import tyro
+
+T = TypeVar("T")
+OVERRIDES_EPILOG = "Everything after `--` goes to the trainer unchanged, e.g. `-- --training.steps 50`."
+
+
+class UsageError(ValueError):
+    """A command line the launcher cannot take; printed as one ``error:`` line, exit 2."""
+
+
+def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the launcher's own arguments, the trainer overrides after the first ``--``)."""
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return list(argv), []
+
+
+def _flag(name: str, underscores: bool) -> str:
+    return "--" + (name if underscores else name.replace("_", "-"))
+
+
+def _omits_prefix(hint: Any) -> bool:
+    return any(m is tyro.conf.OmitArgPrefixes for m in getattr(hint, "__metadata__", ()))
+
+
+def option_names(cls: type, underscores: bool = False, prefix: str = "") -> list[str]:
+    """Every ``--option`` tyro makes of ``cls`` (``--no-X`` for booleans; nested dataclasses
+    with their prefix unless marked ``OmitArgPrefixes``)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    names = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        inner = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+        if dataclasses.is_dataclass(inner):
+            sub = "" if _omits_prefix(hint) else f"{prefix}{f.name}."
+            names += option_names(inner, underscores, sub)
+            continue
+        flag = _flag(prefix + f.name, underscores)
+        names.append(flag)
+        if inner is bool:
+            names.append(_flag(prefix + ("no_" if underscores else "no-") + f.name, underscores))
+    return names
+
+
+def check_options(args: list[str], valid: list[str], prog: str) -> None:
+    """Refuse an option that is not in ``valid``, naming the closest valid ones."""
+    for arg in args:
+        if not arg.startswith("--") or arg == "--help":
+            continue
+        flag = arg.split("=", 1)[0]
+        if flag in valid:
+            continue
+        close = difflib.get_close_matches(flag, valid, n=3, cutoff=0.5)
+        hint = f" Closest valid options: {', '.join(close)}." if close else ""
+        raise UsageError(f"unknown option '{flag}'.{hint} See {prog} --help; trainer overrides go after `--`.")
+
+
+def parse(cls: type[T], argv: list[str], *, prog: str, description: str, underscores: bool = False
+          ) -> tuple[T, list[str]]:
+    """``cls`` from the launcher's arguments, and the trainer overrides after ``--``."""
+    ours, overrides = split_overrides(argv)
+    check_options(ours, option_names(cls, underscores), prog)
+    options = tyro.cli(cls, args=ours, prog=prog, description=f"{description} {OVERRIDES_EPILOG}",
+                       use_underscores=underscores)
+    return options, overrides
+
+
+def main_guard(prog: str, run, *args) -> int:
+    """Run a launcher's ``run(*args)``; a UsageError is one line on stderr and exit 2."""
+    try:
+        return run(*args)
+    except UsageError as err:
+        print(f"{prog}: error: {err}", file=sys.stderr)
+        return 2

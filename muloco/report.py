@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from muloco.launch.cli import dump_folder_in
 from muloco.run_facts import RUN_FILE, method_of, missing_facts
 
 EXIT_BAD_INPUT = 2
@@ -346,20 +347,9 @@ def _manifest_folders(base: Path, line: dict[str, Any]) -> list[Path]:
     if isinstance(overrides, dict):
         overrides = [part for k, v in overrides.items() for part in (f"--{str(k).lstrip('-')}", str(v))]
     given = [line.get(k) for k in ("run_dir", "dump_folder", "folder", "path")]
-    given += [_dump_folder_of([str(o) for o in overrides]), line["name"]]
+    given += [dump_folder_in([str(o) for o in overrides]), line["name"]]
     paths = {Path(str(g)) for g in given if g}
     return [p.resolve() for p in paths] + [(base / p).resolve() for p in paths if not p.is_absolute()]
-
-
-def _dump_folder_of(args: list[str]) -> str | None:
-    """The last ``--dump_folder`` of a manifest line's trainer overrides (as the CLI reads it)."""
-    folder = None
-    for i, arg in enumerate(args):
-        if arg == "--dump_folder" and i + 1 < len(args):
-            folder = args[i + 1]
-        elif arg.startswith("--dump_folder="):
-            folder = arg.split("=", 1)[1]
-    return folder
 
 
 def find_runs(paths: list[Path | str]) -> list[Run]:

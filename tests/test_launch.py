@@ -134,7 +134,7 @@ def test_lighthouse_cli_needs_the_replica_count_and_explains_its_join_timeout():
         "lighthouse: error: give --replicas K (the number of replica groups; a quorum is then "
         "a majority, K//2+1) or --min_replicas N (the replica groups a quorum needs)"]
     help_text = " ".join(lighthouse_cli("--help").stdout.split())
-    assert "default 270000" in help_text and "--fault_tolerance.quorum_timeout_seconds" in help_text
+    assert "(default: 270000)" in help_text and "--fault_tolerance.quorum_timeout_seconds" in help_text
     assert "heal" in help_text
 
 
@@ -240,8 +240,8 @@ def test_launcher_refuses_a_config_without_outer_loop_once(tmp_path):
                     overrides=["--training.steps", "5", "--dump_folder", str(tmp_path / "run")])
     assert lines == [
         "local job failed: the local launcher runs DiLoCo replica groups; --config ddp/adamw has "
-        "no outer loop: use a diloco/* config (e.g. diloco/diloco, diloco/muloco_2bit), or run it "
-        f"directly: python -m muloco.train --config ddp/adamw --training.steps 5 --dump_folder "
+        "no outer loop: use a diloco/* config (e.g. diloco/diloco, diloco/muloco_2bit), or run it as one "
+        f"group: python -m muloco.train --config ddp/adamw --training.steps 5 --dump_folder "
         f"{tmp_path / 'run'}"]
 
 

@@ -400,3 +400,15 @@ def test_interactive_node_scripts_run_inside_an_allocation(slurm, tmp_path):
     assert procs["k2"].returncode == 0, out["k2"]
     a, b = final(tmp_path / "k2" / "replica_0"), final(tmp_path / "k2" / "replica_1")
     assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
+
+
+@pytest.mark.parametrize("kind, config, message", [
+    (["ddp"], "diloco/muloco_2bit", "the ddp kind runs one replica group; --config diloco/muloco_2bit has an outer loop"),
+    (["array", "--replicas", "2"], "ddp/adamw", "the array kind runs DiLoCo replica groups; --config ddp/adamw has no "
+                                                "outer loop"),
+])
+def test_a_config_of_the_wrong_kind_is_one_error(slurm, tmp_path, capsys, monkeypatch, kind, config, message):
+    monkeypatch.chdir(tmp_path)
+    status, _, err = generate_here(capsys, *kind, "--config", config, *CPU, "--", "--dump_folder", str(tmp_path / "r"))
+    assert status == 2 and message in err and err.count("error:") == 1, err
+    assert not (tmp_path / "r").exists()

@@ -523,7 +523,7 @@ def test_eight_gpu_node_script_dry_run(runs):
     assert r["code"] == 0, _tail(r["out"])
     out = r["out"]
     assert "dry run: 8 replica group(s) x 1 rank(s), 1 GPU(s) per group" in out and "nothing is started" in out
-    assert "-m muloco.launch.lighthouse --bind 127.0.0.1:0 --min_replicas 5" in out
+    assert "[lh] torchft lighthouse in the launcher's process: bind 127.0.0.1:0, min_replicas 5," in out
     for i in range(8):
         assert f"[r{i}] CUDA_VISIBLE_DEVICES={i} " in out
         assert (f"-m muloco.train --config gpu/muloco_2bit --fault_tolerance.replica_id {i} "
@@ -578,7 +578,7 @@ def test_local_job_script(runs, script):
     ran = runs.result(f"local/{script}")
     config, objective = LOCAL_SCRIPTS[script]
     assert ran.rc == 0, _tail(ran.out)
-    assert "local job finished: 1 replicas ok" in ran.out and "lighthouse listening on http://127.0.0.1:" in ran.out
+    assert "local job finished: 1 replicas ok" in ran.out and "local job: lighthouse http://127.0.0.1:" in ran.out
     assert f"[r0] run summary ({objective} objective)" in ran.out, _tail(ran.out)
     run = ran.cwd / "run" / "replica_0"
     s = _summary(run)

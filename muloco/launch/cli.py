@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import sys
 import typing
 from typing import Any, TypeVar
 
@@ -31,6 +30,18 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
         cut = argv.index("--")
         return argv[:cut], argv[cut + 1:]
     return list(argv), []
+
+
+def dump_folder_in(overrides: list[str]) -> str | None:
+    """The ``--dump_folder`` among trainer overrides (the last one, as the trainer reads them);
+    for what does not parse the trainer config (a custom command, a sweep manifest's line)."""
+    folder = None
+    for i, arg in enumerate(overrides):
+        if arg == "--dump_folder" and i + 1 < len(overrides):
+            folder = overrides[i + 1]
+        elif arg.startswith("--dump_folder="):
+            folder = arg.split("=", 1)[1]
+    return folder
 
 
 def _flag(name: str, underscores: bool) -> str:
@@ -60,7 +71,7 @@ def option_names(cls: type, underscores: bool = False, prefix: str = "") -> list
     return names
 
 
-def check_options(args: list[str], valid: list[str], prog: str) -> None:
+def check_options(args: list[str], valid: list[str], prog: str, overrides: bool = True) -> None:
     """Refuse an option that is not in ``valid``, naming the closest valid ones."""
     for arg in args:
         if not arg.startswith("--") or arg == "--help":
@@ -70,23 +81,20 @@ def check_options(args: list[str], valid: list[str], prog: str) -> None:
             continue
         close = difflib.get_close_matches(flag, valid, n=3, cutoff=0.5)
         hint = f" Closest valid options: {', '.join(close)}." if close else ""
-        raise UsageError(f"unknown option '{flag}'.{hint} See {prog} --help; trainer overrides go after `--`.")
+        where = "; trainer overrides go after `--`" if overrides else ""
+        raise UsageError(f"unknown option '{flag}'.{hint} See {prog} --help{where}.")
 
 
-def parse(cls: type[T], argv: list[str], *, prog: str, description: str, underscores: bool = False
-          ) -> tuple[T, list[str]]:
-    """``cls`` from the launcher's arguments, and the trainer overrides after ``--``."""
-    ours, overrides = split_overrides(argv)
-    check_options(ours, option_names(cls, underscores), prog)
-    options = tyro.cli(cls, args=ours, prog=prog, description=f"{description} {OVERRIDES_EPILOG}",
-                       use_underscores=underscores)
-    return options, overrides
+def parse(cls: type[T], argv: list[str], *, prog: str, description: str, underscores: bool = False,
+          overrides: bool = True) -> tuple[T, list[str]]:
+    """``cls`` from the launcher's arguments, and the trainer overrides after ``--`` (a command
+    that starts no trainer, ``overrides=False``, refuses them)."""
+    ours, rest = split_overrides(argv)
+    if rest and not overrides:
+        raise UsageError(f"{prog} starts no trainer: drop the `--` and what follows it ({' '.join(rest)})")
+    check_options(ours, option_names(cls, underscores), prog, overrides)
+    options = tyro.cli(cls, args=ours, prog=prog, use_underscores=underscores,
+                       description=f"{description} {OVERRIDES_EPILOG}" if overrides else description)
+    return options, rest
 
 
-def main_guard(prog: str, run, *args) -> int:
-    """Run a launcher's ``run(*args)``; a UsageError is one line on stderr and exit 2."""
-    try:
-        return run(*args)
-    except UsageError as err:
-        print(f"{prog}: error: {err}", file=sys.stderr)
-        return 2

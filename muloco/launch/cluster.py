@@ -86,6 +86,32 @@ class ClusterSettings:
                                f"environment on) and drop them from the [env] table")
 
 
+@dataclass
+class ClusterOptions:
+    """The cluster settings a command line may give (the last of the four sources); None: unset."""
+
+    partition: str | None = None
+    """SLURM partition (default: the cluster file, MULOCO_SLURM_PARTITION, else the cluster's default)."""
+    account: str | None = None
+    """SLURM account (default: the cluster file or MULOCO_SLURM_ACCOUNT)."""
+    qos: str | None = None
+    """SLURM QOS (default: the cluster file or MULOCO_SLURM_QOS)."""
+    time: str | None = None
+    """Wall-clock limit, MM, HH:MM:SS or D-HH:MM:SS (default: the cluster file, else 04:00:00)."""
+    mem: str | None = None
+    """Memory per node, SLURM's format (default: the cluster file, else SLURM's)."""
+    constraint: str | None = None
+    """Node features, SLURM's --constraint (default: the cluster file)."""
+    gpus_per_node: int | None = None
+    """GPUs per node (default: what the partition's nodes have; 0 runs on CPUs)."""
+    cpus_per_node: int | None = None
+    """CPUs per node (default: what the partition's nodes have)."""
+
+    def settings(self) -> ClusterSettings:
+        """Defaults, the user's file and MULOCO_SLURM_*, then these options."""
+        return load_cluster_settings(dataclasses.asdict(self))
+
+
 _FIELDS = {f.name: f for f in dataclasses.fields(ClusterSettings)}
 
 

@@ -14,13 +14,14 @@ until SIGINT/SIGTERM. Replicas find it through ``TORCHFT_LIGHTHOUSE=http://HOST:
 
 from __future__ import annotations
 
-import argparse
 import re
 import signal
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from muloco.launch.cli import UsageError, parse
 
 DEFAULT_BIND = "127.0.0.1:29510"
 # 90% of the trainer's default --fault_tolerance.quorum_timeout_seconds (300 s): see
@@ -152,35 +153,29 @@ def start_lighthouse(
     return Lighthouse(server=server, host=host, port=actual_port)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m muloco.launch.lighthouse",
-        description="Run the torchft lighthouse (quorum server) until SIGINT/SIGTERM.",
-    )
-    p.add_argument("--bind", default=DEFAULT_BIND,
-                   help="HOST:PORT to listen on (default %(default)s, loopback only; on a cluster "
-                        "use the node's routable address, e.g. \"$(hostname -i):29510\"; port 0 "
-                        "picks a free port)")
-    p.add_argument("--replicas", type=int, default=None, metavar="K",
-                   help="replica groups in the job; the quorum is then a majority, K//2+1, so two "
-                        "disjoint sets of groups can never both commit (split brain)")
-    p.add_argument("--min_replicas", type=int, default=None, metavar="N",
-                   help="replica groups needed to form a quorum (default: a majority of "
-                        "--replicas; one of the two options is required). Below a majority "
-                        "it is allowed, with a warning: split brain becomes possible")
-    p.add_argument("--join_timeout_ms", type=int, default=DEFAULT_JOIN_TIMEOUT_MS,
-                   help="how long a forming quorum waits for groups that heartbeat but have not "
-                        "joined yet (default %(default)s = 270 s). Keep it a bit below the "
-                        "replicas' --fault_tolerance.quorum_timeout_seconds (300 s by default): "
-                        "once a replica has waited longer than this, the next majority forms a "
-                        "quorum without the slightly late healthy groups, which then have to "
-                        "heal. Dead groups stop heartbeating and drop out after "
-                        "--heartbeat_timeout_ms, so they do not hold a quorum up this long")
-    p.add_argument("--quorum_tick_ms", type=int, default=100,
-                   help="how often quorum state is re-evaluated (default %(default)s)")
-    p.add_argument("--heartbeat_timeout_ms", type=int, default=5000,
-                   help="a group silent this long is dropped from the quorum (default %(default)s)")
-    return p
+@dataclass
+class LighthouseOptions:
+    """Run the torchft lighthouse (quorum server) until SIGINT/SIGTERM."""
+
+    bind: str = DEFAULT_BIND
+    """HOST:PORT to listen on (loopback only by default; on a cluster use the node's routable
+    address, e.g. "$(hostname -i):29510"; port 0 picks a free port)."""
+    replicas: int | None = None
+    """Replica groups in the job; the quorum is then a majority, K//2+1, so two disjoint sets of
+    groups can never both commit (split brain)."""
+    min_replicas: int | None = None
+    """Replica groups needed to form a quorum (default: a majority of --replicas; one of the two
+    options is required). Below a majority it is allowed, with a warning: split brain becomes possible."""
+    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS
+    """How long a forming quorum waits for groups that heartbeat but have not joined yet (270 s).
+    Keep it a bit below the replicas' --fault_tolerance.quorum_timeout_seconds (300 s by default):
+    once a replica has waited longer than this, the next majority forms a quorum without the
+    slightly late healthy groups, which then have to heal. Dead groups stop heartbeating and drop
+    out after --heartbeat_timeout_ms, so they do not hold a quorum up this long."""
+    quorum_tick_ms: int = 100
+    """How often quorum state is re-evaluated."""
+    heartbeat_timeout_ms: int = 5000
+    """A group silent this long is dropped from the quorum."""
 
 
 def stop_on_signal() -> threading.Event:
@@ -203,7 +198,13 @@ def serve(lh: Lighthouse, stop: threading.Event, poll_s: float = 0.5,
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    prog = "python -m muloco.launch.lighthouse"
+    try:
+        args, _ = parse(LighthouseOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
+                        description=LighthouseOptions.__doc__, underscores=True, overrides=False)
+    except UsageError as e:
+        print(f"lighthouse: error: {e}", file=sys.stderr)
+        return 2
     stop = stop_on_signal()
     try:
         parse_bind(args.bind)  # a typo in the address is reported before the quorum options

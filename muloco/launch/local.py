@@ -39,10 +39,12 @@ from datetime import datetime
 from typing import IO, Callable
 
 from muloco.created_dirs import make_dirs, remove_dirs
-from muloco.launch.cli import UsageError, parse
+from muloco.launch.cli import UsageError, dump_folder_in, parse
 from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
 from muloco.launch.exits import describe_exit, shell_status
+from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, load_trainer_config, torchrun_args,
+                                 torchrun_group, trainer_command)
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, LighthouseError,
                                       below_majority_warning, join_timeout_for, majority, start_lighthouse)
@@ -64,99 +66,6 @@ class LaunchError(Exception):
     def __init__(self, message: str, status: int = 1):
         super().__init__(message)
         self.status = status
-
-
-def replica_args(i: int, replicas: int) -> list[str]:
-    """What the launcher tells replica group ``i`` about its place in the job."""
-    return ["--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(replicas)]
-
-
-def trainer_command(entry: list[str], config: str, i: int, replicas: int, overrides: list[str],
-                    quorum: int) -> list[str]:
-    """Replica group ``i``'s trainer: ``entry`` with the config, replica id, K, the overrides and
-    the quorum size last (so trainers and lighthouse agree)."""
-    return [*entry, "--config", config, *replica_args(i, replicas), *overrides,
-            "--fault_tolerance.min_replica_size", str(quorum)]
-
-
-def torchrun_group(torchrun_args: list[str], rank_command: list[str]) -> list[str]:
-    """A replica group as one torchrun (``replica_group``: failures reported, the failed rank's
-    exit status kept), each rank running ``rank_command`` through ``rank_process`` (it dies
-    with its agent)."""
-    return [sys.executable, "-m", "muloco.launch.replica_group", *torchrun_args, "--no-python",
-            sys.executable, "-m", "muloco.launch.rank_process", *rank_command]
-
-
-def group_variables(lighthouse_url: str, i: int, replicas: int) -> dict[str, str]:
-    """What every rank of replica group ``i`` finds in its environment besides torchrun's own."""
-    return {"TORCHFT_LIGHTHOUSE": lighthouse_url, "REPLICA_GROUP_ID": str(i),
-            "NUM_REPLICA_GROUPS": str(replicas), "PYTHONUNBUFFERED": "1",
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${local_rank}] "}
-
-
-def load_trainer_config(config: str, replicas: int, overrides: list[str]):
-    """Replica 0's trainer config, parsed and checked here, once, before anything starts.
-
-    Otherwise a bad override or a config without an outer loop is found by each of the K
-    replicas, after the lighthouse is up, and reported K times. Importing torchtitan takes a
-    few seconds; ``muloco.compat`` must adapt it first.
-    """
-    from muloco import compat
-
-    compat.apply()
-    from muloco.config.checks import check_config
-    from muloco.config.cli import parse_args
-    from muloco.config.loader import ConfigError, load_config
-
-    try:
-        if not hasattr(load_config(config), "outer"):
-            raise LaunchError(_no_outer_loop(config, overrides), 2)
-        _, parsed = parse_args(["--config", config, *replica_args(0, replicas), *overrides],
-                               prog=f"python -m muloco.launch.local --config {config} --")
-        _check_launcher_owned(parsed, replicas)
-        check_config(parsed)
-    except ConfigError as e:
-        raise LaunchError(str(e), 2) from None
-    except SystemExit as e:  # tyro printed --help, or a value it could not parse (its message)
-        if not e.code:
-            raise LaunchError("", 0) from None
-        raise LaunchError("a trainer override was rejected (message above); nothing was "
-                          "started", 2) from None
-    return parsed
-
-
-def _no_outer_loop(config: str, overrides: list[str]) -> str:
-    direct = shlex.join(["python", "-m", "muloco.train", "--config", config, *overrides])
-    return (f"the local launcher runs DiLoCo replica groups; --config {config} has no outer "
-            f"loop: use a diloco/* config (e.g. diloco/diloco, diloco/muloco_2bit), or run it "
-            f"directly: {direct}")
-
-
-def _check_launcher_owned(config, replicas: int) -> None:
-    """Overrides of what the launcher sets per replica would give every replica the same id,
-    a K that is not the job's, or another lighthouse than the one it started."""
-    ft = config.fault_tolerance
-    if ft.group_size != replicas:
-        raise LaunchError(f"--fault_tolerance.group_size {ft.group_size} disagrees with "
-                          f"--replicas {replicas}: drop it, the launcher sets it", 2)
-    if ft.replica_id != 0:
-        raise LaunchError("drop --fault_tolerance.replica_id: the launcher gives each replica "
-                          "group its own", 2)
-    if getattr(ft, "lighthouse", ""):
-        raise LaunchError(f"drop --fault_tolerance.lighthouse {ft.lighthouse}: the launcher "
-                          f"starts its own lighthouse and points the replicas at it", 2)
-
-
-def dump_folder_from(overrides: list[str], default: str = DEFAULT_DUMP_FOLDER) -> str:
-    """The ``--dump_folder`` in ``overrides`` (last one wins, as in the trainer's CLI); only
-    used for a custom ``command``, whose config the launcher does not parse."""
-    folder = default
-    for i, arg in enumerate(overrides):
-        if arg == "--dump_folder" and i + 1 < len(overrides):
-            folder = overrides[i + 1]
-        elif arg.startswith("--dump_folder="):
-            folder = arg.split("=", 1)[1]
-    return folder
 
 
 class GroupOutput:
@@ -267,7 +176,7 @@ class LocalJob(LaunchOptions):
     visible_gpus: list[str] | None = None
     """Devices to hand out; None: CUDA_VISIBLE_DEVICES, else every CUDA device (gpu_slices.py)."""
     command: list[str] | None = None
-    entry: list[str] = field(default_factory=lambda: [sys.executable, "-m", "muloco.train"])
+    entry: list[str] = field(default_factory=lambda: list(TRAINER))
     env: dict[str, str] = field(default_factory=dict)
     term_grace_s: float = 10.0
     console: IO[str] | None = None  # default sys.stdout
@@ -294,7 +203,11 @@ class LocalJob(LaunchOptions):
         """Replica 0's trainer config, parsed and checked (None for a custom ``command``)."""
         if self.command is not None:
             return None
-        return load_trainer_config(self.config, self.replicas, self.overrides)
+        try:
+            return load_trainer_config(self.config, self.overrides, replicas=self.replicas,
+                                       who="the local launcher", prog="python -m muloco.launch.local")
+        except TrainerConfigError as e:
+            raise LaunchError(str(e), e.status) from None
 
     @cached_property
     def dump_folder(self) -> str:
@@ -302,7 +215,7 @@ class LocalJob(LaunchOptions):
         applied); for a custom ``command``, ``--dump_folder`` if given, else the log folder."""
         if self.trainer_config is not None:
             return self.trainer_config.dump_folder
-        return dump_folder_from(self.overrides, "") or self.log_dir or DEFAULT_DUMP_FOLDER
+        return dump_folder_in(self.overrides) or self.log_dir or DEFAULT_DUMP_FOLDER
 
     @cached_property
     def resolved_log_dir(self) -> str:
@@ -332,20 +245,15 @@ class LocalJob(LaunchOptions):
         the quorum size last (so trainers and lighthouse agree), or ``command`` as given."""
         if self.command is not None:
             return list(self.command)
-        return trainer_command(self.entry, self.config, i, self.replicas, self.overrides, self.quorum_size)
+        return trainer_command(self.config, i, self.replicas, self.overrides, self.quorum_size, self.entry)
 
     def group_command(self, i: int) -> list[str]:
         """Group ``i``'s torchrun: N ranks, restarts, a rendezvous store on a free loopback
         port; each rank runs ``replica_command(i)`` through ``rank_process`` (it dies with
         its agent). With N > 1 torchrun tees each rank's output, prefixed with its rank, and
         keeps its own per-attempt copies under ``<log_dir>/torchrun/replica_<i>``."""
-        n = self.procs_per_replica
-        torchrun = ["--nnodes", "1", "--nproc-per-node", str(n), "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", "127.0.0.1:0", "--local-addr", "127.0.0.1",
-                    "--max-restarts", str(self.max_restarts), "--role", f"replica_{i}"]
-        if n > 1:
-            torchrun += ["--tee", "3", "--log-dir",
-                         os.path.join(self.resolved_log_dir, "torchrun", f"replica_{i}")]
+        torchrun = torchrun_args(i, procs=self.procs_per_replica, max_restarts=self.max_restarts,
+                                 tee_dir=os.path.join(self.resolved_log_dir, "torchrun", f"replica_{i}"))
         return torchrun_group(torchrun, self.replica_command(i))
 
     def group_env(self, i: int) -> dict[str, str]:

@@ -27,17 +27,21 @@ a failed run up to N times. A requeued job resumes from its newest complete chec
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, field, replace
+from typing import Annotated
+
+import tyro
 
 from muloco.created_dirs import make_dirs, remove_dirs
-from muloco.launch.cluster import (ClusterError, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
-                                   check_request, default_partition, load_cluster_settings, query_sinfo,
+from muloco.launch.cli import UsageError, parse
+from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
+                                   check_request, default_partition, query_sinfo,
                                    resolve_partition)
+from muloco.launch.group import TrainerConfigError, load_trainer_config
 
 SLURM_DIR = "slurm"
 LOG_DIR = "logs"
@@ -252,6 +256,7 @@ class DdpJob(Kind):
     @dataclass
     class Config:
         nodes: int = 1
+        """Nodes of the one replica group (torchrun on each, rendezvous on the first)."""
 
     def resources(self) -> Resources:
         return Resources(self.cfg.nodes, self.gpus_per_node, self.cpus_per_node)
@@ -311,6 +316,7 @@ class GroupsJob(_DilocoKind):
     @dataclass
     class Config:
         replicas: int = 2
+        """Replica groups K."""
 
     def resources(self) -> Resources:
         return Resources(1, self.gpus_per_node, self.cpus_per_node)
@@ -340,7 +346,9 @@ class SpanningJob(_DilocoKind):
     @dataclass
     class Config:
         replicas: int = 2
+        """Replica groups K."""
         nodes_per_replica: int = 1
+        """Nodes of each replica group."""
 
     def resources(self) -> Resources:
         return Resources(self.replicas * self.cfg.nodes_per_replica, self.gpus_per_node, self.cpus_per_node)
@@ -376,7 +384,9 @@ class ArrayJob(_DilocoKind):
     @dataclass
     class Config:
         replicas: int = 2
+        """Replica groups K."""
         nodes_per_replica: int = 1
+        """Nodes of each replica group."""
         gpus_per_replica: int | None = None
         """GPUs per node of a group (default: every GPU of a node)."""
 
@@ -426,6 +436,7 @@ class ArrayJob(_DilocoKind):
 
 
 KINDS: dict[str, type[Kind]] = {"ddp": DdpJob, "groups": GroupsJob, "spanning": SpanningJob, "array": ArrayJob}
+KIND_NAMES = {kind: name for name, kind in KINDS.items()}
 
 
 # -- checking the trainer config -------------------------------------------------------------
@@ -434,36 +445,13 @@ KINDS: dict[str, type[Kind]] = {"ddp": DdpJob, "groups": GroupsJob, "spanning": 
 def trainer_config(kind: type[Kind], spec: JobSpec, replicas: int | None):
     """The trainer config the job would run, parsed and checked here (a bad override is one
     message now, not K failed jobs later)."""
-    from muloco.launch.local import LaunchError, load_trainer_config
-
-    if kind is DdpJob:
-        return _ddp_config(spec)
     try:
-        return load_trainer_config(spec.config, replicas, spec.overrides)
-    except LaunchError as e:
-        raise JobError(str(e).replace("the local launcher runs", "this kind runs")) from None
-
-
-def _ddp_config(spec: JobSpec):
-    from muloco import compat
-
-    compat.apply()
-    from muloco.config.checks import check_config
-    from muloco.config.cli import parse_args
-    from muloco.config.loader import ConfigError, load_config
-
-    try:
-        if hasattr(load_config(spec.config), "outer"):
-            raise JobError(f"--config {spec.config} has an outer loop (DiLoCo): use the groups, spanning "
-                           f"or array kind, or a ddp/* config")
-        _, parsed = parse_args(["--config", spec.config, *spec.overrides],
-                               prog=f"python -m muloco.launch.slurm ddp --config {spec.config} --")
-        check_config(parsed)
-    except ConfigError as e:
+        return load_trainer_config(spec.config, spec.overrides, replicas=None if kind is DdpJob else replicas,
+                                   who=f"the {KIND_NAMES[kind]} kind", prog="python -m muloco.launch.slurm")
+    except TrainerConfigError as e:
+        if e.status == 0:
+            raise SystemExit(0) from None  # the trainer's --help was printed
         raise JobError(str(e)) from None
-    except SystemExit as e:
-        raise JobError("a trainer override was rejected (message above)") from None
-    return parsed
 
 
 # -- writing and submitting ------------------------------------------------------------------
@@ -537,70 +525,88 @@ def build(kind_name: str, kind_cfg, spec: JobSpec, *, check_cluster: bool = True
     return job
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m muloco.launch.slurm", allow_abbrev=False,
-                                description="Generate (and submit) a SLURM job for a muloco config.",
-                                epilog="Everything after `--` goes to the trainer, e.g. "
-                                       "`-- --training.steps 1000 --dump_folder outputs/run1`.")
-    sub = p.add_subparsers(dest="kind", required=True)
-    for name, help_ in (("ddp", "one replica group over --nodes nodes (torchrun)"),
-                        ("groups", "K DiLoCo replica groups on one node, one GPU slice each"),
-                        ("spanning", "K replica groups of --nodes-per-replica nodes, one job"),
-                        ("array", "fault tolerant: each replica group its own array task, the "
-                                  "lighthouse its own job")):
-        s = sub.add_parser(name, help=help_, allow_abbrev=False)
-        a = s.add_argument
-        a("--config", required=True, help="muloco config module (e.g. diloco/muloco_2bit)")
-        if name == "ddp":
-            a("--nodes", type=int, default=1)
-        else:
-            a("--replicas", type=int, default=2, help="replica groups K (default %(default)s)")
-        if name in ("spanning", "array"):
-            a("--nodes-per-replica", type=int, default=1)
-        if name == "array":
-            a("--gpus-per-replica", type=int, default=None,
-              help="GPUs per node of a group (default: the node's; fewer packs groups onto nodes)")
-        for key in ("partition", "account", "qos", "time", "mem", "constraint"):
-            a(f"--{key}", default=None, help=f"SLURM {key} (default: cluster file / MULOCO_SLURM_{key.upper()})")
-        a("--gpus-per-node", type=int, default=None, help="default: what the partition's nodes have")
-        a("--cpus-per-node", type=int, default=None, help="default: what the partition's nodes have")
-        a("--procs", type=int, default=1, help="ranks per node (per group on `groups`) without GPUs")
-        a("--job-name", default=None)
-        a("--requeue", action=argparse.BooleanOptionalAction, default=True,
-          help="requeue on node failure and before the time limit, resuming from the newest checkpoint")
-        a("--signal-s", type=int, default=120, help="seconds before the time limit to requeue")
-        a("--retries", type=int, default=0, help="requeue a failed run up to N times")
-        a("--max-restarts", type=int, default=0, help="torchrun restarts of a failed group inside the job")
-        a("--dependency", default=None, help="sbatch --dependency, e.g. afterok:1234")
-        a("--dry-run", action="store_true", help="print the script(s); write and submit nothing")
-    return p
+@dataclass
+class SubmitOptions:
+    """What every kind of job takes besides its layout."""
+
+    config: str
+    """muloco config module, e.g. diloco/muloco_2bit (ddp: a config without an outer loop)."""
+    cluster: Annotated[ClusterOptions, tyro.conf.OmitArgPrefixes] = field(default_factory=ClusterOptions)
+    procs: int = 1
+    """Ranks per node (per group on `groups`) without GPUs."""
+    job_name: str | None = None
+    """SLURM job name (default: the config module's path)."""
+    requeue: bool = True
+    """Requeue on node failure and before the time limit, resuming from the newest checkpoint."""
+    signal_s: int = 120
+    """Seconds before the time limit to requeue."""
+    retries: int = 0
+    """Requeue a failed run up to N times."""
+    max_restarts: int = 0
+    """torchrun restarts of a failed group inside the job."""
+    dependency: str | None = None
+    """sbatch --dependency, e.g. afterok:1234."""
+    dry_run: bool = False
+    """Print the script(s); write and submit nothing."""
+
+    def spec(self, overrides: list[str]) -> JobSpec:
+        for key, low in (("retries", 0), ("max_restarts", 0), ("procs", 1), ("signal_s", 1)):
+            if getattr(self, key) < low:
+                raise JobError(f"--{key.replace('_', '-')} must be >= {low}")
+        if not self.requeue and self.retries:
+            raise JobError("--retries requeues failed runs: it needs --requeue (drop --no-requeue or --retries)")
+        return JobSpec(self.config, overrides, self.cluster.settings(), job_name=self.job_name,
+                       requeue=self.requeue, retries=self.retries, signal_s=self.signal_s,
+                       max_restarts=self.max_restarts, procs=self.procs, dependency=self.dependency)
 
 
-def _split(argv: list[str]) -> tuple[list[str], list[str]]:
-    if "--" in argv:
-        cut = argv.index("--")
-        return argv[:cut], argv[cut + 1:]
-    return argv, []
+@dataclass
+class DdpOptions(SubmitOptions):
+    """One replica group over --nodes nodes (torchrun on each)."""
+
+    layout: Annotated[DdpJob.Config, tyro.conf.OmitArgPrefixes] = field(default_factory=DdpJob.Config)
 
 
-def spec_from_args(args, overrides: list[str]) -> JobSpec:
-    flags = {k: getattr(args, k) for k in ("partition", "account", "qos", "time", "mem", "constraint",
-                                           "gpus_per_node", "cpus_per_node")}
-    for key, value in (("retries", args.retries), ("max_restarts", args.max_restarts), ("procs", args.procs),
-                       ("signal_s", args.signal_s)):
-        if value < (1 if key in ("procs", "signal_s") else 0):
-            raise JobError(f"--{key.replace('_', '-')} must be >= {1 if key in ('procs', 'signal_s') else 0}")
-    if not args.requeue and args.retries:
-        raise JobError("--retries requeues failed runs: it needs --requeue (drop --no-requeue or --retries)")
-    return JobSpec(args.config, overrides, load_cluster_settings(flags), job_name=args.job_name,
-                   requeue=args.requeue, retries=args.retries, signal_s=args.signal_s,
-                   max_restarts=args.max_restarts, procs=args.procs, dependency=args.dependency)
+@dataclass
+class GroupsOptions(SubmitOptions):
+    """K DiLoCo replica groups on one node, one GPU slice each."""
+
+    layout: Annotated[GroupsJob.Config, tyro.conf.OmitArgPrefixes] = field(default_factory=GroupsJob.Config)
 
 
-def kind_config(args):
-    kind = KINDS[args.kind]
-    fields = kind.Config.__dataclass_fields__
-    return kind.Config(**{k: getattr(args, k) for k in fields})
+@dataclass
+class SpanningOptions(SubmitOptions):
+    """K replica groups of --nodes-per-replica nodes, one job."""
+
+    layout: Annotated[SpanningJob.Config, tyro.conf.OmitArgPrefixes] = field(default_factory=SpanningJob.Config)
+
+
+@dataclass
+class ArrayOptions(SubmitOptions):
+    """Fault tolerant: each replica group its own array task, the lighthouse its own job."""
+
+    layout: Annotated[ArrayJob.Config, tyro.conf.OmitArgPrefixes] = field(default_factory=ArrayJob.Config)
+
+
+OPTIONS: dict[str, type[SubmitOptions]] = {"ddp": DdpOptions, "groups": GroupsOptions,
+                                           "spanning": SpanningOptions, "array": ArrayOptions}
+PROG = "python -m muloco.launch.slurm"
+USAGE = (f"usage: {PROG} KIND --config C [options] [-- trainer overrides]\n\nGenerate (and submit) a SLURM job "
+         f"for a muloco config. Kinds (`{PROG} KIND --help` lists each one's options):\n"
+         + "".join(f"  {name:<9} {cls.__doc__}\n" for name, cls in OPTIONS.items())
+         + "  -h, --help  show this message and exit")
+
+
+def parse_command(argv: list[str]) -> tuple[str, SubmitOptions, list[str]]:
+    """(kind, its options, the trainer overrides) from ``KIND [options] [-- overrides]``."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        raise SystemExit(0 if argv else 2)
+    kind = argv[0]
+    if kind not in OPTIONS:
+        raise UsageError(f"unknown kind {kind!r}: one of {', '.join(OPTIONS)} ({PROG} --help)")
+    options, overrides = parse(OPTIONS[kind], argv[1:], prog=f"{PROG} {kind}", description=OPTIONS[kind].__doc__)
+    return kind, options, overrides
 
 
 def prepare_folder(run_dir: str) -> list[str]:
@@ -613,20 +619,23 @@ def prepare_folder(run_dir: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ours, overrides = _split(list(sys.argv[1:] if argv is None else argv))
-    args = _parser().parse_args(ours)
     try:
-        spec = spec_from_args(args, overrides)
+        kind, options, overrides = parse_command(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        spec = options.spec(overrides)
         try:
-            job = build(args.kind, kind_config(args), spec)
+            job = build(kind, options.layout, spec)
         except ClusterUnreachable as e:
-            if not args.dry_run:
+            if not options.dry_run:
                 raise
             print(f"muloco.launch.slurm: warning: {e}; the dry run is not checked against a cluster",
                   file=sys.stderr)
-            job = build(args.kind, kind_config(args), spec, check_cluster=False)
+            job = build(kind, options.layout, spec, check_cluster=False)
         scripts = job.scripts()
-        if args.dry_run:
+        if options.dry_run:
             for s in scripts:
                 print(f"# ===== {os.path.join(job.run_dir, SLURM_DIR, s.file)} (dry run: not written, "
                       f"not submitted) =====")

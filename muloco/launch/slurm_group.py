@@ -11,14 +11,15 @@ the step (``CUDA_VISIBLE_DEVICES``), one rank each; on CPU ``--procs`` ranks.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 
-from muloco.launch.local import group_variables, torchrun_group, trainer_command
+from muloco.launch.cli import UsageError, parse
+from muloco.launch.group import group_variables, torchrun_args, torchrun_group, trainer_command
 
 RDZV_PORT_BASE = 26400
 RDZV_PORT_SPAN = 3000  # 26400-29399: below the ephemeral range and the ddp kind's ports
@@ -77,48 +78,52 @@ def visible_gpu_count() -> int:
     return len([d for d in spec.split(",") if d.strip()])
 
 
-def torchrun_command(args, hosts: list[str]) -> list[str]:
+def torchrun_command(args: GroupOptions, hosts: list[str], overrides: list[str]) -> list[str]:
     """The group's torchrun (through replica_group) and each rank's trainer command."""
     job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
-    procs = visible_gpu_count() or args.procs
-    endpoint = (f"{hosts[0]}:{rendezvous_port(job_id, args.replica)}" if len(hosts) > 1
-                else "127.0.0.1:0")
-    torchrun = ["--nnodes", str(len(hosts)), "--nproc-per-node", str(procs), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", endpoint, "--rdzv-id", f"{job_id}_{args.replica}",
-                "--max-restarts", str(args.max_restarts), "--role", f"replica_{args.replica}"]
-    if len(hosts) == 1:
-        torchrun += ["--local-addr", "127.0.0.1"]
-    trainer = trainer_command([sys.executable, "-m", "muloco.train"], args.config, args.replica, args.replicas,
-                              args.overrides, args.min_replicas)
-    return torchrun_group(torchrun, trainer)
+    torchrun = torchrun_args(args.replica, procs=visible_gpu_count() or args.procs, max_restarts=args.max_restarts,
+                             hosts=hosts, port=rendezvous_port(job_id, args.replica), rdzv_id=f"{job_id}_{args.replica}")
+    return torchrun_group(torchrun, trainer_command(args.config, args.replica, args.replicas, overrides,
+                                                    args.min_replicas))
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m muloco.launch.slurm_group",
-                                description="One DiLoCo replica group of a SLURM job.")
-    p.add_argument("--config", required=True)
-    p.add_argument("--replica", type=int, required=True)
-    p.add_argument("--replicas", type=int, required=True)
-    p.add_argument("--min-replicas", type=int, required=True)
-    p.add_argument("--lighthouse-file", required=True)
-    p.add_argument("--lighthouse-wait-s", type=float, default=900.0)
-    p.add_argument("--procs", type=int, default=1, help="ranks per node on CPU (GPUs: one per GPU)")
-    p.add_argument("--max-restarts", type=int, default=0)
-    p.add_argument("overrides", nargs=argparse.REMAINDER)
-    return p
+@dataclass
+class GroupOptions:
+    """One DiLoCo replica group of a SLURM job (run by the generated scripts, under srun)."""
+
+    config: str
+    """muloco config module."""
+    replica: int
+    """This group's replica id."""
+    replicas: int
+    """Replica groups K."""
+    min_replicas: int
+    """Replica groups a quorum needs (the lighthouse's, so trainers and lighthouse agree)."""
+    lighthouse_file: str
+    """Where the lighthouse job writes its URL."""
+    lighthouse_wait_s: float = 900.0
+    """How long to wait for that file and the lighthouse answering at its URL."""
+    procs: int = 1
+    """Ranks per node on CPU (GPUs: one per GPU)."""
+    max_restarts: int = 0
+    """torchrun restarts of a failed group."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.overrides[:1] == ["--"]:
-        args.overrides = args.overrides[1:]
+    prog = "python -m muloco.launch.slurm_group"
+    try:
+        args, overrides = parse(GroupOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
+                                description=GroupOptions.__doc__)
+    except UsageError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
     try:
         url = wait_for_url(args.lighthouse_file, args.lighthouse_wait_s)
         hosts = step_hosts()
     except GroupStartError as e:
         print(f"replica group {args.replica}: error: {e}", file=sys.stderr, flush=True)
         return 2
-    cmd = torchrun_command(args, hosts)
+    cmd = torchrun_command(args, hosts, overrides)
     env = {**os.environ, **group_variables(url, args.replica, args.replicas)}
     env.setdefault("RUST_LOG", "warn")
     print(f"replica group {args.replica}/{args.replicas} on {','.join(hosts)}, lighthouse {url}",

@@ -13,13 +13,14 @@ lighthouse stays up for it).
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 
 from muloco.atomic_file import write_atomically
+from muloco.launch.cli import UsageError, parse
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, LighthouseError, serve, stop_on_signal,
                                       quorum_size, start_lighthouse)
 
@@ -61,21 +62,34 @@ def job_listed(job_id: str) -> bool:
     return bool(r.stdout.strip())
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m muloco.launch.slurm_lighthouse",
-                                description="A torchft lighthouse for the replica groups of a SLURM job.")
-    p.add_argument("--replicas", type=int, required=True, metavar="K")
-    p.add_argument("--min-replicas", type=int, default=None)
-    p.add_argument("--join-timeout-ms", type=int, default=DEFAULT_JOIN_TIMEOUT_MS)
-    p.add_argument("--heartbeat-timeout-ms", type=int, default=5000)
-    p.add_argument("--url-file", required=True, help="where the URL is written for the groups")
-    p.add_argument("--until-job", default=None, help="stop once SLURM lists no task of this job")
-    p.add_argument("--host", default=None, help="address to bind (default: this node's address)")
-    return p
+@dataclass
+class SlurmLighthouseOptions:
+    """A torchft lighthouse for the replica groups of a SLURM job."""
+
+    replicas: int
+    """Replica groups K."""
+    url_file: str
+    """Where the URL is written for the groups."""
+    min_replicas: int | None = None
+    """Replica groups a quorum needs (default: a majority of K)."""
+    join_timeout_ms: int = DEFAULT_JOIN_TIMEOUT_MS
+    """How long a forming quorum waits for heartbeating groups that have not joined yet."""
+    heartbeat_timeout_ms: int = 5000
+    """A group silent this long is dropped from the quorum."""
+    until_job: str | None = None
+    """Stop once SLURM lists no task of this job."""
+    host: str | None = None
+    """Address to bind (default: this node's address)."""
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    prog = "python -m muloco.launch.slurm_lighthouse"
+    try:
+        args, _ = parse(SlurmLighthouseOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
+                        description=SlurmLighthouseOptions.__doc__, overrides=False)
+    except UsageError as e:
+        print(f"lighthouse: error: {e}", file=sys.stderr)
+        return 2
     stop = stop_on_signal()
     try:  # a URL left by an earlier run (or an earlier start of this job) must not be read
         os.unlink(args.url_file)

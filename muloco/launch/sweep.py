@@ -29,7 +29,6 @@ A sweep file (``jobs/sweeps/*.py``) names its runs with ``grid`` and calls ``mai
 
 from __future__ import annotations
 
-import argparse
 import getpass
 import itertools
 import json
@@ -38,9 +37,13 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Annotated
+
+import tyro
 
 from muloco.atomic_file import write_atomically
-from muloco.launch.cluster import ClusterError, ClusterUnreachable, load_cluster_settings
+from muloco.launch.cli import UsageError, parse
+from muloco.launch.cluster import ClusterError, ClusterOptions, ClusterUnreachable
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
 from muloco.launch.slurm import (KINDS, LOG_DIR, SLURM_DIR, JobError, JobSpec, Kind, Script, build,
                                  overrides_block, preamble, prepare_folder, requeue_block,
@@ -373,39 +376,46 @@ class SweepRunner:
         return 0
 
 
-def _parser(sweep: Sweep) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=f"sweep {sweep.name}", allow_abbrev=False,
-                                description=f"Submit sweep {sweep.name} ({len(sweep.runs)} runs) to SLURM.",
-                                epilog="Everything after `--` is passed to every run's trainer.")
-    a = p.add_argument
-    a("--out", default=os.path.join("outputs", "sweeps", sweep.name), help="sweep folder (default %(default)s)")
-    a("--dry-run", action="store_true", help="print the runs and script(s); write and submit nothing")
-    a("--parallel", type=int, default=8, help="array tasks running at once (--array=...%%N; when the "
-                                               "sweep is one array)")
-    a("--max-nodes", type=int, default=None, help="keep this user's nodes in use at or below M")
-    a("--poll-s", type=float, default=30.0, help="how often --max-nodes re-counts (seconds)")
-    a("--smoke-steps", type=int, default=None, help="gate the sweep on a short copy of its first run")
-    a("--retries", type=int, default=1, help="requeue a failed run up to N times (default %(default)s)")
-    a("--resubmit-failed", action="store_true", help="also resubmit runs whose job failed or was cancelled")
-    a("--status", action="store_true", help="print every run's job state and exit")
-    for key in ("partition", "account", "qos", "time", "mem", "constraint"):
-        a(f"--{key}", default=None)
-    a("--gpus-per-node", type=int, default=None)
-    a("--cpus-per-node", type=int, default=None)
-    a("--procs", type=int, default=1, help="ranks per node (per group) without GPUs")
-    return p
+@dataclass
+class SweepOptions:
+    """Submit a sweep's runs to SLURM (one job array where the shapes allow)."""
+
+    out: str = ""
+    """Sweep folder (default: outputs/sweeps/<sweep name>)."""
+    dry_run: bool = False
+    """Print the runs and script(s); write and submit nothing."""
+    parallel: int = 8
+    """Array tasks running at once (--array=...%N; when the sweep is one array)."""
+    max_nodes: int | None = None
+    """Keep this user's nodes in use at or below M (one job per run, each submitted once it fits)."""
+    poll_s: float = 30.0
+    """How often --max-nodes re-counts (seconds)."""
+    smoke_steps: int | None = None
+    """Gate the sweep on a short copy of its first run."""
+    retries: int = 1
+    """Requeue a failed run up to N times."""
+    resubmit_failed: bool = False
+    """Also resubmit runs whose job failed or was cancelled."""
+    status: bool = False
+    """Print every run's job state and exit."""
+    cluster: Annotated[ClusterOptions, tyro.conf.OmitArgPrefixes] = field(default_factory=ClusterOptions)
+    procs: int = 1
+    """Ranks per node (per group) without GPUs."""
 
 
 def main(sweep: Sweep, argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra: list[str] = []
-    if "--" in argv:
-        argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
-    args = _parser(sweep).parse_args(argv)
+    prog = f"sweep {sweep.name}"
+    try:
+        args, extra = parse(SweepOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
+                            description=f"Submit sweep {sweep.name} ({len(sweep.runs)} runs) to SLURM.")
+    except UsageError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    args.out = args.out or os.path.join("outputs", "sweeps", sweep.name)
     try:
         return _run(sweep, args, extra)
     except (JobError, ClusterError) as e:
-        print(f"sweep {sweep.name}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
 
 
@@ -423,9 +433,7 @@ def _run(sweep: Sweep, args, extra: list[str]) -> int:
     runner = SweepRunner(sweep, args.out, args)
     if args.status:
         return runner.status()
-    flags = {k: getattr(args, k) for k in ("partition", "account", "qos", "time", "mem", "constraint",
-                                           "gpus_per_node", "cpus_per_node")}
-    cluster = load_cluster_settings(flags)
+    cluster = args.cluster.settings()
 
     def spec_for(config: str, overrides: list[str]) -> JobSpec:
         return JobSpec(config, overrides, cluster, retries=args.retries, procs=args.procs)

@@ -3,16 +3,15 @@
     .venv/bin/python bench/sync_overhead.py [--repeats 2] [--quick] [--smoke] [--part all|share|size|parts]
         [--timeout 300] [--keep]
 
-Every run is a real job on this machine, started as users start one: a torchft
-lighthouse (``python -m muloco.launch.lighthouse --bind 127.0.0.1:0``, with
-``--join_timeout_ms 20000 --min_replicas 2`` so both groups are in every quorum: with
-``--min_replicas 1`` a replica that is up first can form a quorum of one, and in a
-short run both may train and "sync" alone without ever meeting) and K=2 replica-group
-processes (``python -m muloco.train --config diloco/diloco ...``), each a world of one
-with its own store port, ``OMP_NUM_THREADS=1`` (two single-threaded replicas on a
-2-core machine), the dense fp32 all-reduce exchange over gloo, validation and
-TensorBoard off and no checkpoint saved (``--checkpoint.load_only``). Figures come from what the trainer itself records:
-``replica_i/summary.json`` (its ``diloco`` entry) and the per-sync rows
+Every run is a real job on this machine, started as users start one: the local launcher
+(``muloco.launch.local``'s LocalJob, what ``jobs/local/diloco.sh`` runs) with K=2 replica
+groups, each one torchrun with one rank, ``--threads 1`` (two single-threaded replicas on a
+2-core machine), its lighthouse in the launcher with ``--min-replicas 2 --join-timeout-ms
+20000`` so both groups are in every quorum (with a quorum of one, a replica that is up first
+could form a quorum alone, and in a short run both may train and "sync" alone without ever
+meeting), the dense fp32 all-reduce exchange over gloo, validation and TensorBoard off and no
+checkpoint saved (``--checkpoint.load_only``). Figures come from what the trainer itself
+records: ``replica_i/summary.json`` (its ``diloco`` entry) and the per-sync rows
 (``sync/seconds``, ``sync/step``, ``sync/bytes_sent``) of ``replica_i/metrics.jsonl``.
 
 Part 1 (sync share): the tiny model (llama3-w128-d4-h2, ~1.3M parameters, seq 256,
@@ -60,10 +59,10 @@ take figures from), one size, one repeat, and part 3 with the dense exchange onl
 2-bit job is bench/gpu_throughput.py's smoke). Parts that ask for the same job share it
 (``shared_job``), so the smoke starts one job.
 
-Every child runs in its own session under a deadline and is killed by its PID (its
-process group) in a ``finally``; outputs go to a temporary folder removed at the end
-(``--keep`` leaves it). The machine's load average, and each replica's CPU seconds
-per wall second in its training loop outside syncs (read from /proc while it runs; about 1.0
+Each job runs under a hang timeout (``--timeout``, then the launcher stops it and tears every
+process down, as on Ctrl-C); outputs go to a temporary folder removed at the end
+(``--keep`` leaves it). The machine's load average, and each replica group's CPU seconds
+per wall second in its training loop outside syncs (its processes, read from /proc while it runs; about 1.0
 when the replica has a core to itself, lower when other work takes CPU from it), say
 whether other work disturbed the figures; runs under 0.85 are named at the end.
 Nothing here asserts on timing.
@@ -77,28 +76,22 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
 
 from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
+from muloco.launch.local import LocalJob
 from muloco.outer.exchange.pipeline import PARTS
 
-REPO = Path(__file__).resolve().parents[1]
 K = 2
 TARGET_SHARE = 0.03
 TINY = "llama3-w128-d4-h2"
 SIZES = ("llama3-w128-d4-h2", "llama3-w256-d6-h4", "llama3-w512-d6-h4")
-_STRIP_ENV = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "TORCHFT_LIGHTHOUSE", "REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "GROUP_RANK", "ROLE_RANK",
-    "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
-)
 # No checkpoint is ever written. Not --checkpoint.no-enable: with it the DiLoCo trainer
 # fails at start-up (a disabled torchtitan CheckpointManager has no ``states``, which
 # DilocoTrainer registers the outer loop in). load_only keeps the states and never saves;
@@ -106,55 +99,16 @@ _STRIP_ENV = (
 CHECKPOINT_OFF = ("--checkpoint.enable", "--checkpoint.load_only")
 _LOG_TIME = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
-# Every child started by this process, so the outermost finally can kill any left over.
-_LIVE: dict[int, subprocess.Popen] = {}
-
-
 # ------------------------------------------------------------------- processes
 
 
-def _free_ports(n: int) -> list[int]:
-    from muloco.launch.ports import free_ports
-
-    return free_ports(n)
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    with open(log, "w") as f:
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: killed with its children by its PID
-        )
-    _LIVE[proc.pid] = proc
-    return proc
-
-
-def _reap(proc: subprocess.Popen, timeout: float) -> bool:
-    """Wait up to ``timeout`` for ``proc``; True once it has exited."""
-    try:
-        proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return False
-    _LIVE.pop(proc.pid, None)
-    return True
-
-
-def _kill(proc: subprocess.Popen, term_grace_s: float = 0.0) -> None:
-    """Stop ``proc`` and what is left of its process group (SIGTERM + grace if asked, then
-    SIGKILL). The group id is the PID of a child we started in its own session; once that
-    child has exited, only members still in its group are signalled (so a reused PID is
-    never hit)."""
-    if proc.poll() is None and term_grace_s > 0:
-        _signal_group(proc, signal.SIGTERM)
-        _reap(proc, term_grace_s)
-    _signal_group(proc, signal.SIGKILL)
-    if not _reap(proc, 30):
-        print(f"warning: process {proc.pid} did not exit after SIGKILL", file=sys.stderr)
-    _LIVE.pop(proc.pid, None)
-
-
-def _group_members(pgid: int) -> list[int]:
-    members = []
+def _tree_cpu_seconds(root: int) -> float | None:
+    """utime + stime of ``root`` and its live descendants (a replica group: its torchrun agent,
+    rank process and trainer), from /proc; None once the root is gone."""
+    stats: dict[int, tuple[int, float]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -163,65 +117,35 @@ def _group_members(pgid: int) -> list[int]:
                 stat = f.read()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        if int(fields[2]) == pgid:  # state, ppid, pgrp
-            members.append(int(entry))
-    return members
-
-
-def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    if proc.poll() is None or _group_members(proc.pid):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a live process, from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
+        fields = stat[stat.rindex(")") + 2:].split()  # from the 3rd field on: state, ppid, ...
+        stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _TICK)  # ppid, utime + stime
+    if root not in stats:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()  # fields from the 3rd on: state, ppid, ...
-    return (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime (14th, 15th)
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _) in stats.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier += children
+    return sum(stats[pid][1] for pid in tree)
 
 
-def _wait_replicas(procs: list[subprocess.Popen], timeout: float) -> dict[int, dict]:
-    """Reap every replica within ``timeout`` s: pid -> {code, cpu_s, samples}. ``samples``
-    are (epoch seconds, CPU seconds) every ~50 ms while it ran, so the CPU time of any
-    window (the training loop) can be read off. Fails fast (raises) if one exits non-zero;
-    kills nothing itself (the caller's finally does)."""
-    deadline = time.monotonic() + timeout
-    done: dict[int, dict] = {}
-    samples: dict[int, list[tuple[float, float]]] = {p.pid: [] for p in procs}
-    while len(done) < len(procs):
-        for p in procs:
-            if p.pid in done:
-                continue
-            cpu = _cpu_seconds(p.pid)
-            now = time.time()
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid == 0:
+class CpuSampler(threading.Thread):
+    """Every ~50 ms, (epoch seconds, CPU seconds) of each replica group's processes, so the CPU
+    time of any window (the training loop) can be read off."""
+
+    def __init__(self, job: LocalJob):
+        super().__init__(daemon=True, name="cpu-sampler")
+        self.job, self.samples = job, {i: [] for i in range(job.replicas)}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        self.job.started.wait()
+        while not self.done.wait(0.05):
+            for i, agent in enumerate(self.job.pids[:self.job.replicas]):
+                cpu = _tree_cpu_seconds(agent)
                 if cpu is not None:
-                    samples[p.pid].append((now, cpu))
-                continue
-            p.returncode = os.waitstatus_to_exitcode(status)
-            _LIVE.pop(p.pid, None)
-            total = usage.ru_utime + usage.ru_stime
-            samples[p.pid].append((now, total))
-            done[p.pid] = {"code": p.returncode, "cpu_s": total, "samples": samples[p.pid]}
-            if p.returncode != 0:
-                raise RuntimeError(f"replica process {p.pid} exited with {p.returncode}")
-        if len(done) < len(procs):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"replicas still running after {timeout:.0f}s")
-            time.sleep(0.05)
-    return done
+                    self.samples[i].append((time.time(), cpu))
 
 
 def _cpu_at(samples: list[tuple[float, float]], t: float) -> float | None:
@@ -278,59 +202,34 @@ def shared_job(args, root: Path, name: str, flavor: str, overrides: list[str],
 
 def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: float,
             config: str = "diloco/diloco") -> dict:
-    """One lighthouse and K replica groups to completion; what each replica recorded."""
+    """One local job (the launcher users run: a lighthouse and K replica groups, one torchrun
+    each) to completion; what each replica recorded."""
     work = root / name
     work.mkdir(parents=True)
-    dump = work / "dump"
-    base_env = {k: v for k, v in os.environ.items() if k not in _STRIP_ENV}
-    base_env.update(PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    base_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base_env.get("PYTHONPATH")]))
-    lighthouse = None
-    replicas: list[subprocess.Popen] = []
-    logs = [work / f"replica_{i}.log" for i in range(K)]
-    try:
-        lh_log = work / "lighthouse.log"
-        lighthouse = _spawn(
-            [sys.executable, "-m", "muloco.launch.lighthouse", "--bind", "127.0.0.1:0",
-             "--min_replicas", str(K), "--join_timeout_ms", "20000", "--heartbeat_timeout_ms", "5000"],
-            base_env, lh_log,
-        )
-        url = None
-        deadline = time.monotonic() + 60
-        while url is None:
-            m = re.search(r"listening on (http://\S+)", lh_log.read_text(errors="replace"))
-            if m:
-                url = m.group(1)
-            elif lighthouse.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"lighthouse did not start:\n{_tail(lh_log)}")
-            else:
-                time.sleep(0.05)
-        ports = _free_ports(K)
+    dump, logs = work / "dump", work / "logs"
+    with open(work / "launcher.log", "w") as console:
+        job = LocalJob(config=config, replicas=K, min_replicas=K, join_timeout_ms=20000, threads=1,
+                       log_dir=str(logs), console=console,
+                       overrides=["--model.flavor", flavor, *overrides, *CHECKPOINT_OFF, "--validator.no-enable",
+                                  "--metrics.no-enable-tensorboard", "--dump_folder", str(dump)])
+        sampler = CpuSampler(job)
+        sampler.start()
+        hung = threading.Timer(timeout, job.stop, args=(124,))  # a hang timeout: stops the job, fails below
+        hung.start()
         t0 = time.monotonic()
-        for i in range(K):
-            env = dict(base_env)
-            env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(ports[i]), TORCHFT_LIGHTHOUSE=url)
-            cmd = [sys.executable, "-m", "muloco.train", "--config", config,
-                   "--model.flavor", flavor, *overrides,
-                   *CHECKPOINT_OFF, "--validator.no-enable", "--metrics.no-enable-tensorboard",
-                   "--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(K),
-                   "--dump_folder", str(dump)]
-            replicas.append(_spawn(cmd, env, logs[i]))
         try:
-            exits = _wait_replicas(replicas, timeout)
-        except (RuntimeError, TimeoutError) as err:
-            tails = "\n".join(f"--- replica {i} log tail ---\n{_tail(logs[i])}" for i in range(K))
-            raise RuntimeError(f"{name}: {err}\n{tails}") from None
+            status = job.run()
+        finally:
+            hung.cancel()
+            sampler.done.set()
         job_wall = time.monotonic() - t0
-    finally:
-        for p in replicas:
-            _kill(p)
-        if lighthouse is not None:
-            _kill(lighthouse, term_grace_s=5.0)
-
+    if status != 0:
+        why = f"still running after {timeout:.0f}s" if status == 124 else f"exit {status}"
+        tails = "\n".join(f"--- {p.name} tail ---\n{_tail(p)}" for p in [work / "launcher.log", *sorted(logs.glob("*.log"))])
+        raise RuntimeError(f"{name}: the job failed ({why})\n{tails}")
+    replica_logs = [logs / f"replica_{i}.log" for i in range(K)]
     out = {"name": name, "flavor": flavor, "job_wall_s": job_wall, "replicas": []}
-    for i, p in enumerate(replicas):
+    for i in range(K):
         folder = dump / f"replica_{i}"
         summary = json.loads((folder / "summary.json").read_text())
         rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -342,10 +241,10 @@ def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: f
             for r in rows if "sync/step" in r
         ]
         syncs.sort(key=lambda s: s["step"])
-        window = _loop_window(logs[i])
+        window = _loop_window(replica_logs[i])
         loop_cpu = None
         if window is not None:
-            c0, c1 = (_cpu_at(exits[p.pid]["samples"], t) for t in window)
+            c0, c1 = (_cpu_at(sampler.samples[i], t) for t in window)
             # Outside syncs: a replica blocked in a sync (waiting for its peer) is not short of CPU.
             busy = window[1] - window[0] - summary["diloco"]["sync_seconds_total"]
             if c0 is not None and c1 is not None and busy > 0:
@@ -357,7 +256,6 @@ def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: f
             "syncs": syncs,
             "loop_s": window[1] - window[0] if window is not None else None,
             "loop_cpu_per_wall": loop_cpu,
-            "cpu_s": exits[p.pid]["cpu_s"],
         })
     return out
 
@@ -709,7 +607,7 @@ def main(argv=None) -> int:
     print(f"command: {shlex.join([sys.executable, *sys.argv])}")
     print(f"machine: {os.cpu_count()} CPU cores ({len(os.sched_getaffinity(0))} usable), "
           f"load average before: {loadavg()}; python {sys.version.split()[0]}")
-    print(f"each job: torchft lighthouse + {K} replica groups (1 process each, OMP_NUM_THREADS=1, gloo; "
+    print(f"each job: python -m muloco.launch.local, {K} replica groups (one torchrun, one rank, 1 thread each; gloo; "
           "parts 1-2: dense fp32 all-reduce), no checkpoint saves, validation/TensorBoard off", flush=True)
     root = Path(tempfile.mkdtemp(prefix="muloco-sync-bench-"))
     share = sizes = None
@@ -724,8 +622,6 @@ def main(argv=None) -> int:
         print(f"\nbench failed: {err}", flush=True)
         return 1
     finally:
-        for proc in list(_LIVE.values()):
-            _kill(proc)
         if args.keep:
             print(f"outputs kept in {root}")
         else:

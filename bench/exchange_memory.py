@@ -117,15 +117,12 @@ CASES = [{"codec": "quantize", "strategy": "allgather"}, {"codec": "quantize", "
 
 def run(repo: Path, cases: list[dict], numel: int, rounds: int, tmp: Path) -> list[list[float]]:
     """Per case, the peak bytes per round of a sync (max over the replicas), with ``repo``'s code."""
-    from muloco import compat
-
-    compat.apply()
-    from torchft.coordination import LighthouseServer
+    from muloco.launch.lighthouse import start_lighthouse
 
     script = tmp / "worker.py"
     script.write_text(WORKER)
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=K, join_timeout_ms=1000)
-    url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
+    lighthouse = start_lighthouse("127.0.0.1:0", min_replicas=K, join_timeout_ms=1000)
+    url = lighthouse.url
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"}
     procs = [subprocess.Popen([sys.executable, str(script), url, str(r), str(K), json.dumps(cases), str(numel),
                                str(rounds), str(REPO / "bench")], cwd=tmp, env=env, text=True,
@@ -163,7 +160,6 @@ def main() -> int:
         vars(args).update(SMOKE)
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (the first round of each case is not reported)")
-    os.environ.setdefault("RUST_LOG", "warn")  # the in-process lighthouse logs every quorum at INFO
     fragment = 4 * args.numel
     print(f"K={K}, one fragment of {args.numel:,} float32 parameters ({fragment / 1e6:.2f} MB); peak memory of a "
           f"sync (Δ included), max over replicas, rounds 2..{args.rounds}; buckets of {args.bucket_mb:g} MB")

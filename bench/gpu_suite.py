@@ -15,8 +15,8 @@ table of their figures:
   ``ar`` and the ``mdlm`` objective (stock torchtitan has only next-token prediction: the
   ``mdlm`` ratio is to it). Targets: ours/stock >= 0.97, MFU >= 45%.
 - **sync** (bench/gpu_throughput.py --part sync, i.e. bench/sync_overhead.py's jobs): K=2
-  MuLoCo 2-bit replica groups sharing the GPU (a real lighthouse and two ``muloco.train``
-  processes), 158M, seq 2048, batch 4, H=30, 90 steps, with θ_g on the GPU and in pinned CPU
+  MuLoCo 2-bit replica groups sharing the GPU (the local launcher: its lighthouse and two
+  replica groups, one torchrun each), 158M, seq 2048, batch 4, H=30, 90 steps, with θ_g on the GPU and in pinned CPU
   memory (``--outer.backup_device device|cpu``): each sync's blocked time by part (median
   after the first sync) and the share of the training loop (targets <= 3% / 6%).
 - **memory**: from the same jobs, the largest peak of a sync's own buffers (Δ, averages,

@@ -21,8 +21,8 @@ ours counting the objective's head, over the device's peak; target >= 45%).
 Part 2 (sync): K=2 MuLoCo 2-bit (``config/diloco/muloco_2bit.py``) with both replica
 groups on the one GPU, H=30, seq 2048, batch 4, with θ_g on the GPU (``--outer.backup_device
 device``, the CUDA default) and in pinned CPU memory (``--outer.backup_device cpu``), run by
-bench/sync_overhead.py's ``run_job`` (a real lighthouse and two ``muloco.train``
-processes). The model is the 158M shape (embedded vocabulary; the issue's baseline was
+bench/sync_overhead.py's ``run_job`` (the local launcher: its lighthouse and two replica groups,
+one torchrun each, sharing the GPU). The model is the 158M shape (embedded vocabulary; the issue's baseline was
 taken on it). Per placement: the share = time blocked in syncs / training loop (the worse
 replica, first sync (process group set-up) left out; targets <= 3% (GPU) and <= 6%
 (pinned CPU)), the time of a sync by part (``sync_overhead.sync_parts``: quorum, waiting

@@ -209,7 +209,7 @@ def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: f
     dump, logs = work / "dump", work / "logs"
     with open(work / "launcher.log", "w") as console:
         job = LocalJob(config=config, replicas=K, min_replicas=K, join_timeout_ms=20000, threads=1,
-                       log_dir=str(logs), console=console,
+                       share_gpus=True, log_dir=str(logs), console=console,  # on a GPU host: both on its GPU
                        overrides=["--model.flavor", flavor, *overrides, *CHECKPOINT_OFF, "--validator.no-enable",
                                   "--metrics.no-enable-tensorboard", "--dump_folder", str(dump)])
         sampler = CpuSampler(job)

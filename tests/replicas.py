@@ -123,6 +123,15 @@ class Cluster:
                 proc.wait(timeout=30)
 
 
+def until(what: str, happened, timeout: float = HANG_S, poll: float = 0.1, detail=lambda: "") -> None:
+    """Wait for an event (``happened()`` true), polling; fail naming it (and ``detail()``) after a
+    hang timeout. The one way the tests wait: for an event, never for a time."""
+    deadline = time.monotonic() + timeout
+    while not happened():
+        assert time.monotonic() < deadline, f"{what} (waited {timeout:.0f} s)\n{detail()}"
+        time.sleep(poll)
+
+
 def waiting_in_quorum(url: str) -> int:
     """Replica groups in the quorum the lighthouse at ``url`` is forming now (its status page;
     -1 if it does not say): a test releases the groups it holds once a late one waits there."""

@@ -24,6 +24,7 @@ from torchft import Manager, ProcessGroupGloo  # noqa: E402
 from torchft.coordination import LighthouseClient, LighthouseServer  # noqa: E402
 
 from muloco.compat.quorum_record import RecordingClient, record_quorums  # noqa: E402
+from replicas import until  # noqa: E402
 from muloco.outer.coordinator import CoordinationError, Coordinator, QuorumView, majority  # noqa: E402
 from muloco.outer.lighthouse_status import (  # noqa: E402
     LighthouseUnreachable,
@@ -63,13 +64,6 @@ def _free_port() -> int:
 
 
 # ------------------------------------------------------------- status page
-def _until(what: str, happened, timeout: float = HANG_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not happened():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 @pytest.mark.timeout(300)
 def test_status_page_shows_alive_groups_last_quorum_steps_and_next_quorum():
     # a heartbeat counts for an hour: nothing here depends on how soon the page is read
@@ -106,7 +100,7 @@ def test_status_page_marks_groups_old_past_the_heartbeat_timeout():
     lh, url = _lighthouse(1, heartbeat_timeout_ms=100)
     try:
         LighthouseClient(url, connect_timeout=timedelta(seconds=HANG_S)).heartbeat("muloco_replica_0:uuid-0")
-        _until("the page never marked the silent group old",
+        until("the page never marked the silent group old",
                lambda: fetch_status(url).heartbeats == {"muloco_replica_0:uuid-0": False})
         assert fetch_status(url).alive_groups() == set()
     finally:
@@ -219,7 +213,7 @@ def test_waiting_quorum_fails_within_the_connect_timeout_when_the_lighthouse_die
     coordinator = Coordinator(manager, lighthouse_url=url, group_size=2, quorum_size=2, connect_timeout=2)
 
     def kill_once_waiting():
-        _until("the group never joined the forming quorum", lambda: "only have 1 participants" in fetch_status(url).next_quorum)
+        until("the group never joined the forming quorum", lambda: "only have 1 participants" in fetch_status(url).next_quorum)
         lh.shutdown()
 
     killer = threading.Thread(target=kill_once_waiting, daemon=True)

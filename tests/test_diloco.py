@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import REPO, read_metrics
 from drill_train import release
-from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, waiting_in_quorum
+from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, until, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
 
@@ -31,13 +31,6 @@ def _args(dump, steps=40, extra=()):
         "--fault_tolerance.start_wait_seconds", str(HANG_S), "--fault_tolerance.end_wait_seconds", str(HANG_S),
         "--dump_folder", str(dump), *extra,
     ]
-
-
-def _until(what: str, happened, timeout: float = HANG_S, poll: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while not happened():
-        assert time.monotonic() < deadline, what
-        time.sleep(poll)
 
 
 @pytest.fixture
@@ -154,13 +147,13 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
         c.start_replica(i, _args(dump, steps=steps, extra=extra), entry=DRILL_ENTRY, env=drills)
     c.wait_for("r2", r"fault drill: killing", HANG_S)
     c.kill("r2")  # reaps it (the drill already killed it)
-    _until(f"the survivors did not hold after step {hold}:\n{c.tail('r0')}",
+    until(f"the survivors did not hold after step {hold}:\n{c.tail('r0')}",
            lambda: all((markers / f"hold-r{i}-{hold}").exists() for i in (0, 1)))
     for i in range(2):  # they went on without the dead replica: a committed sync with 2 of 3
         assert any(r["committed"] and r["participants"] == 2 for r in syncs(dump, i)), c.tail(f"r{i}")
     c.start_replica(2, _args(dump, steps=steps, extra=extra), tag="r2b")  # no drill this time
     c.wait_for("r2b", r"this replica group is behind", HANG_S)
-    _until("the restarted replica did not wait in a quorum", lambda: waiting_in_quorum(c.url) == 1)
+    until("the restarted replica did not wait in a quorum", lambda: waiting_in_quorum(c.url) == 1)
     for i in range(2):
         release(markers, i, hold)
     for name in ("r0", "r1", "r2b"):
@@ -241,7 +234,7 @@ def test_lighthouse_killed_mid_run_fails_within_the_connect_timeout(cluster, tmp
     if k == 1:
         c.wait_for("r0", r"sync at step 10", HANG_S)
     else:
-        _until("the lone group never waited in a quorum", lambda: waiting_in_quorum(c.url) == 1)
+        until("the lone group never waited in a quorum", lambda: waiting_in_quorum(c.url) == 1)
     c.kill("lighthouse")
     killed = time.monotonic()
     assert c.wait("r0", 2 * HANG_S) == 4, c.tail("r0")
@@ -349,7 +342,7 @@ def test_group_back_after_the_others_finished_heals_and_its_summary_counts_it(tm
             assert c.procs["r0"].poll() is None, c.tail("r0")  # it waits for group 1 at the end
             return any(r["step"] == steps for r in _rows(dump, 0) if "loss" in r)
 
-        _until(f"group 0 did not train its last step:\n{c.tail('r0')}", trained_all)
+        until(f"group 0 did not train its last step:\n{c.tail('r0')}", trained_all)
         c.start_replica(1, args)
         assert c.wait("r0", 2 * HANG_S) == 0, c.tail("r0")
         assert c.wait("r1", 2 * HANG_S) == 0, c.tail("r1")

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import REPO, TINY, read_metrics
 from drill_train import open_gate, release
-from replicas import syncs
+from replicas import syncs, until
 
 pytestmark = pytest.mark.timeout(1800)  # hang timeouts only: the suite may share the machine with others
 
@@ -161,9 +161,7 @@ def _drill_env(folder: Path, drills: str) -> dict:
 
 
 def _wait_for(what: str, done, deadline: float, slurm, poll: float = 0.2) -> None:
-    while not done():
-        assert time.monotonic() < deadline, f"{what}\n{slurm.logs()}"
-        time.sleep(poll)
+    until(what, done, timeout=deadline - time.monotonic(), poll=poll, detail=slurm.logs)
 
 
 def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slurm, jobs):

@@ -85,6 +85,7 @@ from datetime import datetime
 from pathlib import Path
 
 from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
+from muloco.launch.gpu_slices import visible_gpus
 from muloco.launch.local import LocalJob
 from muloco.outer.exchange.pipeline import PARTS
 
@@ -140,7 +141,9 @@ class CpuSampler(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        self.job.started.wait()
+        while not self.job.started.wait(0.05):  # a job that fails to start sets done instead
+            if self.done.is_set():
+                return
         while not self.done.wait(0.05):
             for i, agent in enumerate(self.job.pids[:self.job.replicas]):
                 cpu = _tree_cpu_seconds(agent)
@@ -209,7 +212,8 @@ def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: f
     dump, logs = work / "dump", work / "logs"
     with open(work / "launcher.log", "w") as console:
         job = LocalJob(config=config, replicas=K, min_replicas=K, join_timeout_ms=20000, threads=1,
-                       share_gpus=True, log_dir=str(logs), console=console,  # on a GPU host: both on its GPU
+                       visible_gpus=visible_gpus()[:1], share_gpus=True,  # on a GPU host: both on its first GPU
+                       log_dir=str(logs), console=console,
                        overrides=["--model.flavor", flavor, *overrides, *CHECKPOINT_OFF, "--validator.no-enable",
                                   "--metrics.no-enable-tensorboard", "--dump_folder", str(dump)])
         sampler = CpuSampler(job)
@@ -223,6 +227,8 @@ def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: f
             hung.cancel()
             sampler.done.set()
         job_wall = time.monotonic() - t0
+    if status in (130, 143):  # Ctrl-C or SIGTERM (a time limit): the launcher stopped the job; so do we
+        raise SystemExit(status)
     if status != 0:
         why = f"still running after {timeout:.0f}s" if status == 124 else f"exit {status}"
         tails = "\n".join(f"--- {p.name} tail ---\n{_tail(p)}" for p in [work / "launcher.log", *sorted(logs.glob("*.log"))])

@@ -49,7 +49,6 @@ def _cause(err: BaseException) -> str:
 
 
 
-
 def run_folder(config) -> str:
     """Where this process writes: the dump folder, or its replica group's own
     ``replica_<id>/`` under it (as DilocoTrainer sets it) for a DiLoCo config."""

@@ -14,8 +14,6 @@ import difflib
 import typing
 from typing import Any, TypeVar
 
-import tyro
-
 T = TypeVar("T")
 OVERRIDES_EPILOG = "Everything after `--` goes to the trainer unchanged, e.g. `-- --training.steps 50`."
 
@@ -49,6 +47,8 @@ def _flag(name: str, underscores: bool) -> str:
 
 
 def _omits_prefix(hint: Any) -> bool:
+    import tyro
+
     return any(m is tyro.conf.OmitArgPrefixes for m in getattr(hint, "__metadata__", ()))
 
 
@@ -93,6 +93,8 @@ def parse(cls: type[T], argv: list[str], *, prog: str, description: str, undersc
     if rest and not overrides:
         raise UsageError(f"{prog} starts no trainer: drop the `--` and what follows it ({' '.join(rest)})")
     check_options(ours, option_names(cls, underscores), prog, overrides)
+    import tyro  # here, not at import: the report reads dump_folder_in without it
+
     options = tyro.cli(cls, args=ours, prog=prog, use_underscores=underscores,
                        description=f"{description} {OVERRIDES_EPILOG}" if overrides else description)
     return options, rest

@@ -1,7 +1,8 @@
 """One replica group, defined once for every way of starting a run.
 
-The local launcher, the SLURM group entry, the job generators, the sweeps and the benches all
-start a replica group the same way, through this module:
+The local launcher (and through it the benches), the SLURM group entry, and the job generators
+and sweeps (which check a run's trainer config with it) start or check a replica group through
+this module (the ``ddp`` kind's one group is a plain torchrun line of the job script):
 
 - its trainer config, parsed and checked once before anything starts (``load_trainer_config``:
   a bad override or a config of the wrong kind is one message, not one per replica);

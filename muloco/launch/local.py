@@ -5,7 +5,7 @@
 Before starting anything it parses and checks the trainer config once (a non-DiLoCo config or
 a bad override is refused with one message, exit 2) and locks the dump folder (a second launch
 on a folder a live run holds is refused, exit 2, without touching it). Then it starts the
-lighthouse in its own process (torchft's server thread; loopback only; a quorum is a majority
+lighthouse inside the launcher's own process (torchft's server thread; loopback only; a quorum is a majority
 of the K groups unless ``--min-replicas`` says otherwise), then K replica groups, each one ``torchrun`` (``muloco.launch.replica_group``)
 with N ranks on its own slice of the GPUs (``CUDA_VISIBLE_DEVICES``; one rank per GPU, FSDP
 inside the group) and its own rendezvous store on a free loopback port. torchrun restarts a
@@ -48,7 +48,7 @@ from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, l
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, LighthouseError,
                                       below_majority_warning, join_timeout_for, majority, start_lighthouse)
-from muloco.launch.ports import free_port, free_ports  # noqa: F401 - re-exported for callers
+from muloco.launch.ports import free_ports  # noqa: F401 - re-exported for callers
 from muloco.launch.replica_group import TAG as GROUP_TAG
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"

@@ -1,6 +1,6 @@
 """Processes that die with the process that started them (Linux's parent-death signal).
 
-The local launcher starts lighthouse and torchrun agents; each torchrun agent starts its
+The local launcher starts torchrun agents (its lighthouse is a thread of its own); each torchrun agent starts its
 ranks in sessions of their own. A SIGKILLed launcher or agent runs no cleanup, so each child
 asks the kernel for a signal when its parent dies (``PR_SET_PDEATHSIG``). The setting fires
 when the *thread* that forked the child exits, is cleared in the child's own children (fork)

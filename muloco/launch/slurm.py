@@ -447,7 +447,7 @@ def trainer_config(kind: type[Kind], spec: JobSpec, replicas: int | None):
     message now, not K failed jobs later)."""
     try:
         return load_trainer_config(spec.config, spec.overrides, replicas=None if kind is DdpJob else replicas,
-                                   who=f"the {KIND_NAMES[kind]} kind", prog="python -m muloco.launch.slurm")
+                                   who=f"the {KIND_NAMES[kind]} kind", prog=f"{PROG} {KIND_NAMES[kind]}")
     except TrainerConfigError as e:
         if e.status == 0:
             raise SystemExit(0) from None  # the trainer's --help was printed
@@ -600,7 +600,7 @@ USAGE = (f"usage: {PROG} KIND --config C [options] [-- trainer overrides]\n\nGen
 def parse_command(argv: list[str]) -> tuple[str, SubmitOptions, list[str]]:
     """(kind, its options, the trainer overrides) from ``KIND [options] [-- overrides]``."""
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        print(USAGE, file=sys.stdout if argv else sys.stderr)
         raise SystemExit(0 if argv else 2)
     kind = argv[0]
     if kind not in OPTIONS:

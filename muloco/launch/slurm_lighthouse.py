@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parse(SlurmLighthouseOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
                         description=SlurmLighthouseOptions.__doc__, overrides=False)
     except UsageError as e:
-        print(f"lighthouse: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     stop = stop_on_signal()
     try:  # a URL left by an earlier run (or an earlier start of this job) must not be read

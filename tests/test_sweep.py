@@ -59,7 +59,7 @@ def test_runs_of_one_shape_share_an_array_and_mixed_kinds_do_not(tmp_path):
 
 
 def test_runs_with_different_k_are_not_one_array_and_spanning_runs_render_as_one(tmp_path):
-    from muloco.launch.sweep import Sweep, array_script
+    from muloco.launch.sweep import Sweep, sweep_array
     spec = lambda c, o: JobSpec(c, o, ClusterSettings(gpus_per_node=8))  # noqa: E731
     fixed = {"--model.flavor": "llama3-w64-d2-h2", "--training.steps": 30}
     ks = Sweep("k", grid("groups", "diloco/muloco", replicas=2, fixed=fixed)
@@ -69,7 +69,7 @@ def test_runs_with_different_k_are_not_one_array_and_spanning_runs_render_as_one
                            vary={"--optimizer.lr": [0.01, 0.02]}))
     planned = plan(span, str(tmp_path), spec, [])
     assert same_shape(planned)
-    text = array_script(planned, span, str(tmp_path), 2).text
+    text = sweep_array(planned, span, str(tmp_path), 2).text
     assert "#SBATCH --nodes=4" in text and "--replicas 2" in text and "#SBATCH --array=0-1%2" in text
 
 

@@ -435,6 +435,24 @@ class ArrayJob(_DilocoKind):
                       exports={"MULOCO_GROUPS_JOB": "@groups.sh"})
 
 
+def array_script(jobs: list[Kind], labels: list[str], name: str, log_folder: str, parallel: int) -> Script:
+    """One job array over runs of one shape (kind, layout, resources): each task picks its run's
+    config, overrides and folder; at most ``parallel`` tasks run at once."""
+    first = jobs[0]
+    cases = ['case "$SLURM_ARRAY_TASK_ID" in']
+    for i, (job, label) in enumerate(zip(jobs, labels)):
+        cases.append(f"  {i})  # {label}")
+        cases += [f"    {line.split('  #')[0]}" for line in overrides_block(job.spec, job.run_dir)]
+        cases.append("    ;;")
+    cases += ['  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
+    body = [*preamble(first.spec), "", *cases, f'mkdir -p "$RUN_DIR/{SLURM_DIR}" "$RUN_DIR/{LOG_DIR}"',
+            *requeue_block(first.spec), "", *first.launch_lines()]
+    n = len(jobs)
+    header = sbatch_header(first.spec, first.resources(), name=name, output=os.path.join(log_folder, "%x-%A_%a.out"),
+                           array=f"0-{n - 1}%{min(parallel, n)}")
+    return Script("sweep_array.sh", script(header, body, f"Sweep {name}: {n} runs, one array task each"))
+
+
 KINDS: dict[str, type[Kind]] = {"ddp": DdpJob, "groups": GroupsJob, "spanning": SpanningJob, "array": ArrayJob}
 KIND_NAMES = {kind: name for name, kind in KINDS.items()}
 
@@ -507,8 +525,8 @@ def submit_scripts(scripts: list[Script], folder: str, *, env: dict[str, str] | 
     return ids
 
 
-def build(kind_name: str, kind_cfg, spec: JobSpec, *, check_cluster: bool = True) -> Kind:
-    """Parse the trainer config, resolve the partition, check the layout; nothing is written."""
+def build(kind_name: str, kind_cfg, spec: JobSpec) -> Kind:
+    """Check the layout and parse the trainer config (plan); ``place`` sends it to a partition."""
     kind = KINDS[kind_name]
     replicas = getattr(kind_cfg, "replicas", None)
     if replicas is not None and replicas < 1:
@@ -516,13 +534,30 @@ def build(kind_name: str, kind_cfg, spec: JobSpec, *, check_cluster: bool = True
     for key in ("nodes", "nodes_per_replica"):
         if getattr(kind_cfg, key, 1) < 1:
             raise JobError(f"--{key.replace('_', '-')} must be at least 1")
-    nodes = query_sinfo() if check_cluster else None  # an unreachable cluster is known before the config is parsed
-    job = kind(kind_cfg, spec, trainer_config(kind, spec, replicas), None)
-    if nodes is None:
-        job.check()
-    else:
-        job.place(nodes, default_partition())
-    return job
+    return kind(kind_cfg, spec, trainer_config(kind, spec, replicas), None)
+
+
+def cluster_nodes(dry_run: bool) -> list[NodeInfo] | None:
+    """The cluster's nodes (one sinfo query), asked before any trainer config is parsed so an
+    unreachable cluster is known at once; None for a dry run on a machine without SLURM (said)."""
+    try:
+        return query_sinfo()
+    except ClusterUnreachable as e:
+        if not dry_run:
+            raise
+        print(f"{PROG}: warning: {e}; the dry run is not checked against a cluster", file=sys.stderr)
+        return None
+
+
+def place(jobs: list[Kind], nodes: list[NodeInfo] | None) -> None:
+    """Send each job to its partition (the cluster's default when none is set) and check its
+    request against the partition's nodes; without ``nodes``, the layout checks only."""
+    default = default_partition() if nodes is not None else None
+    for job in jobs:
+        if nodes is None:
+            job.check()
+        else:
+            job.place(nodes, default)
 
 
 @dataclass
@@ -626,14 +661,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         spec = options.spec(overrides)
-        try:
-            job = build(kind, options.layout, spec)
-        except ClusterUnreachable as e:
-            if not options.dry_run:
-                raise
-            print(f"muloco.launch.slurm: warning: {e}; the dry run is not checked against a cluster",
-                  file=sys.stderr)
-            job = build(kind, options.layout, spec, check_cluster=False)
+        nodes = cluster_nodes(options.dry_run)
+        job = build(kind, options.layout, spec)
+        place([job], nodes)
         scripts = job.scripts()
         if options.dry_run:
             for s in scripts:

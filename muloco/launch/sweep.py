@@ -45,9 +45,8 @@ from muloco.atomic_file import write_atomically
 from muloco.launch.cli import UsageError, parse
 from muloco.launch.cluster import ClusterError, ClusterOptions, ClusterUnreachable
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
-from muloco.launch.slurm import (KINDS, LOG_DIR, SLURM_DIR, JobError, JobSpec, Kind, Script, build,
-                                 overrides_block, preamble, prepare_folder, requeue_block,
-                                 sbatch_header, script, submit_scripts)
+from muloco.launch.slurm import (KINDS, SLURM_DIR, JobError, JobSpec, Kind, Script, array_script, build,
+                                 cluster_nodes, place, prepare_folder, submit_scripts)
 from muloco.run_facts import facts_of
 
 MANIFEST = "manifest.jsonl"
@@ -253,7 +252,7 @@ def plan(sweep: Sweep, folder: str, spec_for, extra: list[str]) -> list[Planned]
     for run in sweep.runs:
         kind_cfg = KINDS[run.kind].Config(**run.options)
         spec = spec_for(run.config, run.overrides + extra)
-        job = build(run.kind, kind_cfg, spec, check_cluster=False)
+        job = build(run.kind, kind_cfg, spec)
         name = run_name(job.trainer)
         if name in names:
             raise JobError(f"two runs of sweep {sweep.name} are both named {name}: they differ only in "
@@ -276,23 +275,9 @@ def same_shape(planned: list[Planned]) -> bool:
                     and p.job.resources() == first.job.resources() for p in planned))
 
 
-def array_script(planned: list[Planned], sweep: Sweep, folder: str, parallel: int) -> Script:
-    """One array over the runs: each task picks its run's config, overrides and folder."""
-    first = planned[0].job
-    cases = ['case "$SLURM_ARRAY_TASK_ID" in']
-    for i, p in enumerate(planned):
-        block = overrides_block(p.job.spec, p.job.run_dir)
-        cases.append(f"  {i})  # {p.entry.name}")
-        cases += [f"    {line.split('  #')[0]}" for line in block]
-        cases.append("    ;;")
-    cases += ['  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
-    body = [*preamble(first.spec), "", *cases, 'mkdir -p "$RUN_DIR/slurm" "$RUN_DIR/logs"',
-            *requeue_block(first.spec), "", *first.launch_lines()]
-    n = len(planned)
-    header = sbatch_header(first.spec, first.resources(), name=sweep.name,
-                           output=os.path.join(folder, SLURM_DIR, "%x-%A_%a.out"),
-                           array=f"0-{n - 1}%{min(parallel, n)}")
-    return Script("sweep_array.sh", script(header, body, f"Sweep {sweep.name}: {n} runs, one array task each"))
+def sweep_array(planned: list[Planned], sweep: Sweep, folder: str, parallel: int) -> Script:
+    return array_script([p.job for p in planned], [p.entry.name for p in planned], sweep.name,
+                        os.path.join(folder, SLURM_DIR), parallel)
 
 
 def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
@@ -306,7 +291,7 @@ def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
                     spec.cluster, job_name=f"{spec.name}-smoke"[:120], requeue=False, procs=spec.procs,
                     max_restarts=spec.max_restarts)
     kind_cfg = p.job.cfg
-    job = build(p.entry.kind, kind_cfg, smoke, check_cluster=False)
+    job = build(p.entry.kind, kind_cfg, smoke)
     prepare_folder(smoke_dir)
     return job.scripts()[0], smoke_dir
 
@@ -355,7 +340,7 @@ class SweepRunner:
             p.job.spec.dependency = dependency
         use_array = not self.args.max_nodes and len(todo) > 1 and same_shape(todo)
         if use_array:
-            s = array_script(todo, self.sweep, self.folder, self.args.parallel)
+            s = sweep_array(todo, self.sweep, self.folder, self.args.parallel)
             array_id = submit_scripts([s], os.path.join(self.folder, SLURM_DIR))[s.file]
             for i, p in enumerate(todo):
                 self.record(p, f"{array_id}_{i}")
@@ -438,8 +423,8 @@ def _run(sweep: Sweep, args, extra: list[str]) -> int:
     def spec_for(config: str, overrides: list[str]) -> JobSpec:
         return JobSpec(config, overrides, cluster, retries=args.retries, procs=args.procs)
 
-    planned = plan(sweep, args.out, spec_for, extra)
-    _check_cluster(planned, args.dry_run)
+    planned = plan(sweep, args.out, spec_for, extra)  # plan: every run's config parsed and named
+    place([p.job for p in planned], cluster_nodes(args.dry_run))  # place: partitions, checked
     if args.dry_run:
         return _dry_run(planned, sweep, args)
     try:  # one submitting launcher per sweep folder: two would lose each other's job ids
@@ -471,27 +456,11 @@ def _submit(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -
     return 0
 
 
-def _check_cluster(planned: list[Planned], dry_run: bool) -> None:
-    """Every run's request against sinfo (one query); a dry run without SLURM only warns."""
-    from muloco.launch.cluster import default_partition, query_sinfo
-
-    try:
-        nodes = query_sinfo()
-    except ClusterUnreachable as e:
-        if not dry_run:
-            raise
-        print(f"warning: {e}; the dry run is not checked against a cluster", file=sys.stderr)
-        return
-    default = default_partition()
-    for p in planned:
-        p.job.place(nodes, default)
-
-
 def _dry_run(planned: list[Planned], sweep: Sweep, args) -> int:
     for p in planned:
         print(f"run {p.entry.name}: {p.entry.kind} --config {p.entry.config} -- {' '.join(p.entry.overrides)}")
     if not args.max_nodes and len(planned) > 1 and same_shape(planned):
-        print(array_script(planned, sweep, args.out, args.parallel).text)
+        print(sweep_array(planned, sweep, args.out, args.parallel).text)
     else:
         for p in planned:
             for s in p.job.scripts():

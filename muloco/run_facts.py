@@ -27,14 +27,6 @@ FACTS_VERSION = 1
 FACT_KEYS = ("method", "objective", "model", "inner_optimizer", "outer", "data", "seed", "versions", "commit")
 """Every key ``facts_of`` writes (``outer`` is None for a run without an outer loop)."""
 PACKAGES = ("torch", "torchtitan", "torchft", "muloco")
-_DATA_FIELDS = {
-    "stdlib": ("val_percent",),
-    "jsonl": ("dataset_path", "dataset", "validation_path", "text_field", "val_percent"),
-    "huggingface": ("dataset", "dataset_path", "dataset_subset", "validation_split", "text_field", "val_percent"),
-}
-_SFT_FIELDS = ("prompt_field", "response_field", "messages_field")
-
-
 def _variant_name(config: Any) -> str:
     """The name a variant config class is chosen by (``quantize``, ``allgather``, ``mdlm``)."""
     owner = getattr(type(config), "_owner", None)
@@ -90,10 +82,9 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
 
 
 def data_facts(dataloader: Any) -> dict[str, Any]:
-    """The data source and only the settings that source reads."""
+    """The data source and the settings it reads (each source's config holds only those)."""
     source = dataloader.source
-    fields = _DATA_FIELDS.get(source, ()) + (_SFT_FIELDS if dataloader.format == "sft" else ())
-    return {"source": source, "format": dataloader.format, **{k: getattr(dataloader, k) for k in fields}}
+    return {"source": source.name, **{f.name: getattr(source, f.name) for f in dataclasses.fields(source)}}
 
 
 def facts_of(config: Any, *, parameters: int | None = None, environment: bool = True) -> dict[str, Any]:

@@ -37,12 +37,12 @@ def test_dotted_overrides_reach_every_section():
     _, c = parse_args([
         "--config", "ddp/adamw", "--optimizer.lr", "0.01", "--training.seq_len", "32",
         "--model.flavor", "llama3-w64-d2-h2", "--objective", "mdlm", "--objective.eps", "0.01",
-        "--dataloader.val-percent", "7", "--metrics.jsonl_file", "m.jsonl",
+        "--dataloader.source.val-percent", "7", "--metrics.jsonl_file", "m.jsonl",
         "--validator.steps", "3", "--checkpoint.no-enable",
     ])
     assert c.optimizer.lr == 0.01 and c.training.seq_len == 32
     assert c.model.flavor == "llama3-w64-d2-h2" and c.objective.eps == 0.01
-    assert c.dataloader.val_percent == 7 and c.metrics.jsonl_file == "m.jsonl"
+    assert c.dataloader.source.val_percent == 7 and c.metrics.jsonl_file == "m.jsonl"
     assert c.validator.steps == 3 and c.checkpoint.enable is False
 
 
@@ -69,10 +69,17 @@ BAD_INPUTS = [
     (["--training.seq_len", "-5"], "training.seq_len"),
     (["--training.local_batch_size", "0"], "training.local_batch_size"),
     (["--model.flavor", "llama3-w100-d3-h1"], "model.flavor"),
-    (["--dataloader.source", "jsonl", "--dataloader.dataset_path", "/no/such/data.jsonl"],
-     "dataloader.dataset_path"),
+    (["--dataloader.source", "jsonl", "--dataloader.source.dataset_path", "/no/such/data.jsonl"],
+     "dataloader.source.dataset_path"),
     (["--tokenizer.path", "/no/such/tokenizer.model"], "tokenizer.path"),
     (["--optimizer.lrr", "1e-3"], "optimizer.lr"),
+    # a data setting of another source than the chosen one, and torchtitan's unread loader keys
+    (["--dataloader.source.dataset_path", "x.jsonl"], "dataset_path belongs to jsonl or huggingface or sft: pick "
+                                                      "it with --dataloader.source jsonl"),
+    (["--dataloader.source", "jsonl", "--dataloader.source.dataset_subset", "s"], "jsonl, which has no setting "
+                                                                                  "'dataset_subset'"),
+    (["--dataloader.dataset_path", "x.jsonl"], "use --dataloader.source jsonl --dataloader.source.dataset_path PATH"),
+    (["--dataloader.format", "sft"], "SFT rows are a data source now: --dataloader.source sft"),
 ]
 
 

@@ -18,6 +18,7 @@ import torch
 from muloco.data import corpus, loader as loader_module
 from muloco.data.corpus import DataError, JsonlSource, StdlibSource
 from muloco.data.loader import PackedTextDataLoader
+from muloco.data.sources import EmbeddedStdlib, HuggingFaceDataset, JsonlFiles, SftRows
 
 BOS, EOS = 256, 257
 
@@ -60,8 +61,18 @@ def all_jsonl_texts(directory: Path) -> set[str]:
     }
 
 
+SOURCES = {"stdlib": EmbeddedStdlib, "jsonl": JsonlFiles, "huggingface": HuggingFaceDataset, "sft": SftRows}
+LOADER_FIELDS = {"split", "infinite", "seed", "next_token", "shuffle_documents"}
+
+
+def loader_config(source: str = "stdlib", **kw) -> PackedTextDataLoader.Config:
+    """A loader config: ``source`` names the source, the settings it reads go to it, the rest to the loader."""
+    own = {k: kw.pop(k) for k in list(kw) if k not in LOADER_FIELDS}
+    return PackedTextDataLoader.Config(source=SOURCES[source](**own), **kw)
+
+
 def make_loader(*, world: int = 1, rank: int = 0, seq_len: int = 16, batch: int = 2, **cfg):
-    config = PackedTextDataLoader.Config(**cfg)
+    config = loader_config(**cfg)
     return config.build(
         dp_world_size=world,
         dp_rank=rank,
@@ -307,13 +318,16 @@ def test_jsonl_missing_field_names_file_and_line(tmp_path):
 
 @pytest.mark.parametrize("path", [None, "/nonexistent/data-*.jsonl"])
 def test_missing_jsonl_path_names_the_config_key(path):
-    with pytest.raises(DataError, match=r"dataloader\.dataset_path"):
+    with pytest.raises(DataError, match=r"dataloader\.source\.dataset_path"):
         make_loader(source="jsonl", dataset_path=path)
 
 
 def test_unknown_source_and_split_are_rejected(jsonl_dir):
-    with pytest.raises(DataError, match=r"dataloader\.source='parquet'.*stdlib"):
-        make_loader(source="parquet")
+    from muloco.config.cli import parse_args
+    from muloco.config.loader import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--dataloader\.source must be one of stdlib, jsonl, huggingface, sft; got 'parquet'"):
+        parse_args(["--config", "ddp/adamw", "--dataloader.source", "parquet"])
     with pytest.raises(DataError, match=r"dataloader\.split='test'.*train"):
         make_loader(split="test")
 
@@ -377,9 +391,9 @@ def test_huggingface_resume_is_exact(hf_dir, monkeypatch, world, rank):
 
 
 def test_huggingface_missing_path_is_a_data_error(tmp_path):
-    with pytest.raises(DataError, match=r"dataloader\.dataset_path"):
+    with pytest.raises(DataError, match=r"dataloader\.source\.dataset_path"):
         hf_loader(tmp_path / "absent")
-    with pytest.raises(DataError, match=r"dataloader\.dataset_path"):
+    with pytest.raises(DataError, match=r"dataloader\.source\.dataset_path"):
         make_loader(source="huggingface")
 
 
@@ -393,7 +407,7 @@ def test_preflight_reads_only_up_to_the_first_document(tmp_path):
     with path.open("a") as f:
         f.write("{broken\n")
     for split in ("train", "validation"):
-        loader_module.check_readable(PackedTextDataLoader.Config(source="jsonl", dataset_path=str(path),
+        loader_module.check_readable(loader_config("jsonl", dataset_path=str(path),
                                                                  split=split, val_percent=20.0))
 
 
@@ -401,22 +415,22 @@ def test_preflight_parses_every_line_before_the_first_document(tmp_path):
     """The validation split's first document comes after a bad train-side line: reported."""
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n{broken\n' + "".join('{"text": "x"}\n' for _ in range(30)))
-    config = PackedTextDataLoader.Config(source="jsonl", dataset_path=str(path), split="validation")
+    config = loader_config("jsonl", dataset_path=str(path), split="validation")
     with pytest.raises(DataError, match=r"bad\.jsonl:2: not a JSON object"):
         loader_module.check_readable(config)
 
 
 def test_preflight_names_the_empty_split_and_the_fix(tmp_path):
     path = write_jsonl(tmp_path / "few.jsonl", [f"doc {i}" for i in range(5)])  # none held out at 5%
-    loader_module.check_readable(PackedTextDataLoader.Config(source="jsonl", dataset_path=str(path)))
-    config = PackedTextDataLoader.Config(source="jsonl", dataset_path=str(path), split="validation")
+    loader_module.check_readable(loader_config("jsonl", dataset_path=str(path)))
+    config = loader_config("jsonl", dataset_path=str(path), split="validation")
     with pytest.raises(DataError, match=r"no document in its validation split.*val_percent.*validator\.no-enable"):
         loader_module.check_readable(config)
 
 
 def test_preflight_reads_a_local_huggingface_dataset(hf_dir):
     for split in ("train", "validation"):
-        loader_module.check_readable(PackedTextDataLoader.Config(source="huggingface", dataset_path=str(hf_dir),
+        loader_module.check_readable(loader_config("huggingface", dataset_path=str(hf_dir),
                                                                  split=split))
 
 

@@ -67,7 +67,7 @@ def test_a_dense_fp32_exchange_has_no_error_feedback_and_32_bits():
 
 
 def test_data_facts_hold_only_what_the_source_reads():
-    _, config = parse_args(["--config", "ddp/adamw", "--dataloader.source", "jsonl", "--dataloader.dataset_path",
+    _, config = parse_args(["--config", "ddp/adamw", "--dataloader.source", "jsonl", "--dataloader.source.dataset_path",
                             "/data/x.jsonl"])
     data = facts_of(config, environment=False)["data"]
     assert data["source"] == "jsonl" and data["dataset_path"] == "/data/x.jsonl"

@@ -18,6 +18,7 @@ from torchtitan.components.loss import IGNORE_INDEX  # noqa: E402
 
 from muloco.data.corpus import DataError  # noqa: E402
 from muloco.data.loader import PackedTextDataLoader, check_readable  # noqa: E402
+from muloco.data.sources import SftRows  # noqa: E402
 from muloco.data.sft import sft_row  # noqa: E402
 from muloco.data.tokenizer import MulocoTokenizer  # noqa: E402
 from muloco.objectives import MaskedDiffusion, NoiseKey, SpecialTokens  # noqa: E402
@@ -33,7 +34,7 @@ EXAMPLES = [
 def _loader(tmp_path, next_token: bool, seq_len=32, lines=EXAMPLES):
     path = tmp_path / "sft.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in lines))
-    cfg = PackedTextDataLoader.Config(source="jsonl", dataset_path=str(path), format="sft", val_percent=0.0,
+    cfg = PackedTextDataLoader.Config(source=SftRows(dataset_path=str(path), val_percent=0.0),
                                       next_token=next_token, shuffle_documents=False)
     return cfg, cfg.build(dp_world_size=1, dp_rank=0, tokenizer=MulocoTokenizer(), seq_len=seq_len,
                           local_batch_size=4)

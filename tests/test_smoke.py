@@ -659,7 +659,7 @@ def _train_configs(root: Path, names: list[str]) -> None:
                 "--training.global_batch_size", "-1", "--compile.no-enable",  # a GPU preset's, on CPU
                 "--dump_folder", str(root / name.replace("/", "-"))]
         if name == "diffusion/sft":
-            args += ["--dataloader.dataset_path", str(sft)]
+            args += ["--dataloader.source.dataset_path", str(sft)]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         lighthouse, outer, code, folder = None, False, None, ""

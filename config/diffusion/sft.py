@@ -2,22 +2,22 @@
 masked, the response padded with EOS (masked and scored, so the model learns where to stop),
 the loss normalised per response. Give the data and, usually, a pre-trained run to start from:
 
-    python -m muloco.train --config diffusion/sft --dataloader.dataset_path chat.jsonl \\
+    python -m muloco.train --config diffusion/sft --dataloader.source.dataset_path chat.jsonl \\
         --checkpoint.initial_load_path outputs/diffusion-ddp-adamw/checkpoint/step-300 \\
         --checkpoint.initial_load_model_only
 
 Lines: {"prompt": ..., "response": ...} or {"messages": [{"role": ..., "content": ...}, ...]}
-(fields: --dataloader.prompt_field, response_field, messages_field).
+(fields: --dataloader.source.prompt_field, response_field, messages_field).
 """
 
 from muloco.config import load_config
+from muloco.data.sources import SftRows
 
 
 def config():
     c = load_config("diffusion/ddp_adamw")
     c.dump_folder = "./outputs/diffusion-sft"
-    c.dataloader.source = "jsonl"
-    c.dataloader.format = "sft"
+    c.dataloader.source = SftRows()
     c.objective.normaliser = "sequence"
     c.objective.document_mask = False  # one example per row
     c.objective.truncate_probability = 0.0  # would cut the EOS padding that teaches the length

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 from muloco.config.loader import ConfigError
 from muloco.created_dirs import make_dirs, missing_dirs, remove_dirs
+from muloco.data.sources import HuggingFaceDataset, JsonlFiles
 from muloco.model_map import UnknownFlavorError, parse_flavor
 
 
@@ -119,25 +120,30 @@ def _check_checkpoint(config) -> None:
             )
 
 
+def _check_data_source_keys(config) -> None:
+    """torchtitan's loader config has ``dataset`` and ``dataset_path``; muloco reads neither (its
+    data comes from ``source``), so a value there would be silently ignored."""
+    for prefix, dl in (("dataloader", config.dataloader), ("validator.dataloader", config.validator.dataloader)):
+        if getattr(dl, "dataset", "") or getattr(dl, "dataset_path", None):
+            raise ConfigError(f"{prefix}.dataset / {prefix}.dataset_path are not read: the data comes from "
+                              f"{prefix}.source; use --{prefix}.source jsonl --{prefix}.source.dataset_path PATH "
+                              f"(or --{prefix}.source huggingface --{prefix}.source.dataset NAME).")
+
+
 def _check_paths(config) -> None:
-    dl = config.dataloader
-    if getattr(dl, "source", "stdlib") == "jsonl":
-        path = dl.dataset_path or dl.dataset
+    _check_data_source_keys(config)
+    source = config.dataloader.source
+    key = f"dataloader.source.dataset_path (dataloader.source is {source.name!r})"
+    if isinstance(source, JsonlFiles):
+        path = source.dataset_path
         if not path:
-            raise ConfigError(
-                "dataloader.dataset_path is empty; give the JSONL file, directory or glob "
-                "to read (dataloader.source is 'jsonl')."
-            )
+            raise ConfigError(f"{key} is empty; give the JSONL file, directory or glob to read.")
         if not any(ch in path for ch in "*?[") and not os.path.exists(path):
-            raise ConfigError(
-                f"dataloader.dataset_path '{path}' does not exist; give an existing JSONL "
-                "file or directory, or use --dataloader.source stdlib for the embedded corpus."
-            )
-    if getattr(dl, "source", "") == "huggingface" and dl.dataset_path and not os.path.exists(dl.dataset_path):
-        raise ConfigError(
-            f"dataloader.dataset_path '{dl.dataset_path}' does not exist; for a dataset on "
-            "the Hugging Face hub set --dataloader.dataset <name> and leave dataset_path empty."
-        )
+            raise ConfigError(f"{key} '{path}' does not exist; give an existing JSONL file or directory, or "
+                              "use --dataloader.source stdlib for the embedded corpus.")
+    if isinstance(source, HuggingFaceDataset) and source.dataset_path and not os.path.exists(source.dataset_path):
+        raise ConfigError(f"{key} '{source.dataset_path}' does not exist; for a dataset on the Hugging Face hub "
+                          "set --dataloader.source.dataset <name> and leave dataset_path empty.")
     tok_path = getattr(config.tokenizer, "path", "")
     if tok_path and not os.path.exists(tok_path):
         raise ConfigError(

@@ -24,6 +24,8 @@ from muloco.config.variants import apply_choices, describe_choices, misplaced_ke
 DEFAULT_CONFIG = "base"
 
 RETIRED_KEYS = {
+    "dataloader.format": "SFT rows are a data source now: --dataloader.source sft "
+                         "--dataloader.source.dataset_path FILE (plain text: --dataloader.source jsonl).",
     "model.causal": "the attention direction follows the objective: --objective mdlm trains a "
                     "bidirectional model, --objective ar (the default) a causal one.",
 }

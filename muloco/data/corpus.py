@@ -25,7 +25,6 @@ from typing import Any
 
 from muloco.data import split as stdlib_split
 
-SOURCES = ("stdlib", "jsonl", "huggingface")
 SPLITS = ("train", "validation")
 
 
@@ -59,7 +58,7 @@ def check_split(split: str) -> None:
 def check_val_percent(val_percent: float) -> None:
     if not 0.0 <= val_percent <= 100.0:
         raise DataError(
-            f"dataloader.val_percent={val_percent} is out of range; "
+            f"dataloader.source.val_percent={val_percent} is out of range; "
             "use a percentage between 0 and 100"
         )
 
@@ -170,8 +169,8 @@ class StdlibSource(DocumentSource):
             raise DataError(
                 f"the stdlib corpus at {self.root} has {len(self.rel_paths)} "
                 f"{self.split} files for {self.world} data shards "
-                f"(dataloader.val_percent={val_percent}); every shard needs at "
-                "least one document: adjust dataloader.val_percent or use "
+                f"(dataloader.source.val_percent={val_percent}); every shard needs at "
+                "least one document: adjust dataloader.source.val_percent or use "
                 "another dataloader.source"
             )
 
@@ -222,7 +221,7 @@ def resolve_jsonl_files(spec: str | None, key: str) -> list[Path]:
     """The files a jsonl path setting names: a file, a directory of ``*.jsonl``, or a glob."""
     if not spec:
         raise DataError(
-            f"{key} is not set: dataloader.source='jsonl' needs a JSONL file, "
+            f"{key} is not set: dataloader.source jsonl needs a JSONL file, "
             "a directory of *.jsonl files, or a glob such as 'data/*.jsonl'"
         )
     path = Path(spec).expanduser()
@@ -288,10 +287,10 @@ class JsonlSource(DocumentSource):
         self.world = world
         if split == "validation" and validation_path:
             self.spec = validation_path
-            self.files = resolve_jsonl_files(validation_path, "dataloader.validation_path")
+            self.files = resolve_jsonl_files(validation_path, "dataloader.source.validation_path")
         else:
             self.spec = dataset_path
-            self.files = resolve_jsonl_files(dataset_path, "dataloader.dataset_path")
+            self.files = resolve_jsonl_files(dataset_path, "dataloader.source.dataset_path")
         # With a separate validation set the training files are used whole.
         self.hash_split = not validation_path
 
@@ -393,7 +392,7 @@ def parse_jsonl_line(raw: bytes, path: Path, line_number: int, text_field: str) 
         found = sorted(record) if isinstance(record, dict) else type(record).__name__
         raise DataError(
             f"{where}: no string field {text_field!r} (found {found}); set "
-            "dataloader.text_field to the field holding the text, or fix the line"
+            "dataloader.source.text_field to the field holding the text, or fix the line"
         )
     return text
 
@@ -446,8 +445,8 @@ class HuggingFaceSource(DocumentSource):
     ) -> None:
         if not name_or_path:
             raise DataError(
-                "dataloader.dataset_path and dataloader.dataset are both unset: "
-                "dataloader.source='huggingface' needs a hub name (e.g. "
+                "dataloader.source.dataset_path and dataloader.source.dataset are both unset: "
+                "dataloader.source huggingface needs a hub name (e.g. "
                 "'HuggingFaceFW/fineweb-edu') or a local dataset directory"
             )
         check_val_percent(val_percent)
@@ -470,7 +469,7 @@ class HuggingFaceSource(DocumentSource):
             )
         except FileNotFoundError as err:
             raise DataError(
-                f"dataloader.dataset_path / dataloader.dataset={self.name_or_path!r} "
+                f"dataloader.source.dataset_path / dataloader.source.dataset={self.name_or_path!r} "
                 f"(subset {self.subset!r}) could not be opened: {err}; give a hub "
                 "dataset name or a local dataset directory"
             ) from None
@@ -558,47 +557,8 @@ class _HuggingFaceReader(ShardReader):
                 raise DataError(
                     f"{self.source.name_or_path} example {number} of shard "
                     f"{self.source.rank}: no string field {field!r} (columns: "
-                    f"{sorted(example)}); set dataloader.text_field"
+                    f"{sorted(example)}); set dataloader.source.text_field"
                 )
             if self.source.keeps(text):
                 self._doc_index += 1
                 yield text
-
-
-def build_source(
-    *,
-    source: str,
-    dataset: str,
-    dataset_path: str | None,
-    dataset_subset: str | None,
-    split: str,
-    validation_split: str,
-    validation_path: str | None,
-    text_field: str,
-    val_percent: float,
-    seed: int,
-    shuffle: bool,
-    rank: int,
-    world: int,
-    parse_line: Callable[[bytes, Path, int], Any] | None = None,
-) -> DocumentSource:
-    """The source named by ``dataloader.source``, checked before any training starts.
-    ``parse_line`` (jsonl only) turns a line into something other than its text field."""
-    if source == "stdlib":
-        return StdlibSource(
-            split=split, val_percent=val_percent, seed=seed, shuffle=shuffle,
-            rank=rank, world=world,
-        )
-    if source == "jsonl":
-        return JsonlSource(
-            dataset_path=dataset_path or dataset or None, validation_path=validation_path,
-            split=split, text_field=text_field, val_percent=val_percent, seed=seed,
-            shuffle=shuffle, rank=rank, world=world, parse_line=parse_line,
-        )
-    if source == "huggingface":
-        return HuggingFaceSource(
-            name_or_path=dataset_path or dataset or None, subset=dataset_subset,
-            split=split, validation_split=validation_split, text_field=text_field,
-            val_percent=val_percent, rank=rank, world=world,
-        )
-    raise DataError(f"dataloader.source={source!r} is unknown; use one of {list(SOURCES)}")

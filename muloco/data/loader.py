@@ -7,21 +7,22 @@ dicts, so a checkpoint loads with ``torch.load(weights_only=True)``.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Literal
+from typing import Any
 
 import torch
+import tyro
 
 from torchtitan.components.dataloader import BaseDataLoader
 from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.tools.logging import logger
 
-from muloco.data.corpus import DataError, ShardReader, build_source
-from muloco.data.sft import SftExample, SftFields, parse_sft_line, sft_row
+from muloco.data.corpus import DataError, ShardReader
+from muloco.data.sft import SftExample, sft_row
+from muloco.data.sources import EmbeddedStdlib, JsonlFiles, SourceConfig
 
 # Documents per tokenizer call: large enough for batch encoding to pay off,
 # small enough that the pending-token buffer in a checkpoint stays small.
@@ -41,71 +42,15 @@ class PackedTextDataLoader(BaseDataLoader):
 
     @dataclass(kw_only=True, slots=True)
     class Config(BaseDataLoader.Config):
-        source: Literal["stdlib", "jsonl", "huggingface"] = "stdlib"
-        """
-        Where documents come from: 'stdlib' (this interpreter's standard-library
-        .py files, no download), 'jsonl' (local JSON-lines files, see
-        dataset_path) or 'huggingface' (a datasets hub name or local dataset
-        directory, streamed).
-        """
-
-        dataset: str = ""
-        """
-        Hugging Face hub dataset name for source='huggingface' (e.g.
-        'HuggingFaceFW/fineweb-edu'). A fallback only: dataset_path, when set,
-        takes precedence for both 'huggingface' and 'jsonl'. Unused by 'stdlib'.
-        """
-
-        dataset_path: str | None = None
-        """
-        For source='jsonl': a JSONL file, a directory of *.jsonl files, or a
-        glob (this or dataset is required). For source='huggingface': a local
-        dataset directory (or hub name) that overrides dataset. Unused by 'stdlib'.
-        """
-
-        dataset_subset: str | None = None
-        """Hugging Face dataset configuration name (e.g. 'sample-10BT'); None for the default."""
+        source: tyro.conf.AvoidSubcommands[SourceConfig] = field(default_factory=EmbeddedStdlib)
+        """stdlib | jsonl | huggingface | sft: pick with ``--dataloader.source NAME``, then set its
+        own settings as ``--dataloader.source.SETTING`` (see --help after picking)."""
 
         split: str = "train"
         """
-        'train' or 'validation'. For source='huggingface' any other value is
+        'train' or 'validation'. For a 'huggingface' source any other value is
         read as a split name of the dataset, whole.
         """
-
-        validation_split: str = "validation"
-        """
-        Split read for split='validation' with source='huggingface'. If the
-        dataset lacks it, 'train' is divided by a hash of each example's text
-        (val_percent held out) and split='train' skips the held-out part.
-        """
-
-        validation_path: str | None = None
-        """
-        For source='jsonl': separate validation files (file, directory or glob).
-        When set, both splits use their files whole; when unset, each line is
-        assigned by a hash of (file name, line number).
-        """
-
-        format: Literal["text", "sft"] = "text"
-        """
-        'text': documents packed end to end. 'sft' (jsonl only): one prompt/response
-        example per row, the prompt never trained on (see muloco/data/sft.py).
-        """
-
-        prompt_field: str = "prompt"
-        """format='sft': field of the prompt."""
-
-        response_field: str = "response"
-        """format='sft': field of the response."""
-
-        messages_field: str = "messages"
-        """format='sft': field of a chat (a list of {role, content}; the last one answers)."""
-
-        text_field: str = "text"
-        """Field of each JSON line / dataset example that holds the document text."""
-
-        val_percent: float = 5.0
-        """Percent of documents held out for validation by the hash splits (stdlib, jsonl, huggingface fallback)."""
 
         infinite: bool = True
         """
@@ -161,7 +106,7 @@ class PackedTextDataLoader(BaseDataLoader):
         """SFT examples whose prompt alone fills a row."""
 
     def describe(self) -> str:
-        layout = "one SFT example per row" if self.config.format == "sft" else "packed documents"
+        layout = "one SFT example per row" if self.config.source.one_example_per_row else "packed documents"
         return (
             f"{self.source.describe()}; {layout}, rows of {self.seq_len} tokens, "
             f"{self.local_batch_size} rows per batch, "
@@ -205,7 +150,7 @@ class PackedTextDataLoader(BaseDataLoader):
         return self._documents
 
     def _append_documents(self, texts: list) -> None:
-        if self.config.format == "sft":
+        if self.config.source.one_example_per_row:
             self._append_examples(texts)
             return
         for doc in self._encode(texts):
@@ -244,7 +189,7 @@ class PackedTextDataLoader(BaseDataLoader):
         if self._reader.doc_index == 0:
             raise DataError(
                 f"{self.source.describe()} yielded no documents: this shard is "
-                "empty; check dataloader.dataset_path / dataloader.split, or use "
+                "empty; check dataloader.source's files / dataloader.split, or use "
                 "fewer data-parallel ranks than documents"
             )
         if not self.config.infinite:
@@ -268,7 +213,7 @@ class PackedTextDataLoader(BaseDataLoader):
         position = self._reader.position if self._reader is not None else self._start_position
         return {
             self._rank_key: {
-                "source": self.config.source,
+                "source": self._source_key(),
                 "split": self.config.split,
                 "next_token": self.config.next_token,
                 "epoch": self._epoch,
@@ -292,6 +237,10 @@ class PackedTextDataLoader(BaseDataLoader):
         self._inputs = list(state["inputs"])
         self._labels = list(state["labels"])
 
+    def _source_key(self) -> str:
+        """The reader a position belongs to: SFT rows are read as JSON lines (and were recorded so)."""
+        return JsonlFiles.name if isinstance(self.config.source, JsonlFiles) else self.config.source.name
+
     def _check_compatible(self, state_dict: dict[str, Any]) -> None:
         saved_world = state_dict.get("world_size")
         if saved_world != self.dp_world_size:
@@ -312,10 +261,10 @@ class PackedTextDataLoader(BaseDataLoader):
                 "out with checkpoint.exclude_from_loading=['dataloader']"
             )
         saved = (state.get("source"), state.get("split"))
-        if saved != (self.config.source, self.config.split):
+        if saved != (self._source_key(), self.config.split):
             raise DataError(
                 f"the checkpoint's data position is for dataloader.source/split={saved}, "
-                f"this run reads {(self.config.source, self.config.split)}; restore the "
+                f"this run reads {(self._source_key(), self.config.split)}; restore the "
                 "setting, or leave the loader out with "
                 "checkpoint.exclude_from_loading=['dataloader']"
             )
@@ -323,20 +272,8 @@ class PackedTextDataLoader(BaseDataLoader):
 
 def source_for(config: PackedTextDataLoader.Config, *, rank: int, world: int):
     """The document source ``config`` names, as shard ``rank`` of ``world``."""
-    parse_line = None
-    if config.format == "sft":
-        if config.source != "jsonl":
-            raise DataError(f"dataloader.format 'sft' reads jsonl files; dataloader.source is "
-                            f"{config.source!r}: use --dataloader.source jsonl --dataloader.dataset_path FILE")
-        fields = SftFields(config.prompt_field, config.response_field, config.messages_field)
-        parse_line = functools.partial(parse_sft_line, fields=fields)
-    return build_source(
-        source=config.source, dataset=config.dataset, dataset_path=config.dataset_path,
-        dataset_subset=config.dataset_subset, split=config.split,
-        validation_split=config.validation_split, validation_path=config.validation_path,
-        text_field=config.text_field, val_percent=config.val_percent, seed=config.seed,
-        shuffle=config.shuffle_documents, rank=rank, world=world, parse_line=parse_line,
-    )
+    return config.source.build(split=config.split, seed=config.seed, shuffle=config.shuffle_documents,
+                               rank=rank, world=world)
 
 
 def check_readable(config: PackedTextDataLoader.Config, prefix: str = "dataloader") -> None:
@@ -351,16 +288,16 @@ def check_readable(config: PackedTextDataLoader.Config, prefix: str = "dataloade
             return
     except OSError as err:
         raise DataError(
-            f"{prefix}.source {config.source!r}: cannot read {err.filename or 'the data'}: "
+            f"{prefix}.source {config.source.name!r}: cannot read {err.filename or 'the data'}: "
             f"{err.strerror or err}; check the path and its permissions."
         ) from None
-    data = config.dataset_path or config.dataset or "the standard library"
     if config.split == "validation":
-        fix = (f"set {prefix}.validation_path, raise {prefix}.val_percent (the held-out part "
-               "is empty), or turn validation off with --validator.no-enable")
+        separate = f"set {prefix}.source.validation_path, " if hasattr(config.source, "validation_path") else ""
+        fix = (f"{separate}raise {prefix}.source.val_percent (the held-out part is empty), or turn "
+               "validation off with --validator.no-enable")
     else:
         fix = "give data with at least one document (jsonl: one JSON object per non-blank line)"
-    raise DataError(f"{prefix}.source {config.source!r} ({data}) has no document in its "
+    raise DataError(f"{prefix}.source {config.source.name!r} ({config.source.label()}) has no document in its "
                     f"{config.split} split; {fix}.")
 
 

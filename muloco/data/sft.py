@@ -64,7 +64,7 @@ def parse_sft_line(raw: bytes, path: Path, line_number: int, fields: SftFields) 
         return SftExample(record[fields.prompt], record[fields.response])
     found = sorted(record) if isinstance(record, dict) else type(record).__name__
     raise DataError(f"{where}: an SFT line needs string fields {fields.prompt!r} and {fields.response!r}, "
-                    f"or a {fields.messages!r} list (found {found}); set dataloader.prompt_field / "
+                    f"or a {fields.messages!r} list (found {found}); set dataloader.source.prompt_field / "
                     "response_field / messages_field, or fix the line")
 
 

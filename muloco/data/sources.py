@@ -1,0 +1,127 @@
+"""Where a data loader's documents come from: one config class per source, chosen like a codec.
+
+``--dataloader.source jsonl`` puts a ``JsonlFiles`` config in the loader (the settings a config
+module gave, if it already chose that source), and the chosen source's own settings are then
+``--dataloader.source.SETTING`` (``--dataloader.source.dataset_path data/*.jsonl``). Each source
+holds only the fields it reads; a setting of another source is one error that names where it
+belongs (``muloco.config.variants``). ``build`` makes the reader of one split and shard.
+
+- ``stdlib``: this interpreter's standard-library ``.py`` files (no download): the embedded corpus;
+- ``jsonl``: local JSON-lines files, one document per line;
+- ``huggingface``: a ``datasets`` hub name or local dataset directory, streamed;
+- ``sft``: JSON-lines files of prompt/response (or chat) rows, one example per row, the prompt
+  never trained on (``muloco/data/sft.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Annotated, ClassVar
+
+import tyro
+
+from muloco.data.corpus import DocumentSource, HuggingFaceSource, JsonlSource, StdlibSource
+from muloco.data.sft import SftFields, parse_sft_line
+
+
+@dataclass(kw_only=True, slots=True)
+class EmbeddedStdlib:
+    """The standard library's ``.py`` files, split into train/validation by a hash of each path."""
+
+    name: ClassVar[str] = "stdlib"
+    one_example_per_row: ClassVar[bool] = False
+    val_percent: float = 5.0
+    """Percent of files held out for validation."""
+
+    def build(self, *, split: str, seed: int, shuffle: bool, rank: int, world: int) -> DocumentSource:
+        return StdlibSource(split=split, val_percent=self.val_percent, seed=seed, shuffle=shuffle, rank=rank,
+                            world=world)
+
+    def label(self) -> str:
+        return "the standard library"
+
+
+@dataclass(kw_only=True, slots=True)
+class JsonlFiles:
+    """Local JSON-lines files; each line one document (its ``text_field``)."""
+
+    name: ClassVar[str] = "jsonl"
+    one_example_per_row: ClassVar[bool] = False
+    dataset_path: str | None = None
+    """A JSONL file, a directory of *.jsonl files, or a glob."""
+    validation_path: str | None = None
+    """Separate validation files (file, directory or glob), used whole; unset: each line is
+    assigned to a split by a hash of (file name, line number)."""
+    text_field: str = "text"
+    """Field of each JSON line that holds the document text."""
+    val_percent: float = 5.0
+    """Percent of lines held out for validation by the hash split."""
+
+    def build(self, *, split: str, seed: int, shuffle: bool, rank: int, world: int) -> DocumentSource:
+        return JsonlSource(dataset_path=self.dataset_path, validation_path=self.validation_path, split=split,
+                           text_field=self.text_field, val_percent=self.val_percent, seed=seed, shuffle=shuffle,
+                           rank=rank, world=world, parse_line=self._parse_line())
+
+    def _parse_line(self):
+        return None
+
+    def label(self) -> str:
+        return self.dataset_path or "no files"
+
+
+@dataclass(kw_only=True, slots=True)
+class SftRows(JsonlFiles):
+    """JSON-lines files of supervised fine-tuning rows: a prompt and a response, or a chat whose
+    last message answers; one example per row, the prompt never trained on."""
+
+    name: ClassVar[str] = "sft"
+    one_example_per_row: ClassVar[bool] = True
+    prompt_field: str = "prompt"
+    """Field of the prompt."""
+    response_field: str = "response"
+    """Field of the response."""
+    messages_field: str = "messages"
+    """Field of a chat (a list of {role, content}; the last one answers)."""
+
+    def _parse_line(self):
+        fields = SftFields(self.prompt_field, self.response_field, self.messages_field)
+        return functools.partial(parse_sft_line, fields=fields)
+
+
+@dataclass(kw_only=True, slots=True)
+class HuggingFaceDataset:
+    """A ``datasets`` dataset (hub name or local directory), streamed in dataset order."""
+
+    name: ClassVar[str] = "huggingface"
+    one_example_per_row: ClassVar[bool] = False
+    dataset: str = ""
+    """Hub dataset name (e.g. 'HuggingFaceFW/fineweb-edu'); ``dataset_path`` wins when set."""
+    dataset_path: str | None = None
+    """A local dataset directory (or hub name) that overrides ``dataset``."""
+    dataset_subset: str | None = None
+    """Dataset configuration name (e.g. 'sample-10BT'); None for the default."""
+    validation_split: str = "validation"
+    """Split read for validation; a dataset without it has 'train' divided by a hash of each
+    example's text (``val_percent`` held out)."""
+    text_field: str = "text"
+    """Field of each example that holds the document text."""
+    val_percent: float = 5.0
+    """Percent held out by the hash split when the dataset has no validation split."""
+
+    def build(self, *, split: str, seed: int, shuffle: bool, rank: int, world: int) -> DocumentSource:
+        return HuggingFaceSource(name_or_path=self.dataset_path or self.dataset or None, subset=self.dataset_subset,
+                                 split=split, validation_split=self.validation_split, text_field=self.text_field,
+                                 val_percent=self.val_percent, rank=rank, world=world)
+
+    def label(self) -> str:
+        return self.dataset_path or self.dataset or "no dataset"
+
+
+SourceConfig = (
+    Annotated[EmbeddedStdlib, tyro.conf.subcommand("stdlib")]
+    | Annotated[JsonlFiles, tyro.conf.subcommand("jsonl")]
+    | Annotated[HuggingFaceDataset, tyro.conf.subcommand("huggingface")]
+    | Annotated[SftRows, tyro.conf.subcommand("sft")]
+)
+"""The type of ``dataloader.source``: one of the sources above, chosen by name."""

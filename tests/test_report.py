@@ -238,3 +238,10 @@ def test_a_neutrally_named_muloco_run_is_named_by_its_facts_after_its_folder_is_
     assert facts["inner_optimizer"]["name"] == "Muon" and facts["outer"]["replica_groups"] == 2
     assert facts["outer"]["codec"]["name"] == "quantize" and facts["outer"]["codec"]["bits"] == 2
     assert facts["outer"]["error_feedback"]["enabled"] and facts["model"]["parameters"] > 0
+
+
+def test_the_report_imports_no_torch_and_no_tyro():
+    """Reading results needs neither: the report starts at once, on any machine that has the runs."""
+    code = "import sys, muloco.report; assert not {'torch', 'tyro'} & set(sys.modules), sorted(sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr

@@ -24,13 +24,13 @@ HANG_S = 420
 """A smoke run still going after this hangs (the slowest takes about a minute on 2 free cores)."""
 
 LIBRARIES = {
-    "live_bytes.py": "LiveBytes, a dispatch mode counting the bytes of live tensors; imported by "
-                     "codecs.py, exchange_memory.py and the exchange's memory test",
     "machine.py": "the load average and the SIGTERM handling the benches share",
 }
 
 NUM = r"[\d,]+(?:\.\d+)?"
 TABLES = {
+    "live_bytes.py": [r"case +expected B +counted B +ok", rf"new tensor \(x \* 2\) +{NUM} +{NUM} +yes",
+                      r"view \(x\.view\(-1\)\[1:\]\) +0 +0 +yes"],
     "codecs.py": [r"codec +kernels +bits/param +rel err +clone ms +encode ms",
                   rf"dense\(float32\) +eager +32\.000 +{NUM} +{NUM} +{NUM} +{NUM}x",
                   rf"quantize\(statistical, 2b.*eager +2\.0\d+ +{NUM}",

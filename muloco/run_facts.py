@@ -47,7 +47,7 @@ def codec_facts(exchange: Any) -> dict[str, Any]:
         bits = settings["bits"]
     elif name == "topk":
         value_bits = settings["value_bits"] or _dtype_bits(settings["value_dtype"])
-        bits = settings["fraction"] * (value_bits + 16)  # each kept value and its 16-bit index
+        bits = settings["fraction"] * (value_bits + settings["index_bits"])  # each kept value and its index
     else:
         bits = _dtype_bits(settings.get("dtype", "float32"))
     return {"name": name, "bits": bits, **settings}

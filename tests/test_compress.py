@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from muloco.compress import Dense, ErrorFeedback, Quantizer, TopK, pack, packed_bytes, unpack
+from muloco.compress.packing import index_bytes, pack_indices, unpack_indices
 from muloco.compress.quantize import _lookup, _lookup_pairs, segment_sum
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -21,6 +22,9 @@ CODECS = [
     ("topk", {"fraction": 0.1, "value_dtype": "float16", "chunk_size": 1000}),
     *[("topk", {"fraction": 0.1, "value_bits": b}) for b in (2, 4, 8)],
     ("topk", {"fraction": 1.0, "chunk_size": 64}),
+    ("topk", {"fraction": 64 / 4096, "value_bits": 2, "value_scheme": "statistical", "value_block_chunks": 64,
+              "index_bits": 12, "mean_over_selectors": True}),  # diloco/sparseloco's codec
+    ("topk", {"fraction": 0.3, "chunk_size": 7, "index_bits": 12}),  # odd index counts: a padded pair
     *[("dense", {"dtype": d}) for d in ("float32", "bfloat16", "float16")],
 ]
 KINDS = {"quantize": Quantizer, "topk": TopK, "dense": Dense}
@@ -249,6 +253,43 @@ def test_topk_payload_is_a_formula_of_numel():
     assert q.payload_bytes(4096 * 2) == 2 * 4 + 410 * 2 * 4 // 8 + 2 * 410 * 2
 
 
+@pytest.mark.parametrize("bits", [12, 16])
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 64])
+def test_indices_pack_to_their_formula_and_back(bits, n):
+    index = torch.randint(0, 2**bits, (3, n), generator=gen(n))
+    index[0, :2] = 2**bits - 1  # the top of the range survives
+    data = pack_indices(index, bits)
+    assert data.dtype == torch.uint8 and data.shape == (3, index_bytes(n, bits))
+    assert index_bytes(n, bits) == (2 * n if bits == 16 else 3 * ((n + 1) // 2))
+    assert torch.equal(unpack_indices(data, bits, n), index)
+
+
+def test_sparseloco_payload_is_its_bits_per_parameter_formula():
+    """64 of each 4096 kept: 64 × (12-bit index + 2-bit value) + one 4-entry float32 table per
+    64 chunks = 7184 bytes per 262144 parameters, 0.2192 bits per parameter."""
+    codec = make_codec("topk", fraction=64 / 4096, value_bits=2, value_scheme="statistical", value_block_chunks=64,
+                       index_bits=12)
+    per_block = 64 * (64 * 12 // 8 + 64 * 2 // 8) + 4 * 4
+    assert per_block == 7184
+    for blocks in (1, 3):
+        assert codec.payload_bytes(blocks * 64 * 4096) == blocks * per_block
+    assert codec.bits_per_element(64 * 4096) == pytest.approx(0.21924, abs=1e-5)
+    for n in (1_300_000, 10**7, 150 * 10**6):  # tiny, small and 150M models: a partial last block
+        assert codec.bits_per_element(n) <= 0.22
+    assert codec.alignment == 64 * 4096
+
+
+def test_mean_over_selectors_divides_each_coordinate_by_who_sent_it():
+    plain = make_codec("topk", fraction=0.5, chunk_size=4, value_dtype="float32")
+    selectors = make_codec("topk", fraction=0.5, chunk_size=4, value_dtype="float32", mean_over_selectors=True)
+    rows = torch.tensor([[2.0, 0.0, 4.0, 0.0], [6.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 3.0]])
+    out = torch.empty(4)
+    plain.mean_into(out, rows)
+    assert torch.equal(out, torch.tensor([3.0, 0.0, 4 / 3, 1.0]))
+    selectors.mean_into(out, rows)
+    assert torch.equal(out, torch.tensor([3.0, 0.0, 4.0, 3.0]))
+
+
 # ---------------------------------------------------------------------- error feedback
 
 
@@ -340,6 +381,10 @@ def test_error_feedback_piece_by_piece_equals_whole_and_restores_exactly():
     (lambda: TopK.Config(chunk_size=65537), "chunk_size"),
     (lambda: TopK.Config(value_dtype="int8"), "value_dtype"),
     (lambda: TopK.Config(value_bits=1), "value_bits"),
+    (lambda: TopK.Config(value_bits=2, value_scheme="minmax"), "value_scheme"),
+    (lambda: TopK.Config(value_block_chunks=0), "value_block_chunks"),
+    (lambda: TopK.Config(index_bits=8), "index_bits"),
+    (lambda: TopK.Config(chunk_size=8192, index_bits=12), "index_bits"),
     (lambda: Dense.Config(dtype="float64"), "dtype"),
     (lambda: ErrorFeedback.Config(beta=1.5), "beta"),
 ])

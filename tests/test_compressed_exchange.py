@@ -182,15 +182,27 @@ def _reference(spec: dict, k: int, idle: list | None = None) -> list[list[torch.
                     return torch.cat([codec.decode(q, b - a) for q, (a, b) in zip(p.split(sizes, -1), bounds)], -1)
 
             decoded = [Ranged().decode(feedback[r].compress("c", streams[r][0], Ranged()), n) for r in contributing]
-            mean = torch.stack(decoded).mean(0)
+            mean = _mean(decoded, codec)
             comp = Ranged().decode(Ranged().encode(mean), n)  # each owner re-encodes its range
         else:
             decoded = [codec.decode(feedback[r].compress("c", streams[r][0], codec), n) for r in contributing]
-            comp = torch.stack(decoded).mean(0)
+            comp = _mean(decoded, codec)
         dense = torch.stack([streams[r][1] for r in contributing]).mean(0)
         history.append(_join(comp, dense, skip))
     return history
 
+
+def _mean(decoded: list[torch.Tensor], codec) -> torch.Tensor:
+    """The average of the decoded payloads: over the replicas, or per coordinate over those
+    that selected it (top-k's ``mean_over_selectors``, SparseLoCo's rule)."""
+    rows = torch.stack(decoded)
+    if getattr(codec, "mean_over_selectors", False):
+        return rows.sum(0) / (rows != 0).sum(0).clamp(min=1)
+    return rows.mean(0)
+
+
+SPARSELOCO = dict(fraction=0.25, chunk_size=64, value_bits=2, value_scheme="statistical", value_block_chunks=2,
+                  index_bits=12, mean_over_selectors=True)
 
 CASES = {
     "allgather-2bit": dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="allgather"),
@@ -199,6 +211,9 @@ CASES = {
     "reduce_scatter-topk-skipnorm": dict(codec=["topk", dict(fraction=0.25, chunk_size=64)],
                                          strategy="reduce_scatter", skip_pattern=r"norm\.weight$"),
     "allreduce-dense": dict(codec=["dense", {}]),
+    "allgather-sparseloco": dict(codec=["topk", SPARSELOCO], strategy="allgather", error_feedback=dict(beta=0.95)),
+    "reduce_scatter-sparseloco": dict(codec=["topk", SPARSELOCO], strategy="reduce_scatter",
+                                      error_feedback=dict(beta=0.95)),
 }
 
 

@@ -62,6 +62,15 @@ class Codec(Configurable):
         """``(..., payload_bytes(numel))`` uint8 -> ``(..., numel)`` float32."""
         raise NotImplementedError
 
+    def mean_into(self, out: torch.Tensor, rows: torch.Tensor) -> None:
+        """``out`` ← the mean of the decoded payloads ``rows`` (c, m), c ≥ 1, added in row
+        order so every replica gets the same bits whatever its bucket sizes."""
+        out.copy_(rows[0])
+        for row in rows[1:]:
+            out.add_(row)
+        if rows.shape[0] > 1:
+            out.div_(rows.shape[0])
+
     def _kernel(self, fn):
         """``fn`` as this codec runs it: through ``torch.compile`` if ``compiled``, else as it is."""
         return compiled_kernel(fn) if self.compiled else fn

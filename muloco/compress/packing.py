@@ -89,6 +89,47 @@ def unpack(data: torch.Tensor, bits: int, n: int) -> torch.Tensor:
     return codes if codes.shape[-1] == n else codes[..., :n]
 
 
+INDEX_BITS = (12, 16)
+
+
+def index_bytes(n: int, bits: int) -> int:
+    """Bytes of ``n`` indices of ``bits`` bits: 16-bit ones two bytes each, 12-bit ones three
+    bytes per pair (an odd count is padded with one zero index)."""
+    return 2 * n if bits == 16 else 3 * ((n + 1) // 2)
+
+
+def pack_indices(index: torch.Tensor, bits: int) -> torch.Tensor:
+    """``(..., n)`` integer indices, each ``< 2**bits`` -> ``(..., index_bytes(n, bits))`` uint8.
+
+    16 bits: little-endian pairs of bytes. 12 bits: indices ``a, b`` of a pair become the
+    three bytes ``a & 0xFF``, ``a >> 8 | (b & 0xF) << 4``, ``b >> 4``: whole-column shifts,
+    no loop over elements.
+    """
+    if bits not in INDEX_BITS:
+        raise ValueError(f"index bits must be one of {INDEX_BITS}, got {bits!r}")
+    if bits == 16:  # i < 65536 as the int16 with the same low 16 bits, read as its two bytes
+        index16 = ((index.to(torch.int32) + 32768) & 0xFFFF).sub_(32768).to(torch.int16)
+        return index16.contiguous().view(torch.uint8)
+    index = index.to(torch.int32)
+    if index.shape[-1] % 2:
+        index = torch.nn.functional.pad(index, (0, 1))
+    a, b = index[..., 0::2], index[..., 1::2]
+    out = torch.stack([a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4], dim=-1)
+    return out.to(torch.uint8).flatten(-2)
+
+
+def unpack_indices(data: torch.Tensor, bits: int, n: int) -> torch.Tensor:
+    """The inverse of :func:`pack_indices`: ``(..., index_bytes(n, bits))`` uint8 -> ``(..., n)`` int64."""
+    if data.shape[-1] != index_bytes(n, bits):
+        raise ValueError(f"{n} indices of {bits} bits need {index_bytes(n, bits)} bytes, got {data.shape[-1]}")
+    if bits == 16:
+        return from_bytes(data, torch.int16).to(torch.int64) & 0xFFFF
+    triples = data.to(torch.int64).unflatten(-1, (-1, 3))
+    a = triples[..., 0] | ((triples[..., 1] & 0xF) << 8)
+    b = (triples[..., 1] >> 4) | (triples[..., 2] << 4)
+    return torch.stack([a, b], dim=-1).flatten(-2)[..., :n]
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A tensor's bytes as a flat uint8 view (native byte order; every replica shares it)."""
     return t.contiguous().reshape(-1).view(torch.uint8)

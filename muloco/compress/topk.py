@@ -4,12 +4,19 @@ A global top-k would give each replica a different index spread and, with any
 entropy-coded index, a different size. Here the tensor is cut into chunks of
 ``chunk_size`` (≤ 65536) elements and each chunk keeps exactly
 ``k = max(1, round(fraction · chunk))`` entries, its largest magnitudes, so the payload is
-a formula of numel: ``[values][indices]``. Indices are chunk-local, 16 bits each (stored as
-int16 bit patterns, read back with ``& 0xFFFF``). Values are bfloat16, float16 or float32,
-or quantized to ``value_bits`` = 8, 4 or 2 bits with a per-chunk absmax scale (the
-``absmax`` quantizer with one block per chunk). A tensor smaller than a chunk is one chunk
-of its own size; a last partial chunk is zero-padded (the padding can only be picked when
-the chunk has fewer than k non-zeros, and decodes to zeros that are cut off).
+a formula of numel: ``[values][indices]``. Indices are chunk-local, ``index_bits`` = 16
+(two bytes each) or 12 (three bytes per pair; chunks of at most 4096). Values are bfloat16,
+float16 or float32, or quantized to ``value_bits`` = 8, 4 or 2 bits by the ``value_scheme``
+quantizer, one block per ``value_block_chunks`` chunks' kept values: ``absmax`` (a scale per
+block) or ``statistical`` (mean shift, σ-range bins, per-bin means: SparseLoCo's and MuLoCo's
+value quantizer). A tensor smaller than a chunk is one chunk of its own size; a last partial
+chunk is zero-padded (the padding can only be picked when the chunk has fewer than k
+non-zeros, and decodes to zeros that are cut off).
+
+The average of K top-k payloads is, by default, their sum over the contributing replicas
+divided by their number (the paper's 1/K); ``mean_over_selectors`` divides each coordinate
+by the number of replicas that selected it instead (SparseLoCo's reference code), so a
+coordinate one replica found important is not shrunk by the K − 1 that did not send it.
 
 Decode scatters the values into zeros, for any number of leading batch dimensions. Indices
 of a corrupt payload (buffers left by a failed collective) are clamped into their chunk, so
@@ -24,11 +31,12 @@ import torch
 
 from .codec import Codec
 from .dense import dtype_name, resolve_dtype
-from .packing import as_bytes, from_bytes
+from .packing import INDEX_BITS, as_bytes, from_bytes, index_bytes, pack_indices, unpack_indices
 from .quantize import Quantizer
 
 MAX_CHUNK = 65536  # chunk-local indices must fit 16 bits
 VALUE_BITS = (0, 2, 4, 8)  # 0: values in value_dtype
+VALUE_SCHEMES = ("absmax", "statistical")
 
 
 class TopK(Codec):
@@ -43,7 +51,15 @@ class TopK(Codec):
         value_dtype: str = "bfloat16"
         """Dtype of kept values (float32 | bfloat16 | float16) unless ``value_bits``."""
         value_bits: int = 0
-        """Quantize kept values to 2 | 4 | 8 bits (per-chunk absmax; 0 = send them in ``value_dtype``)."""
+        """Quantize kept values to 2 | 4 | 8 bits (0 = send them in ``value_dtype``)."""
+        value_scheme: str = "absmax"
+        """Quantizer of the kept values: absmax | statistical (mean, σ-range bins, per-bin means)."""
+        value_block_chunks: int = 1
+        """Chunks whose kept values form one quantization block (one scale or one table)."""
+        index_bits: int = 16
+        """Bits per chunk-local index: 16, or 12 for chunks of at most 4096 elements."""
+        mean_over_selectors: bool = False
+        """Average each coordinate over the replicas that selected it, not over all contributors."""
 
         def validate(self) -> None:
             if not 0 < self.fraction <= 1:  # also rejects NaN
@@ -55,6 +71,15 @@ class TopK(Codec):
             if self.value_bits not in VALUE_BITS:
                 raise ValueError(f"value_bits must be one of {VALUE_BITS} (0: values in value_dtype), "
                                  f"got {self.value_bits!r}")
+            if self.value_scheme not in VALUE_SCHEMES:
+                raise ValueError(f"value_scheme must be one of {VALUE_SCHEMES}, got {self.value_scheme!r}")
+            if self.value_block_chunks < 1 or self.value_block_chunks != int(self.value_block_chunks):
+                raise ValueError(f"value_block_chunks must be an integer >= 1, got {self.value_block_chunks!r}")
+            if self.index_bits not in INDEX_BITS:
+                raise ValueError(f"index_bits must be one of {INDEX_BITS}, got {self.index_bits!r}")
+            if self.chunk_size > 2**self.index_bits:
+                raise ValueError(f"chunk_size {self.chunk_size} needs more than index_bits {self.index_bits}; "
+                                 f"use chunk_size <= {2**self.index_bits} or index_bits 16")
 
     def __init__(self, config: Config, *, compiled: bool = False):
         super().__init__(config, compiled=compiled)
@@ -62,12 +87,16 @@ class TopK(Codec):
         self.chunk_size = int(config.chunk_size)
         self.value_dtype = resolve_dtype(config.value_dtype, "value_dtype")
         self.value_bits = config.value_bits
+        self.index_bits = config.index_bits
+        self.mean_over_selectors = bool(config.mean_over_selectors)
+        self.block_chunks = int(config.value_block_chunks) if config.value_bits else 1
 
     # ------------------------------------------------------------------ layout
 
     @property
     def alignment(self) -> int:
-        return self.chunk_size
+        """A value block spans ``value_block_chunks`` chunks: cut only between blocks."""
+        return self.chunk_size * self.block_chunks
 
     def chunks(self, numel: int) -> tuple[int, int, int]:
         """(number of chunks, chunk length, k) for a tensor of ``numel`` elements."""
@@ -79,8 +108,8 @@ class TopK(Codec):
     def _values_codec(self, k: int) -> Quantizer | None:
         if not self.value_bits:
             return None
-        return Quantizer.Config(bits=self.value_bits, scheme="absmax", block_size=max(k, 1)).build(
-            compiled=self.compiled)
+        return Quantizer.Config(bits=self.value_bits, scheme=self.config.value_scheme,
+                                block_size=max(k, 1) * self.block_chunks).build(compiled=self.compiled)
 
     def _value_bytes(self, nc: int, k: int) -> int:
         quantizer = self._values_codec(k)
@@ -90,11 +119,29 @@ class TopK(Codec):
 
     def payload_bytes(self, numel: int) -> int:
         nc, _, k = self.chunks(numel)
-        return self._value_bytes(nc, k) + 2 * nc * k
+        return self._value_bytes(nc, k) + index_bytes(nc * k, self.index_bits)
 
     def describe(self) -> str:
-        values = f"{self.value_bits}b absmax" if self.value_bits else dtype_name(self.value_dtype)
-        return f"topk({self.fraction:g}, chunk {self.chunk_size}, {values})"
+        values = dtype_name(self.value_dtype)
+        if self.value_bits:
+            values = f"{self.value_bits}b {self.config.value_scheme}"
+            values += f" per {self.block_chunks} chunks" if self.block_chunks > 1 else ""
+        mean = ", mean over selectors" if self.mean_over_selectors else ""
+        return f"topk({self.fraction:g}, chunk {self.chunk_size}, {values}, {self.index_bits}-bit indices{mean})"
+
+    def mean_into(self, out: torch.Tensor, rows: torch.Tensor) -> None:
+        """``out`` ← the average of the decoded payloads ``rows`` (c, m): their sum, added in
+        row order (bitwise the same on every replica), over c or, with
+        ``mean_over_selectors``, over the rows that selected each coordinate."""
+        if not self.mean_over_selectors:
+            return super().mean_into(out, rows)
+        out.copy_(rows[0])
+        selected = rows[0] != 0
+        count = selected.to(torch.float32)
+        for row in rows[1:]:
+            out.add_(row)
+            count.add_(row != 0)
+        out.div_(count.clamp_(min=1))
 
     # ------------------------------------------------------------------ encode / decode
 
@@ -103,10 +150,10 @@ class TopK(Codec):
         nc, chunk, k = self.chunks(x.numel())
         if nc == 0:
             return torch.empty(0, dtype=torch.uint8, device=x.device)
-        values, index16 = self._kernel(_select)(x, nc, chunk, k)
+        values, index = self._kernel(_select)(x, nc, chunk, k)
         quantizer = self._values_codec(k)
         value_bytes = as_bytes(values.to(self.value_dtype)) if quantizer is None else quantizer.encode(values)
-        return torch.cat([value_bytes, as_bytes(index16)])
+        return torch.cat([value_bytes, pack_indices(index.reshape(-1), self.index_bits)])
 
     def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
         size = self.check_payload(payload, numel)
@@ -121,7 +168,7 @@ class TopK(Codec):
             values = from_bytes(rows[:, :split], self.value_dtype).float()
         else:
             values = quantizer.decode(rows[:, :split], nc * k)
-        index = from_bytes(rows[:, split:], torch.int16)
+        index = unpack_indices(rows[:, split:], self.index_bits, nc * k)
         out = self._kernel(_scatter)(values.reshape(rows.shape[0], nc, k), index.reshape(rows.shape[0], nc, k), chunk)
         out = out.view(rows.shape[0], nc * chunk)
         if nc * chunk != numel:
@@ -131,21 +178,19 @@ class TopK(Codec):
 
 def _select(x: torch.Tensor, nc: int, chunk: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest magnitudes of each chunk: (values float32 (nc, k), chunk-local indices
-    as int16 bit patterns (nc, k)). A last partial chunk is zero-padded."""
+    int64 (nc, k)). A last partial chunk is zero-padded."""
     pad = nc * chunk - x.numel()
     xc = (torch.nn.functional.pad(x, (0, pad)) if pad else x).view(nc, chunk)
     index = xc.abs().topk(k, dim=1, sorted=False).indices
-    values = xc.gather(1, index).float()
-    # chunk-local index i < 65536 as the int16 with the same low 16 bits
-    return values, ((index + 32768) & 0xFFFF).sub_(32768).to(torch.int16)
+    return xc.gather(1, index).float(), index
 
 
-def _scatter(values: torch.Tensor, index16: torch.Tensor, chunk: int) -> torch.Tensor:
+def _scatter(values: torch.Tensor, index: torch.Tensor, chunk: int) -> torch.Tensor:
     """``(b, nc, k)`` values into zeros ``(b, nc, chunk)`` at their chunk-local indices.
 
     A valid payload never points past its chunk (of ``chunk`` elements: shorter than
     ``chunk_size`` for a tensor smaller than one chunk); a corrupt one is clamped there.
     """
-    index = (index16.to(torch.int64) & 0xFFFF).clamp_(max=chunk - 1)
+    index = index.clamp(max=chunk - 1)
     out = torch.zeros(*values.shape[:-1], chunk, dtype=torch.float32, device=values.device)
     return out.scatter_(-1, index, values)

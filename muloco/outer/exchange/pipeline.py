@@ -256,19 +256,15 @@ class Sync(PendingExchange):
             self.peers_quorum_seconds = from_bytes(rows[:, 1:], torch.float32).view(-1).tolist()
         return rows[:, 0].tolist()
 
-    def average_into(self, out: torch.Tensor, rows: torch.Tensor, flags: list[int]) -> None:
-        """Mean over the contributing rows of ``rows`` (K, m), added in rank order (bitwise
-        the same on every replica, whatever the bucket sizes); zeros if none contributes."""
+    def average_into(self, out: torch.Tensor, rows: torch.Tensor, flags: list[int], codec: Codec) -> None:
+        """The codec's mean over the contributing rows of ``rows`` (K, m), bitwise the same on
+        every replica; zeros if none contributes."""
         chosen = [j for j, f in enumerate(flags) if f == 1]
         self.contributors = len(chosen)
         if not chosen:
             out.zero_()
             return
-        out.copy_(rows[chosen[0]])
-        for j in chosen[1:]:
-            out.add_(rows[j])
-        if len(chosen) > 1:
-            out.div_(len(chosen))
+        codec.mean_into(out, rows[chosen] if len(chosen) < rows.shape[0] else rows)
 
     def count(self, *, sent: float = 0, received: float = 0, payload: int = 0) -> None:
         self.bytes_sent += sent

@@ -157,7 +157,7 @@ class AllGather(Strategy):
         with sync.timer("decode"):
             flags = sync.read_headers(gathered[:, :HEADER_BYTES])
             rows = sync.tally.track(job.codec.decode(gathered[:, HEADER_BYTES:], job.numel))
-            sync.average_into(job.out, rows, flags)
+            sync.average_into(job.out, rows, flags, job.codec)
 
     def bucket_bytes(self, k, codec, numel, rank=0):
         payload = HEADER_BYTES + codec.payload_bytes(numel)
@@ -212,7 +212,7 @@ class ReduceScatter(Strategy):
             flags = sync.read_headers(mine[:, :HEADER_BYTES])
             rows = sync.tally.track(codec.decode(mine[:, HEADER_BYTES:], b - a))
             average = sync.tally.track(torch.empty(b - a, dtype=torch.float32, device=rows.device))
-            sync.average_into(average, rows, flags)
+            sync.average_into(average, rows, flags, codec)
             del rows, recv, mine, send
         with sync.timer("encode"):
             chunk = sync.tally.track(codec.encode(average))

@@ -1,0 +1,144 @@
+"""The paper's comparisons in one command.
+
+    python -m muloco.compare --suite paper-mini [--objective ar|mdlm] [--data stdlib|shakespeare|PATH]
+                             [--seeds 2] [--device cpu|cuda] [--out DIR] [--dry-run] [--only LABEL ...]
+                             [-- trainer overrides for every run]
+
+Runs, with one model and one token budget per replica group, DDP AdamW and DDP Muon, DiLoCo
+and MuLoCo at K=2 and K=4 (dense), MuLoCo 2-bit and 4-bit with and without error feedback,
+top-k 10% with and without, SparseLoCo and streaming MuLoCo (``muloco.compare.suites``); then
+prints one table (final θ_g validation loss or NELBO, gaps to dense MuLoCo and to DDP in %,
+bits per parameter, bytes per replica, syncs, wall time, seed spread), checks the targets,
+and writes ``compare.md``, ``compare.json`` and the report's PNGs (loss vs steps, tokens and
+bytes sent) into the suite folder (default ``outputs/compare/<suite>-<objective>-<data>``).
+Running it again reuses finished runs and resumes interrupted ones. ``--dry-run`` prints every
+run's folder name and command and starts nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from muloco.compare import runner, table
+from muloco.compare.suites import DATA, SUITES, Planned, SuiteError, plan
+from muloco.launch.cli import UsageError, parse
+
+PROG = "python -m muloco.compare"
+
+
+@dataclass
+class CompareOptions:
+    """Run a comparison suite on this machine and print its table."""
+
+    suite: str = "paper-mini"
+    """paper-mini (tiny model, sized for a 2-core CPU) | paper-158m (one GPU per replica group)."""
+    objective: str = "ar"
+    """ar (autoregressive) | mdlm (masked diffusion; the table shows the NELBO)."""
+    data: str = "stdlib"
+    """stdlib (embedded) | shakespeare (python -m muloco.data.fetch shakespeare first) | a JSONL path."""
+    seeds: int = 1
+    """Seeds per run (0, 1, ...): init and data order."""
+    device: str = ""
+    """cpu | cuda (default: the suite's device; cpu hides the GPUs from the runs)."""
+    out: str = ""
+    """Suite folder (default outputs/compare/<suite>-<objective>-<data>)."""
+    only: list[str] = field(default_factory=list)
+    """Run only these rows (labels as the table prints them)."""
+    steps: int | None = None
+    """Steps per replica group instead of the suite's."""
+    dry_run: bool = False
+    """Print the runs and their commands; start nothing."""
+
+
+def _name(p: Planned) -> str:
+    """The run's folder name: from its resolved config (``sweep.run_name``) and its seed."""
+    from muloco.launch.group import load_trainer_config
+    from muloco.launch.sweep import run_name
+
+    cfg = load_trainer_config(p.row.config, p.overrides, replicas=None if p.row.ddp else p.row.replicas,
+                              who=PROG, prog=PROG)
+    return f"{run_name(cfg)}_seed{p.seed}"
+
+
+def _check(args: CompareOptions) -> None:
+    if args.suite not in SUITES:
+        raise UsageError(f"--suite {args.suite!r}: use one of {', '.join(SUITES)}")
+    if args.device not in ("", "cpu", "cuda"):
+        raise UsageError(f"--device {args.device!r}: use cpu or cuda")
+    if args.steps is not None and args.steps < 1:
+        raise UsageError(f"--steps {args.steps}: must be at least 1")
+
+
+def _environment(device: str) -> dict[str, str]:
+    env = os.environ.copy()
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _finish(suite, planned: list[Planned], folder: Path) -> tuple[str, list]:
+    """Print and write the table, the targets and the plots."""
+    from muloco.report import write_plots
+
+    found = table.lines(suite, planned, folder)
+    values = table.rows(suite, found)
+    checks = table.targets(suite, values)
+    text = table.text(values)
+    targets = table.targets_text(checks)
+    print(text)
+    print(f"\ntargets (gaps against {suite.reference}):\n{targets}")
+    seed0 = [r for line in found for r in line.runs[:1]]
+    plots = write_plots(seed0, folder) if seed0 else []
+    (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n\nTargets:\n\n```\n{targets}\n```\n")
+    (folder / "compare.json").write_text(json.dumps(
+        {"suite": suite.name, "rows": values, "targets": [{"target": t, "met": ok} for t, ok in checks]},
+        indent=2) + "\n")
+    return text, plots
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args, extra = parse(CompareOptions, list(sys.argv[1:] if argv is None else argv), prog=PROG,
+                            description=__doc__.split("\n\n")[0])
+        _check(args)
+        suite = SUITES[args.suite]
+        device = args.device or suite.device
+        data_label = args.data if args.data in DATA else Path(args.data).stem
+        folder = Path(args.out or f"outputs/compare/{suite.name}-{args.objective}-{data_label}")
+        planned = plan(suite, objective=args.objective, data=args.data, seeds=args.seeds, steps=args.steps,
+                       extra=extra, only=args.only)
+        for p in planned:
+            p.name = _name(p)
+    except (UsageError, SuiteError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # a trainer config that does not parse: its own message
+        status = getattr(err, "status", None)
+        if status is None:
+            raise
+        if status:
+            print(f"{PROG}: error: {err}", file=sys.stderr)
+        return status
+    if args.dry_run:
+        for p in planned:
+            print(f"{p.row.label} (seed {p.seed}): {folder / p.name}\n  {shlex.join(runner.command(p, folder / p.name))}")
+        print(f"{len(planned)} runs; nothing started (--dry-run)")
+        return 0
+    states = runner.run_all(planned, folder, env=_environment(device))
+    _finish(suite, planned, folder)
+    failed = [name for name, state in states.items() if state != "COMPLETED"]
+    if failed:
+        print(f"{PROG}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in {folder / 'logs'}; "
+              f"run the same command again to retry them", file=sys.stderr)
+        return 1
+    print(f"wrote compare.md, compare.json and the plots to {folder}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Run a suite's runs one after another on this machine, resumably, with a live progress line.
+
+Each run is the project's own launcher in a child process: ``python -m muloco.train`` for a
+DDP row (one replica group), ``python -m muloco.launch.local`` for K replica groups (it starts
+the lighthouse and the groups), with ``--dump_folder <suite>/<name>``; its output goes to
+``<suite>/logs/<name>.log``. A run whose folder holds its summaries is finished and reused; a
+run interrupted part-way is started again with the same command and resumes from its last
+checkpoint. The suite's ``manifest.jsonl`` (the sweep's format: name, config, overrides, run
+folder, state) is rewritten atomically after every run, so ``python -m muloco.report`` and
+``muloco.launch.sweep --status``-style readers see the same runs.
+
+The progress line (stderr; rewritten in place on a terminal, a line per tenth of a run
+otherwise) says runs done of total, the current run's step, and the time left, estimated
+from the seconds per group-step measured so far in this invocation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from muloco.compare.suites import Planned
+from muloco.launch.sweep import Entry, read_manifest, run_finished, write_manifest
+
+POLL_SECONDS = 2.0
+"""How often the progress line looks at the current run's metrics (display only)."""
+
+
+def command(p: Planned, folder: Path) -> list[str]:
+    """The command that trains ``p`` into ``folder``."""
+    if p.row.ddp:
+        return [sys.executable, "-m", "muloco.train", "--config", p.row.config, *p.overrides,
+                "--dump_folder", str(folder)]
+    return [sys.executable, "-m", "muloco.launch.local", "--config", p.row.config, "--replicas",
+            str(p.row.replicas), "--", *p.overrides, "--dump_folder", str(folder)]
+
+
+def _steps_of(p: Planned) -> int:
+    """The run's steps per group (the last ``--training.steps`` wins, as on the command line)."""
+    flags = p.overrides
+    values = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == "--training.steps"]
+    return int(values[-1]) if values else 0
+
+
+def _work(p: Planned) -> int:
+    """Group-steps: what a run costs on a machine whose cores all its groups share."""
+    return _steps_of(p) * p.row.replicas
+
+
+def current_step(folder: Path) -> int:
+    """The last step the run logged (any replica group), 0 before its first log line."""
+    files = [folder / "metrics.jsonl", *sorted(folder.glob("replica_*/metrics.jsonl"))]
+    last = 0
+    for f in files:
+        try:
+            tail = f.read_bytes()[-4096:].decode(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in reversed(tail):
+            try:
+                last = max(last, int(json.loads(line)["step"]))
+                break
+            except (ValueError, KeyError, TypeError):
+                continue
+    return last
+
+
+@dataclass
+class Progress:
+    """The live line: runs done of total, the current run's step, the time left."""
+
+    total_runs: int
+    total_work: int
+    out: TextIO = sys.stderr
+    done_runs: int = 0
+    done_work: int = 0
+    measured_work: int = 0
+    measured_seconds: float = 0.0
+    _last_decile: int = -1
+
+    def _eta(self, remaining_work: int) -> str:
+        if not self.measured_work:
+            return "time left: measuring"
+        seconds = remaining_work * self.measured_seconds / self.measured_work
+        return f"about {int(seconds // 60)}m{int(seconds % 60):02d}s left"
+
+    def show(self, p: Planned, step: int, elapsed: float) -> None:
+        steps = _steps_of(p)
+        work_now = step * p.row.replicas
+        measured_work = self.measured_work + work_now
+        rate = (self.measured_seconds + elapsed) / measured_work if measured_work else None
+        left = self.total_work - self.done_work - work_now
+        eta = f"about {int(left * rate // 60)}m{int(left * rate % 60):02d}s left" if rate else self._eta(left)
+        line = (f"[{self.done_runs}/{self.total_runs} runs done] {p.row.label} seed {p.seed}: "
+                f"step {step}/{steps}, {eta}")
+        if self.out.isatty():
+            self.out.write("\r\033[K" + line)
+        else:
+            decile = 10 * step // max(steps, 1)
+            if decile == self._last_decile:
+                return
+            self._last_decile = decile
+            self.out.write(line + "\n")
+        self.out.flush()
+
+    def finished(self, p: Planned, seconds: float | None, state: str) -> None:
+        self.done_runs += 1
+        self.done_work += _work(p)
+        if seconds is not None:
+            self.measured_work += _work(p)
+            self.measured_seconds += seconds
+        self._last_decile = -1
+        prefix = "\r\033[K" if self.out.isatty() else ""
+        took = f" in {int(seconds // 60)}m{int(seconds % 60):02d}s" if seconds is not None else ""
+        self.out.write(f"{prefix}[{self.done_runs}/{self.total_runs} runs done] {p.row.label} seed {p.seed}: "
+                       f"{state}{took}\n")
+        self.out.flush()
+
+
+def _entry(p: Planned, folder: Path, state: str) -> Entry:
+    kind = "ddp" if p.row.ddp else "groups"
+    return Entry(name=p.name, kind=kind, config=p.row.config, overrides=p.overrides,
+                 options={"replicas": p.row.replicas, "label": p.row.label, "seed": p.seed}, run_dir=str(folder),
+                 state=state)
+
+
+def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | None = None,
+            progress_out: TextIO = sys.stderr) -> dict[str, str]:
+    """Train every planned run not yet finished; {name: COMPLETED | FAILED (log path)}."""
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    (suite_dir / "logs").mkdir(exist_ok=True)
+    manifest = read_manifest(str(suite_dir))
+    progress = Progress(len(planned), sum(_work(p) for p in planned), progress_out)
+    states: dict[str, str] = {}
+    for p in planned:
+        folder = suite_dir / p.name
+        if run_finished(str(folder)):
+            states[p.name] = "COMPLETED"
+            manifest[p.name] = _entry(p, folder, "COMPLETED")
+            progress.finished(p, None, "finished before, reused")
+            continue
+        manifest[p.name] = _entry(p, folder, "RUNNING")
+        write_manifest(str(suite_dir), manifest)
+        log = suite_dir / "logs" / f"{p.name}.log"
+        began = time.monotonic()
+        with open(log, "ab") as f:
+            child = subprocess.Popen(command(p, folder), stdout=f, stderr=subprocess.STDOUT, env=env or os.environ.copy())
+            while child.poll() is None:
+                progress.show(p, current_step(folder), time.monotonic() - began)
+                try:
+                    child.wait(timeout=POLL_SECONDS)
+                except subprocess.TimeoutExpired:
+                    pass
+        seconds = time.monotonic() - began
+        ok = child.returncode == 0 and run_finished(str(folder))
+        states[p.name] = "COMPLETED" if ok else "FAILED"
+        manifest[p.name] = _entry(p, folder, states[p.name])
+        write_manifest(str(suite_dir), manifest)
+        progress.finished(p, seconds if ok else None,
+                          "done" if ok else f"FAILED (exit {child.returncode}); see {log}")
+    return states

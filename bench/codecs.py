@@ -67,9 +67,11 @@ CODECS = [
     *[Quantizer.Config(scheme=scheme, bits=bits) for scheme in ("statistical", "absmax", "minmax") for bits in (1, 2, 4, 8)],
     *[TopK.Config(fraction=fraction, **values)
       for fraction in (0.01, 0.1) for values in ({"value_dtype": "bfloat16"}, {"value_bits": 4})],
+    SPARSELOCO := TopK.Config(fraction=64 / 4096, value_bits=2, value_scheme="statistical", value_block_chunks=64,
+                              index_bits=12, mean_over_selectors=True),  # diloco/sparseloco's codec
 ]
 LARGE = [Quantizer.Config(bits=2), Quantizer.Config(bits=4), Quantizer.Config(bits=2, scheme="absmax"),
-         TopK.Config(fraction=0.1)]
+         TopK.Config(fraction=0.1), SPARSELOCO]
 
 
 def _sync(device: torch.device) -> None:
@@ -185,7 +187,7 @@ def exchange_table(args) -> list[dict]:
     from muloco.outer.exchange import Exchange, ReduceScatter
 
     base = load_config("diloco/muloco_2bit").outer.exchange
-    configs = {"2-bit statistical": base.codec, "top-k 10% bf16": TopK.Config(fraction=0.1)}
+    configs = {"2-bit statistical": base.codec, "top-k 10% bf16": TopK.Config(fraction=0.1), "SparseLoCo": SPARSELOCO}
     n, n_dense = args.exchange_numel, args.exchange_dense
     print(f"\nper-replica bytes per sync, {n / 1e6:.2f}M compressed + {n_dense:,} dense fp32 elements "
           f"(max over ranks; sent = received); ring = dense fp32 ring all-reduce 2(K-1)/K x 4N")

@@ -265,18 +265,23 @@ def test_indices_pack_to_their_formula_and_back(bits, n):
 
 
 def test_sparseloco_payload_is_its_bits_per_parameter_formula():
-    """64 of each 4096 kept: 64 × (12-bit index + 2-bit value) + one 4-entry float32 table per
-    64 chunks = 7184 bytes per 262144 parameters, 0.2192 bits per parameter."""
-    codec = make_codec("topk", fraction=64 / 4096, value_bits=2, value_scheme="statistical", value_block_chunks=64,
-                       index_bits=12)
-    per_block = 64 * (64 * 12 // 8 + 64 * 2 // 8) + 4 * 4
-    assert per_block == 7184
+    """diloco/sparseloco's codec keeps 64 of each 4096: 64 × (12-bit index + 2-bit value) per
+    chunk and one 4-entry float32 table per 8 chunks = 912 bytes per 32768 parameters, 0.2227
+    bits per parameter (SparseLoCo's 0.219 plus the tables)."""
+    from muloco import compat
+
+    compat.apply()  # before the config imports torchtitan's trainer
+    from muloco.config import load_config
+
+    codec = load_config("diloco/sparseloco").outer.exchange.codec.build()
+    per_block = 8 * (64 * 12 // 8 + 64 * 2 // 8) + 4 * 4
+    assert per_block == 912
     for blocks in (1, 3):
-        assert codec.payload_bytes(blocks * 64 * 4096) == blocks * per_block
-    assert codec.bits_per_element(64 * 4096) == pytest.approx(0.21924, abs=1e-5)
+        assert codec.payload_bytes(blocks * 8 * 4096) == blocks * per_block
+    assert codec.bits_per_element(8 * 4096) == pytest.approx(0.22266, abs=1e-5)
     for n in (1_300_000, 10**7, 150 * 10**6):  # tiny, small and 150M models: a partial last block
-        assert codec.bits_per_element(n) <= 0.22
-    assert codec.alignment == 64 * 4096
+        assert codec.bits_per_element(n) <= 0.225
+    assert codec.alignment == 8 * 4096
 
 
 def test_mean_over_selectors_divides_each_coordinate_by_who_sent_it():

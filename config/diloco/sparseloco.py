@@ -3,11 +3,11 @@ parameter), error feedback as the outer momentum, plain SGD outer step at lr 1.
 
 Each replica keeps e ← 0.95·e + Δ, sends the 64 largest |e| of every 4096-element chunk
 (12-bit chunk-local indices; the kept values quantized to 2 bits, mean-shifted σ-range bins
-decoded to their per-bin means, one table per 64 chunks) and keeps e ← e − sent. Each
+decoded to their per-bin means, one table per 8 chunks) and keeps e ← e − sent. Each
 coordinate of the average is the mean over the replicas that selected it, and
 θ_g ← θ_g − 1.0 · average: no Nesterov momentum on top of the error feedback, whose
 accumulator already is the momentum (Templar's SparseLoCo). Wire cost per 4096 parameters:
-64·(12 + 2) bits + a 16-byte table per 64 chunks ≈ 0.2193 bits per parameter.
+64·(12 + 2) bits, and a 16-byte table per 8 chunks: 0.2227 bits per parameter.
 
 Where it differs from tplr-ai's reference code: chunks are 4096 consecutive elements of the
 fragment's flat stream, not 64×64 tiles of each matrix; the value grid is ±1.97σ (near
@@ -23,7 +23,7 @@ def config():
     c = load_config("diloco/muloco")
     c.dump_folder = "./outputs/sparseloco"
     c.outer.exchange.codec = TopK.Config(fraction=64 / 4096, chunk_size=4096, value_bits=2,
-                                         value_scheme="statistical", value_block_chunks=64, index_bits=12,
+                                         value_scheme="statistical", value_block_chunks=8, index_bits=12,
                                          mean_over_selectors=True)
     c.outer.exchange.error_feedback.enabled = True
     c.outer.exchange.error_feedback.beta = 0.95

@@ -19,9 +19,9 @@ from muloco.launch.local import LocalJob
 H = 10
 
 
-def _args(dump, steps=40, extra=()):
+def _args(dump, steps=40, extra=(), config="diloco/diloco"):
     return [
-        "--config", "diloco/diloco", *DILOCO_TINY,
+        "--config", config, *DILOCO_TINY,
         "--training.steps", str(steps), "--outer.sync_every", str(H),
         "--checkpoint.interval", "20", "--validator.freq", "20",
         # waiting for a peer is only a hang timeout (a killed peer's sockets close at once, and a
@@ -175,8 +175,11 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
 
 
 @pytest.mark.timeout(900)
-def test_whole_job_cold_restart_continues_exactly(cluster, tmp_path):
-    """Stop the whole job at a checkpoint, start it again: same losses and θ_g as one run."""
+@pytest.mark.parametrize("config", ["diloco/diloco", "diloco/sparseloco"])
+def test_whole_job_cold_restart_continues_exactly(cluster, tmp_path, config):
+    """Stop the whole job at a checkpoint, start it again: same losses and θ_g as one run.
+    SparseLoCo's error-feedback residual is its outer momentum: each rank's is in its
+    checkpoint, or the restarted job would send other top-k entries and drift."""
     total = ["--lr_scheduler.total_steps", "40"]
 
     def job(dump, steps):
@@ -184,7 +187,7 @@ def test_whole_job_cold_restart_continues_exactly(cluster, tmp_path):
         # heal its slower peer, which is correct but not the uninterrupted trajectory)
         c = cluster(2, min_replicas=2)
         for i in range(2):
-            c.start_replica(i, _args(dump, steps=steps, extra=total), tag=f"r{i}-{steps}-{dump.name}")
+            c.start_replica(i, _args(dump, steps=steps, extra=total, config=config), tag=f"r{i}-{steps}-{dump.name}")
         for i in range(2):
             name = f"r{i}-{steps}-{dump.name}"
             assert c.wait(name, 2 * HANG_S) == 0, c.tail(name)

@@ -93,16 +93,17 @@ def test_data_sources(tmp_path, monkeypatch):
 @pytest.mark.timeout(900)
 def test_two_run_suite_end_to_end_then_reused(tmp_path):
     out = tmp_path / "suite"
-    args = ["--only", "MuLoCo K=2", "SparseLoCo", "--steps", "4", "--out", str(out), "--", *TINY_SUITE]
+    args = ["--only", "MuLoCo K=2, SGD outer", "SparseLoCo", "--steps", "4", "--out", str(out), "--", *TINY_SUITE]
     code, stdout, stderr = _compare(args, REPO)
     assert code == 0, stdout + stderr[-4000:]
     # the progress line: runs done of total, the current run's step, the time left
-    assert "[0/2 runs done] MuLoCo K=2 seed 0: step" in stderr and "/4, " in stderr
+    assert "[0/2 runs done] MuLoCo K=2, SGD outer seed 0: step" in stderr and "/4, " in stderr
     assert "[2/2 runs done] SparseLoCo seed 0: done in" in stderr
     rows = json.loads((out / "compare.json").read_text())["rows"]
-    assert [r["run"] for r in rows] == ["MuLoCo K=2", "SparseLoCo"]
+    assert [r["run"] for r in rows] == ["MuLoCo K=2, SGD outer", "SparseLoCo"]
     dense, sparse = rows
-    assert dense["gap_to_reference_pct"] == 0.0 and dense["method"] == "muloco"
+    assert sparse["reference"] == dense["run"] and dense["method"] == "muloco"  # the same outer step
+    assert dense["gap_to_reference_pct"] is None  # its own reference, plain MuLoCo K=2, did not run
     assert sparse["method"] == "muloco-topk" and sparse["syncs"] == 2 and sparse["complete"]
     assert sparse["bits_per_parameter"] <= 0.3
     assert sparse["gap_to_reference_pct"] == pytest.approx(

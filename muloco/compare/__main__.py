@@ -5,9 +5,10 @@
                              [-- trainer overrides for every run]
 
 Runs, with one model and one token budget per replica group, DDP AdamW and DDP Muon, DiLoCo
-and MuLoCo at K=2 and K=4 (dense), MuLoCo 2-bit and 4-bit with and without error feedback,
+and MuLoCo at K=2 and K=4 (dense), dense MuLoCo with the compressed configs' outer step, MuLoCo 2-bit and 4-bit with and without error feedback,
 top-k 10% with and without, SparseLoCo and streaming MuLoCo (``muloco.compare.suites``); then
-prints one table (final θ_g validation loss or NELBO, gaps to dense MuLoCo and to DDP in %,
+prints one table (final θ_g validation loss or NELBO, gaps to dense MuLoCo with the same outer
+step and to DDP in %,
 bits per parameter, bytes per replica, syncs, wall time, seed spread), checks the targets,
 and writes ``compare.md``, ``compare.json`` and the report's PNGs (loss vs steps, tokens and
 bytes sent) into the suite folder (default ``outputs/compare/<suite>-<objective>-<data>``).
@@ -91,7 +92,7 @@ def _finish(suite, planned: list[Planned], folder: Path) -> tuple[str, list]:
     text = table.text(values)
     targets = table.targets_text(checks)
     print(text)
-    print(f"\ntargets (gaps against {suite.reference}):\n{targets}")
+    print(f"\ntargets (gaps against the dense run with the same outer step):\n{targets}")
     seed0 = [r for line in found for r in line.runs[:1]]
     plots = write_plots(seed0, folder) if seed0 else []
     (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n\nTargets:\n\n```\n{targets}\n```\n")

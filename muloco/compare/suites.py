@@ -33,6 +33,8 @@ class Row:
     overrides: tuple[str, ...] = ()
     ef_twin: str | None = None
     """For a run without error feedback: the row it is the no-EF twin of."""
+    reference: str = "MuLoCo K=2"
+    """The dense run with the same outer step, which this row's gap is measured against."""
 
     @property
     def ddp(self) -> bool:
@@ -69,9 +71,11 @@ class Suite:
     rows: tuple[Row, ...]
     device: str
     """The device the suite is sized for (cpu | cuda)."""
-    reference: str = "MuLoCo K=2"
-    """The dense run every gap is measured against."""
 
+
+SGD_OUTER = ("--outer.optimizer.name", "sgd", "--outer.optimizer.lr", "1.0", "--outer.optimizer.momentum", "0.0")
+"""The compressed configs' outer step (their error feedback is the momentum: docs/compression.md)."""
+DENSE_SGD = "MuLoCo K=2, SGD outer"
 
 ROWS: tuple[Row, ...] = (
     Row("DDP AdamW", "ddp/adamw", 1),
@@ -80,13 +84,17 @@ ROWS: tuple[Row, ...] = (
     Row("DiLoCo K=4", "diloco/diloco", 4),
     Row("MuLoCo K=2", "diloco/muloco", 2),
     Row("MuLoCo K=4", "diloco/muloco", 4),
-    Row("MuLoCo 2-bit EF", "diloco/muloco_2bit"),
-    Row("MuLoCo 2-bit no EF", "diloco/muloco_2bit", overrides=(EF_OFF,), ef_twin="MuLoCo 2-bit EF"),
-    Row("MuLoCo 4-bit EF", "diloco/muloco_4bit"),
-    Row("MuLoCo 4-bit no EF", "diloco/muloco_4bit", overrides=(EF_OFF,), ef_twin="MuLoCo 4-bit EF"),
-    Row("MuLoCo top-k 10% EF", "diloco/muloco_topk"),
-    Row("MuLoCo top-k 10% no EF", "diloco/muloco_topk", overrides=(EF_OFF,), ef_twin="MuLoCo top-k 10% EF"),
-    Row("SparseLoCo", "diloco/sparseloco"),
+    Row(DENSE_SGD, "diloco/muloco", 2, overrides=SGD_OUTER),
+    Row("MuLoCo 2-bit EF", "diloco/muloco_2bit", reference=DENSE_SGD),
+    Row("MuLoCo 2-bit no EF", "diloco/muloco_2bit", overrides=(EF_OFF,), ef_twin="MuLoCo 2-bit EF",
+        reference=DENSE_SGD),
+    Row("MuLoCo 4-bit EF", "diloco/muloco_4bit", reference=DENSE_SGD),
+    Row("MuLoCo 4-bit no EF", "diloco/muloco_4bit", overrides=(EF_OFF,), ef_twin="MuLoCo 4-bit EF",
+        reference=DENSE_SGD),
+    Row("MuLoCo top-k 10% EF", "diloco/muloco_topk", reference=DENSE_SGD),
+    Row("MuLoCo top-k 10% no EF", "diloco/muloco_topk", overrides=(EF_OFF,), ef_twin="MuLoCo top-k 10% EF",
+        reference=DENSE_SGD),
+    Row("SparseLoCo", "diloco/sparseloco", reference=DENSE_SGD),
     Row("Streaming MuLoCo", "diloco/muloco_streaming"),
 )
 

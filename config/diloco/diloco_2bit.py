@@ -1,5 +1,5 @@
 """DiLoCo (AdamW inside the groups) with 2-bit pseudo-gradients and error feedback, to
-compare with ``diloco/muloco_2bit`` under the same compression."""
+compare with ``diloco/muloco_2bit`` under the same compression and outer step."""
 
 from muloco.config import load_config
 
@@ -7,5 +7,7 @@ from muloco.config import load_config
 def config():
     c = load_config("diloco/diloco")
     c.dump_folder = "./outputs/diloco-2bit"
-    c.outer.exchange = load_config("diloco/muloco_2bit").outer.exchange
+    compressed = load_config("diloco/muloco_2bit").outer
+    c.outer.exchange = compressed.exchange
+    c.outer.optimizer = compressed.optimizer  # plain SGD: the error feedback is the momentum
     return c

@@ -2,11 +2,14 @@
 
 Each replica quantizes e ← β·e + Δ to 2 bits per element (statistical scheme: per-block
 mean and σ-range bins, a centroid table per block; about 2.03 bits per parameter with
-the block metadata) and keeps what quantization dropped for the next sync. Norm weights
-go dense in fp32. Override with ``--outer.exchange.codec.bits 4``, ``--outer.exchange.strategy
-reduce_scatter`` (constant bytes per replica as K grows), ``--outer.exchange.error_feedback.beta``,
-``--outer.exchange.error_feedback.no-enabled``, ``--outer.exchange.skip_pattern``,
-``--outer.exchange.bucket_mb``.
+the block metadata), keeps e ← e − sent for the next sync, and the outer step is plain SGD
+at lr 1 on the average of what was sent: the error-feedback accumulator (β = 0.95) is the
+outer momentum, as in SparseLoCo, instead of Nesterov momentum stacked on top of it, which
+measured worse (docs/compression.md). Norm weights go dense in fp32. Override with
+``--outer.exchange.codec.bits 4``, ``--outer.exchange.strategy reduce_scatter`` (constant
+bytes per replica as K grows), ``--outer.exchange.error_feedback.beta``,
+``--outer.exchange.error_feedback.no-enabled``, ``--outer.optimizer.name nesterov``,
+``--outer.exchange.skip_pattern``, ``--outer.exchange.bucket_mb``.
 """
 
 from muloco.compress import Quantizer
@@ -18,6 +21,9 @@ def config():
     c.dump_folder = "./outputs/muloco-2bit"
     c.outer.exchange.codec = Quantizer.Config(bits=2, scheme="statistical")
     c.outer.exchange.error_feedback.enabled = True
-    c.outer.exchange.error_feedback.beta = 0.9
+    c.outer.exchange.error_feedback.beta = 0.95
     c.outer.exchange.skip_pattern = r"norm\.weight$"
+    c.outer.optimizer.name = "sgd"  # the error feedback is the momentum
+    c.outer.optimizer.lr = 1.0
+    c.outer.optimizer.momentum = 0.0
     return c

@@ -20,14 +20,10 @@ from muloco.config import load_config
 
 
 def config():
-    c = load_config("diloco/muloco")
+    c = load_config("diloco/muloco_2bit")  # error feedback as the outer momentum, plain SGD at lr 1
     c.dump_folder = "./outputs/sparseloco"
+    c.outer.exchange.skip_pattern = ""  # nothing goes dense, as in the reference
     c.outer.exchange.codec = TopK.Config(fraction=64 / 4096, chunk_size=4096, value_bits=2,
                                          value_scheme="statistical", value_block_chunks=8, index_bits=12,
                                          mean_over_selectors=True)
-    c.outer.exchange.error_feedback.enabled = True
-    c.outer.exchange.error_feedback.beta = 0.95
-    c.outer.optimizer.name = "sgd"
-    c.outer.optimizer.lr = 1.0
-    c.outer.optimizer.momentum = 0.0
     return c

@@ -298,6 +298,21 @@ def test_mean_over_selectors_divides_each_coordinate_by_who_sent_it():
 # ---------------------------------------------------------------------- error feedback
 
 
+@pytest.mark.parametrize("kind,settings", [c for c in CODECS if c[0] != "dense"], ids=[
+    i for c, i in zip(CODECS, IDS) if c[0] != "dense"])
+def test_error_feedback_round_identity(kind, settings):
+    """The compressed configs' design (β 0.95, the residual is the outer momentum): in every
+    round, what is sent plus what is kept equals what came in, decode(C(e)) + e' = β·e + Δ."""
+    codec = make_codec(kind, **settings)
+    ef = feedback(beta=0.95)
+    n = 4097
+    for t in range(4):
+        delta = gaussian(n, seed=10 + t) * 0.5**t  # shrinking, as under a decaying learning rate
+        before = ef.residual("k").clone() if ef.residual("k") is not None else torch.zeros(n)
+        sent = codec.decode(ef.compress("k", delta, codec), n)
+        torch.testing.assert_close(sent + ef.residual("k"), 0.95 * before + delta, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("kind,settings", CODECS, ids=IDS)
 def test_error_feedback_loses_nothing(kind, settings):
     """β = 1: the decoded payloads of all rounds plus the residual sum to the deltas."""

@@ -41,16 +41,21 @@ def command(p: Planned, folder: Path) -> list[str]:
             str(p.row.replicas), "--", *p.overrides, "--dump_folder", str(folder)]
 
 
-def _steps_of(p: Planned) -> int:
-    """The run's steps per group (the last ``--training.steps`` wins, as on the command line)."""
+def _flag(p: Planned, flag: str, default: int) -> int:
+    """The value of a trainer flag among the run's overrides (the last one wins, as on the command line)."""
     flags = p.overrides
-    values = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == "--training.steps"]
-    return int(values[-1]) if values else 0
+    values = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == flag]
+    return int(values[-1]) if values else default
+
+
+def _steps_of(p: Planned) -> int:
+    return _flag(p, "--training.steps", 0)
 
 
 def _work(p: Planned) -> int:
-    """Group-steps: what a run costs on a machine whose cores all its groups share."""
-    return _steps_of(p) * p.row.replicas
+    """Sequences trained by all groups together: what a run costs on a machine whose cores all
+    its groups share (a DDP row's doubled batch counts twice)."""
+    return _steps_of(p) * _flag(p, "--training.local_batch_size", 1) * p.row.replicas
 
 
 def current_step(folder: Path) -> int:
@@ -92,7 +97,7 @@ class Progress:
 
     def show(self, p: Planned, step: int, elapsed: float) -> None:
         steps = _steps_of(p)
-        work_now = step * p.row.replicas
+        work_now = _work(p) * step // max(steps, 1)
         measured_work = self.measured_work + work_now
         rate = (self.measured_seconds + elapsed) / measured_work if measured_work else None
         left = self.total_work - self.done_work - work_now

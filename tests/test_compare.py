@@ -75,6 +75,13 @@ def test_plan_overrides_and_bad_choices():
         plan(suite, objective="ar", data="stdlib", seeds=0)
 
 
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_gpu_suite_on_a_machine_without_cuda_is_one_clear_error(tmp_path):
+    code, out, err = _compare(["--suite", "paper-158m", "--out", str(tmp_path / "s")], REPO, timeout=300)
+    assert code == 2 and "no CUDA device" in err and "--suite paper-mini" in err and err.count("\n") == 1
+    assert not (tmp_path / "s").exists()
+
+
 def test_data_sources(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SuiteError, match="python -m muloco.data.fetch shakespeare"):

@@ -75,6 +75,15 @@ def _check(args: CompareOptions) -> None:
         raise UsageError(f"--steps {args.steps}: must be at least 1")
 
 
+def _check_device(device: str, suite_name: str) -> None:
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UsageError(f"{suite_name} runs on CUDA and this machine has no CUDA device; use "
+                             f"--suite paper-mini, or --device cpu to run it here anyway (slowly)")
+
+
 def _environment(device: str) -> dict[str, str]:
     env = os.environ.copy()
     if device == "cpu":
@@ -109,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         _check(args)
         suite = SUITES[args.suite]
         device = args.device or suite.device
+        if not args.dry_run:
+            _check_device(device, suite.name)
         data_label = args.data if args.data in DATA else Path(args.data).stem
         folder = Path(args.out or f"outputs/compare/{suite.name}-{args.objective}-{data_label}")
         planned = plan(suite, objective=args.objective, data=args.data, seeds=args.seeds, steps=args.steps,

@@ -28,6 +28,7 @@ from pathlib import Path
 from muloco.compare import runner, table
 from muloco.compare.suites import DATA, SUITES, Planned, SuiteError, plan
 from muloco.launch.cli import UsageError, parse
+from muloco.launch.group import TrainerConfigError
 
 PROG = "python -m muloco.compare"
 
@@ -129,13 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, SuiteError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
-    except Exception as err:  # a trainer config that does not parse: its own message
-        status = getattr(err, "status", None)
-        if status is None:
-            raise
-        if status:
+    except TrainerConfigError as err:  # a run's trainer config does not parse (tyro said why)
+        if err.status:
             print(f"{PROG}: error: {err}", file=sys.stderr)
-        return status
+        return err.status
     if args.dry_run:
         for p in planned:
             print(f"{p.row.label} (seed {p.seed}): {folder / p.name}\n  {shlex.join(runner.command(p, folder / p.name))}")

@@ -89,19 +89,17 @@ class Progress:
     measured_seconds: float = 0.0
     _last_decile: int = -1
 
-    def _eta(self, remaining_work: int) -> str:
-        if not self.measured_work:
+    def _left(self, remaining_work: int, measured_work: int, measured_seconds: float) -> str:
+        if not measured_work:
             return "time left: measuring"
-        seconds = remaining_work * self.measured_seconds / self.measured_work
+        seconds = remaining_work * measured_seconds / measured_work
         return f"about {int(seconds // 60)}m{int(seconds % 60):02d}s left"
 
     def show(self, p: Planned, step: int, elapsed: float) -> None:
         steps = _steps_of(p)
         work_now = _work(p) * step // max(steps, 1)
-        measured_work = self.measured_work + work_now
-        rate = (self.measured_seconds + elapsed) / measured_work if measured_work else None
         left = self.total_work - self.done_work - work_now
-        eta = f"about {int(left * rate // 60)}m{int(left * rate % 60):02d}s left" if rate else self._eta(left)
+        eta = self._left(left, self.measured_work + work_now, self.measured_seconds + elapsed)
         line = (f"[{self.done_runs}/{self.total_runs} runs done] {p.row.label} seed {p.seed}: "
                 f"step {step}/{steps}, {eta}")
         if self.out.isatty():

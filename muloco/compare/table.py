@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from muloco.compare.suites import Planned, Suite
-from muloco.report import Run, load_run
+from muloco.report import ReportError, Run, load_run
 
 COLUMNS = ("run", "method", "final loss", "vs dense %", "vs DDP %", "bits/param", "sent/replica", "syncs",
            "wall", "seeds", "spread")
@@ -55,7 +55,7 @@ def lines(suite: Suite, planned: list[Planned], suite_dir) -> list[Line]:
         if folder.is_dir():
             try:
                 by_label.setdefault(p.row.label, []).append(load_run(folder))
-            except Exception:  # a run that never logged: nothing to show
+            except ReportError:  # a run that never logged: nothing to show
                 continue
     return [Line(row.label, by_label[row.label][0].method, by_label[row.label])
             for row in suite.rows if by_label.get(row.label)]

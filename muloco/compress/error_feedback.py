@@ -40,8 +40,6 @@ class ErrorFeedback(Configurable):
         """Keep what a lossy codec dropped and add it to the next Δ."""
         beta: float = 0.9
         """β, the decay of the residual (e ← β·e + Δ), in [0, 1]."""
-        follow_lr: bool = False
-        """Scale the residual by the inner learning rate's ratio since the last sync (EXPERIMENT)."""
 
         def validate(self) -> None:
             if not 0.0 <= self.beta <= 1.0:  # also rejects NaN
@@ -53,7 +51,6 @@ class ErrorFeedback(Configurable):
         self.config = config
         self.beta = float(config.beta)
         self.enabled = bool(config.enabled)
-        self.residual_scale = 1.0
         self._residuals: dict[str, torch.Tensor] = {}
 
     def applies_to(self, codec: Codec) -> bool:
@@ -76,7 +73,7 @@ class ErrorFeedback(Configurable):
         if not self.enabled:
             return codec.encode(flat)
         e = self._residual(key, offset + flat.numel(), flat.device)[offset:offset + flat.numel()]
-        target = torch.add(flat, e, alpha=self.beta * self.residual_scale)  # β·e + Δ in one pass
+        target = torch.add(flat, e, alpha=self.beta)  # β·e + Δ in one pass
         payload = codec.encode(target)
         if keep is not None:
             keep.view(-1).copy_(e)

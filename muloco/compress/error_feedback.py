@@ -7,7 +7,10 @@ Per key (one stream of one fragment) a flat float32 residual e on the delta's de
 With β = 1 nothing is ever lost: after any number of rounds, the sum of the decoded
 payloads plus the residual equals the sum of the deltas (to float rounding), which is what
 makes biased compressors (top-k, coarse quantizers) converge. β < 1 lets stale error
-decay. The outer learning rate is not folded into e: the pseudo-gradient Δ goes in as it
+decay. The compressed configs use β = 0.95 with a plain SGD outer step at lr 1: the residual
+is then the outer momentum (SparseLoCo's design), which measured better than Nesterov momentum
+stacked on top of it, and than EF21 or residuals rescaled by the learning rate
+(``docs/compression.md``). The outer learning rate is not folded into e: the pseudo-gradient Δ goes in as it
 is and the outer optimizer applies its learning rate once, to the decoded average
 (MuLoCo's reference applies it to e and again in the outer step).
 

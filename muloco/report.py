@@ -522,11 +522,13 @@ def _plot(runs: list[Run], axis: str, path: Path, note: str = "") -> None:
               "bytes": "bytes sent per replica (cumulative)"}
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for i, run in enumerate(runs):
-        color = f"C{i % 10}"
+        color = f"C{i % 10}" if len(runs) <= 10 else plt.cm.tab20(i % 20)
         ax.plot(*_train_xy(run, axis), color=color, lw=1.2, label=f"{run.name} ({run.method}, {run.objective})")
         ax.plot(_validation_x(run, axis), run.val_loss, "o", color=color, ms=4)
     if note:
         ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=9)
+    if axis == "bytes":  # compressed and dense runs are decades apart; 0 bytes (the start) stays on the axis
+        ax.set_xscale("symlog", linthresh=1e3)
     ax.set_xlabel(labels[axis])
     ax.set_ylabel("loss (nats/token; mdlm: NELBO)")
     ax.set_title(f"loss vs {axis}: lines train loss, dots validation of θ_g", fontsize=10)

@@ -18,6 +18,7 @@ run's folder name and command and starts nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -103,7 +104,7 @@ def _finish(suite, planned: list[Planned], folder: Path) -> tuple[str, list]:
     targets = table.targets_text(checks)
     print(text)
     print(f"\ntargets (gaps against the dense run with the same outer step):\n{targets}")
-    seed0 = [r for line in found for r in line.runs[:1]]
+    seed0 = [dataclasses.replace(line.runs[0], name=line.label) for line in found]  # one curve per row
     plots = write_plots(seed0, folder) if seed0 else []
     (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n\nTargets:\n\n```\n{targets}\n```\n")
     (folder / "compare.json").write_text(json.dumps(

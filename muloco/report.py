@@ -411,11 +411,11 @@ def best(runs: list[Run], metric: str = "validation") -> set[int]:
     return {id(min(g, key=lambda r: r.final_loss(metric))) for g in groups.values() if len(g) > 1}
 
 
-def _num(value: float | None, fmt: str) -> str:
+def format_number(value: float | None, fmt: str) -> str:
     return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
 
 
-def _duration(seconds: float | None) -> str:
+def format_duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     if seconds < 100:
@@ -424,7 +424,7 @@ def _duration(seconds: float | None) -> str:
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
 
 
-def _bytes(n: float | None) -> str:
+def format_bytes(n: float | None) -> str:
     """Decimal units, as the training logs print them (MB = 1e6 bytes)."""
     if n is None:
         return "-"
@@ -438,14 +438,14 @@ def _cells(run: Run, marked: bool) -> list[str]:
         run.name + ("" if run.complete else " (no summary)"),
         run.method,
         run.objective,
-        _num(run.final_validation_loss, ".4f"),
-        _num(run.final_train_loss, ".4f"),
-        _num(run.steps, "d"),
-        _num(run.tokens, ",d"),
-        _num(run.bits_per_parameter, ".2f"),
-        _bytes(run.bytes_sent_per_replica),
+        format_number(run.final_validation_loss, ".4f"),
+        format_number(run.final_train_loss, ".4f"),
+        format_number(run.steps, "d"),
+        format_number(run.tokens, ",d"),
+        format_number(run.bits_per_parameter, ".2f"),
+        format_bytes(run.bytes_sent_per_replica),
         "-" if run.sync_share is None else f"{100 * run.sync_share:.1f}%",
-        _duration(run.wall_seconds),
+        format_duration(run.wall_seconds),
     ]
 
 
@@ -456,10 +456,13 @@ def _rows(runs: list[Run], metric: str) -> list[list[str]]:
 
 def table(runs: list[Run], metric: str = "validation") -> str:
     """An aligned text table, one row per run (text left-aligned, numbers right-aligned)."""
-    rows = [list(COLUMNS), *_rows(runs, metric)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    left = {1, 2, 3}
-    lines = ["  ".join(c.ljust(w) if i in left or i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+    return aligned([list(COLUMNS), *_rows(runs, metric)], left={0, 1, 2, 3})
+
+
+def aligned(rows: list[list[str]], left: set[int]) -> str:
+    """Rows of cells as text under a rule: columns in ``left`` left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(line.rstrip() for line in lines)

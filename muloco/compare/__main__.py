@@ -58,14 +58,16 @@ class CompareOptions:
     """Print the runs and their commands; start nothing."""
 
 
-def _name(p: Planned) -> str:
-    """The run's folder name: from its resolved config (``sweep.run_name``) and its seed."""
+def _resolve(p: Planned) -> None:
+    """Parse the run's trainer config once: its folder name (``sweep.run_name`` and the seed),
+    its steps and local batch."""
     from muloco.launch.group import load_trainer_config
     from muloco.launch.sweep import run_name
 
     cfg = load_trainer_config(p.row.config, p.overrides, replicas=None if p.row.ddp else p.row.replicas,
                               who=PROG, prog=PROG)
-    return f"{run_name(cfg)}_seed{p.seed}"
+    p.name = f"{run_name(cfg)}_seed{p.seed}"
+    p.steps, p.local_batch = cfg.training.steps, cfg.training.local_batch_size
 
 
 def _check(args: CompareOptions) -> None:
@@ -93,7 +95,7 @@ def _environment(device: str) -> dict[str, str]:
     return env
 
 
-def _finish(suite, planned: list[Planned], folder: Path) -> tuple[str, list]:
+def _finish(suite, planned: list[Planned], folder: Path) -> None:
     """Print and write the table, the targets and the plots."""
     from muloco.report import write_plots
 
@@ -105,12 +107,12 @@ def _finish(suite, planned: list[Planned], folder: Path) -> tuple[str, list]:
     print(text)
     print(f"\ntargets (gaps against the dense run with the same outer step):\n{targets}")
     seed0 = [dataclasses.replace(line.runs[0], name=line.label) for line in found]  # one curve per row
-    plots = write_plots(seed0, folder) if seed0 else []
+    if seed0:
+        write_plots(seed0, folder)
     (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n\nTargets:\n\n```\n{targets}\n```\n")
     (folder / "compare.json").write_text(json.dumps(
         {"suite": suite.name, "rows": values, "targets": [{"target": t, "met": ok} for t, ok in checks]},
         indent=2) + "\n")
-    return text, plots
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         planned = plan(suite, objective=args.objective, data=args.data, seeds=args.seeds, steps=args.steps,
                        extra=extra, only=args.only)
         for p in planned:
-            p.name = _name(p)
+            _resolve(p)
     except (UsageError, SuiteError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2

@@ -11,13 +11,12 @@ folder, state) is rewritten atomically after every run, so ``python -m muloco.re
 
 The progress line (stderr; rewritten in place on a terminal, a line per tenth of a run
 otherwise) says runs done of total, the current run's step, and the time left, estimated
-from the seconds per group-step measured so far in this invocation.
+from the seconds per sequence trained so far in this invocation.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -41,21 +40,10 @@ def command(p: Planned, folder: Path) -> list[str]:
             str(p.row.replicas), "--", *p.overrides, "--dump_folder", str(folder)]
 
 
-def _flag(p: Planned, flag: str, default: int) -> int:
-    """The value of a trainer flag among the run's overrides (the last one wins, as on the command line)."""
-    flags = p.overrides
-    values = [flags[i + 1] for i, f in enumerate(flags[:-1]) if f == flag]
-    return int(values[-1]) if values else default
-
-
-def _steps_of(p: Planned) -> int:
-    return _flag(p, "--training.steps", 0)
-
-
 def _work(p: Planned) -> int:
     """Sequences trained by all groups together: what a run costs on a machine whose cores all
     its groups share (a DDP row's doubled batch counts twice)."""
-    return _steps_of(p) * _flag(p, "--training.local_batch_size", 1) * p.row.replicas
+    return p.steps * p.local_batch * p.row.replicas
 
 
 def current_step(folder: Path) -> int:
@@ -96,7 +84,7 @@ class Progress:
         return f"about {int(seconds // 60)}m{int(seconds % 60):02d}s left"
 
     def show(self, p: Planned, step: int, elapsed: float) -> None:
-        steps = _steps_of(p)
+        steps = p.steps
         work_now = _work(p) * step // max(steps, 1)
         left = self.total_work - self.done_work - work_now
         eta = self._left(left, self.measured_work + work_now, self.measured_seconds + elapsed)
@@ -153,7 +141,7 @@ def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | No
         log = suite_dir / "logs" / f"{p.name}.log"
         began = time.monotonic()
         with open(log, "ab") as f:
-            child = subprocess.Popen(command(p, folder), stdout=f, stderr=subprocess.STDOUT, env=env or os.environ.copy())
+            child = subprocess.Popen(command(p, folder), stdout=f, stderr=subprocess.STDOUT, env=env)
             while child.poll() is None:
                 progress.show(p, current_step(folder), time.monotonic() - began)
                 try:

@@ -134,12 +134,15 @@ def data_overrides(data: str) -> list[str]:
 
 @dataclass
 class Planned:
-    """One run of the suite: its row, seed, trainer overrides and (once named) its folder."""
+    """One run of the suite: its row, seed and trainer overrides; once its config is resolved,
+    its folder name, steps and local batch (what the progress line counts)."""
 
     row: Row
     seed: int
     overrides: list[str] = field(default_factory=list)
     name: str = ""
+    steps: int = 0
+    local_batch: int = 0
 
 
 def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | None = None,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from muloco.compare.suites import Planned, Suite
-from muloco.report import ReportError, Run, load_run
+from muloco.report import ReportError, Run, aligned, format_bytes, format_duration, format_number, load_run
 
 COLUMNS = ("run", "method", "final loss", "vs dense %", "vs DDP %", "bits/param", "sent/replica", "syncs",
            "wall", "seeds", "spread")
@@ -91,33 +91,17 @@ def rows(suite: Suite, found: list[Line]) -> list[dict[str, Any]]:
     return out
 
 
-def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _wall(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{int(seconds // 60)}:{int(seconds % 60):02d}"
-
-
 def text(table_rows: list[dict[str, Any]]) -> str:
-    """The table as aligned text (a row still running or failed is marked ``(partial)``)."""
+    """The table as aligned text, laid out as ``muloco.report``'s (a row still running or failed
+    is marked ``(partial)``)."""
     cells = [list(COLUMNS)]
     for r in table_rows:
-        cells.append([r["run"] + ("" if r["complete"] else " (partial)"), r["method"], _fmt(r["final_loss"], ".4f"),
-                      _fmt(r["gap_to_reference_pct"], "+.2f"), _fmt(r["gap_to_ddp_pct"], "+.2f"),
-                      _fmt(r["bits_per_parameter"], ".3f"), _bytes(r["bytes_sent_per_replica"]),
-                      _fmt(r["syncs"], ".0f"), _wall(r["wall_seconds"]), str(r["seeds"]), _fmt(r["spread"], ".4f")])
-    widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells)
+        cells.append([r["run"] + ("" if r["complete"] else " (partial)"), r["method"],
+                      format_number(r["final_loss"], ".4f"), format_number(r["gap_to_reference_pct"], "+.2f"),
+                      format_number(r["gap_to_ddp_pct"], "+.2f"), format_number(r["bits_per_parameter"], ".3f"),
+                      format_bytes(r["bytes_sent_per_replica"]), format_number(r["syncs"], ".0f"),
+                      format_duration(r["wall_seconds"]), str(r["seeds"]), format_number(r["spread"], ".4f")])
+    return aligned(cells, left={0, 1})
 
 
 def targets(suite: Suite, table_rows: list[dict[str, Any]]) -> list[tuple[str, bool | None]]:

@@ -88,6 +88,24 @@ class MulocoTrainerMixin:
     def _replica_index(self) -> int:
         return 0
 
+    def train_step(self, data_iterator):
+        """torchtitan's step over micro-batches the objective may cut as they are fetched: torchtitan
+        counts the step's valid tokens (the loss normaliser, summed over ranks and accumulation
+        steps) from what it fetched, so a cut step is divided by the tokens that remain."""
+        return super().train_step(self._cut_batches(data_iterator))  # type: ignore[misc]
+
+    def _cut_batches(self, data_iterator):
+        micro = 0
+        for input_dict, labels in data_iterator:
+            key = NoiseKey(replica=self._replica_index(), step=self.step, micro=micro, rank=0, world=1)
+            length = labels.shape[1]
+            inputs, labels = self.objective.truncate(input_dict["input"], labels, key)
+            if labels.shape[1] != length:  # per-token extras (positions) are cut alike
+                input_dict = {k: v[:, :labels.shape[1]] if torch.is_tensor(v) and v.dim() > 1
+                              and v.shape[1] == length else v for k, v in input_dict.items()}
+            yield {**input_dict, "input": inputs}, labels
+            micro += 1
+
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         """torchtitan's step with the objective preparing the batch and scoring the output."""
         if self.parallel_dims.pp_enabled:

@@ -40,7 +40,10 @@ def _loader(tmp_path, next_token: bool, seq_len=32, lines=EXAMPLES):
                           local_batch_size=4)
 
 
-def test_diffusion_sft_rows_hold_one_example_with_eos_padding_and_an_unscored_prompt(tmp_path):
+def test_diffusion_sft_rows_score_the_answer_and_its_one_eos_and_pad_with_unscored_masks(tmp_path):
+    """The loader tells the real end of an answer from padding: the response and one EOS are
+    targets; the padding is mask tokens that are never scored (no runs of EOS to learn), so the
+    row looks like a sampling canvas and the EOS must be predicted from the text."""
     tok = MulocoTokenizer()
     _, loader = _loader(tmp_path, next_token=False)
     inputs, labels = next(iter(loader))
@@ -48,18 +51,23 @@ def test_diffusion_sft_rows_hold_one_example_with_eos_padding_and_an_unscored_pr
     prompt = [tok.bos_id, *tok.encode(EXAMPLES[0]["prompt"])]
     response = tok.encode(EXAMPLES[0]["response"])
     assert x[0, : len(prompt)].tolist() == prompt and (labels[0, : len(prompt)] == IGNORE_INDEX).all()
-    tail = x[0, len(prompt):].tolist()
-    assert tail[: len(response)] == response and set(tail[len(response):]) == {tok.eos_id}
-    assert labels[0, len(prompt):].tolist() == tail  # response and its EOS padding: maskable
+    tail, scored = x[0, len(prompt):].tolist(), labels[0, len(prompt):].tolist()
+    end = len(response) + 1
+    assert tail[:end] == [*response, tok.eos_id] and scored[:end] == tail[:end]  # the answer and its EOS
+    assert set(tail[end:]) == {tok.mask_id} and set(scored[end:]) == {IGNORE_INDEX}  # padding: never a target
+    assert (labels == tok.eos_id).sum(dim=1).tolist() == [1, 1, 1, 1]  # one EOS target per row
     chat = tok.decode(x[1, 1:].tolist())
     assert chat.startswith("<|user|>\nname a module\n<|assistant|>\nos")
     objective = MaskedDiffusion.Config(eps=0.95, normaliser="sequence", truncate_probability=0.0).build(
         tokens=SpecialTokens(bos=tok.bos_id, eos=tok.eos_id, mask=tok.mask_id), rows_per_step=4)
+    eos_masked = 0
     for step in range(4):
         batch = objective.prepare(x, labels, NoiseKey(0, step, 0, 0, 1))
         masked = batch.extra["masked"]
         assert not masked[labels == IGNORE_INDEX].any() and masked.any()
         assert torch.equal(batch.inputs[labels == IGNORE_INDEX], x[labels == IGNORE_INDEX])
+        eos_masked += int(masked[labels == tok.eos_id].sum())
+    assert eos_masked > 0  # the real EOS is masked and scored
 
 
 def test_autoregressive_sft_rows_score_only_the_response_and_its_eos(tmp_path):
@@ -73,10 +81,16 @@ def test_autoregressive_sft_rows_score_only_the_response_and_its_eos(tmp_path):
     assert inputs["input"][0, : len(prompt) + 1].tolist() == [tok.bos_id, *prompt]
 
 
+class _Ids:
+    bos_id, eos_id, mask_id = 98, 99, 97
+
+
 def test_rows_cut_long_responses_and_skip_prompts_that_fill_the_row():
-    assert sft_row(list(range(10)), [1, 2], 8, 98, 99, next_token=False) is None
-    inputs, labels = sft_row([5, 6], list(range(20, 40)), 8, 98, 99, next_token=False)
-    assert inputs == [98, 5, 6, 20, 21, 22, 23, 24] and labels[:3] == [IGNORE_INDEX] * 3
+    assert sft_row(list(range(10)), [1, 2], 8, _Ids, next_token=False) is None
+    inputs, labels = sft_row([5, 6], list(range(20, 40)), 8, _Ids, next_token=False)
+    assert inputs == [98, 5, 6, 20, 21, 22, 23, 24] and labels == [IGNORE_INDEX] * 3 + inputs[3:]  # cut: no EOS
+    inputs, labels = sft_row([5], [20, 21], 8, _Ids, next_token=False)
+    assert inputs == [98, 5, 20, 21, 99, 97, 97, 97] and labels == [IGNORE_INDEX] * 2 + [20, 21, 99] + [IGNORE_INDEX] * 3
 
 
 def test_a_bad_sft_line_is_named_before_training(tmp_path):

@@ -35,8 +35,9 @@ class PackedTextDataLoader(BaseDataLoader):
     Each document becomes ``[bos] + tokens + [eos]``. For next-token prediction
     inputs take ``doc[:-1]`` and labels ``doc[1:]`` before concatenation, so no
     label is ever the first token of the next document. Otherwise (masked
-    diffusion) inputs are the whole document and labels the same tokens with BOS
-    and EOS ignored: what the objective may mask. No ``positions`` are emitted: RoPE
+    diffusion) inputs and labels are the whole document, BOS and EOS included:
+    every token is a target the objective may mask, so a model learns where a
+    document ends (as LLaDA and MDLM pre-train). No ``positions`` are emitted: RoPE
     uses 0..L-1 per row, and the objective finds the documents from the BOS tokens.
     """
 
@@ -64,7 +65,7 @@ class PackedTextDataLoader(BaseDataLoader):
         next_token: bool = True
         """
         Labels are the next tokens (autoregressive). Set from the objective:
-        masked diffusion reads whole documents with their BOS/EOS labels ignored.
+        masked diffusion reads whole documents, every token (BOS and EOS too) a label.
         """
 
         shuffle_documents: bool = True
@@ -159,14 +160,13 @@ class PackedTextDataLoader(BaseDataLoader):
                 self._labels.extend(doc[1:])
             else:
                 self._inputs.extend(doc)
-                self._labels.extend([IGNORE_INDEX, *doc[1:-1], IGNORE_INDEX])
+                self._labels.extend(doc)
 
     def _append_examples(self, examples: list[SftExample]) -> None:
         prompts = self._encode([e.prompt for e in examples], documents=False)
         responses = self._encode([e.response for e in examples], documents=False)
         for prompt, response in zip(prompts, responses):
-            row = sft_row(prompt, response, self.seq_len, self.tokenizer.bos_id, self.tokenizer.eos_id,
-                          self.config.next_token)
+            row = sft_row(prompt, response, self.seq_len, self.tokenizer, self.config.next_token)
             if row is None:
                 self.skipped += 1
                 if self.skipped in (1, 100, 10000):

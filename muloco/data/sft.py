@@ -6,12 +6,16 @@ becomes its last assistant message as the response and every turn before it as t
 prompt, each turn written ``<|role|>\\ncontent\\n`` and the prompt ending ``<|assistant|>\\n``.
 
 Rows are not packed: each holds one example, ``[bos] + prompt + response + [eos]``, padded
-to the row length. The prompt is never trained on (its labels are ignored). For masked
-diffusion the padding is EOS and belongs to the response, as LLaDA documents: the model
-learns where an answer ends by predicting EOS, so padding EOS are masked and scored too;
-normalise per response with ``--objective.normaliser sequence``. For next-token
-prediction the row is shifted and the padding ignored. A response that does not fit is
-cut; an example whose prompt fills the row is skipped (counted in the data description).
+to the row length. The prompt is never trained on (its labels are ignored), nor is the
+padding. For masked diffusion the response and its one EOS are the targets, and the padding
+is ``<|mask|>`` tokens that are never scored: to the model the row looks like a sampling
+canvas (prompt, then masks to the end), so it learns where an answer ends by predicting
+its EOS from the text, not from where visible padding starts. LLaDA pads with EOS and
+scores it, which teaches runs of EOS and counts them in the loss; here nothing after the
+real EOS is a target. Normalise per response with ``--objective.normaliser sequence``. For
+next-token prediction the row is shifted and the padding ignored. A response that does not
+fit is cut (and has no EOS); an example whose prompt fills the row is skipped (counted in
+the data description).
 """
 
 from __future__ import annotations
@@ -68,17 +72,20 @@ def parse_sft_line(raw: bytes, path: Path, line_number: int, fields: SftFields) 
                     "response_field / messages_field, or fix the line")
 
 
-def sft_row(prompt: list[int], response: list[int], seq_len: int, bos: int, eos: int,
-            next_token: bool) -> tuple[list[int], list[int]] | None:
-    """``(inputs, labels)`` of exactly ``seq_len`` tokens, or None if the prompt fills the row."""
-    head = [bos, *prompt]
+def sft_row(prompt: list[int], response: list[int], seq_len: int, tokens, next_token: bool
+            ) -> tuple[list[int], list[int]] | None:
+    """``(inputs, labels)`` of exactly ``seq_len`` tokens, or None if the prompt fills the row.
+
+    ``tokens``: the tokenizer (its ``bos_id``, ``eos_id`` and ``mask_id``)."""
+    head = [tokens.bos_id, *prompt]
     if len(head) >= seq_len:
         return None
-    if not next_token:  # masked diffusion: EOS padding is part of the answer
-        body = ([*response, eos] + [eos] * seq_len)[: seq_len - len(head)]
-        return head + body, [IGNORE_INDEX] * len(head) + body
-    sequence = (head + [*response, eos])[: seq_len + 1]
+    if not next_token:  # masked diffusion: the answer and its EOS are targets; padding is unscored masks
+        body = [*response, tokens.eos_id][: seq_len - len(head)]
+        pad = seq_len - len(head) - len(body)
+        return head + body + [tokens.mask_id] * pad, [IGNORE_INDEX] * len(head) + body + [IGNORE_INDEX] * pad
+    sequence = (head + [*response, tokens.eos_id])[: seq_len + 1]
     inputs, labels = sequence[:-1], sequence[1:]
     labels = [IGNORE_INDEX] * (len(head) - 1) + labels[len(head) - 1:]
     pad = seq_len - len(inputs)
-    return inputs + [eos] * pad, labels + [IGNORE_INDEX] * pad
+    return inputs + [tokens.eos_id] * pad, labels + [IGNORE_INDEX] * pad

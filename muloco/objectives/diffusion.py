@@ -11,7 +11,15 @@ ELBO), ``uniform`` (w = 1) or ``cart`` (geometric weights of the visible neighbo
 banded), and ``normaliser`` ``tokens`` (the maskable tokens of the step: LLaDA's B·L in
 pre-training), ``sequence`` (each row by its own maskable count, then the rows: LLaDA's
 SFT) or ``batch`` (the rows). What is maskable comes from the loader: every label that
-is not ignored (BOS, EOS, padding and SFT prompts are).
+is not ignored. In pre-training that is every token, BOS and EOS included (LLaDA and MDLM
+mask them too), so a model learns where a document ends from its text: a visible BOS right
+after a masked EOS would give the answer away. SFT prompts and row padding are ignored.
+
+With ``document_mask`` each token attends only inside its document as the *noised* row
+shows it: a visible BOS starts a document, a masked one does not, so two documents whose
+boundary is masked see each other and the attention pattern does not reveal where a
+document ends (a model that learned "EOS is the last position I can see" would never stop
+before the end of a sampling canvas).
 
 The head and the cross-entropy run only at the masked positions (``masked_only_head``):
 the model returns hidden states and the loss applies ``lm_head`` to the selected rows,
@@ -30,6 +38,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 
 from .noise import (
     bernoulli_masks,
+    exact_count_masks,
     cart_weights,
     check_schedule,
     elbo_weight,
@@ -42,6 +51,8 @@ from .objective import NoiseKey, Objective, Prepared, SpecialTokens
 
 WEIGHTS = ("elbo", "uniform", "cart")
 NORMALISERS = ("tokens", "sequence", "batch")
+TRUNCATE_STREAM = 104729
+"""Extra seed part of the truncation draw (one stream per micro-batch, apart from the noise's)."""
 EVAL_SEED = 7919
 """Validation noise is seeded by this and the batch index only: the same on every replica and every time."""
 
@@ -54,7 +65,8 @@ class MaskedDiffusion(Objective):
     @dataclass(kw_only=True, slots=True)
     class Config(Objective.Config):
         document_mask: bool = True
-        """Packed documents attend only within themselves (bidirectional attention would leak)."""
+        """Packed documents attend only within themselves where the noised row shows their BOS
+        (a masked BOS joins two documents, so the pattern never reveals a masked boundary)."""
         eps: float = 1e-3
         """Floor of the noise level: t = eps + (1 − eps)·u, in (0, 1)."""
         schedule: str = "linear"
@@ -122,14 +134,25 @@ class MaskedDiffusion(Objective):
 
     # ------------------------------------------------------------------ training
 
+    def truncate(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey):
+        """With probability ``truncate_probability`` the micro-batch's rows cut to a random length
+        (LLaDA's 1% of steps), drawn from (seed, replica, step, micro-batch): the same cut on every
+        rank. The trainer cuts batches as they are fetched, before torchtitan counts the step's
+        valid tokens, so a cut step is normalised by the tokens that remain."""
+        c = self.config
+        if not c.truncate_probability:
+            return inputs, labels
+        cut = generator(torch.device("cpu"), c.seed, key.replica, key.step, key.micro, TRUNCATE_STREAM)
+        if torch.rand((), generator=cut).item() >= c.truncate_probability:
+            return inputs, labels
+        length = int(torch.randint(1, inputs.shape[1] + 1, (), generator=cut))
+        return inputs[:, :length], labels[:, :length]
+
     def prepare(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey) -> Prepared:
         c, device = self.config, inputs.device
         shared = generator(torch.device("cpu"), c.seed, key.replica, key.step, key.micro)
         own = generator(device, c.seed, key.replica, key.step, key.micro, key.rank + 1)
         x0, maskable = inputs, labels != IGNORE_INDEX
-        if c.truncate_probability and torch.rand((), generator=shared).item() < c.truncate_probability:
-            length = int(torch.randint(1, x0.shape[1] + 1, (), generator=shared))
-            x0, maskable = x0[:, :length], maskable[:, :length]
         rows = x0.shape[0]
         u0 = torch.rand((), generator=shared).item()
         t = noise_levels(key.rank * rows, rows, rows * key.world, c.eps, u0, own,
@@ -143,7 +166,7 @@ class MaskedDiffusion(Objective):
             t = torch.cat([t, time_of(p[rows:], c.schedule).clamp_min(c.eps)])
         weight = self._token_weights(masked, maskable, t)
         xt = x0.masked_fill(masked, self.tokens.mask)
-        return Prepared(xt, x0, self.attention_kwargs(x0), {"masked": masked, "weight": weight, "t": t})
+        return Prepared(xt, x0, self.attention_kwargs(xt), {"masked": masked, "weight": weight, "t": t})
 
     def _token_weights(self, masked: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """``(B, L)`` float32: each masked token's weight with the row part of the normaliser folded in."""
@@ -183,29 +206,32 @@ class MaskedDiffusion(Objective):
 
     @torch.no_grad()
     def elbo_terms(self, model, x0: torch.Tensor, labels: torch.Tensor, batch_index: int) -> torch.Tensor:
-        """float64 ``[Σ nelbo, maskable tokens, correct, masked]`` of one batch, ``eval_samples`` levels per row.
+        """float64 ``[Σ nelbo, targets, correct, masked]`` of one batch, ``eval_samples`` masks per row.
 
-        Σ nelbo is an unbiased estimate of ∫_ε^1 w(t)·E[Σ_masked CE] dt per row (stratified
-        u = (u₀ + k)/S per row, times (1 − ε) for the change of variable), so divided by the
-        maskable tokens it is the negative ELBO per token (a bound on the NLL, in nats).
+        The negative ELBO of a row with n targets is Σ_{l=1..n} (1/l)·E_{|S|=l}[Σ_{i∈S} CE_i(x with
+        S masked)]: the continuous-time ∫₀¹ w(t)·E[Σ_masked CE] dt for any schedule, the whole
+        of [0, 1) (a t floored at ε leaves out about ε × a one-token loss per token and is no
+        bound). Each row draws its mask counts l = ⌈u·n⌉ with stratified u = (u₀ + k)/S, masks
+        exactly l targets uniformly (LLaDA's ``get_log_likelihood``) and scores (n/l)·Σ_masked CE:
+        an unbiased estimate, so Σ nelbo / targets bounds the NLL per token (in nats) in expectation.
         """
-        c, device = self.config, x0.device
-        own = generator(device, EVAL_SEED, c.seed, batch_index)
+        device = x0.device
+        own = generator(device, EVAL_SEED, self.config.seed, batch_index)
         maskable = labels != IGNORE_INDEX
-        rows, S = x0.shape[0], c.eval_samples
-        u0 = torch.rand(rows, generator=own, device=device)
-        kwargs = self.attention_kwargs(x0)
+        n = maskable.sum(dim=1)
+        S = self.config.eval_samples
+        u0 = torch.rand(x0.shape[0], generator=own, device=device, dtype=torch.float64)
         out = torch.zeros(4, dtype=torch.float64, device=device)
         for k in range(S):
-            t = c.eps + (1.0 - c.eps) * (u0 + k) / S
-            masked = bernoulli_masks(maskable, mask_probability(t, c.schedule), own)
-            pred = model(x0.masked_fill(masked, self.tokens.mask), **kwargs)
-            logits = self.logits_at(pred, masked)
+            counts = torch.minimum(torch.ceil((u0 + k) / S * n).long().clamp_min(1), n)
+            masked = exact_count_masks(maskable, counts, own)
+            xt = x0.masked_fill(masked, self.tokens.mask)
+            logits = self.logits_at(model(xt, **self.attention_kwargs(xt)), masked)
             targets = x0[masked]
             ce = F.cross_entropy(logits, targets, reduction="none").double()
-            w = (1.0 - c.eps) * elbo_weight(t.double(), c.schedule)[:, None].expand(masked.shape)[masked]
-            out[0] += (ce * w).sum() / S
+            scale = (n / counts.clamp_min(1)).double()[:, None].expand(masked.shape)[masked]
+            out[0] += (ce * scale).sum() / S
             out[2] += (logits.argmax(dim=-1) == targets).sum()
             out[3] += targets.numel()
-        out[1] = maskable.sum()
+        out[1] = n.sum()
         return out

@@ -89,6 +89,11 @@ class Objective(Configurable):
             return {}
         return {"attention_masks": document_mask(document_ids(inputs, self.tokens.bos), self.causal)}
 
+    def truncate(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey):
+        """A fetched micro-batch, possibly cut shorter, before its valid tokens are counted
+        (the same cut on every rank of the group). Unchanged here."""
+        return inputs, labels
+
     def prepare(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey) -> Prepared:
         raise NotImplementedError
 

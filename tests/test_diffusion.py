@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import torch
 
-from conftest import REPO, TINY, read_metrics, run_train, tiny_model
+from conftest import REPO, TINY, read_metrics, run_gloo_ranks, run_train, tiny_model
 
 from muloco import compat
 
@@ -109,3 +110,66 @@ def test_autoregressive_sampler_stops_at_eos_and_repeats_with_a_seed():
     a = sample_autoregressive(model, [29, 3], EOS, 16, 1.0, torch.Generator().manual_seed(5), torch.device("cpu"))
     b = sample_autoregressive(model, [29, 3], EOS, 16, 1.0, torch.Generator().manual_seed(5), torch.device("cpu"))
     assert a == b and 1 <= len(a) <= 16 and (EOS not in a[:-1])
+
+
+CUT_STEP = textwrap.dedent(
+    """
+    import json, os, sys
+    from muloco import compat
+    compat.apply()
+    import torch
+    import torch.distributed as dist
+    from torchtitan.components.loss import IGNORE_INDEX
+    from muloco.config.cli import parse_args
+    from muloco.objectives import NoiseKey
+    from muloco.trainer import MulocoTrainer
+
+    dump, args = sys.argv[1], sys.argv[2:]
+    _, config = parse_args(args + ["--dump_folder", dump])
+    trainer = MulocoTrainer(config)
+    obj, model, dl = trainer.objective, trainer.model_parts[0], trainer.dataloader
+    rank, world, accumulation = dl.dp_rank, dl.dp_world_size, trainer.gradient_accumulation_steps
+    batches = iter(config.dataloader.build(dp_world_size=world, dp_rank=rank, tokenizer=trainer.tokenizer,
+                                           seq_len=config.training.seq_len,
+                                           local_batch_size=config.training.local_batch_size))
+    sums = torch.zeros(4, dtype=torch.float64)  # Σ w·CE, tokens left, tokens before the cut, cut micro-batches
+    with torch.no_grad():
+        for micro in range(accumulation):
+            inputs, labels = next(batches)
+            x, full = inputs["input"], labels
+            key = NoiseKey(replica=0, step=1, micro=micro, rank=rank, world=world)
+            x, labels = obj.truncate(x, labels, key)
+            batch = obj.prepare(x, labels, key)
+            sums += torch.tensor([obj.loss(model(batch.inputs, **batch.model_kwargs), batch).item(),
+                                  (labels != IGNORE_INDEX).sum().item(), (full != IGNORE_INDEX).sum().item(),
+                                  float(labels.shape[1] < full.shape[1])], dtype=torch.float64)
+    dist.all_reduce(sums)
+    trainer.train()
+    if rank == 0:
+        logged = next(json.loads(line) for line in open(os.path.join(dump, "metrics.jsonl")))
+        print("RESULT " + json.dumps({"logged": logged["loss"], "step": logged["step"], "hand": (sums[0] / sums[1]).item(),
+                                      "before_cut": (sums[0] / sums[2]).item(), "cut": sums[3].item(),
+                                      "micro": accumulation}), flush=True)
+    dist.destroy_process_group()
+    os._exit(0)
+    """
+)
+
+
+@pytest.mark.timeout(400)
+def test_a_cut_step_is_normalised_by_the_tokens_that_remain_on_every_rank_under_accumulation(tmp_path):
+    """Every micro-batch of the step cut to a random length (probability 1), two ranks, two
+    accumulation steps: the logged loss is Σ w·CE over both ranks and micro-batches divided by the
+    maskable tokens left after the cuts (LLaDA's loss of a cut batch), computed by hand from the
+    same batches and the model before its first update; not by the count from before the cut."""
+    script = tmp_path / "cut_step.py"
+    script.write_text(CUT_STEP)
+    args = ["--config", "ddp/adamw", "--objective", "mdlm", *TINY, "--training.global_batch_size", "16",
+            "--objective.truncate_probability", "1.0", "--training.steps", "1", "--metrics.log_freq", "1",
+            "--validator.no-enable", "--checkpoint.no-enable"]
+    results = run_gloo_ranks(script, 2, [str(tmp_path / "run"), *args], timeout=300)
+    assert all(code == 0 for code, _ in results), [out[-3000:] for _, out in results]
+    got = json.loads(next(ln for ln in results[0][1].splitlines() if ln.startswith("RESULT "))[7:])
+    assert got["step"] == 1 and got["micro"] == 2 and got["cut"] == 4  # 2 ranks x 2 micro-batches, all cut
+    assert got["logged"] == pytest.approx(got["hand"], rel=1e-5), got
+    assert abs(got["before_cut"] - got["hand"]) > 1e-3 * got["hand"], got  # the check can fail

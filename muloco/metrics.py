@@ -61,6 +61,9 @@ class MulocoMetrics(MetricsProcessor):
         self.last_validation_loss: float | None = None
         self.last_validation_step: int | None = None
         self.last_validation_extra: dict[str, float] = {}
+        self.validation_targets_per_byte: float | None = None
+        """Validation targets per byte of the text they spell (set by the validator): turns a
+        loss in nats per target into bits per byte, a figure every objective and tokenizer share."""
         self.tokens_per_second: list[float] = []
         self._jsonl = None
         if config.jsonl_file and _is_metrics_rank():
@@ -130,16 +133,19 @@ class MulocoMetrics(MetricsProcessor):
 
     def log_validation(self, loss: float, step: int, extra_metrics=None):
         ppl = math.exp(loss) if loss < 50 else float("inf")
-        self._record({"validation_loss": loss, "validation_ppl": ppl, **(extra_metrics or {})}, step)
+        extra = dict(extra_metrics or {})
+        if self.validation_targets_per_byte is not None:
+            extra["validation_bits_per_byte"] = loss * self.validation_targets_per_byte / math.log(2)
+        self._record({"validation_loss": loss, "validation_ppl": ppl, **extra}, step)
         self.last_validation_loss = loss
         self.last_validation_step = step
-        self.last_validation_extra = dict(extra_metrics or {})
-        if "validation_masked_accuracy" in self.last_validation_extra:
-            accuracy = self.last_validation_extra["validation_masked_accuracy"]
-            logger.info(f"validation at step {step}: NELBO {loss:7.4f} nats/token  ppl bound {ppl:,.2f}  "
-                        f"masked-token accuracy {accuracy:.3f}")
+        self.last_validation_extra = extra
+        bpb = f"  {extra['validation_bits_per_byte']:.4f} bits/byte" if "validation_bits_per_byte" in extra else ""
+        if "validation_masked_accuracy" in extra:
+            logger.info(f"validation at step {step}: NELBO {loss:7.4f} nats/token  ppl bound {ppl:,.2f}{bpb}  "
+                        f"masked-token accuracy {extra['validation_masked_accuracy']:.3f}")
             return
-        logger.info(f"validation at step {step}: loss {loss:7.4f}  ppl {ppl:,.2f}")
+        logger.info(f"validation at step {step}: loss {loss:7.4f}  ppl {ppl:,.2f}{bpb}")
 
     def log_sync(self, record: dict[str, Any], step: int) -> None:
         """One outer sync: JSONL/TensorBoard under ``sync/`` and one console line."""

@@ -198,6 +198,8 @@ class MulocoTrainerMixin:
         for key in ("final_train_loss", "final_validation_loss"):
             loss = summary[key]
             summary[key.replace("loss", "ppl")] = math.exp(loss) if loss is not None and loss < 50 else None
+        # bits per byte of the held-out text: comparable across objectives and tokenizers
+        summary["final_validation_bits_per_byte"] = mp.last_validation_extra.get("validation_bits_per_byte")
         if "validation_masked_accuracy" in mp.last_validation_extra:
             # masked diffusion: the validation loss is the negative ELBO per token, its exp a bound
             summary["final_validation_nelbo"] = summary["final_validation_loss"]
@@ -234,11 +236,12 @@ class MulocoTrainerMixin:
 
     @staticmethod
     def _validation_line(s: dict[str, Any], num) -> str:
+        bpb = f"{num(s.get('final_validation_bits_per_byte'), '.4f')} bits/byte"
         if "final_validation_nelbo" in s:
-            return (f"  final validation NELBO {num(s['final_validation_nelbo'], '.4f')} nats/token  "
+            return (f"  final validation NELBO {num(s['final_validation_nelbo'], '.4f')} nats/token, {bpb}  "
                     f"(ppl bound {num(s['final_validation_ppl_bound'], ',.2f')}, masked-token accuracy "
                     f"{num(s['final_masked_accuracy'], '.3f')})")
-        return (f"  final validation loss {num(s['final_validation_loss'], '.4f')}  "
+        return (f"  final validation loss {num(s['final_validation_loss'], '.4f')}, {bpb}  "
                 f"(ppl {num(s['final_validation_ppl'], ',.2f')})")
 
 

@@ -8,8 +8,13 @@ time and tokens spent validating are kept out of the training throughput.
 
 What is measured follows the objective: the next-token loss for ``ar``; for ``mdlm``
 the negative ELBO per token (nats; its exp is a perplexity bound) estimated with
-``objective.eval_samples`` stratified noise levels per batch from fixed seeds, so every
-replica and every validation sees the same masks, plus the masked-token accuracy.
+``objective.eval_samples`` stratified mask counts per row from fixed seeds, so every
+replica and every validation sees the same masks, plus the masked-token accuracy. Both
+also report ``validation_bits_per_byte``: the total nats over the targets, in bits, per
+UTF-8 byte of the text those targets spell. Both objectives score the same text (an ``ar``
+row's labels are every token after a document's BOS, EOS included; an ``mdlm`` row's are
+those and the BOS, which weighs no bytes), so bits per byte put ``ar`` and ``mdlm`` runs,
+and runs with different tokenizers, in one table.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import ContextManager
 from dataclasses import dataclass, field
 
 import torch
+from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.validate import Validator
 
 from muloco.data.loader import PackedTextDataLoader
@@ -74,6 +80,8 @@ class MulocoValidator(Validator):
     def validate(self, model_parts, step: int) -> None:
         mp = self.metrics_processor
         tokens, started = mp.ntokens_since_last_log, time.perf_counter()
+        if mp.validation_targets_per_byte is None:
+            mp.validation_targets_per_byte = self._targets_per_byte(next(model_parts[0].parameters()).device)
         params = getattr(self, "_params", None)
         with params() if params is not None else contextlib.nullcontext():
             if isinstance(self.objective, MaskedDiffusion):
@@ -83,18 +91,40 @@ class MulocoValidator(Validator):
         mp.ntokens_since_last_log = tokens
         mp.time_last_log += time.perf_counter() - started
 
+    def _batches(self):
+        """The validation batches: the same first ``steps`` of this rank's shard every time."""
+        loader = self.dl_config.build(dp_world_size=self.dp_world_size, dp_rank=self.dp_rank,
+                                      tokenizer=self.tokenizer, seq_len=self.seq_len,
+                                      local_batch_size=self.local_batch_size)
+        for index, batch in enumerate(loader):
+            if self.config.steps != -1 and index >= self.config.steps:
+                return
+            yield index, batch
+
+    def _targets_per_byte(self, device: torch.device) -> float | None:
+        """Targets (labels not ignored) per UTF-8 byte of the text they spell, over every rank's
+        validation batches; None for a tokenizer that cannot say what its tokens weigh."""
+        token_bytes = getattr(self.tokenizer, "token_bytes", None)
+        if token_bytes is None:
+            return None
+        sizes = torch.tensor(token_bytes(), dtype=torch.float64)
+        counts = torch.zeros(2, dtype=torch.float64)
+        for _, (_, labels) in self._batches():
+            targets = labels[labels != IGNORE_INDEX]
+            counts += torch.stack([torch.tensor(float(targets.numel()), dtype=torch.float64), sizes[targets].sum()])
+        if self.parallel_dims.dp_enabled:
+            counts = counts.to(device)
+            torch.distributed.all_reduce(counts, group=self.parallel_dims.get_mesh("batch").get_group())
+        targets, nbytes = counts.tolist()
+        return targets / nbytes if nbytes else None
+
     @torch.no_grad()
     def _validate_elbo(self, model_parts, step: int) -> None:
         model = model_parts[0]
         model.eval()
         device = next(model.parameters()).device
-        loader = self.dl_config.build(dp_world_size=self.dp_world_size, dp_rank=self.dp_rank,
-                                      tokenizer=self.tokenizer, seq_len=self.seq_len,
-                                      local_batch_size=self.local_batch_size)
         sums = torch.zeros(4, dtype=torch.float64, device=device)
-        for index, (input_dict, labels) in enumerate(loader):
-            if self.config.steps != -1 and index >= self.config.steps:
-                break
+        for index, (input_dict, labels) in self._batches():
             self.metrics_processor.ntokens_since_last_log += labels.numel()
             x0, labels = input_dict["input"].to(device), labels.to(device)
             with self.validation_context():

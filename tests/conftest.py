@@ -144,3 +144,25 @@ def slurm(tmp_path_factory):
             else:
                 os.environ[key] = value
         cluster.stop()
+
+
+def hand_bits_per_byte(loss: float, *, next_token: bool, seq_len: int, batch: int, steps: int) -> float:
+    """Bits per byte of a validation ``loss`` (nats per target) over the embedded corpus's first
+    ``steps`` validation batches, counted by hand: the targets of those batches, and the bytes of
+    the text they spell by decoding them (special tokens left out) and encoding the text as UTF-8."""
+    import math
+
+    from muloco.data.loader import PackedTextDataLoader
+    from muloco.data.tokenizer import MulocoTokenizer
+
+    tok = MulocoTokenizer()
+    loader = PackedTextDataLoader.Config(split="validation", next_token=next_token).build(
+        dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=seq_len, local_batch_size=batch)
+    targets: list[int] = []
+    for index, (_, labels) in enumerate(loader):
+        if index == steps:
+            break
+        targets += [t for t in labels.flatten().tolist() if t != -100]
+    special = {tok.bos_id, tok.eos_id, tok.mask_id}
+    text = tok.decode([t for t in targets if t not in special])
+    return loss * len(targets) / len(text.encode("utf-8")) / math.log(2)

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 import torch
 
-from conftest import REPO, TINY, read_metrics, run_gloo_ranks, run_train, tiny_model
+from conftest import REPO, TINY, hand_bits_per_byte, read_metrics, run_gloo_ranks, run_train, tiny_model
 
 from muloco import compat
 
@@ -49,6 +49,11 @@ def test_a_diffusion_run_reports_a_falling_elbo_and_its_bound(diffusion_run):
     assert s["objective"] == "mdlm" and s["final_validation_nelbo"] == pytest.approx(last)
     assert s["final_validation_ppl_bound"] == pytest.approx(torch.tensor(last).exp().item(), rel=1e-6)
     assert "final validation NELBO" in log and "ppl bound" in log and "bidirectional attention" in log
+    # bits per byte of the held-out text, against a hand count of the same batches' targets and bytes
+    for r in validations:
+        assert r["validation_bits_per_byte"] == pytest.approx(
+            hand_bits_per_byte(r["validation_nelbo"], next_token=False, seq_len=64, batch=4, steps=4), rel=1e-9)
+    assert s["final_validation_bits_per_byte"] == pytest.approx(validations[-1]["validation_bits_per_byte"])
 
 
 def _generate(dump, *args):

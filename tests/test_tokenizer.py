@@ -316,3 +316,20 @@ def test_build_script_is_reproducible(tmp_path):
     assert meta["n_files"] == 20 and meta["vocab_size"] == 400
     assert meta["sha256"] == hashlib.sha256(outputs[0][0]).hexdigest()
     check_tokenizer(build(tmp_path / "a" / "A.json"))
+
+
+TEXTS = ["def f(x):\n    return x  # é ü 中文 🙂\n", "import os\n\nprint(os.getcwd())", " the quick brown fox"]
+
+
+@pytest.mark.parametrize("which", ["embedded", "tiktoken", "huggingface"])
+def test_token_bytes_add_up_to_the_bytes_of_the_text_and_specials_weigh_nothing(which, embedded_as_tiktoken, tmp_path):
+    """What bits per byte divide by: Σ token_bytes over a document's ids (BOS and EOS included)
+    is the UTF-8 size of its text, multi-byte characters split across tokens included."""
+    tok = {"embedded": lambda: build(), "tiktoken": lambda: build(embedded_as_tiktoken, kind="tiktoken"),
+           "huggingface": lambda: build(train_hf(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>"]))}[which]()
+    sizes = tok.token_bytes()
+    assert len(sizes) == tok.get_vocab_size()
+    assert sizes[tok.bos_id] == sizes[tok.eos_id] == sizes[tok.mask_id] == 0
+    for text in TEXTS:
+        ids = tok.encode(text, add_bos=True, add_eos=True)
+        assert sum(sizes[i] for i in ids) == len(text.encode("utf-8")), (which, text)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import TINY, read_metrics, run_train, train_losses
+from conftest import TINY, hand_bits_per_byte, read_metrics, run_train, train_losses
 
 
 def test_loss_falls_on_embedded_corpus(tmp_path):
@@ -27,6 +27,8 @@ def test_loss_falls_on_embedded_corpus(tmp_path):
     assert summary["steps"] == 60
     assert summary["tokens_seen"] == 60 * 8 * 128
     assert summary["final_validation_loss"] == pytest.approx(vals[-1])
+    assert summary["final_validation_bits_per_byte"] == pytest.approx(
+        hand_bits_per_byte(vals[-1], next_token=True, seq_len=128, batch=8, steps=2), rel=1e-9)
     assert "run summary" in proc.stderr + proc.stdout
     assert list((out / "tb").rglob("events.out.tfevents.*")), "no TensorBoard event file"
     assert (out / "checkpoint" / "step-60" / ".metadata").is_file()

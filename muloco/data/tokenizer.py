@@ -160,6 +160,13 @@ class _TiktokenBackend:
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)
 
+    @functools.cached_property
+    def token_bytes(self) -> list[int]:
+        """UTF-8 bytes each id stands for (exact: tiktoken ranks are byte strings); specials 0."""
+        ranks = self.vocab_size - NUM_TIKTOKEN_SPECIAL_TOKENS
+        return [len(self.encoding.decode_single_token_bytes(i)) for i in range(ranks)] + \
+            [0] * NUM_TIKTOKEN_SPECIAL_TOKENS
+
 
 def _read_tiktoken_ranks(file: Path) -> dict[bytes, int]:
     """Parse ``base64(token) rank`` lines, as ``tiktoken.load.load_tiktoken_bpe`` does.
@@ -240,6 +247,7 @@ class _HuggingFaceBackend:
         tok.encode_special_tokens = True
         self.tokenizer = tok
         self.vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
+        self._byte_level = "ByteLevel" in json.dumps(json.loads(text).get("decoder"))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -249,6 +257,27 @@ class _HuggingFaceBackend:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    @functools.cached_property
+    def token_bytes(self) -> list[int]:
+        """UTF-8 bytes each id stands for; special tokens 0. Exact for byte-level BPE (each
+        character of a token string is one byte); for SentencePiece-style files ``▁`` counts as
+        a space and ``<0xNN>`` as one byte (a decoder's whitespace rules aside)."""
+        out = [0] * self.vocab_size
+        special = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special}
+        for token, i in self.tokenizer.get_vocab(with_added_tokens=True).items():
+            if token in special:
+                continue
+            if self._byte_level:
+                out[i] = len(token)
+            elif _BYTE_FALLBACK.fullmatch(token):
+                out[i] = 1
+            else:
+                out[i] = len(token.replace("\u2581", " ").encode("utf-8"))
+        return out
+
+
+_BYTE_FALLBACK = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 def _read_tokenizer_config(file: Path) -> dict[str, Any]:
@@ -379,6 +408,12 @@ class MulocoTokenizer(BaseTokenizer):
         if hasattr(ids, "tolist"):  # tensors and numpy arrays
             ids = ids.tolist()
         return self._backend.decode(list(ids))
+
+    def token_bytes(self) -> list[int]:
+        """UTF-8 bytes of text each id stands for (0 for BOS, EOS, mask and other special
+        tokens): Σ over the targets is the bytes of the text they spell, what bits per byte
+        divide by."""
+        return self._backend.token_bytes
 
     def _wrap(self, ids: list[int], add_bos: bool, add_eos: bool) -> list[int]:
         if add_bos:

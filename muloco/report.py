@@ -16,7 +16,9 @@ a line names the run found in its ``run_dir``/``dump_folder``/``folder``/``path`
 For every run the table shows its method and objective as the run recorded them in the facts
 of its ``run.json`` (``muloco.run_facts``: from the resolved config, never from a file or folder
 name; a run without facts shows ``?`` and a warning naming what is unknown), the final
-validation loss of θ_g (the NELBO for ``mdlm``), the final train loss, steps, tokens (all replica
+validation loss of θ_g (the NELBO for ``mdlm``) and its bits per byte of the held-out text (the
+one figure that compares ``ar`` with ``mdlm`` runs and runs with different tokenizers), the
+final train loss, steps, tokens (all replica
 groups together), bits per parameter and bytes sent per replica (DiLoCo only), the share of wall
 time spent in syncs and the wall time; ``-`` where the run did not record the value (a run still
 going has no summary: no sync share, no wall time). Rows are sorted by method, objective, then
@@ -73,6 +75,8 @@ class Run:
     sweep: Path | None = None
     """The sweep folder it was found in; None when it was named directly."""
     final_validation_loss: float | None = None
+    final_validation_bits_per_byte: float | None = None
+    """Bits per byte of the held-out text: comparable across objectives (ar, mdlm) and tokenizers."""
     final_train_loss: float | None = None
     steps: int | None = None
     tokens: int | None = None
@@ -170,6 +174,7 @@ class _Replica:
     train: dict[int, tuple[float, float]]  # step -> (loss, tokens so far in this group)
     validation: dict[int, float]
     syncs: dict[tuple[int, int], tuple[float, float, float]]  # (step, fragment) -> bytes, payload, numel
+    bits_per_byte: dict[int, float] = field(default_factory=dict)  # validation step -> bits per byte
 
 
 def _read_replica(folder: Path) -> _Replica:
@@ -194,6 +199,8 @@ def _add_record(replica: _Replica, r: dict[str, Any]) -> None:
         replica.train[step] = (float(r["loss"]), float(r.get("n_tokens_seen") or math.nan))
     if r.get("validation_loss") is not None:
         replica.validation[step] = float(r.get("validation_nelbo", r["validation_loss"]))
+    if r.get("validation_bits_per_byte") is not None:
+        replica.bits_per_byte[step] = float(r["validation_bits_per_byte"])
     if r.get("sync/bytes_sent") is not None:
         replica.syncs[(step, int(r.get("sync/fragment") or 0))] = (
             float(r["sync/bytes_sent"]), float(r.get("sync/payload_bytes") or 0), float(r.get("sync/numel") or 0))
@@ -249,8 +256,11 @@ def _scalars(reps: list[_Replica], curves: dict[str, np.ndarray]) -> dict[str, A
     """The table's numbers: from the summaries when written, else from the metrics."""
     sums = [r.summary for r in reps if r.summary is not None]
     val = next((s.get("final_validation_nelbo", s.get("final_validation_loss")) for s in sums), None)
+    bpb = next((s["final_validation_bits_per_byte"] for s in sums if s.get("final_validation_bits_per_byte")), None)
+    logged = {step: v for r in reps for step, v in r.bits_per_byte.items()}
     return {
         "final_validation_loss": val if val is not None else _last(curves["val_loss"]),
+        "final_validation_bits_per_byte": bpb if bpb is not None else (logged[max(logged)] if logged else None),
         "final_train_loss": _mean([s.get("final_train_loss") for s in sums]) if sums else _last(curves["train_loss"]),
         "steps": max((int(s["steps"]) for s in sums), default=None) or _max_step(reps),
         "tokens": _tokens(reps),
@@ -391,7 +401,7 @@ def _distinct_names(runs: list[Run]) -> list[Run]:
 # ---------------------------------------------------------------------------- the table
 
 
-COLUMNS = ("", "run", "method", "obj", "val loss", "train loss", "steps", "tokens", "bits/param",
+COLUMNS = ("", "run", "method", "obj", "val loss", "val bits/byte", "train loss", "steps", "tokens", "bits/param",
            "sent/replica", "sync", "wall")
 
 
@@ -439,6 +449,7 @@ def _cells(run: Run, marked: bool) -> list[str]:
         run.method,
         run.objective,
         format_number(run.final_validation_loss, ".4f"),
+        format_number(run.final_validation_bits_per_byte, ".4f"),
         format_number(run.final_train_loss, ".4f"),
         format_number(run.steps, "d"),
         format_number(run.tokens, ",d"),
@@ -477,7 +488,8 @@ def markdown(runs: list[Run], metric: str = "validation") -> str:
 def rows_json(runs: list[Run], metric: str = "validation") -> list[dict[str, Any]]:
     """The table's rows with unrounded numbers."""
     marks = best(runs, metric)
-    keys = ("name", "method", "objective", "replicas", "complete", "final_validation_loss", "final_train_loss",
+    keys = ("name", "method", "objective", "replicas", "complete", "final_validation_loss",
+            "final_validation_bits_per_byte", "final_train_loss",
             "steps", "tokens", "bits_per_parameter", "bytes_sent_per_replica", "sync_share", "wall_seconds")
     return [{**{k: getattr(r, k) for k in keys}, "folder": str(r.folder), "sweep": str(r.sweep) if r.sweep else None,
              "best": id(r) in marks, "facts": r.facts} for r in ordered(runs, metric)]

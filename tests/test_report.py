@@ -90,6 +90,7 @@ def test_table_rows_match_each_runs_summary(sweep, printed):
         s, (_, row) = summary(sweep / folder), rows[label(folder)]
         validation = s.get("final_validation_nelbo", s["final_validation_loss"])
         assert float(row["val loss"]) == pytest.approx(validation, abs=5e-5)
+        assert float(row["val bits/byte"]) == pytest.approx(s["final_validation_bits_per_byte"], abs=5e-5)
         assert float(row["train loss"]) == pytest.approx(s["final_train_loss"], abs=5e-5)
         assert int(row["steps"]) == s["steps"] == 12
         assert int(row["tokens"].replace(",", "")) == s["tokens_seen"]
@@ -120,6 +121,7 @@ def test_outputs_are_the_report_files_only(sweep, printed):
     for folder in RUNS:
         s, row = summary(sweep / folder), rows[label(folder)]
         assert row["final_validation_loss"] == s["final_validation_loss"]
+        assert row["final_validation_bits_per_byte"] == s["final_validation_bits_per_byte"]
         assert (row["steps"], row["tokens"], row["wall_seconds"]) == (s["steps"], s["tokens_seen"], s["wall_seconds"])
     md = (out / "report.md").read_text()
     assert all(f"| {label(f)} | ddp-adamw |" in md for f in RUNS)

@@ -24,7 +24,7 @@ from muloco.objectives.sampling import (  # noqa: E402
     transfer_counts,
 )
 
-MASK, EOS = 31, 30
+BOS, EOS, MASK = 29, 30, 31
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +178,59 @@ def test_a_cut_step_is_normalised_by_the_tokens_that_remain_on_every_rank_under_
     assert got["step"] == 1 and got["micro"] == 2 and got["cut"] == 4  # 2 ranks x 2 micro-batches, all cut
     assert got["logged"] == pytest.approx(got["hand"], rel=1e-5), got
     assert abs(got["before_cut"] - got["hand"]) > 1e-3 * got["hand"], got  # the check can fail
+
+
+def test_the_loader_makes_every_token_of_a_pretraining_row_a_target_eos_included():
+    from muloco.data.loader import PackedTextDataLoader
+    from muloco.data.tokenizer import MulocoTokenizer
+
+    tok = MulocoTokenizer()
+    loader = PackedTextDataLoader.Config(next_token=False).build(dp_world_size=1, dp_rank=0, tokenizer=tok,
+                                                                 seq_len=256, local_batch_size=4)
+    inputs, labels = next(iter(loader))
+    assert torch.equal(labels, inputs["input"]) and (labels == tok.eos_id).any() and (labels == tok.bos_id).any()
+
+
+def _counting_rows(g: torch.Generator, rows: int = 8, n: int = 32) -> torch.Tensor:
+    """Packed short documents whose text says where they end: [bos, s, s+1, …, 12, eos]."""
+    stream: list[int] = []
+    while len(stream) < rows * n:
+        s = int(torch.randint(0, 10, (), generator=g))
+        stream += [BOS, *range(s, 13), EOS]
+    return torch.tensor(stream[: rows * n]).view(rows, n)
+
+
+def _train_counting(eos_is_target: bool, steps: int = 150):
+    from torchtitan.components.loss import IGNORE_INDEX
+
+    from muloco.objectives import MaskedDiffusion, NoiseKey, SpecialTokens
+
+    model = tiny_model(False, seed=0).train()
+    obj = MaskedDiffusion.Config(truncate_probability=0.0, masked_only_head=False).build(
+        tokens=SpecialTokens(bos=BOS, eos=EOS, mask=MASK), rows_per_step=8)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    for step in range(steps):
+        x = _counting_rows(g)
+        labels = x.clone() if eos_is_target else x.masked_fill((x == BOS) | (x == EOS), IGNORE_INDEX)
+        batch = obj.prepare(x, labels, NoiseKey(0, step, 0, 0, 1))
+        loss = obj.loss(model(batch.inputs, **batch.model_kwargs), batch, (labels != IGNORE_INDEX).sum())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def test_a_model_trained_with_eos_as_a_target_learns_to_stop():
+    """Short counting documents, 150 steps, greedy samples of 16 tokens after [bos, s]: trained
+    with EOS masked and scored (what the loader now does) the samples end with EOS where the text
+    ends (seen here: 10 of 10); trained the old way (BOS and EOS never targets) they never do and
+    run to the length cap (0 of 10)."""
+    how = DiffusionSampling(length=16, steps=16, block_length=16)
+    stops = {}
+    for eos_is_target in (True, False):
+        model = _train_counting(eos_is_target)
+        samples = [sample_diffusion(model, [BOS, s], MASK, how, torch.Generator().manual_seed(s), torch.device("cpu"))
+                   for s in range(10)]
+        stops[eos_is_target] = [EOS in out for out in samples]
+    assert sum(stops[True]) >= 8 and sum(stops[True]) > sum(stops[False]), stops

@@ -1,6 +1,6 @@
 """Masked-diffusion SFT (LLaDA style): one prompt/response example per row, the prompt never
-masked, the response padded with EOS (masked and scored, so the model learns where to stop),
-the loss normalised per response. Give the data and, usually, a pre-trained run to start from:
+masked, the response and its one EOS masked and scored (so the model learns where to stop), the
+padding unscored mask tokens, the loss normalised per response. Give the data and, usually, a pre-trained run to start from:
 
     python -m muloco.train --config diffusion/sft --dataloader.source.dataset_path chat.jsonl \\
         --checkpoint.initial_load_path outputs/diffusion-ddp-adamw/checkpoint/step-300 \\
@@ -20,7 +20,7 @@ def config():
     c.dataloader.source = SftRows()
     c.objective.normaliser = "sequence"
     c.objective.document_mask = False  # one example per row
-    c.objective.truncate_probability = 0.0  # would cut the EOS padding that teaches the length
+    c.objective.truncate_probability = 0.0  # would cut answers before their EOS
     c.optimizer.lr = 1e-4
     c.lr_scheduler.warmup_steps = 10
     return c

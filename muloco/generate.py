@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 import warnings
@@ -34,7 +35,7 @@ from muloco.objectives.sampling import (  # noqa: E402
     ORDERS,
     DiffusionSampling,
     sample_autoregressive,
-    sample_diffusion,
+    sample_diffusion_batch,
     until_eos,
 )
 
@@ -46,12 +47,17 @@ class GenerateError(ValueError):
     pass
 
 
-def locate(path: str, replica: int, step: int | None) -> tuple[Path, int | None]:
-    """The run folder holding ``run.json`` for ``path``, and the step named by a step folder."""
+def locate(path: str, replica: int | None, step: int | None) -> tuple[Path, int | None]:
+    """The run folder holding ``run.json`` for ``path``, and the step named by a step folder.
+    ``replica``: which replica folder of a DiLoCo run (None: replica 0); a run without replica
+    groups refuses one."""
     folder = Path(path)
     if folder.name.startswith("step-") and folder.name[5:].isdigit():
         return locate(str(folder.parent.parent), replica, int(folder.name[5:]) if step is None else step)
-    for candidate in (folder, folder / f"replica_{replica}"):
+    if replica is not None and (folder / RUN_FILE).is_file() and not folder.name.startswith("replica_"):
+        raise GenerateError(f"--replica {replica}: {path} is a run without replica groups (one folder, "
+                            "no replica_<i>/); leave --replica out.")
+    for candidate in (folder, folder / f"replica_{replica or 0}"):
         if (candidate / RUN_FILE).is_file():
             return candidate, step
     if not folder.is_dir():
@@ -103,11 +109,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", required=True, help="run dump folder, replica folder or checkpoint/step-N")
     p.add_argument("--prompt", action="append", default=None, help="prompt text (repeat for several samples)")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete)")
-    p.add_argument("--replica", type=int, default=0, help="DiLoCo run: the replica folder to read")
+    p.add_argument("--replica", type=int, default=None, help="DiLoCo run: the replica folder to read (default 0)")
     p.add_argument("--length", type=int, default=64, help="tokens to generate")
     p.add_argument("--steps", type=int, default=None, help="diffusion: denoising steps (default: --length)")
     p.add_argument("--block-length", type=int, default=None, help="diffusion: semi-AR block (default: --length)")
-    p.add_argument("--order", choices=ORDERS, default="confidence", help="diffusion: which masks to fill first")
+    p.add_argument("--order", choices=ORDERS, default=None, help="diffusion: which masks to fill first "
+                   "(default confidence)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="diffusion: fill every masked position of the block whose predicted token has at least "
+                        "this probability at once (Fast-dLLM's parallel decoding; default: the fixed schedule)")
+    p.add_argument("--batch-size", type=int, default=None,
+                   help="diffusion: sample this many prompts together, left-padded (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: float64 Gumbel sampling")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
@@ -120,34 +132,65 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+DIFFUSION_ONLY = {"steps": "--steps", "block_length": "--block-length", "order": "--order",
+                  "threshold": "--threshold", "batch_size": "--batch-size"}
+"""Options of the diffusion sampler: an error on an autoregressive run and when scoring."""
+
+
+def check_options(args: argparse.Namespace, causal: bool) -> None:
+    """GenerateError naming an option out of range or one that does not apply to this run."""
+    given = [flag for name, flag in DIFFUSION_ONLY.items() if getattr(args, name) is not None]
+    if causal and given:
+        raise GenerateError(f"{', '.join(given)}: only for masked-diffusion runs, and this run is "
+                            f"autoregressive (it samples token by token); leave {'them' if len(given) > 1 else 'it'} out.")
+    if args.score and given:
+        raise GenerateError(f"{', '.join(given)}: sampling options, and --score does not sample; leave "
+                            f"{'them' if len(given) > 1 else 'it'} out or drop --score.")
+    for name, low in (("length", 1), ("steps", 1), ("block_length", 1), ("batch_size", 1), ("mc_samples", 1),
+                      ("step", 0)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise GenerateError(f"--{name.replace('_', '-')} {value}: must be at least {low}.")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise GenerateError(f"--temperature {args.temperature}: must be a finite number >= 0 (0: greedy).")
+
+
 def generate(args: argparse.Namespace) -> list[dict]:
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     run, step = locate(args.checkpoint, args.replica, args.step)
     config = load_config(run)
-    model, tokenizer, objective, step, global_model = load_model(run, config, step, device)
+    check_options(args, config.objective._owner.causal)
     how = DiffusionSampling(length=args.length, steps=args.steps or args.length,
                             block_length=args.block_length or args.length, temperature=args.temperature,
-                            order=args.order)
-    if not objective.causal:
+                            order=args.order or "confidence", threshold=args.threshold)
+    if not config.objective._owner.causal:
         how.check()
+    model, tokenizer, objective, step, global_model = load_model(run, config, step, device)
+    prompts = args.prompt or [""]
+    facts = {"objective": objective.name, "step": step, "run": str(run)}
+    if args.score:
+        return [_scores(model, objective, tokenizer, prompt, args, i, device) | facts for i, prompt in enumerate(prompts)]
     out = []
-    for i, prompt in enumerate(args.prompt or [""]):
-        generator = torch.Generator(device=device).manual_seed(args.seed + i)
-        ids = tokenizer.encode(prompt, add_bos=True)
-        if args.score:
-            scores = {c: _score(model, objective, tokenizer, ids, c, args, generator, device) for c in args.score}
-            out.append({"prompt": prompt, "scores": scores, "best": min(scores, key=scores.get),
-                        "objective": objective.name, "step": step, "run": str(run)})
-            continue
+    batch = 1 if objective.causal else args.batch_size or 1
+    for first in range(0, len(prompts), batch):
+        generator = torch.Generator(device=device).manual_seed(args.seed + first)
+        ids = [tokenizer.encode(p, add_bos=True) for p in prompts[first:first + batch]]
         if objective.causal:
-            tokens = sample_autoregressive(model, ids, tokenizer.eos_id, args.length, args.temperature,
-                                           generator, device)
+            samples = [sample_autoregressive(model, ids[0], tokenizer.eos_id, args.length, args.temperature,
+                                             generator, device)]
         else:
-            tokens = sample_diffusion(model, ids, tokenizer.mask_id, how, generator, device)
-        out.append({"prompt": prompt, "text": tokenizer.decode(until_eos(tokens, tokenizer.eos_id)),
-                    "tokens": tokens, "objective": objective.name, "step": step,
-                    "weights": "θ_g" if global_model else "model", "run": str(run)})
+            samples = sample_diffusion_batch(model, ids, tokenizer.mask_id, how, generator, device)
+        out += [{"prompt": prompt, "text": tokenizer.decode(until_eos(tokens, tokenizer.eos_id)), "tokens": tokens,
+                 "weights": "θ_g" if global_model else "model"} | facts
+                for prompt, tokens in zip(prompts[first:first + batch], samples)]
     return out
+
+
+def _scores(model, objective, tokenizer, prompt: str, args, index: int, device) -> dict:
+    generator = torch.Generator(device=device).manual_seed(args.seed + index)
+    ids = tokenizer.encode(prompt, add_bos=True)
+    scores = {c: _score(model, objective, tokenizer, ids, c, args, generator, device) for c in args.score}
+    return {"prompt": prompt, "scores": scores, "best": min(scores, key=scores.get)}
 
 
 def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, device) -> float:

@@ -21,6 +21,7 @@ from muloco.objectives.sampling import (  # noqa: E402
     DiffusionSampling,
     sample_autoregressive,
     sample_diffusion,
+    sample_diffusion_batch,
     transfer_counts,
 )
 
@@ -80,6 +81,43 @@ def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diff
     assert [s["tokens"] for s in other_seed] != [s["tokens"] for s in samples]
 
 
+def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_run):
+    from muloco.generate import _parser, generate
+
+    dump, _ = diffusion_run
+    args = ["--checkpoint", str(dump), "--prompt", "x", "--prompt", "def main(argv):", "--length", "16",
+            "--block-length", "8", "--threshold", "0.5"]
+    together = generate(_parser().parse_args([*args, "--batch-size", "2"]))
+    alone = generate(_parser().parse_args(args))
+    assert [s["tokens"] for s in together] == [s["tokens"] for s in alone]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--replica", "1"], "--replica 1: "),
+    (["--threshold", "1.5"], "--threshold must be in (0, 1]"),
+    (["--length", "0"], "--length 0: must be at least 1"),
+    (["--temperature", "-1"], "--temperature -1.0: must be a finite number >= 0"),
+    (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
+    (["--score", " x", "--threshold", "0.9"], "--threshold: sampling options, and --score does not sample"),
+])
+def test_generate_refuses_an_option_out_of_range_or_one_this_run_does_not_take(diffusion_run, args, message):
+    dump, _ = diffusion_run
+    proc = _generate(dump, "--prompt", "x", *args)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout
+
+
+def test_generate_refuses_diffusion_options_on_an_autoregressive_run(tmp_path):
+    dump = tmp_path / "ar"
+    proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "2", "--validator.no-enable",
+                      "--dump_folder", str(dump)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    bad = _generate(dump, "--prompt", "x", "--steps", "8", "--order", "margin")
+    assert bad.returncode == 2 and "--steps, --order: only for masked-diffusion runs" in bad.stderr, bad.stderr
+    good = _generate(dump, "--prompt", "x", "--length", "4")
+    assert good.returncode == 0 and json.loads(good.stdout)["objective"] == "ar", good.stderr[-2000:]
+
+
 def test_generate_names_a_folder_that_is_not_a_run(tmp_path):
     proc = _generate(tmp_path, "--prompt", "x")
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "run.json" in proc.stderr
@@ -108,6 +146,73 @@ def test_transfer_schedule_and_bad_sampling_settings():
         DiffusionSampling(length=10, block_length=4).check()
     with pytest.raises(ValueError, match="multiple of the number of blocks"):
         DiffusionSampling(length=8, steps=3, block_length=4).check()
+
+
+def _bench_generate():
+    """bench/generate.py as a module: its ``reference_generate`` is LLaDA's loop written plainly."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_generate", REPO / "bench" / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("length,steps,block,temperature", [
+    (12, 12, 12, 0.0), (12, 6, 4, 0.0), (16, 8, 8, 0.7), (12, 24, 6, 1.0)])
+def test_the_default_sampler_is_llada_token_for_token_alone_and_in_a_batch(length, steps, block, temperature):
+    """No threshold: the sampler's trajectories are the reference loop's (greedy and Gumbel draws
+    from the same seed), for one prompt and for a batch of prompts of one length."""
+    reference = _bench_generate().reference_generate
+    model = _model(causal=False)
+    prompts = torch.tensor([[29, 3, 4, 5], [29, 7, 7, 1], [29, 0, 2, 9]])
+    how = DiffusionSampling(length=length, steps=steps, block_length=block, temperature=temperature)
+    for rows in (prompts[:1], prompts):
+        want = reference(model, rows, MASK, length, steps, block, temperature, torch.Generator().manual_seed(3))
+        got = sample_diffusion_batch(model, rows.tolist(), MASK, how, torch.Generator().manual_seed(3),
+                                     torch.device("cpu"))
+        assert got == want.tolist()
+
+
+class _Counted(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, 0
+
+    def forward(self, *args, **kwargs):
+        self.calls += 1
+        return self.model(*args, **kwargs)
+
+
+def test_a_threshold_fills_every_sure_position_at_once_and_at_one_is_one_token_per_step():
+    model = _Counted(_model(causal=False))
+    prompt, cpu = [29, 3, 4, 5], torch.device("cpu")
+    one_by_one = sample_diffusion(model, prompt, MASK, DiffusionSampling(length=12, steps=12, block_length=4),
+                                  torch.Generator(), cpu)
+    assert model.calls == 12
+    model.calls = 0
+    at_one = sample_diffusion(model, prompt, MASK, DiffusionSampling(length=12, steps=12, block_length=4, threshold=1.0),
+                              torch.Generator(), cpu)
+    assert at_one == one_by_one and model.calls == 12  # nothing is that sure: the top one per step
+    model.calls = 0
+    sample_diffusion(model, prompt, MASK, DiffusionSampling(length=12, steps=12, block_length=4, threshold=1e-9),
+                     torch.Generator(), cpu)
+    assert model.calls == 3  # every position sure enough: one step per block
+    with pytest.raises(ValueError, match=r"--threshold must be in \(0, 1\]"):
+        DiffusionSampling(length=8, steps=8, block_length=8, threshold=1.5).check()
+    with pytest.raises(ValueError, match="use it with --order confidence"):
+        DiffusionSampling(length=8, steps=8, block_length=8, threshold=0.9, order="margin").check()
+
+
+@pytest.mark.parametrize("threshold", [None, 0.05])
+def test_a_prompt_gets_the_same_greedy_text_alone_and_in_a_batch_with_longer_prompts(threshold):
+    """Prompts of different lengths are left-padded and the padding masked out of attention."""
+    model, cpu = _model(causal=False), torch.device("cpu")
+    prompts = [[29, 3], [29, 5, 6, 7, 8, 1, 2], [29, 4, 4, 9]]
+    how = DiffusionSampling(length=8, steps=8, block_length=4, threshold=threshold)
+    together = sample_diffusion_batch(model, prompts, MASK, how, torch.Generator(), cpu)
+    alone = [sample_diffusion(model, p, MASK, how, torch.Generator(), cpu) for p in prompts]
+    assert together == alone and all(MASK not in t for t in together)
 
 
 def test_autoregressive_sampler_stops_at_eos_and_repeats_with_a_seed():

@@ -195,6 +195,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "bench/codecs.py": f"{BENCH_TEST}[codecs.py]",
     "bench/diffusion.py": f"{BENCH_TEST}[diffusion.py]",
     "bench/exchange_memory.py": f"{BENCH_TEST}[exchange_memory.py]",
+    "bench/generate.py": f"{BENCH_TEST}[generate.py]",
     "bench/gpu_suite.py": f"{BENCH_TEST}[gpu_suite.py]",
     "bench/gpu_throughput.py": f"{BENCH_TEST}[gpu_throughput.py]",
     "bench/live_bytes.py": f"{BENCH_TEST}[live_bytes.py]",

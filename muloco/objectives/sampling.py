@@ -11,6 +11,13 @@ entropy (``entropy``) or a random order (``random``). With temperature > 0 the t
 drawn by Gumbel-max in float64 (float32 Gumbel noise biases samples towards likely
 tokens, arXiv 2409.02908). The mask token is never predicted. Everything is drawn from
 one seeded generator, so a seed gives the same text.
+
+``threshold`` (Fast-dLLM's parallel decoding) replaces the fixed schedule: at each step every
+masked position of the block whose predicted token has at least that probability is filled
+(the most confident one at least), so a block takes as few steps as the model is sure enough
+for. Several prompts of different lengths sample together (:func:`sample_diffusion_batch`):
+each canvas is left-padded to the longest prompt, and the padding is masked out of attention
+(keys) so a prompt's greedy text is the one it gets alone.
 """
 
 from __future__ import annotations
@@ -33,6 +40,9 @@ class DiffusionSampling:
     """Semi-autoregressive block size (``length`` must be a multiple of it)."""
     temperature: float = 0.0
     order: str = "confidence"
+    threshold: float | None = None
+    """Fill every masked position of the block with a confidence of at least this (at least one
+    per step) instead of the fixed schedule; None: the schedule (LLaDA)."""
 
     def check(self) -> None:
         if self.length < 1 or self.block_length < 1 or self.length % self.block_length:
@@ -46,6 +56,12 @@ class DiffusionSampling:
             raise ValueError(f"--order must be one of {', '.join(ORDERS)}; got {self.order!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"--temperature must be a finite number >= 0; got {self.temperature}")
+        if self.threshold is not None:
+            if not 0.0 < self.threshold <= 1.0:
+                raise ValueError(f"--threshold must be in (0, 1] (a probability); got {self.threshold}")
+            if self.order != "confidence":
+                raise ValueError(f"--threshold compares the predicted token's probability: use it with "
+                                 f"--order confidence, not {self.order}")
 
 
 def transfer_counts(masked: int, steps: int) -> list[int]:
@@ -78,25 +94,60 @@ def _confidence(logits: torch.Tensor, chosen: torch.Tensor, order: str, generato
 def sample_diffusion(model, prompt: list[int], mask_id: int, how: DiffusionSampling,
                      generator: torch.Generator, device: torch.device) -> list[int]:
     """The generated tokens (no mask token left) after ``prompt``."""
+    return sample_diffusion_batch(model, [prompt], mask_id, how, generator, device)[0]
+
+
+def _left_padded(prompts: list[list[int]], mask_id: int, length: int, device: torch.device):
+    """Canvases ``[pad …] prompt [mask × length]`` and, when some are padded, the SDPA mask that
+    keeps the padding out of every token's attention (a pad token attends to itself only)."""
+    width = max(len(p) for p in prompts)
+    pad = torch.tensor([width - len(p) for p in prompts], device=device)
+    rows = [[mask_id] * (width - len(p)) + p + [mask_id] * length for p in prompts]
+    x = torch.tensor(rows, device=device)
+    if not pad.any():
+        return x, width, {}
+    real = torch.arange(x.shape[1], device=device)[None, :] >= pad[:, None]
+    attend = real[:, None, None, :] | torch.eye(x.shape[1], dtype=torch.bool, device=device)
+    return x, width, {"attention_masks": attend}
+
+
+def _chosen_positions(confidence: torch.Tensor, open_: torch.Tensor, k: int, threshold: float | None):
+    """``(B, L)`` bool: the positions to fill this step, per row."""
+    confidence = confidence.masked_fill(~open_, -math.inf)
+    if threshold is None:
+        k = min(k, int(open_.sum(dim=1).max()))
+        top = confidence.topk(k, dim=-1).indices if k else confidence[:, :0].long()
+        picked = torch.zeros_like(open_).scatter_(1, top, True)
+    else:
+        best = confidence.argmax(dim=-1, keepdim=True)
+        picked = (confidence >= threshold) | torch.zeros_like(open_).scatter_(1, best, True)
+    return picked & open_
+
+
+@torch.no_grad()
+def sample_diffusion_batch(model, prompts: list[list[int]], mask_id: int, how: DiffusionSampling,
+                           generator: torch.Generator, device: torch.device) -> list[list[int]]:
+    """The generated tokens after each prompt, sampled together (see the module docstring)."""
     how.check()
-    x = torch.tensor([prompt + [mask_id] * how.length], device=device)
-    start, steps_per_block = len(prompt), how.steps // (how.length // how.block_length)
+    x, start, kwargs = _left_padded(prompts, mask_id, how.length, device)
+    steps_per_block = how.steps // (how.length // how.block_length)
     for block_start in range(start, start + how.length, how.block_length):
-        block_end = block_start + how.block_length
-        for k in transfer_counts(how.block_length, steps_per_block):
-            logits = model(x)[0].float()
-            logits[:, mask_id] = -math.inf
+        block = torch.zeros(x.shape[1], dtype=torch.bool, device=device)
+        block[block_start:block_start + how.block_length] = True
+        # the schedule's steps (LLaDA's, zero-count steps included), or with a threshold as many
+        # steps as the block needs: each fills at least one position per row
+        counts = transfer_counts(how.block_length, steps_per_block) if how.threshold is None \
+            else [0] * how.block_length
+        for k in counts:
+            open_ = (x == mask_id) & block
+            if how.threshold is not None and not open_.any():
+                break
+            logits = model(x, **kwargs).float()
+            logits[..., mask_id] = -math.inf
             chosen = _pick(logits, how.temperature, generator)
             confidence = _confidence(logits, chosen, how.order, generator)
-            open_ = x[0] == mask_id
-            open_[:block_start] = False
-            open_[block_end:] = False
-            confidence = confidence.masked_fill(~open_, -math.inf)
-            k = min(k, int(open_.sum()))
-            if k:
-                where = confidence.topk(k).indices
-                x[0, where] = chosen[where]
-    return x[0, start:].tolist()
+            x = torch.where(_chosen_positions(confidence, open_, k, how.threshold), chosen, x)
+    return [row[start:].tolist() for row in x]
 
 
 @torch.no_grad()

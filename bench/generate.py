@@ -13,10 +13,12 @@ split evenly over its steps, the remainder first). The mask token's logit is −
 
 For each block length (``steps`` = ``length``) and batch size the bench times, round-robin
 over ``--repeats`` rounds: the reference, muloco's sampler with the same settings (its output
-must be the reference's token for token: "same" in the table), and muloco's sampler with
+must be the reference's token for token: "same" in the table), and the sampler with
 ``--threshold`` (Fast-dLLM's confidence-threshold parallel decoding: every masked position of
-the block at least that sure is filled in one step), whose agreement with the greedy output is
-the share of generated tokens that are equal. Rows with ``--short`` tokens show the
+the block at least that sure is filled in one step), with the prefix cache (Fast-dLLM's: the
+finished part of the canvas runs once per block) and with both. Each gets its speed-up over
+the plain sampler ("x") and its agreement with the plain greedy output (the share of generated
+tokens that are equal). Rows with ``--short`` tokens show the
 speed-up where Fast-dLLM users report it vanishes. Tokens/s count generated tokens of all rows
 of a batch. With ``--checkpoint`` (an mdlm run folder) the model is trained and the prompts are
 the starts of held-out documents; without one it is a fresh model (its confidences are low,
@@ -48,6 +50,8 @@ from muloco.models import ModelConfig, init_model  # noqa: E402
 from muloco.objectives.sampling import DiffusionSampling, sample_diffusion_batch  # noqa: E402
 
 PROMPT_TOKENS = 16
+VARIANTS = ("threshold", "prefix", "prefix+threshold")
+"""The sampler's speed options, each timed against the plain sampler ("x": its speed-up)."""
 
 
 @torch.no_grad()
@@ -117,18 +121,23 @@ def _timed(fn, device) -> tuple[float, object]:
 
 
 def _case(model, prompts, mask_id, length, block, threshold, repeats, device):
-    """Median seconds of the reference, the sampler and the threshold sampler; whether the sampler
-    equals the reference; the threshold output's agreement with the greedy one."""
-    how = DiffusionSampling(length=length, steps=length, block_length=block)
-    fast = DiffusionSampling(length=length, steps=length, block_length=block, threshold=threshold)
+    """Median seconds of the reference and of the sampler plain, with a threshold, with the prefix
+    cache and with both; whether the plain sampler equals the reference; each variant's agreement
+    with the plain greedy output."""
     rows = [p.tolist() for p in prompts]
+
+    def sampler(**options):
+        how = DiffusionSampling(length=length, steps=length, block_length=block, **options)
+        return lambda: torch.tensor(sample_diffusion_batch(model, rows, mask_id, how, torch.Generator(device=device),
+                                                           device))
+
     runs = {
         "reference": lambda: reference_generate(model, prompts, mask_id, length, length, block, 0.0,
                                                 torch.Generator(device=device)),
-        "sampler": lambda: torch.tensor(sample_diffusion_batch(model, rows, mask_id, how, torch.Generator(device=device),
-                                                               device)),
-        "threshold": lambda: torch.tensor(sample_diffusion_batch(model, rows, mask_id, fast,
-                                                                 torch.Generator(device=device), device)),
+        "sampler": sampler(),
+        "threshold": sampler(threshold=threshold),
+        "prefix": sampler(cache="prefix"),
+        "prefix+threshold": sampler(cache="prefix", threshold=threshold),
     }
     seconds = {name: [] for name in runs}
     outputs = {}
@@ -137,7 +146,7 @@ def _case(model, prompts, mask_id, length, block, threshold, repeats, device):
             s, outputs[name] = _timed(fn, device)
             seconds[name].append(s)
     same = torch.equal(outputs["reference"].cpu(), outputs["sampler"].cpu())
-    agreement = (outputs["threshold"].cpu() == outputs["sampler"].cpu()).float().mean().item()
+    agreement = {k: (outputs[k].cpu() == outputs["sampler"].cpu()).float().mean().item() for k in VARIANTS}
     return {k: statistics.median(v) for k, v in seconds.items()}, same, agreement
 
 
@@ -167,8 +176,8 @@ def main() -> int:
     print(f"generation on {device} ({torch.get_num_threads()} threads), prompts of {PROMPT_TOKENS} tokens, "
           f"steps = length, threshold {args.threshold}, median of {args.repeats}; "
           f"model: {args.checkpoint or 'fresh ' + args.flavor}")
-    header = ["length", "block", "batch", "reference tok/s", "sampler tok/s", "ratio", "same",
-              "threshold tok/s", "speed-up", "agreement"]
+    header = ["length", "block", "batch", "reference tok/s", "sampler tok/s", "ratio", "same"]
+    header += [f"{v} {what}" for v in VARIANTS for what in ("x", "agree")]
     table = [header]
     for batch in args.batches:
         for length, block in cases:
@@ -176,8 +185,8 @@ def main() -> int:
                                              args.threshold, args.repeats, device)
             tps = {k: batch * length / s for k, s in seconds.items()}
             table.append([str(length), str(block), str(batch), f"{tps['reference']:,.0f}", f"{tps['sampler']:,.0f}",
-                          f"{tps['sampler'] / tps['reference']:.2f}", "yes" if same else "NO",
-                          f"{tps['threshold']:,.0f}", f"{tps['threshold'] / tps['sampler']:.2f}", f"{agreement:.1%}"])
+                          f"{tps['sampler'] / tps['reference']:.2f}", "yes" if same else "NO"]
+                         + [cell for v in VARIANTS for cell in (f"{tps[v] / tps['sampler']:.2f}", f"{agreement[v]:.1%}")])
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for i, row in enumerate(table):
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))

@@ -32,6 +32,7 @@ from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.models import init_model  # noqa: E402
 from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # noqa: E402
 from muloco.objectives.sampling import (  # noqa: E402
+    CACHES,
     ORDERS,
     DiffusionSampling,
     sample_autoregressive,
@@ -118,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threshold", type=float, default=None,
                    help="diffusion: fill every masked position of the block whose predicted token has at least "
                         "this probability at once (Fast-dLLM's parallel decoding; default: the fixed schedule)")
+    p.add_argument("--cache", choices=CACHES, default=None,
+                   help="diffusion: prefix = Fast-dLLM's block-wise prefix cache (the finished part of the canvas "
+                        "runs once per block; an approximation); default none")
     p.add_argument("--batch-size", type=int, default=None,
                    help="diffusion: sample this many prompts together, left-padded (default 1)")
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: float64 Gumbel sampling")
@@ -133,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 DIFFUSION_ONLY = {"steps": "--steps", "block_length": "--block-length", "order": "--order",
-                  "threshold": "--threshold", "batch_size": "--batch-size"}
+                  "threshold": "--threshold", "cache": "--cache", "batch_size": "--batch-size"}
 """Options of the diffusion sampler: an error on an autoregressive run and when scoring."""
 
 
@@ -162,7 +166,7 @@ def generate(args: argparse.Namespace) -> list[dict]:
     check_options(args, config.objective._owner.causal)
     how = DiffusionSampling(length=args.length, steps=args.steps or args.length,
                             block_length=args.block_length or args.length, temperature=args.temperature,
-                            order=args.order or "confidence", threshold=args.threshold)
+                            order=args.order or "confidence", threshold=args.threshold, cache=args.cache or "none")
     if not config.objective._owner.causal:
         how.check()
     model, tokenizer, objective, step, global_model = load_model(run, config, step, device)

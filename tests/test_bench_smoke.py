@@ -37,8 +37,9 @@ TABLES = {
                   rf"codec +K +ring MB +allgather MB", rf"2-bit statistical +16 +{NUM} +{NUM}"],
     "diffusion.py": [r"objective +tok/s \(median\) +ratio to ar", rf"(?m)^mdlm +{NUM} +{NUM}",
                      r"levels/batch +NELBO mean", rf"(?m)^ +32 +{NUM} +{NUM}"],
-    "generate.py": [r"length +block +batch +reference tok/s +sampler tok/s +ratio +same +threshold tok/s",
-                    rf"(?m)^ +16 +8 +1 +{NUM} +{NUM} +{NUM} +yes +{NUM} +{NUM} +{NUM}%",
+    "generate.py": [r"length +block +batch +reference tok/s +sampler tok/s +ratio +same +threshold x +threshold agree"
+                    r" +prefix x +prefix agree +prefix\+threshold x",
+                    rf"(?m)^ +16 +8 +1 +{NUM} +{NUM} +{NUM} +yes +{NUM} +{NUM}% +{NUM} +{NUM}% +{NUM} +{NUM}%",
                     rf"(?m)^ +8 +8 +2 +{NUM} +{NUM} +{NUM} +yes"],
     "exchange_memory.py": [r"codec +strategy +this checkout",
                            rf"quantize +reduce_scatter +{NUM} MB +{NUM}x Δ", rf"topk +allgather +{NUM} MB"],

@@ -81,12 +81,13 @@ def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diff
     assert [s["tokens"] for s in other_seed] != [s["tokens"] for s in samples]
 
 
-def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_run):
+@pytest.mark.parametrize("cache", ["none", "prefix"])
+def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_run, cache):
     from muloco.generate import _parser, generate
 
     dump, _ = diffusion_run
     args = ["--checkpoint", str(dump), "--prompt", "x", "--prompt", "def main(argv):", "--length", "16",
-            "--block-length", "8", "--threshold", "0.5"]
+            "--block-length", "8", "--threshold", "0.5", "--cache", cache]
     together = generate(_parser().parse_args([*args, "--batch-size", "2"]))
     alone = generate(_parser().parse_args(args))
     assert [s["tokens"] for s in together] == [s["tokens"] for s in alone]
@@ -213,6 +214,44 @@ def test_a_prompt_gets_the_same_greedy_text_alone_and_in_a_batch_with_longer_pro
     together = sample_diffusion_batch(model, prompts, MASK, how, torch.Generator(), cpu)
     alone = [sample_diffusion(model, p, MASK, how, torch.Generator(), cpu) for p in prompts]
     assert together == alone and all(MASK not in t for t in together)
+
+
+def test_the_prefix_cache_gives_the_tail_the_logits_of_the_whole_canvas():
+    """Recorded from a canvas, the cached prefix's keys and values plus a forward over the tail at
+    its own positions give the tail exactly the logits a whole-canvas forward gives it (left
+    padding masked out of attention too), and a changed tail token is seen."""
+    from muloco.models.attention import prefix_cache
+    from muloco.objectives.sampling import _left_padded, _logits
+
+    model, cpu = _model(causal=False), torch.device("cpu")
+    x, start, kwargs = _left_padded([[29, 3, 4], [29, 5, 6, 7, 8]], MASK, 12, cpu)
+    first = start + 4
+    whole = _logits(model, x, 0, MASK, kwargs)
+    with prefix_cache(model) as cache:
+        cache.prefix, cache.recording = first, True
+        torch.testing.assert_close(_logits(model, x, 0, MASK, kwargs), whole, rtol=0, atol=0)
+        cache.recording = False
+        torch.testing.assert_close(_logits(model, x, first, MASK, kwargs), whole[:, first:], rtol=1e-5, atol=1e-5)
+        y = x.clone()
+        y[:, first + 2] = 11  # a token of the tail changes: the tail's logits see it
+        assert (_logits(model, y, first, MASK, kwargs) - whole[:, first:])[..., :MASK].abs().max() > 1e-3
+    assert all(m.prefix_cache is None for m in model.modules() if hasattr(m, "prefix_cache"))
+    with pytest.raises(ValueError, match="bidirectional"):
+        with prefix_cache(_model(causal=True)):
+            pass
+
+
+def test_prefix_cache_sampling_fills_every_mask_and_the_default_is_unchanged():
+    model, cpu = _model(causal=False), torch.device("cpu")
+    prompts = [[29, 3, 4, 5], [29, 6]]
+    plain = DiffusionSampling(length=12, steps=12, block_length=4)
+    cached = DiffusionSampling(length=12, steps=12, block_length=4, cache="prefix")
+    a = sample_diffusion_batch(model, prompts, MASK, cached, torch.Generator(), cpu)
+    assert all(len(t) == 12 and MASK not in t for t in a)
+    assert sample_diffusion_batch(model, prompts, MASK, plain, torch.Generator(), cpu) == \
+        [sample_diffusion(model, p, MASK, plain, torch.Generator(), cpu) for p in prompts]
+    with pytest.raises(ValueError, match="--cache must be one of none, prefix"):
+        DiffusionSampling(length=8, steps=8, block_length=8, cache="dual").check()
 
 
 def test_autoregressive_sampler_stops_at_eos_and_repeats_with_a_seed():

@@ -12,7 +12,9 @@ already includes the causal triangle where the model is causal.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +23,47 @@ from torchtitan.models.common.attention import ScaledDotProductAttention
 
 # Flash attention takes no mask; the memory-efficient kernel does (and cuDNN on recent GPUs).
 MASKED_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+@dataclass
+class PrefixKV:
+    """Fast-dLLM's prefix cache for block-wise diffusion sampling: the keys and values of the
+    canvas's first ``prefix`` positions (the prompt and the finished blocks), per attention layer.
+
+    While ``recording`` a forward over the whole canvas keeps them; afterwards a forward over the
+    canvas from ``prefix`` on (with its ``positions``) attends to the kept prefix and to itself,
+    so the finished part is not run again at every step of a block. The prefix's keys are those of
+    the block's first step: later tokens of the block are not seen by it (the approximation
+    Fast-dLLM makes)."""
+
+    prefix: int = 0
+    recording: bool = False
+    kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def keys_values(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values this layer attends to (``B, L, N, H``)."""
+        if self.recording:
+            self.kept[layer] = (k[:, : self.prefix], v[:, : self.prefix])
+            return k, v
+        cached_k, cached_v = self.kept[layer]
+        return torch.cat([cached_k, k], dim=1), torch.cat([cached_v, v], dim=1)
+
+
+@contextlib.contextmanager
+def prefix_cache(model: torch.nn.Module) -> Iterator[PrefixKV]:
+    """A :class:`PrefixKV` installed in every attention layer of ``model`` for the ``with`` body."""
+    layers = [m for m in model.modules() if isinstance(m, SwitchableSDPA)]
+    if not layers or any(m.is_causal for m in layers):
+        raise ValueError("a prefix cache is for bidirectional (masked-diffusion) models built from muloco's "
+                         "attention layers (SwitchableSDPA)")
+    cache = PrefixKV()
+    for m in layers:
+        m.prefix_cache = cache
+    try:
+        yield cache
+    finally:
+        for m in layers:
+            m.prefix_cache = None
 
 
 class SwitchableSDPA(ScaledDotProductAttention):
@@ -33,7 +76,12 @@ class SwitchableSDPA(ScaledDotProductAttention):
         super().__init__(config)
         self.is_causal = config.is_causal
 
+    prefix_cache: PrefixKV | None = None
+    """Set by :func:`prefix_cache` while a sampler uses it."""
+
     def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs):
+        if self.prefix_cache is not None:
+            k_BLNH, v_BLNH = self.prefix_cache.keys_values(id(self), k_BLNH, v_BLNH)
         if attention_masks is None:
             return super().forward(q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa,
                                    is_causal=self.is_causal)

@@ -22,12 +22,16 @@ each canvas is left-padded to the longest prompt, and the padding is masked out 
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
 import torch
 
+from muloco.models.attention import PrefixKV, prefix_cache
+
 ORDERS = ("confidence", "margin", "entropy", "random")
+CACHES = ("none", "prefix")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,9 @@ class DiffusionSampling:
     threshold: float | None = None
     """Fill every masked position of the block with a confidence of at least this (at least one
     per step) instead of the fixed schedule; None: the schedule (LLaDA)."""
+    cache: str = "none"
+    """prefix: Fast-dLLM's block-wise prefix cache (the finished part of the canvas runs once per
+    block, not at every step); none: every step runs the whole canvas."""
 
     def check(self) -> None:
         if self.length < 1 or self.block_length < 1 or self.length % self.block_length:
@@ -56,6 +63,8 @@ class DiffusionSampling:
             raise ValueError(f"--order must be one of {', '.join(ORDERS)}; got {self.order!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
             raise ValueError(f"--temperature must be a finite number >= 0; got {self.temperature}")
+        if self.cache not in CACHES:
+            raise ValueError(f"--cache must be one of {', '.join(CACHES)}; got {self.cache!r}")
         if self.threshold is not None:
             if not 0.0 < self.threshold <= 1.0:
                 raise ValueError(f"--threshold must be in (0, 1] (a probability); got {self.threshold}")
@@ -130,24 +139,48 @@ def sample_diffusion_batch(model, prompts: list[list[int]], mask_id: int, how: D
     """The generated tokens after each prompt, sampled together (see the module docstring)."""
     how.check()
     x, start, kwargs = _left_padded(prompts, mask_id, how.length, device)
-    steps_per_block = how.steps // (how.length // how.block_length)
-    for block_start in range(start, start + how.length, how.block_length):
-        block = torch.zeros(x.shape[1], dtype=torch.bool, device=device)
-        block[block_start:block_start + how.block_length] = True
-        # the schedule's steps (LLaDA's, zero-count steps included), or with a threshold as many
-        # steps as the block needs: each fills at least one position per row
-        counts = transfer_counts(how.block_length, steps_per_block) if how.threshold is None \
-            else [0] * how.block_length
-        for k in counts:
-            open_ = (x == mask_id) & block
-            if how.threshold is not None and not open_.any():
-                break
-            logits = model(x, **kwargs).float()
-            logits[..., mask_id] = -math.inf
-            chosen = _pick(logits, how.temperature, generator)
-            confidence = _confidence(logits, chosen, how.order, generator)
-            x = torch.where(_chosen_positions(confidence, open_, k, how.threshold), chosen, x)
+    with prefix_cache(model) if how.cache == "prefix" else contextlib.nullcontext() as cache:
+        for block_start in range(start, start + how.length, how.block_length):
+            x = _fill_block(model, x, block_start, mask_id, how, generator, kwargs, cache)
     return [row[start:].tolist() for row in x]
+
+
+def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: DiffusionSampling,
+                generator: torch.Generator, kwargs: dict, cache: PrefixKV | None) -> torch.Tensor:
+    """The canvas with the block at ``block_start`` filled: the schedule's steps (LLaDA's, zero-count
+    steps included) or, with a threshold, as many as the block needs (at least one position per
+    row each). With a prefix cache the block's first step runs the whole canvas and keeps the
+    prefix's keys and values; its other steps run the canvas from the block on."""
+    block = torch.zeros(x.shape[1], dtype=torch.bool, device=x.device)
+    block[block_start:block_start + how.block_length] = True
+    counts = transfer_counts(how.block_length, how.steps // (how.length // how.block_length)) \
+        if how.threshold is None else [0] * how.block_length
+    for step, k in enumerate(counts):
+        open_ = (x == mask_id) & block
+        if how.threshold is not None and not open_.any():
+            break
+        first = 0 if cache is None or step == 0 else block_start
+        if cache is not None:
+            cache.prefix, cache.recording = block_start, step == 0
+        logits = _logits(model, x, first, mask_id, kwargs)
+        chosen = _pick(logits, how.temperature, generator)
+        confidence = _confidence(logits, chosen, how.order, generator)
+        where = _chosen_positions(confidence, open_[:, first:], k, how.threshold)
+        x = torch.cat([x[:, :first], torch.where(where, chosen, x[:, first:])], dim=1)
+    return x
+
+
+def _logits(model, x: torch.Tensor, first: int, mask_id: int, kwargs: dict) -> torch.Tensor:
+    """float32 logits of positions ``first`` on (the mask token's −∞): the whole canvas, or its
+    tail at its own positions with the prefix's keys and values cached."""
+    if first:
+        positions = torch.arange(first, x.shape[1], device=x.device).expand(x.shape[0], -1)
+        kwargs = {**kwargs, "positions": positions}
+        if "attention_masks" in kwargs:
+            kwargs["attention_masks"] = kwargs["attention_masks"][:, :, first:]
+    logits = model(x[:, first:], **kwargs).float()
+    logits[..., mask_id] = -math.inf
+    return logits
 
 
 @torch.no_grad()

@@ -38,10 +38,10 @@ from torchtitan.components.loss import IGNORE_INDEX
 
 from .noise import (
     bernoulli_masks,
-    exact_count_masks,
     cart_weights,
     check_schedule,
     elbo_weight,
+    exact_count_masks,
     generator,
     mask_probability,
     noise_levels,

@@ -113,6 +113,7 @@ def test_two_run_suite_end_to_end_then_reused(tmp_path):
     assert dense["gap_to_reference_pct"] is None  # its own reference, plain MuLoCo K=2, did not run
     assert sparse["method"] == "muloco-topk" and sparse["syncs"] == 2 and sparse["complete"]
     assert sparse["bits_per_parameter"] <= 0.3
+    assert all(r["bits_per_byte"] > 0 for r in rows)  # the held-out text's bits per byte, from each summary
     assert sparse["gap_to_reference_pct"] == pytest.approx(
         100 * (sparse["final_loss"] - dense["final_loss"]) / dense["final_loss"])
     assert "SparseLoCo" in stdout and "not measured" in stdout  # rows not run leave their targets open

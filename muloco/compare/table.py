@@ -2,7 +2,8 @@
 
 Numbers come from ``muloco.report``'s reading of each run folder (summaries, metrics and the
 facts in ``run.json``), never from the suite's own bookkeeping: final validation loss of θ_g
-(the NELBO for ``mdlm``), bits per parameter and bytes sent per replica, syncs, wall time.
+(the NELBO for ``mdlm``) and its bits per byte of the held-out text (``ar`` and ``mdlm`` suites
+compare on it), bits per parameter and bytes sent per replica, syncs, wall time.
 Gaps are in percent of the row's reference (dense MuLoCo at K=2 with the same outer step:
 Nesterov for the dense rows, plain SGD at lr 1 for the compressed ones, whose error feedback is
 their momentum) and of the DDP run with the same inner optimizer (AdamW for DDP AdamW and DiLoCo, Muon for the rest); the seed spread is the
@@ -17,8 +18,8 @@ from typing import Any
 from muloco.compare.suites import Planned, Suite
 from muloco.report import ReportError, Run, aligned, format_bytes, format_duration, format_number, load_run
 
-COLUMNS = ("run", "method", "final loss", "vs dense %", "vs DDP %", "bits/param", "sent/replica", "syncs",
-           "wall", "seeds", "spread")
+COLUMNS = ("run", "method", "final loss", "bits/byte", "vs dense %", "vs DDP %", "bits/param", "sent/replica",
+           "syncs", "wall", "seeds", "spread")
 
 
 @dataclass
@@ -80,6 +81,7 @@ def rows(suite: Suite, found: list[Line]) -> list[dict[str, Any]]:
         reference = by_label.get(references[line.label])
         out.append({
             "run": line.label, "method": line.method, "final_loss": line.loss,
+            "bits_per_byte": line.mean("final_validation_bits_per_byte"),
             "reference": references[line.label],
             "gap_to_reference_pct": _gap(line.loss, reference.loss if reference else None),
             "gap_to_ddp_pct": _gap(line.loss, ddp.loss if ddp else None),
@@ -97,7 +99,8 @@ def text(table_rows: list[dict[str, Any]]) -> str:
     cells = [list(COLUMNS)]
     for r in table_rows:
         cells.append([r["run"] + ("" if r["complete"] else " (partial)"), r["method"],
-                      format_number(r["final_loss"], ".4f"), format_number(r["gap_to_reference_pct"], "+.2f"),
+                      format_number(r["final_loss"], ".4f"), format_number(r["bits_per_byte"], ".4f"),
+                      format_number(r["gap_to_reference_pct"], "+.2f"),
                       format_number(r["gap_to_ddp_pct"], "+.2f"), format_number(r["bits_per_parameter"], ".3f"),
                       format_bytes(r["bytes_sent_per_replica"]), format_number(r["syncs"], ".0f"),
                       format_duration(r["wall_seconds"]), str(r["seeds"]), format_number(r["spread"], ".4f")])

@@ -150,35 +150,51 @@ def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: Dif
     """The canvas with the block at ``block_start`` filled: the schedule's steps (LLaDA's, zero-count
     steps included) or, with a threshold, as many as the block needs (at least one position per
     row each). With a prefix cache the block's first step runs the whole canvas and keeps the
-    prefix's keys and values; its other steps run the canvas from the block on."""
-    block = torch.zeros(x.shape[1], dtype=torch.bool, device=x.device)
-    block[block_start:block_start + how.block_length] = True
+    prefix's keys and values; its other steps run the canvas from the block on.
+
+    Only the block's positions can be filled, so a greedy step (no random draw) applies the LM
+    head and the softmax to the block alone; with random draws every logit of the canvas is
+    drawn for, as LLaDA draws, so a seed gives LLaDA's trajectory."""
+    block = slice(block_start, block_start + how.block_length)
     counts = transfer_counts(how.block_length, how.steps // (how.length // how.block_length)) \
         if how.threshold is None else [0] * how.block_length
+    greedy = how.temperature == 0 and how.order != "random"
     for step, k in enumerate(counts):
-        open_ = (x == mask_id) & block
+        open_ = x[:, block] == mask_id
         if how.threshold is not None and not open_.any():
             break
         first = 0 if cache is None or step == 0 else block_start
         if cache is not None:
             cache.prefix, cache.recording = block_start, step == 0
-        logits = _logits(model, x, first, mask_id, kwargs)
+        within = slice(block_start - first, block.stop - first)
+        logits = _logits(model, x, first, mask_id, kwargs, within if greedy else None)
         chosen = _pick(logits, how.temperature, generator)
         confidence = _confidence(logits, chosen, how.order, generator)
-        where = _chosen_positions(confidence, open_[:, first:], k, how.threshold)
-        x = torch.cat([x[:, :first], torch.where(where, chosen, x[:, first:])], dim=1)
+        if not greedy:
+            chosen, confidence = chosen[:, within], confidence[:, within]
+        x[:, block] = torch.where(_chosen_positions(confidence, open_, k, how.threshold), chosen, x[:, block])
     return x
 
 
-def _logits(model, x: torch.Tensor, first: int, mask_id: int, kwargs: dict) -> torch.Tensor:
-    """float32 logits of positions ``first`` on (the mask token's −∞): the whole canvas, or its
-    tail at its own positions with the prefix's keys and values cached."""
+def _logits(model, x: torch.Tensor, first: int, mask_id: int, kwargs: dict,
+            columns: slice | None = None) -> torch.Tensor:
+    """float32 logits (the mask token's −∞) of the canvas from position ``first`` on, run at its own
+    positions (with a prefix cache, the kept prefix stands in for the rest); ``columns`` of
+    those only: the LM head runs on them alone."""
     if first:
         positions = torch.arange(first, x.shape[1], device=x.device).expand(x.shape[0], -1)
         kwargs = {**kwargs, "positions": positions}
         if "attention_masks" in kwargs:
             kwargs["attention_masks"] = kwargs["attention_masks"][:, :, first:]
-    logits = model(x[:, first:], **kwargs).float()
+    head = getattr(model, "lm_head", None) if columns is not None else None
+    if head is None:
+        logits = model(x[:, first:], **kwargs)[:, columns or slice(None)].float()
+    else:
+        skip, model._skip_lm_head = model._skip_lm_head, True
+        try:
+            logits = head(model(x[:, first:], **kwargs)[:, columns]).float()
+        finally:
+            model._skip_lm_head = skip
     logits[..., mask_id] = -math.inf
     return logits
 

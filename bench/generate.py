@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/generate.py [--checkpoint RUN_FOLDER] [--flavor F] [--length 64]
         [--blocks 8 16 32 64] [--batches 1 8] [--short 8] [--threshold 0.9] [--repeats 3]
-        [--threads 1] [--device auto] [--smoke]
+        [--threads 1] [--device auto] [--json PATH] [--smoke]
 
 The reference (:func:`reference_generate`) is LLaDA's ``generate.py`` loop as its README gives
 it, on the same model: the canvas is the prompt and ``length`` masks, each semi-autoregressive
@@ -22,13 +22,15 @@ tokens that are equal). Rows with ``--short`` tokens show the
 speed-up where Fast-dLLM users report it vanishes. Tokens/s count generated tokens of all rows
 of a batch. With ``--checkpoint`` (an mdlm run folder) the model is trained and the prompts are
 the starts of held-out documents; without one it is a fresh model (its confidences are low,
-so a threshold rarely fires: give a checkpoint for real figures). ``--smoke`` (CI): a tiny
-fresh model, one block length, one round. Nothing here asserts on timing.
+so a threshold rarely fires: give a checkpoint for real figures). ``--json PATH`` appends one
+JSON line per row (``bench/gpu_suite.py`` reads them). ``--smoke`` (CI): a tiny fresh model,
+one block length, one round. Nothing here asserts on timing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -38,6 +40,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from machine import exit_on_sigterm  # noqa: E402  (bench/ is on sys.path when a bench runs)
 from muloco import compat  # noqa: E402
 
 compat.apply()
@@ -162,8 +165,10 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="torch threads on CPU (0: torch's default)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--json", default=None, help="append one JSON line per row to this file")
     p.add_argument("--smoke", action="store_true", help="a tiny model, one block length, one round (CI)")
     args = p.parse_args()
+    exit_on_sigterm()
     if args.smoke:
         args.flavor, args.length, args.blocks, args.batches, args.short, args.repeats = \
             "llama3-w64-d2-h2", 16, [8], [1, 2], 8, 1
@@ -184,6 +189,11 @@ def main() -> int:
             seconds, same, agreement = _case(model, prompts[:batch], tokenizer.mask_id, length, block,
                                              args.threshold, args.repeats, device)
             tps = {k: batch * length / s for k, s in seconds.items()}
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps({"table": "generate", "length": length, "block": block, "batch": batch,
+                                        "device": device.type, "model": args.checkpoint or args.flavor,
+                                        "tokens_per_s": tps, "same": same, "agreement": agreement}) + "\n")
             table.append([str(length), str(block), str(batch), f"{tps['reference']:,.0f}", f"{tps['sampler']:,.0f}",
                           f"{tps['sampler'] / tps['reference']:.2f}", "yes" if same else "NO"]
                          + [cell for v in VARIANTS for cell in (f"{tps[v] / tps['sampler']:.2f}", f"{agreement[v]:.1%}")])

@@ -1,4 +1,4 @@
-"""One GPU command: what the GPU targets need, in one table, within 8 minutes.
+"""One GPU command: what the GPU targets need, in one table, within 9 minutes.
 
     python bench/gpu_suite.py [--log-dir DIR] [--only throughput,sync,codecs]
     python bench/gpu_suite.py --smoke        # the same pipeline at a tiny size, on a CPU (CI)
@@ -27,7 +27,12 @@ table of their figures:
   tensor against a ``clone()`` of it, eager and ``torch.compile``d, with the check that the
   compiled payload is the eager one byte for byte. Target <= 2x clone.
 
-Each part has a time box (throughput 260 s, sync 130 s, codecs 90 s: 8 minutes together);
+- **generate** (bench/generate.py): diffusion sampling tokens/s of muloco's sampler against
+  LLaDA's loop written plainly (same fresh 158M-shape model; the tokens must be the same), for
+  block lengths 8-64, batch 1 and 8 and 8-token outputs, with the speed-up and agreement of
+  ``--threshold`` parallel decoding and the ``--cache prefix`` block cache.
+
+Each part has a time box (throughput 260 s, sync 130 s, codecs 90 s, generate 60 s: 9 minutes together);
 a part may also use what the parts before it left unused, never what the parts after it
 are owed. A part that outlives its box gets SIGTERM (its benches then stop their own
 children), then SIGKILL; the rows it finished stay (the benches append a JSON line per
@@ -80,7 +85,7 @@ class Part:
     script: str
     argv: tuple[str, ...]
     box_s: int
-    """Seconds this part is owed; the boxes of all parts add up to the suite's 8 minutes."""
+    """Seconds this part is owed; the boxes of all parts add up to the suite's 9 minutes."""
 
 
 PARTS = (
@@ -93,6 +98,9 @@ PARTS = (
           "--sync-batch", "4", "--timeout", "120"), 130),
     Part("codecs", "codecs.py",
          ("--numel", "0", "--large-numel", "100000000", "--large-repeats", "3", "--kernels", "both"), 90),
+    Part("generate", "generate.py",
+         ("--flavor", "llama3-w1024-d12-h8", "--length", "64", "--blocks", "8", "16", "32", "64",
+          "--batches", "1", "8", "--short", "8", "--repeats", "1", "--threads", "0"), 60),
 )
 
 
@@ -204,6 +212,14 @@ def codec_rows(rec: dict) -> list[tuple[str, str]]:
              f"{1000 * rec['decode']:.2f} ms = {rec['decode'] / rec['clone']:.1f}x; {rec['bits']:.2f} bits/param{same}")]
 
 
+def generate_rows(rec: dict) -> list[tuple[str, str]]:
+    tps, agree = rec["tokens_per_s"], rec["agreement"]
+    options = "; ".join(f"{v} {tps[v] / tps['sampler']:.2f}x ({100 * agree[v]:.0f}% same tokens)" for v in agree)
+    return [(f"length {rec['length']}, block {rec['block']}, batch {rec['batch']}, fresh {rec['model']}",
+             f"sampler {tps['sampler']:,.0f} tok/s = {tps['sampler'] / tps['reference']:.2f}x LLaDA's loop "
+             f"({'same tokens' if rec['same'] else 'TOKENS DIFFER'}); {options}")]
+
+
 def table_rows(outcome: Outcome) -> list[tuple[str, str, str, str]]:
     """(part, case, figures, status) for each finished row, and one for a part cut short."""
     rows: list[tuple[str, str, str]] = []
@@ -216,6 +232,8 @@ def table_rows(outcome: Outcome) -> list[tuple[str, str, str, str]]:
             rows += sync_rows(rec)
         elif outcome.part.name == "throughput":
             rows += [("throughput", *row) for row in throughput_rows(rec)]
+        elif outcome.part.name == "generate":
+            rows += [("generate", *row) for row in generate_rows(rec)]
         else:
             rows += [(outcome.part.name, *row) for row in codec_rows(rec)]
     status = "ok" if outcome.status == "ok" else "done before the part stopped"

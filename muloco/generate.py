@@ -5,8 +5,12 @@ replica's folder, or a ``checkpoint/step-N`` folder. The model is rebuilt from t
 ``run.json`` (its config module and overrides) and loaded from the newest complete
 checkpoint (or ``--step``), verified against its checksums and read without unpickling
 arbitrary objects. A DiLoCo run samples from θ_g, the global model the replicas agreed
-on. A masked-diffusion run samples by iterative unmasking (:mod:`muloco.objectives.sampling`),
-an autoregressive one token by token. The same seed gives the same text.
+on. A masked-diffusion run samples by iterative unmasking (:mod:`muloco.objectives.sampling`:
+LLaDA's schedule, or ``--threshold`` parallel decoding, an optional ``--cache prefix``, and
+``--batch-size`` prompts at a time), an autoregressive one token by token. The same seed gives
+the same text. Options are checked against the run before anything is loaded: a value out of
+range or an option the run does not take (a diffusion option on an autoregressive run,
+``--replica`` on a run without replica groups) is one error, exit status 2.
 """
 
 from __future__ import annotations

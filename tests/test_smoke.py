@@ -134,6 +134,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     # sweeps
     "jobs/sweeps/ddp_baselines.py": f"{THIS}::test_sweep_dry_run[ddp_baselines]",
     "jobs/sweeps/diffusion.py": f"{THIS}::test_sweep_dry_run[diffusion]",
+    "jobs/sweeps/diffusion_outer.py": f"{THIS}::test_sweep_dry_run[diffusion_outer]",
     "jobs/sweeps/diloco_vs_muloco.py": f"{THIS}::test_sweep_dry_run[diloco_vs_muloco]",
     "jobs/sweeps/muloco_compression.py": f"{THIS}::test_sweep_dry_run[muloco_compression]",
     "jobs/sweeps/tiny_cpu.py": f"{THIS}::test_sweep_dry_run[tiny_cpu]",

@@ -40,7 +40,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from machine import exit_on_sigterm  # noqa: E402  (bench/ is on sys.path when a bench runs)
 from muloco import compat  # noqa: E402
 
 compat.apply()
@@ -168,6 +167,8 @@ def main() -> int:
     p.add_argument("--json", default=None, help="append one JSON line per row to this file")
     p.add_argument("--smoke", action="store_true", help="a tiny model, one block length, one round (CI)")
     args = p.parse_args()
+    from machine import exit_on_sigterm  # bench/ is on sys.path when a bench runs; tests import this file
+
     exit_on_sigterm()
     if args.smoke:
         args.flavor, args.length, args.blocks, args.batches, args.short, args.repeats = \

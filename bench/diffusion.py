@@ -1,7 +1,7 @@
 """Masked-diffusion objective against next-token prediction, and the validator's ELBO variance.
 
     .venv/bin/python bench/diffusion.py [--flavor F] [--seq-len L] [--batch B] [--steps 12]
-        [--repeats 5] [--threads 1] [--checkpoint RUN_FOLDER] [--smoke]
+        [--repeats 5] [--threads 1] [--checkpoint RUN_FOLDER] [--skip-variance] [--json PATH] [--smoke]
 
 1. Throughput. One model, one batch shape, one optimizer (AdamW), forward + backward +
    step through each objective's ``prepare``/``loss`` exactly as the trainer calls them:
@@ -10,7 +10,13 @@
    Variants are timed round-robin (``--repeats`` rounds of ``--steps`` steps after a
    warm-up), so machine noise spreads over all of them; the medians of tokens/s and their
    ratio to ``ar`` (target: mdlm ≥ 0.97) are printed, with the spread of the ratios.
-   bf16 autocast on CUDA, float32 on CPU.
+   bf16 autocast on CUDA, float32 on CPU. On CUDA three more rows compare the GPU paths
+   with what they replace: ``mdlm sdpa-mask`` and ``ar+docmask sdpa-mask`` (the document mask
+   as a dense boolean to SDPA instead of FlexAttention's block mask, the ``auto`` choice) and
+   ``mdlm exact-gather`` (``pred[masked]``, a device sync per step, instead of the
+   fixed-capacity gather). FlexAttention trains only on CUDA, so on CPU these rows are left
+   out and both kernels are the SDPA path. ``--json PATH`` appends the medians after every
+   round (a bench cut short by its time box keeps the rounds it finished).
 2. ELBO variance. The validator's estimate of the negative ELBO per token on fixed
    validation batches, repeated with ``--variance-repeats`` different seeds at 1, 8 and 32
    noise levels per batch; prints mean, standard deviation across seeds and the cost in
@@ -23,6 +29,7 @@ Nothing here asserts on timing.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -42,6 +49,7 @@ from muloco.data.loader import PackedTextDataLoader  # noqa: E402
 from muloco.data.tokenizer import MulocoTokenizer  # noqa: E402
 from muloco.models import ModelConfig, init_model  # noqa: E402
 from muloco.objectives import Autoregressive, MaskedDiffusion, NoiseKey, SpecialTokens  # noqa: E402
+from muloco.objectives.gather import MaskedPositions  # noqa: E402
 
 TARGET_RATIO = 0.97
 VARIANTS = {
@@ -51,6 +59,13 @@ VARIANTS = {
     "mdlm full-head": MaskedDiffusion.Config(masked_only_head=False),
     "mdlm no-docmask": MaskedDiffusion.Config(document_mask=False),
 }
+CUDA_VARIANTS = {
+    "mdlm sdpa-mask": MaskedDiffusion.Config(mask_kernel="sdpa"),
+    "ar+docmask sdpa-mask": Autoregressive.Config(document_mask=True, mask_kernel="sdpa"),
+    "mdlm exact-gather": MaskedDiffusion.Config(),
+}
+EXACT_GATHER = {"mdlm exact-gather"}
+"""Variants whose masked positions are gathered as ``pred[masked]`` (the path before the fixed capacity)."""
 
 
 def _batches(tokenizer, next_token: bool, seq_len: int, batch: int, n: int, split="train"):
@@ -90,6 +105,8 @@ class Variant:
             self.step += 1
             inputs, labels = self.data[self.step % len(self.data)]
             batch = self.objective.prepare(inputs, labels, NoiseKey(0, self.step, 0, 0, 1))
+            if self.name in EXACT_GATHER:
+                batch.extra["positions"] = MaskedPositions.exact(batch.extra["masked"])
             gvt = (labels != IGNORE_INDEX).sum()
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.device.type == "cuda"):
                 pred = self.model(batch.inputs, **batch.model_kwargs)
@@ -103,25 +120,44 @@ class Variant:
 
 def throughput(args, tokenizer, device) -> None:
     state = _model(args.flavor, tokenizer.get_vocab_size(), True, device).state_dict()
-    variants = [Variant(name, cfg, tokenizer, args, device, state) for name, cfg in VARIANTS.items()]
+    chosen = {**VARIANTS, **(CUDA_VARIANTS if device.type == "cuda" else {})}
+    variants = [Variant(name, cfg, tokenizer, args, device, state) for name, cfg in chosen.items()]
     n = sum(p.numel() for p in variants[0].model.parameters())
     print(f"throughput: {args.flavor} ({n / 1e6:.2f}M parameters), seq {args.seq_len} x batch {args.batch}, "
-          f"{device}, {torch.get_num_threads()} thread(s), {args.steps} steps x {args.repeats} rounds")
+          f"{device}, {torch.get_num_threads()} thread(s), {args.steps} steps x {args.repeats} rounds", flush=True)
+    if device.type != "cuda":
+        print("(no CUDA: document masks take the SDPA path and masked positions are gathered exactly; "
+              "the flex and fixed-capacity rows run on CUDA only)")
     for v in variants:
-        v.run(2)  # warm-up
+        v.run(2)  # warm-up (compiles FlexAttention on CUDA)
     rates = {v.name: [] for v in variants}
-    for _ in range(args.repeats):
+    for done in range(1, args.repeats + 1):
         for v in variants:
             rates[v.name].append(args.batch * args.seq_len * args.steps / v.run(args.steps))
+        if args.json:
+            _write_json(args, device, n, rates, done)
     base = rates["ar"]
-    print(f"{'objective':<18}{'tok/s (median)':>16}{'ratio to ar':>14}{'ratio spread':>16}")
+    print(f"{'objective':<22}{'tok/s (median)':>16}{'ratio to ar':>14}{'ratio spread':>16}")
     for name, r in rates.items():
         ratios = [a / b for a, b in zip(r, base)]
-        print(f"{name:<18}{statistics.median(r):>16,.0f}{statistics.median(ratios):>14.3f}"
+        print(f"{name:<22}{statistics.median(r):>16,.0f}{statistics.median(ratios):>14.3f}"
               f"{min(ratios):>8.3f}–{max(ratios):.3f}")
     verdict = statistics.median([a / b for a, b in zip(rates["mdlm"], base)])
     print(f"mdlm (masked-only head, document mask) / ar = {verdict:.3f}: target >= {TARGET_RATIO} "
           f"{'met' if verdict >= TARGET_RATIO else 'MISSED'}")
+    for fast, slow in (("mdlm", "mdlm sdpa-mask"), ("ar+docmask", "ar+docmask sdpa-mask"),
+                       ("mdlm", "mdlm exact-gather")):
+        if slow in rates:
+            ratio = statistics.median([a / b for a, b in zip(rates[fast], rates[slow])])
+            print(f"{fast} / {slow} = {ratio:.3f} (the default path against the one it replaces)")
+
+
+def _write_json(args, device, params, rates, rounds) -> None:
+    with open(args.json, "a") as f:
+        f.write(json.dumps({"table": "diffusion", "device": str(device), "flavor": args.flavor,
+                            "parameters": params, "seq_len": args.seq_len, "batch": args.batch,
+                            "rounds": rounds, "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()}})
+                + "\n")
 
 
 def elbo_variance(args, tokenizer, device) -> None:
@@ -169,6 +205,8 @@ def main() -> int:
     p.add_argument("--variance-batches", type=int, default=4)
     p.add_argument("--variance-repeats", type=int, default=8)
     p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--skip-variance", action="store_true")
+    p.add_argument("--json", default=None, help="append the throughput medians as a JSON line after every round")
     p.add_argument("--smoke", action="store_true", help="both parts at a tiny size: checks the bench runs (CI)")
     args = p.parse_args()
     if args.smoke:
@@ -179,7 +217,8 @@ def main() -> int:
     tokenizer = MulocoTokenizer()
     if not args.skip_throughput:
         throughput(args, tokenizer, device)
-    elbo_variance(args, tokenizer, device)
+    if not args.skip_variance:
+        elbo_variance(args, tokenizer, device)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""One GPU command: what the GPU targets need, in one table, within 9 minutes.
+"""One GPU command: what the GPU targets need, in one table, within 9.5 minutes.
 
     python bench/gpu_suite.py [--log-dir DIR] [--only throughput,sync,codecs]
     python bench/gpu_suite.py --smoke        # the same pipeline at a tiny size, on a CPU (CI)
@@ -27,12 +27,19 @@ table of their figures:
   tensor against a ``clone()`` of it, eager and ``torch.compile``d, with the check that the
   compiled payload is the eager one byte for byte. Target <= 2x clone.
 
+- **diffusion** (bench/diffusion.py, throughput only): training tokens/s of the ``mdlm`` and
+  ``ar`` objectives on the 158M shape, seq 2048, batch 4, with the GPU paths against what they
+  replace in the same run: document masks through FlexAttention against SDPA with a dense
+  boolean mask (``mask_kernel`` auto picks flex on CUDA: this row is what should confirm it),
+  and the fixed-capacity masked gather against ``pred[masked]``.
+
 - **generate** (bench/generate.py): diffusion sampling tokens/s of muloco's sampler against
   LLaDA's loop written plainly (same fresh 158M-shape model; the tokens must be the same), for
   block lengths 8-64, batch 1 and 8 and 8-token outputs, with the speed-up and agreement of
   ``--threshold`` parallel decoding and the ``--cache prefix`` block cache.
 
-Each part has a time box (throughput 260 s, sync 130 s, codecs 90 s, generate 60 s: 9 minutes together);
+Each part has a time box (throughput 260 s, sync 130 s, codecs 75 s, generate 45 s, diffusion 60 s:
+9.5 minutes together);
 a part may also use what the parts before it left unused, never what the parts after it
 are owed. A part that outlives its box gets SIGTERM (its benches then stop their own
 children), then SIGKILL; the rows it finished stay (the benches append a JSON line per
@@ -85,7 +92,7 @@ class Part:
     script: str
     argv: tuple[str, ...]
     box_s: int
-    """Seconds this part is owed; the boxes of all parts add up to the suite's 9 minutes."""
+    """Seconds this part is owed; the boxes of all parts add up to the suite's 9.5 minutes."""
 
 
 PARTS = (
@@ -97,10 +104,13 @@ PARTS = (
          ("--part", "sync", "--placements", "device,cpu", "--repeats", "1", "--sync-steps", "90",
           "--sync-batch", "4", "--timeout", "120"), 130),
     Part("codecs", "codecs.py",
-         ("--numel", "0", "--large-numel", "100000000", "--large-repeats", "3", "--kernels", "both"), 90),
+         ("--numel", "0", "--large-numel", "100000000", "--large-repeats", "3", "--kernels", "both"), 75),
     Part("generate", "generate.py",
          ("--flavor", "llama3-w1024-d12-h8", "--length", "64", "--blocks", "8", "16", "32", "64",
-          "--batches", "1", "8", "--short", "8", "--repeats", "1", "--threads", "0"), 60),
+          "--batches", "1", "8", "--short", "8", "--repeats", "1", "--threads", "0"), 45),
+    Part("diffusion", "diffusion.py",
+         ("--flavor", "llama3-w1024-d12-h8", "--seq-len", "2048", "--batch", "4", "--steps", "4",
+          "--repeats", "3", "--skip-variance", "--threads", "0"), 60),
 )
 
 
@@ -220,11 +230,26 @@ def generate_rows(rec: dict) -> list[tuple[str, str]]:
              f"({'same tokens' if rec['same'] else 'TOKENS DIFFER'}); {options}")]
 
 
+DIFFUSION_PAIRS = (("mdlm", "mdlm sdpa-mask", "document mask: FlexAttention / SDPA dense mask"),
+                   ("ar+docmask", "ar+docmask sdpa-mask", "causal document mask: FlexAttention / SDPA dense mask"),
+                   ("mdlm", "mdlm exact-gather", "masked positions: fixed capacity / pred[masked]"),
+                   ("mdlm", "ar", "mdlm / ar (target >= 0.97)"))
+
+
+def diffusion_rows(rec: dict) -> list[tuple[str, str]]:
+    """The paths' ratios from the last round's medians (each round appends the medians so far)."""
+    tps = rec["tokens_per_s"]
+    case = f"{rec['flavor']}, {rec['parameters'] / 1e6:.1f}M, batch {rec['batch']}x{rec['seq_len']}, {rec['rounds']} rounds"
+    return [(f"{what}, {case}", f"{tps[a]:,.0f} / {tps[b]:,.0f} tok/s = {tps[a] / tps[b]:.3f}")
+            for a, b, what in DIFFUSION_PAIRS if a in tps and b in tps]
+
+
 def table_rows(outcome: Outcome) -> list[tuple[str, str, str, str]]:
     """(part, case, figures, status) for each finished row, and one for a part cut short."""
     rows: list[tuple[str, str, str]] = []
     skipped = []
-    for rec in outcome.records:
+    records = outcome.records[-1:] if outcome.part.name == "diffusion" else outcome.records
+    for rec in records:
         if "skipped" in rec:
             case = rec.get("case") or f"θ_g on {rec['placement']}"
             skipped.append((outcome.part.name, case, "-", f"skipped: {rec['skipped']}"))
@@ -234,6 +259,8 @@ def table_rows(outcome: Outcome) -> list[tuple[str, str, str, str]]:
             rows += [("throughput", *row) for row in throughput_rows(rec)]
         elif outcome.part.name == "generate":
             rows += [("generate", *row) for row in generate_rows(rec)]
+        elif outcome.part.name == "diffusion":
+            rows += [("diffusion", *row) for row in diffusion_rows(rec)]
         else:
             rows += [(outcome.part.name, *row) for row in codec_rows(rec)]
     status = "ok" if outcome.status == "ok" else "done before the part stopped"

@@ -51,7 +51,8 @@ TABLES = {
                      rf"(?m)^memory +sync buffers, θ_g on device +peak {NUM} MB.*\[ok\]",
                      rf"(?m)^codecs +quantize\(statistical, 2b.*eager.*encode {NUM} ms = {NUM}x clone.*\[ok\]",
                      rf"(?m)^generate +length 16, block 8, batch 1.*sampler {NUM} tok/s = {NUM}x LLaDA's loop \(same "
-                     rf"tokens\); threshold {NUM}x.*prefix {NUM}x.*\[ok\]"],
+                     rf"tokens\); threshold {NUM}x.*prefix {NUM}x.*\[ok\]",
+                     rf"(?m)^diffusion +mdlm / ar \(target >= 0\.97\), llama3-w64-d2-h2.* = {NUM} +\[ok\]"],
     "gpu_throughput.py": [r"run# +side +tokens/s", rf"(?m)^416m compile off ours: {NUM} tok/s, stock {NUM}: ratio",
                           rf"θ_g on device +0\.4M +{NUM} +{NUM}",
                           rf"sync share, θ_g on the training device: {NUM}%.*{NUM} ms per sync, peak {NUM} MB"],

@@ -5,21 +5,26 @@ and its ``get_attention_config("sdpa")`` refuses SDPA for language models; its
 ``ScaledDotProductAttention`` takes ``is_causal`` per call (``GQAttention`` never
 passes it) and refuses any mask. The attention direction is fixed when the model is
 built (the objective decides: next-token prediction is causal, masked diffusion is
-bidirectional). Packed rows may carry a boolean ``(B, 1, L, L)`` mask from
-:func:`muloco.objectives.documents.document_mask` (``True`` = may attend), which
-already includes the causal triangle where the model is causal.
+bidirectional). Packed rows may carry a document mask, which already includes the causal
+triangle where the model is causal: a boolean ``(B, 1, L, L)`` from
+:func:`muloco.objectives.documents.document_mask` (``True`` = may attend), applied by SDPA,
+or a FlexAttention ``BlockMask`` from :func:`~muloco.objectives.documents.document_block_mask`,
+applied by torchtitan's compiled :class:`FlexAttention` on CUDA (eager ``flex_attention``
+elsewhere: forward only, for tests and evaluation).
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torchtitan.models.common.attention import ScaledDotProductAttention
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
 
 # Flash attention takes no mask; the memory-efficient kernel does (and cuDNN on recent GPUs).
 MASKED_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -75,6 +80,7 @@ class SwitchableSDPA(ScaledDotProductAttention):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.is_causal = config.is_causal
+        self.flex = FlexAttention(FlexAttention.Config())
 
     prefix_cache: PrefixKV | None = None
     """Set by :func:`prefix_cache` while a sampler uses it."""
@@ -85,8 +91,22 @@ class SwitchableSDPA(ScaledDotProductAttention):
         if attention_masks is None:
             return super().forward(q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa,
                                    is_causal=self.is_causal)
+        if isinstance(attention_masks, BlockMask):
+            return self._flex_forward(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale, enable_gqa)
         q, k, v = (x.transpose(1, 2) for x in (q_BLNH, k_BLNH, v_BLNH))
         with sdpa_kernel(MASKED_BACKENDS, set_priority=True):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_masks, scale=scale,
                                                  enable_gqa=enable_gqa)
+        return out.transpose(1, 2)
+
+    def _flex_forward(self, q_BLNH, k_BLNH, v_BLNH, block_mask: BlockMask, scale, enable_gqa):
+        if self.prefix_cache is not None:
+            raise ValueError("the prefix cache takes boolean masks, not a FlexAttention BlockMask")
+        if q_BLNH.device.type == "cuda":
+            return self.flex(q_BLNH, k_BLNH, v_BLNH, attention_masks=block_mask, scale=scale,
+                             enable_gqa=enable_gqa)
+        q, k, v = (x.transpose(1, 2) for x in (q_BLNH, k_BLNH, v_BLNH))
+        with warnings.catch_warnings():  # "use torch.compile": unfused is what CPU tests and evaluation want
+            warnings.filterwarnings("ignore", message=".*flex_attention.*without torch.compile", category=UserWarning)
+            out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
         return out.transpose(1, 2)

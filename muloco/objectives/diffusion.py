@@ -24,7 +24,8 @@ before the end of a sampling canvas).
 The head and the cross-entropy run only at the masked positions (``masked_only_head``):
 the model returns hidden states and the loss applies ``lm_head`` to the selected rows,
 about half the head's FLOPs and logit memory at mean t = 0.5. The mask token's logit is
-−∞, so it is never predicted.
+−∞, so it is never predicted. On CUDA the positions are gathered into a fixed capacity drawn
+from the noise levels (:mod:`.gather`), so a step never waits on the device to count them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torchtitan.components.loss import IGNORE_INDEX
 
+from .gather import MaskedPositions, mask_capacity
 from .noise import (
     bernoulli_masks,
     cart_weights,
@@ -91,6 +93,7 @@ class MaskedDiffusion(Objective):
         """Seed of the masks and noise levels (with replica, step, micro-batch and rank)."""
 
         def validate(self) -> None:
+            super(MaskedDiffusion.Config, self).validate()
             if not 0.0 < self.eps < 1.0:
                 raise ValueError(f"objective.eps is {self.eps!r}; it must be in (0, 1), e.g. 1e-3.")
             check_schedule(self.schedule, "objective.schedule")
@@ -166,7 +169,20 @@ class MaskedDiffusion(Objective):
             t = torch.cat([t, time_of(p[rows:], c.schedule).clamp_min(c.eps)])
         weight = self._token_weights(masked, maskable, t)
         xt = x0.masked_fill(masked, self.tokens.mask)
-        return Prepared(xt, x0, self.attention_kwargs(xt), {"masked": masked, "weight": weight, "t": t})
+        positions = MaskedPositions.of(masked, self._capacity(key, rows, x0.shape[1], u0))
+        return Prepared(xt, x0, self.attention_kwargs(xt),
+                        {"masked": masked, "weight": weight, "t": t, "positions": positions})
+
+    def _capacity(self, key: NoiseKey, rows: int, length: int, u0: float) -> int:
+        """How many masked positions the loss gathers (:mod:`.gather`), from host values only: the
+        largest mask probabilities this rank's rows can get at any offset u₀ (the same every step),
+        all rows with complementary masks (together they mask each maskable token once)."""
+        c = self.config
+        if c.complementary_masks or not c.stratified:
+            return rows * length
+        t = noise_levels(key.rank * rows + 1, rows, rows * key.world, c.eps, 0.0, None,
+                         stratified=True, device=torch.device("cpu"))
+        return mask_capacity(mask_probability(t.double(), c.schedule), length)
 
     def _token_weights(self, masked: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """``(B, L)`` float32: each masked token's weight with the row part of the normaliser folded in."""
@@ -186,16 +202,19 @@ class MaskedDiffusion(Objective):
         return w
 
     def loss(self, pred: torch.Tensor, batch: Prepared, global_valid_tokens=None) -> torch.Tensor:
-        masked, weight = batch.extra["masked"], batch.extra["weight"]
-        ce = F.cross_entropy(self.logits_at(pred, masked), batch.labels[masked], reduction="none")
-        total = (ce * weight[masked]).sum()
+        at: MaskedPositions = batch.extra["positions"]
+        ce = F.cross_entropy(self._logits(at.take(pred)), at.take(batch.labels), reduction="none")
+        total = (ce * at.weights(batch.extra["weight"])).sum()
         if self.config.normaliser == "tokens" and global_valid_tokens is not None:
             total = total / global_valid_tokens
         return total
 
     def logits_at(self, pred: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        """float32 logits at the ``where`` positions, the mask token's set to −∞."""
-        picked = pred[where]
+        """float32 logits at the ``where`` positions (a boolean mask), the mask token's set to −∞."""
+        return self._logits(pred[where])
+
+    def _logits(self, picked: torch.Tensor) -> torch.Tensor:
+        """float32 logits of gathered rows (hidden states where the objective applies the head)."""
         if self.skip_lm_head:
             picked = self.lm_head(picked)
         logits = picked.float()  # a new tensor or the head's output: neither is saved for backward

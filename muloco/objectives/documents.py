@@ -5,11 +5,18 @@ starts at every BOS: numbering the BOS tokens along a row gives each token its
 document (a row that starts inside a document numbers that tail 0). With
 bidirectional attention, packing without a mask lets every token read the other
 documents of its row; the mask keeps attention inside a document.
+
+The same mask comes in two forms: a dense ``(B, 1, L, L)`` boolean for SDPA, and a
+FlexAttention :class:`BlockMask`, which records per 128×128 tile whether it is empty, full or
+partial, so the kernel skips the tiles no query may attend (most of them when a row packs
+many short documents) and reads no L×L mask from memory.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
+from torchtitan.models.common.attention import create_attention_mask
 
 
 def document_ids(tokens: torch.Tensor, bos_id: int) -> torch.Tensor:
@@ -24,3 +31,18 @@ def document_mask(doc: torch.Tensor, causal: bool) -> torch.Tensor:
         n = doc.shape[-1]
         mask &= torch.ones(n, n, dtype=torch.bool, device=doc.device).tril()
     return mask
+
+
+def document_block_mask(doc: torch.Tensor, causal: bool) -> BlockMask:
+    """The mask of :func:`document_mask` as a FlexAttention ``BlockMask`` (heads broadcast).
+
+    On CUDA it is built by torchtitan's compiled ``create_block_mask`` (what its trainer uses
+    per batch), elsewhere eagerly."""
+
+    def same_document(b, h, q, kv):
+        same = doc[b, q] == doc[b, kv]
+        return same & (kv <= q) if causal else same
+
+    rows, length = doc.shape
+    build = create_attention_mask if doc.device.type == "cuda" else create_block_mask
+    return build(same_document, rows, None, length, length, device=doc.device)

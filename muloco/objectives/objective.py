@@ -16,7 +16,9 @@ from typing import Any
 import torch
 from torchtitan.config import Configurable
 
-from .documents import document_ids, document_mask
+from .documents import document_block_mask, document_ids, document_mask
+
+MASK_KERNELS = ("auto", "flex", "sdpa")
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,18 @@ class Objective(Configurable):
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
         document_mask: bool = False
-        """Attend only within a document of a packed row (SDPA with a block mask)."""
+        """Attend only within a document of a packed row."""
+        mask_kernel: str = "auto"
+        """How a document mask is applied: flex (FlexAttention with a block mask, compiled
+        kernels that skip the tiles no query may attend; its backward needs CUDA), sdpa (SDPA's
+        memory-efficient kernel reading a dense boolean L×L mask) or auto (flex on CUDA, sdpa
+        elsewhere)."""
 
         def validate(self) -> None:
             """Raise ValueError naming the bad setting (``objective.<key> ...``)."""
+            if self.mask_kernel not in MASK_KERNELS:
+                raise ValueError(f"objective.mask_kernel must be one of {', '.join(MASK_KERNELS)}; "
+                                 f"got {self.mask_kernel!r}")
 
     def __init__(self, config: Config, *, tokens: SpecialTokens, rows_per_step: int = 1):
         config.validate()
@@ -85,9 +95,22 @@ class Objective(Configurable):
         return model_flops
 
     def attention_kwargs(self, inputs: torch.Tensor) -> dict[str, Any]:
+        """The model's keyword arguments for ``inputs``: the document mask, in the kernel's form."""
         if not self.config.document_mask:
             return {}
-        return {"attention_masks": document_mask(document_ids(inputs, self.tokens.bos), self.causal)}
+        doc = document_ids(inputs, self.tokens.bos)
+        if not self._flex(inputs.device):
+            return {"attention_masks": document_mask(doc, self.causal)}
+        return {"attention_masks": document_block_mask(doc, self.causal)}
+
+    def _flex(self, device: torch.device) -> bool:
+        kernel = self.config.mask_kernel
+        if kernel == "auto":
+            return device.type == "cuda"
+        if kernel == "flex" and device.type != "cuda" and torch.is_grad_enabled():
+            raise ValueError(f"objective.mask_kernel flex trains only on CUDA (FlexAttention has no "
+                             f"backward on {device.type}); use --objective.mask_kernel sdpa or auto there.")
+        return kernel == "flex"
 
     def truncate(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey):
         """A fetched micro-batch, possibly cut shorter, before its valid tokens are counted

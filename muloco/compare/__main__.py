@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p.row.label} (seed {p.seed}): {folder / p.name}\n  {shlex.join(runner.command(p, folder / p.name))}")
         print(f"{len(planned)} runs; nothing started (--dry-run)")
         return 0
+    runner.stop_on_sigterm()
     states = runner.run_all(planned, folder, env=_environment(device))
     _finish(suite, planned, folder)
     failed = [name for name, state in states.items() if state != "COMPLETED"]

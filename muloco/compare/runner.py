@@ -5,7 +5,8 @@ DDP row (one replica group), ``python -m muloco.launch.local`` for K replica gro
 the lighthouse and the groups), with ``--dump_folder <suite>/<name>``; its output goes to
 ``<suite>/logs/<name>.log``. A run whose folder holds its summaries is finished and reused; a
 run interrupted part-way is started again with the same command and resumes from its last
-checkpoint. The suite's ``manifest.jsonl`` (the sweep's format: name, config, overrides, run
+checkpoint. Ctrl-C or SIGTERM stops the current run with the suite (its whole process group),
+so nothing keeps training behind an interrupted suite. The suite's ``manifest.jsonl`` (the sweep's format: name, config, overrides, run
 folder, state) is rewritten atomically after every run, so ``python -m muloco.report`` and
 ``muloco.launch.sweep --status``-style readers see the same runs.
 
@@ -17,6 +18,8 @@ from the seconds per sequence trained so far in this invocation.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -29,6 +32,8 @@ from muloco.launch.sweep import Entry, read_manifest, run_finished, write_manife
 
 POLL_SECONDS = 2.0
 """How often the progress line looks at the current run's metrics (display only)."""
+STOP_GRACE_S = 60.0
+"""How long an interrupted run has to stop its processes after SIGTERM before SIGKILL."""
 
 
 def command(p: Planned, folder: Path) -> list[str]:
@@ -121,6 +126,27 @@ def _entry(p: Planned, folder: Path, state: str) -> Entry:
                  state=state)
 
 
+def _stop(child: subprocess.Popen) -> None:
+    """SIGTERM to the run's process group (the launchers stop their own children on it), SIGKILL
+    if it outlives ``STOP_GRACE_S``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(child.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            child.wait(timeout=STOP_GRACE_S)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM raises SystemExit in the main thread, so :func:`run_all` stops the running child
+    (and the manifest keeps what finished) instead of leaving it orphaned."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | None = None,
             progress_out: TextIO = sys.stderr) -> dict[str, str]:
     """Train every planned run not yet finished; {name: COMPLETED | FAILED (log path)}."""
@@ -141,13 +167,18 @@ def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | No
         log = suite_dir / "logs" / f"{p.name}.log"
         began = time.monotonic()
         with open(log, "ab") as f:
-            child = subprocess.Popen(command(p, folder), stdout=f, stderr=subprocess.STDOUT, env=env)
-            while child.poll() is None:
-                progress.show(p, current_step(folder), time.monotonic() - began)
-                try:
-                    child.wait(timeout=POLL_SECONDS)
-                except subprocess.TimeoutExpired:
-                    pass
+            child = subprocess.Popen(command(p, folder), stdout=f, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+            try:
+                while child.poll() is None:
+                    progress.show(p, current_step(folder), time.monotonic() - began)
+                    try:
+                        child.wait(timeout=POLL_SECONDS)
+                    except subprocess.TimeoutExpired:
+                        pass
+            except BaseException:  # Ctrl-C or SIGTERM: the run stops with the suite, resumable
+                _stop(child)
+                raise
         seconds = time.monotonic() - began
         ok = child.returncode == 0 and run_finished(str(folder))
         states[p.name] = "COMPLETED" if ok else "FAILED"

@@ -247,7 +247,6 @@ class _HuggingFaceBackend:
         tok.encode_special_tokens = True
         self.tokenizer = tok
         self.vocab_size = max(tok.get_vocab(with_added_tokens=True).values()) + 1
-        self._byte_level = "ByteLevel" in json.dumps(json.loads(text).get("decoder"))
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -264,11 +263,14 @@ class _HuggingFaceBackend:
         character of a token string is one byte); for SentencePiece-style files ``▁`` counts as
         a space and ``<0xNN>`` as one byte (a decoder's whitespace rules aside)."""
         out = [0] * self.vocab_size
+        # read from the file's decoder only here: bits per byte is the one user, and parsing a
+        # large tokenizer.json again at every construction cost start-up time
+        byte_level = "ByteLevel" in json.dumps(json.loads(self.tokenizer.to_str()).get("decoder"))
         special = {t.content for t in self.tokenizer.get_added_tokens_decoder().values() if t.special}
         for token, i in self.tokenizer.get_vocab(with_added_tokens=True).items():
             if token in special:
                 continue
-            if self._byte_level:
+            if byte_level:
                 out[i] = len(token)
             elif _BYTE_FALLBACK.fullmatch(token):
                 out[i] = 1

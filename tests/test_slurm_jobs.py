@@ -79,13 +79,16 @@ def jobs(slurm, tmp_path_factory):
     out["ddp"] = root / "ddp"
     out["ddp_ids"] = submitted(generate("ddp", "--config", REQUEUE_CONFIG, *CPU, "--cpus-per-node", "1", "--",
                                         *REQUEUE_RUN, "--dump_folder", str(out["ddp"]), cwd=root))
-    out["k2"] = root / "k2"
+    out["k2"] = root / UNSAFE_FOLDER  # spaces, quotes, % and $(...) in the job name and run folder
     out["k2_ids"] = submitted(generate("groups", "--config", "diloco/muloco_2bit", "--replicas", "2", *CPU,
+                                       "--job-name", UNSAFE_NAME,
                                        "--cpus-per-node", "2", "--", *TINY, "--training.steps", "10",
                                        "--outer.sync_every", "5", "--dump_folder", str(out["k2"]), cwd=root))
     return out
 
 
+UNSAFE_NAME = "k2 it's \"2-bit\" #1 $(touch name-ran)"
+UNSAFE_FOLDER = "k2 run's \"50%\" $(touch ran)"
 ARRAY_STEPS = 60
 ARRAY_HOLD = 30
 REQUEUE_CONFIG = "diffusion/ddp_muon"
@@ -112,6 +115,11 @@ def test_k2_muloco_2bit_job_runs_to_completion_under_slurm(slurm, jobs):
     assert a["final_validation_loss"] == b["final_validation_loss"]
     assert a["diloco"]["payload_bits_per_parameter"] < 2.5  # 2-bit codec with its block metadata
     assert (run / "logs" / "replica_0.log").is_file() and (run / "logs" / "replica_1.log").is_file()
+    # the name and folder reached SLURM and the shell as text (the log is named %x-%j.out: the name
+    # came back whole, the folder's % stayed a %), and nothing in them was executed
+    assert (run / "slurm" / f"{UNSAFE_NAME}-{job}.out").is_file(), sorted(p.name for p in (run / "slurm").iterdir())
+    assert not [p for p in jobs["root"].rglob("*") if p.name in ("ran", "name-ran")]
+    assert not (REPO / "ran").exists() and not (REPO / "name-ran").exists()
 
 
 def _complete_checkpoints(run: Path) -> list[int]:
@@ -302,7 +310,7 @@ def test_dry_run_submits_and_writes_nothing_and_the_scripts_hold_no_secrets(slur
         status, text, err = generate_here(capsys, *kind, "--config", config, "--dry-run", *CPU, "--",
                                           "--training.steps", "30")
         assert status == 0, err
-        assert "#SBATCH --partition=debug" in text and "dry run" in text
+        assert "#SBATCH --partition=\"debug\"" in text and "dry run" in text
         assert secret not in text and "WANDB_API_KEY=" not in text
         for path in (str(REPO), str(tmp_path), str(Path.home()), sys.executable):
             assert path not in text, f"{path} is baked into the generated script"
@@ -361,11 +369,11 @@ def test_cluster_file_sets_defaults_a_flag_beats_it_and_an_unknown_key_is_refuse
     args = ["groups", "--config", "diloco/muloco_2bit", "--dry-run", "--gpus-per-node", "0"]
     status, out, err = generate_here(capsys, *args, "--", "--training.steps", "30")
     assert status == 0, err
-    assert "#SBATCH --partition=long" in out and "#SBATCH --time=00:20:00" in out
+    assert "#SBATCH --partition=\"long\"" in out and "#SBATCH --time=\"00:20:00\"" in out
     assert "export NCCL_IB_DISABLE=1" in out
     monkeypatch.setenv("MULOCO_SLURM_TIME", "00:30:00")
     status, out, err = generate_here(capsys, *args, "--partition", "debug", "--", "--training.steps", "30")
-    assert "#SBATCH --partition=debug" in out and "#SBATCH --time=00:30:00" in out, "flag > env > file"
+    assert "#SBATCH --partition=\"debug\"" in out and "#SBATCH --time=\"00:30:00\"" in out, "flag > env > file"
     cluster.write_text('partiton = "long"\n')
     status, _, err = generate_here(capsys, *args)
     assert status == 2 and "unknown cluster setting 'partiton'" in err

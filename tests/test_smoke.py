@@ -485,7 +485,7 @@ def test_sweep_dry_run(name, tmp_path, monkeypatch, capsys, fake_cluster):
     planned = re.findall(r"^run (\S+): (\w+) --config (\S+) -- ", out, re.M)
     assert [(kind, config) for _, kind, config in planned] == [(r.kind, r.config) for r in runs]
     assert len({n for n, _, _ in planned}) == len(runs), "run names are unique"
-    assert "#SBATCH --partition=gpu" in out
+    assert "#SBATCH --partition=\"gpu\"" in out
     assert not list(tmp_path.iterdir()), "a dry run wrote files"
 
 
@@ -556,7 +556,7 @@ def test_slurm_script_dry_run(runs, script):
     assert "warning" not in out, "the dry run was not checked against the (fake) cluster"
     headers = re.findall(r"^# ===== (\S+) \(dry run: not written, not submitted\) =====$", out, re.M)
     assert headers, _tail(out)
-    assert out.count("#!/bin/bash") == len(headers) == out.count("#SBATCH --partition=gpu\n")
+    assert out.count("#!/bin/bash") == len(headers) == out.count("#SBATCH --partition=\"gpu\"\n")
     assert f"\nCONFIG={config}\n" in out and f"OVERRIDES=({' '.join(SLURM_OVERRIDES)})" in out, _tail(out)
     for module in modules:
         assert f" -m {module} " in out, f"{module} not in\n{_tail(out)}"

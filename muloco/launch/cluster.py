@@ -11,7 +11,8 @@ Where a value comes from, last wins:
        time = "24:00:00"
        gpus_per_node = 8
        cpus_per_node = 96
-       setup = ["module load cuda/12.8"]      # shell lines run before the job
+       reservation = "lab-week"               # also exclusive, exclude, gres, mail_type, mail_user
+       setup = ["module load cuda/12.8"]      # shell lines run before the job; one failing stops it
        [env]                                   # exported in every job (NCCL, EFA, ...)
        NCCL_IB_DISABLE = "0"
 
@@ -39,6 +40,7 @@ import tomli
 CLUSTER_FILE_VAR = "MULOCO_CLUSTER_FILE"
 ENV_PREFIX = "MULOCO_SLURM_"
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+_MEM = re.compile(r"^\d+[KMGT]?B?$", re.IGNORECASE)
 _SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
 
 
@@ -69,12 +71,21 @@ class ClusterSettings:
     """None: what the partition's nodes have (sinfo)."""
     mem: str | None = None
     constraint: str | None = None
+    exclusive: bool = False
+    exclude: str | None = None
+    reservation: str | None = None
+    gres: str | None = None
+    mail_type: str | None = None
+    mail_user: str | None = None
     setup: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
         if not _TIME.match(self.time):
             raise ClusterError(f"time {self.time!r} is not a SLURM time: use MM, HH:MM:SS or D-HH:MM:SS")
+        if self.mem is not None and not _MEM.match(self.mem.strip()):
+            raise ClusterError(f"mem {self.mem!r} is not SLURM's format (a number with an optional K, M, G or "
+                               f"T: 64G)")
         for key in ("gpus_per_node", "cpus_per_node"):
             value = getattr(self, key)
             if value is not None and value < (0 if key == "gpus_per_node" else 1):
@@ -102,6 +113,18 @@ class ClusterOptions:
     """Memory per node, SLURM's format (default: the cluster file, else SLURM's)."""
     constraint: str | None = None
     """Node features, SLURM's --constraint (default: the cluster file)."""
+    exclusive: bool = False
+    """Whole nodes only, SLURM's --exclusive (also on when the cluster file sets it)."""
+    exclude: str | None = None
+    """Nodes never to use, SLURM's --exclude (default: the cluster file)."""
+    reservation: str | None = None
+    """SLURM reservation (default: the cluster file or MULOCO_SLURM_RESERVATION)."""
+    gres: str | None = None
+    """Generic resources per node, SLURM's --gres, e.g. gpu:h100:8 (default: the cluster file)."""
+    mail_type: str | None = None
+    """SLURM --mail-type, e.g. END,FAIL (default: the cluster file)."""
+    mail_user: str | None = None
+    """SLURM --mail-user (default: the cluster file)."""
     gpus_per_node: int | None = None
     """GPUs per node (default: what the partition's nodes have; 0 runs on CPUs)."""
     cpus_per_node: int | None = None
@@ -109,7 +132,9 @@ class ClusterOptions:
 
     def settings(self) -> ClusterSettings:
         """Defaults, the user's file and MULOCO_SLURM_*, then these options."""
-        return load_cluster_settings(dataclasses.asdict(self))
+        flags = dataclasses.asdict(self)
+        flags["exclusive"] = flags["exclusive"] or None  # the flag only turns it on
+        return load_cluster_settings(flags)
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ClusterSettings)}
@@ -119,6 +144,14 @@ def _coerce(key: str, value, source: str):
     """A value from a file or the environment, as the field's type; a wrong type names both."""
     kind = _FIELDS[key].type
     try:
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            if str(value).strip().lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).strip().lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError
         if "int" in kind:
             return None if value in ("", None) else int(value)
         if key == "setup":

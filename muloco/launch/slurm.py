@@ -28,6 +28,7 @@ a failed run up to N times. A requeued job resumes from its newest complete chec
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -39,12 +40,14 @@ import tyro
 from muloco.created_dirs import make_dirs, remove_dirs
 from muloco.launch.cli import UsageError, parse
 from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
-                                   check_request, default_partition, query_sinfo,
+                                   check_request, default_cluster_file, default_partition, query_sinfo,
                                    resolve_partition)
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 
 SLURM_DIR = "slurm"
 LOG_DIR = "logs"
+SETUP_FAILED = 3
+"""A job's exit status when a line of the cluster setup failed (not requeued: the setup needs fixing)."""
 ENV_BLOCK = {
     "PYTHONUNBUFFERED": "1",
     "RUST_LOG": "warn",  # torchft's Rust side logs every quorum at INFO
@@ -88,7 +91,10 @@ class Script:
     text: str
     exports: dict[str, str] = field(default_factory=dict)
     after: str | None = None
-    """``@file``: submit held, then release with ``--dependency=after:<that file's job>``."""
+    """``@file``: submit held, then release with ``--dependency=after:<that file's job>`` added to
+    the user's own ``dependency`` (both must hold)."""
+    dependency: str | None = None
+    """The user's ``--dependency`` (already in the header), kept when ``after`` is added."""
 
 
 @dataclass
@@ -105,19 +111,59 @@ def _q(value) -> str:
     return shlex.quote(str(value))
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def sbatch_value(key: str, value) -> str:
+    """``value`` as one ``#SBATCH`` argument: double-quoted with ``\\`` and ``"`` escaped (sbatch
+    reads it back exactly; unquoted, a space ends the value and ``#`` starts a comment). A
+    control character could end the comment line and start a shell command: refused."""
+    text = str(value)
+    if _CONTROL.search(text):
+        raise JobError(f"--{key} {text!r} contains a control character (a newline, tab, ...): SLURM "
+                       f"job files cannot carry it; choose a value without one")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
+_MEM_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "": 1}
+
+
+def scale_mem(mem: str, share: int, of: int) -> str:
+    """SLURM's ``--mem`` (per node; MB without a unit) times ``share/of``, in whole MB."""
+    m = _MEM.match(mem.strip())
+    if not m:
+        raise JobError(f"--mem {mem!r} is not SLURM's format (a number with an optional K, M, G or T: 64G)")
+    return f"{max(1, int(int(m.group(1)) * _MEM_MB[m.group(2).upper()] * share // of))}M"
+
+
+def log_path(run_dir: str, pattern: str) -> str:
+    """A log file under ``run_dir`` for ``#SBATCH --output``: ``%`` of the folder escaped (SLURM
+    expands ``%j``, ``%x``, ...), a backslash refused (it turns every pattern off)."""
+    if "\\" in run_dir:
+        raise JobError(f"the run folder {run_dir!r} contains a backslash, which makes SLURM ignore the %j "
+                       f"patterns of its log files; choose a folder without one")
+    return os.path.join(run_dir.replace("%", "%%"), pattern)
+
+
 def sbatch_header(spec: JobSpec, res: Resources, *, name: str, output: str, array: str | None = None,
                   requeue: bool | None = None) -> list[str]:
     c = spec.cluster
-    lines = [f"#SBATCH --job-name={name}", f"#SBATCH --nodes={res.nodes}",
+    lines = [f"#SBATCH --job-name={sbatch_value('job-name', name)}", f"#SBATCH --nodes={res.nodes}",
              f"#SBATCH --ntasks-per-node={res.ntasks_per_node}",
              f"#SBATCH --cpus-per-task={max(1, res.cpus_per_node // res.ntasks_per_node)}"]
     if res.gpus_per_node:
         lines.append(f"#SBATCH --gpus-per-node={res.gpus_per_node}")
     for key, value in (("partition", c.partition), ("account", c.account), ("qos", c.qos),
-                       ("mem", c.mem), ("constraint", c.constraint)):
+                       ("reservation", c.reservation), ("mem", c.mem), ("constraint", c.constraint),
+                       ("gres", c.gres), ("exclude", c.exclude), ("mail-type", c.mail_type),
+                       ("mail-user", c.mail_user)):
         if value:
-            lines.append(f"#SBATCH --{key}={value}")
-    lines += [f"#SBATCH --time={c.time}", f"#SBATCH --output={output}", "#SBATCH --open-mode=append"]
+            lines.append(f"#SBATCH --{key}={sbatch_value(key, value)}")
+    if c.exclusive:
+        lines.append("#SBATCH --exclusive")
+    lines += [f"#SBATCH --time={sbatch_value('time', c.time)}", f"#SBATCH --output={sbatch_value('output', output)}",
+              "#SBATCH --open-mode=append"]
     if array:
         lines.append(f"#SBATCH --array={array}")
     if spec.requeue if requeue is None else requeue:
@@ -125,7 +171,8 @@ def sbatch_header(spec: JobSpec, res: Resources, *, name: str, output: str, arra
     else:
         lines.append("#SBATCH --no-requeue")
     if spec.dependency:  # a dependency that can never be met cancels the job instead of leaving it queued
-        lines += [f"#SBATCH --dependency={spec.dependency}", "#SBATCH --kill-on-invalid-dep=yes"]
+        lines += [f"#SBATCH --dependency={sbatch_value('dependency', spec.dependency)}",
+                  "#SBATCH --kill-on-invalid-dep=yes"]
     return lines
 
 
@@ -143,7 +190,10 @@ def preamble(spec: JobSpec) -> list[str]:
              "# Secrets (WANDB_API_KEY, HF_TOKEN) are never written here: export them before sbatch.",
              *(f"export {k}={_q(v)}" for k, v in env.items())]
     if spec.cluster.setup:
-        lines += ["", "# --- cluster setup (setup in the cluster file) ---", *spec.cluster.setup]
+        lines += ["", "# --- cluster setup (setup in the cluster file): a failing line stops the job ---",
+                  "trap 'echo \"muloco: the cluster setup failed (exit $?) at: $BASH_COMMAND; fix setup in "
+                  f"{default_cluster_file()}\" >&2; exit {SETUP_FAILED}' ERR",
+                  *spec.cluster.setup, "trap - ERR"]
     return lines
 
 
@@ -247,7 +297,7 @@ class Kind:
         self.check()
 
     def _log(self, name: str) -> str:
-        return os.path.join(self.run_dir, name)
+        return log_path(self.run_dir, name)
 
 
 class DdpJob(Kind):
@@ -393,15 +443,30 @@ class ArrayJob(_DilocoKind):
     def resources(self) -> Resources:
         """A group's GPUs per node, and its share of a node's CPUs (so tasks pack onto nodes)."""
         g = self.cfg.gpus_per_replica if self.cfg.gpus_per_replica is not None else self.gpus_per_node
-        node_gpus = self.gpus_per_node
-        cpus = self.cpus_per_node * g // node_gpus if g and node_gpus and g < node_gpus else self.cpus_per_node
-        return Resources(self.cfg.nodes_per_replica, g, max(1, cpus))
+        share, node = self._task_share()
+        return Resources(self.cfg.nodes_per_replica, g, max(1, self.cpus_per_node * share // node))
 
     def check(self) -> None:
         g = self.cfg.gpus_per_replica
         if g is not None and self.gpus_per_node and (g < 1 or g > self.gpus_per_node):
             raise JobError(f"--gpus-per-replica {g} must be between 1 and the node's {self.gpus_per_node} GPUs")
+        if self.spec.dependency and "?" in self.spec.dependency:
+            raise JobError(f"--dependency {self.spec.dependency!r} joins with '?' (any of), but the groups "
+                           f"must also wait for their lighthouse (all of): join yours with ','")
         super().check()
+
+    def _task_share(self) -> tuple[int, int]:
+        """(GPUs of one task, GPUs of a node): the part of a node one array task takes."""
+        g = self.cfg.gpus_per_replica if self.cfg.gpus_per_replica is not None else self.gpus_per_node
+        return (g, self.gpus_per_node) if g and self.gpus_per_node and g < self.gpus_per_node else (1, 1)
+
+    def _task_spec(self) -> JobSpec:
+        """The spec of one array task: ``--mem`` (per node) scaled to the task's share of a node,
+        as its CPUs are, so tasks that pack onto one node do not ask for the node's memory each."""
+        share, node = self._task_share()
+        if not self.spec.cluster.mem or share == node:
+            return self.spec
+        return replace(self.spec, cluster=replace(self.spec.cluster, mem=scale_mem(self.spec.cluster.mem, share, node)))
 
     def scripts(self) -> list[Script]:
         """The groups array is submitted held, then the lighthouse job; the array is released
@@ -413,17 +478,20 @@ class ArrayJob(_DilocoKind):
                   "# this task is replica group $SLURM_ARRAY_TASK_ID; a requeued task heals from a peer",
                   f"srun --nodes={npr} --ntasks-per-node=1 {self.group_cmd('$SLURM_ARRAY_TASK_ID', url)} &",
                   *wait_block()]
-        groups_header = sbatch_header(self.spec, self.resources(), name=self.spec.name,
+        groups_header = sbatch_header(self._task_spec(), self.resources(), name=self.spec.name,
                                       output=self._log(f"{LOG_DIR}/replica_%a.log"),
                                       array=f"0-{self.replicas - 1}")
         return [Script("groups.sh", script(groups_header, groups, f"Fault-tolerant DiLoCo: {self.replicas} "
-                                           f"replica groups, one array task each"), after="@lighthouse.sh"),
+                                           f"replica groups, one array task each"), after="@lighthouse.sh",
+                       dependency=self.spec.dependency),
                 self._lighthouse_script()]
 
     def _lighthouse_script(self) -> Script:
         """One CPU, no GPU or memory request; requeues itself before its time limit like the groups."""
-        lh_cluster = replace(self.spec.cluster, mem=None, constraint=None)
-        lh_spec = JobSpec(self.spec.config, cluster=lh_cluster, requeue=True, signal_s=self.spec.signal_s)
+        lh_cluster = replace(self.spec.cluster, mem=None, constraint=None, gres=None, exclusive=False,
+                             mail_type=None, mail_user=None)
+        lh_spec = JobSpec(self.spec.config, cluster=lh_cluster, requeue=True, signal_s=self.spec.signal_s,
+                          dependency=self.spec.dependency)  # it waits for what the groups wait for
         lh_url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$MULOCO_GROUPS_JOB.url"'
         body = [*preamble(lh_spec), "", f"RUN_DIR={_q(self.run_dir)}",
                 ': "${MULOCO_GROUPS_JOB:?the job id of the replica groups array (set at submission)}"',
@@ -448,7 +516,7 @@ def array_script(jobs: list[Kind], labels: list[str], name: str, log_folder: str
     body = [*preamble(first.spec), "", *cases, f'mkdir -p "$RUN_DIR/{SLURM_DIR}" "$RUN_DIR/{LOG_DIR}"',
             *requeue_block(first.spec), "", *first.launch_lines()]
     n = len(jobs)
-    header = sbatch_header(first.spec, first.resources(), name=name, output=os.path.join(log_folder, "%x-%A_%a.out"),
+    header = sbatch_header(first.spec, first.resources(), name=name, output=log_path(log_folder, "%x-%A_%a.out"),
                            array=f"0-{n - 1}%{min(parallel, n)}")
     return Script("sweep_array.sh", script(header, body, f"Sweep {name}: {n} runs, one array task each"))
 
@@ -513,7 +581,9 @@ def submit_scripts(scripts: list[Script], folder: str, *, env: dict[str, str] | 
             ids[s.file] = _sbatch([*cmd, path], env)
         for s in scripts:
             if s.after:
-                _scontrol("update", f"JobId={ids[s.file]}", f"Dependency=after:{ids[s.after[1:]]}")
+                after = f"after:{ids[s.after[1:]]}"
+                _scontrol("update", f"JobId={ids[s.file]}", f"Dependency={s.dependency},{after}" if s.dependency
+                          else f"Dependency={after}")
                 _scontrol("release", ids[s.file])
     except (JobError, OSError, subprocess.TimeoutExpired) as e:
         if ids:

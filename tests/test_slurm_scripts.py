@@ -1,0 +1,118 @@
+"""What the generated SLURM scripts say, read without training anything: values quoted for sbatch,
+control characters refused, a failing setup line stopping the job, the pass-through options,
+``--mem`` scaled to an array task's share of a node, and (on the real local SLURM) a user's
+``--dependency`` kept when the groups array also waits for its lighthouse."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from muloco.launch.slurm import JobSpec, Script, main, preamble, sbatch_value, scale_mem, submit_scripts
+from muloco.launch.cluster import ClusterSettings
+
+CPU = ["--gpus-per-node", "0", "--cpus-per-node", "2", "--dry-run"]
+
+
+def _dry_run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _sbatch_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("#SBATCH")]
+
+
+def test_sbatch_values_are_double_quoted_with_quotes_and_backslashes_escaped():
+    assert sbatch_value("job-name", "plain") == '"plain"'
+    assert sbatch_value("job-name", 'a "b" \\ $(c) #d') == '"a \\"b\\" \\\\ $(c) #d"'
+
+
+@pytest.mark.parametrize("bad", ["two\nlines", "tab\there", "cr\rhere"])
+def test_a_control_character_in_a_job_value_is_one_clear_error(capsys, bad):
+    code, out, err = _dry_run(capsys, "ddp", "--config", "ddp/adamw", *CPU, "--job-name", bad)
+    assert code == 2 and "contains a control character" in err and "#SBATCH" not in out
+
+
+def test_a_backslash_in_the_run_folder_is_refused_and_a_percent_escaped(capsys, tmp_path):
+    code, _, err = _dry_run(capsys, "ddp", "--config", "ddp/adamw", *CPU, "--", "--dump_folder",
+                            str(tmp_path / "a\\b"))
+    assert code == 2 and "contains a backslash" in err
+    code, out, _ = _dry_run(capsys, "ddp", "--config", "ddp/adamw", *CPU, "--", "--dump_folder",
+                            str(tmp_path / "50% done"))
+    assert code == 0
+    assert f'#SBATCH --output="{tmp_path}/50%% done/slurm/%x-%j.out"' in out
+
+
+def test_pass_through_options_reach_the_groups_and_not_the_lighthouse(capsys):
+    code, out, err = _dry_run(capsys, "array", "--config", "diloco/muloco", "--replicas", "2", *CPU, "--exclusive",
+                              "--exclude", "node[1-2]", "--reservation", "lab week", "--gres", "gpu:h100:8",
+                              "--mail-type", "END,FAIL", "--mail-user", "me@example.org")
+    assert code == 0, err
+    groups, lighthouse = out.split("lighthouse.sh (dry run")
+    wanted = ['#SBATCH --exclusive', '#SBATCH --exclude="node[1-2]"', '#SBATCH --reservation="lab week"',
+              '#SBATCH --gres="gpu:h100:8"', '#SBATCH --mail-type="END,FAIL"', '#SBATCH --mail-user="me@example.org"']
+    assert set(wanted) <= set(_sbatch_lines(groups))
+    lh = _sbatch_lines(lighthouse)
+    assert '#SBATCH --reservation="lab week"' in lh and '#SBATCH --exclude="node[1-2]"' in lh
+    assert not [line for line in lh if "exclusive" in line or "gres" in line or "mail" in line]
+
+
+def test_array_tasks_ask_for_their_share_of_a_nodes_memory(capsys):
+    code, out, err = _dry_run(capsys, "array", "--config", "diloco/muloco", "--replicas", "4", "--dry-run",
+                              "--gpus-per-node", "8", "--gpus-per-replica", "2", "--cpus-per-node", "96",
+                              "--mem", "512G")
+    assert code == 0, err
+    groups = _sbatch_lines(out.split("lighthouse.sh (dry run")[0])
+    assert '#SBATCH --mem="131072M"' in groups and "#SBATCH --cpus-per-task=24" in groups
+    assert scale_mem("64G", 1, 8) == "8192M" and scale_mem("1000", 1, 2) == "500M"
+    code, _, err = _dry_run(capsys, "array", "--config", "diloco/muloco", "--replicas", "2", *CPU, "--mem", "lots")
+    assert code == 2 and "mem 'lots' is not SLURM's format" in err
+
+
+def test_an_any_of_dependency_cannot_join_the_lighthouse_dependency(capsys):
+    code, _, err = _dry_run(capsys, "array", "--config", "diloco/muloco", "--replicas", "2", *CPU,
+                            "--dependency", "afterok:1?afterok:2")
+    assert code == 2 and "join yours with ','" in err
+
+
+def test_a_failing_setup_line_stops_the_job_with_one_message(tmp_path):
+    spec = JobSpec("ddp/adamw", cluster=ClusterSettings(setup=["true", "no_such_activate_command_xyz",
+                                                               "echo SETUP-CONTINUED"]))
+    script = tmp_path / "job.sh"
+    script.write_text("\n".join(["#!/bin/bash", *preamble(spec), "echo TRAINING-STARTED", ""]))
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path)})
+    assert r.returncode == 3
+    assert "muloco: the cluster setup failed (exit 127) at: no_such_activate_command_xyz" in r.stderr
+    assert "SETUP-CONTINUED" not in r.stdout and "TRAINING-STARTED" not in r.stdout
+    ok = JobSpec("ddp/adamw", cluster=ClusterSettings(setup=["true"]))
+    script.write_text("\n".join(["#!/bin/bash", *preamble(ok), "false", "echo TRAINING-STARTED", ""]))
+    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path)})
+    assert r.returncode == 0 and "TRAINING-STARTED" in r.stdout  # the trap ends with the setup
+
+
+def test_the_lighthouse_dependency_joins_the_users_own(slurm, tmp_path):
+    """submit_scripts on the real SLURM: the held script is released with the user's dependency
+    and ``after:<lighthouse>`` together (it used to lose the user's)."""
+    env = {**os.environ, **slurm.env}
+    blocker = subprocess.run(["sbatch", "--parsable", "--hold", "--wrap", "sleep 60", "--time", "2",
+                              "--output", str(tmp_path / "blocker.out")], capture_output=True, text=True,
+                             env=env, check=True).stdout.strip().split(";")[0]
+    header = ["#SBATCH --time=2", f"#SBATCH --output={sbatch_value('output', str(tmp_path / '%x-%j.out'))}",
+              f"#SBATCH --dependency=afterok:{blocker}"]  # neither can start (or end) while we look
+    try:
+        ids = submit_scripts([
+            Script("groups.sh", "\n".join(["#!/bin/bash", *header, "true", ""]), after="@lighthouse.sh",
+                   dependency=f"afterok:{blocker}"),
+            Script("lighthouse.sh", "\n".join(["#!/bin/bash", *header, "true", ""]))], str(tmp_path), env=env)
+        deps = subprocess.run(["squeue", "-h", "-j", ids["groups.sh"], "-o", "%E"], capture_output=True,
+                              text=True, env=env).stdout.strip()
+        assert f"afterok:{blocker}" in deps and f":{ids['lighthouse.sh']}" in deps, deps
+    finally:
+        slurm.cancel({blocker, *locals().get("ids", {}).values()})
+

@@ -68,6 +68,7 @@ JobRequeue=1
 NodeName=localhost CPUs={cpus} RealMemory={memory} State=UNKNOWN
 PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 PartitionName=long Nodes=localhost MaxTime=INFINITE State=UP
+PartitionName=short Nodes=localhost MaxTime=30 State=UP
 """
 
 # submitit asks `sacct -o JobID,State,NodeList --parsable2 -j ID`; without an accounting database

@@ -338,6 +338,8 @@ def generate_here(capsys, *args: str) -> tuple[int, str, str]:
     (["groups", "--cpus-per-node", "512"], "more than the 8 CPUs"),
     (["spanning", "--replicas", "2"], "needs 2 node(s) but partition 'debug' has 1"),
     (["groups", "--time", "soon"], "time 'soon' is not a SLURM time"),
+    (["groups", "--partition", "short", "--time", "45"], "--time 45 is more than partition 'short''s MaxTime of 30"),
+    (["groups", "--mem", "4096G"], "--mem 4096G is more than the"),
 ])
 def test_bad_cluster_settings_are_one_clear_error_before_anything_is_submitted(slurm, tmp_path, capsys,
                                                                                monkeypatch, args, message):

@@ -10,8 +10,8 @@ import subprocess
 
 import pytest
 
+from muloco.launch.cluster import ClusterError, ClusterSettings, NodeInfo, check_request, resolve_partition
 from muloco.launch.slurm import JobSpec, Script, main, preamble, sbatch_value, scale_mem, submit_scripts
-from muloco.launch.cluster import ClusterSettings
 
 CPU = ["--gpus-per-node", "0", "--cpus-per-node", "2", "--dry-run"]
 
@@ -116,3 +116,34 @@ def test_the_lighthouse_dependency_joins_the_users_own(slurm, tmp_path):
     finally:
         slurm.cancel({blocker, *locals().get("ids", {}).values()})
 
+
+
+def _nodes(*specs):
+    return [NodeInfo("p", name, cpus, gpus, mem, state, 60) for name, cpus, gpus, mem, state in specs]
+
+
+def test_a_mixed_partition_offers_its_gpu_nodes_and_counts_only_those():
+    nodes = _nodes(("cpu1", 64, 0, 256_000, "idle"), ("gpu1", 96, 8, 1_000_000, "mix"),
+                   ("gpu2", 96, 8, 1_000_000, "idle"))
+    part = resolve_partition(ClusterSettings(partition="p"), nodes, None)
+    assert (part.gpus_per_node, part.cpus_per_node, part.nodes) == (8, 96, 3)  # it was min: 0 GPUs
+    check_request(part, nodes=2, gpus_per_node=8, cpus_per_node=96, mem="900G", time="60")
+    with pytest.raises(ClusterError, match="needs 3 node\\(s\\) but partition 'p' has 2 that are up and hold"):
+        check_request(part, nodes=3, gpus_per_node=8, cpus_per_node=96)
+    check_request(part, nodes=3, gpus_per_node=0, cpus_per_node=64)  # CPU jobs may use all three
+
+
+def test_drained_and_down_nodes_do_not_count_and_limits_are_checked():
+    nodes = _nodes(("a", 8, 0, 16_000, "idle"), ("b", 8, 0, 16_000, "drain"), ("c", 8, 0, 16_000, "down*"),
+                   ("d", 8, 0, 16_000, "idle*"))
+    part = resolve_partition(ClusterSettings(partition="p"), nodes, None)
+    assert part.nodes == 1
+    with pytest.raises(ClusterError, match="needs 2 node"):
+        check_request(part, nodes=2, gpus_per_node=0, cpus_per_node=8)
+    with pytest.raises(ClusterError, match="--time 2:00:00 is more than partition 'p''s MaxTime of 60 minutes"):
+        check_request(part, nodes=1, gpus_per_node=0, cpus_per_node=8, time="2:00:00")
+    with pytest.raises(ClusterError, match="--mem 32G is more than the 16000 MB"):
+        check_request(part, nodes=1, gpus_per_node=0, cpus_per_node=8, mem="32G")
+    gone = resolve_partition(ClusterSettings(partition="p"), _nodes(("a", 8, 0, 16_000, "drain")), None)
+    with pytest.raises(ClusterError, match="no node a job can start on now"):
+        check_request(gone, nodes=1, gpus_per_node=0, cpus_per_node=8)

@@ -21,9 +21,9 @@ Where a value comes from, last wins:
 
 Nothing cluster-specific is written into the repository, and a key this module does not know
 is an error naming the known ones (MuLoCo's generator silently ignored ``--partition`` and
-``--account``). ``check_against(sinfo)`` refuses, before anything is written or submitted, a
-partition the cluster does not have, more GPUs or CPUs per node than its nodes have, and more
-nodes than the partition holds.
+``--account``). :func:`check_request` refuses, before anything is written or submitted, a
+partition the cluster does not have, a time over its MaxTime, more GPUs, CPUs or memory per node
+than its nodes have, and more nodes than it holds that are up (not drained or down).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import tomli
 CLUSTER_FILE_VAR = "MULOCO_CLUSTER_FILE"
 ENV_PREFIX = "MULOCO_SLURM_"
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
-_MEM = re.compile(r"^\d+[KMGT]?B?$", re.IGNORECASE)
 _SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
 
 
@@ -83,9 +82,8 @@ class ClusterSettings:
     def validate(self) -> None:
         if not _TIME.match(self.time):
             raise ClusterError(f"time {self.time!r} is not a SLURM time: use MM, HH:MM:SS or D-HH:MM:SS")
-        if self.mem is not None and not _MEM.match(self.mem.strip()):
-            raise ClusterError(f"mem {self.mem!r} is not SLURM's format (a number with an optional K, M, G or "
-                               f"T: 64G)")
+        if self.mem is not None:
+            mem_mb(self.mem)
         for key in ("gpus_per_node", "cpus_per_node"):
             value = getattr(self, key)
             if value is not None and value < (0 if key == "gpus_per_node" else 1):
@@ -199,6 +197,22 @@ class NodeInfo:
     name: str
     cpus: int
     gpus: int
+    mem_mb: int | None = None
+    """The node's memory for jobs (sinfo %m); None: not reported."""
+    state: str = "idle"
+    """sinfo's short state (idle, mix, alloc, drain, down, ...; a trailing * means not responding)."""
+    max_time_min: int | None = None
+    """The partition's MaxTime in minutes; None: unlimited."""
+
+    @property
+    def usable(self) -> bool:
+        """A node a new job can start on (not down, drained, draining, failed or unresponsive)."""
+        base = self.state.rstrip("~#%!$@^-+")
+        return not base.endswith("*") and base not in UNUSABLE_STATES
+
+
+UNUSABLE_STATES = {"down", "drain", "drng", "drained", "draining", "fail", "failg", "failing", "inval", "maint",
+                   "unk", "unknown", "futr", "future"}
 
 
 def _gpus(gres: str) -> int:
@@ -211,10 +225,36 @@ def _gpus(gres: str) -> int:
     return total
 
 
+def slurm_minutes(value: str) -> int | None:
+    """Minutes of a SLURM time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH[:MM[:SS]]``); None for
+    ``infinite``/``UNLIMITED``."""
+    text = value.strip().lower()
+    if text in ("infinite", "unlimited", "n/a", ""):
+        return None
+    days, _, clock = text.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:
+        parts += [0] * (3 - len(parts))
+        hours, minutes, seconds = parts
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    else:
+        hours, (minutes, seconds) = 0, (parts + [0])[:2]
+    return int(days or 0) * 1440 + hours * 60 + minutes + (1 if seconds else 0)
+
+
+def mem_mb(value: str) -> int:
+    """Megabytes of a SLURM ``--mem`` value (MB without a unit)."""
+    m = re.match(r"^(\d+)([KMGT]?)B?$", value.strip(), re.IGNORECASE)
+    if not m:
+        raise ClusterError(f"mem {value!r} is not SLURM's format (a number with an optional K, M, G or T: 64G)")
+    return int(int(m.group(1)) * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 ** 2, "": 1}[m.group(2).upper()])
+
+
 def query_sinfo(env: dict[str, str] | None = None) -> list[NodeInfo]:
     """Every (partition, node) of the cluster; a missing or failing sinfo is a ClusterError."""
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%P|%N|%c|%G"], capture_output=True, text=True,
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%P|%N|%c|%G|%m|%t|%l"], capture_output=True, text=True,
                              timeout=60, env=env, check=True).stdout
     except FileNotFoundError:
         raise ClusterUnreachable("sinfo was not found: run this on a SLURM login node, or use --dry-run "
@@ -222,33 +262,47 @@ def query_sinfo(env: dict[str, str] | None = None) -> list[NodeInfo]:
     except subprocess.CalledProcessError as e:
         raise ClusterUnreachable(f"sinfo failed ({(e.stderr.strip().splitlines() or [str(e)])[-1]}): is "
                                  f"SLURM reachable from here (SLURM_CONF, slurmctld)?") from None
+    except subprocess.TimeoutExpired:
+        raise ClusterUnreachable("sinfo did not answer in 60 s: is slurmctld up (SLURM_CONF)? Use --dry-run to "
+                                 "print the job without checking the cluster") from None
     nodes = []
     for line in out.splitlines():
-        partition, name, cpus, gres = line.split("|")
-        nodes.append(NodeInfo(partition.rstrip("*"), name, int(cpus), _gpus(gres)))
+        partition, name, cpus, gres, mem, state, limit = line.split("|")
+        nodes.append(NodeInfo(partition.rstrip("*"), name, int(cpus), _gpus(gres),
+                              int(mem.rstrip("+")) if mem.rstrip("+").isdigit() else None, state,
+                              slurm_minutes(limit)))
     return nodes
 
 
 @dataclass(frozen=True)
 class Partition:
-    """What the generator needs to know about the partition a job goes to."""
+    """What the generator needs to know about the partition a job goes to: its usable nodes."""
 
     name: str
     nodes: int
+    """Nodes a job can start on (not down or drained)."""
     cpus_per_node: int
+    """The default CPU request: what the partition's largest GPU nodes (or its nodes) have."""
     gpus_per_node: int
+    """The default GPU request: the most GPUs a node has (a mixed partition's GPU nodes)."""
+    members: tuple[NodeInfo, ...] = ()
+    max_time_min: int | None = None
 
 
 def resolve_partition(settings: ClusterSettings, nodes: list[NodeInfo], default: str | None) -> Partition:
-    """The partition a job goes to (the cluster's default when none is set), its smallest node."""
+    """The partition a job goes to (the cluster's default when none is set) and its usable nodes;
+    defaults are those of its nodes with the most GPUs."""
     name = settings.partition or default
     members = [n for n in nodes if n.partition == name]
     if not members:
         known = sorted({n.partition for n in nodes})
         raise ClusterError(f"unknown partition {name!r}: this cluster has {', '.join(known)}; set "
                            f"--partition or partition in {default_cluster_file()}")
-    return Partition(name, len({n.name for n in members}), min(n.cpus for n in members),
-                     min(n.gpus for n in members))
+    usable = [n for n in members if n.usable]
+    pool = usable or members
+    gpus = max(n.gpus for n in pool)
+    cpus = min(n.cpus for n in pool if n.gpus == gpus)
+    return Partition(name, len({n.name for n in usable}), cpus, gpus, tuple(usable), members[0].max_time_min)
 
 
 def default_partition(env: dict[str, str] | None = None) -> str | None:
@@ -260,15 +314,34 @@ def default_partition(env: dict[str, str] | None = None) -> str | None:
     return next((p.rstrip("*") for p in out.split() if p.endswith("*")), None)
 
 
-def check_request(partition: Partition, *, nodes: int, gpus_per_node: int, cpus_per_node: int) -> None:
+def check_request(partition: Partition, *, nodes: int, gpus_per_node: int, cpus_per_node: int,
+                  mem: str | None = None, time: str | None = None) -> None:
     """Refuse a request the partition can never satisfy (SLURM would queue it forever or reject
-    it after the files were written)."""
-    if nodes > partition.nodes:
-        raise ClusterError(f"the job needs {nodes} node(s) but partition {partition.name!r} has "
-                           f"{partition.nodes}: use fewer replica groups or nodes per group")
-    if gpus_per_node > partition.gpus_per_node:
-        raise ClusterError(f"--gpus-per-node {gpus_per_node} is more than the {partition.gpus_per_node} "
-                           f"GPU(s) a node of partition {partition.name!r} has")
-    if cpus_per_node > partition.cpus_per_node:
-        raise ClusterError(f"--cpus-per-node {cpus_per_node} is more than the {partition.cpus_per_node} "
-                           f"CPUs a node of partition {partition.name!r} has")
+    it after the files were written): its MaxTime, nodes with enough GPUs, CPUs and memory, and
+    enough of them that are up."""
+    where = f"partition {partition.name!r}"
+    wanted = slurm_minutes(time) if time else None
+    if wanted is not None and partition.max_time_min is not None and wanted > partition.max_time_min:
+        raise ClusterError(f"--time {time} is more than {where}'s MaxTime of {partition.max_time_min} minutes: "
+                           f"ask for less (the job requeues itself at its limit and resumes) or pick another "
+                           f"partition")
+    mem_need = mem_mb(mem) if mem else None
+    members = partition.members or ()
+    if not members:
+        raise ClusterError(f"{where} has no node a job can start on now (every node is down or drained): "
+                           f"pick another partition or ask your admins")
+    if gpus_per_node > max(n.gpus for n in members):
+        raise ClusterError(f"--gpus-per-node {gpus_per_node} is more than the {max(n.gpus for n in members)} "
+                           f"GPU(s) a node of {where} has")
+    fit = [n for n in members if n.gpus >= gpus_per_node]
+    if cpus_per_node > max(n.cpus for n in fit):
+        raise ClusterError(f"--cpus-per-node {cpus_per_node} is more than the {max(n.cpus for n in fit)} "
+                           f"CPUs a node of {where} has")
+    fit = [n for n in fit if n.cpus >= cpus_per_node]
+    known_mem = [n.mem_mb for n in fit if n.mem_mb is not None]
+    if mem_need is not None and known_mem and mem_need > max(known_mem):
+        raise ClusterError(f"--mem {mem} is more than the {max(known_mem)} MB a node of {where} has")
+    fit = [n for n in fit if mem_need is None or n.mem_mb is None or n.mem_mb >= mem_need]
+    if nodes > len({n.name for n in fit}):
+        raise ClusterError(f"the job needs {nodes} node(s) but {where} has {len({n.name for n in fit})} "
+                           f"that are up and hold the request: use fewer replica groups or nodes per group")

@@ -40,7 +40,7 @@ import tyro
 from muloco.created_dirs import make_dirs, remove_dirs
 from muloco.launch.cli import UsageError, parse
 from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
-                                   check_request, default_cluster_file, default_partition, query_sinfo,
+                                   check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
                                    resolve_partition)
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 
@@ -125,16 +125,9 @@ def sbatch_value(key: str, value) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-_MEM = re.compile(r"^(\d+)([KMGT]?)B?$", re.IGNORECASE)
-_MEM_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024, "": 1}
-
-
 def scale_mem(mem: str, share: int, of: int) -> str:
     """SLURM's ``--mem`` (per node; MB without a unit) times ``share/of``, in whole MB."""
-    m = _MEM.match(mem.strip())
-    if not m:
-        raise JobError(f"--mem {mem!r} is not SLURM's format (a number with an optional K, M, G or T: 64G)")
-    return f"{max(1, int(int(m.group(1)) * _MEM_MB[m.group(2).upper()] * share // of))}M"
+    return f"{max(1, mem_mb(mem) * share // of)}M"
 
 
 def log_path(run_dir: str, pattern: str) -> str:
@@ -288,7 +281,7 @@ class Kind:
         if self.partition is not None:
             res = self.resources()
             check_request(self.partition, nodes=res.nodes, gpus_per_node=res.gpus_per_node,
-                          cpus_per_node=res.cpus_per_node)
+                          cpus_per_node=res.cpus_per_node, mem=self.spec.cluster.mem, time=self.spec.cluster.time)
 
     def place(self, nodes: list[NodeInfo], default: str | None) -> None:
         """Send the job to its partition (the cluster's default when none is set), then check it."""

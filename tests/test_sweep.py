@@ -9,7 +9,8 @@ import pytest
 from conftest import REPO
 from muloco.launch.cluster import ClusterError, ClusterSettings, _gpus, load_cluster_settings
 from muloco.launch.slurm import JobError, JobSpec
-from muloco.launch.sweep import Entry, grid, lr_grid, plan, read_manifest, same_shape, write_manifest
+from muloco.launch.sweep import (Entry, _states_in, combined_state, grid, lr_grid, plan, read_manifest, same_shape,
+                                 write_manifest)
 
 SWEEP_FILES = sorted((REPO / "jobs" / "sweeps").glob("*.py"))
 
@@ -92,9 +93,16 @@ def test_manifest_round_trips_and_a_broken_line_is_named(tmp_path):
     write_manifest(str(tmp_path), entries)
     assert read_manifest(str(tmp_path)) == entries
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.jsonl"], "written atomically, no temp left"
+    entries["a"].job_files = {"groups.sh": "15", "lighthouse.sh": "16"}  # every job of a submission
+    write_manifest(str(tmp_path), entries)
+    assert read_manifest(str(tmp_path))["a"].job_files == {"groups.sh": "15", "lighthouse.sh": "16"}
+    with open(tmp_path / "manifest.jsonl", "a") as f:  # a line of an older manifest, without job_files
+        f.write('{"name": "c", "kind": "ddp", "config": "ddp/adamw", "overrides": [], "options": {}, '
+                '"run_dir": "c", "jobs": ["9"], "state": "NEW"}\n')
+    assert read_manifest(str(tmp_path))["c"].job_files == {}
     with open(tmp_path / "manifest.jsonl", "a") as f:
         f.write("{not json\n")
-    with pytest.raises(JobError, match=r"manifest.jsonl:3 is not a manifest line"):
+    with pytest.raises(JobError, match=r"manifest.jsonl:4 is not a manifest line"):
         read_manifest(str(tmp_path))
 
 
@@ -130,3 +138,16 @@ def test_paper_settings_split_the_batch_over_k_and_rescale_the_weight_decay():
     assert flags["--optimizer.weight_decay"] == pytest.approx(wd * ratio / 8, rel=1e-5)
     with pytest.raises(ValueError, match="does not split"):
         paper_batch_and_decay(flavor, "muon", 3)
+
+
+def test_an_array_jobs_state_covers_every_task():
+    """scontrol answers an array job id with one record per task: the state is all of them (it
+    was the first task's)."""
+    two = ("JobId=41 ArrayJobId=40 ArrayTaskId=0 JobName=g\n   JobState=COMPLETED Reason=None\n\n"
+           "JobId=42 ArrayJobId=40 ArrayTaskId=1 JobName=g\n   JobState=RUNNING Reason=None\n")
+    assert _states_in(two) == ["COMPLETED", "RUNNING"] and combined_state(_states_in(two)) == "RUNNING"
+    assert combined_state(["COMPLETED", "FAILED"]) == "FAILED"
+    assert combined_state(["COMPLETED", "COMPLETED"]) == "COMPLETED"
+    assert combined_state(["PENDING", "COMPLETED"]) == "PENDING"
+    assert combined_state(_states_in("COMPLETED|\nTIMEOUT|\n")) == "TIMEOUT"  # sacct -P, one line per task
+    assert combined_state([]) is None

@@ -153,7 +153,10 @@ class Entry:
     options: dict
     run_dir: str
     jobs: list[str] = field(default_factory=list)
+    """The run's job (an array-kind run: its groups array) of every submission, oldest first."""
     state: str = "NEW"
+    job_files: dict[str, str] = field(default_factory=dict)
+    """Every job of the latest submission by script file, the lighthouse's included."""
 
     @property
     def job(self) -> str | None:
@@ -184,23 +187,36 @@ def write_manifest(folder: str, entries: dict[str, Entry]) -> None:
 # -- job states ------------------------------------------------------------------------------
 
 
-def _state_in(text: str) -> str | None:
-    for token in text.replace("|", " ").split():
-        word = token.removeprefix("JobState=")
-        if word in KNOWN_STATES:
-            return word
-    return None
+def _states_in(text: str) -> list[str]:
+    """Every job state named in scontrol's or sacct's answer (one per record: an array job's
+    tasks each have one)."""
+    return [word for token in text.replace("|", " ").split()
+            if (word := token.removeprefix("JobState=")) in KNOWN_STATES]
+
+
+def combined_state(states: list[str]) -> str | None:
+    """One state for a job's records (an array's tasks): RUNNING or PENDING while any task is,
+    else the first failure, else COMPLETED when every task completed."""
+    if not states:
+        return None
+    for active in ("RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED", "PENDING",
+                   "REQUEUE_HOLD", "REQUEUE_FED"):
+        if active in states:
+            return active
+    failed = [s for s in states if s != "COMPLETED"]
+    return failed[0] if failed else "COMPLETED"
 
 
 def job_state(job_id: str, run_dir: str) -> str:
-    """SLURM's state of a job (array task ``A_i``): scontrol while the controller remembers it
-    (MinJobAge), else sacct where accounting exists, else the run folder (a summary means done)."""
+    """SLURM's state of a job (every task of an array job ``A``, or one task ``A_i``): scontrol
+    while the controller remembers it (MinJobAge), else sacct where accounting exists, else the
+    run folder (a summary means done)."""
     for cmd in (["scontrol", "show", "job", job_id], ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id]):
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        except FileNotFoundError:
+        except (FileNotFoundError, subprocess.TimeoutExpired):
             continue
-        state = _state_in(r.stdout.splitlines()[0] if cmd[0] == "sacct" and r.stdout else r.stdout)
+        state = combined_state(_states_in(r.stdout))
         if r.returncode == 0 and state:
             return state
     return "COMPLETED" if run_finished(run_dir) else "LOST"
@@ -328,8 +344,9 @@ class SweepRunner:
                 todo.append(p)
         return todo
 
-    def record(self, p: Planned, job_id: str) -> None:
+    def record(self, p: Planned, job_id: str, files: dict[str, str] | None = None) -> None:
         p.entry.jobs.append(job_id)
+        p.entry.job_files = dict(files or {})
         p.entry.state = "SUBMITTED"
         self.entries[p.entry.name] = p.entry
         write_manifest(self.folder, self.entries)
@@ -343,14 +360,14 @@ class SweepRunner:
             s = sweep_array(todo, self.sweep, self.folder, self.args.parallel)
             array_id = submit_scripts([s], os.path.join(self.folder, SLURM_DIR))[s.file]
             for i, p in enumerate(todo):
-                self.record(p, f"{array_id}_{i}")
+                self.record(p, f"{array_id}_{i}", {s.file: f"{array_id}_{i}"})
             self.say(f"submitted {len(todo)} runs as job array {array_id} (at most {self.args.parallel} at once)")
             return
         for p in todo:
             if self.args.max_nodes:
                 wait_for_nodes(nodes_of(p), self.args.max_nodes, self.args.poll_s, self.say)
             ids = submit_scripts(p.job.scripts(), os.path.join(p.job.run_dir, SLURM_DIR))
-            self.record(p, next(iter(ids.values())))
+            self.record(p, next(iter(ids.values())), ids)
             self.say(f"submitted {p.entry.name} as job {', '.join(ids.values())}")
 
     def status(self) -> int:

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,31 @@ def _is_metrics_rank() -> bool:
     return not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
 
 
+WANDB_ID_FILE = "wandb_run_id"
+
+
+def keep_wandb_run(dump_folder: str, rank_suffix: str = "") -> str:
+    """One W&B run per run folder across restarts, requeues and resubmissions: its id is kept in
+    ``<dump_folder>/wandb_run_id`` (made once) and exported as ``WANDB_RUN_ID`` with
+    ``WANDB_RESUME=allow``, which torchtitan's ``WandBLogger`` and the W&B SDK read, so a resumed
+    run continues its curves instead of starting a new W&B run. A ``WANDB_RUN_ID`` the user set wins."""
+    if os.environ.get("WANDB_RUN_ID"):
+        return os.environ["WANDB_RUN_ID"]
+    path = os.path.join(dump_folder, WANDB_ID_FILE + rank_suffix)
+    os.makedirs(dump_folder, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(uuid.uuid4().hex[:16] + "\n")
+    except FileExistsError:
+        pass
+    with open(path) as f:
+        run_id = f.read().strip()
+    os.environ["WANDB_RUN_ID"] = run_id
+    os.environ.setdefault("WANDB_RESUME", "allow")
+    return run_id
+
+
 class MulocoMetrics(MetricsProcessor):
     @dataclass(kw_only=True, slots=True)
     class Config(MetricsProcessor.Config):
@@ -53,6 +79,9 @@ class MulocoMetrics(MetricsProcessor):
         """Per-run JSONL record of every logged step, relative to dump_folder ('' = off)."""
 
     def __init__(self, config: Config, *, dump_folder: str = "./outputs", **kwargs):
+        if config.enable_wandb and (_is_metrics_rank() or config.save_for_all_ranks):
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            keep_wandb_run(dump_folder, f"-rank{rank}" if rank else "")
         super().__init__(config, dump_folder=dump_folder, **kwargs)
         self.total_steps = 0
         self.start_step = 0

@@ -259,8 +259,32 @@ class MulocoCheckpointManager(CheckpointManager):
         super()._wait_for_saving()  # raises if the save failed: the folder stays incomplete
         self._seal_async()
 
+    _force_save = False
+    _saved_step: int | None = None
+
+    def save_now(self, step: int) -> bool:
+        """A full, resumable checkpoint at ``step`` whatever the interval (a run stopped on
+        request), written before this returns; False with checkpoints off or one already there."""
+        if not self.enable or self.load_only:
+            return False
+        if step == self._saved_step or step in manifest.complete_steps(self.folder):
+            self.maybe_wait_for_saving()  # saved at this step already (maybe still in flight), or loaded
+            return False
+        self._force_save = True
+        try:
+            saved = self.save(step)
+        finally:
+            self._force_save = False
+        self.maybe_wait_for_saving()
+        return saved
+
+    def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
+        return self._force_save or super()._should_save(curr_step, last_step)
+
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         saved = super()._save(curr_step, last_step)
+        if saved:
+            self._saved_step = curr_step
         if saved and last_step:  # torchtitan purges after interval saves only
             self._purge_stale_checkpoints()
         return saved

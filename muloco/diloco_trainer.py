@@ -152,10 +152,17 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
     def should_continue_training(self) -> bool:
         if super().should_continue_training():
             return True
-        if not getattr(self, "_finished", False):
+        if not self.preempted and not getattr(self, "_finished", False):
             self._finished = True
             self._meet_peers_at_the_end()
         return False
+
+    def _stop_requested(self) -> bool:
+        """Only at a sync boundary, where no exchange is in flight (the checkpoint holds θ_g and
+        the outer state of a finished sync, as periodic checkpoints do), and the same boundary
+        for every group of the job."""
+        interval = self.outer.schedule.interval
+        return self.step % interval == 0 and self._stop.agreed_at_sync(self.step, interval)
 
     def _meet_peers_at_the_end(self) -> None:
         """Stay until every replica group stands at the same sync; re-validate and re-save if

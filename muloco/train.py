@@ -25,6 +25,7 @@ from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
 from muloco.launch.ports import free_port  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError  # noqa: E402
+from muloco.preemption import EXIT_PREEMPTED, RunPreempted  # noqa: E402
 from muloco.run_facts import update_run_record  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -160,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     except ReplicaGroupError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         _exit_now(err.exit_status)  # 4: lighthouse or quorum lost; 5: ended out of date
+    except RunPreempted as err:
+        print(f"muloco: {err}", file=sys.stderr, flush=True)
+        _exit_now(EXIT_PREEMPTED)  # the job script requeues the job on this status
     return 0
 
 

@@ -32,6 +32,7 @@ from muloco.models import ModelConfig, build_model_spec
 from muloco.objectives import Autoregressive, NoiseKey, Objective, ObjectiveConfig, SpecialTokens
 from muloco.optim import MulocoOptimizers
 from muloco.precision import MulocoTrainingConfig, resolve_precision
+from muloco.preemption import RunPreempted, StopRequest
 from muloco.run_facts import facts_of, update_run_record
 from muloco.validate import MulocoValidator
 
@@ -144,11 +145,30 @@ class MulocoTrainerMixin:
             return
         update_run_record(self.config.dump_folder, facts=facts_of(self.config, parameters=parameters))
 
+    preempted: bool = False
+    """Stopped on request (:mod:`muloco.preemption`) with a checkpoint, before ``training.steps``."""
+
     def should_continue_training(self) -> bool:
         if not getattr(self, "_loop_started", False):
             self._loop_started = True  # first call: after any checkpoint was loaded
+            self._stop = StopRequest.from_environment()
             self._on_loop_start()
-        return super().should_continue_training()  # type: ignore[misc]
+        if not super().should_continue_training():  # type: ignore[misc]
+            return False
+        if self._stop_requested():
+            self._stop_with_checkpoint()
+            return False
+        return True
+
+    def _stop_requested(self) -> bool:
+        """Whether to stop after this step (asked on every step; a DiLoCo group: at sync boundaries)."""
+        return self._stop.agreed()
+
+    def _stop_with_checkpoint(self) -> None:
+        self.preempted = True
+        saved = self.checkpointer.save_now(self.step)
+        logger.info(f"stop requested: {'checkpoint written' if saved else 'the checkpoint is already there'} "
+                    f"at step {self.step} in {self.checkpointer.folder}; stopping (the same command resumes)")
 
     def _on_loop_start(self) -> None:
         total = self.config.training.steps
@@ -164,6 +184,8 @@ class MulocoTrainerMixin:
         """torchtitan's loop, then a final validation and a summary."""
         wall_start = time.perf_counter()
         super().train()  # type: ignore[misc]
+        if self.preempted:
+            raise RunPreempted(self.step, self.checkpointer.folder)
         if self.config.validator.enable and self.metrics_processor.last_validation_step != self.step:
             self.validator.validate(self.model_parts, self.step)
         self.summary = self._summarize(time.perf_counter() - wall_start)

@@ -131,9 +131,11 @@ def _complete_checkpoints(run: Path) -> list[int]:
 
 
 def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_loss(slurm, jobs):
-    """``scancel --signal=USR1 --batch`` is what SLURM sends before the time limit: the script
-    requeues the job, which starts again and resumes from its newest complete checkpoint. A
-    diffusion run: its noise stream must resume exactly too."""
+    """``scancel --signal=USR1 --batch`` is what SLURM sends before the time limit: the script asks
+    the run to stop, the run writes a checkpoint at the step it stands at (15, where the periodic
+    ones are every 10) and exits, the script requeues the job, which resumes from that checkpoint:
+    no more than the step in progress is lost. A diffusion run: its noise stream must resume
+    exactly too."""
     run = jobs["root"] / "requeued"
     drills = jobs["root"] / "requeued-drills"  # the run holds after step 15 until requeued: it cannot end first
     job = submitted(generate("ddp", "--config", REQUEUE_CONFIG, *CPU, "--cpus-per-node", "1", "--",
@@ -146,10 +148,15 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_l
         time.sleep(0.2)
     assert _complete_checkpoints(run) == [10]  # held at 15: the step-10 checkpoint is the newest
     slurm.run(["scancel", "--signal=USR1", "--batch", job])
+    _wait_for("the script to ask the run to stop", lambda: (run / "slurm" / f"stop-{job}").exists(),
+              time.monotonic() + JOB_TIMEOUT, slurm)
+    release(drills, 0, 15)  # the held step ends; the run sees the request before step 16
     wait_done(slurm, job, run)
     out = next((run / "slurm").glob(f"*-{job}.out")).read_text()
     requeued = out.index("requeueing job")
-    assert "Loading the checkpoint from" in out[requeued:], "the requeued job did not resume"
+    assert "the run checkpoints and stops" in out[:requeued] and "(stopped with a checkpoint (exit" in out
+    assert "stopped on request at step 15 with a checkpoint" in out[:requeued]
+    assert f"Loading the checkpoint from {run / 'checkpoint' / 'step-15'}" in out[requeued:], out[requeued:][-3000:]
     assert "Restarts=1" in slurm.run(["scontrol", "show", "job", job]).stdout
     twin = jobs["ddp"]  # the same run, never interrupted
     wait_done(slurm, jobs["ddp_ids"]["job.sh"], twin)

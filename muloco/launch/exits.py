@@ -6,6 +6,10 @@ import os
 import signal
 import sys
 
+EXIT_PREEMPTED = 75
+"""EX_TEMPFAIL: a run stopped on request after writing a checkpoint (``muloco.preemption``);
+launchers pass it on and job scripts requeue on it."""
+
 
 def describe_exit(code: int) -> str:
     """Exit codes as people read them: 'code 3', or 'signal SIGKILL' for a killed process

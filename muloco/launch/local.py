@@ -42,7 +42,7 @@ from muloco.created_dirs import make_dirs, remove_dirs
 from muloco.launch.cli import UsageError, dump_folder_in, parse
 from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
-from muloco.launch.exits import describe_exit, shell_status
+from muloco.launch.exits import EXIT_PREEMPTED, describe_exit, shell_status
 from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, load_trainer_config, torchrun_args,
                                  torchrun_group, trainer_command)
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
@@ -115,6 +115,8 @@ class ReplicaGroup:
     index: int
     agent: ManagedProcess | None = None
     restarts: int = 0
+    preempted: bool = False
+    """Stopped on request (MULOCO_STOP_FILE) after writing a checkpoint."""
     failed_rank: int = 0  # the rank that failed last (for the log named in the final message)
     done: bool = False
 
@@ -512,6 +514,11 @@ class LocalJob(LaunchOptions):
                 if failed is not None:
                     return failed
             if all(g.done for g in self._groups):
+                stopped = [g.index for g in self._groups if g.preempted]
+                if stopped:
+                    self._out.line(f"local job stopped on request: replica(s) {', '.join(map(str, stopped))} "
+                                   f"wrote a checkpoint and stopped; the same command resumes")
+                    return EXIT_PREEMPTED
                 self._out.line(f"local job finished: {self.replicas} replicas ok")
                 return 0
             time.sleep(0.1)
@@ -524,8 +531,8 @@ class LocalJob(LaunchOptions):
         rc = g.agent.poll()
         if rc is None:
             return None
-        if rc == 0:
-            g.done = True
+        if rc in (0, EXIT_PREEMPTED):  # finished, or stopped on request with a checkpoint
+            g.done, g.preempted = True, rc == EXIT_PREEMPTED
             return None
         g.agent.join_pump()  # its last lines (and the failed rank) first
         self._out.line(f"local job failed: replica {g.index} exited with {describe_exit(rc)} "

@@ -39,6 +39,7 @@ import tyro
 
 from muloco.created_dirs import make_dirs, remove_dirs
 from muloco.launch.cli import UsageError, parse
+from muloco.launch.exits import EXIT_PREEMPTED
 from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
                                    check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
                                    resolve_partition)
@@ -190,19 +191,48 @@ def preamble(spec: JobSpec) -> list[str]:
     return lines
 
 
-def requeue_block(spec: JobSpec) -> list[str]:
+WAIT_ALL = [
+    "wait_all() {  # every pid given, through the traps' interruptions of wait; the last failure's status",
+    "  local rc=0 pid status",
+    '  for pid in "$@"; do',
+    '    while :; do wait "$pid"; status=$?; kill -0 "$pid" 2>/dev/null || break; done',
+    '    [ "$status" -ne 0 ] && rc=$status',
+    "  done",
+    "  return $rc",
+    "}",
+]
+
+
+def requeue_block(spec: JobSpec, *, trains: bool = True) -> list[str]:
     """Self-requeue on USR1 (time limit, ``scancel --signal=USR1 --batch``) and on failure up to
     ``retries`` times (counted in a file in the run folder, so time-limit requeues do not use
-    them up)."""
+    them up). A job that ``trains`` first asks its run to write a checkpoint where it stands and
+    stop (``MULOCO_STOP_FILE``, :mod:`muloco.preemption`), waits for it, then requeues; the
+    lighthouse's job requeues at once."""
     if not spec.requeue:
-        return ["requeue_or_exit() { exit \"$1\"; }"]
-    return [
+        return [*WAIT_ALL, 'finish_run() { exit "$1"; }']
+    lines = [
+        *WAIT_ALL,
         'JOB_KEY="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
         'JOB_KEY="${JOB_KEY:-$SLURM_JOB_ID}"',
         'requeue_self() { echo "muloco: requeueing job $JOB_KEY ($1); it resumes from its newest checkpoint"; '
         'scontrol requeue "$JOB_KEY" || { echo "muloco: scontrol requeue $JOB_KEY failed" >&2; return 1; }; }',
         "# a failed requeue ends the job as FAILED (so --resubmit-failed finds it), never as COMPLETED",
-        "trap 'requeue_self \"USR1: time limit or preemption\" && exit 0; exit 1' USR1",
+    ]
+    if trains:
+        lines += [
+            f'export MULOCO_STOP_FILE="$RUN_DIR/{SLURM_DIR}/stop-$JOB_KEY"',
+            'rm -f "$MULOCO_STOP_FILE" "$MULOCO_STOP_FILE.at"  # a requeued job starts without the last request',
+            "STOPPING=0",
+            "ask_to_stop() {  # the run writes a checkpoint where it stands (a DiLoCo group at its next sync), exits",
+            '  STOPPING=1; echo "muloco: $1: the run checkpoints and stops, then the job requeues"',
+            f'  mkdir -p "$RUN_DIR/{SLURM_DIR}" && touch "$MULOCO_STOP_FILE"',
+            "}",
+            "trap 'ask_to_stop \"USR1: time limit or preemption\"' USR1",
+        ]
+    else:
+        lines.append("trap 'requeue_self \"USR1: time limit or preemption\" && exit 0; exit 1' USR1")
+    lines += [
         f"RETRIES={spec.retries}",
         f'FAILURES_FILE="$RUN_DIR/{SLURM_DIR}/failures-$JOB_KEY"',
         "requeue_or_exit() {  # $1: the run's exit status",
@@ -213,7 +243,14 @@ def requeue_block(spec: JobSpec) -> list[str]:
         "  fi",
         '  exit "$1"',
         "}",
+        "finish_run() {  # $1: the run's exit status; a run stopped with a checkpoint (75) requeues",
+        f'  if [ "${{STOPPING:-0}}" = 1 ] || [ "$1" -eq {EXIT_PREEMPTED} ]; then',
+        '    requeue_self "stopped with a checkpoint (exit $1)" && exit 0; exit 1',
+        "  fi",
+        '  requeue_or_exit "$1"',
+        "}",
     ]
+    return lines
 
 
 def overrides_block(spec: JobSpec, run_dir: str) -> list[str]:
@@ -222,8 +259,9 @@ def overrides_block(spec: JobSpec, run_dir: str) -> list[str]:
 
 
 def wait_block(pids: str = '"$!"') -> list[str]:
-    """Wait in the background-and-wait form, so the USR1 trap runs while the run is going."""
-    return [f"wait {pids}", "requeue_or_exit $?"]
+    """Wait in the background-and-wait form, so the USR1 trap runs while the run is going (and
+    the run, asked to stop, still finishes its checkpoint)."""
+    return [f"wait_all {pids}", "finish_run $?"]
 
 
 def script(header: list[str], body: list[str], comment: str) -> str:
@@ -412,9 +450,9 @@ class SpanningJob(_DilocoKind):
                 f"{self.group_cmd('$r', url)} >> \"$RUN_DIR/{LOG_DIR}/replica_$r.log\" 2>&1 &",
                 "  GROUP_PIDS+=($!)",
                 "done",
-                'rc=0; for pid in "${GROUP_PIDS[@]}"; do wait "$pid" || rc=$?; done',
+                'wait_all "${GROUP_PIDS[@]}"; rc=$?',
                 'kill "$LIGHTHOUSE" 2>/dev/null',
-                "requeue_or_exit $rc"]
+                "finish_run $rc"]
 
     def description(self) -> str:
         return (f"DiLoCo: {self.replicas} replica groups of {self.cfg.nodes_per_replica} node(s) each, "
@@ -488,7 +526,7 @@ class ArrayJob(_DilocoKind):
         lh_url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$MULOCO_GROUPS_JOB.url"'
         body = [*preamble(lh_spec), "", f"RUN_DIR={_q(self.run_dir)}",
                 ': "${MULOCO_GROUPS_JOB:?the job id of the replica groups array (set at submission)}"',
-                *requeue_block(lh_spec), "",
+                *requeue_block(lh_spec, trains=False), "",
                 self.lighthouse_cmd(lh_url, '"$MULOCO_GROUPS_JOB"') + " &", *wait_block()]
         header = sbatch_header(lh_spec, Resources(1, 0, 1), name=f"{self.spec.name}-lighthouse",
                                output=self._log(f"{LOG_DIR}/lighthouse-%j.log"))

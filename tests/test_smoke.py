@@ -346,7 +346,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 FAKE_SINFO = """#!/bin/sh
 # a GPU cluster for dry runs: partition gpu (the default), 8 nodes of 64 CPUs and 8 GPUs
 case " $* " in
-  *" -N "*) for i in 1 2 3 4 5 6 7 8; do echo "gpu*|node$i|64|gpu:h100:8"; done ;;
+  *" -N "*) for i in 1 2 3 4 5 6 7 8; do echo "gpu*|node$i|64|gpu:h100:8|1000000|idle|2-00:00:00"; done ;;
   *) echo "gpu*" ;;
 esac
 """

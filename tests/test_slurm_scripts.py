@@ -147,3 +147,19 @@ def test_drained_and_down_nodes_do_not_count_and_limits_are_checked():
     gone = resolve_partition(ClusterSettings(partition="p"), _nodes(("a", 8, 0, 16_000, "drain")), None)
     with pytest.raises(ClusterError, match="no node a job can start on now"):
         check_request(gone, nodes=1, gpus_per_node=0, cpus_per_node=8)
+
+
+def test_a_dry_run_does_not_wait_for_a_silent_sinfo(capsys, monkeypatch, tmp_path):
+    """A controller that is down (or no slurm.conf) can leave sinfo retrying for minutes: a dry run
+    gives up after its short timeout, says so, and prints the job."""
+    import muloco.launch.slurm as slurm_module
+
+    fake = tmp_path / "bin" / "sinfo"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(slurm_module, "DRY_RUN_SINFO_TIMEOUT_S", 0.5)
+    code, out, err = _dry_run(capsys, "ddp", "--config", "ddp/adamw", "--gpus-per-node", "0", "--cpus-per-node", "1",
+                              "--dry-run")
+    assert code == 0 and "sinfo did not answer in 0.5 s" in err and "#SBATCH --nodes=1" in out

@@ -251,11 +251,15 @@ def mem_mb(value: str) -> int:
     return int(int(m.group(1)) * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 ** 2, "": 1}[m.group(2).upper()])
 
 
-def query_sinfo(env: dict[str, str] | None = None) -> list[NodeInfo]:
-    """Every (partition, node) of the cluster; a missing or failing sinfo is a ClusterError."""
+SINFO_TIMEOUT_S = 60.0
+"""How long sinfo may take to answer (a controller that is down makes it retry for minutes)."""
+
+
+def query_sinfo(env: dict[str, str] | None = None, timeout: float = SINFO_TIMEOUT_S) -> list[NodeInfo]:
+    """Every (partition, node) of the cluster; a missing, failing or silent sinfo is a ClusterError."""
     try:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%P|%N|%c|%G|%m|%t|%l"], capture_output=True, text=True,
-                             timeout=60, env=env, check=True).stdout
+                             timeout=timeout, env=env, check=True).stdout
     except FileNotFoundError:
         raise ClusterUnreachable("sinfo was not found: run this on a SLURM login node, or use --dry-run "
                            "to print the job without checking the cluster") from None
@@ -263,8 +267,8 @@ def query_sinfo(env: dict[str, str] | None = None) -> list[NodeInfo]:
         raise ClusterUnreachable(f"sinfo failed ({(e.stderr.strip().splitlines() or [str(e)])[-1]}): is "
                                  f"SLURM reachable from here (SLURM_CONF, slurmctld)?") from None
     except subprocess.TimeoutExpired:
-        raise ClusterUnreachable("sinfo did not answer in 60 s: is slurmctld up (SLURM_CONF)? Use --dry-run to "
-                                 "print the job without checking the cluster") from None
+        raise ClusterUnreachable(f"sinfo did not answer in {timeout:g} s: is slurmctld up (SLURM_CONF)? Use "
+                                 f"--dry-run to print the job without checking the cluster") from None
     nodes = []
     for line in out.splitlines():
         partition, name, cpus, gres, mem, state, limit = line.split("|")
@@ -307,9 +311,9 @@ def resolve_partition(settings: ClusterSettings, nodes: list[NodeInfo], default:
 
 def default_partition(env: dict[str, str] | None = None) -> str | None:
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=60,
+        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S,
                              env=env).stdout
-    except FileNotFoundError:
+    except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
     return next((p.rstrip("*") for p in out.split() if p.endswith("*")), None)
 

@@ -41,7 +41,7 @@ from muloco.created_dirs import make_dirs, remove_dirs
 from muloco.launch.cli import UsageError, parse
 from muloco.launch.exits import EXIT_PREEMPTED
 from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
-                                   check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
+                                   SINFO_TIMEOUT_S, check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
                                    resolve_partition)
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 
@@ -49,6 +49,8 @@ SLURM_DIR = "slurm"
 LOG_DIR = "logs"
 SETUP_FAILED = 3
 """A job's exit status when a line of the cluster setup failed (not requeued: the setup needs fixing)."""
+DRY_RUN_SINFO_TIMEOUT_S = 10.0
+"""A dry run checks against the cluster when it answers quickly, and prints the job anyway."""
 ENV_BLOCK = {
     "PYTHONUNBUFFERED": "1",
     "RUST_LOG": "warn",  # torchft's Rust side logs every quorum at INFO
@@ -642,7 +644,7 @@ def cluster_nodes(dry_run: bool) -> list[NodeInfo] | None:
     """The cluster's nodes (one sinfo query), asked before any trainer config is parsed so an
     unreachable cluster is known at once; None for a dry run on a machine without SLURM (said)."""
     try:
-        return query_sinfo()
+        return query_sinfo(timeout=DRY_RUN_SINFO_TIMEOUT_S if dry_run else SINFO_TIMEOUT_S)
     except ClusterUnreachable as e:
         if not dry_run:
             raise

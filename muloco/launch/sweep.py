@@ -33,6 +33,7 @@ import getpass
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -372,7 +373,10 @@ class SweepRunner:
 
     def status(self) -> int:
         for e in self.entries.values():
-            e.state = job_state(e.job, e.run_dir) if e.job else "NEW"
+            if e.job and e.job.startswith("local:"):  # --local: the manifest's state, a summary means done
+                e.state = "COMPLETED" if run_finished(e.run_dir) else e.state
+            else:
+                e.state = job_state(e.job, e.run_dir) if e.job else "NEW"
             self.say(f"{e.state:<12} {e.job or '-':<12} {e.name}")
         write_manifest(self.folder, self.entries)
         return 0
@@ -403,13 +407,17 @@ class SweepOptions:
     cluster: Annotated[ClusterOptions, tyro.conf.OmitArgPrefixes] = field(default_factory=ClusterOptions)
     procs: int = 1
     """Ranks per node (per group) without GPUs."""
+    local: int = 0
+    """Run the sweep on this machine instead, N runs at a time (no SLURM needed; submitit's local
+    executor); 0: submit to SLURM."""
 
 
 def main(sweep: Sweep, argv: list[str] | None = None) -> int:
     prog = f"sweep {sweep.name}"
     try:
         args, extra = parse(SweepOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
-                            description=f"Submit sweep {sweep.name} ({len(sweep.runs)} runs) to SLURM.")
+                            description=f"Submit sweep {sweep.name} ({len(sweep.runs)} runs) to SLURM "
+                                        f"(or run it here with --local N).")
     except UsageError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
@@ -441,6 +449,8 @@ def _run(sweep: Sweep, args, extra: list[str]) -> int:
         return JobSpec(config, overrides, cluster, retries=args.retries, procs=args.procs)
 
     planned = plan(sweep, args.out, spec_for, extra)  # plan: every run's config parsed and named
+    if args.local:
+        return _run_local(sweep, args, runner, planned)
     place([p.job for p in planned], cluster_nodes(args.dry_run))  # place: partitions, checked
     if args.dry_run:
         return _dry_run(planned, sweep, args)
@@ -471,6 +481,65 @@ def _submit(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -
     runner.submit(todo, dependency)
     print(f"manifest: {os.path.join(args.out, MANIFEST)}; results: python -m muloco.report {args.out}")
     return 0
+
+
+def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -> int:
+    """``--local N``: every run not finished yet, on this machine (:mod:`muloco.launch.local_sweep`)."""
+    from muloco.launch.gpu_slices import visible_gpus
+    from muloco.launch.local_sweep import LocalSweep, local_command
+
+    for p in planned:
+        p.job.check()  # the layout, without a cluster to place it on
+    gpus = len(visible_gpus())
+    todo = [p for p in planned if not run_finished(p.entry.run_dir)]
+    runs = [(p.entry.name, local_command(p.entry.kind, p.entry.config, p.entry.overrides,
+                                         replicas=getattr(p.job, "replicas", 1), procs=args.procs, gpus=gpus))
+            for p in todo]
+    reused = len(planned) - len(todo)
+    if args.dry_run:
+        for name, cmd in runs:
+            print(f"run {name}: {shlex.join(cmd)}")
+        print(f"dry run: {len(runs)} run(s) to run here ({reused} finished before); nothing started")
+        return 0
+    try:
+        lock = DumpFolderLock(args.out).acquire()
+    except DumpFolderBusy as e:
+        raise JobError(str(e)) from None
+    try:
+        failed = _run_here(sweep, args, runner, planned, runs, reused, LocalSweep)
+    finally:
+        lock.release()
+    if failed:
+        print(f"sweep {sweep.name}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in "
+              f"{os.path.join(args.out, 'logs')}; run the sweep again to retry them", file=sys.stderr)
+        return 1
+    print(f"manifest: {os.path.join(args.out, MANIFEST)}; results: python -m muloco.report {args.out}")
+    return 0
+
+
+def _run_here(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned], runs, reused: int,
+              local_sweep) -> list[str]:
+    """The manifest first (finished runs marked as such), then the runs, each recorded as it
+    starts and ends."""
+    runner.entries = read_manifest(args.out)
+    by_name = {p.entry.name: p.entry for p in planned}
+    for p in planned:
+        if run_finished(p.entry.run_dir):
+            p.entry.jobs = runner.entries.get(p.entry.name, p.entry).jobs
+            p.entry.state = "COMPLETED"
+            runner.entries[p.entry.name] = p.entry
+    write_manifest(args.out, runner.entries)
+
+    def record(name: str, job: str, state: str) -> None:
+        entry = by_name[name]
+        if job not in entry.jobs:
+            entry.jobs.append(job)
+        entry.state, entry.job_files = state, {"local": job}
+        runner.entries[name] = entry
+        write_manifest(args.out, runner.entries)
+
+    print(f"sweep {sweep.name}: {len(runs)} run(s) here, {args.local} at a time ({reused} finished before)")
+    return local_sweep(args.out, args.local, record).run(runs)
 
 
 def _dry_run(planned: list[Planned], sweep: Sweep, args) -> int:

@@ -162,7 +162,7 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         the outer state of a finished sync, as periodic checkpoints do), and the same boundary
         for every group of the job."""
         interval = self.outer.schedule.interval
-        return self.step % interval == 0 and self._stop.agreed_at_sync(self.step, interval)
+        return self.step % interval == 0 and self._stop.agreed_at_sync(self.step, interval) and self._can_stop()
 
     def _meet_peers_at_the_end(self) -> None:
         """Stay until every replica group stands at the same sync; re-validate and re-save if

@@ -21,6 +21,9 @@ from typing import Any
 
 import torch
 from torchtitan.components.metrics import MetricsProcessor
+
+from muloco.atomic_file import write_atomically
+from muloco.checkpoint_manifest import complete_steps
 from torchtitan.tools.logging import logger
 
 
@@ -50,21 +53,19 @@ def _is_metrics_rank() -> bool:
 WANDB_ID_FILE = "wandb_run_id"
 
 
-def keep_wandb_run(dump_folder: str, rank_suffix: str = "") -> str:
+def keep_wandb_run(dump_folder: str, rank_suffix: str = "", *, resuming: bool) -> str:
     """One W&B run per run folder across restarts, requeues and resubmissions: its id is kept in
-    ``<dump_folder>/wandb_run_id`` (made once) and exported as ``WANDB_RUN_ID`` with
-    ``WANDB_RESUME=allow``, which torchtitan's ``WandBLogger`` and the W&B SDK read, so a resumed
-    run continues its curves instead of starting a new W&B run. A ``WANDB_RUN_ID`` the user set wins."""
+    ``<dump_folder>/wandb_run_id`` and exported as ``WANDB_RUN_ID`` with ``WANDB_RESUME=allow``,
+    which torchtitan's ``WandBLogger`` and the W&B SDK read, so a run ``resuming`` from a
+    checkpoint continues its curves instead of starting a new W&B run. A run starting from step 0
+    gets a new id (W&B would drop its steps below the old run's last one). A ``WANDB_RUN_ID`` the
+    user set wins."""
     if os.environ.get("WANDB_RUN_ID"):
         return os.environ["WANDB_RUN_ID"]
     path = os.path.join(dump_folder, WANDB_ID_FILE + rank_suffix)
     os.makedirs(dump_folder, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "w") as f:
-            f.write(uuid.uuid4().hex[:16] + "\n")
-    except FileExistsError:
-        pass
+    if not (resuming and os.path.exists(path)):
+        write_atomically(path, uuid.uuid4().hex[:16] + "\n")
     with open(path) as f:
         run_id = f.read().strip()
     os.environ["WANDB_RUN_ID"] = run_id
@@ -81,7 +82,9 @@ class MulocoMetrics(MetricsProcessor):
     def __init__(self, config: Config, *, dump_folder: str = "./outputs", **kwargs):
         if config.enable_wandb and (_is_metrics_rank() or config.save_for_all_ranks):
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-            keep_wandb_run(dump_folder, f"-rank{rank}" if rank else "")
+            checkpoints = os.path.join(dump_folder, "checkpoint")
+            resuming = os.path.isdir(checkpoints) and bool(complete_steps(checkpoints))
+            keep_wandb_run(dump_folder, f"-rank{rank}" if rank else "", resuming=resuming)
         super().__init__(config, dump_folder=dump_folder, **kwargs)
         self.total_steps = 0
         self.start_step = 0

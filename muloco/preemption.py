@@ -9,21 +9,22 @@ agree with one small all-reduce on a gloo group made for it, so they all stop af
 step. The trainer then writes a full checkpoint at that step (DiLoCo groups at a sync boundary,
 where no exchange is in flight, all groups of a job at the same one: :meth:`StopRequest.agreed_at_sync`) and exits with :data:`EXIT_PREEMPTED`, which the job
 script turns into a requeue; the requeued job resumes from that checkpoint. Without the variable
-and the signal nothing is checked and nothing is created.
+and the signal nothing is checked and nothing is created. A run that keeps no checkpoints does
+not stop (it could not resume): it says so once and trains on.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
+import uuid
 
 import torch
 import torch.distributed as dist
 
-from muloco.launch.exits import EXIT_PREEMPTED  # noqa: F401 - the status this module's stop ends with
-
-STOP_FILE_ENV = "MULOCO_STOP_FILE"
+from muloco.launch.exits import EXIT_PREEMPTED, STOP_FILE_ENV  # noqa: F401 - the status a stop ends with
 
 
 class RunPreempted(Exception):
@@ -45,12 +46,9 @@ class StopRequest:
         ranks = dist.get_world_size() if dist.is_initialized() else 1
         if path and ranks > 1:
             self._group = dist.new_group(backend="gloo")  # every rank builds it, in the same order
-        # a signal reaches one rank: only a group that agrees (or has one rank) may act on it. Under
-        # a job script (a stop file) SIGTERM too, which SLURM sends every process of a preempted job
-        # (its GraceTime) and torchrun passes on: finish the step, checkpoint, stop.
+        # a signal reaches one rank: only a group that agrees (or has one rank) may act on it
         if (self._group is not None or ranks == 1) and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGUSR1, *((signal.SIGTERM,) if path else ())):
-                signal.signal(sig, self._on_signal)
+            signal.signal(signal.SIGUSR1, self._on_signal)
 
     @classmethod
     def from_environment(cls) -> StopRequest:
@@ -78,7 +76,7 @@ class StopRequest:
     def _stop_boundary(self, proposal: int) -> int:
         target = self.path + ".at"
         if not os.path.exists(target):
-            tmp = f"{target}.{os.getpid()}"
+            tmp = f"{target}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex}"  # unique on a shared disk
             with open(tmp, "w") as f:
                 f.write(str(proposal))
             try:

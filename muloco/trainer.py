@@ -162,7 +162,16 @@ class MulocoTrainerMixin:
 
     def _stop_requested(self) -> bool:
         """Whether to stop after this step (asked on every step; a DiLoCo group: at sync boundaries)."""
-        return self._stop.agreed()
+        return self._stop.agreed() and self._can_stop()
+
+    def _can_stop(self) -> bool:
+        """A run without checkpoints could not resume: it trains on (and says so once)."""
+        if self.checkpointer.enable:
+            return True
+        if not getattr(self, "_said_cannot_stop", False):
+            self._said_cannot_stop = True
+            logger.warning("stop requested, but checkpoints are off (--checkpoint.enable): training on")
+        return False
 
     def _stop_with_checkpoint(self) -> None:
         self.preempted = True

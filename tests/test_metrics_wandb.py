@@ -15,22 +15,25 @@ from muloco.metrics import WANDB_ID_FILE, keep_wandb_run
 def test_a_run_folder_keeps_one_wandb_run_id_across_restarts(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_RUN_ID", raising=False)
     monkeypatch.delenv("WANDB_RESUME", raising=False)
-    first = keep_wandb_run(str(tmp_path / "run"))
+    first = keep_wandb_run(str(tmp_path / "run"), resuming=False)
     assert (tmp_path / "run" / WANDB_ID_FILE).read_text().strip() == first
     assert os.environ["WANDB_RUN_ID"] == first and os.environ["WANDB_RESUME"] == "allow"
-    monkeypatch.delenv("WANDB_RUN_ID")  # a new process: the requeued job
-    assert keep_wandb_run(str(tmp_path / "run")) == first
+    monkeypatch.delenv("WANDB_RUN_ID")  # a new process: the requeued job, resuming its checkpoint
+    assert keep_wandb_run(str(tmp_path / "run"), resuming=True) == first
     monkeypatch.delenv("WANDB_RUN_ID")
-    other = keep_wandb_run(str(tmp_path / "other"))  # another run (or replica group folder): its own
+    other = keep_wandb_run(str(tmp_path / "other"), resuming=True)  # another run (or group folder): its own
     assert other != first
+    monkeypatch.delenv("WANDB_RUN_ID")  # the folder reused from step 0 (checkpoints gone): a new W&B run
+    fresh = keep_wandb_run(str(tmp_path / "run"), resuming=False)
+    assert fresh != first and (tmp_path / "run" / WANDB_ID_FILE).read_text().strip() == fresh
     monkeypatch.setenv("WANDB_RUN_ID", "mine")  # the user's choice wins, and nothing is written
-    assert keep_wandb_run(str(tmp_path / "third")) == "mine" and not (tmp_path / "third").exists()
+    assert keep_wandb_run(str(tmp_path / "third"), resuming=False) == "mine" and not (tmp_path / "third").exists()
 
 
 def test_a_resumed_training_process_exports_the_same_id(tmp_path):
     """Two processes in turn (a job and its requeue) read the id the first one made."""
     code = ("import os,sys; sys.path.insert(0, sys.argv[2]); from muloco.metrics import keep_wandb_run; "
-            "print(keep_wandb_run(sys.argv[1]), os.environ['WANDB_RESUME'])")
+            "print(keep_wandb_run(sys.argv[1], resuming=True), os.environ['WANDB_RESUME'])")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "run"), str(REPO)], capture_output=True,
                            text=True, env=env, timeout=120, check=True).stdout.split() for _ in range(2)]

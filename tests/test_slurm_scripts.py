@@ -128,25 +128,26 @@ def test_a_mixed_partition_offers_its_gpu_nodes_and_counts_only_those():
     part = resolve_partition(ClusterSettings(partition="p"), nodes, None)
     assert (part.gpus_per_node, part.cpus_per_node, part.nodes) == (8, 96, 3)  # it was min: 0 GPUs
     check_request(part, nodes=2, gpus_per_node=8, cpus_per_node=96, mem="900G", time="60")
-    with pytest.raises(ClusterError, match="needs 3 node\\(s\\) but partition 'p' has 2 that are up and hold"):
+    with pytest.raises(ClusterError, match="needs 3 node\\(s\\) but partition 'p' has 2 that hold"):
         check_request(part, nodes=3, gpus_per_node=8, cpus_per_node=96)
     check_request(part, nodes=3, gpus_per_node=0, cpus_per_node=64)  # CPU jobs may use all three
 
 
-def test_drained_and_down_nodes_do_not_count_and_limits_are_checked():
+def test_down_nodes_warn_instead_of_refusing_and_limits_are_checked():
     nodes = _nodes(("a", 8, 0, 16_000, "idle"), ("b", 8, 0, 16_000, "drain"), ("c", 8, 0, 16_000, "down*"),
                    ("d", 8, 0, 16_000, "idle*"))
     part = resolve_partition(ClusterSettings(partition="p"), nodes, None)
-    assert part.nodes == 1
-    with pytest.raises(ClusterError, match="needs 2 node"):
-        check_request(part, nodes=2, gpus_per_node=0, cpus_per_node=8)
+    said = []
+    check_request(part, nodes=2, gpus_per_node=0, cpus_per_node=8, warn=said.append)  # SLURM queues it
+    assert said == ["partition 'p' has 1 node(s) up that hold the request (3 down or drained); the job waits "
+                    "in the queue until 2 are back"]
+    with pytest.raises(ClusterError, match="needs 5 node"):
+        check_request(part, nodes=5, gpus_per_node=0, cpus_per_node=8)
     with pytest.raises(ClusterError, match="--time 2:00:00 is more than partition 'p''s MaxTime of 60 minutes"):
         check_request(part, nodes=1, gpus_per_node=0, cpus_per_node=8, time="2:00:00")
     with pytest.raises(ClusterError, match="--mem 32G is more than the 16000 MB"):
         check_request(part, nodes=1, gpus_per_node=0, cpus_per_node=8, mem="32G")
-    gone = resolve_partition(ClusterSettings(partition="p"), _nodes(("a", 8, 0, 16_000, "drain")), None)
-    with pytest.raises(ClusterError, match="no node a job can start on now"):
-        check_request(gone, nodes=1, gpus_per_node=0, cpus_per_node=8)
+    check_request(part, nodes=1, gpus_per_node=0, cpus_per_node=8, mem="0")  # 0: all of a node's memory
 
 
 def test_a_dry_run_does_not_wait_for_a_silent_sinfo(capsys, monkeypatch, tmp_path):
@@ -163,3 +164,19 @@ def test_a_dry_run_does_not_wait_for_a_silent_sinfo(capsys, monkeypatch, tmp_pat
     code, out, err = _dry_run(capsys, "ddp", "--config", "ddp/adamw", "--gpus-per-node", "0", "--cpus-per-node", "1",
                               "--dry-run")
     assert code == 0 and "sinfo did not answer in 0.5 s" in err and "#SBATCH --nodes=1" in out
+
+
+def test_a_gpu_gres_replaces_gpus_per_node_and_mem_0_is_kept(capsys, monkeypatch, tmp_path):
+    fake = tmp_path / "bin" / "sinfo"  # a GPU cluster, whatever SLURM this machine has
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\ncase " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|infinite";; '
+                    '*) echo "gpu*";; esac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    code, out, err = _dry_run(capsys, "array", "--config", "diloco/muloco", "--replicas", "4", "--dry-run",
+                              "--gpus-per-node", "8", "--gpus-per-replica", "2", "--cpus-per-node", "96",
+                              "--mem", "0", "--gres", "gpu:h100:2")
+    assert code == 0, err
+    groups = _sbatch_lines(out.split("lighthouse.sh (dry run")[0])
+    assert '#SBATCH --mem="0"' in groups and '#SBATCH --gres="gpu:h100:2"' in groups
+    assert not [line for line in groups if "--gpus-per-node" in line]

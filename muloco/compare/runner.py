@@ -5,7 +5,8 @@ DDP row (one replica group), ``python -m muloco.launch.local`` for K replica gro
 the lighthouse and the groups), with ``--dump_folder <suite>/<name>``; its output goes to
 ``<suite>/logs/<name>.log``. A run whose folder holds its summaries is finished and reused; a
 run interrupted part-way is started again with the same command and resumes from its last
-checkpoint. Ctrl-C or SIGTERM stops the current run with the suite (its whole process group),
+checkpoint. Ctrl-C, SIGTERM or a closed terminal stops the current run with the suite (its whole
+process group; a second Ctrl-C kills it at once),
 so nothing keeps training behind an interrupted suite. The suite's ``manifest.jsonl`` (the sweep's format: name, config, overrides, run
 folder, state) is rewritten atomically after every run, so ``python -m muloco.report`` and
 ``muloco.launch.sweep --status``-style readers see the same runs.
@@ -128,23 +129,26 @@ def _entry(p: Planned, folder: Path, state: str) -> Entry:
 
 def _stop(child: subprocess.Popen) -> None:
     """SIGTERM to the run's process group (the launchers stop their own children on it), SIGKILL
-    if it outlives ``STOP_GRACE_S``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    if it outlives ``STOP_GRACE_S`` or a second Ctrl-C comes."""
+    try:
+        os.killpg(child.pid, signal.SIGTERM)
+        child.wait(timeout=STOP_GRACE_S)
+    except ProcessLookupError:
+        return
+    except (subprocess.TimeoutExpired, KeyboardInterrupt, SystemExit):
         try:
-            os.killpg(child.pid, sig)
+            os.killpg(child.pid, signal.SIGKILL)
         except ProcessLookupError:
             return
-        try:
-            child.wait(timeout=STOP_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        child.wait()
 
 
 def stop_on_sigterm() -> None:
-    """SIGTERM raises SystemExit in the main thread, so :func:`run_all` stops the running child
-    (and the manifest keeps what finished) instead of leaving it orphaned."""
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    """SIGTERM and SIGHUP (a closed terminal) raise SystemExit in the main thread, so
+    :func:`run_all` stops the running child (and the manifest keeps what finished) instead of
+    leaving it orphaned in its own session."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
 
 
 def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | None = None,

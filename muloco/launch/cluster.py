@@ -23,7 +23,7 @@ Nothing cluster-specific is written into the repository, and a key this module d
 is an error naming the known ones (MuLoCo's generator silently ignored ``--partition`` and
 ``--account``). :func:`check_request` refuses, before anything is written or submitted, a
 partition the cluster does not have, a time over its MaxTime, more GPUs, CPUs or memory per node
-than its nodes have, and more nodes than it holds that are up (not drained or down).
+than its nodes have, and more nodes than it holds; it warns when too few of them are up now.
 """
 
 from __future__ import annotations
@@ -284,7 +284,6 @@ class Partition:
 
     name: str
     nodes: int
-    """Nodes a job can start on (not down or drained)."""
     cpus_per_node: int
     """The default CPU request: what the partition's largest GPU nodes (or its nodes) have."""
     gpus_per_node: int
@@ -306,7 +305,7 @@ def resolve_partition(settings: ClusterSettings, nodes: list[NodeInfo], default:
     pool = usable or members
     gpus = max(n.gpus for n in pool)
     cpus = min(n.cpus for n in pool if n.gpus == gpus)
-    return Partition(name, len({n.name for n in usable}), cpus, gpus, tuple(usable), members[0].max_time_min)
+    return Partition(name, len({n.name for n in members}), cpus, gpus, tuple(members), members[0].max_time_min)
 
 
 def default_partition(env: dict[str, str] | None = None) -> str | None:
@@ -319,21 +318,20 @@ def default_partition(env: dict[str, str] | None = None) -> str | None:
 
 
 def check_request(partition: Partition, *, nodes: int, gpus_per_node: int, cpus_per_node: int,
-                  mem: str | None = None, time: str | None = None) -> None:
+                  mem: str | None = None, time: str | None = None, warn=None) -> None:
     """Refuse a request the partition can never satisfy (SLURM would queue it forever or reject
     it after the files were written): its MaxTime, nodes with enough GPUs, CPUs and memory, and
-    enough of them that are up."""
+    enough of them. Nodes that are down or drained now count (they may come back: SLURM queues
+    the job); if too few of the ones that hold the request are up, ``warn`` says so."""
     where = f"partition {partition.name!r}"
     wanted = slurm_minutes(time) if time else None
     if wanted is not None and partition.max_time_min is not None and wanted > partition.max_time_min:
         raise ClusterError(f"--time {time} is more than {where}'s MaxTime of {partition.max_time_min} minutes: "
                            f"ask for less (the job requeues itself at its limit and resumes) or pick another "
                            f"partition")
-    mem_need = mem_mb(mem) if mem else None
-    members = partition.members or ()
+    members = partition.members
     if not members:
-        raise ClusterError(f"{where} has no node a job can start on now (every node is down or drained): "
-                           f"pick another partition or ask your admins")
+        return
     if gpus_per_node > max(n.gpus for n in members):
         raise ClusterError(f"--gpus-per-node {gpus_per_node} is more than the {max(n.gpus for n in members)} "
                            f"GPU(s) a node of {where} has")
@@ -342,10 +340,16 @@ def check_request(partition: Partition, *, nodes: int, gpus_per_node: int, cpus_
         raise ClusterError(f"--cpus-per-node {cpus_per_node} is more than the {max(n.cpus for n in fit)} "
                            f"CPUs a node of {where} has")
     fit = [n for n in fit if n.cpus >= cpus_per_node]
+    mem_need = mem_mb(mem) if mem else None
     known_mem = [n.mem_mb for n in fit if n.mem_mb is not None]
-    if mem_need is not None and known_mem and mem_need > max(known_mem):
+    if mem_need and known_mem and mem_need > max(known_mem):
         raise ClusterError(f"--mem {mem} is more than the {max(known_mem)} MB a node of {where} has")
-    fit = [n for n in fit if mem_need is None or n.mem_mb is None or n.mem_mb >= mem_need]
-    if nodes > len({n.name for n in fit}):
-        raise ClusterError(f"the job needs {nodes} node(s) but {where} has {len({n.name for n in fit})} "
-                           f"that are up and hold the request: use fewer replica groups or nodes per group")
+    fit = [n for n in fit if not mem_need or n.mem_mb is None or n.mem_mb >= mem_need]
+    holding = len({n.name for n in fit})
+    if nodes > holding:
+        raise ClusterError(f"the job needs {nodes} node(s) but {where} has {holding} that hold the request: "
+                           f"use fewer replica groups or nodes per group")
+    up = len({n.name for n in fit if n.usable})
+    if nodes > up and warn is not None:
+        warn(f"{where} has {up} node(s) up that hold the request ({holding - up} down or drained); the job "
+             f"waits in the queue until {nodes} are back")

@@ -6,6 +6,8 @@ import os
 import signal
 import sys
 
+STOP_FILE_ENV = "MULOCO_STOP_FILE"
+"""The file whose existence asks a run to checkpoint and stop (``muloco.preemption``)."""
 EXIT_PREEMPTED = 75
 """EX_TEMPFAIL: a run stopped on request after writing a checkpoint (``muloco.preemption``);
 launchers pass it on and job scripts requeue on it."""
@@ -35,3 +37,14 @@ def exit_like(returncode: int) -> None:
             signal.signal(-returncode, signal.SIG_DFL)
         os.kill(os.getpid(), -returncode)
     sys.exit(returncode if 0 <= returncode < 256 else 1)
+
+
+def clear_stop_request(environ=None) -> None:
+    """Remove a stop request left by an earlier stop (the file and its agreed boundary), so the
+    run being started resumes instead of stopping again at once."""
+    path = (os.environ if environ is None else environ).get(STOP_FILE_ENV)
+    for stale in (path, f"{path}.at") if path else ():
+        try:
+            os.unlink(stale)
+        except FileNotFoundError:
+            pass

@@ -42,7 +42,7 @@ from muloco.created_dirs import make_dirs, remove_dirs
 from muloco.launch.cli import UsageError, dump_folder_in, parse
 from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
-from muloco.launch.exits import EXIT_PREEMPTED, describe_exit, shell_status
+from muloco.launch.exits import EXIT_PREEMPTED, clear_stop_request, describe_exit, shell_status
 from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, load_trainer_config, torchrun_args,
                                  torchrun_group, trainer_command)
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
@@ -429,6 +429,7 @@ class LocalJob(LaunchOptions):
             raise LaunchError(f"cannot create the log folder {self.resolved_log_dir}: "
                               f"{e.strerror or e}", 2) from None
         self._reaper = GroupReaper()
+        clear_stop_request()  # a request that stopped the last launch must not stop this one
         self._start_lighthouse()
         self._out.line(f"local job: logs in {os.path.abspath(self.resolved_log_dir)}")
         self._out.line(f"local job: {self.replicas} replica group(s) x {self.procs_per_replica} "

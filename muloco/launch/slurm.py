@@ -133,6 +133,10 @@ def scale_mem(mem: str, share: int, of: int) -> str:
     return f"{max(1, mem_mb(mem) * share // of)}M"
 
 
+def _gres_has_gpus(gres: str | None) -> bool:
+    return bool(gres) and any(item.split(":")[0] == "gpu" for item in gres.split(","))
+
+
 def log_path(run_dir: str, pattern: str) -> str:
     """A log file under ``run_dir`` for ``#SBATCH --output``: ``%`` of the folder escaped (SLURM
     expands ``%j``, ``%x``, ...), a backslash refused (it turns every pattern off)."""
@@ -148,7 +152,7 @@ def sbatch_header(spec: JobSpec, res: Resources, *, name: str, output: str, arra
     lines = [f"#SBATCH --job-name={sbatch_value('job-name', name)}", f"#SBATCH --nodes={res.nodes}",
              f"#SBATCH --ntasks-per-node={res.ntasks_per_node}",
              f"#SBATCH --cpus-per-task={max(1, res.cpus_per_node // res.ntasks_per_node)}"]
-    if res.gpus_per_node:
+    if res.gpus_per_node and not _gres_has_gpus(c.gres):  # a gpu gres asks for them already
         lines.append(f"#SBATCH --gpus-per-node={res.gpus_per_node}")
     for key, value in (("partition", c.partition), ("account", c.account), ("qos", c.qos),
                        ("reservation", c.reservation), ("mem", c.mem), ("constraint", c.constraint),
@@ -225,10 +229,15 @@ def requeue_block(spec: JobSpec, *, trains: bool = True) -> list[str]:
         lines += [
             f'export MULOCO_STOP_FILE="$RUN_DIR/{SLURM_DIR}/stop-$JOB_KEY"',
             'rm -f "$MULOCO_STOP_FILE" "$MULOCO_STOP_FILE.at"  # a requeued job starts without the last request',
-            "STOPPING=0",
-            "ask_to_stop() {  # the run writes a checkpoint where it stands (a DiLoCo group at its next sync), exits",
-            '  STOPPING=1; echo "muloco: $1: the run checkpoints and stops, then the job requeues"',
+            "STOPPING=0; WATCHDOG=",
+            "ask_to_stop() {  # the run writes a checkpoint where it stands (DiLoCo groups at a shared sync), exits",
+            '  [ "$STOPPING" = 1 ] && return; STOPPING=1',
+            '  echo "muloco: $1: the run checkpoints and stops, then the job requeues"',
             f'  mkdir -p "$RUN_DIR/{SLURM_DIR}" && touch "$MULOCO_STOP_FILE"',
+            "  # a run still going near the limit is requeued anyway (from its newest complete checkpoint):",
+            "  # never let the job end as TIMEOUT, which SLURM does not requeue",
+            f"  ( sleep {max(10, spec.signal_s - 30)}; requeue_self \"the run did not stop within "
+            f"{max(10, spec.signal_s - 30)} s\" ) & WATCHDOG=$!",
             "}",
             "trap 'ask_to_stop \"USR1: time limit or preemption\"' USR1",
         ]
@@ -246,9 +255,10 @@ def requeue_block(spec: JobSpec, *, trains: bool = True) -> list[str]:
         '  exit "$1"',
         "}",
         "finish_run() {  # $1: the run's exit status; a run stopped with a checkpoint (75) requeues",
-        f'  if [ "${{STOPPING:-0}}" = 1 ] || [ "$1" -eq {EXIT_PREEMPTED} ]; then',
+        '  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null',
+        f'  if [ "$1" -eq {EXIT_PREEMPTED} ] || {{ [ "${{STOPPING:-0}}" = 1 ] && [ "$1" -ne 0 ]; }}; then',
         '    requeue_self "stopped with a checkpoint (exit $1)" && exit 0; exit 1',
-        "  fi",
+        "  fi  # a run that finished while asked to stop has nothing left to do",
         '  requeue_or_exit "$1"',
         "}",
     ]
@@ -321,7 +331,8 @@ class Kind:
         if self.partition is not None:
             res = self.resources()
             check_request(self.partition, nodes=res.nodes, gpus_per_node=res.gpus_per_node,
-                          cpus_per_node=res.cpus_per_node, mem=self.spec.cluster.mem, time=self.spec.cluster.time)
+                          cpus_per_node=res.cpus_per_node, mem=self.spec.cluster.mem, time=self.spec.cluster.time,
+                          warn=lambda text: print(f"{PROG}: warning: {text}", file=sys.stderr))
 
     def place(self, nodes: list[NodeInfo], default: str | None) -> None:
         """Send the job to its partition (the cluster's default when none is set), then check it."""
@@ -497,7 +508,7 @@ class ArrayJob(_DilocoKind):
         """The spec of one array task: ``--mem`` (per node) scaled to the task's share of a node,
         as its CPUs are, so tasks that pack onto one node do not ask for the node's memory each."""
         share, node = self._task_share()
-        if not self.spec.cluster.mem or share == node:
+        if not self.spec.cluster.mem or share == node or mem_mb(self.spec.cluster.mem) == 0:  # 0: all of it
             return self.spec
         return replace(self.spec, cluster=replace(self.spec.cluster, mem=scale_mem(self.spec.cluster.mem, share, node)))
 

@@ -326,16 +326,22 @@ class SweepRunner:
         self.sweep, self.folder, self.args, self.say = sweep, folder, args, say
         self.entries = read_manifest(folder)
 
+    def known(self, p: Planned) -> Entry | None:
+        """The manifest's entry of run ``p``; an entry with other settings is refused (the run's
+        folder would mix two runs)."""
+        old = self.entries.get(p.entry.name)
+        if old is not None and (old.overrides, old.config, old.options) != (
+                p.entry.overrides, p.entry.config, p.entry.options):
+            raise JobError(f"run {p.entry.name} is in {MANIFEST} with other settings "
+                           f"({old.config} {' '.join(old.overrides)}): its folder would mix two "
+                           f"runs; use a new --out for changed settings")
+        return old
+
     def pending(self, planned: list[Planned]) -> list[Planned]:
         """Runs to submit now: no job yet, or (``--resubmit-failed``) a job that failed."""
         todo = []
         for p in planned:
-            old = self.entries.get(p.entry.name)
-            if old is not None and (old.overrides, old.config, old.options) != (
-                    p.entry.overrides, p.entry.config, p.entry.options):
-                raise JobError(f"run {p.entry.name} is in {MANIFEST} with other settings "
-                               f"({old.config} {' '.join(old.overrides)}): its folder would mix two "
-                               f"runs; use a new --out for changed settings")
+            old = self.known(p)
             if old is None or not old.jobs:
                 todo.append(p)
                 continue
@@ -409,7 +415,7 @@ class SweepOptions:
     """Ranks per node (per group) without GPUs."""
     local: int = 0
     """Run the sweep on this machine instead, N runs at a time (no SLURM needed; submitit's local
-    executor); 0: submit to SLURM."""
+    executor; --parallel is for SLURM arrays); 0: submit to SLURM."""
 
 
 def main(sweep: Sweep, argv: list[str] | None = None) -> int:
@@ -488,6 +494,11 @@ def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]
     from muloco.launch.gpu_slices import visible_gpus
     from muloco.launch.local_sweep import LocalSweep, local_command
 
+    refused = [flag for flag, on in (("--smoke-steps", args.smoke_steps), ("--max-nodes", args.max_nodes),
+                                     ("--resubmit-failed", args.resubmit_failed)) if on]
+    if refused:
+        raise JobError(f"{', '.join(refused)} apply to SLURM submissions, not to --local (which runs every "
+                       f"unfinished run, failed ones included, N at a time)")
     for p in planned:
         p.job.check()  # the layout, without a cluster to place it on
     gpus = len(visible_gpus())
@@ -524,8 +535,10 @@ def _run_here(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned],
     runner.entries = read_manifest(args.out)
     by_name = {p.entry.name: p.entry for p in planned}
     for p in planned:
+        old = runner.known(p)
+        if old is not None:
+            p.entry.jobs = list(old.jobs)  # every earlier job of the run, SLURM's and local ones
         if run_finished(p.entry.run_dir):
-            p.entry.jobs = runner.entries.get(p.entry.name, p.entry).jobs
             p.entry.state = "COMPLETED"
             runner.entries[p.entry.name] = p.entry
     write_manifest(args.out, runner.entries)

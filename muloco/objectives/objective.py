@@ -62,11 +62,11 @@ class Objective(Configurable):
     class Config(Configurable.Config):
         document_mask: bool = False
         """Attend only within a document of a packed row."""
-        mask_kernel: str = "auto"
-        """How a document mask is applied: flex (FlexAttention with a block mask, compiled
-        kernels that skip the tiles no query may attend; its backward needs CUDA), sdpa (SDPA's
-        memory-efficient kernel reading a dense boolean L×L mask) or auto (flex on CUDA, sdpa
-        elsewhere)."""
+        mask_kernel: str = "sdpa"
+        """How a document mask is applied: sdpa (SDPA's memory-efficient kernel reading a dense
+        boolean L×L mask), flex (FlexAttention with a block mask, compiled kernels that skip the
+        tiles no query may attend; its backward needs CUDA) or auto (flex on CUDA, sdpa
+        elsewhere). sdpa stays the default until bench/gpu_suite.py has timed flex on a GPU."""
 
         def validate(self) -> None:
             """Raise ValueError naming the bad setting (``objective.<key> ...``)."""

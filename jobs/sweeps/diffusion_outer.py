@@ -1,9 +1,11 @@
 """The outer step for masked diffusion, tuned at small scale: outer learning rate × H for MuLoCo
 and DiLoCo with the ``mdlm`` objective on the embedded corpus (K=2 groups, the diffusion configs'
 tiny model and 300 steps per group: the shape of ``python -m muloco.compare --suite paper-mini``).
-The diffusion configs' defaults come from the best of it (issue 26; the table is in the notes).
+``diffusion/muloco``'s outer lr 0.5 comes from the best of it (the table: RUNNING_JOBS.md,
+"Masked-diffusion models").
 
     python jobs/sweeps/diffusion_outer.py --dry-run
+    python jobs/sweeps/diffusion_outer.py --local 1          # here, one run at a time (about an hour on 2 cores)
     python jobs/sweeps/diffusion_outer.py --partition debug --gpus-per-node 0 --cpus-per-node 2 --time 30
 """
 

@@ -4,13 +4,13 @@ work since its last periodic checkpoint.
 A job script that SLURM warns (``--signal=B:USR1@120``: time limit, preemption, ``scancel
 --signal=USR1 --batch``) creates the file ``$MULOCO_STOP_FILE`` and waits for the run. Each rank
 looks for the file after every step (or gets ``SIGUSR1`` itself, where the group has one rank or
-a stop file); the ranks of a replica group
-agree with one small all-reduce on a gloo group made for it, so they all stop after the same
-step. The trainer then writes a full checkpoint at that step (DiLoCo groups at a sync boundary,
-where no exchange is in flight, all groups of a job at the same one: :meth:`StopRequest.agreed_at_sync`) and exits with :data:`EXIT_PREEMPTED`, which the job
-script turns into a requeue; the requeued job resumes from that checkpoint. Without the variable
-and the signal nothing is checked and nothing is created. A run that keeps no checkpoints does
-not stop (it could not resume): it says so once and trains on.
+a stop file); the ranks of a replica group agree with one small all-reduce on a gloo group made
+for it, so they all stop after the same step. The trainer then writes a full checkpoint at that
+step (DiLoCo groups at a sync boundary, where no exchange is in flight, all groups of a job at
+the same one: :meth:`StopRequest.agreed_at_sync`) and exits with :data:`EXIT_PREEMPTED`, which
+the job script turns into a requeue; the requeued job resumes from that checkpoint. Without the
+variable and the signal nothing is checked and nothing is created. A run that keeps no
+checkpoints does not stop (it could not resume): it says so once and trains on.
 """
 
 from __future__ import annotations

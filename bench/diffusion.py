@@ -149,7 +149,7 @@ def throughput(args, tokenizer, device) -> None:
     print(f"mdlm (masked-only head, document mask) / ar = {verdict:.3f}: target >= {TARGET_RATIO} "
           f"{'met' if verdict >= TARGET_RATIO else 'MISSED'}")
     for new, old in (("mdlm flex", "mdlm"), ("ar+docmask flex", "ar+docmask"), ("mdlm", "mdlm exact-gather")):
-        if new in rates:
+        if new in rates and old in rates:  # the GPU rows run on CUDA only
             ratio = statistics.median([a / b for a, b in zip(rates[new], rates[old])])
             print(f"{new} / {old} = {ratio:.3f} (the GPU path against the one it would replace)")
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
+from torch.nn.attention.flex_attention import AuxRequest, BlockMask, flex_attention
+from torchtitan.distributed.compile import maybe_regional_inductor
 from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
 
 # Flash attention takes no mask; the memory-efficient kernel does (and cuDNN on recent GPUs).
@@ -80,7 +81,6 @@ class SwitchableSDPA(ScaledDotProductAttention):
     def __init__(self, config: Config) -> None:
         super().__init__(config)
         self.is_causal = config.is_causal
-        self.flex = FlexAttention(FlexAttention.Config())
 
     prefix_cache: PrefixKV | None = None
     """Set by :func:`prefix_cache` while a sampler uses it."""
@@ -102,10 +102,16 @@ class SwitchableSDPA(ScaledDotProductAttention):
     def _flex_forward(self, q_BLNH, k_BLNH, v_BLNH, block_mask: BlockMask, scale, enable_gqa):
         if self.prefix_cache is not None:
             raise ValueError("the prefix cache takes boolean masks, not a FlexAttention BlockMask")
-        if q_BLNH.device.type == "cuda":
-            return self.flex(q_BLNH, k_BLNH, v_BLNH, attention_masks=block_mask, scale=scale,
-                             enable_gqa=enable_gqa)
         q, k, v = (x.transpose(1, 2) for x in (q_BLNH, k_BLNH, v_BLNH))
+        if q.device.type == "cuda":
+            # torchtitan's compiled flex_attention, called as its FlexAttention module calls it (not
+            # held as a submodule: torchtitan would then take every model for a flex model and
+            # refuse compile backends other than inductor, whichever mask kernel a run uses)
+            with maybe_regional_inductor(FlexAttention.inductor_configs):
+                out, _ = FlexAttention.compiled_flex_attn(q, k, v, score_mod=None, block_mask=block_mask,
+                                                          scale=scale, enable_gqa=enable_gqa,
+                                                          return_aux=AuxRequest(lse=False), kernel_options={})
+            return out.transpose(1, 2)
         with warnings.catch_warnings():  # "use torch.compile": unfused is what CPU tests and evaluation want
             warnings.filterwarnings("ignore", message=".*flex_attention.*without torch.compile", category=UserWarning)
             out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)

@@ -61,7 +61,19 @@ def test_pass_through_options_reach_the_groups_and_not_the_lighthouse(capsys):
     assert not [line for line in lh if "exclusive" in line or "gres" in line or "mail" in line]
 
 
-def test_array_tasks_ask_for_their_share_of_a_nodes_memory(capsys):
+@pytest.fixture
+def gpu_cluster(monkeypatch, tmp_path):
+    """A fake sinfo that reports one 8-GPU node, so a GPU layout's dry run is checked against a GPU
+    cluster whether or not this machine's own (CPU-only) test SLURM is up."""
+    fake = tmp_path / "bin" / "sinfo"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\ncase " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|infinite";; '
+                    '*) echo "gpu*";; esac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+
+
+def test_array_tasks_ask_for_their_share_of_a_nodes_memory(capsys, gpu_cluster):
     code, out, err = _dry_run(capsys, "array", "--config", "diloco/muloco", "--replicas", "4", "--dry-run",
                               "--gpus-per-node", "8", "--gpus-per-replica", "2", "--cpus-per-node", "96",
                               "--mem", "512G")
@@ -166,13 +178,7 @@ def test_a_dry_run_does_not_wait_for_a_silent_sinfo(capsys, monkeypatch, tmp_pat
     assert code == 0 and "sinfo did not answer in 0.5 s" in err and "#SBATCH --nodes=1" in out
 
 
-def test_a_gpu_gres_replaces_gpus_per_node_and_mem_0_is_kept(capsys, monkeypatch, tmp_path):
-    fake = tmp_path / "bin" / "sinfo"  # a GPU cluster, whatever SLURM this machine has
-    fake.parent.mkdir()
-    fake.write_text('#!/bin/sh\ncase " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|infinite";; '
-                    '*) echo "gpu*";; esac\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+def test_a_gpu_gres_replaces_gpus_per_node_and_mem_0_is_kept(capsys, gpu_cluster):
     code, out, err = _dry_run(capsys, "array", "--config", "diloco/muloco", "--replicas", "4", "--dry-run",
                               "--gpus-per-node", "8", "--gpus-per-replica", "2", "--cpus-per-node", "96",
                               "--mem", "0", "--gres", "gpu:h100:2")

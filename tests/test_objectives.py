@@ -4,6 +4,7 @@ estimator against the exact sum, noise-level stratification, masks, document mas
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -279,3 +280,47 @@ def test_flops_count_the_head_only_where_it_runs():
     assert mdlm.flops_per_token(model_flops, head) == pytest.approx(model_flops - 6 * head * (1 - 0.5005))
     assert _objective(masked_only_head=False).flops_per_token(model_flops, head) == model_flops
     assert _objective(complementary_masks=True, masked_only_head=False).flops_per_token(model_flops, head) == 2e9
+
+
+COMPILED_LOSS = """
+import json, os, sys
+from muloco import compat
+compat.apply()
+import torch
+from torchtitan.components.loss import cross_entropy_loss
+from muloco.config.cli import parse_args
+from muloco.objectives import Prepared
+from muloco.trainer import MulocoTrainer
+
+dump, args = sys.argv[1], sys.argv[2:]
+_, config = parse_args(args + ["--dump_folder", dump])
+trainer = MulocoTrainer(config)
+obj = trainer.objective
+x, labels = torch.randn(2, 8, 64), torch.randint(0, 64, (2, 8))
+eager = torch.nn.functional.cross_entropy(x.flatten(0, 1), labels.flatten(), reduction="sum") / 16
+print("RESULT " + json.dumps({"same": obj.loss_fn is trainer.loss_fn,
+                              "compiled": obj.loss_fn.fn is not cross_entropy_loss,
+                              "loss": obj.loss(x, Prepared(x, labels, {}), torch.tensor(16.0)).item(),
+                              "eager": eager.item()}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_next_token_scoring_uses_the_trainers_loss_compiled_as_stock_torchtitan_compiles_it(tmp_path):
+    """Stock torchtitan compiles its loss with the model; the ar objective scores with the trainer's
+    loss (the same object), so a compiled run compiles it too, and it gives plain cross-entropy."""
+    from conftest import TINY, run_gloo_ranks
+
+    script = tmp_path / "compiled_loss.py"
+    script.write_text(COMPILED_LOSS)
+    args = ["--config", "ddp/adamw", *TINY, "--compile.enable", "--training.steps", "1",
+            "--validator.no-enable", "--checkpoint.no-enable"]
+    (code, out), = run_gloo_ranks(script, 1, [str(tmp_path / "run"), *args], timeout=240)
+    assert code == 0, out[-3000:]
+    got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
+    assert got["same"] and got["compiled"], got
+    assert got["loss"] == pytest.approx(got["eager"], rel=1e-5), got
+    from torchtitan.components.loss import cross_entropy_loss
+
+    assert Autoregressive.Config().build(tokens=TOKENS).loss_fn.fn is cross_entropy_loss  # eager off the trainer

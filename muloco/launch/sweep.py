@@ -29,6 +29,7 @@ A sweep file (``jobs/sweeps/*.py``) names its runs with ``grid`` and calls ``mai
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import itertools
 import json
@@ -460,12 +461,20 @@ def _run(sweep: Sweep, args, extra: list[str]) -> int:
     place([p.job for p in planned], cluster_nodes(args.dry_run))  # place: partitions, checked
     if args.dry_run:
         return _dry_run(planned, sweep, args)
-    try:  # one submitting launcher per sweep folder: two would lose each other's job ids
-        lock = DumpFolderLock(args.out).acquire()
+    with _sweep_folder(args.out):
+        return _submit(sweep, args, runner, planned)
+
+
+@contextlib.contextmanager
+def _sweep_folder(out: str):
+    """One launcher (submitting or running here) per sweep folder: two would lose each other's
+    job ids and manifest lines."""
+    try:
+        lock = DumpFolderLock(out).acquire()
     except DumpFolderBusy as e:
         raise JobError(str(e)) from None
     try:
-        return _submit(sweep, args, runner, planned)
+        yield
     finally:
         lock.release()
 
@@ -512,14 +521,8 @@ def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]
             print(f"run {name}: {shlex.join(cmd)}")
         print(f"dry run: {len(runs)} run(s) to run here ({reused} finished before); nothing started")
         return 0
-    try:
-        lock = DumpFolderLock(args.out).acquire()
-    except DumpFolderBusy as e:
-        raise JobError(str(e)) from None
-    try:
+    with _sweep_folder(args.out):
         failed = _run_here(sweep, args, runner, planned, runs, reused, LocalSweep)
-    finally:
-        lock.release()
     if failed:
         print(f"sweep {sweep.name}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in "
               f"{os.path.join(args.out, 'logs')}; run the sweep again to retry them", file=sys.stderr)

@@ -70,7 +70,8 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         ft = config.fault_tolerance
         coordinator = Coordinator(manager, lighthouse_url=ft.lighthouse_url(), group_size=ft.group_size,
                                   quorum_size=self.ft_manager.quorum_size,
-                                  connect_timeout=ft.connect_timeout_seconds, device=self.device)
+                                  lost_timeout=ft.lost_seconds(), quorum_timeout=ft.quorum_timeout_seconds,
+                                  device=self.device)
         self.outer = config.outer.build(
             model=self.model_parts[0], manager=manager, device=self.device, replica_id=ft.replica_id,
             coordinator=coordinator, max_commit_failures=ft.max_commit_failures,
@@ -198,7 +199,8 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         if "lighthouse at" in first:  # the watcher saw the lighthouse go away
             return (f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}. "
-                    "Restart the lighthouse and the job; it resumes from the last checkpoints.")
+                    "Restart the lighthouse and the job; it resumes from the last checkpoints "
+                    "(--fault_tolerance.lighthouse_lost_seconds waits longer for a lighthouse that moves).")
         return (
             f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}. "
             f"No quorum of {self.ft_manager.quorum_size} of {ft.group_size} replica groups formed within "

@@ -164,7 +164,7 @@ def test_a_minority_quorum_never_commits_even_if_the_lighthouse_forms_it():
     lh, url = _lighthouse(1, join_timeout_ms=100)
     manager = _manager(url, 0, min_size=majority(3))
     try:
-        view = Coordinator(manager, lighthouse_url=url, group_size=3, quorum_size=2, connect_timeout=HANG_S).quorum()
+        view = Coordinator(manager, lighthouse_url=url, group_size=3, quorum_size=2, lost_timeout=HANG_S).quorum()
         assert view.size == 1 and view.groups == (0,)
         assert manager.should_commit() is False and manager.current_step() == 0
     finally:
@@ -210,7 +210,7 @@ def test_waiting_quorum_fails_within_the_connect_timeout_when_the_lighthouse_die
     interpreter waits for when it exits."""
     lh, url = _lighthouse(2, join_timeout_ms=3_600_000)
     manager = _manager(url, 0, min_size=2, quorum_timeout=60)
-    coordinator = Coordinator(manager, lighthouse_url=url, group_size=2, quorum_size=2, connect_timeout=2)
+    coordinator = Coordinator(manager, lighthouse_url=url, group_size=2, quorum_size=2, lost_timeout=2)
 
     def kill_once_waiting():
         until("the group never joined the forming quorum", lambda: "only have 1 participants" in fetch_status(url).next_quorum)

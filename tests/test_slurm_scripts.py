@@ -186,3 +186,32 @@ def test_a_gpu_gres_replaces_gpus_per_node_and_mem_0_is_kept(capsys, gpu_cluster
     groups = _sbatch_lines(out.split("lighthouse.sh (dry run")[0])
     assert '#SBATCH --mem="0"' in groups and '#SBATCH --gres="gpu:h100:2"' in groups
     assert not [line for line in groups if "--gpus-per-node" in line]
+
+
+def test_the_lighthouse_job_takes_its_own_partition_qos_and_time_checked_against_sinfo(capsys, monkeypatch, tmp_path):
+    """A GPU cluster with a CPU partition: the groups go to the GPU partition, the lighthouse (one
+    CPU) to the CPU one with its own QOS and a longer limit; a lighthouse partition that does not
+    exist, or whose MaxTime is shorter than asked, is one clear error before anything is written."""
+    fake = tmp_path / "bin" / "sinfo"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\ncase " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|2-00:00:00"; '
+                    'echo "cpu|c1|32|(null)|64000|idle|7-00:00:00";; *) printf "gpu*\\ncpu\\n";; esac\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    base = ["array", "--config", "diloco/muloco", "--replicas", "2", "--dry-run", "--gpus-per-node", "8",
+            "--cpus-per-node", "96", "--time", "1-00:00:00", "--qos", "high"]
+    code, out, err = _dry_run(capsys, *base, "--lighthouse-partition", "cpu", "--lighthouse-qos", "low",
+                              "--lighthouse-time", "3-00:00:00")
+    assert code == 0, err
+    groups, lighthouse = (_sbatch_lines(part) for part in out.split("lighthouse.sh (dry run"))
+    assert {'#SBATCH --partition="gpu"', '#SBATCH --qos="high"', '#SBATCH --time="1-00:00:00"'} <= set(groups)
+    assert {'#SBATCH --partition="cpu"', '#SBATCH --qos="low"', '#SBATCH --time="3-00:00:00"'} <= set(lighthouse)
+    assert not [line for line in lighthouse if "gpu" in line.lower()]
+    code, _, err = _dry_run(capsys, *base, "--lighthouse-partition", "cpu")  # the groups' QOS and time
+    assert code == 0, err
+    code, _, err = _dry_run(capsys, *base, "--lighthouse-partition", "nope")
+    assert code == 2 and "unknown partition 'nope'" in err
+    code, _, err = _dry_run(capsys, *base, "--lighthouse-partition", "cpu", "--lighthouse-time", "8-00:00:00")
+    assert code == 2 and "MaxTime" in err, err
+    code, _, err = _dry_run(capsys, *base, "--lighthouse-time", "soon")
+    assert code == 2 and "lighthouse_time 'soon' is not a SLURM time" in err

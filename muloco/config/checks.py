@@ -178,6 +178,9 @@ def _check_replicas(config) -> None:
         )
     for key in ("timeout_seconds", "quorum_timeout_seconds", "connect_timeout_seconds"):
         _positive(f"fault_tolerance.{key}", getattr(ft, key))
+    if ft.lighthouse_lost_seconds < 0:
+        raise ConfigError(f"fault_tolerance.lighthouse_lost_seconds is {ft.lighthouse_lost_seconds:g}; it must be "
+                          ">= 0 (0 = fault_tolerance.connect_timeout_seconds).")
     if not 0 <= ft.min_replica_size <= ft.group_size:
         raise ConfigError(
             f"fault_tolerance.min_replica_size is {ft.min_replica_size}; it must be in [0, {ft.group_size}] "

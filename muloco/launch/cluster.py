@@ -76,12 +76,19 @@ class ClusterSettings:
     gres: str | None = None
     mail_type: str | None = None
     mail_user: str | None = None
+    lighthouse_partition: str | None = None
+    """The lighthouse job's partition (a CPU one: it needs one CPU); None: the groups'."""
+    lighthouse_qos: str | None = None
+    lighthouse_time: str | None = None
+    """The lighthouse job's limit (longer than the groups' keeps it from moving); None: the groups'."""
     setup: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
 
     def validate(self) -> None:
-        if not _TIME.match(self.time):
-            raise ClusterError(f"time {self.time!r} is not a SLURM time: use MM, HH:MM:SS or D-HH:MM:SS")
+        for key in ("time", "lighthouse_time"):
+            value = getattr(self, key)
+            if value is not None and not _TIME.match(value):
+                raise ClusterError(f"{key} {value!r} is not a SLURM time: use MM, HH:MM:SS or D-HH:MM:SS")
         if self.mem is not None:
             mem_mb(self.mem)
         for key in ("gpus_per_node", "cpus_per_node"):
@@ -127,6 +134,12 @@ class ClusterOptions:
     """GPUs per node (default: what the partition's nodes have; 0 runs on CPUs)."""
     cpus_per_node: int | None = None
     """CPUs per node (default: what the partition's nodes have)."""
+    lighthouse_partition: str | None = None
+    """The lighthouse job's partition, e.g. a CPU one (default: the cluster file, else the groups')."""
+    lighthouse_qos: str | None = None
+    """The lighthouse job's QOS (default: the cluster file, else the groups')."""
+    lighthouse_time: str | None = None
+    """The lighthouse job's time limit; longer than the groups' keeps it in place (default: theirs)."""
 
     def settings(self) -> ClusterSettings:
         """Defaults, the user's file and MULOCO_SLURM_*, then these options."""

@@ -530,10 +530,23 @@ class ArrayJob(_DilocoKind):
                        dependency=self.spec.dependency),
                 self._lighthouse_script()]
 
+    def place(self, nodes: list[NodeInfo], default: str | None) -> None:
+        """The groups' partition, then the lighthouse's own (if set), which must exist and hold
+        one CPU for the lighthouse's time limit."""
+        super().place(nodes, default)
+        c = self.spec.cluster
+        if c.lighthouse_partition:
+            lh = resolve_partition(replace(c, partition=c.lighthouse_partition), nodes, default)
+            check_request(lh, nodes=1, gpus_per_node=0, cpus_per_node=1, time=c.lighthouse_time or c.time)
+
     def _lighthouse_script(self) -> Script:
-        """One CPU, no GPU or memory request; requeues itself before its time limit like the groups."""
-        lh_cluster = replace(self.spec.cluster, mem=None, constraint=None, gres=None, exclusive=False,
-                             mail_type=None, mail_user=None)
+        """One CPU, no GPU or memory request, in its own partition and QOS if set (else the
+        groups'); requeues itself before its time limit like the groups, and the groups follow
+        it to its new address (``muloco.launch.lighthouse_relay``)."""
+        c = self.spec.cluster
+        lh_cluster = replace(c, mem=None, constraint=None, gres=None, exclusive=False, mail_type=None, mail_user=None,
+                             partition=c.lighthouse_partition or c.partition, qos=c.lighthouse_qos or c.qos,
+                             time=c.lighthouse_time or c.time)
         lh_spec = JobSpec(self.spec.config, cluster=lh_cluster, requeue=True, signal_s=self.spec.signal_s,
                           dependency=self.spec.dependency)  # it waits for what the groups wait for
         lh_url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$MULOCO_GROUPS_JOB.url"'

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from muloco.launch.cli import UsageError, parse
 from muloco.launch.group import group_variables, torchrun_args, torchrun_group, trainer_command
+from muloco.launch.parent_death import die_with_launcher
 
 RDZV_PORT_BASE = 26400
 RDZV_PORT_SPAN = 3000  # 26400-29399: below the ephemeral range and the ddp kind's ports
@@ -55,6 +56,19 @@ def wait_for_url(path: str, timeout_s: float) -> str:
             raise GroupStartError(f"{seen} after {timeout_s:.0f} s: is the lighthouse job running? "
                                   f"(squeue --me; its log is in the run's logs/)")
         time.sleep(1.0)
+
+
+def start_relay(url_file: str, wait_s: float) -> str:
+    """A lighthouse relay on this node (``muloco.launch.lighthouse_relay``) that dies with this
+    process, which then becomes torchrun (exec keeps the PID); the relay's URL."""
+    relay = subprocess.Popen([sys.executable, "-m", "muloco.launch.lighthouse_relay", "--url-file", url_file,
+                              "--wait-s", f"{wait_s:g}"], stdout=subprocess.PIPE, text=True,
+                             stdin=subprocess.DEVNULL, preexec_fn=die_with_launcher())
+    line = relay.stdout.readline().strip() if relay.stdout else ""
+    if not line.startswith("relay http://"):
+        relay.kill()
+        raise GroupStartError(f"the lighthouse relay did not start (it printed {line!r}; exit {relay.wait()})")
+    return line.split(" ", 1)[1]
 
 
 def step_hosts() -> list[str]:
@@ -103,6 +117,9 @@ class GroupOptions:
     """Where the lighthouse job writes its URL."""
     lighthouse_wait_s: float = 900.0
     """How long to wait for that file and the lighthouse answering at its URL."""
+    lighthouse_lost_s: float = 600.0
+    """How long the group waits for a lighthouse that stopped answering mid-run (it may have been
+    requeued onto another node: the group follows its URL file through a relay)."""
     procs: int = 1
     """Ranks per node on CPU (GPUs: one per GPU)."""
     max_restarts: int = 0
@@ -123,11 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     except GroupStartError as e:
         print(f"replica group {args.replica}: error: {e}", file=sys.stderr, flush=True)
         return 2
-    cmd = torchrun_command(args, hosts, overrides)
-    env = {**os.environ, **group_variables(url, args.replica, args.replicas)}
+    cmd = torchrun_command(args, hosts, ["--fault_tolerance.lighthouse_lost_seconds", f"{args.lighthouse_lost_s:g}",
+                                         *overrides])
+    try:
+        relay = start_relay(args.lighthouse_file, args.lighthouse_lost_s)
+    except GroupStartError as e:
+        print(f"replica group {args.replica}: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    env = {**os.environ, **group_variables(relay, args.replica, args.replicas)}
     env.setdefault("RUST_LOG", "warn")
-    print(f"replica group {args.replica}/{args.replicas} on {','.join(hosts)}, lighthouse {url}",
-          flush=True)
+    print(f"replica group {args.replica}/{args.replicas} on {','.join(hosts)}, lighthouse {url} "
+          f"(through {relay}, which follows {args.lighthouse_file})", flush=True)
     os.execvpe(cmd[0], cmd, env)
     return 1  # not reached
 

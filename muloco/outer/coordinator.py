@@ -7,7 +7,10 @@ lighthouse is gone (its Rust client does not report that back). The :class:`Coor
 runs the call on a helper thread and, while it waits, reads the lighthouse's status page:
 
 - a lighthouse that stops answering (refused, unknown host, no answer) ends the wait within
-  the connect timeout, with a message that says which, instead of after the quorum timeout;
+  ``lost_timeout`` (``--fault_tolerance.lighthouse_lost_seconds``, by default the connect
+  timeout), with a message that says which, instead of after the quorum timeout;
+- a quorum that does not form ends the wait after the quorum timeout (plus ``lost_timeout``),
+  even when torchft retries its quorum call (it does, to outlast a lighthouse that moves);
 - a long wait says every 15 s what the lighthouse is waiting for.
 
 It also answers the questions the outer loop asks around quorums: which replica groups are
@@ -99,14 +102,17 @@ class Coordinator:
         lighthouse_url: str | None = None,
         group_size: int = 1,
         quorum_size: int = 1,
-        connect_timeout: float = 30.0,
+        lost_timeout: float = 30.0,
+        quorum_timeout: float | None = None,
         device: torch.device | None = None,
     ):
         self.manager = manager
         self.url = lighthouse_url
         self.group_size = group_size
         self.quorum_size = quorum_size
-        self.connect_timeout = connect_timeout
+        self.lost_timeout = lost_timeout
+        """How long the lighthouse may not answer before the group gives up."""
+        self.quorum_timeout = quorum_timeout
         self.device = device
         self._recorder = record_quorums(manager)
 
@@ -114,13 +120,13 @@ class Coordinator:
     def status(self) -> LighthouseStatus:
         """The lighthouse's status; CoordinationError if it does not answer within the connect timeout."""
         assert self.url is not None
-        deadline = time.monotonic() + self.connect_timeout
+        deadline = time.monotonic() + self.lost_timeout
         while True:
             try:
-                return fetch_status(self.url, timeout=min(5.0, self.connect_timeout))
+                return fetch_status(self.url, timeout=min(5.0, self.lost_timeout))
             except LighthouseUnreachable as err:
                 if time.monotonic() >= deadline:
-                    raise CoordinationError(f"{err} (for {self.connect_timeout:g}s)") from err
+                    raise CoordinationError(f"{err} (for {self.lost_timeout:g}s)") from err
                 time.sleep(POLL_S)
 
     def wait_for_groups(self, expected: int, timeout: float, what: str) -> set[int]:
@@ -155,17 +161,20 @@ class Coordinator:
         worker.start()
         unreachable_since: float | None = None
         last_report = started
+        limit = timeout or self.quorum_timeout
         while worker.is_alive():
             worker.join(POLL_S)
             if not worker.is_alive():
                 break
+            if limit and time.monotonic() - started > limit + self.lost_timeout:
+                raise CoordinationError(f"no quorum formed within {limit:g}s")
             try:
-                status = fetch_status(self.url, timeout=min(5.0, self.connect_timeout))
+                status = fetch_status(self.url, timeout=min(5.0, self.lost_timeout))
                 unreachable_since = None
             except LighthouseUnreachable as err:
                 unreachable_since = unreachable_since or time.monotonic()
-                if time.monotonic() - unreachable_since >= self.connect_timeout:
-                    raise CoordinationError(f"{err} (for {self.connect_timeout:g}s, while waiting for a quorum)") from err
+                if time.monotonic() - unreachable_since >= self.lost_timeout:
+                    raise CoordinationError(f"{err} (for {self.lost_timeout:g}s, while waiting for a quorum)") from err
                 continue
             if time.monotonic() - last_report >= PROGRESS_EVERY_S:
                 alive = sorted(status.alive_groups())

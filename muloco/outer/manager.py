@@ -16,6 +16,7 @@ trade that guarantee for availability and are announced with a warning.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -63,6 +64,11 @@ class ReplicaGroupManager(TorchFTManager):
         """Longest wait for a quorum (must exceed the time between syncs)."""
         connect_timeout_seconds: float = 30.0
         """Connecting to the lighthouse and to peers' manager servers."""
+        lighthouse_lost_seconds: float = 0.0
+        """How long the lighthouse may stay unreachable mid-run before this group gives up
+        (0: connect_timeout_seconds). SLURM jobs set 600: their lighthouse is a job of its own
+        that may be requeued onto another node, and the groups follow it through a relay
+        (muloco.launch.lighthouse_relay); torchft retries its quorum call meanwhile."""
         heartbeat_interval_ms: int = 100
         max_commit_failures: int = 20
         """Consecutive failed commits before the replica gives up (-1 = never)."""
@@ -91,6 +97,15 @@ class ReplicaGroupManager(TorchFTManager):
             except ValueError as err:
                 raise ReplicaGroupError(f"{err}; fix --fault_tolerance.lighthouse or TORCHFT_LIGHTHOUSE") from None
 
+        def lost_seconds(self) -> float:
+            """How long the lighthouse may be unreachable before the group gives up."""
+            return self.lighthouse_lost_seconds or self.connect_timeout_seconds
+
+        def quorum_retries(self) -> int:
+            """torchft's retries of a failed quorum call: enough reconnects (each up to the
+            connect timeout) to outlast a lighthouse that is away for ``lost_seconds``."""
+            return math.ceil(self.lost_seconds() / self.connect_timeout_seconds) - 1
+
         def quorum_size(self) -> int:
             """Replica groups needed to commit a sync."""
             return self.min_replica_size or majority(self.group_size)
@@ -116,6 +131,7 @@ class ReplicaGroupManager(TorchFTManager):
                 use_async_quorum=False,
                 timeout=timeout,
                 quorum_timeout=timedelta(seconds=config.quorum_timeout_seconds),
+                quorum_retries=config.quorum_retries(),
                 connect_timeout=timedelta(seconds=config.connect_timeout_seconds),
                 lighthouse_addr=url,
                 replica_id=f"{REPLICA_ID_PREFIX}{config.replica_id}",

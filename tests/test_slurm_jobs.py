@@ -238,6 +238,61 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
     assert (run / "slurm" / f"lighthouse-{array}.url").read_text().startswith("http://")
 
 
+MOVE_STEPS = 30
+MOVE_HOLD = 12
+
+
+def test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and_lose_nothing(slurm, tmp_path):
+    """The lighthouse job is requeued mid-run and comes back on a new port (a new URL in its
+    file); both groups, held between syncs meanwhile (test drills, so the order does not depend
+    on speed), reach it through their relays at their next sync: every sync commits with both
+    groups, nobody restarts or heals, and the run ends with both replicas bitwise equal."""
+    run = tmp_path / "moved"
+    drills = tmp_path / "moved-drills"
+    ids = submitted(generate("array", "--config", "diloco/muloco", "--replicas", "2", *CPU, "--cpus-per-node", "1",
+                             "--", *TINY, "--training.steps", str(MOVE_STEPS), "--outer.sync_every", "5",
+                             "--checkpoint.interval", "1000", "--metrics.log_freq", "5", "--validator.freq", "1000",
+                             "--dump_folder", str(run), cwd=tmp_path,
+                             env=_drill_env(drills, f"hold:0:{MOVE_HOLD},hold:1:{MOVE_HOLD}")))
+    array, lighthouse = ids["groups.sh"], ids["lighthouse.sh"]
+    url_file = run / "slurm" / f"lighthouse-{array}.url"
+    deadline = time.monotonic() + JOB_TIMEOUT
+    try:
+        for r in (0, 1):
+            _wait_for(f"group {r} did not reach its hold at step {MOVE_HOLD}",
+                      lambda r=r: (drills / f"hold-r{r}-{MOVE_HOLD}").exists(), deadline, slurm)
+        first = url_file.read_text().strip()
+        slurm.run(["scontrol", "requeue", lighthouse])
+
+        def moved() -> bool:
+            try:
+                return url_file.read_text().strip() not in ("", first)
+            except FileNotFoundError:
+                return False
+        _wait_for("the requeued lighthouse did not come back with a new URL", moved, deadline, slurm)
+    except BaseException:
+        slurm.run(["scancel", array, lighthouse], check=False)  # the groups would hold until their time limit
+        raise
+    for r in (0, 1):
+        release(drills, r, MOVE_HOLD)
+    for task in ("0", "1"):
+        wait_done(slurm, f"{array}_{task}", run)
+    slurm.wait_jobs_done([lighthouse], timeout=60)
+    a, b = final(run / "replica_0"), final(run / "replica_1")
+    assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
+    assert a["steps"] == b["steps"] == MOVE_STEPS
+    assert a["diloco"]["healed_from"] == b["diloco"]["healed_from"] == []
+    for r in (0, 1):
+        records = syncs(run, r)
+        assert len(records) >= MOVE_STEPS // 5 and all(x["committed"] and x["participants"] == 2 for x in records)
+        log = (run / "logs" / f"replica_{r}.log").read_text()
+        assert "[muloco] rank" not in log, log[-3000:]  # no rank failed (and none was restarted)
+        reached = re.findall(r"relay: connected to the lighthouse at (\S+)", log)
+        assert len(set(reached)) == 2, log[-3000:]  # the first lighthouse, then the moved one
+    second = url_file.read_text().strip()
+    assert second != first and second.startswith("http://")
+
+
 def sweep(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "jobs" / "sweeps" / "tiny_cpu.py"), *args], cwd=cwd,
                           text=True, capture_output=True, timeout=timeout)

@@ -171,6 +171,10 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
                         "tests/test_diffusion.py::test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed"),
     "muloco.launch.lighthouse": (f"{THIS}::test_entry_point_help[muloco.launch.lighthouse]",
                                  "tests/test_launch.py::test_lighthouse_cli_prints_url_line_and_stops_on_sigterm"),
+    "muloco.launch.lighthouse_relay": (
+        f"{THIS}::test_entry_point_help[muloco.launch.lighthouse_relay]",
+        "tests/test_lighthouse_relay.py::test_the_relay_process_prints_its_url_ignores_sigterm_and_dies_with_its_parent",
+        "tests/test_slurm_jobs.py::test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and_lose_nothing"),
     "muloco.launch.local": (f"{THIS}::test_entry_point_help[muloco.launch.local]",
                             f"{THIS}::test_local_job_script[muloco.sh]",
                             "tests/test_diloco.py::test_sharded_replicas_compress_their_shards_and_resume"),

@@ -142,9 +142,13 @@ def port_free(port: int) -> bool:
     return True
 
 
-def free_port_pair() -> tuple[int, int]:
-    from muloco.launch.ports import free_ports
+def free_ports(n: int, host: str) -> list[int]:
+    from muloco.launch.ports import free_ports as free
 
+    return free(n, host=host)
+
+
+def free_port_pair() -> tuple[int, int]:
     for _ in range(50):
         ports = free_ports(2, host="0.0.0.0")
         if all(port_free(p) for p in ports):
@@ -194,12 +198,16 @@ def _parse_record(line: str) -> dict[str, str]:
 class LocalSlurm:
     """munged + slurmctld + slurmd under ``root``, started and stopped by PID, never by name."""
 
-    DAEMONS = ("munged", "slurmctld", "slurmd")
-
-    def __init__(self, root: Path, cpus: int = 8, ports: tuple[int, int] | None = None):
+    def __init__(self, root: Path, cpus: int = 8, ports: tuple[int, int] | None = None, nodes: int = 1):
+        """``nodes`` > 1: that many slurmd on localhost (Debian's build allows it), named n1..nN,
+        each with ``cpus`` CPUs, its own port and NodeAddr=127.0.0.1 (the names do not resolve:
+        what runs on them must use SLURM's NodeAddr)."""
         self.root = Path(root).resolve()
         self.cpus = cpus
         self.ports = ports or free_port_pair()
+        self.nodes = [f"n{i}" for i in range(1, nodes + 1)] if nodes > 1 else ["localhost"]
+        self.node_ports = free_ports(len(self.nodes), host="0.0.0.0") if nodes > 1 else []
+        self.DAEMONS = ("munged", "slurmctld", *(("slurmd",) if nodes == 1 else (f"slurmd-{n}" for n in self.nodes)))
         self.conf = self.root / "etc" / "slurm.conf"
         self.bin = self.root / "bin"
         self.munge_socket = self.root / "munge" / "munge.socket"
@@ -277,7 +285,8 @@ class LocalSlurm:
     def logs(self, lines: int = 30) -> str:
         """Tails of the daemon logs and the jobcomp file, for failure messages."""
         parts = []
-        for name in ("munged.log", "slurmctld.log", "slurmd.log", "jobcomp.txt", "start.log"):
+        slurmd_logs = ["slurmd.log"] if not self.node_ports else [f"slurmd-{n}.log" for n in self.nodes]
+        for name in ("munged.log", "slurmctld.log", *slurmd_logs, "jobcomp.txt", "start.log"):
             path = self.root / "log" / name
             if path.exists():
                 tail = path.read_text(errors="replace").splitlines()[-lines:]
@@ -295,7 +304,8 @@ class LocalSlurm:
         try:
             self._start_munged()
             self._start_daemon("slurmctld", [which("slurmctld")], self._ctld_up)
-            self._start_daemon("slurmd", [which("slurmd"), "-N", "localhost"], self._node_idle)
+            for node, daemon in zip(self.nodes, self.DAEMONS[2:]):
+                self._start_daemon(daemon, [which("slurmd"), "-N", node], lambda node=node: self._node_idle(node))
         except BaseException as e:
             logs = self.logs()
             self.stop()
@@ -326,13 +336,32 @@ class LocalSlurm:
         (self.root / "log").chmod(0o755)
 
     def _write_files(self) -> None:
-        self.conf.write_text(SLURM_CONF.format(
+        conf = SLURM_CONF.format(
             root=self.root, cpus=self.cpus, memory=_real_memory_mb(), ctld_port=self.ports[0],
-            slurmd_port=self.ports[1], munge_socket=self.munge_socket, cred_expire=CRED_EXPIRE))
+            slurmd_port=self.ports[1], munge_socket=self.munge_socket, cred_expire=CRED_EXPIRE)
+        if self.node_ports:
+            conf = self._several_nodes(conf)
+        self.conf.write_text(conf)
         sacct = self.bin / "sacct"
         sacct.write_text(SACCT.format(python=sys.executable))
         sacct.chmod(0o755)
         (self.root / "env").write_text("".join(f"export {k}={v}\n" for k, v in self.env.items()))
+
+    def _several_nodes(self, conf: str) -> str:
+        """The one-node config with ``self.nodes`` slurmd instead: per-node pid, log and spool
+        (``%n``), port and the address they all share."""
+        for key, path in (("SlurmdPidFile", "run/slurmd"), ("SlurmdLogFile", "log/slurmd")):
+            ext = ".pid" if key == "SlurmdPidFile" else ".log"
+            conf = conf.replace(f"{key}={self.root}/{path}{ext}", f"{key}={self.root}/{path}-%n{ext}")
+        conf = conf.replace(f"SlurmdSpoolDir={self.root}/spool", f"SlurmdSpoolDir={self.root}/spool/%n")
+        lines = [ln for ln in conf.splitlines() if not ln.startswith(("NodeName=", "PartitionName="))]
+        memory = max(256, _real_memory_mb() // len(self.nodes))
+        lines += [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus} "
+                  f"RealMemory={memory} State=UNKNOWN" for n, p in zip(self.nodes, self.node_ports)]
+        lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
+        for n in self.nodes:
+            (self.root / "spool" / n).mkdir(parents=True, exist_ok=True)
+        return "\n".join(lines) + "\n"
 
     def _start_munged(self) -> None:
         munge = self.root / "munge"
@@ -379,8 +408,8 @@ class LocalSlurm:
     def _ctld_up(self) -> bool:
         return "UP" in self.run(["scontrol", "ping"], check=False, timeout=10).stdout
 
-    def _node_idle(self) -> bool:
-        out = self.run(["sinfo", "-h", "-n", "localhost", "-o", "%t"], check=False, timeout=10).stdout
+    def _node_idle(self, node: str = "localhost") -> bool:
+        out = self.run(["sinfo", "-h", "-n", node, "-o", "%t"], check=False, timeout=10).stdout
         return out.split()[:1] == ["idle"]
 
     # ---- stop ----------------------------------------------------------------------------------
@@ -392,7 +421,7 @@ class LocalSlurm:
             self._cancel_all()
         for name in reversed(self.DAEMONS):
             pid = self._pid_of(name) or self._pids.get(name)
-            if pid and pid_alive(pid) and proc_comm(pid) == name[:15]:
+            if pid and pid_alive(pid) and proc_comm(pid) == name.split("-")[0][:15]:
                 self._terminate(pid)
         self._pids.clear()
         self._kill_leftovers()
@@ -456,7 +485,7 @@ class LocalSlurm:
             pid = int((self.root / "run" / f"{name}.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
-        return pid if pid_alive(pid) and proc_comm(pid) == name[:15] else None
+        return pid if pid_alive(pid) and proc_comm(pid) == name.split("-")[0][:15] else None
 
     def status(self) -> str:
         """'up', 'down' or 'partly up: ...' from the pid files."""

@@ -76,6 +76,9 @@ class ClusterSettings:
     gres: str | None = None
     mail_type: str | None = None
     mail_user: str | None = None
+    socket_ifname: str | None = None
+    """The network interface gloo and NCCL open their sockets on (GLOO_SOCKET_IFNAME,
+    NCCL_SOCKET_IFNAME), e.g. ib0 or ^docker,lo; None: their own choice."""
     lighthouse_partition: str | None = None
     """The lighthouse job's partition (a CPU one: it needs one CPU); None: the groups'."""
     lighthouse_qos: str | None = None
@@ -134,6 +137,9 @@ class ClusterOptions:
     """GPUs per node (default: what the partition's nodes have; 0 runs on CPUs)."""
     cpus_per_node: int | None = None
     """CPUs per node (default: what the partition's nodes have)."""
+    socket_ifname: str | None = None
+    """Network interface for gloo and NCCL sockets between nodes, e.g. ib0 or eth0 (exported as
+    GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME; default: the cluster file, else their own choice)."""
     lighthouse_partition: str | None = None
     """The lighthouse job's partition, e.g. a CPU one (default: the cluster file, else the groups')."""
     lighthouse_qos: str | None = None

@@ -72,13 +72,23 @@ def start_relay(url_file: str, wait_s: float) -> str:
 
 
 def step_hosts() -> list[str]:
-    """The nodes of this srun step, in SLURM's order (the first one hosts the rendezvous)."""
+    """The addresses of this srun step's nodes, in SLURM's order (the first one hosts the
+    rendezvous): each node's NodeAddr, which is its name unless slurm.conf says otherwise (a
+    node name need not resolve; the address SLURM itself reaches the node at does)."""
     nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     if not nodelist:
         raise GroupStartError("not inside a SLURM step (no SLURM_STEP_NODELIST): run it with srun")
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                         check=True, timeout=60).stdout
-    return out.split()
+    names = _scontrol(["show", "hostnames", nodelist]).split()
+    addresses = {}
+    for line in _scontrol(["show", "node", "-o", ",".join(names)]).splitlines():
+        fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
+        if "NodeName" in fields:
+            addresses[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
+    return [addresses.get(name, name) for name in names]
+
+
+def _scontrol(args: list[str]) -> str:
+    return subprocess.run(["scontrol", *args], capture_output=True, text=True, check=True, timeout=60).stdout
 
 
 def rendezvous_port(job_id: int, replica: int) -> int:

@@ -1,0 +1,235 @@
+"""Export a run's model to a Hugging Face folder that ``transformers`` loads.
+
+    python -m muloco.export RUN_FOLDER [--step N] [--replica i] --out DIR [--force]
+
+Writes ``config.json`` (``LlamaForCausalLM``), ``model.safetensors`` (sharded with an index above
+5 GB), ``generation_config.json``, the tokenizer (``tokenizer.json`` and its config) and a model
+card (``README.md``) with the run's recipe and figures. A DiLoCo/MuLoCo run exports θ_g, the
+global model, read from a checkpoint verified against its checksums, like ``muloco.generate``.
+The weight names and the rotary permutation come from torchtitan's ``Llama3StateDictAdapter``.
+
+Exported today: next-token (``ar``) runs of the plain Llama flavors. A flavor or objective that
+this export cannot express yet (QK norm, post-attention/FFN norms, RoPE scaling, masked
+diffusion, a tiktoken tokenizer) is one clear error naming it, and nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from muloco import compat
+
+compat.apply()  # before torchtitan is imported
+
+import torch  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter  # noqa: E402
+
+from muloco.checkpoint import RUN_FILE, CheckpointLoadError  # noqa: E402
+from muloco.generate import GenerateError, load_config, load_model, locate  # noqa: E402
+
+SHARD_BYTES = 5 * 1024**3
+"""Above this, the weights go to several files with a ``model.safetensors.index.json``."""
+
+
+class ExportError(ValueError):
+    """A run this export cannot write as a Hugging Face folder; the message names the feature."""
+
+
+def _unsupported(model_config, objective_name: str, tokenizer) -> str | None:
+    """Why this run cannot be exported yet (None: it can)."""
+    block = model_config.layers[0]
+    attention = block.attention
+    if objective_name != "ar":
+        return (f"objective {objective_name!r}: only next-token (ar) runs are exported so far; masked "
+                "diffusion needs a bidirectional model class shipped in the folder")
+    if attention.qk_norm is not None:
+        return "QK norm (the _qk_torch-rmsnorm flavors): LlamaForCausalLM has no per-head query/key norm"
+    if getattr(block, "post_attention_norm", None) is not None or getattr(block, "post_ffn_norm", None) is not None:
+        return "post-attention/post-FFN norms (the _pa/_pf flavors): LlamaForCausalLM has no such norms"
+    if attention.rope.scaling != "none":
+        return f"RoPE scaling {attention.rope.scaling!r}: only unscaled RoPE is exported so far"
+    if not _tokenizer_file(tokenizer):
+        return "a tiktoken tokenizer: only tokenizer.json tokenizers are exported so far"
+    return None
+
+
+def _tokenizer_file(tokenizer) -> Path | None:
+    """The run's tokenizer.json (None: a tiktoken tokenizer)."""
+    return Path(tokenizer.path) if getattr(tokenizer, "kind", None) == "huggingface" else None
+
+
+def hf_config(model_config, tokenizer, seq_len: int) -> dict:
+    """``config.json`` of a ``LlamaForCausalLM`` with this model's shapes."""
+    attention = model_config.layers[0].attention
+    heads = attention.n_heads
+    head_dim = attention.qkv_linear.head_dim or model_config.dim // heads
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": model_config.vocab_size,
+        "hidden_size": model_config.dim,
+        "intermediate_size": model_config.layers[0].feed_forward.w1.out_features,
+        "num_hidden_layers": len(model_config.layers),
+        "num_attention_heads": heads,
+        "num_key_value_heads": attention.n_kv_heads or heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": model_config.norm.eps,
+        "rope_theta": attention.rope.theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": attention.rope.theta},
+        "max_position_embeddings": seq_len,
+        "tie_word_embeddings": bool(model_config.enable_weight_tying),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": tokenizer.bos_id,
+        "eos_token_id": tokenizer.eos_id,
+        "torch_dtype": "float32",
+    }
+
+
+def _card(run: Path, config, step: int, is_global: bool, summary: dict) -> str:
+    """The model card: what was trained, how (the run's own command), and what it reached."""
+    record = json.loads((run / RUN_FILE).read_text())
+    ft = getattr(config, "fault_tolerance", None)
+    k = getattr(ft, "group_size", 1) if ft is not None and getattr(ft, "enable", False) else 1
+    diloco = summary.get("diloco") or {}
+    lines = [f"# {config.model.flavor}, trained with muloco", "",
+             f"- objective: next-token prediction (`{config.objective._owner.name}`)",
+             f"- weights: {'θ_g, the global model of the run' if is_global else 'the model'} at step {step}",
+             f"- config module: `{_config_name(record['config'])}`; overrides: `{' '.join(_shown(record['args'])) or '(none)'}`"]
+    if k > 1:
+        outer = config.outer
+        lines.append(f"- outer loop: K={k} replica groups, H={outer.sync_every}")
+        if diloco.get("bits_per_parameter") is not None:
+            lines.append(f"- bits per parameter sent per sync: {diloco['bits_per_parameter']}")
+    lines += [f"- tokens seen (per replica group): {summary.get('tokens_seen', 'not recorded')}",
+              f"- final validation loss: {summary.get('final_validation_loss', 'not recorded')} nats/token, "
+              f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
+              "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+              "model = AutoModelForCausalLM.from_pretrained(DIR)", "tokenizer = AutoTokenizer.from_pretrained(DIR)",
+              "```", ""]
+    return "\n".join(lines)
+
+
+def _config_name(path: str) -> str:
+    """``ddp/adamw`` for ``/somewhere/config/ddp/adamw.py`` (no path of this machine in the card)."""
+    parts = Path(path).with_suffix("").parts
+    return "/".join(parts[parts.index("config") + 1:]) if "config" in parts else Path(path).stem
+
+
+def _shown(args: list[str]) -> list[str]:
+    """The run's overrides without its output folder (a path of the machine it ran on)."""
+    shown, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg == "--dump_folder":
+            skip = True
+        elif not arg.startswith("--dump_folder="):
+            shown.append(arg)
+    return shown
+
+
+def _write_tokenizer(tokenizer, out: Path) -> None:
+    """tokenizer.json with BOS added in front of every text, as muloco's loader adds it, and its config."""
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    hf = Tokenizer.from_file(str(_tokenizer_file(tokenizer)))
+    bos, eos = hf.id_to_token(tokenizer.bos_id), hf.id_to_token(tokenizer.eos_id)
+    hf.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                           special_tokens=[(bos, tokenizer.bos_id)])
+    hf.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos}, indent=2))
+
+
+def _summary(run: Path) -> dict:
+    try:
+        return json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_weights(state: dict[str, torch.Tensor], out: Path) -> None:
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    if total <= SHARD_BYTES:
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    shards, current, size = [], {}, 0
+    for name, t in tensors.items():
+        if current and size + t.numel() * t.element_size() > SHARD_BYTES:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = t
+        size += t.numel() * t.element_size()
+    shards.append(current)
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in shard})
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def export(checkpoint: str, out: str, *, step: int | None = None, replica: int | None = None,
+           force: bool = False) -> Path:
+    """Write the Hugging Face folder ``out`` (atomically: a failed export leaves nothing)."""
+    target = Path(out)
+    if target.exists() and any(target.iterdir()) and not force:
+        raise ExportError(f"--out {out} exists and is not empty; choose another folder or pass --force")
+    run, step = locate(checkpoint, replica, step)
+    config = load_config(run)
+    model, tokenizer, objective, step, is_global = load_model(run, config, step, torch.device("cpu"))
+    why = _unsupported(model.config, objective.name, tokenizer)
+    if why:
+        raise ExportError(f"cannot export {run}: {why}")
+    adapter = Llama3StateDictAdapter(model.config, None)
+    hf_state = adapter.to_hf({k: v.float() for k, v in model.state_dict().items()})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        _save_weights(hf_state, staging)
+        (staging / "config.json").write_text(json.dumps(hf_config(model.config, tokenizer, config.training.seq_len),
+                                                        indent=2))
+        (staging / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2))
+        _write_tokenizer(tokenizer, staging)
+        (staging / "README.md").write_text(_card(run, config, step, is_global, _summary(run)))
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m muloco.export", description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", help="run dump folder, replica folder or checkpoint/step-N")
+    p.add_argument("--out", required=True, help="the Hugging Face folder to write")
+    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete)")
+    p.add_argument("--replica", type=int, default=None, help="a DiLoCo run's replica folder to read (default 0)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    args = p.parse_args(argv)
+    try:
+        out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force)
+    except (ExportError, GenerateError, CheckpointLoadError) as e:
+        print(f"muloco.export: error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported to {out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,6 +16,7 @@ diffusion, a tiktoken tokenizer) is one clear error naming it, and nothing is wr
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -94,7 +95,26 @@ def hf_config(model_config, tokenizer, seq_len: int) -> dict:
     }
 
 
-def _card(run: Path, config, step: int, is_global: bool, summary: dict) -> str:
+def global_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 over θ_g's bytes in parameter order: what the outer loop records as
+    ``final_global_sha256`` (its fragments hold the parameters in this order)."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _check_global(model: torch.nn.Module, summary: dict, step: int) -> str:
+    """θ_g's fingerprint; at the run's last step it must be the one the run recorded."""
+    fingerprint = global_fingerprint(model)
+    recorded = (summary.get("diloco") or {}).get("final_global_sha256")
+    if recorded and summary.get("steps") == step and recorded != fingerprint:
+        raise ExportError(f"θ_g of step {step} hashes to {fingerprint[:16]}…, but the run recorded "
+                          f"{recorded[:16]}… at its end: the checkpoint is not the run's final θ_g")
+    return fingerprint
+
+
+def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerprint: str | None) -> str:
     """The model card: what was trained, how (the run's own command), and what it reached."""
     record = json.loads((run / RUN_FILE).read_text())
     ft = getattr(config, "fault_tolerance", None)
@@ -109,6 +129,8 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict) -> str:
         lines.append(f"- outer loop: K={k} replica groups, H={outer.sync_every}")
         if diloco.get("bits_per_parameter") is not None:
             lines.append(f"- bits per parameter sent per sync: {diloco['bits_per_parameter']}")
+    if fingerprint:
+        lines.append(f"- θ_g sha256: `{fingerprint}`")
     lines += [f"- tokens seen (per replica group): {summary.get('tokens_seen', 'not recorded')}",
               f"- final validation loss: {summary.get('final_validation_loss', 'not recorded')} nats/token, "
               f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
@@ -193,6 +215,8 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     why = _unsupported(model.config, objective.name, tokenizer)
     if why:
         raise ExportError(f"cannot export {run}: {why}")
+    summary = _summary(run)
+    fingerprint = _check_global(model, summary, step) if is_global else None
     adapter = Llama3StateDictAdapter(model.config, None)
     hf_state = adapter.to_hf({k: v.float() for k, v in model.state_dict().items()})
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -204,7 +228,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         (staging / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2))
         _write_tokenizer(tokenizer, staging)
-        (staging / "README.md").write_text(_card(run, config, step, is_global, _summary(run)))
+        (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint))
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

@@ -59,6 +59,40 @@ def test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens(ar_run, t
     assert str(ar_run) not in card  # no path of this machine
 
 
+@pytest.fixture(scope="module")
+def diloco_run(tmp_path_factory) -> Path:
+    """K=2 MuLoCo through the local launcher (its lighthouse), checkpoint at the last step."""
+    import subprocess
+    import sys
+
+    run = tmp_path_factory.mktemp("export-diloco") / "run"
+    proc = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
+                           "--", *TINY, "--training.steps", "10", "--outer.sync_every", "5",
+                           "--checkpoint.interval", "10", "--validator.freq", "10", "--dump_folder", str(run)],
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run
+
+
+def test_a_diloco_run_exports_theta_g_with_the_fingerprint_the_run_recorded(diloco_run, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from muloco.export import global_fingerprint
+
+    out = tmp_path / "hf"
+    assert main([str(diloco_run), "--out", str(out), "--replica", "1"]) == 0, capsys.readouterr().err
+    recorded = json.loads((diloco_run / "replica_1" / "summary.json").read_text())["diloco"]["final_global_sha256"]
+    assert f"θ_g sha256: `{recorded}`" in (out / "README.md").read_text()
+    assert "K=2 replica groups, H=5" in (out / "README.md").read_text()
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    config = load_config(diloco_run / "replica_0")
+    model, _, _, _, is_global = load_model(diloco_run / "replica_0", config, None, torch.device("cpu"))
+    assert is_global and global_fingerprint(model) == recorded  # both replicas hold one θ_g
+    ids = torch.arange(1, 17).unsqueeze(0)
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max().item() <= 1e-4
+
+
 def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_written(ar_run, tmp_path, capsys):
     busy = tmp_path / "busy"
     busy.mkdir()

@@ -8,9 +8,11 @@ card (``README.md``) with the run's recipe and figures. A DiLoCo/MuLoCo run expo
 global model, read from a checkpoint verified against its checksums, like ``muloco.generate``.
 The weight names and the rotary permutation come from torchtitan's ``Llama3StateDictAdapter``.
 
-Exported today: next-token (``ar``) runs of the plain Llama flavors. A flavor or objective that
-this export cannot express yet (QK norm, post-attention/FFN norms, RoPE scaling, masked
-diffusion, a tiktoken tokenizer) is one clear error naming it, and nothing is written.
+Next-token (``ar``) runs load as ``LlamaForCausalLM``; masked-diffusion (``mdlm``) runs ship a small
+bidirectional model class (``modeling_muloco_mdlm.py``: transformers' Llama layers, no causal
+mask, the mask token in the config) loaded with ``trust_remote_code=True``. A flavor this export
+cannot express yet (QK norm, post-attention/FFN norms, RoPE scaling, a tiktoken tokenizer) is one
+clear error naming it, and nothing is written.
 """
 
 from __future__ import annotations
@@ -47,9 +49,10 @@ def _unsupported(model_config, objective_name: str, tokenizer) -> str | None:
     """Why this run cannot be exported yet (None: it can)."""
     block = model_config.layers[0]
     attention = block.attention
-    if objective_name != "ar":
-        return (f"objective {objective_name!r}: only next-token (ar) runs are exported so far; masked "
-                "diffusion needs a bidirectional model class shipped in the folder")
+    if objective_name not in ("ar", "mdlm"):
+        return f"objective {objective_name!r}: only next-token (ar) and masked-diffusion (mdlm) runs are exported"
+    if objective_name == "mdlm" and getattr(tokenizer, "mask_id", None) is None:
+        return "a masked-diffusion run whose tokenizer has no mask token"
     if attention.qk_norm is not None:
         return "QK norm (the _qk_torch-rmsnorm flavors): LlamaForCausalLM has no per-head query/key norm"
     if getattr(block, "post_attention_norm", None) is not None or getattr(block, "post_ffn_norm", None) is not None:
@@ -66,8 +69,25 @@ def _tokenizer_file(tokenizer) -> Path | None:
     return Path(tokenizer.path) if getattr(tokenizer, "kind", None) == "huggingface" else None
 
 
-def hf_config(model_config, tokenizer, seq_len: int) -> dict:
-    """``config.json`` of a ``LlamaForCausalLM`` with this model's shapes."""
+MDLM_CODE = Path(__file__).parent / "hf" / "modeling_muloco_mdlm.py"
+"""The bidirectional model class a masked-diffusion export ships (``trust_remote_code``)."""
+
+
+def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar") -> dict:
+    """``config.json`` with this model's shapes: ``LlamaForCausalLM`` for next-token runs, the
+    shipped bidirectional class (Llama weights, mask token in the config) for masked diffusion."""
+    config = _llama_config(model_config, tokenizer, seq_len)
+    if objective_name == "mdlm":
+        module = MDLM_CODE.stem
+        config.update(architectures=["MulocoMdlmForMaskedLM"], model_type="muloco_mdlm",
+                      mask_token_id=tokenizer.mask_id,
+                      auto_map={"AutoConfig": f"{module}.MulocoMdlmConfig",
+                                "AutoModel": f"{module}.MulocoMdlmForMaskedLM",
+                                "AutoModelForMaskedLM": f"{module}.MulocoMdlmForMaskedLM"})
+    return config
+
+
+def _llama_config(model_config, tokenizer, seq_len: int) -> dict:
     attention = model_config.layers[0].attention
     heads = attention.n_heads
     head_dim = attention.qkv_linear.head_dim or model_config.dim // heads
@@ -120,8 +140,10 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
     ft = getattr(config, "fault_tolerance", None)
     k = getattr(ft, "group_size", 1) if ft is not None and getattr(ft, "enable", False) else 1
     diloco = summary.get("diloco") or {}
+    name = config.objective._owner.name
+    what = "next-token prediction" if name == "ar" else "masked diffusion, bidirectional attention"
     lines = [f"# {config.model.flavor}, trained with muloco", "",
-             f"- objective: next-token prediction (`{config.objective._owner.name}`)",
+             f"- objective: {what} (`{name}`)",
              f"- weights: {'θ_g, the global model of the run' if is_global else 'the model'} at step {step}",
              f"- config module: `{_config_name(record['config'])}`; overrides: `{' '.join(_shown(record['args'])) or '(none)'}`"]
     if k > 1:
@@ -134,10 +156,32 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
     lines += [f"- tokens seen (per replica group): {summary.get('tokens_seen', 'not recorded')}",
               f"- final validation loss: {summary.get('final_validation_loss', 'not recorded')} nats/token, "
               f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
-              "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-              "model = AutoModelForCausalLM.from_pretrained(DIR)", "tokenizer = AutoTokenizer.from_pretrained(DIR)",
-              "```", ""]
+              "", *(_AR_USAGE if name == "ar" else _MDLM_USAGE), ""]
     return "\n".join(lines)
+
+
+_AR_USAGE = ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+             "model = AutoModelForCausalLM.from_pretrained(DIR)", "tokenizer = AutoTokenizer.from_pretrained(DIR)",
+             "```"]
+_MDLM_USAGE = [
+    "Load it with the model class shipped here, then denoise: start from mask tokens after the prompt and,",
+    "at each step, fix the most confident of the masked positions (LLaDA's low-confidence remasking).",
+    "", "```python", "import torch",
+    "from transformers import AutoModelForMaskedLM, AutoTokenizer",
+    "model = AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True).eval()",
+    "tokenizer = AutoTokenizer.from_pretrained(DIR)",
+    "mask, length = model.config.mask_token_id, 32",
+    'x = torch.tensor([tokenizer("Once upon a time")["input_ids"] + [mask] * length])',
+    "with torch.no_grad():",
+    "    for _ in range(length):",
+    "        logits = model(x).logits",
+    "        logits[..., mask] = -float(\"inf\")",
+    "        confidence, token = logits.softmax(-1).max(-1)",
+    "        confidence[x != mask] = -1",
+    "        i = confidence.argmax()",
+    "        x.view(-1)[i] = token.view(-1)[i]",
+    "print(tokenizer.decode(x[0]))", "```",
+    "", "`python -m muloco.generate --checkpoint RUN` samples with muloco's own sampler (blocks, cache, threshold)."]
 
 
 def _config_name(path: str) -> str:
@@ -169,8 +213,11 @@ def _write_tokenizer(tokenizer, out: Path) -> None:
     hf.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                            special_tokens=[(bos, tokenizer.bos_id)])
     hf.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos}, indent=2))
+    special = {"bos_token": bos, "eos_token": eos}
+    if getattr(tokenizer, "mask_id", None) is not None:
+        special["mask_token"] = hf.id_to_token(tokenizer.mask_id)
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special},
+                                                          indent=2))
 
 
 def _summary(run: Path) -> dict:
@@ -223,8 +270,10 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         _save_weights(hf_state, staging)
-        (staging / "config.json").write_text(json.dumps(hf_config(model.config, tokenizer, config.training.seq_len),
-                                                        indent=2))
+        (staging / "config.json").write_text(json.dumps(
+            hf_config(model.config, tokenizer, config.training.seq_len, objective.name), indent=2))
+        if objective.name == "mdlm":
+            shutil.copyfile(MDLM_CODE, staging / MDLM_CODE.name)
         (staging / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2))
         _write_tokenizer(tokenizer, staging)
@@ -251,7 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ExportError, GenerateError, CheckpointLoadError) as e:
         print(f"muloco.export: error: {e}", file=sys.stderr)
         return 2
-    print(f"exported to {out}: load it with transformers.AutoModelForCausalLM.from_pretrained({str(out)!r})")
+    config = json.loads((out / "config.json").read_text())
+    how = ("AutoModelForMaskedLM.from_pretrained({!r}, trust_remote_code=True)" if "auto_map" in config
+           else "AutoModelForCausalLM.from_pretrained({!r})").format(str(out))
+    print(f"exported to {out}: load it with transformers.{how}; its README.md says how it was trained")
     return 0
 
 

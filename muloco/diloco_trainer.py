@@ -126,6 +126,8 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
     # ----------------------------------------------------------------- loop
     def _on_loop_start(self) -> None:
         super()._on_loop_start()
+        if self.step == 0:  # after torchtitan's checkpoint load: an initial load changed the model
+            self.outer.start_from_model()
         ft = self.config.fault_tolerance
         if ft.group_size <= 1:
             return

@@ -36,6 +36,7 @@ from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter  
 
 from muloco.checkpoint import RUN_FILE, CheckpointLoadError  # noqa: E402
 from muloco.generate import GenerateError, load_config, load_model, locate  # noqa: E402
+from muloco.hf_config import llama_config  # noqa: E402
 
 SHARD_BYTES = 5 * 1024**3
 """Above this, the weights go to several files with a ``model.safetensors.index.json``."""
@@ -88,31 +89,7 @@ def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar")
 
 
 def _llama_config(model_config, tokenizer, seq_len: int) -> dict:
-    attention = model_config.layers[0].attention
-    heads = attention.n_heads
-    head_dim = attention.qkv_linear.head_dim or model_config.dim // heads
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "vocab_size": model_config.vocab_size,
-        "hidden_size": model_config.dim,
-        "intermediate_size": model_config.layers[0].feed_forward.w1.out_features,
-        "num_hidden_layers": len(model_config.layers),
-        "num_attention_heads": heads,
-        "num_key_value_heads": attention.n_kv_heads or heads,
-        "head_dim": head_dim,
-        "hidden_act": "silu",
-        "rms_norm_eps": model_config.norm.eps,
-        "rope_theta": attention.rope.theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": attention.rope.theta},
-        "max_position_embeddings": seq_len,
-        "tie_word_embeddings": bool(model_config.enable_weight_tying),
-        "attention_bias": False,
-        "mlp_bias": False,
-        "bos_token_id": tokenizer.bos_id,
-        "eos_token_id": tokenizer.eos_id,
-        "torch_dtype": "float32",
-    }
+    return llama_config(model_config, tokenizer.bos_id, tokenizer.eos_id, seq_len)
 
 
 def global_fingerprint(model: torch.nn.Module) -> str:

@@ -156,3 +156,87 @@ def test_what_transformers_cannot_express_yet_is_named(flavor, objective, featur
     model = init_model(c.model, tokenizer.get_vocab_size(), objective == "ar", torch.device("cpu"))
     why = _unsupported(model.config, objective, tokenizer)
     assert why is not None and why.startswith(feature), why
+
+
+def _hf_load(folder: Path, flavor: str, vocab: int) -> dict[str, torch.Tensor]:
+    """A fresh model of ``flavor`` loaded from ``folder`` the way the checkpointer loads an
+    initial Hugging Face checkpoint (the spec's adapter, DCP's Hugging Face reader)."""
+    import torch.distributed.checkpoint as dcp
+
+    from muloco.models import build_model_config, hf_adapter
+
+    _, c = parse_args(["--config", "ddp/adamw", "--model.flavor", flavor])
+    model = init_model(c.model, vocab, True, torch.device("cpu"))
+    adapter = hf_adapter(c.model)(build_model_config(c.model, vocab, True), str(folder))
+    hf_state = adapter.to_hf(model.state_dict())
+    dcp.load(hf_state, storage_reader=adapter.get_hf_storage_reader(str(folder)), no_dist=True)
+    return adapter.from_hf(hf_state)
+
+
+def test_export_then_import_gives_the_parameters_bit_for_bit_and_a_run_started_from_it_trains_alike(
+        ar_run, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert main([str(ar_run), "--out", str(out)]) == 0, capsys.readouterr().err
+    config = load_config(ar_run)
+    model, tokenizer, _, _, _ = load_model(ar_run, config, None, torch.device("cpu"))
+    loaded = _hf_load(out, "llama3-w64-d2-h2", tokenizer.get_vocab_size())
+    source = model.state_dict()
+    assert loaded.keys() == source.keys()
+    assert all(torch.equal(loaded[k], source[k]) for k in source), "the round trip changed a parameter"
+
+    def losses(initial: list[str], name: str) -> dict[int, float]:
+        run = tmp_path / name
+        proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "3", "--metrics.log_freq", "1",
+                          "--validator.no-enable", "--checkpoint.interval", "1000", "--checkpoint.initial_load_model_only",
+                          *initial, "--dump_folder", str(run)])
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+    from_hf = losses(["--checkpoint.initial_load_path", str(out), "--checkpoint.initial_load_in_hf"], "from-hf")
+    from_muloco = losses(["--checkpoint.initial_load_path", str(ar_run / "checkpoint" / "step-4")], "from-dcp")
+    assert from_hf == from_muloco and len(from_hf) == 3, (from_hf, from_muloco)
+
+
+def test_a_hugging_face_folder_of_another_shape_is_one_error_naming_the_difference(ar_run, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert main([str(ar_run), "--out", str(out)]) == 0
+    proc = run_train(["--config", "ddp/adamw", *TINY, "--model.flavor", "llama3-w128-d4-h2",
+                      "--checkpoint.initial_load_path", str(out), "--checkpoint.initial_load_in_hf",
+                      "--checkpoint.initial_load_model_only", "--dump_folder", str(tmp_path / "run")])
+    assert proc.returncode != 0 and "hidden_size is 64 there and 128 here" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_locally_built_transformers_llama_starts_a_k2_diloco_run_and_theta_g_starts_from_it(tmp_path):
+    """A Llama built and saved with transformers (no hub) starts a K=2 MuLoCo run. With an outer
+    learning rate of 1e-30 no sync moves θ_g by a bit (every update is below half an ulp of the
+    weights), so the θ_g the run ends with is the one it started from: the folder's weights, not
+    the fresh ones the run was built with before the load."""
+    import subprocess
+    import sys
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from muloco.export import global_fingerprint
+
+    folder = tmp_path / "tiny-llama"
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, rms_norm_eps=1e-6,
+                                      rope_theta=500000.0, tie_word_embeddings=False))
+    hf.save_pretrained(str(folder))
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
+                           "--", *TINY, "--training.steps", "2", "--outer.sync_every", "1", "--outer.optimizer.lr", "1e-30",
+                           "--metrics.log_freq", "1", "--validator.no-enable", "--checkpoint.interval", "1000",
+                           "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
+                           "--checkpoint.initial_load_model_only", "--dump_folder", str(run)],
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _, c = parse_args(["--config", "ddp/adamw", *TINY])
+    model = init_model(c.model, 2048, True, torch.device("cpu"))
+    model.load_state_dict(_hf_load(folder, "llama3-w64-d2-h2", 2048))
+    for r in (0, 1):
+        summary = json.loads((run / f"replica_{r}" / "summary.json").read_text())
+        assert summary["steps"] == 2 and summary["diloco"]["syncs_committed"] == 2
+        assert summary["diloco"]["final_global_sha256"] == global_fingerprint(model), "θ_g did not start from the folder"

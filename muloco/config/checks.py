@@ -120,6 +120,35 @@ def _check_checkpoint(config) -> None:
             )
 
 
+def _check_hf_initial_load(config) -> None:
+    """A run started from a Hugging Face folder: the folder is one, its flavor maps onto it, and
+    its shapes are this run's (else the first difference, before anything is built)."""
+    ckpt = config.checkpoint
+    if not (ckpt.enable and ckpt.initial_load_path and ckpt.initial_load_in_hf):
+        return
+    from pathlib import Path
+
+    folder = Path(ckpt.initial_load_path)
+    if not (folder / "config.json").is_file():
+        raise ConfigError(f"checkpoint.initial_load_path {folder} holds no config.json: give a Hugging Face "
+                          "model folder (config.json and *.safetensors), or drop --checkpoint.initial_load_in_hf "
+                          "to load a muloco checkpoint.")
+    if not any(folder.glob("*.safetensors")):
+        raise ConfigError(f"checkpoint.initial_load_path {folder} holds no .safetensors weights.")
+    from muloco.hf_config import first_mismatch, llama_config
+    from muloco.models import build_model_config, hf_adapter
+
+    if hf_adapter(config.model) is None:
+        raise ConfigError(f"model.flavor {config.model.flavor}: its QK norm or post-attention/FFN norms have no "
+                          "Hugging Face Llama weights to load; use a plain llama3-w*-d*-h* flavor.")
+    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
+    model = build_model_config(config.model, tokenizer.get_vocab_size(), config.objective._owner.causal)
+    why = first_mismatch(folder, llama_config(model, tokenizer.bos_id, tokenizer.eos_id, config.training.seq_len))
+    if why:
+        raise ConfigError(f"{folder}/config.json does not fit model.flavor {config.model.flavor}: {why}. Pick the "
+                          "flavor of that shape (llama3-w<hidden_size>-d<layers>-h<heads>) and its tokenizer.")
+
+
 def _check_data_source_keys(config) -> None:
     """torchtitan's loader config has ``dataset`` and ``dataset_path``; muloco reads neither (its
     data comes from ``source``), so a value there would be silently ignored."""
@@ -243,6 +272,7 @@ def check_config(config) -> None:
     _check_paths(config)
     _check_metrics(config)
     _check_checkpoint(config)
+    _check_hf_initial_load(config)
     if hasattr(config, "outer"):
         _check_replicas(config)
         _check_outer(config)

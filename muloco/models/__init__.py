@@ -112,8 +112,18 @@ def build_model_spec(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> 
         parallelize_fn=gloo_safe_parallelize(parallelize_llama),
         pipelining_fn=None,
         post_optimizer_build_fn=None,
-        state_dict_adapter=None,
+        state_dict_adapter=hf_adapter(cfg),
     )
+
+
+def hf_adapter(cfg: ModelConfig):
+    """torchtitan's Llama 3 state-dict adapter where a flavor maps onto Hugging Face's Llama
+    (None: QK norm or post norms, which it does not express): what ``muloco.export`` writes with
+    and what ``--checkpoint.initial_load_in_hf`` reads with."""
+    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+
+    plain = not (cfg.flavor.endswith(("_pa", "_pf")) or "_qk_" in cfg.flavor)
+    return Llama3StateDictAdapter if plain else None
 
 
 __all__ = ["ModelConfig", "build_model_config", "build_model_spec", "init_model"]

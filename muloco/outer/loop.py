@@ -490,6 +490,14 @@ class OuterLoop(Configurable):
                 return healed
             time.sleep(0.5)
 
+    def start_from_model(self) -> None:
+        """θ_g ← θ before the first step: θ_g was copied when the loop was built, and a run may
+        load its model afterwards (``--checkpoint.initial_load_path``, e.g. a Hugging Face folder)."""
+        with torch.no_grad():
+            for frag in self.fragments:
+                for g, local in zip(frag.globals, frag.locals()):
+                    g.copy_(local)
+
     def fingerprint(self) -> str:
         """SHA-256 over the bytes of θ_g (all fragments, this rank's shards)."""
         h = hashlib.sha256()

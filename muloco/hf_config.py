@@ -1,0 +1,67 @@
+"""A Llama model's shapes as a Hugging Face ``config.json`` says them, for export and import.
+
+``muloco.export`` writes this config; a run started from a Hugging Face folder
+(``--checkpoint.initial_load_path DIR --checkpoint.initial_load_in_hf``) is checked against the
+folder's config before anything is built, so a flavor of another shape is one error naming the
+first difference instead of a failed load deep in the checkpointer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "intermediate_size", "head_dim", "vocab_size")
+"""What must agree for the weights to load, in the order a mismatch is reported."""
+
+
+def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
+    """``config.json`` of a ``LlamaForCausalLM`` with the shapes of torchtitan's ``model_config``."""
+    attention = model_config.layers[0].attention
+    heads = attention.n_heads
+    theta = attention.rope.theta
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": model_config.vocab_size,
+        "hidden_size": model_config.dim,
+        "intermediate_size": model_config.layers[0].feed_forward.w1.out_features,
+        "num_hidden_layers": len(model_config.layers),
+        "num_attention_heads": heads,
+        "num_key_value_heads": attention.n_kv_heads or heads,
+        "head_dim": attention.qkv_linear.head_dim or model_config.dim // heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": model_config.norm.eps,
+        "rope_theta": theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
+        "max_position_embeddings": seq_len,
+        "tie_word_embeddings": bool(model_config.enable_weight_tying),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": "float32",
+    }
+
+
+def first_mismatch(folder: str | Path, ours: dict) -> str | None:
+    """The first way the folder's config.json differs from ``ours`` (a :func:`llama_config`) so
+    that its weights would not load or would compute another function; None when it fits."""
+    theirs = json.loads((Path(folder) / "config.json").read_text())
+    theirs.setdefault("num_key_value_heads", theirs.get("num_attention_heads"))
+    if "head_dim" not in theirs and theirs.get("hidden_size") and theirs.get("num_attention_heads"):
+        theirs["head_dim"] = theirs["hidden_size"] // theirs["num_attention_heads"]
+    for key in SHAPE_KEYS:
+        if theirs.get(key) != ours[key]:
+            return f"{key} is {theirs.get(key)} there and {ours[key]} here"
+    rope = theirs.get("rope_parameters") or theirs.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type") or rope.get("type") or "default"
+    if rope_type != "default":
+        return f"its RoPE has {rope_type!r} scaling, which muloco's flavors do not apply"
+    theta = rope.get("rope_theta", theirs.get("rope_theta", 10000.0))
+    if float(theta) != float(ours["rope_theta"]):
+        return f"rope_theta is {theta:g} there and {ours['rope_theta']:g} here"
+    if theirs.get("model_type") not in ("llama", "muloco_mdlm"):
+        return f"model_type is {theirs.get('model_type')!r}: only Llama-family folders load (llama, muloco_mdlm)"
+    return None

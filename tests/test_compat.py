@@ -657,3 +657,28 @@ def test_torchfts_rust_log_is_quiet_unless_the_user_asks(user_level, quorum_line
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert ("[INFO] [torchft::lighthouse]" in proc.stderr) is quorum_lines, proc.stderr
+
+
+def test_the_llama_adapter_ignores_the_tokenizer_assets_folder_and_maps_like_torchtitans(tmp_path, caplog):
+    """No 'model.safetensors.index.json not found' warning for muloco's tokenizer-only assets
+    folder, and the same Hugging Face names and Q/K permutation as torchtitan's adapter."""
+    import logging
+
+    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+
+    from muloco.compat.hf_adapter import Llama3Adapter
+    from muloco.config.cli import parse_args
+    from muloco.models import build_model_config, hf_adapter, init_model
+
+    _, c = parse_args(["--config", "ddp/adamw", "--model.flavor", "llama3-w64-d2-h2"])
+    assert hf_adapter(c.model) is Llama3Adapter
+    mc = build_model_config(c.model, 2048, True)
+    with caplog.at_level(logging.WARNING):
+        ours = Llama3Adapter(mc, str(tmp_path))  # a folder without an index, like the tokenizer assets
+    assert "index.json not found" not in caplog.text and ours.fqn_to_index_mapping is None
+    state = init_model(c.model, 2048, True, torch.device("cpu")).state_dict()
+    theirs = Llama3StateDictAdapter(mc, None).to_hf(state)
+    mine = ours.to_hf(state)
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    back = ours.from_hf(mine)
+    assert all(torch.equal(back[k], state[k]) for k in state)

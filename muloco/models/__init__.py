@@ -120,10 +120,10 @@ def hf_adapter(cfg: ModelConfig):
     """torchtitan's Llama 3 state-dict adapter where a flavor maps onto Hugging Face's Llama
     (None: QK norm or post norms, which it does not express): what ``muloco.export`` writes with
     and what ``--checkpoint.initial_load_in_hf`` reads with."""
-    from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
+    from muloco.compat.hf_adapter import Llama3Adapter
 
     plain = not (cfg.flavor.endswith(("_pa", "_pf")) or "_qk_" in cfg.flavor)
-    return Llama3StateDictAdapter if plain else None
+    return Llama3Adapter if plain else None
 
 
 __all__ = ["ModelConfig", "build_model_config", "build_model_spec", "init_model"]

@@ -60,40 +60,6 @@ def test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens(ar_run, t
 
 
 @pytest.fixture(scope="module")
-def diloco_run(tmp_path_factory) -> Path:
-    """K=2 MuLoCo through the local launcher (its lighthouse), checkpoint at the last step."""
-    import subprocess
-    import sys
-
-    run = tmp_path_factory.mktemp("export-diloco") / "run"
-    proc = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
-                           "--", *TINY, "--training.steps", "10", "--outer.sync_every", "5",
-                           "--checkpoint.interval", "10", "--validator.freq", "10", "--dump_folder", str(run)],
-                          capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return run
-
-
-def test_a_diloco_run_exports_theta_g_with_the_fingerprint_the_run_recorded(diloco_run, tmp_path, capsys):
-    from transformers import AutoModelForCausalLM
-
-    from muloco.export import global_fingerprint
-
-    out = tmp_path / "hf"
-    assert main([str(diloco_run), "--out", str(out), "--replica", "1"]) == 0, capsys.readouterr().err
-    recorded = json.loads((diloco_run / "replica_1" / "summary.json").read_text())["diloco"]["final_global_sha256"]
-    assert f"θ_g sha256: `{recorded}`" in (out / "README.md").read_text()
-    assert "K=2 replica groups, H=5" in (out / "README.md").read_text()
-    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
-    config = load_config(diloco_run / "replica_0")
-    model, _, _, _, is_global = load_model(diloco_run / "replica_0", config, None, torch.device("cpu"))
-    assert is_global and global_fingerprint(model) == recorded  # both replicas hold one θ_g
-    ids = torch.arange(1, 17).unsqueeze(0)
-    with torch.no_grad():
-        assert (model(ids) - hf(ids).logits).abs().max().item() <= 1e-4
-
-
-@pytest.fixture(scope="module")
 def mdlm_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("export-mdlm") / "run"
     proc = run_train(["--config", "ddp/adamw", "--objective", "mdlm", *TINY, "--training.steps", "4",
@@ -208,31 +174,38 @@ def test_a_hugging_face_folder_of_another_shape_is_one_error_naming_the_differen
     assert not (tmp_path / "run").exists()
 
 
-def test_a_locally_built_transformers_llama_starts_a_k2_diloco_run_and_theta_g_starts_from_it(tmp_path):
-    """A Llama built and saved with transformers (no hub) starts a K=2 MuLoCo run. With an outer
-    learning rate of 1e-30 no sync moves θ_g by a bit (every update is below half an ulp of the
-    weights), so the θ_g the run ends with is the one it started from: the folder's weights, not
-    the fresh ones the run was built with before the load."""
+TINY_LLAMA = dict(vocab_size=2048, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=2,
+                  num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=500000.0, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def diloco_from_llama(tmp_path_factory) -> tuple[Path, Path]:
+    """(a Llama built and saved with transformers, no hub; a K=2 MuLoCo run started from it).
+    Its outer learning rate of 1e-30 moves no weight by a bit (every update is below half an
+    ulp), so the θ_g the run ends with is the one it started from."""
     import subprocess
     import sys
 
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from muloco.export import global_fingerprint
-
-    folder = tmp_path / "tiny-llama"
-    hf = LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
-                                      num_attention_heads=2, num_key_value_heads=2, rms_norm_eps=1e-6,
-                                      rope_theta=500000.0, tie_word_embeddings=False))
-    hf.save_pretrained(str(folder))
-    run = tmp_path / "run"
+    root = tmp_path_factory.mktemp("from-llama")
+    folder, run = root / "tiny-llama", root / "run"
+    LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).save_pretrained(str(folder))
     proc = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
                            "--", *TINY, "--training.steps", "2", "--outer.sync_every", "1", "--outer.optimizer.lr", "1e-30",
-                           "--metrics.log_freq", "1", "--validator.no-enable", "--checkpoint.interval", "1000",
+                           "--metrics.log_freq", "1", "--validator.no-enable", "--checkpoint.interval", "2",
                            "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
                            "--checkpoint.initial_load_model_only", "--dump_folder", str(run)],
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return folder, run
+
+
+def test_a_transformers_llama_starts_a_k2_muloco_run_whose_theta_g_starts_from_it(diloco_from_llama):
+    """Not from the fresh weights the run was built with before torchtitan loaded the folder."""
+    from muloco.export import global_fingerprint
+
+    folder, run = diloco_from_llama
     _, c = parse_args(["--config", "ddp/adamw", *TINY])
     model = init_model(c.model, 2048, True, torch.device("cpu"))
     model.load_state_dict(_hf_load(folder, "llama3-w64-d2-h2", 2048))
@@ -240,3 +213,23 @@ def test_a_locally_built_transformers_llama_starts_a_k2_diloco_run_and_theta_g_s
         summary = json.loads((run / f"replica_{r}" / "summary.json").read_text())
         assert summary["steps"] == 2 and summary["diloco"]["syncs_committed"] == 2
         assert summary["diloco"]["final_global_sha256"] == global_fingerprint(model), "θ_g did not start from the folder"
+
+
+def test_a_diloco_run_exports_theta_g_with_the_fingerprint_the_run_recorded(diloco_from_llama, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from muloco.export import global_fingerprint
+
+    _, run = diloco_from_llama
+    out = tmp_path / "hf"
+    assert main([str(run), "--out", str(out), "--replica", "1"]) == 0, capsys.readouterr().err
+    recorded = json.loads((run / "replica_1" / "summary.json").read_text())["diloco"]["final_global_sha256"]
+    card = (out / "README.md").read_text()
+    assert f"θ_g sha256: `{recorded}`" in card and "K=2 replica groups, H=1" in card
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    config = load_config(run / "replica_0")
+    model, _, _, _, is_global = load_model(run / "replica_0", config, None, torch.device("cpu"))
+    assert is_global and global_fingerprint(model) == recorded  # both replicas hold one θ_g
+    ids = torch.arange(1, 17).unsqueeze(0)
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max().item() <= 1e-4

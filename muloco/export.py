@@ -168,7 +168,7 @@ def _config_name(path: str) -> str:
 
 
 def _shown(args: list[str]) -> list[str]:
-    """The run's overrides without its output folder (a path of the machine it ran on)."""
+    """The run's overrides without its output folder, and no path of the machine it ran on."""
     shown, skip = [], False
     for arg in args:
         if skip:
@@ -176,6 +176,9 @@ def _shown(args: list[str]) -> list[str]:
         elif arg == "--dump_folder":
             skip = True
         elif not arg.startswith("--dump_folder="):
+            key, eq, value = arg.partition("=")
+            if (value if eq else key).startswith(("/", "~")):
+                arg = f"{key}=<path>" if eq else "<path>"
             shown.append(arg)
     return shown
 
@@ -230,7 +233,9 @@ def _save_weights(state: dict[str, torch.Tensor], out: Path) -> None:
 def export(checkpoint: str, out: str, *, step: int | None = None, replica: int | None = None,
            force: bool = False) -> Path:
     """Write the Hugging Face folder ``out`` (atomically: a failed export leaves nothing)."""
-    target = Path(out)
+    target = Path(out).resolve()
+    if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents:
+        raise ExportError(f"--out {out} is the current folder or holds it; choose a folder of its own")
     if target.exists() and any(target.iterdir()) and not force:
         raise ExportError(f"--out {out} exists and is not empty; choose another folder or pass --force")
     run, step = locate(checkpoint, replica, step)
@@ -255,9 +260,13 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
             {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2))
         _write_tokenizer(tokenizer, staging)
         (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint))
-        if target.exists():
-            shutil.rmtree(target)
+        old = None
+        if target.exists():  # --force: the old folder goes only once the new one is in place
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / target.name)
         os.replace(staging, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

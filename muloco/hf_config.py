@@ -55,6 +55,10 @@ def first_mismatch(folder: str | Path, ours: dict) -> str | None:
     for key in SHAPE_KEYS:
         if theirs.get(key) != ours[key]:
             return f"{key} is {theirs.get(key)} there and {ours[key]} here"
+    for key, default in (("tie_word_embeddings", False), ("rms_norm_eps", 1e-6), ("hidden_act", "silu"),
+                         ("attention_bias", False), ("mlp_bias", False)):
+        if theirs.get(key, default) != ours[key]:
+            return f"{key} is {theirs.get(key, default)} there and {ours[key]} here"
     rope = theirs.get("rope_parameters") or theirs.get("rope_scaling") or {}
     rope_type = rope.get("rope_type") or rope.get("type") or "default"
     if rope_type != "default":

@@ -148,6 +148,19 @@ def free_ports(n: int, host: str) -> list[int]:
     return free(n, host=host)
 
 
+RDZV_PORTS = range(26400, 29400)
+"""Where muloco.launch.slurm_group puts its rendezvous stores: no daemon may sit there."""
+
+
+def _daemon_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (0.0.0.0, where the daemons bind) outside the rendezvous range."""
+    for _ in range(50):
+        ports = free_ports(n, host="0.0.0.0")
+        if len(set(ports)) == n and all(port_free(p) and p not in RDZV_PORTS for p in ports):
+            return ports
+    raise SlurmError(f"no {n} free ports found")
+
+
 def free_port_pair() -> tuple[int, int]:
     for _ in range(50):
         ports = free_ports(2, host="0.0.0.0")
@@ -204,9 +217,10 @@ class LocalSlurm:
         what runs on them must use SLURM's NodeAddr)."""
         self.root = Path(root).resolve()
         self.cpus = cpus
-        self.ports = ports or free_port_pair()
         self.nodes = [f"n{i}" for i in range(1, nodes + 1)] if nodes > 1 else ["localhost"]
-        self.node_ports = free_ports(len(self.nodes), host="0.0.0.0") if nodes > 1 else []
+        drawn = _daemon_ports(2 + (nodes if nodes > 1 else 0))
+        self.ports = ports or (drawn[0], drawn[1])
+        self.node_ports = drawn[2:]
         self.DAEMONS = ("munged", "slurmctld", *(("slurmd",) if nodes == 1 else (f"slurmd-{n}" for n in self.nodes)))
         self.conf = self.root / "etc" / "slurm.conf"
         self.bin = self.root / "bin"

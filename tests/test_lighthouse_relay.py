@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from datetime import timedelta
 
@@ -57,38 +56,41 @@ def test_the_relay_follows_the_url_file_to_a_lighthouse_that_moved(tmp_path):
 
 
 def test_a_connection_made_while_no_lighthouse_answers_waits_for_the_next_one(tmp_path):
+    """The request is sent before any lighthouse exists; it is answered once one starts."""
+    import socket
+
     url_file = str(tmp_path / "lighthouse.url")
-    relay = LighthouseRelay(url_file, wait_s=30)
-    started = threading.Event()
-    lighthouses = []
-
-    def start_later():
-        started.wait()
-        lighthouses.append(start_lighthouse("127.0.0.1:0", min_replicas=1))
-        write_atomically(url_file, lighthouses[0].url + "\n")
-
-    threading.Thread(target=start_later, daemon=True).start()
+    relay = LighthouseRelay(url_file, wait_s=60)
+    lighthouse = None
     try:
-        waiting = threading.Thread(target=lambda: lighthouses.append(fetch_status(relay.url, timeout=30)))
-        waiting.start()
-        started.set()  # the fetch is under way (or about to be) before the lighthouse exists
-        waiting.join(40)
-        assert not waiting.is_alive() and len(lighthouses) == 2, "the held connection never reached the lighthouse"
+        port = int(relay.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as conn:
+            conn.sendall(b"GET /status HTTP/1.1\r\nHost: lighthouse\r\nConnection: close\r\n\r\n")
+            lighthouse = start_lighthouse("127.0.0.1:0", min_replicas=1)
+            write_atomically(url_file, lighthouse.url + "\n")
+            reply = conn.recv(64)
+        assert reply.startswith(b"HTTP/1.1 200"), reply
     finally:
         relay.close()
-        if lighthouses:
-            lighthouses[0].shutdown()
+        if lighthouse is not None:
+            lighthouse.shutdown()
 
 
-def test_with_no_lighthouse_for_wait_s_the_connection_is_closed_and_a_bad_file_is_named(tmp_path):
+def test_with_no_lighthouse_for_wait_s_the_connection_is_closed_and_a_bad_file_is_named(tmp_path, capfd):
+    from muloco.outer.lighthouse_status import LighthouseUnreachable
+
     url_file = tmp_path / "lighthouse.url"
     relay = LighthouseRelay(str(url_file), wait_s=1)
     try:
-        with pytest.raises(Exception):
-            fetch_status(relay.url, timeout=10)
+        with pytest.raises(LighthouseUnreachable) as closed:
+            fetch_status(relay.url, timeout=30)
+        assert closed.value.reason != "did not answer in time"  # closed by the relay, not timed out
+        url_file.write_text("not a url\n")
+        with pytest.raises(LighthouseUnreachable):
+            fetch_status(relay.url, timeout=30)
+        assert "not a lighthouse URL" in capfd.readouterr().err
     finally:
         relay.close()
-    url_file.write_text("not a url\n")
     with pytest.raises(ValueError, match="not a lighthouse URL"):
         read_target(str(url_file))
 

@@ -47,7 +47,8 @@ def trainer_command(config: str, i: int, replicas: int, overrides: list[str], qu
 
 
 def torchrun_args(replica: int | str, *, procs: int, max_restarts: int, hosts: list[str] | None = None,
-                  port: int = 0, rdzv_id: str | None = None, tee_dir: str | None = None) -> list[str]:
+                  port: int = 0, rdzv_id: str | None = None, tee_dir: str | None = None,
+                  is_host: bool | None = None) -> list[str]:
     """torchrun's options for a group of ``procs`` ranks per node: on one node a c10d rendezvous
     on a free loopback port; over ``hosts`` (several nodes) on the first host's ``port``.
     ``tee_dir``: torchrun tees each rank's output, prefixed, and keeps per-attempt copies there."""
@@ -58,6 +59,8 @@ def torchrun_args(replica: int | str, *, procs: int, max_restarts: int, hosts: l
             "--max-restarts", str(max_restarts), "--role", f"replica_{replica}"]
     if nodes == 1:
         args += ["--local-addr", "127.0.0.1"]
+    elif is_host is not None:  # say which node serves the rendezvous store: torchrun's own guess
+        args += ["--rdzv-conf", f"is_host={int(is_host)}"]  # (is the address mine?) fails for a second NIC
     if tee_dir and procs > 1:
         args += ["--tee", "3", "--log-dir", tee_dir]
     return args

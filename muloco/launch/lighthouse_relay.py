@@ -22,6 +22,7 @@ ignored, so a group that is stopping keeps its way to the lighthouse until its r
 
 from __future__ import annotations
 
+import select
 import signal
 import socket
 import sys
@@ -62,13 +63,40 @@ class LighthouseRelay:
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._joined: list[tuple[tuple[str, int], socket.socket, socket.socket]] = []
+        self._bad_file = False
         self.targets: list[tuple[str, int]] = []
         """Each lighthouse address connected to, in order (a move shows as a new entry)."""
         threading.Thread(target=self._accept, name="lighthouse-relay", daemon=True).start()
+        threading.Thread(target=self._follow, name="lighthouse-relay-follow", daemon=True).start()
 
     def close(self) -> None:
         self._closed.set()
         self._server.close()
+
+    def _target(self) -> tuple[str, int] | None:
+        try:
+            return read_target(self.url_file)
+        except ValueError as e:  # said once: a hand-edited file; the lighthouse writes it atomically
+            if not self._bad_file:
+                print(f"relay: {e}; waiting for a lighthouse URL", file=sys.stderr, flush=True)
+            self._bad_file = True
+            return None
+
+    def _follow(self) -> None:
+        """Close the joined connections whose lighthouse the file no longer names: the manager
+        reconnects (to the new one) even when the old node died without closing them."""
+        while not self._closed.wait(POLL_S):
+            target = self._target()
+            if target is None:
+                continue
+            with self._lock:
+                stale = [j for j in self._joined if j[0] != target]
+                self._joined = [j for j in self._joined if j[0] == target]
+            for _, client, upstream in stale:
+                _shut(client)
+                _shut(upstream)
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -79,35 +107,52 @@ class LighthouseRelay:
             threading.Thread(target=self._serve, args=(client,), daemon=True).start()
 
     def _serve(self, client: socket.socket) -> None:
-        upstream = self._connect()
-        if upstream is None:
-            client.close()  # no lighthouse for wait_s: the manager's own retry or timeout says so
+        joined = self._connect(client)
+        if joined is None:
+            client.close()  # no lighthouse for wait_s, or the caller left: its own retry says so
             return
+        target, upstream = joined
+        with self._lock:
+            self._joined.append((target, client, upstream))
         for a, b in ((client, upstream), (upstream, client)):
             threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 
-    def _connect(self) -> socket.socket | None:
+    def _connect(self, client: socket.socket) -> tuple[tuple[str, int], socket.socket] | None:
         """A connection to the lighthouse the URL file names, retried (re-reading the file)
-        until one answers or ``wait_s`` passes."""
+        until one answers, ``wait_s`` passes or the client hangs up (its request would be stale)."""
         deadline = time.monotonic() + self.wait_s
-        while not self._closed.is_set():
-            try:
-                target = read_target(self.url_file)
-            except ValueError:
-                target = None  # a file being rewritten by hand; the lighthouse writes it atomically
+        while not self._closed.is_set() and not _hung_up(client):
+            target = self._target()
             if target is not None:
                 try:
                     sock = socket.create_connection(target, timeout=CONNECT_TIMEOUT_S)
                     sock.settimeout(None)
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # a dead node shows up
                     if not self.targets or self.targets[-1] != target:
                         self.targets.append(target)
-                    return sock
+                    return target, sock
                 except OSError:
                     pass
             if time.monotonic() > deadline:
                 return None
             time.sleep(POLL_S)
         return None
+
+
+def _hung_up(client: socket.socket) -> bool:
+    """The client closed its side (a peek at its data reads end of file)."""
+    try:
+        readable, _, _ = select.select([client], [], [], 0)
+        return bool(readable) and client.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -119,10 +164,7 @@ def _pump(src: socket.socket, dst: socket.socket) -> None:
     except OSError:
         pass
     for sock in (src, dst):
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        _shut(sock)
         sock.close()
 
 

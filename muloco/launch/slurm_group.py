@@ -106,7 +106,8 @@ def torchrun_command(args: GroupOptions, hosts: list[str], overrides: list[str])
     """The group's torchrun (through replica_group) and each rank's trainer command."""
     job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
     torchrun = torchrun_args(args.replica, procs=visible_gpu_count() or args.procs, max_restarts=args.max_restarts,
-                             hosts=hosts, port=rendezvous_port(job_id, args.replica), rdzv_id=f"{job_id}_{args.replica}")
+                             hosts=hosts, port=rendezvous_port(job_id, args.replica), rdzv_id=f"{job_id}_{args.replica}",
+                             is_host=os.environ.get("SLURM_NODEID", "0") == "0")  # the step's first node
     return torchrun_group(torchrun, trainer_command(args.config, args.replica, args.replicas, overrides,
                                                     args.min_replicas))
 

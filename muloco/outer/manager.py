@@ -102,8 +102,9 @@ class ReplicaGroupManager(TorchFTManager):
             return self.lighthouse_lost_seconds or self.connect_timeout_seconds
 
         def quorum_retries(self) -> int:
-            """torchft's retries of a failed quorum call: enough reconnects (each up to the
-            connect timeout) to outlast a lighthouse that is away for ``lost_seconds``."""
+            """torchft's retries of a failed quorum call, so a lighthouse that is away (or moving)
+            is asked again instead of failing the sync; torchft waits quorum_timeout / (retries + 1)
+            between tries, and its Python client bounds the whole call by the quorum timeout."""
             return math.ceil(self.lost_seconds() / self.connect_timeout_seconds) - 1
 
         def quorum_size(self) -> int:

@@ -77,3 +77,27 @@ def test_two_replica_groups_of_two_nodes_each_train_and_agree(four_nodes, tmp_pa
         assert len(cluster.run(["scontrol", "show", "hostnames", nodes]).stdout.split()) == 2, nodes
     a, b = (json.loads((run / f"replica_{r}" / "summary.json").read_text()) for r in (0, 1))
     assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
+
+
+def test_the_spanning_kind_runs_its_groups_and_lighthouse_as_steps_of_one_job(four_nodes, tmp_path):
+    """K=2 groups of one node each and the lighthouse (a step on the first node) in one job: the
+    groups reach the lighthouse directly (it cannot move, so no relay) and end on one θ_g."""
+    cluster = four_nodes
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "muloco.launch.slurm", "spanning", "--config", "diloco/muloco", "--replicas", "2",
+         "--gpus-per-node", "0", "--cpus-per-node", "2", "--time", "15", "--", *TINY,
+         "--training.steps", "10", "--outer.sync_every", "5", "--checkpoint.interval", "1000",
+         "--validator.freq", "1000", "--dump_folder", str(run)],
+        cwd=tmp_path, text=True, capture_output=True, timeout=600, env={**os.environ, **cluster.env})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = next(line.rsplit(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("submitted "))
+    states = cluster.wait_jobs_done([job], timeout=900)
+    logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(run.rglob("*.log")))
+    assert set(states.values()) == {"COMPLETED"}, f"{states}\n{logs}\n{cluster.logs()}"
+    a, b = (json.loads((run / f"replica_{r}" / "summary.json").read_text()) for r in (0, 1))
+    assert a["steps"] == b["steps"] == 10
+    assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
+    for r in (0, 1):
+        log = (run / "logs" / f"replica_{r}.log").read_text()
+        assert f"replica group {r}/2 on 127.0.0.1, lighthouse http://" in log and "through" not in log, log[-2000:]

@@ -400,9 +400,12 @@ class _DilocoKind(Kind):
                 f"--min-replicas {self.quorum} --join-timeout-ms {self.join_timeout_ms} "
                 f"--url-file {url_file}{until}")
 
-    def group_cmd(self, replica: str, url_file: str) -> str:
+    def group_cmd(self, replica: str, url_file: str, lighthouse_moves: bool = True) -> str:
+        """A group's ``slurm_group`` command; a lighthouse that cannot move (a step of the same
+        job) gets no relay and no long wait (``--lighthouse-lost-s 0``)."""
+        stays = "" if lighthouse_moves else "--lighthouse-lost-s 0 "
         return (f"\"$PYTHON\" -m muloco.launch.slurm_group --config \"$CONFIG\" --replica {replica} "
-                f"--replicas {self.replicas} --min-replicas {self.quorum} --lighthouse-file {url_file} "
+                f"--replicas {self.replicas} --min-replicas {self.quorum} --lighthouse-file {url_file} {stays}"
                 f"--procs {self.spec.procs} --max-restarts {self.spec.max_restarts} -- \"${{OVERRIDES[@]}}\"")
 
 
@@ -461,8 +464,8 @@ class SpanningJob(_DilocoKind):
                 "GROUP_PIDS=()",
                 f"for r in $(seq 0 {self.replicas - 1}); do",
                 f"  group_nodes=$(IFS=,; echo \"${{NODES[*]:$((r * {npr})):{npr}}}\")",
-                f"  srun --nodes={npr} --ntasks-per-node=1 --nodelist=\"$group_nodes\" "
-                f"{self.group_cmd('$r', url)} >> \"$RUN_DIR/{LOG_DIR}/replica_$r.log\" 2>&1 &",
+                f"  srun --nodes={npr} --ntasks={npr} --ntasks-per-node=1 --nodelist=\"$group_nodes\" "
+                f"{self.group_cmd('$r', url, lighthouse_moves=False)} >> \"$RUN_DIR/{LOG_DIR}/replica_$r.log\" 2>&1 &",
                 "  GROUP_PIDS+=($!)",
                 "done",
                 'wait_all "${GROUP_PIDS[@]}"; rc=$?',

@@ -130,7 +130,8 @@ class GroupOptions:
     """How long to wait for that file and the lighthouse answering at its URL."""
     lighthouse_lost_s: float = 600.0
     """How long the group waits for a lighthouse that stopped answering mid-run (it may have been
-    requeued onto another node: the group follows its URL file through a relay)."""
+    requeued onto another node: the group follows its URL file through a relay). 0: a lighthouse
+    that cannot move (a step of the group's own job): no relay, the trainer's connect timeout."""
     procs: int = 1
     """Ranks per node on CPU (GPUs: one per GPU)."""
     max_restarts: int = 0
@@ -151,17 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     except GroupStartError as e:
         print(f"replica group {args.replica}: error: {e}", file=sys.stderr, flush=True)
         return 2
-    cmd = torchrun_command(args, hosts, ["--fault_tolerance.lighthouse_lost_seconds", f"{args.lighthouse_lost_s:g}",
-                                         *overrides])
+    moves = args.lighthouse_lost_s > 0
+    lost = ["--fault_tolerance.lighthouse_lost_seconds", f"{args.lighthouse_lost_s:g}"] if moves else []
+    cmd = torchrun_command(args, hosts, [*lost, *overrides])  # the user's own override comes later and wins
     try:
-        relay = start_relay(args.lighthouse_file, args.lighthouse_lost_s)
+        reach = start_relay(args.lighthouse_file, args.lighthouse_lost_s) if moves else url
     except GroupStartError as e:
         print(f"replica group {args.replica}: error: {e}", file=sys.stderr, flush=True)
         return 2
-    env = {**os.environ, **group_variables(relay, args.replica, args.replicas)}
+    env = {**os.environ, **group_variables(reach, args.replica, args.replicas)}
     env.setdefault("RUST_LOG", "warn")
-    print(f"replica group {args.replica}/{args.replicas} on {','.join(hosts)}, lighthouse {url} "
-          f"(through {relay}, which follows {args.lighthouse_file})", flush=True)
+    through = f" (through {reach}, which follows {args.lighthouse_file})" if moves else ""
+    print(f"replica group {args.replica}/{args.replicas} on {','.join(hosts)}, lighthouse {url}{through}",
+          flush=True)
     os.execvpe(cmd[0], cmd, env)
     return 1  # not reached
 

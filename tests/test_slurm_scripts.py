@@ -61,16 +61,22 @@ def test_pass_through_options_reach_the_groups_and_not_the_lighthouse(capsys):
     assert not [line for line in lh if "exclusive" in line or "gres" in line or "mail" in line]
 
 
+def _fake_sinfo(monkeypatch, tmp_path, body: str) -> None:
+    """Put a ``sinfo`` shell script with ``body`` first on PATH: the cluster a dry run is checked
+    against, whatever SLURM this machine has up."""
+    fake = tmp_path / "bin" / "sinfo"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\n{body}\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+
+
 @pytest.fixture
 def gpu_cluster(monkeypatch, tmp_path):
     """A fake sinfo that reports one 8-GPU node, so a GPU layout's dry run is checked against a GPU
     cluster whether or not this machine's own (CPU-only) test SLURM is up."""
-    fake = tmp_path / "bin" / "sinfo"
-    fake.parent.mkdir()
-    fake.write_text('#!/bin/sh\ncase " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|infinite";; '
-                    '*) echo "gpu*";; esac\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    _fake_sinfo(monkeypatch, tmp_path, 'case " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|infinite";; '
+                                       '*) echo "gpu*";; esac')
 
 
 def test_array_tasks_ask_for_their_share_of_a_nodes_memory(capsys, gpu_cluster):
@@ -167,11 +173,7 @@ def test_a_dry_run_does_not_wait_for_a_silent_sinfo(capsys, monkeypatch, tmp_pat
     gives up after its short timeout, says so, and prints the job."""
     import muloco.launch.slurm as slurm_module
 
-    fake = tmp_path / "bin" / "sinfo"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\nexec sleep 600\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    _fake_sinfo(monkeypatch, tmp_path, "exec sleep 600")
     monkeypatch.setattr(slurm_module, "DRY_RUN_SINFO_TIMEOUT_S", 0.5)
     code, out, err = _dry_run(capsys, "ddp", "--config", "ddp/adamw", "--gpus-per-node", "0", "--cpus-per-node", "1",
                               "--dry-run")
@@ -192,12 +194,8 @@ def test_the_lighthouse_job_takes_its_own_partition_qos_and_time_checked_against
     """A GPU cluster with a CPU partition: the groups go to the GPU partition, the lighthouse (one
     CPU) to the CPU one with its own QOS and a longer limit; a lighthouse partition that does not
     exist, or whose MaxTime is shorter than asked, is one clear error before anything is written."""
-    fake = tmp_path / "bin" / "sinfo"
-    fake.parent.mkdir()
-    fake.write_text('#!/bin/sh\ncase " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|2-00:00:00"; '
-                    'echo "cpu|c1|32|(null)|64000|idle|7-00:00:00";; *) printf "gpu*\\ncpu\\n";; esac\n')
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    _fake_sinfo(monkeypatch, tmp_path, 'case " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|2-00:00:00"; '
+                                       'echo "cpu|c1|32|(null)|64000|idle|7-00:00:00";; *) printf "gpu*\\ncpu\\n";; esac')
     base = ["array", "--config", "diloco/muloco", "--replicas", "2", "--dry-run", "--gpus-per-node", "8",
             "--cpus-per-node", "96", "--time", "1-00:00:00", "--qos", "high"]
     code, out, err = _dry_run(capsys, *base, "--lighthouse-partition", "cpu", "--lighthouse-qos", "low",

@@ -82,6 +82,25 @@ def test_a_gpu_suite_on_a_machine_without_cuda_is_one_clear_error(tmp_path):
     assert not (tmp_path / "s").exists()
 
 
+def test_groups_share_the_gpus_only_when_the_machine_has_fewer_than_k(monkeypatch, capsys):
+    """One GPU runs the K=2 and K=4 rows with --share-gpus (and says so); enough GPUs, or CPU, do not."""
+    import torch
+
+    from muloco.compare import runner
+    from muloco.compare.__main__ import _share_gpus
+
+    runs = plan(SUITES["paper-158m"], objective="ar", data="stdlib", seeds=1, only=["MuLoCo K=4", "DDP AdamW"])
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # the host's GPU count, not our code
+    assert _share_gpus("cuda", runs) and "the groups share GPUs" in capsys.readouterr().err
+    assert not _share_gpus("cpu", runs)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert not _share_gpus("cuda", runs) and capsys.readouterr().err == ""
+    k4, ddp = sorted(runs, key=lambda p: p.row.ddp)
+    command = runner.command(k4, Path("f"), share_gpus=True)
+    assert command[command.index("--replicas"):command.index("--") + 1] == ["--replicas", "4", "--share-gpus", "--"]
+    assert "--share-gpus" not in runner.command(k4, Path("f")) + runner.command(ddp, Path("f"), share_gpus=True)
+
+
 def test_data_sources(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SuiteError, match="python -m muloco.data.fetch shakespeare"):

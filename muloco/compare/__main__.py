@@ -88,6 +88,22 @@ def _check_device(device: str, suite_name: str) -> None:
                              f"--suite paper-mini, or --device cpu to run it here anyway (slowly)")
 
 
+def _share_gpus(device: str, planned: list[Planned]) -> bool:
+    """Whether the K-group runs must share GPUs: on CUDA with fewer GPUs than the largest K.
+    Says so, since the wall times then include the sharing."""
+    if device != "cuda":
+        return False
+    import torch
+
+    groups = max((p.row.replicas for p in planned), default=1)
+    gpus = torch.cuda.device_count()
+    if gpus >= groups:
+        return False
+    print(f"note: {gpus} GPU(s) for up to {groups} replica groups: the groups share GPUs "
+          f"(--share-gpus), so wall times include the sharing", file=sys.stderr)
+    return True
+
+
 def _environment(device: str) -> dict[str, str]:
     env = os.environ.copy()
     if device == "cpu":
@@ -143,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(planned)} runs; nothing started (--dry-run)")
         return 0
     runner.stop_on_sigterm()
-    states = runner.run_all(planned, folder, env=_environment(device))
+    states = runner.run_all(planned, folder, env=_environment(device), share_gpus=_share_gpus(device, planned))
     _finish(suite, planned, folder)
     failed = [name for name, state in states.items() if state != "COMPLETED"]
     if failed:

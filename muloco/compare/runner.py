@@ -37,13 +37,15 @@ STOP_GRACE_S = 60.0
 """How long an interrupted run has to stop its processes after SIGTERM before SIGKILL."""
 
 
-def command(p: Planned, folder: Path) -> list[str]:
-    """The command that trains ``p`` into ``folder``."""
+def command(p: Planned, folder: Path, *, share_gpus: bool = False) -> list[str]:
+    """The command that trains ``p`` into ``folder``; ``share_gpus`` lets its replica groups
+    share the machine's GPUs (fewer GPUs than groups)."""
     if p.row.ddp:
         return [sys.executable, "-m", "muloco.train", "--config", p.row.config, *p.overrides,
                 "--dump_folder", str(folder)]
     return [sys.executable, "-m", "muloco.launch.local", "--config", p.row.config, "--replicas",
-            str(p.row.replicas), "--", *p.overrides, "--dump_folder", str(folder)]
+            str(p.row.replicas), *(["--share-gpus"] if share_gpus else []), "--", *p.overrides,
+            "--dump_folder", str(folder)]
 
 
 def _work(p: Planned) -> int:
@@ -152,7 +154,7 @@ def stop_on_sigterm() -> None:
 
 
 def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | None = None,
-            progress_out: TextIO = sys.stderr) -> dict[str, str]:
+            share_gpus: bool = False, progress_out: TextIO = sys.stderr) -> dict[str, str]:
     """Train every planned run not yet finished; {name: COMPLETED | FAILED (log path)}."""
     suite_dir.mkdir(parents=True, exist_ok=True)
     (suite_dir / "logs").mkdir(exist_ok=True)
@@ -171,7 +173,7 @@ def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | No
         log = suite_dir / "logs" / f"{p.name}.log"
         began = time.monotonic()
         with open(log, "ab") as f:
-            child = subprocess.Popen(command(p, folder), stdout=f, stderr=subprocess.STDOUT, env=env,
+            child = subprocess.Popen(command(p, folder, share_gpus=share_gpus), stdout=f, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True)
             try:
                 while child.poll() is None:

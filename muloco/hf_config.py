@@ -45,27 +45,76 @@ def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
     }
 
 
+def _normalized(theirs: dict) -> dict:
+    """A Hugging Face config with the defaults its class would fill in made explicit."""
+    theirs = dict(theirs)
+    theirs.setdefault("num_key_value_heads", theirs.get("num_attention_heads"))
+    if not theirs.get("head_dim") and theirs.get("hidden_size") and theirs.get("num_attention_heads"):
+        theirs["head_dim"] = theirs["hidden_size"] // theirs["num_attention_heads"]
+    rope = theirs.get("rope_parameters") or theirs.get("rope_scaling") or {}
+    theirs["_rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
+    theirs["_rope_theta"] = float(rope.get("rope_theta", theirs.get("rope_theta", 10000.0)))
+    return theirs
+
+
+def _unexpressible(theirs: dict) -> str | None:
+    """What a normalized config asks for that muloco's Llama models do not compute (None: nothing)."""
+    if theirs.get("model_type") not in ("llama", "muloco_mdlm"):
+        return f"model_type is {theirs.get('model_type')!r}: only Llama-family folders load (llama, muloco_mdlm)"
+    if theirs["_rope_type"] != "default":
+        return f"its RoPE has {theirs['_rope_type']!r} scaling, which muloco's flavors do not apply"
+    for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
+        if theirs.get(key, want) != want:
+            return f"{key} is {theirs.get(key)} there; muloco's Llama models have {want}"
+    return None
+
+
+def read(folder: str | Path) -> dict:
+    """The folder's ``config.json``; ValueError naming what is wrong with it."""
+    path = Path(folder) / "config.json"
+    try:
+        theirs = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{folder} holds no config.json: give a Hugging Face model folder") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} is not a JSON config ({e})") from None
+    if not isinstance(theirs, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    return theirs
+
+
+def architecture(theirs: dict):
+    """The :class:`muloco.models.Architecture` of a Hugging Face Llama config (its own shapes,
+    RoPE base, norm epsilon, grouped-query heads and tying); ValueError naming a feature muloco's
+    models do not compute."""
+    from muloco.models import Architecture
+
+    t = _normalized(theirs)
+    why = _unexpressible(t)
+    if why:
+        raise ValueError(why)
+    missing = [k for k in SHAPE_KEYS if not isinstance(t.get(k), int)]
+    if missing:
+        raise ValueError(f"config.json gives no integer {missing[0]}")
+    return Architecture(dim=t["hidden_size"], depth=t["num_hidden_layers"], heads=t["num_attention_heads"],
+                        kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], ffn_dim=t["intermediate_size"],
+                        vocab_size=t["vocab_size"], norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+                        rope_theta=t["_rope_theta"], tied=bool(t.get("tie_word_embeddings", False)))
+
+
 def first_mismatch(folder: str | Path, ours: dict) -> str | None:
     """The first way the folder's config.json differs from ``ours`` (a :func:`llama_config`) so
     that its weights would not load or would compute another function; None when it fits."""
-    theirs = json.loads((Path(folder) / "config.json").read_text())
-    theirs.setdefault("num_key_value_heads", theirs.get("num_attention_heads"))
-    if "head_dim" not in theirs and theirs.get("hidden_size") and theirs.get("num_attention_heads"):
-        theirs["head_dim"] = theirs["hidden_size"] // theirs["num_attention_heads"]
+    theirs = _normalized(json.loads((Path(folder) / "config.json").read_text()))
     for key in SHAPE_KEYS:
         if theirs.get(key) != ours[key]:
             return f"{key} is {theirs.get(key)} there and {ours[key]} here"
-    for key, default in (("tie_word_embeddings", False), ("rms_norm_eps", 1e-6), ("hidden_act", "silu"),
-                         ("attention_bias", False), ("mlp_bias", False)):
+    for key, default in (("tie_word_embeddings", False), ("rms_norm_eps", 1e-6)):
         if theirs.get(key, default) != ours[key]:
             return f"{key} is {theirs.get(key, default)} there and {ours[key]} here"
-    rope = theirs.get("rope_parameters") or theirs.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type") or rope.get("type") or "default"
-    if rope_type != "default":
-        return f"its RoPE has {rope_type!r} scaling, which muloco's flavors do not apply"
-    theta = rope.get("rope_theta", theirs.get("rope_theta", 10000.0))
-    if float(theta) != float(ours["rope_theta"]):
-        return f"rope_theta is {theta:g} there and {ours['rope_theta']:g} here"
-    if theirs.get("model_type") not in ("llama", "muloco_mdlm"):
-        return f"model_type is {theirs.get('model_type')!r}: only Llama-family folders load (llama, muloco_mdlm)"
+    why = _unexpressible(theirs)
+    if why:
+        return why
+    if theirs["_rope_theta"] != float(ours["rope_theta"]):
+        return f"rope_theta is {theirs['_rope_theta']:g} there and {ours['rope_theta']:g} here"
     return None

@@ -27,7 +27,7 @@ from torchtitan.protocols.model_spec import ModelSpec
 from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.models.attention import SwitchableSDPA
 from muloco.models.block import SandwichBlock
-from muloco.model_map import Flavor, padded_vocab, parse_flavor
+from muloco.model_map import padded_vocab, parse_flavor
 
 ROPE_THETA = 500_000.0
 NORM_EPS = 1e-6
@@ -41,67 +41,104 @@ class ModelConfig:
     """The embedding/head rows are padded to a multiple of this (GPU-friendly shapes)."""
 
 
-def _norm(dim: int) -> RMSNorm.Config:
-    return RMSNorm.Config(normalized_shape=dim, eps=NORM_EPS, param_init=_NORM_INIT)
+@dataclass(frozen=True)
+class Architecture:
+    """Every number the model's shapes and function depend on: a flavor's (with muloco's fixed
+    RoPE base and norm epsilon) or a Hugging Face ``config.json``'s
+    (:func:`muloco.hf_config.architecture`)."""
+
+    dim: int
+    depth: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn_dim: int
+    vocab_size: int
+    norm_eps: float = NORM_EPS
+    rope_theta: float = ROPE_THETA
+    tied: bool = False
+    qk_norm: bool = False
+    post_attention_norm: bool = False
+    post_ffn_norm: bool = False
+
+    @classmethod
+    def of_flavor(cls, cfg: ModelConfig, vocab_size: int) -> "Architecture":
+        flavor = parse_flavor(cfg.flavor)
+        s = flavor.shape
+        return cls(dim=s.dim, depth=s.depth, heads=s.heads, kv_heads=s.heads, head_dim=s.head_dim,
+                   ffn_dim=s.ffn_dim, vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple_of),
+                   qk_norm=flavor.qk_norm, post_attention_norm=flavor.post_attention_norm,
+                   post_ffn_norm=flavor.post_ffn_norm)
 
 
-def _layer(flavor: Flavor, layer_id: int, causal: bool) -> SandwichBlock.Config:
-    s = flavor.shape
+def _norm(dim: int, eps: float) -> RMSNorm.Config:
+    return RMSNorm.Config(normalized_shape=dim, eps=eps, param_init=_NORM_INIT)
+
+
+def _layer(a: Architecture, layer_id: int, causal: bool) -> SandwichBlock.Config:
     return SandwichBlock.Config(
-        attention_norm=_norm(s.dim),
-        ffn_norm=_norm(s.dim),
-        post_attention_norm=_norm(s.dim) if flavor.post_attention_norm else None,
-        post_ffn_norm=_norm(s.dim) if flavor.post_ffn_norm else None,
+        attention_norm=_norm(a.dim, a.norm_eps),
+        ffn_norm=_norm(a.dim, a.norm_eps),
+        post_attention_norm=_norm(a.dim, a.norm_eps) if a.post_attention_norm else None,
+        post_ffn_norm=_norm(a.dim, a.norm_eps) if a.post_ffn_norm else None,
         attention=make_gqa_config(
-            dim=s.dim,
-            n_heads=s.heads,
+            dim=a.dim,
+            n_heads=a.heads,
+            n_kv_heads=a.kv_heads if a.kv_heads != a.heads else None,
+            head_dim=a.head_dim if a.head_dim != a.dim // a.heads else None,
             wqkv_param_init=_LINEAR_INIT,
             wo_param_init=_depth_init(layer_id),
             inner_attention=SwitchableSDPA.Config(is_causal=causal),
             rope=ComplexRoPE.Config(
-                dim=s.head_dim, max_seq_len=131072, theta=ROPE_THETA, scaling="none"
+                dim=a.head_dim, max_seq_len=131072, theta=a.rope_theta, scaling="none"
             ),
             fuse_qkv=False,
-            qk_norm=_norm(s.head_dim) if flavor.qk_norm else None,
+            qk_norm=_norm(a.head_dim, a.norm_eps) if a.qk_norm else None,
         ),
         feed_forward=make_ffn_config(
-            dim=s.dim,
-            hidden_dim=s.ffn_dim,
+            dim=a.dim,
+            hidden_dim=a.ffn_dim,
             w1_param_init=_LINEAR_INIT,
             w2w3_param_init=_depth_init(layer_id),
         ),
     )
 
 
-def build_model_config(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> Llama3Model.Config:
-    flavor = parse_flavor(cfg.flavor)
-    dim = flavor.shape.dim
-    vocab = padded_vocab(vocab_size, cfg.vocab_multiple_of)
+def architecture_config(a: Architecture, causal: bool = True) -> Llama3Model.Config:
+    """torchtitan's Llama 3 config with these shapes; ``causal`` is the attention direction."""
     return Llama3Model.Config(
-        dim=dim,
-        vocab_size=vocab,
-        enable_weight_tying=False,
+        dim=a.dim,
+        vocab_size=a.vocab_size,
+        enable_weight_tying=a.tied,
         tok_embeddings=Embedding.Config(
-            num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_INIT
+            num_embeddings=a.vocab_size, embedding_dim=a.dim, param_init=_EMBEDDING_INIT
         ),
-        norm=_norm(dim),
+        norm=_norm(a.dim, a.norm_eps),
         lm_head=Linear.Config(
-            in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)
+            in_features=a.dim, out_features=a.vocab_size, param_init=_output_linear_init(a.dim)
         ),
-        layers=[_layer(flavor, i, causal) for i in range(flavor.shape.depth)],
+        layers=[_layer(a, i, causal) for i in range(a.depth)],
     )
 
 
-def init_model(cfg: ModelConfig, vocab_size: int, causal: bool = True, device="cpu") -> Llama3Model:
-    """The model as torchtitan's trainer makes it, outside a trainer (sampling, benchmarks, tests):
-    built on the meta device, materialised on ``device``, its weights and buffers (the RoPE
-    tables, which checkpoints do not hold) initialised."""
+def build_model_config(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> Llama3Model.Config:
+    return architecture_config(Architecture.of_flavor(cfg, vocab_size), causal)
+
+
+def build(config: Llama3Model.Config, device="cpu") -> Llama3Model:
+    """The model of ``config`` built on the meta device, materialised on ``device``, its weights
+    and buffers (the RoPE tables, which checkpoints do not hold) initialised."""
     with torch.device("meta"):
-        model = build_model_config(cfg, vocab_size, causal).build()
+        model = config.build()
     model.to_empty(device=device)
     with torch.no_grad():
         model.init_weights(buffer_device=None)
     return model
+
+
+def init_model(cfg: ModelConfig, vocab_size: int, causal: bool = True, device="cpu") -> Llama3Model:
+    """The model as torchtitan's trainer makes it, outside a trainer (sampling, benchmarks, tests)."""
+    return build(build_model_config(cfg, vocab_size, causal), device)
 
 
 def build_model_spec(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> ModelSpec:
@@ -126,4 +163,5 @@ def hf_adapter(cfg: ModelConfig):
     return Llama3Adapter if plain else None
 
 
-__all__ = ["ModelConfig", "build_model_config", "build_model_spec", "init_model"]
+__all__ = ["Architecture", "ModelConfig", "architecture_config", "build", "build_model_config", "build_model_spec",
+           "init_model"]

@@ -1,0 +1,175 @@
+"""Evaluate a run or a Hugging Face folder with lm-evaluation-harness.
+
+    python -m muloco.evaluate RUN_FOLDER|HF_DIR --tasks hellaswag,arc_easy [--limit N] [--batch-size B]
+        [--num-fewshot K] [--mc-samples 128] [--include-path DIR] [--step N] [--replica i]
+        [--device auto] [--seed 0] [--block-length L]
+
+A run folder is scored from its newest complete checkpoint (θ_g for a DiLoCo run), a Hugging
+Face folder (``muloco.export``'s, or a Llama-family model's) from its weights; both as
+muloco's own model (:mod:`muloco.evaluate.source`) through :class:`muloco.evaluate.harness.MulocoLM`.
+Each task's figures go to ``<folder>/eval/<task>.json`` (written atomically; a run's folder
+is the one holding ``run.json``), where ``python -m muloco.report`` shows them as columns.
+``--include-path`` adds a folder of task YAMLs (your own tasks on local data). lm-eval is an
+optional extra: ``pip install -e '.[eval]'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from muloco import compat
+
+compat.apply()
+
+import torch  # noqa: E402
+
+from muloco.atomic_file import write_atomically  # noqa: E402
+from muloco.checkpoint import CheckpointLoadError  # noqa: E402
+from muloco.generate import GenerateError  # noqa: E402
+
+PROG = "python -m muloco.evaluate"
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("source", help="a run's dump folder (or replica folder, or checkpoint/step-N), or a Hugging "
+                                  "Face model folder")
+    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names (globs allowed)")
+    p.add_argument("--limit", type=float, default=None, help="items per task (a fraction if below 1)")
+    p.add_argument("--batch-size", type=int, default=8, help="requests per forward (causal) / Monte Carlo rows "
+                                                             "per forward (diffusion)")
+    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
+    p.add_argument("--mc-samples", type=int, default=128, help="diffusion: Monte Carlo rows per log-likelihood")
+    p.add_argument("--block-length", type=int, default=None, help="diffusion generation: semi-AR block length")
+    p.add_argument("--include-path", default=None, help="a folder of extra task YAMLs")
+    p.add_argument("--step", type=int, default=None, help="a run's checkpoint step (default: the newest complete)")
+    p.add_argument("--replica", type=int, default=None, help="a DiLoCo run's replica folder (default 0)")
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo draws, sampling and few-shot picks")
+    return p
+
+
+def _check(args: argparse.Namespace) -> list[str]:
+    tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    if not tasks:
+        raise UsageError("--tasks names no task; give lm-eval task names, e.g. --tasks hellaswag,arc_easy")
+    for name, low in (("batch_size", 1), ("mc_samples", 1), ("num_fewshot", 0), ("step", 0), ("block_length", 1)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise UsageError(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+    if args.limit is not None and args.limit <= 0:
+        raise UsageError(f"--limit {args.limit:g}: must be positive (items, or a fraction below 1)")
+    if args.include_path and not Path(args.include_path).is_dir():
+        raise UsageError(f"--include-path {args.include_path}: not a folder of task YAMLs")
+    return tasks
+
+
+def _task_manager(include_path: str | None, tasks: list[str]):
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=include_path)
+    found = manager.match_tasks(tasks)
+    missing = [t for t in tasks if t not in found and not any(re.fullmatch(t.replace("*", ".*"), f) for f in found)]
+    if missing:
+        raise UsageError(f"--tasks: lm-eval knows no task {missing[0]!r}; see `lm-eval ls tasks`, or pass "
+                         f"--include-path DIR for a folder of your own task YAMLs")
+    return manager
+
+
+def _file_name(task: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", task) + ".json"
+
+
+def _metrics(reported: dict) -> dict[str, float]:
+    """lm-eval's ``"acc,none"`` keys as ``acc`` (``acc/<filter>`` under a filter), numbers only."""
+    out = {}
+    for key, value in reported.items():
+        name, _, flt = key.partition(",")
+        if flt and isinstance(value, (int, float)):
+            out[name if flt == "none" else f"{name}/{flt}"] = value
+    return out
+
+
+def write_results(results: dict, source, args: argparse.Namespace, seconds: float) -> list[Path]:
+    """One ``eval/<task>.json`` per task lm-eval reported."""
+    import lm_eval
+
+    folder = Path(source.results_dir) / "eval"
+    folder.mkdir(exist_ok=True)
+    written = []
+    for task, metrics in results["results"].items():
+        record = {"task": task, "metrics": _metrics(metrics),
+                  "n_samples": results.get("n-samples", {}).get(task), "num_fewshot": results.get("n-shot", {}).get(task),
+                  "limit": args.limit, "mc_samples": None if source.causal else args.mc_samples, "seed": args.seed,
+                  "model": source.facts, "lm_eval": lm_eval.__version__, "seconds": round(seconds, 1)}
+        path = folder / _file_name(task)
+        write_atomically(path, json.dumps(record, indent=2, default=str) + "\n")
+        written.append(path)
+    return written
+
+
+def _summary(written: list[Path]) -> str:
+    lines = []
+    for path in written:
+        record = json.loads(path.read_text())
+        metrics = record["metrics"]
+        for name, value in metrics.items():
+            if name.endswith("_stderr") or "_stderr/" in name:
+                continue
+            err = metrics.get(name.replace("/", "_stderr/", 1) if "/" in name else f"{name}_stderr")
+            spread = f" ± {err:.4f}" if isinstance(err, (int, float)) else ""
+            lines.append(f"{record['task']:30s} {name:20s} {value:.4f}{spread}")
+    return "\n".join(lines)
+
+
+def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
+    tasks = _check(args)
+    try:
+        from lm_eval import simple_evaluate
+    except ImportError:
+        raise UsageError("lm-evaluation-harness is not installed; install the optional extra: "
+                         "pip install -e '.[eval]' (or pip install lm-eval==0.4.13)") from None
+    from muloco.evaluate.harness import MulocoLM
+    from muloco.evaluate.source import load
+
+    manager = _task_manager(args.include_path, tasks)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    source = load(args.source, step=args.step, replica=args.replica, device=device)
+    lm = MulocoLM(source, batch_size=args.batch_size, mc_samples=args.mc_samples, seed=args.seed,
+                  block_length=args.block_length)
+    began = time.monotonic()
+    results = simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
+                              task_manager=manager, log_samples=False, random_seed=args.seed,
+                              numpy_random_seed=args.seed, torch_random_seed=args.seed,
+                              fewshot_random_seed=args.seed)
+    return results, write_results(results, source, args, time.monotonic() - began)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    from muloco.evaluate.source import EvaluationError, SourceError
+
+    try:
+        results, written = evaluate(args)
+    except (UsageError, SourceError, GenerateError, EvaluationError) as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    except CheckpointLoadError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 3
+    print(_summary(written))
+    print(f"wrote {', '.join(str(p) for p in written)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -89,6 +89,8 @@ class Run:
     train_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
     val_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     val_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    evaluations: dict[str, float] = field(default_factory=dict)
+    """Downstream scores ``python -m muloco.evaluate`` wrote to ``eval/<task>.json``: "<task> <metric>"."""
     sync_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     sync_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Cumulative bytes sent per replica after each sync (mean over replicas)."""
@@ -206,6 +208,26 @@ def _add_record(replica: _Replica, r: dict[str, Any]) -> None:
             float(r["sync/bytes_sent"]), float(r.get("sync/payload_bytes") or 0), float(r.get("sync/numel") or 0))
 
 
+EVAL_METRICS = ("acc_norm", "acc", "exact_match", "word_perplexity")
+"""The one figure of a task the table shows, the first of these the task reported."""
+
+
+def _evaluations(folder: Path) -> dict[str, float]:
+    """Each task's headline figure from ``eval/<task>.json`` (a file that does not parse is named
+    and skipped)."""
+    found = {}
+    for path in sorted(folder.glob("eval/*.json")):
+        record = _json_file(path)
+        if not record or not isinstance(record.get("metrics"), dict):
+            _warn(f"{path}: not an evaluation record; skipped")
+            continue
+        metrics = record["metrics"]
+        name = next((m for m in EVAL_METRICS if isinstance(metrics.get(m), (int, float))), None)
+        if name:
+            found[f"{record.get('task', path.stem)} {name}"] = float(metrics[name])
+    return found
+
+
 def _replica_folders(folder: Path) -> list[Path]:
     """A DiLoCo job's ``replica_<i>/`` run folders, by replica id."""
     found = [p for p in folder.glob("replica_*") if p.name[len("replica_"):].isdigit() and _is_run_folder(p)]
@@ -317,6 +339,7 @@ def load_run(folder: Path | str) -> Run:
         facts = _facts(parts[0], run_json)
         return Run(folder=folder, name=folder.resolve().name, method=method_of(facts) if facts else "?",
                    objective=_objective(facts, summary), facts=facts, replicas=len(parts),
+                   evaluations=_evaluations(folder),
                    complete=all(r.summary is not None for r in reps), **_scalars(reps, curves), **curves)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise ReportError(f"{folder}: summary.json or run.json has a missing or mistyped field ({err!r}); "
@@ -460,14 +483,26 @@ def _cells(run: Run, marked: bool) -> list[str]:
     ]
 
 
+def eval_columns(runs: list[Run]) -> list[str]:
+    """One column per task and figure any run was evaluated on."""
+    return sorted({name for run in runs for name in run.evaluations})
+
+
+def _header(runs: list[Run]) -> list[str]:
+    return [*COLUMNS, *eval_columns(runs)]
+
+
 def _rows(runs: list[Run], metric: str) -> list[list[str]]:
     marks = best(runs, metric)
-    return [_cells(run, id(run) in marks) for run in ordered(runs, metric)]
+    extra = eval_columns(runs)
+    return [_cells(run, id(run) in marks) + [format_number(run.evaluations.get(c), ".4f") for c in extra]
+            for run in ordered(runs, metric)]
 
 
 def table(runs: list[Run], metric: str = "validation") -> str:
-    """An aligned text table, one row per run (text left-aligned, numbers right-aligned)."""
-    return aligned([list(COLUMNS), *_rows(runs, metric)], left={0, 1, 2, 3})
+    """An aligned text table, one row per run (text left-aligned, numbers right-aligned), a
+    column per downstream evaluation."""
+    return aligned([_header(runs), *_rows(runs, metric)], left={0, 1, 2, 3})
 
 
 def aligned(rows: list[list[str]], left: set[int]) -> str:
@@ -481,7 +516,8 @@ def aligned(rows: list[list[str]], left: set[int]) -> str:
 
 def markdown(runs: list[Run], metric: str = "validation") -> str:
     """The same table in Markdown."""
-    rows = [list(COLUMNS), ["---"] * len(COLUMNS), *_rows(runs, metric)]
+    header = _header(runs)
+    rows = [header, ["---"] * len(header), *_rows(runs, metric)]
     return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows)
 
 
@@ -490,7 +526,8 @@ def rows_json(runs: list[Run], metric: str = "validation") -> list[dict[str, Any
     marks = best(runs, metric)
     keys = ("name", "method", "objective", "replicas", "complete", "final_validation_loss",
             "final_validation_bits_per_byte", "final_train_loss",
-            "steps", "tokens", "bits_per_parameter", "bytes_sent_per_replica", "sync_share", "wall_seconds")
+            "steps", "tokens", "bits_per_parameter", "bytes_sent_per_replica", "sync_share", "wall_seconds",
+            "evaluations")
     return [{**{k: getattr(r, k) for k in keys}, "folder": str(r.folder), "sweep": str(r.sweep) if r.sweep else None,
              "best": id(r) in marks, "facts": r.facts} for r in ordered(runs, metric)]
 

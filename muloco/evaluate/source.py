@@ -40,7 +40,8 @@ class Source:
     max_length: int
     """The longest sequence the model was trained on: contexts are cut on the left to fit."""
     results_dir: Path
-    """Where ``eval/<task>.json`` goes: the run folder, or the Hugging Face folder."""
+    """Where ``eval/<task>.json`` goes: the run's dump folder (a DiLoCo job's, above its replica
+    folders: θ_g is the same in each), or the Hugging Face folder."""
     facts: dict = field(default_factory=dict)
     """What was loaded (source, step, θ_g or not), written with every result."""
 
@@ -68,8 +69,9 @@ def from_run(path: str, *, step: int | None, replica: int | None, device: torch.
     run, step = locate(path, replica, step)
     config = load_config(run)
     model, tokenizer, objective, step, is_global = load_model(run, config, step, device)
+    job = run.parent if run.name.startswith("replica_") and not (run.parent / RUN_FILE).is_file() else run
     return Source(model=model, tokenizer=tokenizer, causal=objective.causal, max_length=config.training.seq_len,
-                  results_dir=run, facts={"source": "run", "objective": objective.name, "step": step,
+                  results_dir=job, facts={"source": "run", "objective": objective.name, "step": step,
                                           "weights": "θ_g" if is_global else "model"})
 
 

@@ -35,7 +35,7 @@ from safetensors.torch import save_file  # noqa: E402
 from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter  # noqa: E402
 
 from muloco.checkpoint import RUN_FILE, CheckpointLoadError  # noqa: E402
-from muloco.generate import GenerateError, load_config, load_model, locate  # noqa: E402
+from muloco.run_loading import RunLoadError, load_config, load_model, locate  # noqa: E402
 from muloco.hf_config import llama_config  # noqa: E402
 
 SHARD_BYTES = 5 * 1024**3
@@ -239,7 +239,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     if target.exists() and any(target.iterdir()) and not force:
         raise ExportError(f"--out {out} exists and is not empty; choose another folder or pass --force")
     run, step = locate(checkpoint, replica, step)
-    config = load_config(run)
+    config = load_config(run, prog="python -m muloco.export")
     model, tokenizer, objective, step, is_global = load_model(run, config, step, torch.device("cpu"))
     why = _unsupported(model.config, objective.name, tokenizer)
     if why:
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force)
-    except (ExportError, GenerateError, CheckpointLoadError) as e:
+    except (ExportError, RunLoadError, CheckpointLoadError) as e:
         print(f"muloco.export: error: {e}", file=sys.stderr)
         return 2
     config = json.loads((out / "config.json").read_text())

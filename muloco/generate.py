@@ -1,11 +1,9 @@
 """Sample from a trained run: ``python -m muloco.generate --checkpoint DIR --prompt "..."``.
 
 ``DIR`` is a run's dump folder (a DiLoCo run's: replica 0 unless ``--replica``), one
-replica's folder, or a ``checkpoint/step-N`` folder. The model is rebuilt from the run's
-``run.json`` (its config module and overrides) and loaded from the newest complete
-checkpoint (or ``--step``), verified against its checksums and read without unpickling
-arbitrary objects. A DiLoCo run samples from θ_g, the global model the replicas agreed
-on. A masked-diffusion run samples by iterative unmasking (:mod:`muloco.objectives.sampling`:
+replica's folder, or a ``checkpoint/step-N`` folder, loaded by :mod:`muloco.run_loading` (the
+newest complete checkpoint or ``--step``, verified, nothing unpickled). A DiLoCo run samples
+from θ_g, the global model the replicas agreed on. A masked-diffusion run samples by iterative unmasking (:mod:`muloco.objectives.sampling`:
 LLaDA's schedule, or ``--threshold`` parallel decoding, an optional ``--cache prefix``, and
 ``--batch-size`` prompts at a time), an autoregressive one token by token. The same seed gives
 the same text. Options are checked against the run before anything is loaded: a value out of
@@ -16,13 +14,9 @@ range or an option the run does not take (a diffusion option on an autoregressiv
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
-import os
 import sys
-import warnings
-from pathlib import Path
 
 from muloco import compat
 
@@ -30,10 +24,8 @@ compat.apply()
 
 import torch  # noqa: E402
 
-from muloco.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step  # noqa: E402
-from muloco.config.cli import parse_args  # noqa: E402
+from muloco.checkpoint import CheckpointLoadError  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
-from muloco.models import init_model  # noqa: E402
 from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # noqa: E402
 from muloco.objectives.sampling import (  # noqa: E402
     CACHES,
@@ -43,70 +35,10 @@ from muloco.objectives.sampling import (  # noqa: E402
     sample_diffusion_batch,
     until_eos,
 )
-
-GLOBAL_KEY = ".global."
-"""θ_g in a DiLoCo checkpoint: ``outer.fragment_<i>.global.<parameter name>``."""
-
+from muloco.run_loading import RunLoadError, load_config, load_model, locate  # noqa: E402
 
 class GenerateError(ValueError):
     pass
-
-
-def locate(path: str, replica: int | None, step: int | None) -> tuple[Path, int | None]:
-    """The run folder holding ``run.json`` for ``path``, and the step named by a step folder.
-    ``replica``: which replica folder of a DiLoCo run (None: replica 0); a run without replica
-    groups refuses one."""
-    folder = Path(path)
-    if folder.name.startswith("step-") and folder.name[5:].isdigit():
-        return locate(str(folder.parent.parent), replica, int(folder.name[5:]) if step is None else step)
-    if replica is not None and (folder / RUN_FILE).is_file() and not folder.name.startswith("replica_"):
-        raise GenerateError(f"--replica {replica}: {path} is a run without replica groups (one folder, "
-                            "no replica_<i>/); leave --replica out.")
-    for candidate in (folder, folder / f"replica_{replica or 0}"):
-        if (candidate / RUN_FILE).is_file():
-            return candidate, step
-    if not folder.is_dir():
-        raise GenerateError(f"--checkpoint {path} is not a folder; give a run's dump folder or a "
-                            "checkpoint/step-N folder of it.")
-    raise GenerateError(f"--checkpoint {path} holds no {RUN_FILE} (nor replica_{replica}/{RUN_FILE}): "
-                        "it is not a folder written by python -m muloco.train; give the run's dump folder.")
-
-
-def load_config(run: Path):
-    record = json.loads((run / RUN_FILE).read_text())
-    with contextlib.chdir(record["cwd"]) if os.path.isdir(record["cwd"]) else contextlib.nullcontext():
-        _, config = parse_args(["--config", record["config"], *record["args"]], prog="python -m muloco.generate")
-    return config
-
-
-def load_model(run: Path, config, step: int | None, device: torch.device):
-    """The run's model with the weights of ``step`` (newest complete: None), θ_g where the run has one."""
-    import torch.distributed.checkpoint as dcp
-
-    folder = run / config.checkpoint.folder
-    step = resolve_step(str(folder), -1 if step is None else step, warn=False)
-    if step < 0:
-        raise GenerateError(f"{folder} holds no complete checkpoint; train with checkpoints on "
-                            "(--checkpoint.enable, the default) or wait for the run's first save.")
-    step_dir = str(folder / f"step-{step}")
-    verify_step(step_dir)
-    check_metadata(step_dir)
-    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
-    objective = config.objective._owner
-    model = init_model(config.model, tokenizer.get_vocab_size(), objective.causal, device)
-    saved = dcp.FileSystemReader(step_dir).read_metadata().state_dict_metadata
-    params = dict(model.state_dict())
-    globals_ = {k.split(GLOBAL_KEY, 1)[1]: k for k in saved if GLOBAL_KEY in k}
-    wanted = {globals_.get(name, name): t for name, t in params.items()}
-    missing = sorted(k for k in wanted if k not in saved)
-    if missing:
-        raise CheckpointLoadError(f"checkpoint {step_dir} lacks {missing[0]} (and {len(missing) - 1} more) of "
-                                  f"this model ({config.model.flavor}); was it written by another config?")
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(wanted, checkpoint_id=step_dir, no_dist=True)
-    model.eval()
-    return model, tokenizer, objective, step, bool(globals_)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -166,7 +98,7 @@ def check_options(args: argparse.Namespace, causal: bool) -> None:
 def generate(args: argparse.Namespace) -> list[dict]:
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     run, step = locate(args.checkpoint, args.replica, args.step)
-    config = load_config(run)
+    config = load_config(run, prog="python -m muloco.generate")
     check_options(args, config.objective._owner.causal)
     how = DiffusionSampling(length=args.length, steps=args.steps or args.length,
                             block_length=args.block_length or args.length, temperature=args.temperature,
@@ -213,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         samples = generate(args)
-    except (GenerateError, ConfigError, ValueError) as err:
+    except (GenerateError, RunLoadError, ConfigError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except CheckpointLoadError as err:

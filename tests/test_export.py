@@ -17,7 +17,7 @@ compat.apply()
 
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.export import _unsupported, main  # noqa: E402
-from muloco.generate import load_config, load_model  # noqa: E402
+from muloco.run_loading import load_config, load_model  # noqa: E402
 from muloco.models import init_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)  # hang timeouts: several trainings on 2 cores

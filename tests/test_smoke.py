@@ -173,6 +173,8 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
                                  "tests/test_launch.py::test_lighthouse_cli_prints_url_line_and_stops_on_sigterm"),
     "muloco.export": (f"{THIS}::test_entry_point_help[muloco.export]",
                       "tests/test_export.py::test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens"),
+    "muloco.evaluate": (f"{THIS}::test_entry_point_help[muloco.evaluate]",
+                        "tests/test_evaluate.py::test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same"),
     "muloco.launch.lighthouse_relay": (
         f"{THIS}::test_entry_point_help[muloco.launch.lighthouse_relay]",
         "tests/test_lighthouse_relay.py::test_the_relay_process_prints_its_url_ignores_sigterm_and_dies_with_its_parent",

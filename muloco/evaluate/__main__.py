@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from muloco.atomic_file import write_atomically  # noqa: E402
 from muloco.checkpoint import CheckpointLoadError  # noqa: E402
-from muloco.generate import GenerateError  # noqa: E402
+from muloco.run_loading import RunLoadError  # noqa: E402
 
 PROG = "python -m muloco.evaluate"
 
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         results, written = evaluate(args)
-    except (UsageError, SourceError, GenerateError, EvaluationError) as err:
+    except (UsageError, SourceError, RunLoadError, EvaluationError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     except CheckpointLoadError as err:

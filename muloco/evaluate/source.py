@@ -64,10 +64,10 @@ def load(path: str, *, step: int | None, replica: int | None, device: torch.devi
 
 
 def from_run(path: str, *, step: int | None, replica: int | None, device: torch.device) -> Source:
-    from muloco.generate import load_config, load_model, locate
+    from muloco.run_loading import load_config, load_model, locate
 
     run, step = locate(path, replica, step)
-    config = load_config(run)
+    config = load_config(run, prog="python -m muloco.evaluate")
     model, tokenizer, objective, step, is_global = load_model(run, config, step, device)
     job = run.parent if run.name.startswith("replica_") and not (run.parent / RUN_FILE).is_file() else run
     return Source(model=model, tokenizer=tokenizer, causal=objective.causal, max_length=config.training.seq_len,

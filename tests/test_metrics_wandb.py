@@ -38,3 +38,25 @@ def test_a_resumed_training_process_exports_the_same_id(tmp_path):
     runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "run"), str(REPO)], capture_output=True,
                            text=True, env=env, timeout=120, check=True).stdout.split() for _ in range(2)]
     assert runs[0] == runs[1] and runs[0][1] == "allow"
+
+
+def test_a_run_logs_to_wandb_offline_under_the_id_its_folder_keeps(tmp_path, monkeypatch):
+    """A tiny training with ``--metrics.enable_wandb`` and ``WANDB_MODE=offline`` (no account, no
+    network): wandb writes its offline run under the dump folder, named by the folder's W&B run
+    id, with the training's loss in it; ``wandb sync`` uploads it later."""
+    from conftest import TINY, run_train
+
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:  # e.g. an id another test left behind
+        monkeypatch.delenv(key)
+    run = tmp_path / "run"
+    env = dict(WANDB_MODE="offline", WANDB_PROJECT="muloco-test", WANDB_DIR=str(tmp_path / "wandb-home"),
+               WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
+    proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "2", "--metrics.log_freq", "1",
+                      "--checkpoint.no-enable", "--validator.no-enable", "--metrics.enable_wandb",
+                      "--dump_folder", str(run)], env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_id = (run / WANDB_ID_FILE).read_text().strip()
+    offline = [p for p in run.rglob(f"offline-run-*-{run_id}") if p.is_dir()]
+    assert len(offline) == 1, sorted(str(p) for p in run.rglob("*run-*"))
+    records = list(offline[0].glob(f"run-{run_id}.wandb"))
+    assert records and all(key in records[0].read_bytes() for key in (b"grad_norm", b"tokens_per_second"))

@@ -1,6 +1,7 @@
 """Export a run's model to a Hugging Face folder that ``transformers`` loads.
 
     python -m muloco.export RUN_FOLDER [--step N] [--replica i] --out DIR [--force]
+        [--push-to-hub OWNER/NAME [--private]]
 
 Writes ``config.json`` (``LlamaForCausalLM``), ``model.safetensors`` (sharded with an index above
 5 GB), ``generation_config.json``, the tokenizer (``tokenizer.json`` and its config) and a model
@@ -13,6 +14,10 @@ bidirectional model class (``modeling_muloco_mdlm.py``: transformers' Llama laye
 mask, the mask token in the config) loaded with ``trust_remote_code=True``. A flavor this export
 cannot express yet (QK norm, post-attention/FFN norms, RoPE scaling, a tiktoken tokenizer) is one
 clear error naming it, and nothing is written.
+
+``--push-to-hub`` then uploads the folder to that Hub model repository (created if missing) in
+one commit, so the repository gets every file or none. The token comes from the environment only
+(``HF_TOKEN``; ``HF_ENDPOINT`` for a private Hub) and is never printed or written.
 """
 
 from __future__ import annotations
@@ -273,6 +278,35 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     return target
 
 
+def _hub_token(repo: str) -> str:
+    """The token for ``repo`` from the environment; checked before anything is exported."""
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise ExportError(f"--push-to-hub {repo!r}: give the repository as OWNER/NAME")
+    token = os.environ.get("HF_TOKEN")
+    if not token:
+        raise ExportError("--push-to-hub needs a Hub token in the environment: export HF_TOKEN=... (never on "
+                          "the command line)")
+    return token
+
+
+def push_to_hub(folder: Path, repo: str, *, private: bool) -> str:
+    """Upload ``folder`` to the Hub repository ``repo`` in one commit; the commit's URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(token=_hub_token(repo))
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    try:
+        api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+        info = api.create_commit(repo, [CommitOperationAdd(str(p.relative_to(folder)), str(p)) for p in files],
+                                 commit_message=f"muloco export ({len(files)} files)", repo_type="model")
+    except HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else "no response"
+        raise ExportError(f"--push-to-hub {repo}: the Hub refused the upload ({status}); check that HF_TOKEN may "
+                          f"write to {repo}. The folder was written and can be pushed later") from None
+    return info.commit_url
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m muloco.export", description=__doc__.split("\n\n")[0])
     p.add_argument("checkpoint", help="run dump folder, replica folder or checkpoint/step-N")
@@ -280,8 +314,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete)")
     p.add_argument("--replica", type=int, default=None, help="a DiLoCo run's replica folder to read (default 0)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--push-to-hub", metavar="OWNER/NAME", default=None,
+                   help="then upload the folder to this Hub model repository (token: HF_TOKEN in the environment)")
+    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
     args = p.parse_args(argv)
+    if args.private and not args.push_to_hub:
+        print("muloco.export: error: --private applies to --push-to-hub; add it or drop --private", file=sys.stderr)
+        return 2
     try:
+        if args.push_to_hub:
+            _hub_token(args.push_to_hub)
         out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force)
     except (ExportError, RunLoadError, CheckpointLoadError) as e:
         print(f"muloco.export: error: {e}", file=sys.stderr)
@@ -290,6 +332,13 @@ def main(argv: list[str] | None = None) -> int:
     how = ("AutoModelForMaskedLM.from_pretrained({!r}, trust_remote_code=True)" if "auto_map" in config
            else "AutoModelForCausalLM.from_pretrained({!r})").format(str(out))
     print(f"exported to {out}: load it with transformers.{how}; its README.md says how it was trained")
+    if args.push_to_hub:
+        try:
+            url = push_to_hub(out, args.push_to_hub, private=args.private)
+        except ExportError as e:
+            print(f"muloco.export: error: {e}", file=sys.stderr)
+            return 2
+        print(f"pushed to the Hub as {args.push_to_hub}: {url}")
     return 0
 
 

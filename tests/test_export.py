@@ -233,3 +233,35 @@ def test_a_diloco_run_exports_theta_g_with_the_fingerprint_the_run_recorded(dilo
     ids = torch.arange(1, 17).unsqueeze(0)
     with torch.no_grad():
         assert (model(ids) - hf(ids).logits).abs().max().item() <= 1e-4
+
+
+def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_environment(ar_run, tmp_path, capsys,
+                                                                                          monkeypatch):
+    """The Hub is a local stand-in at its HTTP boundary (tests/hub_stub.py); the token reaches it and
+    nothing else: not the output, not the folder."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from hub_stub import HubStub
+
+    token = "hf_test_token_not_real"
+    out = tmp_path / "hf"
+    with HubStub() as hub:
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HUB_DISABLE_TELEMETRY": "1",
+               "PYTHONPATH": str(REPO)}
+        proc = subprocess.run([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(out),
+                               "--push-to-hub", "me/tiny-llama", "--private"], capture_output=True, text=True,
+                              env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"pushed to the Hub as me/tiny-llama: {hub.url}/me/tiny-llama/commit/" in proc.stdout
+    assert not hub.unexpected and hub.created[0]["visibility"] == "private" and len(hub.cards) == 1
+    assert hub.authorizations == {f"Bearer {token}"}
+    local = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert hub.files["me/tiny-llama"] == local and "model.safetensors" in local
+    assert token not in proc.stdout + proc.stderr and not any(token.encode() in b for b in local.values())
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # no token: one error before anything is written
+    assert main([str(ar_run), "--out", str(tmp_path / "none"), "--push-to-hub", "me/tiny-llama"]) == 2
+    assert "export HF_TOKEN=" in capsys.readouterr().err and not (tmp_path / "none").exists()

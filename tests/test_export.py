@@ -174,13 +174,38 @@ def test_a_hugging_face_folder_of_another_shape_is_one_error_naming_the_differen
     assert not (tmp_path / "run").exists()
 
 
-TINY_LLAMA = dict(vocab_size=2048, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=2, rms_norm_eps=1e-6, rope_theta=500000.0, tie_word_embeddings=False)
+@pytest.mark.parametrize("setup, expected", [
+    ("missing", "holds no config.json"),
+    ("small-vocab", "vocab_size 256 is smaller than the tokenizer's"),
+    ("rope-scaling", "RoPE has 'llama3' scaling"),
+])
+def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path, setup, expected):
+    from muloco.config.checks import check_config
+    from muloco.config.loader import ConfigError
+
+    folder = tmp_path / "hf"
+    if setup != "missing":
+        folder.mkdir()
+        config = {"model_type": "llama", "vocab_size": 256 if setup == "small-vocab" else 4096, "hidden_size": 64,
+                  "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
+        if setup == "rope-scaling":
+            config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+        (folder / "config.json").write_text(json.dumps(config))
+    _, c = parse_args(["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{folder}"])
+    with pytest.raises(ConfigError, match=expected) as err:
+        check_config(c)
+    assert str(err.value).startswith(f"model.flavor hf:{folder}") and "\n" not in str(err.value)
+
+
+TINY_LLAMA = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+"""No model-map flavor has these shapes (grouped-query heads, another FFN size, RoPE base and norm
+epsilon, a tied head): the run takes them from the folder with ``--model.flavor hf:DIR``."""
 
 
 @pytest.fixture(scope="module")
 def diloco_from_llama(tmp_path_factory) -> tuple[Path, Path]:
-    """(a Llama built and saved with transformers, no hub; a K=2 MuLoCo run started from it).
+    """(a Llama built and saved with transformers, no hub; a K=2 MuLoCo run of its shapes started from it).
     Its outer learning rate of 1e-30 moves no weight by a bit (every update is below half an
     ulp), so the θ_g the run ends with is the one it started from."""
     import subprocess
@@ -195,7 +220,8 @@ def diloco_from_llama(tmp_path_factory) -> tuple[Path, Path]:
                            "--", *TINY, "--training.steps", "2", "--outer.sync_every", "1", "--outer.optimizer.lr", "1e-30",
                            "--metrics.log_freq", "1", "--validator.no-enable", "--checkpoint.interval", "2",
                            "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
-                           "--checkpoint.initial_load_model_only", "--dump_folder", str(run)],
+                           "--checkpoint.initial_load_model_only", "--model.flavor", f"hf:{folder}",
+                           "--dump_folder", str(run)],
                           capture_output=True, text=True, timeout=800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return folder, run
@@ -206,9 +232,10 @@ def test_a_transformers_llama_starts_a_k2_muloco_run_whose_theta_g_starts_from_i
     from muloco.export import global_fingerprint
 
     folder, run = diloco_from_llama
-    _, c = parse_args(["--config", "ddp/adamw", *TINY])
+    _, c = parse_args(["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{folder}"])
     model = init_model(c.model, 2048, True, torch.device("cpu"))
-    model.load_state_dict(_hf_load(folder, "llama3-w64-d2-h2", 2048))
+    model.load_state_dict(_hf_load(folder, f"hf:{folder}", 2048))
+    assert model.layers["0"].attention.n_kv_heads == 2 and model.lm_head.weight is model.tok_embeddings.weight
     for r in (0, 1):
         summary = json.loads((run / f"replica_{r}" / "summary.json").read_text())
         assert summary["steps"] == 2 and summary["diloco"]["syncs_committed"] == 2

@@ -87,16 +87,34 @@ def _check_optimizer(config) -> None:
 
 
 def _check_model(config) -> None:
+    from muloco.models import Architecture, hf_folder
+
+    if hf_folder(config.model.flavor) is None:
+        try:
+            parse_flavor(config.model.flavor)
+        except UnknownFlavorError as err:
+            raise ConfigError(str(err)) from None
+        return
+    tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     try:
-        parse_flavor(config.model.flavor)
-    except UnknownFlavorError as err:
-        raise ConfigError(str(err)) from None
+        Architecture.of_flavor(config.model, tokenizer.get_vocab_size())
+    except ValueError as err:
+        msg = str(err)
+        raise ConfigError(msg if msg.startswith("model.flavor") else f"model.flavor {config.model.flavor}: {msg}") \
+            from None
 
 
 def model_units(flavor: str) -> int:
     """Layer-sized units the outer loop splits into fragments: the embedding, each
     transformer block, and the final norm with the output head together (see
     ``_units`` in :mod:`muloco.outer.schedule`; a test checks this against built models)."""
+    from muloco.models import hf_folder
+
+    folder = hf_folder(flavor)
+    if folder is not None:
+        from muloco.hf_config import architecture, read
+
+        return architecture(read(folder)).depth + 2
     return parse_flavor(flavor).shape.depth + 2
 
 
@@ -146,7 +164,8 @@ def _check_hf_initial_load(config) -> None:
     why = first_mismatch(folder, llama_config(model, tokenizer.bos_id, tokenizer.eos_id, config.training.seq_len))
     if why:
         raise ConfigError(f"{folder}/config.json does not fit model.flavor {config.model.flavor}: {why}. Pick the "
-                          "flavor of that shape (llama3-w<hidden_size>-d<layers>-h<heads>) and its tokenizer.")
+                          "flavor of that shape (llama3-w<hidden_size>-d<layers>-h<heads>) and its tokenizer, or take "
+                          f"the folder's own shapes with --model.flavor hf:{folder}.")
 
 
 def _check_data_source_keys(config) -> None:

@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Annotated
 
 import tyro
@@ -127,11 +128,19 @@ def _codec_detail(outer: dict) -> str:
     return f"top{codec['fraction']:g}-{ef}" if codec["name"] == "topk" else ef
 
 
+def _flavor_label(flavor: str) -> str:
+    """The flavor as a folder name says it: ``w128-d4-h2``, ``hf-<folder name>`` for ``hf:DIR``."""
+    from muloco.models import hf_folder
+
+    folder = hf_folder(flavor)
+    return f"hf-{Path(folder).resolve().name}" if folder is not None else flavor.replace("llama3-", "")
+
+
 def run_name(cfg) -> str:
     """method_objective_flavor[_K_H_codec]_lrs, from the parsed config's facts (the method as the
     report names it, defaults included; never from the config module's file name)."""
     facts = facts_of(cfg, environment=False)
-    parts = [facts["method"], facts["objective"], cfg.model.flavor.replace("llama3-", "")]
+    parts = [facts["method"], facts["objective"], _flavor_label(cfg.model.flavor)]
     outer = facts["outer"]
     if outer is not None:
         parts += [f"K{outer['replica_groups']}", f"H{outer['sync_every']}", _codec_detail(outer)]

@@ -33,10 +33,21 @@ ROPE_THETA = 500_000.0
 NORM_EPS = 1e-6
 
 
+HF_FLAVOR = "hf:"
+"""``--model.flavor hf:DIR``: the shapes of a Hugging Face folder's config.json."""
+
+
+def hf_folder(flavor: str) -> str | None:
+    """The folder of an ``hf:DIR`` flavor (None: a model-map flavor)."""
+    return flavor[len(HF_FLAVOR):] if flavor.startswith(HF_FLAVOR) else None
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
     flavor: str = "llama3-w128-d4-h2"
-    """Model-map flavor: llama3-w{dim}-d{depth}-h{heads}[_qk_torch-rmsnorm][_pa][_pf]."""
+    """Model-map flavor: llama3-w{dim}-d{depth}-h{heads}[_qk_torch-rmsnorm][_pa][_pf]; or hf:DIR, the
+    shapes a Hugging Face Llama folder's config.json states (heads, KV heads, FFN size, RoPE base,
+    norm epsilon, tying, vocabulary), to start from its weights."""
     vocab_multiple_of: int = 64
     """The embedding/head rows are padded to a multiple of this (GPU-friendly shapes)."""
 
@@ -63,6 +74,17 @@ class Architecture:
 
     @classmethod
     def of_flavor(cls, cfg: ModelConfig, vocab_size: int) -> "Architecture":
+        """A model-map flavor's shapes, or, for ``hf:DIR``, those of that folder's ``config.json``
+        (its vocabulary size too: the tokenizer's must fit in it)."""
+        folder = hf_folder(cfg.flavor)
+        if folder is not None:
+            from muloco.hf_config import architecture, read
+
+            arch = architecture(read(folder))
+            if arch.vocab_size < vocab_size:
+                raise ValueError(f"model.flavor {cfg.flavor}: its vocab_size {arch.vocab_size} is smaller than the "
+                                 f"tokenizer's {vocab_size}; use the folder's tokenizer (--tokenizer.path {folder})")
+            return arch
         flavor = parse_flavor(cfg.flavor)
         s = flavor.shape
         return cls(dim=s.dim, depth=s.depth, heads=s.heads, kv_heads=s.heads, head_dim=s.head_dim,
@@ -159,9 +181,9 @@ def hf_adapter(cfg: ModelConfig):
     and what ``--checkpoint.initial_load_in_hf`` reads with."""
     from muloco.compat.hf_adapter import Llama3Adapter
 
-    plain = not (cfg.flavor.endswith(("_pa", "_pf")) or "_qk_" in cfg.flavor)
+    plain = hf_folder(cfg.flavor) is not None or not (cfg.flavor.endswith(("_pa", "_pf")) or "_qk_" in cfg.flavor)
     return Llama3Adapter if plain else None
 
 
-__all__ = ["Architecture", "ModelConfig", "architecture_config", "build", "build_model_config", "build_model_spec",
+__all__ = ["Architecture", "HF_FLAVOR", "ModelConfig", "hf_folder", "architecture_config", "build", "build_model_config", "build_model_spec",
            "init_model"]

@@ -107,6 +107,24 @@ def test_an_mdlm_run_scores_as_by_hand_with_the_same_monte_carlo_draws(tmp_path)
     assert (result["metrics"]["acc"], result["metrics"]["acc_norm"]) == _by_hand(nll)
 
 
+def test_a_generation_task_gets_the_greedy_text_muloco_samples(ar_run, tmp_path):
+    """generate_until: greedy tokens from muloco's sampler, cut at the task's stop string."""
+    from muloco.objectives.sampling import sample_autoregressive, until_eos
+
+    gen = "muloco_tiny_gen"
+    assert main([str(ar_run), "--tasks", gen, "--include-path", str(TASKS), "--log-samples"]) == 0
+    record = json.loads((ar_run / "eval" / f"{gen}.json").read_text())
+    model, tokenizer, *_ = load_model(ar_run, load_config(ar_run), None, torch.device("cpu"))
+    items = [json.loads(line) for line in (TASKS / f"{gen}.jsonl").read_text().splitlines()]
+    expected = []
+    for item in items:
+        tokens = sample_autoregressive(model, tokenizer.encode(item["prompt"], add_bos=True), tokenizer.eos_id, 12, 0.0,
+                                       torch.Generator().manual_seed(0), torch.device("cpu"))
+        expected.append(tokenizer.decode(until_eos(tokens, tokenizer.eos_id)).split("\n")[0])
+    assert record["samples"] == expected
+    assert record["metrics"]["exact_match"] == sum(e == i["answer"] for e, i in zip(expected, items)) / len(items)
+
+
 def test_an_unknown_task_a_bad_option_and_a_missing_harness_are_one_error(ar_run, capsys, monkeypatch):
     assert main([str(ar_run), "--tasks", "no_such_task_xyz", "--include-path", str(TASKS)]) == 2
     err = capsys.readouterr().err

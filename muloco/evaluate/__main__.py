@@ -2,7 +2,7 @@
 
     python -m muloco.evaluate RUN_FOLDER|HF_DIR --tasks hellaswag,arc_easy [--limit N] [--batch-size B]
         [--num-fewshot K] [--mc-samples 128] [--include-path DIR] [--step N] [--replica i]
-        [--device auto] [--seed 0] [--block-length L]
+        [--device auto] [--seed 0] [--block-length L] [--log-samples]
 
 A run folder is scored from its newest complete checkpoint (θ_g for a DiLoCo run), a Hugging
 Face folder (``muloco.export``'s, or a Llama-family model's) from its weights; both as
@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, default=None, help="a run's checkpoint step (default: the newest complete)")
     p.add_argument("--replica", type=int, default=None, help="a DiLoCo run's replica folder (default 0)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--log-samples", action="store_true",
+                   help="also keep each item's answer in eval/<task>.json (generated text, or choice scores)")
     p.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo draws, sampling and few-shot picks")
     return p
 
@@ -99,6 +101,13 @@ def _metrics(reported: dict) -> dict[str, float]:
     return out
 
 
+def _answer(item: dict):
+    """One logged item's answer after the task's filters: the text generated, or the choices'
+    (log-likelihood, is-greedy) pairs."""
+    answer = item["filtered_resps"]
+    return answer[0] if isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], str) else answer
+
+
 def write_results(results: dict, source, args: argparse.Namespace, seconds: float) -> list[Path]:
     """One ``eval/<task>.json`` per task lm-eval reported."""
     import lm_eval
@@ -111,6 +120,8 @@ def write_results(results: dict, source, args: argparse.Namespace, seconds: floa
                   "n_samples": results.get("n-samples", {}).get(task), "num_fewshot": results.get("n-shot", {}).get(task),
                   "limit": args.limit, "mc_samples": None if source.causal else args.mc_samples, "seed": args.seed,
                   "model": source.facts, "lm_eval": lm_eval.__version__, "seconds": round(seconds, 1)}
+        if args.log_samples and task in results.get("samples", {}):
+            record["samples"] = [_answer(item) for item in sorted(results["samples"][task], key=lambda i: i["doc_id"])]
         path = folder / _file_name(task)
         write_atomically(path, json.dumps(record, indent=2, default=str) + "\n")
         written.append(path)
@@ -148,7 +159,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
                   block_length=args.block_length)
     began = time.monotonic()
     results = simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
-                              task_manager=manager, log_samples=False, random_seed=args.seed,
+                              task_manager=manager, log_samples=args.log_samples, random_seed=args.seed,
                               numpy_random_seed=args.seed, torch_random_seed=args.seed,
                               fewshot_random_seed=args.seed)
     return results, write_results(results, source, args, time.monotonic() - began)

@@ -45,9 +45,20 @@ def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
     }
 
 
+BIDIRECTIONAL = ("muloco_mdlm", "llada")
+"""Model types whose attention is bidirectional (masked diffusion): muloco's export, LLaDA."""
+
+
+def bidirectional(theirs: dict) -> bool:
+    return theirs.get("model_type") in BIDIRECTIONAL
+
+
 def _normalized(theirs: dict) -> dict:
-    """A Hugging Face config with the defaults its class would fill in made explicit."""
-    theirs = dict(theirs)
+    """A Hugging Face config with the defaults its class would fill in made explicit (a LLaDA
+    config as the Llama config it is)."""
+    from muloco.compat.llada import is_llada, llama_view
+
+    theirs = llama_view(theirs) if is_llada(theirs) else dict(theirs)
     theirs.setdefault("num_key_value_heads", theirs.get("num_attention_heads"))
     if not theirs.get("head_dim") and theirs.get("hidden_size") and theirs.get("num_attention_heads"):
         theirs["head_dim"] = theirs["hidden_size"] // theirs["num_attention_heads"]
@@ -59,8 +70,8 @@ def _normalized(theirs: dict) -> dict:
 
 def _unexpressible(theirs: dict) -> str | None:
     """What a normalized config asks for that muloco's Llama models do not compute (None: nothing)."""
-    if theirs.get("model_type") not in ("llama", "muloco_mdlm"):
-        return f"model_type is {theirs.get('model_type')!r}: only Llama-family folders load (llama, muloco_mdlm)"
+    if theirs.get("model_type") not in ("llama", *BIDIRECTIONAL):
+        return f"model_type is {theirs.get('model_type')!r}: only Llama-family folders load (llama, muloco_mdlm, llada)"
     if theirs["_rope_type"] != "default":
         return f"its RoPE has {theirs['_rope_type']!r} scaling, which muloco's flavors do not apply"
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
@@ -89,7 +100,10 @@ def architecture(theirs: dict):
     models do not compute."""
     from muloco.models import Architecture
 
-    t = _normalized(theirs)
+    try:
+        t = _normalized(theirs)
+    except KeyError as e:
+        raise ValueError(f"config.json gives no {e.args[0]}") from None
     why = _unexpressible(t)
     if why:
         raise ValueError(why)
@@ -105,7 +119,10 @@ def architecture(theirs: dict):
 def first_mismatch(folder: str | Path, ours: dict) -> str | None:
     """The first way the folder's config.json differs from ``ours`` (a :func:`llama_config`) so
     that its weights would not load or would compute another function; None when it fits."""
-    theirs = _normalized(json.loads((Path(folder) / "config.json").read_text()))
+    try:
+        theirs = _normalized(json.loads((Path(folder) / "config.json").read_text()))
+    except (KeyError, ValueError) as e:
+        return f"its config.json cannot be read as a Llama config ({e})"
     for key in SHAPE_KEYS:
         if theirs.get(key) != ours[key]:
             return f"{key} is {theirs.get(key)} there and {ours[key]} here"

@@ -178,6 +178,7 @@ def test_a_hugging_face_folder_of_another_shape_is_one_error_naming_the_differen
     ("missing", "holds no config.json"),
     ("small-vocab", "vocab_size 256 is smaller than the tokenizer's"),
     ("rope-scaling", "RoPE has 'llama3' scaling"),
+    ("llada-bias", "LLaDA option include_bias=True"),
 ])
 def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path, setup, expected):
     from muloco.config.checks import check_config
@@ -190,6 +191,9 @@ def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path,
                   "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
         if setup == "rope-scaling":
             config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+        if setup == "llada-bias":
+            config = {"model_type": "llada", "d_model": 64, "n_layers": 2, "n_heads": 4, "mlp_hidden_size": 96,
+                      "vocab_size": 4096, "include_bias": True}
         (folder / "config.json").write_text(json.dumps(config))
     _, c = parse_args(["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{folder}"])
     with pytest.raises(ConfigError, match=expected) as err:
@@ -292,3 +296,53 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
     monkeypatch.delenv("HF_TOKEN", raising=False)  # no token: one error before anything is written
     assert main([str(ar_run), "--out", str(tmp_path / "none"), "--push-to-hub", "me/tiny-llama"]) == 2
     assert "export HF_TOKEN=" in capsys.readouterr().err and not (tmp_path / "none").exists()
+
+
+def _llada_folder(llama: Path, out: Path) -> Path:
+    """A LLaDA-style folder (LLaDA's config keys and weight names, its mask token) holding the
+    weights of the transformers Llama in ``llama``."""
+    from safetensors.torch import load_file, save_file
+
+    from muloco.compat.llada import to_llada_names
+    from muloco.data.tokenizer import MulocoTokenizer
+
+    out.mkdir()
+    t = TINY_LLAMA
+    (out / "config.json").write_text(json.dumps({
+        "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": t["hidden_size"],
+        "n_layers": t["num_hidden_layers"], "n_heads": t["num_attention_heads"], "n_kv_heads": t["num_key_value_heads"],
+        "mlp_hidden_size": t["intermediate_size"], "vocab_size": t["vocab_size"], "embedding_size": t["vocab_size"],
+        "rms_norm_eps": t["rms_norm_eps"], "rope_theta": t["rope_theta"], "weight_tying": t["tie_word_embeddings"],
+        "max_sequence_length": 64, "include_bias": False, "activation_type": "silu", "layer_norm_type": "rms",
+        "block_type": "llama", "rope": True, "alibi": False, "mask_token_id": MulocoTokenizer().mask_id}))
+    save_file(to_llada_names(load_file(str(llama / "model.safetensors"))), str(out / "model.safetensors"))
+    return out
+
+
+def test_a_llada_style_folder_starts_a_k2_mdlm_muloco_run_whose_theta_g_is_its_weights(diloco_from_llama, tmp_path):
+    """LLaDA's names and config keys map onto the same Llama: the run's θ_g (outer lr 1e-30) is
+    bit for bit the Llama folder's weights, read through LLaDA's names."""
+    import subprocess
+    import sys
+
+    from muloco.export import global_fingerprint
+
+    llama, _ = diloco_from_llama
+    folder, run = _llada_folder(llama, tmp_path / "llada"), tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
+                           "--", *TINY, "--objective", "mdlm", "--training.steps", "2", "--outer.sync_every", "1",
+                           "--outer.optimizer.lr", "1e-30", "--validator.no-enable", "--checkpoint.interval", "2",
+                           "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
+                           "--checkpoint.initial_load_model_only", "--model.flavor", f"hf:{folder}",
+                           "--dump_folder", str(run)], capture_output=True, text=True, timeout=800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _, c = parse_args(["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{llama}"])
+    model = init_model(c.model, 2048, True, torch.device("cpu"))
+    model.load_state_dict(_hf_load(llama, f"hf:{llama}", 2048))
+    for r in (0, 1):
+        summary = json.loads((run / f"replica_{r}" / "summary.json").read_text())
+        assert summary["diloco"]["final_global_sha256"] == global_fingerprint(model)
+    proc = run_train(["--config", "ddp/adamw", *TINY, "--checkpoint.initial_load_path", str(folder),
+                      "--checkpoint.initial_load_in_hf", "--checkpoint.initial_load_model_only",
+                      "--dump_folder", str(tmp_path / "wrong")])  # a model-map flavor cannot read LLaDA's names
+    assert proc.returncode != 0 and f"--model.flavor hf:{folder}" in proc.stderr, proc.stderr[-2000:]

@@ -159,6 +159,12 @@ def _check_hf_initial_load(config) -> None:
     if hf_adapter(config.model) is None:
         raise ConfigError(f"model.flavor {config.model.flavor}: its QK norm or post-attention/FFN norms have no "
                           "Hugging Face Llama weights to load; use a plain llama3-w*-d*-h* flavor.")
+    from muloco.compat.hf_adapter import adapter_for
+
+    if adapter_for(str(folder)) is not hf_adapter(config.model):
+        raise ConfigError(f"checkpoint.initial_load_path {folder} and model.flavor {config.model.flavor} name their "
+                          f"weights differently (LLaDA's names, Llama's); take the folder's own shapes and names with "
+                          f"--model.flavor hf:{folder}")
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     model = build_model_config(config.model, tokenizer.get_vocab_size(), config.objective._owner.causal)
     why = first_mismatch(folder, llama_config(model, tokenizer.bos_id, tokenizer.eos_id, config.training.seq_len))

@@ -93,7 +93,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def from_hf_folder(folder: Path, device: torch.device) -> Source:
-    from muloco.compat.hf_adapter import Llama3Adapter
+    from muloco.compat.hf_adapter import adapter_for
     from muloco.models import architecture_config, build
 
     try:
@@ -103,10 +103,13 @@ def from_hf_folder(folder: Path, device: torch.device) -> Source:
         raise SourceError(f"{folder}: {e}") from None
     if not (folder / "tokenizer.json").is_file():
         raise SourceError(f"{folder} holds no tokenizer.json; muloco scores text with the folder's own tokenizer")
-    causal = theirs.get("model_type") != "muloco_mdlm"
+    causal = not hf_config.bidirectional(theirs)
     config = architecture_config(arch, causal)
     model = build(config, device)
-    state = Llama3Adapter(config).from_hf({k: v.float() for k, v in _weights(folder).items()})
+    try:
+        state = adapter_for(str(folder))(config).from_hf({k: v.float() for k, v in _weights(folder).items()})
+    except KeyError as e:
+        raise SourceError(f"{folder}'s weights do not fit its config.json: {e.args[0]}") from None
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         what = f"lacks {missing[0]}" if missing else f"has {unexpected[0]}, which the config does not describe"

@@ -179,9 +179,12 @@ def hf_adapter(cfg: ModelConfig):
     """torchtitan's Llama 3 state-dict adapter where a flavor maps onto Hugging Face's Llama
     (None: QK norm or post norms, which it does not express): what ``muloco.export`` writes with
     and what ``--checkpoint.initial_load_in_hf`` reads with."""
-    from muloco.compat.hf_adapter import Llama3Adapter
+    from muloco.compat.hf_adapter import Llama3Adapter, adapter_for
 
-    plain = hf_folder(cfg.flavor) is not None or not (cfg.flavor.endswith(("_pa", "_pf")) or "_qk_" in cfg.flavor)
+    folder = hf_folder(cfg.flavor)
+    if folder is not None:
+        return adapter_for(folder)
+    plain = not (cfg.flavor.endswith(("_pa", "_pf")) or "_qk_" in cfg.flavor)
     return Llama3Adapter if plain else None
 
 

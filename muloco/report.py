@@ -303,15 +303,17 @@ def _tokens(reps: list[_Replica]) -> int | None:
 
 
 def _traffic(reps: list[_Replica], outer: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Bits per parameter, bytes sent and sync share, each the mean over replicas: from the
-    summaries' ``diloco`` section, else summed over the sync records (no sync share there)."""
-    if outer:
-        return {"bits_per_parameter": _mean([o.get("payload_bits_per_parameter") for o in outer]),
-                "bytes_sent_per_replica": _mean([o.get("bytes_sent") for o in outer]),
-                "sync_share": _mean([o.get("sync_share_of_wall_time") for o in outer])}
+    """Bits per parameter and bytes sent, each the mean over replicas, summed over the sync
+    records of metrics.jsonl (one per sync: a resumed run's earlier processes count, a sync redone
+    after a restart counts once); from the summaries' ``diloco`` section where a run logged no
+    sync records. The sync share comes from the summaries (the last process's)."""
+    share = _mean([o.get("sync_share_of_wall_time") for o in outer]) if outer else None
     totals = [np.sum(list(r.syncs.values()), axis=0) for r in reps if r.syncs]  # bytes, payload, numel
-    return {"bits_per_parameter": _mean([8 * t[1] / max(1.0, t[2]) for t in totals]),
-            "bytes_sent_per_replica": _mean([t[0] for t in totals]), "sync_share": None}
+    if totals:
+        return {"bits_per_parameter": _mean([8 * t[1] / max(1.0, t[2]) for t in totals]),
+                "bytes_sent_per_replica": _mean([t[0] for t in totals]), "sync_share": share}
+    return {"bits_per_parameter": _mean([o.get("payload_bits_per_parameter") for o in outer]),
+            "bytes_sent_per_replica": _mean([o.get("bytes_sent") for o in outer]), "sync_share": share}
 
 
 def _last(values: np.ndarray) -> float | None:

@@ -196,6 +196,24 @@ def test_diloco_job_folder_is_one_run(sweep, tmp_path):
     assert "job" in report.table([run]) and report.without_bytes([run]) == []
 
 
+def test_a_resumed_runs_bytes_count_every_process_and_a_redone_sync_once(sweep, tmp_path):
+    """A run restarted from its step-8 checkpoint: its summary (the last process's) counts the one
+    sync that process made; metrics.jsonl holds all of them, the sync at 12 twice (made, lost
+    with the first process, made again): the table counts three syncs."""
+    rep = shutil.copytree(sweep / "lr_low", tmp_path / "job" / "replica_0")
+    run_json = json.loads((rep / "run.json").read_text())
+    (rep / "run.json").write_text(json.dumps({**run_json, "facts": MULOCO_2BIT_FACTS}))
+    with open(rep / "metrics.jsonl", "a") as f:
+        for step in (4, 8, 12, 12):
+            f.write(json.dumps({"step": step, "sync/bytes_sent": 1000, "sync/payload_bytes": 250,
+                                "sync/numel": 1000, "sync/fragment": 0}) + "\n")
+    s = summary(rep)
+    s["diloco"] = {"bytes_sent": 1000, "payload_bits_per_parameter": 2.0, "sync_share_of_wall_time": 0.1}
+    (rep / "summary.json").write_text(json.dumps(s))
+    run = report.find_runs([tmp_path / "job"])[0]
+    assert run.bytes_sent_per_replica == 3000 and run.bits_per_parameter == 2.0 and run.sync_share == 0.1
+
+
 def test_an_older_run_without_facts_is_reported_with_them_named_not_guessed(sweep, tmp_path, capsys):
     """A run.json from before facts were recorded: the method is '?', and a warning names the
     missing facts, whatever the config module or folder is called."""

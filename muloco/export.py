@@ -7,13 +7,15 @@ Writes ``config.json`` (``LlamaForCausalLM``), ``model.safetensors`` (sharded wi
 5 GB), ``generation_config.json``, the tokenizer (``tokenizer.json`` and its config) and a model
 card (``README.md``) with the run's recipe and figures. A DiLoCo/MuLoCo run exports θ_g, the
 global model, read from a checkpoint verified against its checksums, like ``muloco.generate``.
-The weight names and the rotary permutation come from torchtitan's ``Llama3StateDictAdapter``.
+The weight names and the rotary permutation come from torchtitan's ``Llama3StateDictAdapter``
+(:class:`muloco.compat.hf_adapter.Llama3Adapter`: the same, with the QK norms).
 
-Next-token (``ar``) runs load as ``LlamaForCausalLM``; masked-diffusion (``mdlm``) runs ship a small
+Next-token (``ar``) runs load as ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with the per-head QK
+norms of the ``_qk_torch-rmsnorm`` flavors); masked-diffusion (``mdlm``) runs ship a small
 bidirectional model class (``modeling_muloco_mdlm.py``: transformers' Llama layers, no causal
 mask, the mask token in the config) loaded with ``trust_remote_code=True``. A flavor this export
-cannot express yet (QK norm, post-attention/FFN norms, RoPE scaling, a tiktoken tokenizer) is one
-clear error naming it, and nothing is written.
+cannot express yet (post-attention/FFN norms, QK norm in a diffusion model, RoPE scaling, a tiktoken
+tokenizer) is one clear error naming it, and nothing is written.
 
 ``--push-to-hub`` then uploads the folder to that Hub model repository (created if missing) in
 one commit, so the repository gets every file or none. The token comes from the environment only
@@ -37,9 +39,9 @@ compat.apply()  # before torchtitan is imported
 
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter  # noqa: E402
 
 from muloco.checkpoint import RUN_FILE, CheckpointLoadError  # noqa: E402
+from muloco.compat.hf_adapter import Llama3Adapter  # noqa: E402
 from muloco.run_loading import RunLoadError, load_config, load_model, locate  # noqa: E402
 from muloco.hf_config import llama_config  # noqa: E402
 
@@ -59,8 +61,9 @@ def _unsupported(model_config, objective_name: str, tokenizer) -> str | None:
         return f"objective {objective_name!r}: only next-token (ar) and masked-diffusion (mdlm) runs are exported"
     if objective_name == "mdlm" and getattr(tokenizer, "mask_id", None) is None:
         return "a masked-diffusion run whose tokenizer has no mask token"
-    if attention.qk_norm is not None:
-        return "QK norm (the _qk_torch-rmsnorm flavors): LlamaForCausalLM has no per-head query/key norm"
+    if attention.qk_norm is not None and objective_name == "mdlm":
+        return ("QK norm (the _qk_torch-rmsnorm flavors) in a masked-diffusion model: the shipped bidirectional "
+                "class is a Llama, without per-head query/key norms (next-token runs export as Qwen3ForCausalLM)")
     if getattr(block, "post_attention_norm", None) is not None or getattr(block, "post_ffn_norm", None) is not None:
         return "post-attention/post-FFN norms (the _pa/_pf flavors): LlamaForCausalLM has no such norms"
     if attention.rope.scaling != "none":
@@ -251,7 +254,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         raise ExportError(f"cannot export {run}: {why}")
     summary = _summary(run)
     fingerprint = _check_global(model, summary, step) if is_global else None
-    adapter = Llama3StateDictAdapter(model.config, None)
+    adapter = Llama3Adapter(model.config)
     hf_state = adapter.to_hf({k: v.float() for k, v in model.state_dict().items()})
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))

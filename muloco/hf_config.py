@@ -17,10 +17,13 @@ SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_ke
 
 
 def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
-    """``config.json`` of a ``LlamaForCausalLM`` with the shapes of torchtitan's ``model_config``."""
+    """``config.json`` of a ``LlamaForCausalLM`` with the shapes of torchtitan's ``model_config``
+    (a ``Qwen3ForCausalLM``, Llama with per-head QK norms, where the model has them)."""
     attention = model_config.layers[0].attention
     heads = attention.n_heads
     theta = attention.rope.theta
+    qwen3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "use_sliding_window": False} \
+        if attention.qk_norm is not None else {}
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -42,10 +45,13 @@ def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
         "torch_dtype": "float32",
+        **qwen3,
     }
 
 
 BIDIRECTIONAL = ("muloco_mdlm", "llada")
+LLAMA_FAMILY = ("llama", "qwen3", *BIDIRECTIONAL)
+"""Model types muloco's Llama model computes; ``qwen3`` is Llama with per-head QK norms."""
 """Model types whose attention is bidirectional (masked diffusion): muloco's export, LLaDA."""
 
 
@@ -70,8 +76,11 @@ def _normalized(theirs: dict) -> dict:
 
 def _unexpressible(theirs: dict) -> str | None:
     """What a normalized config asks for that muloco's Llama models do not compute (None: nothing)."""
-    if theirs.get("model_type") not in ("llama", *BIDIRECTIONAL):
-        return f"model_type is {theirs.get('model_type')!r}: only Llama-family folders load (llama, muloco_mdlm, llada)"
+    if theirs.get("model_type") not in LLAMA_FAMILY:
+        return (f"model_type is {theirs.get('model_type')!r}: only Llama-family folders load "
+                f"({', '.join(LLAMA_FAMILY)})")
+    if theirs.get("use_sliding_window"):
+        return "it uses sliding-window attention, which muloco's models do not compute"
     if theirs["_rope_type"] != "default":
         return f"its RoPE has {theirs['_rope_type']!r} scaling, which muloco's flavors do not apply"
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
@@ -113,7 +122,8 @@ def architecture(theirs: dict):
     return Architecture(dim=t["hidden_size"], depth=t["num_hidden_layers"], heads=t["num_attention_heads"],
                         kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], ffn_dim=t["intermediate_size"],
                         vocab_size=t["vocab_size"], norm_eps=float(t.get("rms_norm_eps", 1e-6)),
-                        rope_theta=t["_rope_theta"], tied=bool(t.get("tie_word_embeddings", False)))
+                        rope_theta=t["_rope_theta"], tied=bool(t.get("tie_word_embeddings", False)),
+                        qk_norm=t.get("model_type") == "qwen3")
 
 
 def first_mismatch(folder: str | Path, ours: dict) -> str | None:
@@ -132,6 +142,9 @@ def first_mismatch(folder: str | Path, ours: dict) -> str | None:
     why = _unexpressible(theirs)
     if why:
         return why
+    if (theirs.get("model_type") == "qwen3") != (ours.get("model_type") == "qwen3"):
+        return ("its attention has per-head QK norms (qwen3) and this flavor's has none" if ours.get("model_type")
+                != "qwen3" else "this flavor has per-head QK norms and its attention (a Llama) has none")
     if theirs["_rope_theta"] != float(ours["rope_theta"]):
         return f"rope_theta is {theirs['_rope_theta']:g} there and {ours['rope_theta']:g} here"
     return None

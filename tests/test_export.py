@@ -113,7 +113,7 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
 
 
 @pytest.mark.parametrize("flavor, objective, feature", [
-    ("llama3-w64-d2-h2_qk_torch-rmsnorm", "ar", "QK norm"),
+    ("llama3-w64-d2-h2_qk_torch-rmsnorm", "mdlm", "QK norm"),
     ("llama3-w64-d2-h2_pa_pf", "ar", "post-attention/post-FFN norms"),
 ])
 def test_what_transformers_cannot_express_yet_is_named(flavor, objective, feature):
@@ -346,3 +346,41 @@ def test_a_llada_style_folder_starts_a_k2_mdlm_muloco_run_whose_theta_g_is_its_w
                       "--checkpoint.initial_load_in_hf", "--checkpoint.initial_load_model_only",
                       "--dump_folder", str(tmp_path / "wrong")])  # a model-map flavor cannot read LLaDA's names
     assert proc.returncode != 0 and f"--model.flavor hf:{folder}" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_qk_norm_run_exports_as_qwen3_and_a_qwen3_folder_reads_back_as_the_same_model(tmp_path, capsys):
+    """The _qk_torch-rmsnorm flavors are Qwen3's attention: export writes Qwen3ForCausalLM, which
+    transformers loads with muloco's logits; read back through hf:DIR (the adapter's inverse),
+    the weights are bit for bit the run's; a Qwen3 folder built by transformers (head_dim 32 ≠
+    64/4, grouped-query heads, tied head) scores with transformers' logits."""
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    from muloco.evaluate.source import from_hf_folder
+
+    run = tmp_path / "run"
+    proc = run_train(["--config", "ddp/adamw", *TINY, "--model.flavor", "llama3-w64-d2-h2_qk_torch-rmsnorm",
+                      "--training.steps", "2", "--checkpoint.interval", "2", "--validator.no-enable",
+                      "--dump_folder", str(run)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "hf"
+    assert main([str(run), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+    model, *_ = load_model(run, load_config(run), None, torch.device("cpu"))
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    ids = torch.arange(1, 33)[None]
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max().item() <= 1e-4
+    back = from_hf_folder(out, torch.device("cpu")).model.state_dict()
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+    qwen = tmp_path / "qwen3"
+    Qwen3ForCausalLM(Qwen3Config(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1e6,
+                                 tie_word_embeddings=True)).save_pretrained(str(qwen))
+    (qwen / "tokenizer.json").write_bytes((out / "tokenizer.json").read_bytes())
+    hf = AutoModelForCausalLM.from_pretrained(str(qwen), dtype=torch.float32).eval()
+    ours = from_hf_folder(qwen, torch.device("cpu")).model
+    with torch.no_grad():
+        diff = (ours(ids) - hf(ids).logits).abs().max().item()
+    print(f"max |logit difference| muloco vs transformers, Qwen3 folder: {diff:.3g}")
+    assert diff <= 1e-4

@@ -11,12 +11,40 @@ A LLaDA folder's weights go through the same mapping after a rename (:class:`Lla
 
 from __future__ import annotations
 
+import re
+
 from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 
 
+QK_NORM = re.compile(r"layers\.(\d+)\.attention\.([qk])_norm\.weight")
+HF_QK_NORM = re.compile(r"model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight")
+
+
 class Llama3Adapter(Llama3StateDictAdapter):
+    """torchtitan's mapping, plus the per-head query/key norms of the ``_qk`` flavors as Qwen3
+    names them (``self_attn.q_norm``/``k_norm``): torchtitan's Llama 3 adapter has no entry for
+    them and would drop them on export. A norm's weight scales one head's elements, so it takes the
+    same reordering as the rows of one head of ``wq``/``wk`` (Hugging Face's half-split rotary
+    layout against torchtitan's interleaved one)."""
+
     def __init__(self, model_config, hf_assets_path: str | None = None):
         super().__init__(model_config, None)
+
+    def to_hf(self, state_dict):
+        norms = {k: v for k, v in state_dict.items() if QK_NORM.fullmatch(k)}
+        out = super().to_hf({k: v for k, v in state_dict.items() if k not in norms})
+        for key, value in norms.items():
+            layer, which = QK_NORM.fullmatch(key).groups()
+            out[f"model.layers.{layer}.self_attn.{which}_norm.weight"] = self._permute(value[:, None], 1)[:, 0]
+        return out
+
+    def from_hf(self, hf_state_dict):
+        norms = {k: v for k, v in hf_state_dict.items() if HF_QK_NORM.fullmatch(k)}
+        out = super().from_hf({k: v for k, v in hf_state_dict.items() if k not in norms})
+        for key, value in norms.items():
+            layer, which = HF_QK_NORM.fullmatch(key).groups()
+            out[f"layers.{layer}.attention.{which}_norm.weight"] = self._reverse_permute(value[:, None], 1)[:, 0]
+        return out
 
 
 class LladaAdapter(Llama3Adapter):

@@ -157,8 +157,8 @@ def _check_hf_initial_load(config) -> None:
     from muloco.models import build_model_config, hf_adapter
 
     if hf_adapter(config.model) is None:
-        raise ConfigError(f"model.flavor {config.model.flavor}: its QK norm or post-attention/FFN norms have no "
-                          "Hugging Face Llama weights to load; use a plain llama3-w*-d*-h* flavor.")
+        raise ConfigError(f"model.flavor {config.model.flavor}: its post-attention/FFN norms have no "
+                          "Hugging Face Llama or Qwen3 weights to load; use a flavor without _pa/_pf.")
     from muloco.compat.hf_adapter import adapter_for
 
     if adapter_for(str(folder)) is not hf_adapter(config.model):

@@ -13,9 +13,10 @@ The weight names and the rotary permutation come from torchtitan's ``Llama3State
 Next-token (``ar``) runs load as ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with the per-head QK
 norms of the ``_qk_torch-rmsnorm`` flavors); masked-diffusion (``mdlm``) runs ship a small
 bidirectional model class (``modeling_muloco_mdlm.py``: transformers' Llama layers, no causal
-mask, the mask token in the config) loaded with ``trust_remote_code=True``. A flavor this export
-cannot express yet (post-attention/FFN norms, QK norm in a diffusion model, RoPE scaling, a tiktoken
-tokenizer) is one clear error naming it, and nothing is written.
+mask, the mask token in the config) loaded with ``trust_remote_code=True``. Flavors transformers
+has no class for (the sandwich block's output norms of ``_pa``/``_pf``, QK norms in a diffusion
+model) ship ``modeling_muloco.py`` instead. What this export cannot express yet (RoPE scaling, a
+tiktoken tokenizer) is one clear error naming it, and nothing is written.
 
 ``--push-to-hub`` then uploads the folder to that Hub model repository (created if missing) in
 one commit, so the repository gets every file or none. The token comes from the environment only
@@ -55,17 +56,11 @@ class ExportError(ValueError):
 
 def _unsupported(model_config, objective_name: str, tokenizer) -> str | None:
     """Why this run cannot be exported yet (None: it can)."""
-    block = model_config.layers[0]
-    attention = block.attention
+    attention = model_config.layers[0].attention
     if objective_name not in ("ar", "mdlm"):
         return f"objective {objective_name!r}: only next-token (ar) and masked-diffusion (mdlm) runs are exported"
     if objective_name == "mdlm" and getattr(tokenizer, "mask_id", None) is None:
         return "a masked-diffusion run whose tokenizer has no mask token"
-    if attention.qk_norm is not None and objective_name == "mdlm":
-        return ("QK norm (the _qk_torch-rmsnorm flavors) in a masked-diffusion model: the shipped bidirectional "
-                "class is a Llama, without per-head query/key norms (next-token runs export as Qwen3ForCausalLM)")
-    if getattr(block, "post_attention_norm", None) is not None or getattr(block, "post_ffn_norm", None) is not None:
-        return "post-attention/post-FFN norms (the _pa/_pf flavors): LlamaForCausalLM has no such norms"
     if attention.rope.scaling != "none":
         return f"RoPE scaling {attention.rope.scaling!r}: only unscaled RoPE is exported so far"
     if not _tokenizer_file(tokenizer):
@@ -80,20 +75,42 @@ def _tokenizer_file(tokenizer) -> Path | None:
 
 MDLM_CODE = Path(__file__).parent / "hf" / "modeling_muloco_mdlm.py"
 """The bidirectional model class a masked-diffusion export ships (``trust_remote_code``)."""
+MULOCO_CODE = Path(__file__).parent / "hf" / "modeling_muloco.py"
+"""The sandwich-block class (output norms, QK norms, optionally bidirectional) an export ships
+for flavors transformers has no class for."""
 
 
 def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar") -> dict:
-    """``config.json`` with this model's shapes: ``LlamaForCausalLM`` for next-token runs, the
-    shipped bidirectional class (Llama weights, mask token in the config) for masked diffusion."""
+    """``config.json`` with this model's shapes: ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with QK
+    norms) for next-token runs, the shipped bidirectional Llama class for masked diffusion, and
+    the shipped sandwich-block class (:data:`MULOCO_CODE`) for output norms, or QK norms in a
+    masked-diffusion model."""
     config = _llama_config(model_config, tokenizer, seq_len)
-    if objective_name == "mdlm":
+    if objective_name == "mdlm" and config.get("model_type") in (None, "llama"):
         module = MDLM_CODE.stem
         config.update(architectures=["MulocoMdlmForMaskedLM"], model_type="muloco_mdlm",
                       mask_token_id=tokenizer.mask_id,
                       auto_map={"AutoConfig": f"{module}.MulocoMdlmConfig",
                                 "AutoModel": f"{module}.MulocoMdlmForMaskedLM",
                                 "AutoModelForMaskedLM": f"{module}.MulocoMdlmForMaskedLM"})
+    elif objective_name == "mdlm" or config.get("model_type") == "muloco":
+        module = MULOCO_CODE.stem
+        block = model_config.layers[0]
+        config.update(architectures=["MulocoForCausalLM"], model_type="muloco", use_sliding_window=False,
+                      qk_norm=block.attention.qk_norm is not None,
+                      post_attention_norm=block.post_attention_norm is not None,
+                      post_ffn_norm=block.post_ffn_norm is not None, bidirectional=objective_name == "mdlm",
+                      auto_map={"AutoConfig": f"{module}.MulocoConfig", "AutoModel": f"{module}.MulocoForCausalLM",
+                                "AutoModelForCausalLM": f"{module}.MulocoForCausalLM",
+                                "AutoModelForMaskedLM": f"{module}.MulocoForCausalLM"})
+        if objective_name == "mdlm":
+            config["mask_token_id"] = tokenizer.mask_id
     return config
+
+
+def _shipped_code(config: dict) -> Path | None:
+    """The model class file a folder with this config needs (None: transformers has the class)."""
+    return {"muloco_mdlm": MDLM_CODE, "muloco": MULOCO_CODE}.get(config.get("model_type"))
 
 
 def _llama_config(model_config, tokenizer, seq_len: int) -> dict:
@@ -119,7 +136,8 @@ def _check_global(model: torch.nn.Module, summary: dict, step: int) -> str:
     return fingerprint
 
 
-def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerprint: str | None) -> str:
+def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerprint: str | None,
+          remote_code: bool = False) -> str:
     """The model card: what was trained, how (the run's own command), and what it reached."""
     record = json.loads((run / RUN_FILE).read_text())
     ft = getattr(config, "fault_tolerance", None)
@@ -141,13 +159,15 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
     lines += [f"- tokens seen (per replica group): {summary.get('tokens_seen', 'not recorded')}",
               f"- final validation loss: {summary.get('final_validation_loss', 'not recorded')} nats/token, "
               f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
-              "", *(_AR_USAGE if name == "ar" else _MDLM_USAGE), ""]
+              "", *(_ar_usage(remote_code) if name == "ar" else _MDLM_USAGE), ""]
     return "\n".join(lines)
 
 
-_AR_USAGE = ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-             "model = AutoModelForCausalLM.from_pretrained(DIR)", "tokenizer = AutoTokenizer.from_pretrained(DIR)",
-             "```"]
+def _ar_usage(remote_code: bool) -> list[str]:
+    shipped = ", trust_remote_code=True" if remote_code else ""
+    return ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            f"model = AutoModelForCausalLM.from_pretrained(DIR{shipped})",
+            "tokenizer = AutoTokenizer.from_pretrained(DIR)", "```"]
 _MDLM_USAGE = [
     "Load it with the model class shipped here, then denoise: start from mask tokens after the prompt and,",
     "at each step, fix the most confident of the masked positions (LLaDA's low-confidence remasking).",
@@ -260,14 +280,16 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         _save_weights(hf_state, staging)
-        (staging / "config.json").write_text(json.dumps(
-            hf_config(model.config, tokenizer, config.training.seq_len, objective.name), indent=2))
-        if objective.name == "mdlm":
-            shutil.copyfile(MDLM_CODE, staging / MDLM_CODE.name)
+        written = hf_config(model.config, tokenizer, config.training.seq_len, objective.name)
+        (staging / "config.json").write_text(json.dumps(written, indent=2))
+        code = _shipped_code(written)
+        if code is not None:
+            shutil.copyfile(code, staging / code.name)
         (staging / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2))
         _write_tokenizer(tokenizer, staging)
-        (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint))
+        (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint,
+                                                 remote_code=code is not None))
         old = None
         if target.exists():  # --force: the old folder goes only once the new one is in place
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
@@ -332,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"muloco.export: error: {e}", file=sys.stderr)
         return 2
     config = json.loads((out / "config.json").read_text())
-    how = ("AutoModelForMaskedLM.from_pretrained({!r}, trust_remote_code=True)" if "auto_map" in config
-           else "AutoModelForCausalLM.from_pretrained({!r})").format(str(out))
+    auto = "AutoModelForMaskedLM" if config.get("mask_token_id") is not None else "AutoModelForCausalLM"
+    how = f"{auto}.from_pretrained({str(out)!r}{', trust_remote_code=True' if 'auto_map' in config else ''})"
     print(f"exported to {out}: load it with transformers.{how}; its README.md says how it was trained")
     if args.push_to_hub:
         try:

@@ -18,12 +18,20 @@ SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_ke
 
 def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
     """``config.json`` of a ``LlamaForCausalLM`` with the shapes of torchtitan's ``model_config``
-    (a ``Qwen3ForCausalLM``, Llama with per-head QK norms, where the model has them)."""
+    (a ``Qwen3ForCausalLM``, Llama with per-head QK norms, where the model has them; the shipped
+    ``MulocoForCausalLM`` where its blocks have output norms)."""
     attention = model_config.layers[0].attention
     heads = attention.n_heads
     theta = attention.rope.theta
-    qwen3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "use_sliding_window": False} \
-        if attention.qk_norm is not None else {}
+    block = model_config.layers[0]
+    post = {"post_attention_norm": block.post_attention_norm is not None, "post_ffn_norm": block.post_ffn_norm is not None}
+    if any(post.values()):  # the shipped sandwich-block class
+        variant = {"architectures": ["MulocoForCausalLM"], "model_type": "muloco", "use_sliding_window": False,
+                   "qk_norm": attention.qk_norm is not None, **post}
+    elif attention.qk_norm is not None:
+        variant = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "use_sliding_window": False}
+    else:
+        variant = {}
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -45,18 +53,19 @@ def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
         "bos_token_id": bos_id,
         "eos_token_id": eos_id,
         "torch_dtype": "float32",
-        **qwen3,
+        **variant,
     }
 
 
 BIDIRECTIONAL = ("muloco_mdlm", "llada")
-LLAMA_FAMILY = ("llama", "qwen3", *BIDIRECTIONAL)
-"""Model types muloco's Llama model computes; ``qwen3`` is Llama with per-head QK norms."""
 """Model types whose attention is bidirectional (masked diffusion): muloco's export, LLaDA."""
+LLAMA_FAMILY = ("llama", "qwen3", "muloco", *BIDIRECTIONAL)
+"""Model types muloco's Llama model computes; ``qwen3`` is Llama with per-head QK norms, ``muloco``
+the shipped sandwich-block class (``muloco/hf/modeling_muloco.py``)."""
 
 
 def bidirectional(theirs: dict) -> bool:
-    return theirs.get("model_type") in BIDIRECTIONAL
+    return theirs.get("model_type") in BIDIRECTIONAL or bool(theirs.get("bidirectional"))
 
 
 def _normalized(theirs: dict) -> dict:
@@ -87,6 +96,11 @@ def _unexpressible(theirs: dict) -> str | None:
         if theirs.get(key, want) != want:
             return f"{key} is {theirs.get(key)} there; muloco's Llama models have {want}"
     return None
+
+
+def _has(config: dict, feature: str) -> bool:
+    """Whether a config's blocks have ``feature`` (``qk_norm``: Qwen3's attention, or the flag)."""
+    return bool(config.get(feature)) or (feature == "qk_norm" and config.get("model_type") == "qwen3")
 
 
 def read(folder: str | Path) -> dict:
@@ -123,7 +137,8 @@ def architecture(theirs: dict):
                         kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], ffn_dim=t["intermediate_size"],
                         vocab_size=t["vocab_size"], norm_eps=float(t.get("rms_norm_eps", 1e-6)),
                         rope_theta=t["_rope_theta"], tied=bool(t.get("tie_word_embeddings", False)),
-                        qk_norm=t.get("model_type") == "qwen3")
+                        qk_norm=_has(t, "qk_norm"), post_attention_norm=_has(t, "post_attention_norm"),
+                        post_ffn_norm=_has(t, "post_ffn_norm"))
 
 
 def first_mismatch(folder: str | Path, ours: dict) -> str | None:
@@ -142,9 +157,11 @@ def first_mismatch(folder: str | Path, ours: dict) -> str | None:
     why = _unexpressible(theirs)
     if why:
         return why
-    if (theirs.get("model_type") == "qwen3") != (ours.get("model_type") == "qwen3"):
-        return ("its attention has per-head QK norms (qwen3) and this flavor's has none" if ours.get("model_type")
-                != "qwen3" else "this flavor has per-head QK norms and its attention (a Llama) has none")
+    for feature, name in (("qk_norm", "per-head QK norms"), ("post_attention_norm", "post-attention norms"),
+                          ("post_ffn_norm", "post-FFN norms")):
+        if _has(theirs, feature) != _has(ours, feature):
+            return (f"it has {name} and this flavor does not" if _has(theirs, feature)
+                    else f"this flavor has {name} and it does not")
     if theirs["_rope_theta"] != float(ours["rope_theta"]):
         return f"rope_theta is {theirs['_rope_theta']:g} there and {ours['rope_theta']:g} here"
     return None

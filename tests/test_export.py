@@ -112,16 +112,48 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 
 
-@pytest.mark.parametrize("flavor, objective, feature", [
-    ("llama3-w64-d2-h2_qk_torch-rmsnorm", "mdlm", "QK norm"),
-    ("llama3-w64-d2-h2_pa_pf", "ar", "post-attention/post-FFN norms"),
-])
-def test_what_transformers_cannot_express_yet_is_named(flavor, objective, feature):
-    _, c = parse_args(["--config", "ddp/adamw", "--model.flavor", flavor, "--objective", objective])
+def test_what_this_export_cannot_write_yet_is_named(tmp_path):
+    """A tiktoken tokenizer (no tokenizer.json to ship) is one message naming it."""
+    import base64
+
+    tiktoken_file = tmp_path / "tokenizer.model"
+    tiktoken_file.write_bytes(b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256)))
+    _, c = parse_args(["--config", "ddp/adamw", *TINY, "--tokenizer.path", str(tiktoken_file)])
     tokenizer = c.tokenizer.build(tokenizer_path=c.hf_assets_path)
-    model = init_model(c.model, tokenizer.get_vocab_size(), objective == "ar", torch.device("cpu"))
-    why = _unsupported(model.config, objective, tokenizer)
-    assert why is not None and why.startswith(feature), why
+    model = init_model(c.model, tokenizer.get_vocab_size(), True, torch.device("cpu"))
+    why = _unsupported(model.config, "ar", tokenizer)
+    assert why is not None and why.startswith("a tiktoken tokenizer"), why
+
+
+@pytest.mark.parametrize("objective", ["ar", "mdlm"])
+def test_the_sandwich_flavor_exports_with_its_shipped_class_and_muloco_logits(objective, tmp_path, capsys):
+    """The GPU presets' block (QK norms, post-attention and post-FFN norms): the folder ships
+    modeling_muloco.py; transformers loads it (trust_remote_code) with muloco's logits, and it
+    reads back bit for bit."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from muloco.evaluate.source import from_hf_folder
+
+    run = tmp_path / "run"
+    proc = run_train(["--config", "ddp/adamw", *TINY, "--objective", objective,
+                      "--model.flavor", "llama3-w64-d2-h2_qk_torch-rmsnorm_pa_pf", "--training.steps", "2",
+                      "--checkpoint.interval", "2", "--validator.no-enable", "--dump_folder", str(run)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "hf"
+    assert main([str(run), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert "trust_remote_code=True" in capsys.readouterr().out and (out / "modeling_muloco.py").is_file()
+    written = json.loads((out / "config.json").read_text())
+    assert (written["model_type"], written["bidirectional"]) == ("muloco", objective == "mdlm")
+    model, *_ = load_model(run, load_config(run), None, torch.device("cpu"))
+    auto = AutoModelForMaskedLM if objective == "mdlm" else AutoModelForCausalLM
+    hf = auto.from_pretrained(str(out), trust_remote_code=True, dtype=torch.float32).eval()
+    ids = torch.arange(1, 33)[None]
+    with torch.no_grad():
+        diff = (model(ids) - hf(ids).logits).abs().max().item()
+    print(f"max |logit difference| muloco vs transformers, {objective} _qk_pa_pf: {diff:.3g}")
+    assert diff <= 1e-4
+    back = from_hf_folder(out, torch.device("cpu")).model.state_dict()
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
 
 
 def _hf_load(folder: Path, flavor: str, vocab: int) -> dict[str, torch.Tensor]:

@@ -18,11 +18,17 @@ from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 
 QK_NORM = re.compile(r"layers\.(\d+)\.attention\.([qk])_norm\.weight")
 HF_QK_NORM = re.compile(r"model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight")
+POST_NORMS = {"post_attention_norm": "attn_output_norm", "post_ffn_norm": "mlp_output_norm"}
+"""The sandwich block's output norms (``_pa``/``_pf``) → their names in the shipped
+``modeling_muloco.py`` (transformers' ``post_attention_layernorm`` is the pre-FFN norm)."""
+POST_NORM = re.compile(r"layers\.(\d+)\.(post_attention_norm|post_ffn_norm)\.weight")
+HF_POST_NORM = re.compile(r"model\.layers\.(\d+)\.(attn_output_norm|mlp_output_norm)\.weight")
 
 
 class Llama3Adapter(Llama3StateDictAdapter):
     """torchtitan's mapping, plus the per-head query/key norms of the ``_qk`` flavors as Qwen3
-    names them (``self_attn.q_norm``/``k_norm``): torchtitan's Llama 3 adapter has no entry for
+    names them (``self_attn.q_norm``/``k_norm``) and the sandwich block's output norms of the
+    ``_pa``/``_pf`` flavors (:data:`POST_NORMS`): torchtitan's Llama 3 adapter has no entry for
     them and would drop them on export. A norm's weight scales one head's elements, so it takes the
     same reordering as the rows of one head of ``wq``/``wk`` (Hugging Face's half-split rotary
     layout against torchtitan's interleaved one)."""
@@ -31,19 +37,24 @@ class Llama3Adapter(Llama3StateDictAdapter):
         super().__init__(model_config, None)
 
     def to_hf(self, state_dict):
-        norms = {k: v for k, v in state_dict.items() if QK_NORM.fullmatch(k)}
-        out = super().to_hf({k: v for k, v in state_dict.items() if k not in norms})
-        for key, value in norms.items():
-            layer, which = QK_NORM.fullmatch(key).groups()
-            out[f"model.layers.{layer}.self_attn.{which}_norm.weight"] = self._permute(value[:, None], 1)[:, 0]
+        extra = {k: v for k, v in state_dict.items() if QK_NORM.fullmatch(k) or POST_NORM.fullmatch(k)}
+        out = super().to_hf({k: v for k, v in state_dict.items() if k not in extra})
+        for key, value in extra.items():
+            if m := QK_NORM.fullmatch(key):
+                out[f"model.layers.{m[1]}.self_attn.{m[2]}_norm.weight"] = self._permute(value[:, None], 1)[:, 0]
+            elif m := POST_NORM.fullmatch(key):
+                out[f"model.layers.{m[1]}.{POST_NORMS[m[2]]}.weight"] = value
         return out
 
     def from_hf(self, hf_state_dict):
-        norms = {k: v for k, v in hf_state_dict.items() if HF_QK_NORM.fullmatch(k)}
-        out = super().from_hf({k: v for k, v in hf_state_dict.items() if k not in norms})
-        for key, value in norms.items():
-            layer, which = HF_QK_NORM.fullmatch(key).groups()
-            out[f"layers.{layer}.attention.{which}_norm.weight"] = self._reverse_permute(value[:, None], 1)[:, 0]
+        extra = {k: v for k, v in hf_state_dict.items() if HF_QK_NORM.fullmatch(k) or HF_POST_NORM.fullmatch(k)}
+        out = super().from_hf({k: v for k, v in hf_state_dict.items() if k not in extra})
+        ours = {v: k for k, v in POST_NORMS.items()}
+        for key, value in extra.items():
+            if m := HF_QK_NORM.fullmatch(key):
+                out[f"layers.{m[1]}.attention.{m[2]}_norm.weight"] = self._reverse_permute(value[:, None], 1)[:, 0]
+            elif m := HF_POST_NORM.fullmatch(key):
+                out[f"layers.{m[1]}.{ours[m[2]]}.weight"] = value
         return out
 
 

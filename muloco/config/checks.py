@@ -156,9 +156,6 @@ def _check_hf_initial_load(config) -> None:
     from muloco.hf_config import first_mismatch, llama_config
     from muloco.models import build_model_config, hf_adapter
 
-    if hf_adapter(config.model) is None:
-        raise ConfigError(f"model.flavor {config.model.flavor}: its post-attention/FFN norms have no "
-                          "Hugging Face Llama or Qwen3 weights to load; use a flavor without _pa/_pf.")
     from muloco.compat.hf_adapter import adapter_for
 
     if adapter_for(str(folder)) is not hf_adapter(config.model):

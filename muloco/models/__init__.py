@@ -176,15 +176,15 @@ def build_model_spec(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> 
 
 
 def hf_adapter(cfg: ModelConfig):
-    """torchtitan's Llama 3 state-dict adapter (with Qwen3's names for the QK norms) where a flavor
-    maps onto Hugging Face's Llama or Qwen3 (None: post-attention/FFN norms, which neither has):
-    what ``muloco.export`` writes with and what ``--checkpoint.initial_load_in_hf`` reads with."""
+    """torchtitan's Llama 3 state-dict adapter, with the QK norms (Qwen3's names) and the sandwich
+    block's output norms (``modeling_muloco.py``'s): what ``muloco.export`` writes with and what
+    ``--checkpoint.initial_load_in_hf`` reads with."""
     from muloco.compat.hf_adapter import Llama3Adapter, adapter_for
 
     folder = hf_folder(cfg.flavor)
     if folder is not None:
         return adapter_for(folder)
-    return None if cfg.flavor.endswith(("_pa", "_pf")) else Llama3Adapter
+    return Llama3Adapter
 
 
 __all__ = ["Architecture", "HF_FLAVOR", "ModelConfig", "hf_folder", "architecture_config", "build", "build_model_config", "build_model_spec",

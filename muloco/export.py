@@ -15,8 +15,10 @@ norms of the ``_qk_torch-rmsnorm`` flavors); masked-diffusion (``mdlm``) runs sh
 bidirectional model class (``modeling_muloco_mdlm.py``: transformers' Llama layers, no causal
 mask, the mask token in the config) loaded with ``trust_remote_code=True``. Flavors transformers
 has no class for (the sandwich block's output norms of ``_pa``/``_pf``, QK norms in a diffusion
-model) ship ``modeling_muloco.py`` instead. What this export cannot express yet (RoPE scaling, a
-tiktoken tokenizer) is one clear error naming it, and nothing is written.
+model) ship ``modeling_muloco.py`` instead. A tiktoken tokenizer (Llama 3's
+``tokenizer.model``) is converted to ``tokenizer.json`` with its special tokens where muloco put
+them. What this export cannot express yet (RoPE scaling) is one clear error naming it, and nothing
+is written.
 
 ``--push-to-hub`` then uploads the folder to that Hub model repository (created if missing) in
 one commit, so the repository gets every file or none. The token comes from the environment only
@@ -63,8 +65,6 @@ def _unsupported(model_config, objective_name: str, tokenizer) -> str | None:
         return "a masked-diffusion run whose tokenizer has no mask token"
     if attention.rope.scaling != "none":
         return f"RoPE scaling {attention.rope.scaling!r}: only unscaled RoPE is exported so far"
-    if not _tokenizer_file(tokenizer):
-        return "a tiktoken tokenizer: only tokenizer.json tokenizers are exported so far"
     return None
 
 
@@ -211,12 +211,24 @@ def _shown(args: list[str]) -> list[str]:
     return shown
 
 
+def _hf_tokenizer(tokenizer):
+    """The run's tokenizer as a ``tokenizers`` object: its tokenizer.json, or its tiktoken file
+    converted (:mod:`muloco.compat.hf_tokenizer`)."""
+    from tokenizers import Tokenizer
+
+    if _tokenizer_file(tokenizer) is not None:
+        return Tokenizer.from_file(str(_tokenizer_file(tokenizer)))
+    from muloco.compat.hf_tokenizer import tiktoken_to_hf
+    from muloco.data.tokenizer import LLAMA3_PAT_STR, read_tiktoken_ranks, tiktoken_special_tokens
+
+    return tiktoken_to_hf(read_tiktoken_ranks(tokenizer.path), LLAMA3_PAT_STR, tiktoken_special_tokens())
+
+
 def _write_tokenizer(tokenizer, out: Path) -> None:
     """tokenizer.json with BOS added in front of every text, as muloco's loader adds it, and its config."""
-    from tokenizers import Tokenizer
     from tokenizers.processors import TemplateProcessing
 
-    hf = Tokenizer.from_file(str(_tokenizer_file(tokenizer)))
+    hf = _hf_tokenizer(tokenizer)
     bos, eos = hf.id_to_token(tokenizer.bos_id), hf.id_to_token(tokenizer.eos_id)
     hf.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
                                            special_tokens=[(bos, tokenizer.bos_id)])

@@ -112,17 +112,40 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 
 
-def test_what_this_export_cannot_write_yet_is_named(tmp_path):
-    """A tiktoken tokenizer (no tokenizer.json to ship) is one message naming it."""
+def test_a_tiktoken_run_exports_a_tokenizer_json_that_encodes_as_muloco_does(tmp_path, capsys):
+    """A tiktoken BPE file (Llama 3's format: base64 token, rank) is converted with its special
+    tokens after the ranks; the folder's tokenizer gives muloco's ids, BOS first."""
     import base64
 
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    merges = [b"th", b"he", b"the", b"  ", b"in", b"re", b"return", b"de", b"def", b" t", b" the"]
+    tokens = [bytes([b]) for b in range(256)] + merges
     tiktoken_file = tmp_path / "tokenizer.model"
-    tiktoken_file.write_bytes(b"".join(base64.b64encode(bytes([b])) + b" %d\n" % b for b in range(256)))
-    _, c = parse_args(["--config", "ddp/adamw", *TINY, "--tokenizer.path", str(tiktoken_file)])
+    tiktoken_file.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % i for i, t in enumerate(tokens)))
+    run = tmp_path / "run"
+    proc = run_train(["--config", "ddp/adamw", *TINY, "--tokenizer.path", str(tiktoken_file), "--training.steps", "2",
+                      "--checkpoint.interval", "2", "--validator.no-enable", "--dump_folder", str(run)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = tmp_path / "hf"
+    assert main([str(run), "--out", str(out)]) == 0, capsys.readouterr().err
+    model, tokenizer, *_ = load_model(run, load_config(run), None, torch.device("cpu"))
+    theirs = AutoTokenizer.from_pretrained(str(out))
+    for text in (TEXT, "def the_return(x):\n    return x  # é ☃ 123456", "   spaces\t\ttabs\n\n"):
+        assert theirs(text)["input_ids"] == tokenizer.encode(text, add_bos=True), text
+    assert theirs.decode(tokenizer.encode(TEXT)) == TEXT
+    hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    ids = torch.tensor([tokenizer.encode(TEXT, add_bos=True)])
+    with torch.no_grad():
+        assert (model(ids) - hf(ids).logits).abs().max().item() <= 1e-4
+
+
+def test_what_this_export_cannot_write_yet_is_named():
+    _, c = parse_args(["--config", "ddp/adamw", *TINY])
     tokenizer = c.tokenizer.build(tokenizer_path=c.hf_assets_path)
     model = init_model(c.model, tokenizer.get_vocab_size(), True, torch.device("cpu"))
-    why = _unsupported(model.config, "ar", tokenizer)
-    assert why is not None and why.startswith("a tiktoken tokenizer"), why
+    assert _unsupported(model.config, "ar", tokenizer) is None
+    assert _unsupported(model.config, "bert", tokenizer).startswith("objective 'bert'")
 
 
 @pytest.mark.parametrize("objective", ["ar", "mdlm"])

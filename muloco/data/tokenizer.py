@@ -121,15 +121,26 @@ def _stamp(file: Path) -> tuple[int, int]:
 # --------------------------------------------------------------------------- backends
 
 
+def tiktoken_special_tokens() -> list[str]:
+    """The special tokens after a tiktoken file's ranks, in id order (Llama 3's layout, with
+    muloco's BOS, EOS and mask first)."""
+    return [BOS_TOKEN, EOS_TOKEN, MASK_TOKEN] + [
+        f"<|reserved_special_token_{i}|>" for i in range(NUM_TIKTOKEN_SPECIAL_TOKENS - 3)
+    ]
+
+
+def read_tiktoken_ranks(file: str | Path) -> dict[bytes, int]:
+    """A tiktoken file's ``token bytes → rank`` (read without tiktoken's path-keyed cache)."""
+    return _read_tiktoken_ranks(Path(file))
+
+
 class _TiktokenBackend:
     """A tiktoken BPE file with Llama 3's layout of 256 special tokens after the ranks."""
 
     def __init__(self, file: Path):
         ranks = _read_tiktoken_ranks(file)
         n = len(ranks)
-        names = [BOS_TOKEN, EOS_TOKEN, MASK_TOKEN] + [
-            f"<|reserved_special_token_{i}|>" for i in range(NUM_TIKTOKEN_SPECIAL_TOKENS - 3)
-        ]
+        names = tiktoken_special_tokens()
         self.encoding = tiktoken.Encoding(
             name=f"muloco:{file}",
             pat_str=LLAMA3_PAT_STR,

@@ -45,6 +45,8 @@ from safetensors.torch import save_file  # noqa: E402
 
 from muloco.checkpoint import RUN_FILE, CheckpointLoadError  # noqa: E402
 from muloco.compat.hf_adapter import Llama3Adapter  # noqa: E402
+from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.data.tokenizer import TokenizerError  # noqa: E402
 from muloco.run_loading import RunLoadError, load_config, load_model, locate  # noqa: E402
 from muloco.hf_config import llama_config  # noqa: E402
 
@@ -333,14 +335,22 @@ def push_to_hub(folder: Path, repo: str, *, private: bool) -> str:
 
     api = HfApi(token=_hub_token(repo))
     files = sorted(p for p in folder.rglob("*") if p.is_file())
+    later = "The folder was written and can be pushed later"
     try:
         api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+        if private and not api.repo_info(repo, repo_type="model").private:
+            raise ExportError(f"--push-to-hub {repo} --private: that repository exists and is public; nothing was "
+                              f"uploaded. Make it private on the Hub or push to another one. {later}")
         info = api.create_commit(repo, [CommitOperationAdd(str(p.relative_to(folder)), str(p)) for p in files],
                                  commit_message=f"muloco export ({len(files)} files)", repo_type="model")
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "no response"
         raise ExportError(f"--push-to-hub {repo}: the Hub refused the upload ({status}); check that HF_TOKEN may "
-                          f"write to {repo}. The folder was written and can be pushed later") from None
+                          f"write to {repo}. {later}") from None
+    except ExportError:
+        raise
+    except Exception as e:  # the Hub client's network and validation errors have no common base
+        raise ExportError(f"--push-to-hub {repo}: the upload failed ({type(e).__name__}: {e}). {later}") from None
     return info.commit_url
 
 
@@ -362,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.push_to_hub:
             _hub_token(args.push_to_hub)
         out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force)
-    except (ExportError, RunLoadError, CheckpointLoadError) as e:
+    except (ExportError, RunLoadError, CheckpointLoadError, ConfigError, TokenizerError, ValueError) as e:
         print(f"muloco.export: error: {e}", file=sys.stderr)
         return 2
     config = json.loads((out / "config.json").read_text())

@@ -217,7 +217,11 @@ def _evaluations(folder: Path) -> dict[str, float]:
     and skipped)."""
     found = {}
     for path in sorted(folder.glob("eval/*.json")):
-        record = _json_file(path)
+        try:
+            record = _json_file(path)
+        except ReportError as err:
+            _warn(f"{err}; skipped")
+            continue
         if not record or not isinstance(record.get("metrics"), dict):
             _warn(f"{path}: not an evaluation record; skipped")
             continue

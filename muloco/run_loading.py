@@ -15,11 +15,15 @@ import os
 import warnings
 from pathlib import Path
 
-import torch
+from muloco import compat
 
-from muloco.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step
-from muloco.config.cli import parse_args
-from muloco.models import init_model
+compat.apply()
+
+import torch  # noqa: E402
+
+from muloco.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step  # noqa: E402
+from muloco.config.cli import parse_args  # noqa: E402
+from muloco.models import init_model  # noqa: E402
 
 GLOBAL_KEY = ".global."
 """θ_g in a DiLoCo checkpoint: ``outer.fragment_<i>.global.<parameter name>``."""
@@ -45,15 +49,21 @@ def locate(path: str, replica: int | None, step: int | None) -> tuple[Path, int 
     if not folder.is_dir():
         raise RunLoadError(f"{path} is not a folder; give a run's dump folder or a "
                            "checkpoint/step-N folder of it.")
-    raise RunLoadError(f"{path} holds no {RUN_FILE} (nor replica_{replica}/{RUN_FILE}): "
+    raise RunLoadError(f"{path} holds no {RUN_FILE} (nor replica_{replica or 0}/{RUN_FILE}): "
                        "it is not a folder written by python -m muloco.train; give the run's dump folder.")
 
 
 def load_config(run: Path, prog: str = "muloco"):
-    """The run's trainer config, parsed from its ``run.json`` in the folder it was started from."""
+    """The run's trainer config, parsed from its ``run.json`` in the folder it was started from
+    (an ``hf:DIR`` flavor's relative folder made absolute there, so the model builds from anywhere)."""
+    from muloco.models import HF_FLAVOR, hf_folder
+
     record = json.loads((run / RUN_FILE).read_text())
     with contextlib.chdir(record["cwd"]) if os.path.isdir(record["cwd"]) else contextlib.nullcontext():
         _, config = parse_args(["--config", record["config"], *record["args"]], prog=prog)
+        folder = hf_folder(config.model.flavor)
+        if folder is not None:
+            config.model.flavor = HF_FLAVOR + os.path.abspath(folder)
     return config
 
 

@@ -17,6 +17,9 @@ class HubStub:
         """Committed files: {repo: {path: bytes}}."""
         self.created: list[dict] = []
         self.cards: list[str] = []
+        self.private: set[str] = set()
+        self.public: set[str] = set()
+        """Repositories that exist, public, before the test (a create with exist_ok keeps them public)."""
         self.authorizations: set[str] = set()
         self.unexpected: list[str] = []
         stub = self
@@ -41,6 +44,8 @@ class HubStub:
                     request = json.loads(body)
                     stub.created.append(request)
                     repo = f"{request.get('organization')}/{request['name']}"
+                    if request.get("visibility") == "private" and repo not in stub.public:
+                        stub.private.add(repo)
                     return self._reply({"url": f"{stub.url}/{repo}", "name": repo})
                 if parts == ["api", "validate-yaml"]:  # the model card's front matter
                     stub.cards.append(json.loads(body)["content"])
@@ -62,6 +67,11 @@ class HubStub:
                 return self._reply({"error": "not found"}, 404)
 
             def do_GET(self):
+                parts = self.path.split("?")[0].strip("/").split("/")
+                repo = "/".join(parts[2:4])
+                if parts[:2] == ["api", "models"] and any(c.get("organization") + "/" + c["name"] == repo
+                                                          for c in stub.created):
+                    return self._reply({"id": repo, "private": repo in stub.private, "sha": "0" * 40})
                 stub.unexpected.append(f"GET {self.path}")
                 return self._reply({"error": "not found"}, 404)
 

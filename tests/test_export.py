@@ -231,7 +231,7 @@ def test_a_hugging_face_folder_of_another_shape_is_one_error_naming_the_differen
 
 @pytest.mark.parametrize("setup, expected", [
     ("missing", "holds no config.json"),
-    ("small-vocab", "vocab_size 256 is smaller than the tokenizer's"),
+    ("small-vocab", "the tokenizer's ids need 2048 embedding rows and the folder's model has 256"),
     ("rope-scaling", "RoPE has 'llama3' scaling"),
     ("llada-bias", "LLaDA option include_bias=True"),
 ])
@@ -254,6 +254,35 @@ def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path,
     with pytest.raises(ConfigError, match=expected) as err:
         check_config(c)
     assert str(err.value).startswith(f"model.flavor hf:{folder}") and "\n" not in str(err.value)
+
+
+def test_an_hf_flavor_fits_a_folder_whose_tokenizer_had_no_mask_token(tmp_path):
+    """A Llama folder uses every embedding row; muloco adds a mask id after them, which a
+    next-token run never feeds, so it fits; a masked-diffusion run needs that row and is refused,
+    as is one whose mask token is not the one config.json says the model was trained with."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from muloco.config.checks import check_config
+    from muloco.config.loader import ConfigError
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    vocab = {"<s>": 0, "</s>": 1, **{chr(97 + i): 2 + i for i in range(26)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"model_type": "llama", "vocab_size": 28, "hidden_size": 64, "intermediate_size": 96,
+              "num_hidden_layers": 2, "num_attention_heads": 4}
+    (folder / "config.json").write_text(json.dumps(config))
+    flags = [*TINY, "--model.flavor", f"hf:{folder}", "--tokenizer.path", str(folder)]
+    _, c = parse_args(["--config", "ddp/adamw", *flags])
+    check_config(c)  # 28 rows, BOS 0, EOS 1, the added mask 28: fits a next-token run
+    _, c = parse_args(["--config", "ddp/adamw", *flags, "--objective", "mdlm"])
+    with pytest.raises(ConfigError, match="need 29 embedding rows and the folder's model has 28"):
+        check_config(c)
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 29, "mask_token_id": 5}))
+    with pytest.raises(ConfigError, match="masks with id 5 and the tokenizer's mask token is 28"):
+        check_config(c)
 
 
 TINY_LLAMA = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
@@ -347,6 +376,14 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
     local = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert hub.files["me/tiny-llama"] == local and "model.safetensors" in local
     assert token not in proc.stdout + proc.stderr and not any(token.encode() in b for b in local.values())
+
+    with HubStub() as hub:  # --private onto a repository that exists and is public: refused, nothing sent
+        hub.public.add("me/public-one")
+        env = {**env, "HF_ENDPOINT": hub.url}
+        proc = subprocess.run([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(tmp_path / "again"),
+                               "--push-to-hub", "me/public-one", "--private"], capture_output=True, text=True,
+                              env=env, timeout=300)
+    assert proc.returncode == 2 and "exists and is public" in proc.stderr and not hub.files, proc.stderr[-2000:]
 
     monkeypatch.delenv("HF_TOKEN", raising=False)  # no token: one error before anything is written
     assert main([str(ar_run), "--out", str(tmp_path / "none"), "--push-to-hub", "me/tiny-llama"]) == 2

@@ -104,6 +104,12 @@ def _share_gpus(device: str, planned: list[Planned]) -> bool:
     return True
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _environment(device: str) -> dict[str, str]:
     env = os.environ.copy()
     if device == "cpu":
@@ -154,8 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{PROG}: error: {err}", file=sys.stderr)
         return err.status
     if args.dry_run:
+        share = _share_gpus(device, planned) if device == "cuda" and _cuda_available() else False
         for p in planned:
-            print(f"{p.row.label} (seed {p.seed}): {folder / p.name}\n  {shlex.join(runner.command(p, folder / p.name))}")
+            command = runner.command(p, folder / p.name, share_gpus=share)
+            print(f"{p.row.label} (seed {p.seed}): {folder / p.name}\n  {shlex.join(command)}")
         print(f"{len(planned)} runs; nothing started (--dry-run)")
         return 0
     runner.stop_on_sigterm()

@@ -97,11 +97,32 @@ def _check_model(config) -> None:
         return
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     try:
-        Architecture.of_flavor(config.model, tokenizer.get_vocab_size())
+        arch = Architecture.of_flavor(config.model, tokenizer.get_vocab_size())
     except ValueError as err:
-        msg = str(err)
-        raise ConfigError(msg if msg.startswith("model.flavor") else f"model.flavor {config.model.flavor}: {msg}") \
-            from None
+        raise ConfigError(f"model.flavor {config.model.flavor}: {err}") from None
+    _check_hf_vocabulary(config, tokenizer, arch.vocab_size)
+
+
+def _check_hf_vocabulary(config, tokenizer, rows: int) -> None:
+    """The ids the run feeds an ``hf:DIR`` model fit its embedding (the mask only for masked
+    diffusion: a tokenizer without one gets an extra id an autoregressive run never uses), and a
+    diffusion run masks with the token the folder's model was trained to fill."""
+    from muloco.hf_config import read
+    from muloco.models import hf_folder
+
+    folder = hf_folder(config.model.flavor)
+    causal = config.objective._owner.causal
+    needed = tokenizer.get_vocab_size()
+    if causal and tokenizer.mask_id == needed - 1:  # a mask id added after the folder's vocabulary: never fed
+        needed -= 1
+    if needed > rows:
+        raise ConfigError(f"model.flavor {config.model.flavor}: the tokenizer's ids need {needed} embedding rows and "
+                          f"the folder's model has {rows}; use the folder's tokenizer (--tokenizer.path {folder})")
+    trained_mask = read(folder).get("mask_token_id")
+    if not causal and trained_mask is not None and trained_mask != tokenizer.mask_id:
+        raise ConfigError(f"model.flavor {config.model.flavor}: its config.json masks with id {trained_mask} and the "
+                          f"tokenizer's mask token is {tokenizer.mask_id}; use the folder's tokenizer "
+                          f"(--tokenizer.path {folder})")
 
 
 def model_units(flavor: str) -> int:

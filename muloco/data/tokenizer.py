@@ -46,7 +46,8 @@ _LONG_RUN = re.compile(r"\s{%d,}|\S{%d,}" % ((TIKTOKEN_MAX_RUN_CHARS + 1,) * 2))
 
 HF_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<|endoftext|>", "[CLS]")
 HF_EOS_NAMES = ("<|end_of_text|>", "</s>", "<|endoftext|>", "[SEP]")
-HF_MASK_NAMES = ("<|mask|>", "<mask>", "[MASK]")
+HF_MASK_NAMES = ("<|mask|>", "<|mdm_mask|>", "<mask>", "[MASK]")
+"""``<|mdm_mask|>``: LLaDA's mask token."""
 
 Kind = Literal["auto", "tiktoken", "huggingface"]
 _PATH_FIX = (

@@ -2,7 +2,7 @@
 
     python -m muloco.evaluate RUN_FOLDER|HF_DIR --tasks hellaswag,arc_easy [--limit N] [--batch-size B]
         [--num-fewshot K] [--mc-samples 128] [--include-path DIR] [--step N] [--replica i]
-        [--device auto] [--seed 0] [--block-length L] [--log-samples]
+        [--device auto] [--seed 0] [--block-length L] [--log-samples] [--max-length N]
 
 A run folder is scored from its newest complete checkpoint (θ_g for a DiLoCo run), a Hugging
 Face folder (``muloco.export``'s, or a Llama-family model's) from its weights; both as
@@ -16,6 +16,7 @@ optional extra: ``pip install -e '.[eval]'``.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import re
 import sys
@@ -51,6 +52,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mc-samples", type=int, default=128, help="diffusion: Monte Carlo rows per log-likelihood")
     p.add_argument("--block-length", type=int, default=None, help="diffusion generation: semi-AR block length")
     p.add_argument("--include-path", default=None, help="a folder of extra task YAMLs")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="longest sequence scored, contexts cut on the left (default: the model's training "
+                        "length); lower it when a long-context model's logits would not fit in memory")
     p.add_argument("--step", type=int, default=None, help="a run's checkpoint step (default: the newest complete)")
     p.add_argument("--replica", type=int, default=None, help="a DiLoCo run's replica folder (default 0)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
@@ -64,7 +68,8 @@ def _check(args: argparse.Namespace) -> list[str]:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise UsageError("--tasks names no task; give lm-eval task names, e.g. --tasks hellaswag,arc_easy")
-    for name, low in (("batch_size", 1), ("mc_samples", 1), ("num_fewshot", 0), ("step", 0), ("block_length", 1)):
+    for name, low in (("batch_size", 1), ("mc_samples", 1), ("num_fewshot", 0), ("step", 0), ("block_length", 1),
+                      ("max_length", 2)):
         value = getattr(args, name)
         if value is not None and value < low:
             raise UsageError(f"--{name.replace('_', '-')} {value}: must be at least {low}")
@@ -80,11 +85,23 @@ def _task_manager(include_path: str | None, tasks: list[str]):
 
     manager = TaskManager(include_path=include_path)
     found = manager.match_tasks(tasks)
-    missing = [t for t in tasks if t not in found and not any(re.fullmatch(t.replace("*", ".*"), f) for f in found)]
+    missing = [t for t in tasks if t not in found and not fnmatch.filter(found, t)]
     if missing:
         raise UsageError(f"--tasks: lm-eval knows no task {missing[0]!r}; see `lm-eval ls tasks`, or pass "
                          f"--include-path DIR for a folder of your own task YAMLs")
     return manager
+
+
+def _writable(folder: Path) -> None:
+    """Fail before the evaluation, not after it, when its results could not be written."""
+    try:
+        folder.mkdir(exist_ok=True)
+        probe = folder / ".muloco-write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"cannot write the results to {folder} ({e.strerror}); evaluate a copy of the folder "
+                         "in a place you can write to") from None
 
 
 def _file_name(task: str) -> str:
@@ -155,6 +172,9 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
     manager = _task_manager(args.include_path, tasks)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     source = load(args.source, step=args.step, replica=args.replica, device=device)
+    if args.max_length is not None:
+        source.max_length = min(source.max_length, args.max_length)
+    _writable(Path(source.results_dir) / "eval")
     lm = MulocoLM(source, batch_size=args.batch_size, mc_samples=args.mc_samples, seed=args.seed,
                   block_length=args.block_length)
     began = time.monotonic()
@@ -169,9 +189,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from muloco.evaluate.source import EvaluationError, SourceError
 
+    from muloco.config.loader import ConfigError
+    from muloco.data.tokenizer import TokenizerError
+
     try:
         results, written = evaluate(args)
-    except (UsageError, SourceError, RunLoadError, EvaluationError) as err:
+    except (UsageError, SourceError, RunLoadError, EvaluationError, ConfigError, TokenizerError, ValueError) as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     except CheckpointLoadError as err:

@@ -144,7 +144,10 @@ class MulocoLM(TemplateLM):
             tokens = sample_autoregressive(self.model, ids, tokenizer.eos_id, length, temperature,
                                            self._generator(), self.device_)
         else:
-            block = self.block_length if self.block_length and length % self.block_length == 0 else length
+            if self.block_length and length % self.block_length:
+                raise EvaluationError(f"--block-length {self.block_length} does not divide the task's max_gen_toks "
+                                      f"{length}; choose a divisor of it")
+            block = self.block_length or length
             how = DiffusionSampling(length=length, steps=length, block_length=block, temperature=temperature)
             tokens = sample_diffusion_batch(self.model, [ids], self.source.mask_id, how, self._generator(),
                                             self.device_)[0]

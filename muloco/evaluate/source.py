@@ -2,7 +2,7 @@
 
 Both become muloco's own torchtitan model (so a folder exported from a run scores exactly as
 the run does, and the diffusion sampler and scorer work on either): a run through
-``muloco.generate``'s loader (newest complete checkpoint or ``--step``, verified, θ_g where the
+:mod:`muloco.run_loading` (newest complete checkpoint or ``--step``, verified, θ_g where the
 run has one), a folder by building the architecture its ``config.json`` states and mapping its
 safetensors weights in with torchtitan's Llama 3 adapter, the same mapping export writes with.
 Nothing is unpickled; no code from the folder runs.
@@ -119,6 +119,8 @@ def from_hf_folder(folder: Path, device: torch.device) -> Source:
     if not causal and theirs.get("mask_token_id") not in (None, tokenizer.mask_id):
         raise SourceError(f"{folder}: config.json's mask_token_id {theirs['mask_token_id']} is not its tokenizer's "
                           f"mask token ({tokenizer.mask_id})")
-    return Source(model=model, tokenizer=tokenizer, causal=causal,
-                  max_length=int(theirs.get("max_position_embeddings") or 2048), results_dir=folder,
+    from muloco.compat.llada import is_llada, llama_view
+
+    length = (llama_view(theirs) if is_llada(theirs) else theirs).get("max_position_embeddings") or 2048
+    return Source(model=model, tokenizer=tokenizer, causal=causal, max_length=int(length), results_dir=folder,
                   facts={"source": "huggingface", "objective": "ar" if causal else "mdlm", "weights": "folder"})

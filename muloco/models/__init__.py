@@ -75,16 +75,12 @@ class Architecture:
     @classmethod
     def of_flavor(cls, cfg: ModelConfig, vocab_size: int) -> "Architecture":
         """A model-map flavor's shapes, or, for ``hf:DIR``, those of that folder's ``config.json``
-        (its vocabulary size too: the tokenizer's must fit in it)."""
+        (its vocabulary size too; the config checks that the tokenizer's ids fit in it)."""
         folder = hf_folder(cfg.flavor)
         if folder is not None:
             from muloco.hf_config import architecture, read
 
-            arch = architecture(read(folder))
-            if arch.vocab_size < vocab_size:
-                raise ValueError(f"model.flavor {cfg.flavor}: its vocab_size {arch.vocab_size} is smaller than the "
-                                 f"tokenizer's {vocab_size}; use the folder's tokenizer (--tokenizer.path {folder})")
-            return arch
+            return architecture(read(folder))
         flavor = parse_flavor(cfg.flavor)
         s = flavor.shape
         return cls(dim=s.dim, depth=s.depth, heads=s.heads, kv_heads=s.heads, head_dim=s.head_dim,

@@ -226,7 +226,8 @@ def _evaluations(folder: Path) -> dict[str, float]:
             _warn(f"{path}: not an evaluation record; skipped")
             continue
         metrics = record["metrics"]
-        name = next((m for m in EVAL_METRICS if isinstance(metrics.get(m), (int, float))), None)
+        numbers = [k for k, v in metrics.items() if isinstance(v, (int, float)) and "_stderr" not in k]
+        name = next((k for m in EVAL_METRICS for k in numbers if k.split("/")[0] == m), None)  # "/": a filter
         if name:
             found[f"{record.get('task', path.stem)} {name}"] = float(metrics[name])
     return found

@@ -231,15 +231,16 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         sent = d["bytes_sent"]
         logger.info(
             f"DiLoCo replica {d['replica_id']}: syncs committed {d['syncs_committed']}/{d['syncs']}, "
-            f"sync time {d['sync_seconds_total']:.1f}s ({100 * (d['sync_share_of_wall_time'] or 0):.1f}% of wall), "
+            f"sync time {d['sync_seconds_total']:.1f}s ({100 * (d['sync_share_of_wall_time'] or 0):.1f}% of wall"
+            + (f"; includes the {d['link']}" if d.get("link") else "") + "), "
             f"bytes sent {sent / mb:,.1f}MB received {d['bytes_received'] / mb:,.1f}MB"
             + (f"; a per-step fp32 all-reduce would have sent {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB "
                f"({d['per_step_fp32_allreduce_bytes'] / sent:,.0f}x more)" if sent else " (one replica group: nothing to send)")
         )
         total = d["sync_seconds_total"] or 0.0
         if total:
-            parts = ", ".join(f"{part} {100 * sec / total:.0f}%" for part, sec in d["sync_seconds_by_part"].items()
-                              if sec / total >= 0.005)
+            parts = ", ".join(f"{'link (emulated)' if part == 'link' else part} {100 * sec / total:.0f}%"
+                              for part, sec in d["sync_seconds_by_part"].items() if sec / total >= 0.005)
             logger.info(f"DiLoCo replica {d['replica_id']}: sync time by part: {parts}; peak extra memory of a "
                         f"sync {d['sync_peak_extra_bytes'] / mb:,.1f}MB")
         heals = ", ".join(f"{h['phase']}: from replica {h['peer']} to step {h['step_to']} (sync {h['sync']}, "

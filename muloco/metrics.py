@@ -35,7 +35,8 @@ def _fmt_duration(seconds: float) -> str:
 
 
 _PART_LABELS = {"quorum": "quorum", "wait_slowest": "waiting for the slowest", "pseudo_gradient": "Δ",
-                "encode": "encode", "collective": "collective", "decode": "decode/average",
+                "encode": "encode", "collective": "collective", "link": "link (emulated)",
+                "decode": "decode/average",
                 "commit": "commit", "outer_step": "outer step", "pull": "pull", "other": "other"}
 
 

@@ -9,7 +9,9 @@ sequences, the largest micro-batch per GPU (MuLoCo's LBS_MAP, seq 2048), the GPU
 global batch without gradient accumulation, and the tuned values with where each comes from:
 inner learning rates as MuLoCo's launchers set them, and weight decay tuned at batch 512 rescaled
 the way MuLoCo's launchers rescale it (× steps(512)/steps(B), ÷ K for DiLoCo/MuLoCo with
-``--replicas K``). ``--json`` prints one object per flavor. Pure Python: no torch import. Flavors are named like
+``--replicas K``). ``--json`` prints one object per flavor. With ``--link-mbps`` it plans the link
+between K replica groups instead (``muloco/link_plan.py``; that path imports torch for the exchange's
+wire format). The table itself is pure Python: no torch import. Flavors are named like
 MuLoCo's ``model_map``: ``llama3-w{dim}-d{depth}-h{heads}``, optionally followed by
 ``_qk_torch-rmsnorm`` (per-head QK RMSNorm) and ``_pa`` / ``_pf`` (post-attention /
 post-FFN norms). Shapes follow MuLoCo: no GQA, SwiGLU FFN of ``int(2.75 * dim)``,
@@ -247,7 +249,39 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="vocabulary size (default: Llama 3's)")
     p.add_argument("--replicas", type=int, default=1, help="K replica groups (DiLoCo/MuLoCo weight-decay rule)")
     p.add_argument("--json", action="store_true")
+    plan = p.add_argument_group(
+        "link planner", "with --link-mbps: what the link between the K replica groups costs one --flavor "
+        "(python -m muloco.model_map --flavor F --replicas K --link-mbps B --bits b --sync-every H --step-seconds s)")
+    plan.add_argument("--link-mbps", type=float, default=None, help="bandwidth between replica groups, each "
+                      "direction, in megabits per second (turns the planner on)")
+    plan.add_argument("--latency-ms", type=float, default=0.0, help="one-way latency per collective round")
+    plan.add_argument("--bits", type=int, default=32, help="32 | 16 (dense fp32 / bf16) | 8 | 4 | 2 | 1 (quantized)")
+    plan.add_argument("--strategy", default="auto", help="auto | allreduce | allgather | reduce_scatter")
+    plan.add_argument("--sync-every", type=int, default=30, help="H: inner steps between syncs")
+    plan.add_argument("--step-seconds", type=float, default=None, help="seconds per inner step (else from "
+                      "--mfu and --gpu)")
+    plan.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization, e.g. 0.4")
+    plan.add_argument("--gpu", default=None, help="h100 | h200 | a100 | b200 | l40s, or a peak in TFLOPS")
+    plan.add_argument("--gpus-per-group", type=int, default=1, help="GPUs of one replica group")
+    plan.add_argument("--streaming-fragments", type=int, default=1, help="n: fragments synced in turn")
+    plan.add_argument("--overlap", type=int, default=0, help="τ: inner steps each sync overlaps")
+    plan.add_argument("--max-share", type=float, default=0.05, help="largest share of a round on the link")
     return p
+
+
+def _plan(args, flavors: list[str]) -> str:
+    """The link planner's report (``muloco/link_plan.py``)."""
+    from muloco import link_plan
+
+    if len(flavors) != 1:
+        raise ValueError("--link-mbps plans one model: give exactly one --flavor")
+    inputs = link_plan.Inputs(
+        flavor=flavors[0], replicas=args.replicas, mbps=args.link_mbps, latency_ms=args.latency_ms, bits=args.bits,
+        strategy=args.strategy, sync_every=args.sync_every, step_seconds=args.step_seconds, mfu=args.mfu,
+        gpu=args.gpu, gpus_per_group=args.gpus_per_group, fragments=args.streaming_fragments,
+        overlap=args.overlap, max_share=args.max_share, global_batch=args.global_batch, seq_len=args.seq_len,
+        vocab=args.vocab)
+    return link_plan.text(link_plan.plan(inputs))
 
 
 def _check(args) -> list[str]:
@@ -283,6 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         flavors = _check(args)
+        if args.link_mbps is not None:
+            print(_plan(args, flavors))
+            return 0
     except (ValueError, UnknownFlavorError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -78,7 +78,15 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "error_feedback": {"enabled": bool(ef.enabled) and lossy, "beta": ef.beta},
         "strategy": _variant_name(exchange.resolved_strategy()),
         "skip_pattern": exchange.skip_pattern,
+        "link": _link_facts(getattr(outer, "link", None)),
     }
+
+
+def _link_facts(link: Any) -> dict[str, float] | None:
+    """The emulated link (None: the real network)."""
+    if link is None or not link.enabled:
+        return None
+    return {"mbps": float(link.mbps), "latency_ms": float(link.latency_ms)}
 
 
 def data_facts(dataloader: Any) -> dict[str, Any]:

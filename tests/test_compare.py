@@ -247,3 +247,28 @@ def test_sigterm_stops_the_running_run_with_the_suite(tmp_path):
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+@pytest.mark.timeout(900)
+def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path):
+    """``--link``: the row runs again over an emulated link (its own folder) and a second table
+    gives its wall-clock to the dense DiLoCo run's final loss, its link share and a PNG."""
+    out = tmp_path / "suite"
+    args = ["--only", "DiLoCo K=2", "--steps", "4", "--link", "2mbps", "--out", str(out), "--", *TINY_SUITE]
+    code, dry, _ = _compare([*args[:-len(TINY_SUITE) - 1], "--dry-run", "--", *TINY_SUITE], REPO, timeout=300)
+    assert code == 0 and "_link2mbps_seed0" in dry and "--outer.link.mbps 2 --outer.link.latency_ms 0" in dry
+    code, stdout, stderr = _compare(args, REPO)
+    assert code == 0, stdout + stderr[-4000:]
+    result = json.loads((out / "compare.json").read_text())
+    links = result["links"]
+    assert links["target_source"] == "DiLoCo K=2's final loss" and links["target"] == result["rows"][0]["final_loss"]
+    [row] = links["rows"]
+    assert row["run"] == "DiLoCo K=2" and row["link_mbps"] == 2 and row["seeds"] == 1
+    assert row["final_loss"] == links["target"]  # the emulated link changes no number of the training
+    assert row["time_to_target_s"] is not None and 0 < row["time_to_target_s"] <= row["wall_seconds"]
+    assert 0 < row["link_share"] < 1
+    assert "over emulated links" in stdout and "2 Mbps" in stdout and "fastest to target, per link" in stdout
+    assert (out / "loss_vs_wallclock_2mbps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Time to target over emulated links" in (out / "compare.md").read_text()
+    code, _, err = _compare(["--link", "fast", "--dry-run"], REPO, timeout=300)
+    assert code == 2 and "--link: 'fast' is not a link speed" in err

@@ -56,7 +56,7 @@ def _committed_hashes(dump, replica):
 @pytest.mark.parametrize(
     "k,extra",
     [
-        (2, ()),
+        (2, ("--outer.link.mbps", "20", "--outer.link.latency_ms", "2")),  # over an emulated 20 Mbps link
         (3, ("--outer.num_fragments", "2", "--outer.fragment_sync_delay", "2", "--outer.fragment_update_alpha", "0.5")),
         (2, ("--optimizer.name", "Muon", "--optimizer.lr", "0.02", "--outer.exchange.codec", "quantize",  # MuLoCo
              "--outer.exchange.codec.bits", "2", "--outer.exchange.skip_pattern", r"norm\.weight$",
@@ -98,7 +98,17 @@ def test_replicas_train_and_hold_identical_global_params_after_every_sync(cluste
         assert all(r["contributors"] == r["participants"] == k for r in syncs(dump, i))
         for r in syncs(dump, i):  # the blocked time, part by part, adds up to it
             parts = [v for key, v in r.items() if key.startswith("time_")]
-            assert len(parts) == 10 and abs(sum(parts) - r["seconds"]) < 1e-6 and r["peak_extra_bytes"] > 0
+            assert len(parts) == 11 and abs(sum(parts) - r["seconds"]) < 1e-6 and r["peak_extra_bytes"] > 0
+            # an emulated link (τ = 0): the sync is held at least as long as the model says its bytes take
+            if "--outer.link.mbps" in extra:
+                modeled = r["bytes_sent"] * 8 / 20e6 + 2 * (k - 1) * 0.002
+                assert r["time_link"] > 0 and r["seconds"] >= modeled
+            else:
+                assert r["time_link"] == 0
+        if "--outer.link.mbps" in extra:  # every printed figure that includes it says so
+            assert s["link"] == "emulated link 20 Mbps, 2 ms per round"
+            log = c.logs[f"r{i}"].read_text()
+            assert "includes the emulated link 20 Mbps" in log and "link (emulated)" in log
         assert summary(dump, i)["final_validation_loss"] is not None
     assert len(final_validation) == 1  # every replica validated the same θ_g on the same data
 

@@ -26,8 +26,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from muloco.compare import runner, table
-from muloco.compare.suites import DATA, SUITES, Planned, SuiteError, plan
+from muloco.compare import runner, table, timing
+from muloco.compare.suites import DATA, SUITES, Planned, SuiteError, over_links, plan
+from muloco.link_model import parse_rate
 from muloco.launch.cli import UsageError, parse
 from muloco.launch.group import TrainerConfigError
 
@@ -56,6 +57,13 @@ class CompareOptions:
     """Steps per replica group instead of the suite's."""
     dry_run: bool = False
     """Print the runs and their commands; start nothing."""
+    link: list[str] = field(default_factory=list)
+    """Emulated links to time the runs over, e.g. 100mbps,1gbps,10gbps: each row with replica groups
+    runs again per link, and a table gives the wall-clock to the target loss."""
+    link_latency_ms: float = 0.0
+    """Latency per collective round of the emulated links, in milliseconds."""
+    target: float | None = None
+    """The loss the time-to-target is measured to (default: the dense DiLoCo K=2 run's final loss)."""
 
 
 def _resolve(p: Planned) -> None:
@@ -77,6 +85,19 @@ def _check(args: CompareOptions) -> None:
         raise UsageError(f"--device {args.device!r}: use cpu or cuda")
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps {args.steps}: must be at least 1")
+    if not (args.link_latency_ms >= 0):
+        raise UsageError(f"--link-latency-ms {args.link_latency_ms}: must be a number >= 0")
+
+
+def _links(values: list[str]) -> list[float]:
+    """``--link 100mbps,1gbps`` (or as separate values) in megabits per second."""
+    try:
+        links = [parse_rate(v) for value in values for v in value.split(",") if v.strip()]
+    except ValueError as err:
+        raise UsageError(f"--link: {err}") from None
+    if len(set(links)) != len(links):
+        raise UsageError(f"--link {','.join(values)}: a link speed is given twice")
+    return links
 
 
 def _check_device(device: str, suite_name: str) -> None:
@@ -117,10 +138,39 @@ def _environment(device: str) -> dict[str, str]:
     return env
 
 
-def _finish(suite, planned: list[Planned], folder: Path) -> None:
-    """Print and write the table, the targets and the plots."""
+def _target(args: CompareOptions, values: list[dict], linked: list[Planned], folder: Path) -> tuple[float, str]:
+    """The loss the time to target is measured to, and where it came from."""
+    if args.target is not None:
+        return args.target, "--target"
+    reference = next((r for r in values if r["run"] == timing.DILOCO_REFERENCE), None)
+    if reference and reference["final_loss"] is not None:
+        return reference["final_loss"], f"{timing.DILOCO_REFERENCE}'s final loss"
+    finals = [timing.curve(folder / p.name) for p in linked if p.row.label == timing.DILOCO_REFERENCE]
+    finals = [c.loss[-1] for c in finals if c and c.loss]
+    if finals:
+        return sum(finals) / len(finals), f"{timing.DILOCO_REFERENCE}'s final loss over the links"
+    raise UsageError(f"no {timing.DILOCO_REFERENCE} run to take the target loss from: add it to --only or give --target")
+
+
+def _finish_links(args: CompareOptions, values: list[dict], linked: list[Planned], folder: Path) -> dict:
+    target, source = _target(args, values, linked, folder)
+    timed = [timing.Timed(p.row.label, p.link_mbps, p.seed, folder / p.name) for p in linked]
+    rows = timing.mean_rows([t.row(target) for t in timed])
+    text = timing.text(rows, target, source)
+    order = "\n".join(timing.orderings(rows))
+    print(f"\n{text}\n\nfastest to target, per link:\n{order}")
+    timing.plot(timed, folder, target)
+    with open(folder / "compare.md", "a") as f:
+        f.write(f"\nTime to target over emulated links:\n\n```\n{text}\n\nfastest to target, per link:\n{order}\n```\n")
+    return {"target": target, "target_source": source, "rows": rows}
+
+
+def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | None = None) -> None:
+    """Print and write the table, the targets and the plots (and the links' table)."""
     from muloco.report import write_plots
 
+    linked = [p for p in planned if p.link_mbps is not None]
+    planned = [p for p in planned if p.link_mbps is None]
     found = table.lines(suite, planned, folder)
     values = table.rows(suite, found)
     checks = table.targets(suite, values)
@@ -132,9 +182,10 @@ def _finish(suite, planned: list[Planned], folder: Path) -> None:
     if seed0:
         write_plots(seed0, folder)
     (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n\nTargets:\n\n```\n{targets}\n```\n")
-    (folder / "compare.json").write_text(json.dumps(
-        {"suite": suite.name, "rows": values, "targets": [{"target": t, "met": ok} for t, ok in checks]},
-        indent=2) + "\n")
+    result = {"suite": suite.name, "rows": values, "targets": [{"target": t, "met": ok} for t, ok in checks]}
+    if linked:
+        result["links"] = _finish_links(args or CompareOptions(), values, linked, folder)
+    (folder / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(args.out or f"outputs/compare/{suite.name}-{args.objective}-{data_label}")
         planned = plan(suite, objective=args.objective, data=args.data, seeds=args.seeds, steps=args.steps,
                        extra=extra, only=args.only)
+        planned += over_links(suite, planned, _links(args.link), args.link_latency_ms, extra)
         for p in planned:
             _resolve(p)
     except (UsageError, SuiteError) as err:
@@ -168,7 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runner.stop_on_sigterm()
     states = runner.run_all(planned, folder, env=_environment(device), share_gpus=_share_gpus(device, planned))
-    _finish(suite, planned, folder)
+    try:
+        _finish(suite, planned, folder, args)
+    except UsageError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
     failed = [name for name, state in states.items() if state != "COMPLETED"]
     if failed:
         print(f"{PROG}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in {folder / 'logs'}; "

@@ -54,6 +54,8 @@ class Shape:
     validation_steps: int
     log_every: int
     extra: tuple[str, ...] = ()
+    sync_every: int = 30
+    """H of the shipped configs: runs over an emulated link validate θ_g this often (every sync)."""
 
     def overrides(self, row: Row) -> list[str]:
         batch = self.local_batch * (2 if row.ddp else 1)  # DDP: the K=2 runs' global batch
@@ -143,6 +145,8 @@ class Planned:
     name: str = ""
     steps: int = 0
     local_batch: int = 0
+    link_mbps: float | None = None
+    """The emulated link this run trains over (None: the real network)."""
 
 
 def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | None = None,
@@ -168,3 +172,21 @@ def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | No
                 flags += ["--training.steps", str(steps)]
             planned.append(Planned(row, seed, flags + list(extra or [])))
     return planned
+
+
+def over_links(suite: Suite, planned: list[Planned], links: list[float], latency_ms: float = 0.0,
+               extra: list[str] | None = None) -> list[Planned]:
+    """Each run with replica groups again per emulated link (``--outer.link.mbps``), validating θ_g
+    at every sync (the suite's H; the user's ``extra`` flags still come last and win) so its time to
+    a loss is read sync by sync; DDP rows have no link to emulate."""
+    out = []
+    tail = len(extra or [])
+    for mbps in links:
+        for p in planned:
+            if p.row.ddp:
+                continue
+            own = p.overrides[:len(p.overrides) - tail]
+            flags = [*own, "--outer.link.mbps", f"{mbps:g}", "--outer.link.latency_ms", f"{latency_ms:g}",
+                     "--validator.freq", str(suite.shape.sync_every), *p.overrides[len(own):]]
+            out.append(Planned(p.row, p.seed, flags, link_mbps=mbps))
+    return out

@@ -147,7 +147,17 @@ def run_name(cfg) -> str:
     parts.append(f"lr{cfg.optimizer.lr:g}")
     if outer is not None:
         parts.append(f"olr{outer['optimizer']['lr']:g}")
+        if outer.get("link"):  # an emulated link: its own folder (the same training, other wall times)
+            parts.append(_link_label(outer["link"]))
     return "_".join(p for p in parts if p)
+
+
+def _link_label(link: dict) -> str:
+    """``link100mbps``, ``link1gbps-50ms``: the emulated link as a folder name says it."""
+    from muloco.link_model import format_rate
+
+    latency = f"-{link['latency_ms']:g}ms" if link.get("latency_ms") else ""
+    return "link" + format_rate(link["mbps"]).replace(" ", "").lower() + latency
 
 
 # -- the manifest ----------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from muloco.outer.coordinator import (
     coordination,
 )
 from muloco.outer.exchange import PARTS, Exchange, PendingExchange
+from muloco.outer.exchange.link import Link
 from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.placement import Placement, resolve_backup_device
 from muloco.outer.schedule import SyncSchedule, model_fragments
@@ -101,7 +102,7 @@ def _parts(sync: "_Open", clock: _Clock, seconds: float) -> dict[str, float]:
     parts = dict.fromkeys(PARTS, 0.0)
     parts["wait_slowest"] = min(slowest or 0.0, sync.quorum_seconds)
     parts["quorum"] = sync.quorum_seconds - parts["wait_slowest"]
-    for name in ("pseudo_gradient", "encode", "collective", "decode"):
+    for name in ("pseudo_gradient", "encode", "collective", "link", "decode"):
         parts[name] = exchange.get(name, 0.0)
     for name in ("commit", "outer_step", "pull"):
         parts[name] = clock.laps.get(name, 0.0)
@@ -225,6 +226,9 @@ class OuterLoop(Configurable):
         accelerator), device, or cpu (saves accelerator memory; pinned on CUDA)."""
         optimizer: OuterOptimizer.Config = field(default_factory=OuterOptimizer.Config)
         exchange: Exchange.Config = field(default_factory=Exchange.Config)
+        link: Link.Config = field(default_factory=Link.Config)
+        """An emulated slow link between the replica groups (off by default): each collective of
+        the exchange is held for the time its bytes would take (``outer/exchange/link.py``)."""
 
         def schedule(self) -> SyncSchedule:
             return SyncSchedule(self.sync_every, self.num_fragments, self.fragment_sync_delay)
@@ -233,6 +237,7 @@ class OuterLoop(Configurable):
             self.schedule()
             self.optimizer.validate()
             self.exchange.validate()
+            self.link.validate()
             if not 0.0 <= self.fragment_update_alpha <= 1.0:
                 raise ValueError(
                     f"outer.fragment_update_alpha must be in [0, 1], got {self.fragment_update_alpha}"
@@ -262,7 +267,7 @@ class OuterLoop(Configurable):
         self.fragments = [
             _Fragment(f, self.placement, config.optimizer) for f in model_fragments(model, config.num_fragments)
         ]
-        self.exchange = config.exchange.build(device=device)
+        self.exchange = config.exchange.build(device=device, link=config.link.build())
         for frag in self.fragments:
             self.exchange.allocate(frag.names, frag.locals())
         self.records: list[SyncRecord] = []
@@ -590,6 +595,7 @@ class OuterLoop(Configurable):
                                   | {r.healed_from for r in recs if r.healed_from is not None}),
             "final_global_sha256": self.fingerprint(),
             "exchange": self.exchange.describe(),
+            "link": self.config.link.describe() if self.config.link.enabled else None,
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,
             "outer_parameters": self.num_params,
         }

@@ -43,6 +43,7 @@ from muloco.compress import CodecConfig, Dense, ErrorFeedback
 from muloco.compress.dense import DTYPES
 from muloco.compress.kernels import KERNELS, use_compiled
 from muloco.outer.exchange.layout import COMPRESSED, DENSE, FragmentLayout, cut
+from muloco.outer.exchange.link import Link, Transfer
 from muloco.outer.exchange.pipeline import PendingExchange, Plan, Sync
 from muloco.outer.exchange.strategies import STRATEGIES, AllGather, AllReduce, StrategyConfig
 
@@ -105,10 +106,11 @@ class Exchange(Configurable):
                 return self.strategy
             return AllReduce.Config() if isinstance(self.codec, Dense.Config) else AllGather.Config()
 
-    def __init__(self, config: Config, *, device: torch.device | None = None):
+    def __init__(self, config: Config, *, device: torch.device | None = None, link: Link | None = None):
         config.validate()
         self.config = config
         self.device = device or torch.device("cpu")
+        self.link = link or Link.Config().build()
         self.compiled = use_compiled(config.kernels, self.device)
         self.codec = config.codec.build(compiled=self.compiled)
         self.codecs = {COMPRESSED: self.codec, DENSE: Dense.Config(dtype=config.skip_dtype).build()}
@@ -123,8 +125,9 @@ class Exchange(Configurable):
         ef = f"error feedback β={self.feedback.beta:g}" if fed else "no error feedback"
         skip = f", {self.config.skip_pattern!r} dense {self.config.skip_dtype}" if self.skip else ""
         kernels = "compiled" if self.compiled else "eager"
+        link = f", {self.link.config.describe()}" if self.link.enabled else ""
         return (f"{self.codec.describe()}, {ef}, {self.strategy.name}{skip}, buckets of "
-                f"{self.config.bucket_mb:g} MB, {kernels} kernels")
+                f"{self.config.bucket_mb:g} MB, {kernels} kernels{link}")
 
     # ------------------------------------------------------------------- state
 
@@ -133,7 +136,7 @@ class Exchange(Configurable):
         residuals so a checkpoint load (DCP loads in place) finds them."""
         layout = FragmentLayout(names, [t.shape for t in tensors], self.skip)
         self.plans[tuple(names)] = Plan(layout, self.strategy, self.codecs, self.feedback, self.bucket_numel,
-                                        self.config.pipeline_depth, self.device)
+                                        self.config.pipeline_depth, self.device, self.link)
         for stream, codec in self.codecs.items():
             if self.feedback.applies_to(codec) and layout.numel[stream]:
                 self.feedback.allocate(f"{layout.key}/{stream}", layout.numel[stream], tensors[0].device)
@@ -174,19 +177,36 @@ class Exchange(Configurable):
             raise ValueError(f"exchange.allocate was not called for the fragment {names[0]}..{names[-1]}")
         return Sync(plan, manager, fill, contributes=contributes, quorum_seconds=quorum_seconds)
 
-    def wire_bytes(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> dict[str, float]:
-        """Bytes replica ``rank`` sends and receives in one sync of a fragment with ``numel``
-        compressed and ``numel_dense`` skipped elements, and its payload, from the wire
-        format alone (what the exchange counts from its buffers), for any K."""
-        total = {"payload": 0.0, "sent": 0.0, "received": 0.0}
+    def wire_phases(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> list[dict[str, float]]:
+        """Replica ``rank``'s collectives in one sync of a fragment with ``numel`` compressed and
+        ``numel_dense`` skipped elements, from the wire format alone, for any K: per collective
+        its payload and the bytes it sends and receives (what the exchange counts from its
+        buffers; a sync's one-off bytes ride with its first collective, as they are issued)."""
+        phases: list[dict[str, float]] = []
         layout_numel = {COMPRESSED: numel, DENSE: numel_dense}
         for stream, codec in self.codecs.items():
             for a, b in cut(layout_numel[stream], self.bucket_numel, codec.alignment):
-                for key, value in self.strategy.bucket_bytes(k, codec, b - a, rank).items():
-                    total[key] += value
-        for key, value in self.strategy.sync_bytes(k, rank).items():
-            total[key] += value
+                phases += [dict(p) for p in self.strategy.bucket_phases(k, codec, b - a, rank)]
+        once = self.strategy.sync_bytes(k, rank)
+        if not phases:
+            phases.append({"payload": 0.0, "sent": 0.0, "received": 0.0})
+        for key, value in once.items():
+            phases[0][key] = phases[0].get(key, 0.0) + value
+        return phases
+
+    def wire_bytes(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> dict[str, float]:
+        """Bytes replica ``rank`` sends and receives in one sync (and its payload): the sum of
+        :meth:`wire_phases`."""
+        total = {"payload": 0.0, "sent": 0.0, "received": 0.0}
+        for phase in self.wire_phases(k, numel, numel_dense, rank):
+            for key in total:
+                total[key] += phase.get(key, 0.0)
         return total
+
+    def link_transfers(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> list[Transfer]:
+        """The collectives of one sync as the emulated link sees them (``link.py``)."""
+        rounds = self.strategy.rounds(k) if k > 1 else 0
+        return [Transfer(p["sent"], p["received"], rounds) for p in self.wire_phases(k, numel, numel_dense, rank)]
 
 
 def _rank_key() -> str:

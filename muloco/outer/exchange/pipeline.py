@@ -18,9 +18,12 @@ the sync holds, counted where they are allocated and released (the codecs' short
 temporaries, a few buckets' worth, are not in it).
 
 Time: the parts of the blocked time are measured where they happen (quorum, Δ, commit,
-outer step, pull on the caller's side; encode, collective, decode on the worker's). The
+outer step, pull on the caller's side; encode, collective, link, decode on the worker's). The
 worker's time counts only where the caller waits for it: its intervals are intersected
 with the caller's wait, so the parts add up to the blocked time (the rest is ``other``).
+With an emulated link (``link.py``) each collective is held after it completes until its
+emulated end; that hold is the part ``link``, and what τ inner steps overlap of it is hidden
+exactly as the real collective would be. Times come from the link's clock.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import threading
-import time
 import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
@@ -39,16 +41,18 @@ from muloco.compress import Codec, ErrorFeedback
 from muloco.compress.packing import from_bytes
 from muloco.outer.exchange import collectives
 from muloco.outer.exchange.layout import Bucket, FragmentLayout
+from muloco.outer.exchange.link import Clock, Link, Transfer
 
 HEADER_BYTES = 5
 """Each payload starts with its sender's flag (1: contributes, 0: sends zeros) and the
 sender's quorum time in seconds (float32), from which the time spent waiting for the
 slowest replica is told apart from the quorum's own cost."""
 
-PARTS = ("quorum", "wait_slowest", "pseudo_gradient", "encode", "collective", "decode", "commit", "outer_step",
-         "pull", "other")
+PARTS = ("quorum", "wait_slowest", "pseudo_gradient", "encode", "collective", "link", "decode", "commit",
+         "outer_step", "pull", "other")
 """The blocked time of a sync, part by part (``wait_slowest`` is the part of the quorum spent
-waiting for the last replica to arrive, where the strategy carries the headers to tell)."""
+waiting for the last replica to arrive, where the strategy carries the headers to tell;
+``link`` the emulated link's hold, 0 without one)."""
 
 
 class Tally:
@@ -75,16 +79,17 @@ class Tally:
 class PartTimer:
     """Intervals of named work on one thread; attributed later to a window of another."""
 
-    def __init__(self):
+    def __init__(self, clock: Clock | None = None):
+        self.clock = clock or Clock()
         self.segments: list[tuple[str, float, float]] = []
 
     @contextlib.contextmanager
     def __call__(self, part: str):
-        start = time.perf_counter()
+        start = self.clock.now()
         try:
             yield
         finally:
-            self.segments.append((part, start, time.perf_counter()))
+            self.segments.append((part, start, self.clock.now()))
 
     def within(self, start: float, end: float) -> dict[str, float]:
         out: dict[str, float] = collections.defaultdict(float)
@@ -150,6 +155,8 @@ class Plan:
     depth: int
     """Buckets in flight."""
     device: torch.device
+    link: Link
+    """The emulated link (off by default: nothing is held)."""
 
 
 class Sync(PendingExchange):
@@ -160,13 +167,18 @@ class Sync(PendingExchange):
         self.manager, self.plan, self.strategy, self.device = manager, plan, plan.strategy, plan.device
         self.contributes, self.quorum_seconds = contributes, quorum_seconds
         self.k, self.rank = collectives.group_size(manager), collectives.group_rank(manager)
-        self.tally, self.timer = Tally(), PartTimer()
+        self.clock = plan.link.clock
+        self.link = plan.link.session()
+        self._unsent = [0.0, 0.0]
+        """Bytes counted since the last collective was put on the link (sent, received)."""
+        self.tally, self.timer = Tally(), PartTimer(self.clock)
         self.times = {}
         self.peers_quorum_seconds: list[float] | None = None
         self.contributor_count = None
         """The all-reduce strategy's one count of contributors per sync (it sets it)."""
         self._error: BaseException | None = None
-        started = time.perf_counter()
+        self._started = started = self.clock.now()
+        self._worker_end = started
         self.deltas = {s: self.tally.track(b) for s, b in plan.layout.new_buffers(plan.device).items()}
         with torch.no_grad():  # Δ is data, not part of any graph (the caller may have grad mode on)
             fill(plan.layout.views(self.deltas))
@@ -175,7 +187,7 @@ class Sync(PendingExchange):
         self._streams = _SideStream.after_current(plan.device)
         self._thread = threading.Thread(target=self._work, name="muloco-exchange", daemon=True)
         self._thread.start()
-        self.times["pseudo_gradient"] = time.perf_counter() - started
+        self.times["pseudo_gradient"] = self.clock.now() - started
 
     def _jobs(self, codecs: dict[str, Codec], feedback: ErrorFeedback, bucket_numel: int) -> list[Job]:
         """With error feedback, averages go to buffers of their own: Δ's keep the replaced residuals."""
@@ -195,6 +207,7 @@ class Sync(PendingExchange):
     # ------------------------------------------------------------------ worker
 
     def _work(self) -> None:
+        self.clock.start_thread(self._started)
         try:
             with self._streams.side(), torch.no_grad():  # grad mode is per thread: off here too
                 self._schedule()
@@ -202,6 +215,7 @@ class Sync(PendingExchange):
             self._error = err
         finally:
             self._streams.record_done()
+            self._worker_end = self.clock.now()
 
     def _schedule(self) -> None:
         """Each bucket's generator runs to its first collective; the oldest in flight is
@@ -215,18 +229,23 @@ class Sync(PendingExchange):
             self._resume(active)
 
     def _resume(self, active) -> None:
-        gen, pending = active.popleft()
+        gen, pending, held_until = active.popleft()
         with self.timer("collective"):
             pending.wait()
+        if held_until is not None and not self.failed():
+            with self.timer("link"):
+                self.link.hold(held_until)
         self._advance(active, gen)
 
-    @staticmethod
-    def _advance(active, gen) -> None:
-        """Run ``gen`` to its next collective (queued behind the others), or to its end."""
+    def _advance(self, active, gen) -> None:
+        """Run ``gen`` to its next collective (queued behind the others, on the link too), or to its end."""
         try:
-            active.append((gen, next(gen)))
+            pending = next(gen)
         except StopIteration:
-            pass
+            return
+        sent, received = self._unsent
+        self._unsent = [0.0, 0.0]
+        active.append((gen, pending, self.link.reserve(Transfer(sent, received, self.strategy.rounds(self.k)))))
 
     # ------------------------------------------------- used by the strategies
 
@@ -267,17 +286,21 @@ class Sync(PendingExchange):
         codec.mean_into(out, rows[chosen] if len(chosen) < rows.shape[0] else rows)
 
     def count(self, *, sent: float = 0, received: float = 0, payload: int = 0) -> None:
+        """Bytes of a collective being issued (the emulated link carries them with it)."""
         self.bytes_sent += sent
         self.bytes_received += received
         self.payload_bytes += payload
+        self._unsent[0] += sent
+        self._unsent[1] += received
 
     # ------------------------------------------------------------------ caller
 
     def wait(self) -> list[torch.Tensor]:
-        started = time.perf_counter()
+        started = self.clock.now()
         self._thread.join()
+        self.clock.sleep_until(self._worker_end)  # a no-op on the real clock: the worker is done
         self._streams.wait_done()
-        ended = time.perf_counter()
+        ended = self.clock.now()
         if self._error is not None:
             raise self._error
         for part, seconds in self.timer.within(started, ended).items():

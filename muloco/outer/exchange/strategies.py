@@ -57,10 +57,23 @@ class Strategy(Configurable):
     def run(self, sync: "Sync", job: "Job") -> Iterator:
         raise NotImplementedError
 
+    def rounds(self, k: int) -> int:
+        """Latency hops one of this strategy's collectives waits in sequence (``link.py``)."""
+        raise NotImplementedError
+
+    def bucket_phases(self, k: int, codec: Codec, numel: int, rank: int = 0) -> list[dict[str, float]]:
+        """One bucket of ``numel`` elements, collective by collective (in issue order): this
+        replica's payload, and the bytes each collective sends to and receives from the others."""
+        raise NotImplementedError
+
     def bucket_bytes(self, k: int, codec: Codec, numel: int, rank: int = 0) -> dict[str, float]:
         """One bucket of ``numel`` elements: this replica's payload, and the bytes its
         collectives send to and receive from the other replicas."""
-        raise NotImplementedError
+        total = {"payload": 0.0, "sent": 0.0, "received": 0.0}
+        for phase in self.bucket_phases(k, codec, numel, rank):
+            for key, value in phase.items():
+                total[key] += value
+        return total
 
     def sync_bytes(self, k: int, rank: int = 0) -> dict[str, float]:
         """What a sync carries once, beyond its buckets."""
@@ -117,10 +130,13 @@ class AllReduce(Strategy):
             sync.count(payload=4, sent=ring, received=ring)
         return counter
 
-    def bucket_bytes(self, k, codec, numel, rank=0):
+    def rounds(self, k):
+        return 2 * (k - 1)
+
+    def bucket_phases(self, k, codec, numel, rank=0):
         payload = codec.payload_bytes(numel)
         ring = 2 * (k - 1) / k * payload
-        return {"payload": payload, "sent": ring, "received": ring}
+        return [{"payload": payload, "sent": ring, "received": ring}]
 
     def sync_bytes(self, k, rank=0):
         ring = 2 * (k - 1) / k * 4
@@ -159,9 +175,12 @@ class AllGather(Strategy):
             rows = sync.tally.track(job.codec.decode(gathered[:, HEADER_BYTES:], job.numel))
             sync.average_into(job.out, rows, flags, job.codec)
 
-    def bucket_bytes(self, k, codec, numel, rank=0):
+    def rounds(self, k):
+        return k - 1
+
+    def bucket_phases(self, k, codec, numel, rank=0):
         payload = HEADER_BYTES + codec.payload_bytes(numel)
-        return {"payload": payload, "sent": (k - 1) * payload, "received": (k - 1) * payload}
+        return [{"payload": payload, "sent": (k - 1) * payload, "received": (k - 1) * payload}]
 
 
 class _RangeCodec(Codec):
@@ -240,11 +259,12 @@ class ReduceScatter(Strategy):
     def _second_phase_bytes(k: int, sizes: list[int], me: int) -> dict[str, float]:
         return {"sent": (k - 1) * sizes[me], "received": sum(s for j, s in enumerate(sizes) if j != me)}
 
-    def bucket_bytes(self, k, codec, numel, rank=0):
+    def rounds(self, k):
+        return 1 if k > 1 else 0
+
+    def bucket_phases(self, k, codec, numel, rank=0):
         sizes = [codec.payload_bytes(b - a) for a, b in ranges(numel, k, codec.alignment)]
-        first, second = self._first_phase_bytes(k, sizes, rank), self._second_phase_bytes(k, sizes, rank)
-        return {"payload": first["payload"], "sent": first["sent"] + second["sent"],
-                "received": first["received"] + second["received"]}
+        return [self._first_phase_bytes(k, sizes, rank), self._second_phase_bytes(k, sizes, rank)]
 
 
 StrategyConfig = (

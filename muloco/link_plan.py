@@ -1,0 +1,303 @@
+"""The link planner: what a link between replica groups will cost a run, before a cluster is booked.
+
+``python -m muloco.model_map --flavor F --replicas K --link-mbps B --bits b --sync-every H
+--step-seconds s [--streaming-fragments n --overlap τ --max-share 0.05]`` projects, for one
+replica of K, the time a sync spends on the link, its share of a round of H inner steps, the
+H or the bits that keep that share under ``--max-share``, and the tokens per second per
+replica group that follow.
+
+The sync time is the emulated link's model (``muloco/link_model.py``) applied to the bytes the
+exchange would hand its collectives (``Exchange.link_transfers``, the wire format the exchange
+counts its real bytes by), so the planner and a run with ``--outer.link.mbps B`` agree on the
+link part of a sync. What the planner leaves out, and a measured sync has: the quorum, encoding
+and decoding, the outer step (small beside a slow link; ``docs``' comparison shows how small).
+
+A round: H inner steps of ``s`` seconds, then the sync's time on the link less what the τ
+overlapped inner steps hide (streaming: with n fragments, n syncs of 1/n of the model per
+round, each overlapped by τ steps). Step time is ``--step-seconds``, or FLOPs per step over
+``--mfu`` × the peak of ``--gpu`` × ``--gpus-per-group`` (torchtitan's 6·N + 12·L·d·T FLOPs
+per token; both numbers come from the user, the peak table is printed where it is used).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from muloco.link_model import format_rate
+from muloco.model_map import LLAMA3_VOCAB, count_embedding_parameters, count_parameters, parse_flavor
+
+GPU_PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0, "a100": 312.0, "b200": 2250.0, "l40s": 362.0}
+"""Dense bf16 peak TFLOPS by GPU (vendors' datasheets, SXM parts; no sparsity). ``--gpu`` also
+takes a number of TFLOPS."""
+
+BITS = (32, 16, 8, 4, 2, 1)
+"""What ``--bits`` offers: 32 and 16 dense (float32, bfloat16), 8 to 1 the statistical
+quantizer of the shipped compressed configs (norm weights dense in float32, as they send them)."""
+
+STRATEGIES = ("auto", "allreduce", "allgather", "reduce_scatter")
+
+
+class PlanError(ValueError):
+    """A planner input that cannot be planned: one line naming it and the fix."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    flavor: str
+    replicas: int
+    mbps: float
+    sync_every: int
+    bits: int = 32
+    latency_ms: float = 0.0
+    strategy: str = "auto"
+    step_seconds: float | None = None
+    mfu: float | None = None
+    gpu: str | None = None
+    gpus_per_group: int = 1
+    fragments: int = 1
+    overlap: int = 0
+    max_share: float = 0.05
+    global_batch: int = 512
+    seq_len: int = 2048
+    vocab: int = LLAMA3_VOCAB
+
+    def check(self) -> None:
+        parse_flavor(self.flavor)
+        if self.replicas < 2:
+            raise PlanError(f"--replicas {self.replicas}: a link joins at least 2 replica groups")
+        if not (math.isfinite(self.mbps) and self.mbps > 0):
+            raise PlanError(f"--link-mbps {self.mbps!r}: must be a positive number of megabits per second")
+        if not (math.isfinite(self.latency_ms) and self.latency_ms >= 0):
+            raise PlanError(f"--latency-ms {self.latency_ms!r}: must be a number >= 0")
+        if self.bits not in BITS:
+            raise PlanError(f"--bits {self.bits}: use one of {', '.join(map(str, BITS))}")
+        if self.strategy not in STRATEGIES:
+            raise PlanError(f"--strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}")
+        if self.bits < 16 and self.strategy == "allreduce":
+            raise PlanError(f"--strategy allreduce sums dense numbers only; with --bits {self.bits} use "
+                            "allgather or reduce_scatter")
+        if self.sync_every < 1 or self.fragments < 1 or self.sync_every % self.fragments:
+            raise PlanError(f"--sync-every {self.sync_every} must be a positive multiple of --streaming-fragments "
+                            f"{self.fragments}")
+        if not 0 <= self.overlap < self.sync_every // self.fragments:
+            raise PlanError(f"--overlap {self.overlap}: must be >= 0 and below H/n = "
+                            f"{self.sync_every // self.fragments} (the steps between two fragments' syncs)")
+        if not 0 < self.max_share < 1:
+            raise PlanError(f"--max-share {self.max_share}: a fraction between 0 and 1, e.g. 0.05")
+        if self.global_batch % self.replicas:
+            raise PlanError(f"--global-batch {self.global_batch} does not split over --replicas {self.replicas}")
+        if self.step_seconds is None:
+            if self.mfu is None or self.gpu is None:
+                raise PlanError("give the step time with --step-seconds, or --mfu and --gpu to derive it from the "
+                                "model's FLOPs (e.g. --mfu 0.4 --gpu h100)")
+            if not 0 < self.mfu <= 1:
+                raise PlanError(f"--mfu {self.mfu}: a fraction between 0 and 1, e.g. 0.4")
+            peak_tflops(self.gpu)
+            if self.gpus_per_group < 1:
+                raise PlanError(f"--gpus-per-group {self.gpus_per_group}: at least 1")
+        elif not (math.isfinite(self.step_seconds) and self.step_seconds > 0):
+            raise PlanError(f"--step-seconds {self.step_seconds}: must be positive")
+
+
+def peak_tflops(gpu: str) -> float:
+    try:
+        value = float(gpu)
+    except ValueError:
+        value = GPU_PEAK_TFLOPS.get(gpu.lower(), -1.0)
+        if value < 0:
+            raise PlanError(f"--gpu {gpu!r}: one of {', '.join(GPU_PEAK_TFLOPS)} or its peak in TFLOPS "
+                            "(e.g. --gpu 989)") from None
+    if not (math.isfinite(value) and value > 0):
+        raise PlanError(f"--gpu {gpu!r}: a peak must be a positive number of TFLOPS")
+    return value
+
+
+def flops_per_token(flavor: str, vocab: int, seq_len: int) -> float:
+    """torchtitan's count (``get_nparams_and_flops``): 6 × the parameters but the embedding table,
+    plus 12 · layers · dim · seq_len for attention."""
+    shape = parse_flavor(flavor).shape
+    dense = count_parameters(flavor, vocab) - count_embedding_parameters(flavor, vocab) // 2
+    return 6 * dense + 12 * shape.depth * shape.dim * seq_len
+
+
+def tokens_per_step(inputs: Inputs) -> int:
+    """Tokens one replica group trains per inner step: its share of the global batch."""
+    return inputs.global_batch // inputs.replicas * inputs.seq_len
+
+
+def step_time(inputs: Inputs) -> tuple[float, str]:
+    """(seconds per inner step, how it was obtained)."""
+    if inputs.step_seconds is not None:
+        return inputs.step_seconds, "--step-seconds"
+    peak = peak_tflops(inputs.gpu)
+    flops = flops_per_token(inputs.flavor, inputs.vocab, inputs.seq_len) * tokens_per_step(inputs)
+    seconds = flops / (inputs.mfu * peak * 1e12 * inputs.gpus_per_group)
+    how = (f"{flops / 1e12:,.1f} TFLOP per step ({tokens_per_step(inputs):,} tokens x "
+           f"{flops_per_token(inputs.flavor, inputs.vocab, inputs.seq_len) / 1e9:.2f} GFLOP) / "
+           f"({100 * inputs.mfu:g}% MFU x {peak:g} TFLOPS peak ({inputs.gpu}) x {inputs.gpus_per_group} GPU)")
+    return seconds, how
+
+
+def norm_parameters(flavor: str) -> int:
+    """Norm weights: what the shipped compressed configs send dense (``skip_pattern``)."""
+    f = parse_flavor(flavor)
+    s = f.shape
+    per_layer = (2 + int(f.post_attention_norm) + int(f.post_ffn_norm)) * s.dim + (2 * s.head_dim if f.qk_norm else 0)
+    return s.depth * per_layer + s.dim
+
+
+def exchange_config(bits: int, strategy: str):
+    """The exchange ``--bits`` stands for (the shipped configs' codecs)."""
+    from muloco.compress import Dense, Quantizer
+    from muloco.outer.exchange import Exchange
+    from muloco.outer.exchange.strategies import AllGather, AllReduce, ReduceScatter
+
+    chosen = {"auto": None, "allreduce": AllReduce.Config(), "allgather": AllGather.Config(),
+              "reduce_scatter": ReduceScatter.Config()}[strategy]
+    if bits >= 16:
+        return Exchange.Config(codec=Dense.Config(dtype="float32" if bits == 32 else "bfloat16"), strategy=chosen)
+    return Exchange.Config(codec=Quantizer.Config(bits=bits, scheme="statistical"), strategy=chosen,
+                           skip_pattern=r"norm\.weight$")
+
+
+@dataclass
+class Sync:
+    """One fragment's sync on the link, for one replica."""
+
+    label: str
+    sent: float
+    collectives: int
+    seconds: float
+    bits_per_parameter: float
+
+
+def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None = None) -> Sync:
+    """The link time of one fragment's sync (the emulated link's model on the wire format)."""
+    from muloco.link_model import transfer_seconds
+
+    bits = inputs.bits if bits is None else bits
+    config = exchange_config(bits, strategy or inputs.strategy)
+    exchange = config.build()
+    total = count_parameters(inputs.flavor, inputs.vocab)
+    dense = norm_parameters(inputs.flavor) if config.skip_pattern else 0
+    per_fragment = -(-total // inputs.fragments)
+    dense_part = -(-dense // inputs.fragments)
+    transfers = exchange.link_transfers(inputs.replicas, per_fragment - dense_part, dense_part)
+    wire = exchange.wire_bytes(inputs.replicas, per_fragment - dense_part, dense_part)
+    seconds = sum(transfer_seconds(t, inputs.mbps, inputs.latency_ms) for t in transfers)
+    label = (f"{bits}-bit {'dense' if bits >= 16 else 'quantized'}, "
+             f"{exchange.strategy.name}")
+    return Sync(label, max(wire["sent"], wire["received"]), len(transfers), seconds,
+                8 * wire["payload"] / per_fragment)
+
+
+@dataclass
+class Round:
+    step_seconds: float
+    sync: Sync
+    exposed: float
+    """Link time per round that the overlapped steps do not hide (all fragments)."""
+    compute: float
+
+    @property
+    def seconds(self) -> float:
+        return self.compute + self.exposed
+
+    @property
+    def share(self) -> float:
+        return self.exposed / self.seconds
+
+
+def project_round(inputs: Inputs, sync: Sync, step_seconds: float, sync_every: int | None = None) -> Round:
+    h = inputs.sync_every if sync_every is None else sync_every
+    hidden = inputs.overlap * step_seconds
+    exposed = inputs.fragments * max(0.0, sync.seconds - hidden)
+    return Round(step_seconds, sync, exposed, h * step_seconds)
+
+
+def h_needed(inputs: Inputs, sync: Sync, step_seconds: float) -> int | None:
+    """The smallest H (a multiple of the fragments, > their overlap) whose link share is at most
+    ``max_share``; 1·n when the link is fully hidden."""
+    n = inputs.fragments
+    exposed = n * max(0.0, sync.seconds - inputs.overlap * step_seconds)
+    smallest = n * (inputs.overlap + 1)
+    if exposed == 0:
+        return smallest
+    # exposed / (H·s + exposed) <= m  <=>  H >= exposed (1 - m) / (m s)
+    h = math.ceil(exposed * (1 - inputs.max_share) / (inputs.max_share * step_seconds) - 1e-9)
+    return max(smallest, -(-h // n) * n)
+
+
+@dataclass
+class Plan:
+    inputs: Inputs
+    step_seconds: float
+    step_source: str
+    round: Round
+    h_for_share: int | None
+    bits_for_share: Sync | None
+    """The exchange with the most bits per parameter (any strategy) that keeps the share at H."""
+    candidates: list[tuple[Sync, Round, int | None]] = field(default_factory=list)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return tokens_per_step(self.inputs) * self.inputs.sync_every / self.round.seconds
+
+    @property
+    def compute_tokens_per_second(self) -> float:
+        return tokens_per_step(self.inputs) / self.step_seconds
+
+
+def plan(inputs: Inputs) -> Plan:
+    inputs.check()
+    seconds, source = step_time(inputs)
+    chosen = project_sync(inputs)
+    rnd = project_round(inputs, chosen, seconds)
+    candidates = []
+    for bits in BITS:
+        for strategy in ("allreduce",) if bits >= 16 else ("allgather", "reduce_scatter"):
+            sync = project_sync(inputs, bits, strategy)
+            candidates.append((sync, project_round(inputs, sync, seconds), h_needed(inputs, sync, seconds)))
+    fits = [sync for sync, r, _ in candidates if r.share <= inputs.max_share]
+    best = max(fits, key=lambda sync: sync.bits_per_parameter) if fits else None
+    return Plan(inputs, seconds, source, rnd, h_needed(inputs, chosen, seconds), best, candidates)
+
+
+def _bytes(n: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def text(p: Plan) -> str:
+    i, r, s = p.inputs, p.round, p.round.sync
+    params = count_parameters(i.flavor, i.vocab)
+    latency = f", {i.latency_ms:g} ms per round" if i.latency_ms else ""
+    streaming = (f", {i.fragments} fragments (streaming)" if i.fragments > 1 else "") + \
+        (f", overlap τ={i.overlap} steps" if i.overlap else "")
+    share_ok = "met" if r.share <= i.max_share else "over"
+    lines = [
+        f"link plan: {i.flavor} ({params / 1e6:,.1f}M parameters), K={i.replicas} replica groups, "
+        f"{format_rate(i.mbps)} between them{latency}; H={i.sync_every}{streaming}",
+        f"  step: {p.step_seconds:.3f} s ({p.step_source}); {tokens_per_step(i):,} tokens per replica group per step",
+        f"  exchange: {s.label}, {s.bits_per_parameter:.3f} bits/param; per replica and sync"
+        f"{' of a fragment' if i.fragments > 1 else ''}: {_bytes(s.sent)} each way in {s.collectives} "
+        f"collective(s)",
+        f"  projected sync time on the link: {s.seconds:.3f} s per sync (the emulated link's model: "
+        f"bytes / bandwidth + rounds x latency)",
+        f"  round: {r.compute:.2f} s of compute + {r.exposed:.2f} s of link not hidden by the overlap = {r.seconds:.2f} s",
+        f"  link share of a round: {100 * r.share:.1f}% (target <= {100 * i.max_share:g}%: {share_ok})",
+        f"  tokens/s per replica group: {p.tokens_per_second:,.0f} (compute alone: {p.compute_tokens_per_second:,.0f})",
+        f"  to keep the share <= {100 * i.max_share:g}%: H >= {p.h_for_share} at these bits; at H={i.sync_every}: "
+        + (f"{p.bits_for_share.label} ({p.bits_for_share.bits_per_parameter:.2f} bits/param) or fewer bits"
+           if p.bits_for_share else f"none of {', '.join(map(str, BITS))} bits is enough (raise H, add fragments "
+           "with overlap, or use SparseLoCo's ~0.22 bits/param)"),
+        "",
+        f"  {'exchange':<34}{'bits/param':>11}{'sent/sync':>12}{'sync s':>9}{'share':>8}{'H for share':>13}",
+    ]
+    for sync, rnd, h in p.candidates:
+        lines.append(f"  {sync.label:<34}{sync.bits_per_parameter:>11.3f}{_bytes(sync.sent):>12}{sync.seconds:>9.3f}"
+                     f"{100 * rnd.share:>7.1f}%{h:>13}")
+    return "\n".join(lines)

@@ -33,7 +33,8 @@ takes a number of TFLOPS."""
 
 BITS = (32, 16, 8, 4, 2, 1)
 """What ``--bits`` offers: 32 and 16 dense (float32, bfloat16), 8 to 1 the statistical
-quantizer of the shipped compressed configs (norm weights dense in float32, as they send them)."""
+quantizer of the shipped compressed configs (norm weights dense in float32, as they send them).
+The table of alternatives adds the shipped SparseLoCo config (``diloco/sparseloco``)."""
 
 STRATEGIES = ("auto", "allreduce", "allgather", "reduce_scatter")
 
@@ -172,12 +173,33 @@ class Sync:
     bits_per_parameter: float
 
 
-def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None = None) -> Sync:
-    """The link time of one fragment's sync (the emulated link's model on the wire format)."""
+SPARSELOCO_CONFIG = "diloco/sparseloco"
+"""The shipped SparseLoCo config, planned as its own row (its exchange exactly as it ships)."""
+
+
+def sparseloco_exchange(strategy: str):
+    """SparseLoCo's exchange from its shipped config, with ``strategy``."""
+    import dataclasses
+
+    from muloco import compat
+
+    compat.apply()  # the config modules import torchtitan's trainer (a triton stub on CPU-only torch)
+    from muloco.config import load_config
+    from muloco.outer.exchange.strategies import AllGather, ReduceScatter
+
+    config = load_config(SPARSELOCO_CONFIG).outer.exchange
+    chosen = {"allgather": AllGather.Config(), "reduce_scatter": ReduceScatter.Config()}[strategy]
+    return dataclasses.replace(config, strategy=chosen)
+
+
+def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None = None, config=None,
+                 label: str | None = None) -> Sync:
+    """The link time of one fragment's sync (the emulated link's model on the wire format), for
+    ``--bits``/``--strategy`` or the given exchange ``config``."""
     from muloco.link_model import transfer_seconds
 
     bits = inputs.bits if bits is None else bits
-    config = exchange_config(bits, strategy or inputs.strategy)
+    config = config or exchange_config(bits, strategy or inputs.strategy)
     exchange = config.build()
     total = count_parameters(inputs.flavor, inputs.vocab)
     dense = norm_parameters(inputs.flavor) if config.skip_pattern else 0
@@ -186,8 +208,8 @@ def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None =
     transfers = exchange.link_transfers(inputs.replicas, per_fragment - dense_part, dense_part)
     wire = exchange.wire_bytes(inputs.replicas, per_fragment - dense_part, dense_part)
     seconds = sum(transfer_seconds(t, inputs.mbps, inputs.latency_ms) for t in transfers)
-    label = (f"{bits}-bit {'dense' if bits >= 16 else 'quantized'}, "
-             f"{exchange.strategy.name}")
+    label = label or f"{bits}-bit {'dense' if bits >= 16 else 'quantized'}"
+    label = f"{label}, {exchange.strategy.name}"
     return Sync(label, max(wire["sent"], wire["received"]), len(transfers), seconds,
                 8 * wire["payload"] / per_fragment)
 
@@ -259,6 +281,9 @@ def plan(inputs: Inputs) -> Plan:
         for strategy in ("allreduce",) if bits >= 16 else ("allgather", "reduce_scatter"):
             sync = project_sync(inputs, bits, strategy)
             candidates.append((sync, project_round(inputs, sync, seconds), h_needed(inputs, sync, seconds)))
+    for strategy in ("allgather", "reduce_scatter"):
+        sync = project_sync(inputs, config=sparseloco_exchange(strategy), label="SparseLoCo")
+        candidates.append((sync, project_round(inputs, sync, seconds), h_needed(inputs, sync, seconds)))
     fits = [sync for sync, r, _ in candidates if r.share <= inputs.max_share]
     best = max(fits, key=lambda sync: sync.bits_per_parameter) if fits else None
     return Plan(inputs, seconds, source, rnd, h_needed(inputs, chosen, seconds), best, candidates)
@@ -292,8 +317,7 @@ def text(p: Plan) -> str:
         f"  tokens/s per replica group: {p.tokens_per_second:,.0f} (compute alone: {p.compute_tokens_per_second:,.0f})",
         f"  to keep the share <= {100 * i.max_share:g}%: H >= {p.h_for_share} at these bits; at H={i.sync_every}: "
         + (f"{p.bits_for_share.label} ({p.bits_for_share.bits_per_parameter:.2f} bits/param) or fewer bits"
-           if p.bits_for_share else f"none of {', '.join(map(str, BITS))} bits is enough (raise H, add fragments "
-           "with overlap, or use SparseLoCo's ~0.22 bits/param)"),
+           if p.bits_for_share else "no exchange below is enough (raise H, or add fragments with overlap)"),
         "",
         f"  {'exchange':<34}{'bits/param':>11}{'sent/sync':>12}{'sync s':>9}{'share':>8}{'H for share':>13}",
     ]

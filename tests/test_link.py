@@ -299,5 +299,6 @@ def test_the_planner_command_prints_the_projection():
                           "h100"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for text in ("projected sync time on the link", "link share of a round", "tokens/s per replica group",
-                 "to keep the share <= 5%: H >= ", "2-bit quantized, reduce_scatter", "989 TFLOPS peak (h100)"):
+                 "to keep the share <= 5%: H >= ", "2-bit quantized, reduce_scatter", "989 TFLOPS peak (h100)",
+                 "SparseLoCo, allgather                   0.223"):
         assert text in out.stdout

@@ -2,6 +2,7 @@
 
     python -m muloco.compare --suite paper-mini [--objective ar|mdlm] [--data stdlib|shakespeare|PATH]
                              [--seeds 2] [--device cpu|cuda] [--out DIR] [--dry-run] [--only LABEL ...]
+                             [--link 100mbps,1gbps [--link-latency-ms L] [--target LOSS]]
                              [-- trainer overrides for every run]
 
 Runs, with one model and one token budget per replica group, DDP AdamW and DDP Muon, DiLoCo
@@ -13,7 +14,8 @@ bits per parameter, bytes per replica, syncs, wall time, seed spread), checks th
 and writes ``compare.md``, ``compare.json`` and the report's PNGs (loss vs steps, tokens and
 bytes sent) into the suite folder (default ``outputs/compare/<suite>-<objective>-<data>``).
 Running it again reuses finished runs and resumes interrupted ones. ``--dry-run`` prints every
-run's folder name and command and starts nothing.
+run's folder name and command and starts nothing. ``--link`` runs the rows with replica groups
+again over each emulated link and adds the wall-clock to the target loss (``timing.py``).
 """
 
 from __future__ import annotations

@@ -485,9 +485,17 @@ def _cells(run: Run, marked: bool) -> list[str]:
         format_number(run.tokens, ",d"),
         format_number(run.bits_per_parameter, ".2f"),
         format_bytes(run.bytes_sent_per_replica),
-        "-" if run.sync_share is None else f"{100 * run.sync_share:.1f}%",
-        format_duration(run.wall_seconds),
+        "-" if run.sync_share is None else f"{100 * run.sync_share:.1f}%" + _emulated(run),
+        format_duration(run.wall_seconds) + _emulated(run),
     ]
+
+
+def _emulated(run: Run) -> str:
+    """What a time of a run over an emulated link (``--outer.link.mbps``) is marked with."""
+    from muloco.link_model import format_rate
+
+    link = ((run.facts or {}).get("outer") or {}).get("link")
+    return f" (emulated {format_rate(link['mbps'])} link)" if link else ""
 
 
 def eval_columns(runs: list[Run]) -> list[str]:

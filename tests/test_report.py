@@ -265,3 +265,16 @@ def test_the_report_imports_no_torch_and_no_tyro():
     code = "import sys, muloco.report; assert not {'torch', 'tyro'} & set(sys.modules), sorted(sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_times_of_a_run_over_an_emulated_link_say_so():
+    """A run with ``--outer.link.mbps`` (its facts say so): its sync share and wall time include the
+    emulated link's waits, and the table marks both."""
+    over_link = report.Run(folder=Path("a"), name="a", method="muloco", objective="ar", sync_share=0.25,
+                           wall_seconds=65.0, facts={"outer": {"link": {"mbps": 100.0, "latency_ms": 0.0}}})
+    real = report.Run(folder=Path("b"), name="b", method="muloco", objective="ar", sync_share=0.05,
+                      wall_seconds=60.0, facts={"outer": {"link": None}})
+    text = report.table([over_link, real])
+    line_a = next(line for line in text.splitlines() if line.lstrip("* ").startswith("a "))
+    line_b = next(line for line in text.splitlines() if line.lstrip("* ").startswith("b "))
+    assert line_a.count("(emulated 100 Mbps link)") == 2 and "emulated" not in line_b

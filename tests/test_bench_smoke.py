@@ -58,6 +58,8 @@ TABLES = {
     "gpu_throughput.py": [r"run# +side +tokens/s", rf"(?m)^416m compile off ours: {NUM} tok/s, stock {NUM}: ratio",
                           rf"θ_g on device +0\.4M +{NUM} +{NUM}",
                           rf"sync share, θ_g on the training device: {NUM}%.*{NUM} ms per sync, peak {NUM} MB"],
+    "link_planner.py": [r"config +link \(emulated\) +projected s +measured s +link part s +syncs +ratio",
+                        rf"(?m)^diloco/diloco +20 Mbps +{NUM} +{NUM} +{NUM} +2 +{NUM}  (yes|no)$"],
     "muon.py": [r"NS batch \(b x m x n\) +GFLOP", r"optimizer +step\(\) ms +train step ms",
                 rf"(?m)^ +Muon +{NUM} +{NUM} +{NUM}%", r"flavor +params +NS eff",
                 rf"llama3-w64-d2-h2 +0\.36M +{NUM} +{NUM}x"],

@@ -2,7 +2,8 @@
 
 ``layout`` (streams and buckets of a fragment), ``strategies`` (all-reduce, all-gather,
 reduce-scatter), ``pipeline`` (one sync in flight: buckets, overlap, memory and time),
-``collectives`` (what the torchft Manager does not offer).
+``collectives`` (what the torchft Manager does not offer), ``link`` (an emulated slow link
+between replica groups, ``--outer.link.mbps``).
 """
 
 from muloco.outer.exchange.exchange import Exchange

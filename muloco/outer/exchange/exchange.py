@@ -25,7 +25,9 @@ Bytes are counted from the buffers handed to each collective: what this replica'
 collectives carry to and from the *other* replicas (a ring all-reduce of B bytes:
 2(K−1)/K·B each way; an all-gather: (K−1)·B; an all-to-all: the splits for other
 ranks). ``payload_bytes`` is the size of this replica's encoded Δ, from which the bits
-per parameter follow. :meth:`Exchange.wire_bytes` gives the same from the formulas, for any K.
+per parameter follow. :meth:`Exchange.wire_bytes` gives the same from the formulas, for any K,
+and :meth:`Exchange.link_transfers` the collectives one by one, as the emulated link
+(``link.py``) and the link planner see them.
 """
 
 from __future__ import annotations

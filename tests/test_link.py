@@ -96,6 +96,24 @@ def test_a_bad_link_value_is_one_clear_error(config, match):
         Link.Config(**config).validate()
 
 
+@pytest.mark.parametrize("args,key", [
+    (["--outer.link.mbps", "-1"], "outer.link.mbps"),
+    (["--outer.link.latency_ms", "20"], "outer.link.latency_ms 20 needs an emulated bandwidth"),
+    (["--outer.link.mbps", "inf"], "outer.link.mbps"),
+])
+def test_a_bad_link_setting_stops_the_trainer_before_it_writes_anything(tmp_path, capsys, args, key):
+    from muloco import compat
+
+    compat.apply()
+    from muloco.train import main
+
+    out = tmp_path / "run"
+    assert main(["--config", "diloco/muloco_2bit", "--dump_folder", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert key in err and err.count("error:") == 1, err
+    assert not out.exists()
+
+
 def test_link_speeds_parse_and_print():
     assert [parse_rate(t) for t in ("100mbps", "1Gbps", "10 gbps", "500kbps", "2.5Gb/s")] == [100, 1000, 10000,
                                                                                              0.5, 2500]

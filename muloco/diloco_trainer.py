@@ -76,6 +76,8 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             model=self.model_parts[0], manager=manager, device=self.device, replica_id=ft.replica_id,
             coordinator=coordinator, max_commit_failures=ft.max_commit_failures,
         )
+        if config.outer.link.enabled:  # the step and summary figures include its waits: they say so
+            self.metrics_processor.emulated_link = config.outer.link.describe()
         if self.checkpointer.enable:
             self.checkpointer.states["outer"] = self.outer
         self._model_state = ModelWrapper(self.model_parts)  # healing works with checkpoints off too

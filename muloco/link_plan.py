@@ -140,14 +140,6 @@ def step_time(inputs: Inputs) -> tuple[float, str]:
     return seconds, how
 
 
-def norm_parameters(flavor: str) -> int:
-    """Norm weights: what the shipped compressed configs send dense (``skip_pattern``)."""
-    f = parse_flavor(flavor)
-    s = f.shape
-    per_layer = (2 + int(f.post_attention_norm) + int(f.post_ffn_norm)) * s.dim + (2 * s.head_dim if f.qk_norm else 0)
-    return s.depth * per_layer + s.dim
-
-
 def exchange_config(bits: int, strategy: str):
     """The exchange ``--bits`` stands for (the shipped configs' codecs)."""
     from muloco.compress import Dense, Quantizer
@@ -164,13 +156,45 @@ def exchange_config(bits: int, strategy: str):
 
 @dataclass
 class Sync:
-    """One fragment's sync on the link, for one replica."""
+    """A round's syncs on the link (one per fragment), for one replica."""
 
     label: str
     sent: float
+    """Bytes each way over the round (every fragment's sync)."""
     collectives: int
-    seconds: float
+    fragment_seconds: list[float]
+    """Each fragment's sync on the link, in fragment order."""
     bits_per_parameter: float
+
+    @property
+    def seconds(self) -> float:
+        """Link time per round (one sync per fragment)."""
+        return sum(self.fragment_seconds)
+
+    def exposed(self, hidden: float) -> float:
+        """Link time per round that ``hidden`` seconds of overlapped steps per sync leave blocked."""
+        return sum(max(0.0, f - hidden) for f in self.fragment_seconds)
+
+
+def fragment_sizes(flavor: str, vocab: int, n: int) -> list[tuple[int, int]]:
+    """(parameters, norm parameters) of each of ``n`` fragments, split as the outer loop splits the
+    model (``outer/schedule.py``: units of whole layers — the embedding, each block, the final norm
+    with the head — divided as evenly as possible, earlier fragments taking the remainder)."""
+    f = parse_flavor(flavor)
+    s = f.shape
+    block_norms = (2 + int(f.post_attention_norm) + int(f.post_ffn_norm)) * s.dim + (2 * s.head_dim if f.qk_norm else 0)
+    block = (count_parameters(flavor, vocab) - 2 * vocab * s.dim - s.dim) // s.depth
+    units = [(vocab * s.dim, 0)] + [(block, block_norms)] * s.depth + [(vocab * s.dim + s.dim, s.dim)]
+    if n > len(units):
+        raise PlanError(f"--streaming-fragments {n} is more than the model's {len(units)} layer units")
+    base, extra = divmod(len(units), n)
+    out, start = [], 0
+    for frag in range(n):
+        size = base + (1 if frag < extra else 0)
+        chunk = units[start:start + size]
+        out.append((sum(u[0] for u in chunk), sum(u[1] for u in chunk)))
+        start += size
+    return out
 
 
 SPARSELOCO_CONFIG = "diloco/sparseloco"
@@ -201,17 +225,19 @@ def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None =
     bits = inputs.bits if bits is None else bits
     config = config or exchange_config(bits, strategy or inputs.strategy)
     exchange = config.build()
-    total = count_parameters(inputs.flavor, inputs.vocab)
-    dense = norm_parameters(inputs.flavor) if config.skip_pattern else 0
-    per_fragment = -(-total // inputs.fragments)
-    dense_part = -(-dense // inputs.fragments)
-    transfers = exchange.link_transfers(inputs.replicas, per_fragment - dense_part, dense_part)
-    wire = exchange.wire_bytes(inputs.replicas, per_fragment - dense_part, dense_part)
-    seconds = sum(transfer_seconds(t, inputs.mbps, inputs.latency_ms) for t in transfers)
+    sent = payload = collectives = 0.0
+    seconds = []
+    for numel, norms in fragment_sizes(inputs.flavor, inputs.vocab, inputs.fragments):
+        dense = norms if config.skip_pattern else 0  # the shipped configs' skip pattern: norm weights
+        transfers = exchange.link_transfers(inputs.replicas, numel - dense, dense)
+        wire = exchange.wire_bytes(inputs.replicas, numel - dense, dense)
+        seconds.append(sum(transfer_seconds(t, inputs.mbps, inputs.latency_ms) for t in transfers))
+        sent += max(wire["sent"], wire["received"])
+        payload += wire["payload"]
+        collectives += len(transfers)
     label = label or f"{bits}-bit {'dense' if bits >= 16 else 'quantized'}"
     label = f"{label}, {exchange.strategy.name}"
-    return Sync(label, max(wire["sent"], wire["received"]), len(transfers), seconds,
-                8 * wire["payload"] / per_fragment)
+    return Sync(label, sent, int(collectives), seconds, 8 * payload / count_parameters(inputs.flavor, inputs.vocab))
 
 
 @dataclass
@@ -233,16 +259,14 @@ class Round:
 
 def project_round(inputs: Inputs, sync: Sync, step_seconds: float, sync_every: int | None = None) -> Round:
     h = inputs.sync_every if sync_every is None else sync_every
-    hidden = inputs.overlap * step_seconds
-    exposed = inputs.fragments * max(0.0, sync.seconds - hidden)
-    return Round(step_seconds, sync, exposed, h * step_seconds)
+    return Round(step_seconds, sync, sync.exposed(inputs.overlap * step_seconds), h * step_seconds)
 
 
 def h_needed(inputs: Inputs, sync: Sync, step_seconds: float) -> int | None:
     """The smallest H (a multiple of the fragments, > their overlap) whose link share is at most
     ``max_share``; 1·n when the link is fully hidden."""
     n = inputs.fragments
-    exposed = n * max(0.0, sync.seconds - inputs.overlap * step_seconds)
+    exposed = sync.exposed(inputs.overlap * step_seconds)
     smallest = n * (inputs.overlap + 1)
     if exposed == 0:
         return smallest
@@ -307,11 +331,12 @@ def text(p: Plan) -> str:
         f"link plan: {i.flavor} ({params / 1e6:,.1f}M parameters), K={i.replicas} replica groups, "
         f"{format_rate(i.mbps)} between them{latency}; H={i.sync_every}{streaming}",
         f"  step: {p.step_seconds:.3f} s ({p.step_source}); {tokens_per_step(i):,} tokens per replica group per step",
-        f"  exchange: {s.label}, {s.bits_per_parameter:.3f} bits/param; per replica and sync"
-        f"{' of a fragment' if i.fragments > 1 else ''}: {_bytes(s.sent)} each way in {s.collectives} "
-        f"collective(s)",
-        f"  projected sync time on the link: {s.seconds:.3f} s per sync (the emulated link's model: "
-        f"bytes / bandwidth + rounds x latency)",
+        f"  exchange: {s.label}, {s.bits_per_parameter:.3f} bits/param; per replica and round: "
+        f"{_bytes(s.sent)} each way in {s.collectives} collective(s)",
+        (f"  projected sync time on the link: {s.seconds:.3f} s per sync" if i.fragments == 1 else
+         "  projected sync time on the link: " + " / ".join(f"{f:.3f}" for f in s.fragment_seconds)
+         + f" s per fragment's sync ({s.seconds:.3f} s per round)")
+        + " (the emulated link's model: bytes / bandwidth + rounds x latency)",
         f"  round: {r.compute:.2f} s of compute + {r.exposed:.2f} s of link not hidden by the overlap = {r.seconds:.2f} s",
         f"  link share of a round: {100 * r.share:.1f}% (target <= {100 * i.max_share:g}%: {share_ok})",
         f"  tokens/s per replica group: {p.tokens_per_second:,.0f} (compute alone: {p.compute_tokens_per_second:,.0f})",
@@ -319,7 +344,7 @@ def text(p: Plan) -> str:
         + (f"{p.bits_for_share.label} ({p.bits_for_share.bits_per_parameter:.2f} bits/param) or fewer bits"
            if p.bits_for_share else "no exchange below is enough (raise H, or add fragments with overlap)"),
         "",
-        f"  {'exchange':<34}{'bits/param':>11}{'sent/sync':>12}{'sync s':>9}{'share':>8}{'H for share':>13}",
+        f"  {'exchange':<34}{'bits/param':>11}{'sent/round':>12}{'link s':>9}{'share':>8}{'H for share':>13}",
     ]
     for sync, rnd, h in p.candidates:
         lines.append(f"  {sync.label:<34}{sync.bits_per_parameter:>11.3f}{_bytes(sync.sent):>12}{sync.seconds:>9.3f}"

@@ -80,6 +80,10 @@ class MulocoMetrics(MetricsProcessor):
         jsonl_file: str = "metrics.jsonl"
         """Per-run JSONL record of every logged step, relative to dump_folder ('' = off)."""
 
+    emulated_link: str | None = None
+    """Set when the run trains over an emulated link (``--outer.link.mbps``): its waits are in the
+    step times, tokens/s and wall time, which then say so."""
+
     def __init__(self, config: Config, *, dump_folder: str = "./outputs", **kwargs):
         if config.enable_wandb and (_is_metrics_rank() or config.save_for_all_ranks):
             rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
@@ -157,6 +161,7 @@ class MulocoMetrics(MetricsProcessor):
             f"loss {global_avg_loss:7.4f}  lr {lr}  grad_norm {grad_norm:6.3f}  "
             f"tok/s {tps:,.0f}  step {step_time * 1000:,.0f}ms  "
             f"mem {mem.max_reserved_gib:.2f}GiB  eta {_fmt_duration(eta)}"
+            + (f"  (times include the {self.emulated_link})" if self.emulated_link else "")
         )
         self.ntokens_since_last_log = 0
         self.data_loading_times.clear()

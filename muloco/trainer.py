@@ -248,6 +248,9 @@ class MulocoTrainerMixin:
         def num(x, fmt):
             return format(x, fmt) if x is not None else "n/a"
 
+        link = getattr(self.metrics_processor, "emulated_link", None)
+        emulated = f"  (includes the {link})" if link else ""
+
         lines = [
             "=" * 64,
             f"run summary ({s['objective']} objective)",
@@ -256,8 +259,8 @@ class MulocoTrainerMixin:
             f"  tokens seen           {s['tokens_seen']:,}",
             f"  final train loss      {num(s['final_train_loss'], '.4f')}  (ppl {num(s['final_train_ppl'], ',.2f')})",
             self._validation_line(s, num),
-            f"  tokens/s              {num(s['tokens_per_second'], ',.0f')}",
-            f"  wall time             {s['wall_seconds']:.1f}s",
+            f"  tokens/s              {num(s['tokens_per_second'], ',.0f')}{emulated}",
+            f"  wall time             {s['wall_seconds']:.1f}s{emulated}",
             f"  outputs               {s['dump_folder']}",
             f"  metrics (JSONL)       {s['metrics_jsonl'] or 'off'}",
             f"  TensorBoard           {s['tensorboard'] or 'off'}",

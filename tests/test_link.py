@@ -269,10 +269,14 @@ def test_the_planner_against_hand_computed_cases():
     buckets = math.ceil(n / (64 * 2**20 // 4))
     assert q.round.sync.collectives == buckets
     assert q.round.sync.seconds == pytest.approx(p.round.sync.seconds + buckets * 14 * 0.010)
-    # streaming: 3 fragments, each overlapped by 4 steps of 0.5 s
+    # streaming: 3 fragments (5, 5 and 4 of the 14 units), each sync overlapped by 4 steps of 0.5 s
     s = link_plan.plan(_inputs(bits=32, fragments=3, overlap=4))
-    frag = link_plan.project_sync(_inputs(bits=32, fragments=3, overlap=4))
-    assert s.round.exposed == pytest.approx(3 * max(0.0, frag.seconds - 2.0))
+    sizes = link_plan.fragment_sizes("llama3-w1024-d12-h8", 128256, 3)
+    embedding, block = 128256 * 1024, (n - 2 * 128256 * 1024 - 1024) // 12
+    assert [size for size, _ in sizes] == [embedding + 4 * block, 5 * block, 3 * block + embedding + 1024]
+    each = [2 * 7 / 8 * (4 * size + 4) * 8 / 1e9 for size, _ in sizes]  # each sync's contributor count too
+    assert s.round.sync.fragment_seconds == pytest.approx(each)
+    assert s.round.exposed == pytest.approx(sum(max(0.0, f - 2.0) for f in each))
     # step time from FLOPs: 6·(n − embedding) + 12·L·d·T per token, at 40% of an H100's 989 TFLOPS
     f = link_plan.plan(_inputs(step_seconds=None, mfu=0.4, gpu="h100"))
     per_token = 6 * (n - 128256 * 1024) + 12 * 12 * 1024 * 2048
@@ -288,9 +292,27 @@ def test_the_planner_agrees_with_the_exchanges_own_byte_count():
     inputs = _inputs(flavor="llama3-w128-d4-h2", replicas=2, bits=2, vocab=2048)
     sync = link_plan.project_sync(inputs)
     config = link_plan.exchange_config(2, "auto")
-    n, norms = count_parameters("llama3-w128-d4-h2", 2048), link_plan.norm_parameters("llama3-w128-d4-h2")
+    [(n, norms)] = link_plan.fragment_sizes("llama3-w128-d4-h2", 2048, 1)
+    assert n == count_parameters("llama3-w128-d4-h2", 2048) and norms == 4 * 2 * 128 + 128
     wire = Exchange(config).wire_bytes(2, n - norms, norms)
     assert sync.sent == wire["sent"] and sync.bits_per_parameter == pytest.approx(8 * wire["payload"] / n)
+
+
+@pytest.mark.parametrize("flavor,n", [("llama3-w128-d4-h2", 3), ("llama3-w64-d2-h2_qk_torch-rmsnorm_pa_pf", 2),
+                                      ("llama3-w128-d4-h2", 6)])
+def test_the_planners_fragments_are_the_outer_loops(flavor, n):
+    """Streaming: the planner sizes each fragment as ``model_fragments`` splits the built model (the
+    embedding and the head make the end fragments larger), norm weights counted apart."""
+    import torch
+
+    from muloco.models import ModelConfig, build_model_config
+    from muloco.outer.schedule import model_fragments
+
+    with torch.device("meta"):
+        model = build_model_config(ModelConfig(flavor=flavor, vocab_multiple_of=1), vocab_size=512).build()
+    built = [(sum(p.numel() for _, p in frag), sum(p.numel() for name, p in frag if name.endswith("norm.weight")))
+             for frag in model_fragments(model, n)]
+    assert link_plan.fragment_sizes(flavor, 512, n) == built
 
 
 @pytest.mark.parametrize("argv,match", [

@@ -80,6 +80,11 @@ class MulocoMetrics(MetricsProcessor):
         jsonl_file: str = "metrics.jsonl"
         """Per-run JSONL record of every logged step, relative to dump_folder ('' = off)."""
 
+    validation_seconds_total: float = 0.0
+    """Seconds this process spent validating so far (each validation record carries it, so the
+    time to a loss can leave validation out: ``muloco/compare/timing.py``)."""
+    validation_started: float | None = None
+    """``perf_counter`` when the validation in progress began (set by the validator)."""
     emulated_link: str | None = None
     """Set when the run trains over an emulated link (``--outer.link.mbps``): its waits are in the
     step times, tokens/s and wall time, which then say so."""
@@ -114,6 +119,8 @@ class MulocoMetrics(MetricsProcessor):
         self.start_step = self.last_logged_step = start_step
         self.total_steps = total_steps
         self.time_last_log = time.perf_counter()
+        if self._jsonl is not None:  # JSONL only: where training (re)started, for timing a run's curve
+            self._jsonl.write(json.dumps({"step": start_step, "time": time.time(), "session_start": True}) + "\n")
 
     def should_log(self, step: int) -> bool:
         """Also the last step: the run's final loss is logged and is the summary's final
@@ -174,7 +181,11 @@ class MulocoMetrics(MetricsProcessor):
         extra = dict(extra_metrics or {})
         if self.validation_targets_per_byte is not None:
             extra["validation_bits_per_byte"] = loss * self.validation_targets_per_byte / math.log(2)
-        self._record({"validation_loss": loss, "validation_ppl": ppl, **extra}, step)
+        if self.validation_started is not None:
+            self.validation_seconds_total += time.perf_counter() - self.validation_started
+            self.validation_started = None
+        self._record({"validation_loss": loss, "validation_ppl": ppl, **extra,
+                      "validation_seconds_total": self.validation_seconds_total}, step)
         self.last_validation_loss = loss
         self.last_validation_step = step
         self.last_validation_extra = extra

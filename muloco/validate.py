@@ -80,6 +80,7 @@ class MulocoValidator(Validator):
     def validate(self, model_parts, step: int) -> None:
         mp = self.metrics_processor
         tokens, started = mp.ntokens_since_last_log, time.perf_counter()
+        mp.validation_started = started
         if mp.validation_targets_per_byte is None:
             mp.validation_targets_per_byte = self._targets_per_byte(next(model_parts[0].parameters()).device)
         params = getattr(self, "_params", None)

@@ -261,7 +261,8 @@ def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path):
     assert code == 0, stdout + stderr[-4000:]
     result = json.loads((out / "compare.json").read_text())
     links = result["links"]
-    assert links["target_source"] == "DiLoCo K=2's final loss" and links["target"] == result["rows"][0]["final_loss"]
+    assert links["target_source"] == "DiLoCo K=2's final loss, seed by seed"
+    assert links["target"] == links["targets_by_seed"]["0"] == result["rows"][0]["final_loss"]
     [row] = links["rows"]
     assert row["run"] == "DiLoCo K=2" and row["link_mbps"] == 2 and row["seeds"] == 1
     assert row["final_loss"] == links["target"]  # the emulated link changes no number of the training
@@ -270,5 +271,46 @@ def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path):
     assert "over emulated links" in stdout and "2 Mbps" in stdout and "fastest to target, per link" in stdout
     assert (out / "loss_vs_wallclock_2mbps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Time to target over emulated links" in (out / "compare.md").read_text()
-    code, _, err = _compare(["--link", "fast", "--dry-run"], REPO, timeout=300)
-    assert code == 2 and "--link: 'fast' is not a link speed" in err
+    for bad, message in ((["--link", "fast"], "--link: 'fast' is not a link speed"),
+                         (["--target", "3.5"], "--target is the loss the runs over --link are timed to"),
+                         (["--link", "1gbps", "--only", "DDP AdamW"], "none of the chosen rows has replica groups"),
+                         (["--link", "1gbps", "--only", "MuLoCo K=2"], 'add "DiLoCo K=2" to --only, or give --target'),
+                         (["--link", "1gbps", "--link-latency-ms", "inf"], "--link-latency-ms inf: must be a finite")):
+        code, _, err = _compare([*bad, "--dry-run"], REPO, timeout=300)
+        assert code == 2 and message in err and err.count("error:") == 1, err
+
+
+def test_time_to_target_leaves_validation_out_and_refuses_to_time_a_resumed_run(tmp_path):
+    from muloco.compare import timing
+
+    def write(folder, records):
+        (folder / "replica_0").mkdir(parents=True)
+        (folder / "replica_0" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
+
+    run = tmp_path / "run"
+    write(run, [{"step": 1, "time": 102.0, "loss": 9.0, "step_time_s": 2.0},  # started at 100
+                {"step": 30, "time": 160.0, "loss": 6.0, "step_time_s": 2.0},
+                {"step": 30, "time": 170.0, "validation_loss": 5.0, "validation_seconds_total": 10.0},
+                {"step": 60, "time": 230.0, "loss": 5.0, "step_time_s": 2.0},
+                {"step": 60, "time": 240.0, "validation_loss": 4.0004, "validation_seconds_total": 20.0}])
+    c = timing.curve(run)
+    assert c.seconds == [60.0, 120.0] and c.loss == [5.0, 4.0004] and not c.resumed
+    assert timing.time_to(c, 5.0) == 60.0 and timing.time_to(c, 4.5) == 120.0
+    assert timing.time_to(c, 4.0) == 120.0  # within the relative 1e-4 a GPU's kernels may differ by
+    assert timing.time_to(c, 3.9) is None
+    resumed = tmp_path / "resumed"
+    write(resumed, [{"step": 1, "time": 2.0, "loss": 9.0, "step_time_s": 2.0},
+                    {"step": 30, "time": 60.0, "loss": 6.0, "step_time_s": 2.0},
+                    {"step": 1, "time": 900.0, "loss": 6.0, "step_time_s": 2.0},  # restarted from step 0
+                    {"step": 30, "time": 960.0, "validation_loss": 5.0}])
+    c = timing.curve(resumed)
+    assert c.resumed and timing.time_to(c, 6.0) is None
+    again = tmp_path / "again"  # resumed from a checkpoint with no step logged twice: its session records say so
+    write(again, [{"step": 0, "time": 0.0, "session_start": True}, {"step": 1, "time": 2.0, "loss": 9.0,
+                                                                      "step_time_s": 2.0},
+                  {"step": 30, "time": 60.0, "loss": 6.0, "step_time_s": 2.0},
+                  {"step": 30, "time": 900.0, "session_start": True},
+                  {"step": 60, "time": 960.0, "loss": 5.0, "step_time_s": 2.0}])
+    assert timing.curve(again).resumed
+    row = timing.mean_rows([timing.Timed("x", 100.0, 0, resumed).row(6.0)])[0]
+    assert row["resumed"] and "resumed: not timed" in timing.text([row], 6.0, "test")

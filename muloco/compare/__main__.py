@@ -87,8 +87,14 @@ def _check(args: CompareOptions) -> None:
         raise UsageError(f"--device {args.device!r}: use cpu or cuda")
     if args.steps is not None and args.steps < 1:
         raise UsageError(f"--steps {args.steps}: must be at least 1")
-    if not (args.link_latency_ms >= 0):
-        raise UsageError(f"--link-latency-ms {args.link_latency_ms}: must be a number >= 0")
+    if not (0 <= args.link_latency_ms < float("inf")):
+        raise UsageError(f"--link-latency-ms {args.link_latency_ms}: must be a finite number >= 0")
+    if args.link_latency_ms and not args.link:
+        raise UsageError("--link-latency-ms applies to emulated links: give --link too (e.g. --link 100mbps)")
+    if args.target is not None and not (0 < args.target < float("inf")):
+        raise UsageError(f"--target {args.target}: must be a positive finite loss")
+    if args.target is not None and not args.link:
+        raise UsageError("--target is the loss the runs over --link are timed to: give --link too")
 
 
 def _links(values: list[str]) -> list[float]:
@@ -140,31 +146,44 @@ def _environment(device: str) -> dict[str, str]:
     return env
 
 
-def _target(args: CompareOptions, values: list[dict], linked: list[Planned], folder: Path) -> tuple[float, str]:
-    """The loss the time to target is measured to, and where it came from."""
+def _targets(args: CompareOptions, planned: list[Planned], linked: list[Planned],
+             folder: Path) -> tuple[dict[int, float], str]:
+    """The loss each seed's time to target is measured to (that seed's dense DiLoCo K=2 final loss,
+    from its run without a link or else over a link; or ``--target``), and where it came from."""
+    from muloco.report import ReportError, load_run
+
+    seeds = sorted({p.seed for p in linked})
     if args.target is not None:
-        return args.target, "--target"
-    reference = next((r for r in values if r["run"] == timing.DILOCO_REFERENCE), None)
-    if reference and reference["final_loss"] is not None:
-        return reference["final_loss"], f"{timing.DILOCO_REFERENCE}'s final loss"
-    finals = [timing.curve(folder / p.name) for p in linked if p.row.label == timing.DILOCO_REFERENCE]
-    finals = [c.loss[-1] for c in finals if c and c.loss]
-    if finals:
-        return sum(finals) / len(finals), f"{timing.DILOCO_REFERENCE}'s final loss over the links"
-    raise UsageError(f"no {timing.DILOCO_REFERENCE} run to take the target loss from: add it to --only or give --target")
+        return dict.fromkeys(seeds, args.target), "--target"
+    found: dict[int, float] = {}
+    for p in [*planned, *linked]:  # without a link first
+        if p.row.label == timing.DILOCO_REFERENCE and p.seed not in found and (folder / p.name).is_dir():
+            try:
+                loss = load_run(folder / p.name).final_validation_loss
+            except ReportError:
+                continue
+            if loss is not None:
+                found[p.seed] = loss
+    missing = [s for s in seeds if s not in found]
+    if missing:
+        raise UsageError(f"no finished {timing.DILOCO_REFERENCE} run of seed(s) {missing} to take the target loss "
+                         "from: add it to --only or give --target")
+    return found, f"{timing.DILOCO_REFERENCE}'s final loss, seed by seed"
 
 
-def _finish_links(args: CompareOptions, values: list[dict], linked: list[Planned], folder: Path) -> dict:
-    target, source = _target(args, values, linked, folder)
+def _finish_links(args: CompareOptions, planned: list[Planned], linked: list[Planned], folder: Path) -> dict:
+    targets, source = _targets(args, planned, linked, folder)
     timed = [timing.Timed(p.row.label, p.link_mbps, p.seed, folder / p.name) for p in linked]
-    rows = timing.mean_rows([t.row(target) for t in timed])
-    text = timing.text(rows, target, source)
+    rows = timing.mean_rows([t.row(targets[t.seed]) for t in timed])
+    shown = sum(targets.values()) / len(targets)
+    text = timing.text(rows, shown, source + (" (mean shown)" if len(set(targets.values())) > 1 else ""))
     order = "\n".join(timing.orderings(rows))
     print(f"\n{text}\n\nfastest to target, per link:\n{order}")
-    timing.plot(timed, folder, target)
+    timing.plot(timed, folder, targets[min(targets)])
     with open(folder / "compare.md", "a") as f:
         f.write(f"\nTime to target over emulated links:\n\n```\n{text}\n\nfastest to target, per link:\n{order}\n```\n")
-    return {"target": target, "target_source": source, "rows": rows}
+    return {"target": shown, "targets_by_seed": {str(k): v for k, v in targets.items()}, "target_source": source,
+            "rows": rows}
 
 
 def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | None = None) -> None:
@@ -185,9 +204,14 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
         write_plots(seed0, folder)
     (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n\nTargets:\n\n```\n{targets}\n```\n")
     result = {"suite": suite.name, "rows": values, "targets": [{"target": t, "met": ok} for t, ok in checks]}
-    if linked:
-        result["links"] = _finish_links(args or CompareOptions(), values, linked, folder)
-    (folder / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
+    try:
+        if linked:
+            result["links"] = _finish_links(args or CompareOptions(), planned, linked, folder)
+    except UsageError as err:
+        result["links"] = {"error": str(err)}
+        raise
+    finally:
+        (folder / "compare.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,7 +227,13 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(args.out or f"outputs/compare/{suite.name}-{args.objective}-{data_label}")
         planned = plan(suite, objective=args.objective, data=args.data, seeds=args.seeds, steps=args.steps,
                        extra=extra, only=args.only)
-        planned += over_links(suite, planned, _links(args.link), args.link_latency_ms, extra)
+        linked = over_links(suite, planned, _links(args.link), args.link_latency_ms, extra)
+        if args.link and not linked:
+            raise UsageError("--link: none of the chosen rows has replica groups (DDP rows have no link)")
+        if linked and args.target is None and timing.DILOCO_REFERENCE not in {p.row.label for p in planned}:
+            raise UsageError(f"--link times runs to the {timing.DILOCO_REFERENCE} run's final loss: add "
+                             f'"{timing.DILOCO_REFERENCE}" to --only, or give --target LOSS')
+        planned += linked
         for p in planned:
             _resolve(p)
     except (UsageError, SuiteError) as err:

@@ -183,7 +183,9 @@ class Exchange(Configurable):
         """Replica ``rank``'s collectives in one sync of a fragment with ``numel`` compressed and
         ``numel_dense`` skipped elements, from the wire format alone, for any K: per collective
         its payload and the bytes it sends and receives (what the exchange counts from its
-        buffers; a sync's one-off bytes ride with its first collective, as they are issued)."""
+        buffers; a sync's one-off bytes ride with the first collective listed, as they ride with
+        the first one issued). Listed stream by stream, which need not be the issue order: the
+        sums, and the link's queued time, do not depend on it."""
         phases: list[dict[str, float]] = []
         layout_numel = {COMPRESSED: numel, DENSE: numel_dense}
         for stream, codec in self.codecs.items():

@@ -295,7 +295,7 @@ CUT_STEP = textwrap.dedent(
     dist.all_reduce(sums)
     trainer.train()
     if rank == 0:
-        logged = next(json.loads(line) for line in open(os.path.join(dump, "metrics.jsonl")))
+        logged = next(r for r in map(json.loads, open(os.path.join(dump, "metrics.jsonl"))) if "loss" in r)
         print("RESULT " + json.dumps({"logged": logged["loss"], "step": logged["step"], "hand": (sums[0] / sums[1]).item(),
                                       "before_cut": (sums[0] / sums[2]).item(), "cut": sums[3].item(),
                                       "micro": accumulation}), flush=True)

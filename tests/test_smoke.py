@@ -207,6 +207,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "bench/generate.py": f"{BENCH_TEST}[generate.py]",
     "bench/gpu_suite.py": f"{BENCH_TEST}[gpu_suite.py]",
     "bench/gpu_throughput.py": f"{BENCH_TEST}[gpu_throughput.py]",
+    "bench/link_planner.py": f"{BENCH_TEST}[link_planner.py]",
     "bench/live_bytes.py": f"{BENCH_TEST}[live_bytes.py]",
     "bench/machine.py": f"{BENCH_TEST}[machine.py]",
     "bench/muon.py": f"{BENCH_TEST}[muon.py]",

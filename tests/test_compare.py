@@ -250,13 +250,16 @@ def test_sigterm_stops_the_running_run_with_the_suite(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path):
+def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path, capsys):
     """``--link``: the row runs again over an emulated link (its own folder) and a second table
     gives its wall-clock to the dense DiLoCo run's final loss, its link share and a PNG."""
+    from muloco.compare.__main__ import main as compare_main
+
     out = tmp_path / "suite"
     args = ["--only", "DiLoCo K=2", "--steps", "4", "--link", "2mbps", "--out", str(out), "--", *TINY_SUITE]
-    code, dry, _ = _compare([*args[:-len(TINY_SUITE) - 1], "--dry-run", "--", *TINY_SUITE], REPO, timeout=300)
-    assert code == 0 and "_link2mbps_seed0" in dry and "--outer.link.mbps 2 --outer.link.latency_ms 0" in dry
+    assert compare_main([*args[:-len(TINY_SUITE) - 1], "--dry-run", "--", *TINY_SUITE]) == 0
+    dry = capsys.readouterr().out
+    assert "_link2mbps_seed0" in dry and "--outer.link.mbps 2 --outer.link.latency_ms 0" in dry
     code, stdout, stderr = _compare(args, REPO)
     assert code == 0, stdout + stderr[-4000:]
     result = json.loads((out / "compare.json").read_text())
@@ -271,13 +274,23 @@ def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path):
     assert "over emulated links" in stdout and "2 Mbps" in stdout and "fastest to target, per link" in stdout
     assert (out / "loss_vs_wallclock_2mbps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Time to target over emulated links" in (out / "compare.md").read_text()
-    for bad, message in ((["--link", "fast"], "--link: 'fast' is not a link speed"),
-                         (["--target", "3.5"], "--target is the loss the runs over --link are timed to"),
-                         (["--link", "1gbps", "--only", "DDP AdamW"], "none of the chosen rows has replica groups"),
-                         (["--link", "1gbps", "--only", "MuLoCo K=2"], 'add "DiLoCo K=2" to --only, or give --target'),
-                         (["--link", "1gbps", "--link-latency-ms", "inf"], "--link-latency-ms inf: must be a finite")):
-        code, _, err = _compare([*bad, "--dry-run"], REPO, timeout=300)
-        assert code == 2 and message in err and err.count("error:") == 1, err
+
+
+@pytest.mark.parametrize("bad,message", [
+    (["--link", "fast"], "--link: 'fast' is not a link speed"),
+    (["--target", "3.5"], "--target is the loss the runs over --link are timed to"),
+    (["--link", "1gbps", "--only", "DDP AdamW"], "none of the chosen rows has replica groups"),
+    (["--link", "1gbps", "--only", "MuLoCo K=2"], 'add "DiLoCo K=2" to --only, or give --target'),
+    (["--link", "1gbps", "--link-latency-ms", "inf"], "--link-latency-ms inf: must be a finite"),
+    (["--link", "1gbps,1000mbps"], "a link speed is given twice"),
+])
+def test_bad_link_options_are_one_clear_error_before_anything_runs(bad, message, capsys, tmp_path):
+    from muloco.compare.__main__ import main as compare_main
+
+    assert compare_main([*bad, "--out", str(tmp_path / "s"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1, err
+    assert not (tmp_path / "s").exists()
 
 
 def test_time_to_target_leaves_validation_out_and_refuses_to_time_a_resumed_run(tmp_path):

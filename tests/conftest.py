@@ -85,9 +85,11 @@ def train_losses(folder: Path) -> dict[int, float]:
 
 SLURM_MODULES = {"test_slurm_cluster.py", "test_slurm_jobs.py"}
 """The modules whose tests share the session's one local SLURM (the ``slurm`` fixture)."""
-LONG_FIRST = ["test_slurm_jobs.py", "test_slurm_cluster.py", "test_diloco.py", "test_smoke.py",
-              "test_bench_smoke.py", "test_muon.py", "test_compress.py", "test_launch_orphans.py",
-              "test_launch_dump_lock.py", "test_launch.py", "test_report.py", "test_training.py"]
+LONG_FIRST = ["test_slurm_jobs.py", "test_slurm_cluster.py", "test_diloco.py", "test_diffusion.py",
+              "test_export.py", "test_compare.py", "test_training.py", "test_smoke.py", "test_bench_smoke.py",
+              "test_compressed_exchange.py", "test_evaluate.py", "test_import.py", "test_preemption.py",
+              "test_report.py", "test_muon.py", "test_compress.py", "test_launch_orphans.py",
+              "test_launch_dump_lock.py", "test_launch.py"]
 """Modules that take longest start first, so the two workers finish together (the rest follow in
 their usual order). Only an order: a module missing here just starts later."""
 

@@ -201,8 +201,9 @@ SPARSELOCO_CONFIG = "diloco/sparseloco"
 """The shipped SparseLoCo config, planned as its own row (its exchange exactly as it ships)."""
 
 
-def sparseloco_exchange(strategy: str):
-    """SparseLoCo's exchange from its shipped config, with ``strategy``."""
+def sparseloco_exchanges() -> list:
+    """SparseLoCo's exchange from its shipped config (loaded once), over all-gather and over
+    reduce-scatter."""
     import dataclasses
 
     from muloco import compat
@@ -212,14 +213,13 @@ def sparseloco_exchange(strategy: str):
     from muloco.outer.exchange.strategies import AllGather, ReduceScatter
 
     config = load_config(SPARSELOCO_CONFIG).outer.exchange
-    chosen = {"allgather": AllGather.Config(), "reduce_scatter": ReduceScatter.Config()}[strategy]
-    return dataclasses.replace(config, strategy=chosen)
+    return [dataclasses.replace(config, strategy=s) for s in (AllGather.Config(), ReduceScatter.Config())]
 
 
 def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None = None, config=None,
                  label: str | None = None) -> Sync:
-    """The link time of one fragment's sync (the emulated link's model on the wire format), for
-    ``--bits``/``--strategy`` or the given exchange ``config``."""
+    """The link time of a round's syncs, fragment by fragment (the emulated link's model on the
+    wire format), for ``--bits``/``--strategy`` or the given exchange ``config``."""
     from muloco.link_model import transfer_seconds
 
     bits = inputs.bits if bits is None else bits
@@ -305,8 +305,8 @@ def plan(inputs: Inputs) -> Plan:
         for strategy in ("allreduce",) if bits >= 16 else ("allgather", "reduce_scatter"):
             sync = project_sync(inputs, bits, strategy)
             candidates.append((sync, project_round(inputs, sync, seconds), h_needed(inputs, sync, seconds)))
-    for strategy in ("allgather", "reduce_scatter"):
-        sync = project_sync(inputs, config=sparseloco_exchange(strategy), label="SparseLoCo")
+    for config in sparseloco_exchanges():
+        sync = project_sync(inputs, config=config, label="SparseLoCo")
         candidates.append((sync, project_round(inputs, sync, seconds), h_needed(inputs, sync, seconds)))
     fits = [sync for sync, r, _ in candidates if r.share <= inputs.max_share]
     best = max(fits, key=lambda sync: sync.bits_per_parameter) if fits else None

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from muloco.launch.cli import dump_folder_in
+from muloco.link_model import format_rate
 from muloco.run_facts import RUN_FILE, method_of, missing_facts
 
 EXIT_BAD_INPUT = 2
@@ -492,8 +493,6 @@ def _cells(run: Run, marked: bool) -> list[str]:
 
 def _emulated(run: Run) -> str:
     """What a time of a run over an emulated link (``--outer.link.mbps``) is marked with."""
-    from muloco.link_model import format_rate
-
     link = ((run.facts or {}).get("outer") or {}).get("link")
     return f" (emulated {format_rate(link['mbps'])} link)" if link else ""
 

@@ -45,6 +45,7 @@ from typing import Annotated
 import tyro
 
 from muloco.atomic_file import write_atomically
+from muloco.link_model import format_rate
 from muloco.launch.cli import UsageError, parse
 from muloco.launch.cluster import ClusterError, ClusterOptions, ClusterUnreachable
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
@@ -154,8 +155,6 @@ def run_name(cfg) -> str:
 
 def _link_label(link: dict) -> str:
     """``link100mbps``, ``link1gbps-50ms``: the emulated link as a folder name says it."""
-    from muloco.link_model import format_rate
-
     latency = f"-{link['latency_ms']:g}ms" if link.get("latency_ms") else ""
     return "link" + format_rate(link["mbps"]).replace(" ", "").lower() + latency
 

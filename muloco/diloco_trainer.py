@@ -75,6 +75,8 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         self.outer = config.outer.build(
             model=self.model_parts[0], manager=manager, device=self.device, replica_id=ft.replica_id,
             coordinator=coordinator, max_commit_failures=ft.max_commit_failures,
+            total_steps=config.lr_scheduler.total_steps or config.training.steps,
+            inner_lr_factor=self.lr_schedulers.schedulers[0].lr_lambdas[0],
         )
         if config.outer.link.enabled:  # the step and summary figures include its waits: they say so
             self.metrics_processor.emulated_link = config.outer.link.describe()
@@ -91,7 +93,8 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             f"DiLoCo replica {config.fault_tolerance.replica_id} of {config.fault_tolerance.group_size}: "
             f"H={s.sync_every}, {s.num_fragments} fragment(s) every {s.interval} steps, "
             f"τ={s.delay}, α={config.outer.fragment_update_alpha}, outer {config.outer.optimizer.name} "
-            f"lr={config.outer.optimizer.lr} momentum={config.outer.optimizer.momentum}"
+            f"lr={config.outer.optimizer.lr} momentum={config.outer.optimizer.momentum}, schedules: "
+            f"{config.outer.step_schedule.describe()}"
         )
         logger.info(self.outer.describe_memory())
 

@@ -202,18 +202,18 @@ SPARSELOCO_CONFIG = "diloco/sparseloco"
 
 
 def sparseloco_exchanges() -> list:
-    """SparseLoCo's exchange from its shipped config (loaded once), over all-gather and over
-    reduce-scatter."""
+    """SparseLoCo's exchange from its shipped config (loaded once), over all-gather (a sparse
+    codec cannot go over reduce-scatter: its owners' re-encode would drop coordinates)."""
     import dataclasses
 
     from muloco import compat
 
     compat.apply()  # the config modules import torchtitan's trainer (a triton stub on CPU-only torch)
     from muloco.config import load_config
-    from muloco.outer.exchange.strategies import AllGather, ReduceScatter
+    from muloco.outer.exchange.strategies import AllGather
 
     config = load_config(SPARSELOCO_CONFIG).outer.exchange
-    return [dataclasses.replace(config, strategy=s) for s in (AllGather.Config(), ReduceScatter.Config())]
+    return [dataclasses.replace(config, strategy=AllGather.Config())]
 
 
 def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None = None, config=None,

@@ -74,6 +74,8 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "overlap_steps": outer.fragment_sync_delay,
         "fragment_update_alpha": outer.fragment_update_alpha,
         "optimizer": _settings(outer.optimizer),
+        "step_schedule": {name: _settings(getattr(outer.step_schedule, name)) for name in ("lr", "momentum", "feedback_beta")
+                          if not getattr(outer.step_schedule, name).constant},
         "codec": codec,
         "error_feedback": {"enabled": bool(ef.enabled) and lossy, "beta": ef.beta},
         "strategy": _variant_name(exchange.resolved_strategy()),

@@ -118,9 +118,9 @@ DRILLS = {d.name: d for d in [
           lambda r: _one_kill(f"mid:1:{_mid_step(r, 21, 69)}")),
     Drill("exchange", "inside an exchange: after the quorum, before sending",
           lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}")),
-    Drill("exchange-compressed", "inside a top-k reduce-scatter exchange",
+    Drill("exchange-compressed", "inside a 2-bit reduce-scatter exchange",
           lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"),
-          ("--outer.exchange.codec", "topk", "--outer.exchange.codec.fraction", "0.25",
+          ("--outer.exchange.codec", "quantize", "--outer.exchange.codec.bits", "2",
            "--outer.exchange.strategy", "reduce_scatter")),
     # its first restart joins the quorum of sync 60 and is killed while downloading; the
     # second joins that of HEAL_AT and heals

@@ -287,12 +287,46 @@ def test_sparseloco_payload_is_its_bits_per_parameter_formula():
 def test_mean_over_selectors_divides_each_coordinate_by_who_sent_it():
     plain = make_codec("topk", fraction=0.5, chunk_size=4, value_dtype="float32")
     selectors = make_codec("topk", fraction=0.5, chunk_size=4, value_dtype="float32", mean_over_selectors=True)
-    rows = torch.tensor([[2.0, 0.0, 4.0, 0.0], [6.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 3.0]])
+    sent = torch.tensor([[2.0, 0.0, 4.0, 0.0], [6.0, 0.0, 0.0, 0.5], [1.0, 0.0, 0.0, 3.0]])
+    payloads = torch.stack([selectors.encode(row) for row in sent])
+    rows = selectors.decode(payloads, 4)
     out = torch.empty(4)
     plain.mean_into(out, rows)
-    assert torch.equal(out, torch.tensor([3.0, 0.0, 4 / 3, 1.0]))
-    selectors.mean_into(out, rows)
-    assert torch.equal(out, torch.tensor([3.0, 0.0, 4.0, 3.0]))
+    assert torch.equal(out, torch.tensor([3.0, 0.0, 4 / 3, 7 / 6]))
+    selectors.mean_into(out, rows, payloads)
+    assert torch.equal(out, torch.tensor([3.0, 0.0, 4.0, 1.75]))
+
+
+def test_a_selected_coordinate_counts_even_when_its_value_is_zero():
+    """A replica that selected a coordinate counts in its mean, whatever value it sent: with
+    fraction 1 both replicas select everything, so the mean is the plain one."""
+    codec = make_codec("topk", fraction=1.0, chunk_size=4, value_dtype="float32", mean_over_selectors=True)
+    a, b = torch.tensor([0.0, 1.0, 0.0, 3.0]), torch.tensor([2.0, 2.0, 0.0, 1.0])
+    payloads = torch.stack([codec.encode(a), codec.encode(b)])
+    assert torch.equal(codec.selection_counts(payloads, 4), torch.full((4,), 2.0))
+    out = torch.empty(4)
+    codec.mean_into(out, codec.decode(payloads, 4), payloads)
+    assert torch.equal(out, torch.tensor([1.0, 1.5, 0.0, 2.0]))
+    with pytest.raises(ValueError, match="needs the payloads"):
+        codec.mean_into(out, codec.decode(payloads, 4))
+
+
+def test_selection_counts_follow_the_indices_of_quantized_and_padded_payloads():
+    """12-bit indices, 2-bit values and a zero-padded last chunk: the counts are the number of
+    payloads whose index set holds each coordinate, nothing past numel."""
+    codec = make_codec("topk", fraction=0.25, chunk_size=64, value_bits=2, value_scheme="statistical",
+                       index_bits=12, mean_over_selectors=True)
+    n = 64 * 3 + 10
+    xs = [gaussian(n, seed=s) for s in range(3)]
+    payloads = torch.stack([codec.encode(x) for x in xs])
+    expected = torch.zeros(n)
+    for x in xs:
+        for start in range(0, n, 64):
+            piece = x[start:start + 64].abs()
+            k = max(1, round(0.25 * 64))
+            picked = piece.topk(min(k, piece.numel())).indices + start
+            expected[picked] += 1
+    assert torch.equal(codec.selection_counts(payloads, n), expected)
 
 
 # ---------------------------------------------------------------------- error feedback

@@ -208,12 +208,10 @@ CASES = {
     "allgather-2bit": dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="allgather"),
     "reduce_scatter-2bit": dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="reduce_scatter"),
     "allgather-topk": dict(codec=["topk", dict(fraction=0.25, chunk_size=64)], strategy="allgather"),
-    "reduce_scatter-topk-skipnorm": dict(codec=["topk", dict(fraction=0.25, chunk_size=64)],
+    "reduce_scatter-4bit-skipnorm": dict(codec=["quantize", dict(bits=4, block_size=64)],
                                          strategy="reduce_scatter", skip_pattern=r"norm\.weight$"),
     "allreduce-dense": dict(codec=["dense", {}]),
     "allgather-sparseloco": dict(codec=["topk", SPARSELOCO], strategy="allgather", error_feedback=dict(beta=0.95)),
-    "reduce_scatter-sparseloco": dict(codec=["topk", SPARSELOCO], strategy="reduce_scatter",
-                                      error_feedback=dict(beta=0.95)),
 }
 
 
@@ -320,7 +318,7 @@ def test_buckets_and_overlap_change_nothing_bitwise_and_memory_stays_bounded(tmp
 def test_time_waiting_for_the_slowest_is_told_apart_from_the_headers(tmp_path):
     """Each replica reports a different quorum time (0.01·(r+1) s here); each one's wait for
     the slowest is its own minus the fastest's, and the exchange's parts are measured."""
-    got = _run(tmp_path, dict(codec=["topk", dict(fraction=0.25, chunk_size=64)], strategy="reduce_scatter"),
+    got = _run(tmp_path, dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="reduce_scatter"),
                rounds=1)
     for r in range(3):
         assert got[r][0]["slowest"] == pytest.approx(0.01 * r, abs=1e-6)
@@ -342,6 +340,8 @@ def test_time_waiting_for_the_slowest_is_told_apart_from_the_headers(tmp_path):
          r"outer.exchange.error_feedback.beta must be in"),
         (lambda: Exchange.Config(codec=Quantizer.Config(), strategy=AllReduce.Config()),
          "strategy allreduce: allreduce sums payloads as numbers"),
+        (lambda: Exchange.Config(codec=TopK.Config(), strategy=ReduceScatter.Config()),
+         r"strategy reduce_scatter: .* would drop about half .* use --outer.exchange.strategy allgather with topk"),
         (lambda: Exchange.Config(skip_pattern="norm("), "skip_pattern is not a valid regex"),
         (lambda: Exchange.Config(skip_dtype="int8"), "skip_dtype must be one of"),
         (lambda: Exchange.Config(bucket_mb=0.0), "bucket_mb must be a positive number"),

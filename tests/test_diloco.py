@@ -61,10 +61,10 @@ def _committed_hashes(dump, replica):
         (2, ("--optimizer.name", "Muon", "--optimizer.lr", "0.02", "--outer.exchange.codec", "quantize",  # MuLoCo
              "--outer.exchange.codec.bits", "2", "--outer.exchange.skip_pattern", r"norm\.weight$",
              "--objective", "mdlm")),  # ... training a masked-diffusion model
-        (3, ("--outer.exchange.codec", "topk", "--outer.exchange.codec.fraction", "0.1",
+        (3, ("--outer.exchange.codec", "quantize", "--outer.exchange.codec.bits", "4",
              "--outer.exchange.strategy", "reduce_scatter")),
     ],
-    ids=["diloco-k2", "streaming-k3", "muloco-2bit-ef-mdlm-k2", "topk-reduce-scatter-k3"],
+    ids=["diloco-k2", "streaming-k3", "muloco-2bit-ef-mdlm-k2", "4bit-reduce-scatter-k3"],
 )
 def test_replicas_train_and_hold_identical_global_params_after_every_sync(cluster, tmp_path, k, extra):
     c = cluster(k, min_replicas=k)  # a quorum waits for every replica, however slow: all in every sync
@@ -138,7 +138,7 @@ def test_one_replica_group_trains_and_its_summary_claims_no_savings(cluster, tmp
 
 @pytest.mark.timeout(900)
 def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(cluster, tmp_path):
-    """SIGKILL one of three replicas inside a top-k reduce-scatter exchange (τ = 3).
+    """SIGKILL one of three replicas inside a 2-bit reduce-scatter exchange (τ = 3).
 
     The survivors decode what the failed collective left in their buffers without
     crashing, do not commit that sync, commit again without the dead replica (a majority,
@@ -153,8 +153,8 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
     dump, markers = tmp_path / "run", tmp_path / "drills"
     markers.mkdir()
     steps, hold = 40, 30  # the sync prepared at 27 commits without the dead replica, then they hold
-    extra = ("--outer.fragment_sync_delay", "3", "--outer.exchange.codec", "topk",
-             "--outer.exchange.codec.fraction", "0.25", "--outer.exchange.strategy", "reduce_scatter")
+    extra = ("--outer.fragment_sync_delay", "3", "--outer.exchange.codec", "quantize",
+             "--outer.exchange.codec.bits", "2", "--outer.exchange.strategy", "reduce_scatter")
     drill_step = 17  # prepared at 17, applied at 20 (τ = 3)
     drills = {"MULOCO_TEST_DRILLS": f"exchange:2:{drill_step},hold:0:{hold},hold:1:{hold}",
               "MULOCO_TEST_DRILL_DIR": str(markers)}
@@ -190,12 +190,19 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("config", ["diloco/diloco", "diloco/sparseloco"])
-def test_whole_job_cold_restart_continues_exactly(cluster, tmp_path, config):
+@pytest.mark.parametrize("config,schedules", [
+    ("diloco/diloco", ("--outer.step_schedule.lr.warmup", "0.3", "--outer.step_schedule.lr.decay", "cosine",
+                       "--outer.step_schedule.lr.decay_from", "0.5", "--outer.step_schedule.lr.final", "0.2",
+                       "--outer.step_schedule.momentum.decay", "inner")),
+    ("diloco/sparseloco", ("--outer.step_schedule.feedback_beta.decay", "linear",
+                           "--outer.step_schedule.feedback_beta.final", "0.5")),
+], ids=["diloco-scheduled-outer-step", "sparseloco-scheduled-beta"])
+def test_whole_job_cold_restart_continues_exactly(cluster, tmp_path, config, schedules):
     """Stop the whole job at a checkpoint, start it again: same losses and θ_g as one run.
     SparseLoCo's error-feedback residual is its outer momentum: each rank's is in its
-    checkpoint, or the restarted job would send other top-k entries and drift."""
-    total = ["--lr_scheduler.total_steps", "40"]
+    checkpoint, or the restarted job would send other top-k entries and drift. The outer
+    step's schedules (lr, momentum, error-feedback β) go on where they were."""
+    total = ["--lr_scheduler.total_steps", "40", *schedules]
 
     def job(dump, steps):
         # min_replicas=2: a replica that resumes faster must not sync alone (it would then

@@ -29,6 +29,7 @@ from muloco.compress import Dense, Quantizer  # noqa: E402
 from muloco.outer import OuterLoop, OuterOptimizer, SyncSchedule, model_fragments  # noqa: E402
 from muloco.outer.exchange import PARTS, ReduceScatter  # noqa: E402
 from muloco.outer.schedule import ScheduleError  # noqa: E402
+from muloco.outer.step_schedule import StepSchedules, ValueSchedule  # noqa: E402
 
 
 # ----------------------------------------------------------------- schedule
@@ -117,6 +118,49 @@ def test_bad_outer_optimizer_settings_are_refused(kwargs, match):
         OuterOptimizer.Config(**kwargs).validate()
 
 
+# ------------------------------------------------------ outer-step schedules
+def test_schedules_give_the_hand_computed_factors_over_a_run():
+    total = 100
+    build = lambda **kw: ValueSchedule.Config(**kw).build(total_steps=total)  # noqa: E731
+    constant = build()
+    assert [constant.factor(s) for s in (0, 10, 100)] == [1.0, 1.0, 1.0]
+    warm = build(warmup=0.2, start=0.5)  # 0.5 -> 1 over steps 0..20, then 1
+    assert [warm.factor(s) for s in (0, 10, 20, 60)] == [0.5, 0.75, 1.0, 1.0]
+    linear = build(decay="linear", decay_from=0.5, final=0.2)  # 1 until step 50, then down to 0.2 at 100
+    assert [linear.factor(s) for s in (30, 50, 75, 100)] == pytest.approx([1.0, 1.0, 0.6, 0.2])
+    pier = build(warmup=0.1, start=0.0, decay="cosine", decay_from=0.2, final=0.9)
+    assert pier.factor(5) == pytest.approx(0.5)
+    assert pier.factor(15) == 1.0
+    q = (60 / 100 - 0.2) / 0.8
+    assert pier.factor(60) == pytest.approx(0.9 + 0.1 * 0.5 * (1 + math.cos(math.pi * q)))
+    assert pier.factor(100) == pytest.approx(0.9) and pier.factor(150) == pytest.approx(0.9)  # past the end: held
+    inner = ValueSchedule.Config(decay="inner").build(total_steps=total, inner_factor=lambda step: 1 / (1 + step))
+    assert [inner.factor(s) for s in (0, 3)] == [1.0, 0.25]
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"decay": "exp"}, "decay must be one of none, linear, cosine, inner"),
+    ({"warmup": 1.0}, r"warmup is a share of the run, in \[0, 1\)"),
+    ({"warmup": 0.3, "decay": "linear", "decay_from": 0.1}, "decay_from .* must be at least .*warmup"),
+    ({"warmup": 0.1, "decay": "inner"}, "follows the inner schedule, warmup included"),
+    ({"final": -1.0}, "final must be a finite factor >= 0"),
+])
+def test_bad_schedules_are_one_clear_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ValueSchedule.Config(**kwargs).validate("outer.step_schedule.lr")
+
+
+def test_a_momentum_schedule_that_would_reach_one_is_refused():
+    schedules = StepSchedules(momentum=ValueSchedule.Config(warmup=0.1, start=1.2))
+    with pytest.raises(ValueError, match="momentum must stay < 1"):
+        schedules.validate(momentum=0.9, beta=0.95)
+    cfg = OuterLoop.Config()
+    cfg.optimizer.name = "none"
+    cfg.step_schedule.lr.decay = "cosine"
+    with pytest.raises(ValueError, match="none averages the models"):
+        cfg.validate()
+
+
 # ------------------------------------------------ the loop on real torchft
 def _inner_update(p: torch.Tensor, replica: int, step: int, index: int) -> torch.Tensor:
     """A deterministic stand-in for an inner optimizer step (differs per replica)."""
@@ -124,8 +168,9 @@ def _inner_update(p: torch.Tensor, replica: int, step: int, index: int) -> torch
     return 0.01 * (replica + 1) * torch.sin(n + step + 3 * index)
 
 
-def _reference(init, k, steps, h, p, tau, alpha, lr, mu, name):
-    """DiLoCo written out by hand, float64: returns θ_g after every sync."""
+def _reference(init, k, steps, h, p, tau, alpha, lr, mu, name, lr_at=None, mu_at=None):
+    """DiLoCo written out by hand, float64: returns θ_g after every sync; ``lr_at``/``mu_at``:
+    the outer lr and momentum of the sync performed after step t (scheduled), else constant."""
     model = Tiny(4)
     frags = [[n for n, _ in f] for f in model_fragments(model, p)]
     index = {n: i for i, (n, _) in enumerate(model.named_parameters())}
@@ -141,6 +186,7 @@ def _reference(init, k, steps, h, p, tau, alpha, lr, mu, name):
             frag = frags[syncs % p]
             snap = {n: sum(glob[n] - local[r][n] for r in range(k)) / k for n in frag}
         if t % interval == 0:
+            lr, mu = (lr_at(t) if lr_at else lr), (mu_at(t) if mu_at else mu)
             for n, g in snap.items():
                 if name == "none":
                     glob[n] = glob[n] - g
@@ -184,7 +230,7 @@ def _run_replica(r, k, lighthouse, init, steps, cfg, out, errors, poison_step=No
         with torch.no_grad():
             for n, p in model.named_parameters():
                 p.copy_(init[n])
-        loop = cfg.build(model=model, manager=manager, device=torch.device("cpu"))
+        loop = cfg.build(model=model, manager=manager, device=torch.device("cpu"), total_steps=steps)
         names = [n for n, _ in model.named_parameters()]
         history = []
         for t in range(1, steps + 1):
@@ -261,6 +307,44 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
         assert set(rec.parts) == set(PARTS) and all(v >= 0 for v in rec.parts.values())
         assert sum(rec.parts.values()) == pytest.approx(rec.seconds, rel=1e-6, abs=1e-9)
         assert rec.peak_extra_bytes >= 4 * rec.numel
+
+
+@pytest.mark.timeout(600)
+def test_scheduled_outer_steps_match_the_hand_written_loop_and_agree_bitwise():
+    """A Nesterov step whose lr warms up then decays by a cosine and whose momentum decays
+    linearly (Pier's shape), each sync with its own η and μ: θ_g after every sync equals DiLoCo
+    written out with those values, on both replicas bit for bit, and the records say them."""
+    k, h, steps, lr, mu = 2, 4, 24, 0.8, 0.95
+    torch.manual_seed(2)
+    init = {n: t.detach().clone() for n, t in Tiny(4).named_parameters()}
+    cfg = OuterLoop.Config(sync_every=h)
+    cfg.optimizer.lr, cfg.optimizer.momentum = lr, mu
+    cfg.step_schedule.lr = ValueSchedule.Config(warmup=0.25, start=0.5, decay="cosine", decay_from=0.5, final=0.1)
+    cfg.step_schedule.momentum = ValueSchedule.Config(decay="linear", final=0.5)
+
+    def lr_at(t):
+        p = t / steps
+        if p < 0.25:
+            return lr * (0.5 + 0.5 * p / 0.25)
+        if p <= 0.5:
+            return lr
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (p - 0.5) / 0.5)))
+
+    def mu_at(t):
+        return mu * (0.5 + 0.5 * (1 - t / steps))
+
+    out = _run_replicas(k, init, steps, cfg)
+    expected = _reference({n: v.double() for n, v in init.items()}, k, steps, h, 1, 0, 0.0, lr, mu, "nesterov",
+                          lr_at=lr_at, mu_at=mu_at)
+    for r in range(k):
+        history, records, _ = out[r]
+        assert [rec.outer_lr for rec in records] == pytest.approx([lr_at(t) for t in range(h, steps + 1, h)])
+        assert [rec.outer_momentum for rec in records] == pytest.approx([mu_at(t) for t in range(h, steps + 1, h)])
+        for got, want in zip(history, expected, strict=True):
+            for n in want:
+                torch.testing.assert_close(got[n].double(), want[n], rtol=1e-5, atol=1e-5)
+    for a, b in zip(out[0][0], out[1][0]):
+        assert all(torch.equal(a[n], b[n]) for n in a)
 
 
 @pytest.mark.timeout(900)

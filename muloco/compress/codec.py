@@ -34,6 +34,9 @@ class Codec(Configurable):
     name: str = "codec"
     lossless: bool = False
     """Decoding gives back exactly what was encoded (error feedback has nothing to carry)."""
+    sparse: bool = False
+    """A payload carries a chosen subset of the coordinates (top-k): re-encoding an average of
+    several payloads drops coordinates, which the reduce-scatter strategy cannot feed back."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
@@ -62,9 +65,11 @@ class Codec(Configurable):
         """``(..., payload_bytes(numel))`` uint8 -> ``(..., numel)`` float32."""
         raise NotImplementedError
 
-    def mean_into(self, out: torch.Tensor, rows: torch.Tensor) -> None:
+    def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None) -> None:
         """``out`` ← the mean of the decoded payloads ``rows`` (c, m), c ≥ 1, added in row
-        order so every replica gets the same bits whatever its bucket sizes."""
+        order so every replica gets the same bits whatever its bucket sizes. ``payloads``
+        (c, payload_bytes(m)) are the encoded rows, for a codec whose mean needs more than
+        the decoded values (top-k's mean over the replicas that selected a coordinate)."""
         out.copy_(rows[0])
         for row in rows[1:]:
             out.add_(row)

@@ -41,6 +41,7 @@ VALUE_SCHEMES = ("absmax", "statistical")
 
 class TopK(Codec):
     name = "topk"
+    sparse = True
 
     @dataclass(kw_only=True, slots=True)
     class Config(Codec.Config):
@@ -129,19 +130,35 @@ class TopK(Codec):
         mean = ", mean over selectors" if self.mean_over_selectors else ""
         return f"topk({self.fraction:g}, chunk {self.chunk_size}, {values}, {self.index_bits}-bit indices{mean})"
 
-    def mean_into(self, out: torch.Tensor, rows: torch.Tensor) -> None:
+    def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None) -> None:
         """``out`` ← the average of the decoded payloads ``rows`` (c, m): their sum, added in
         row order (bitwise the same on every replica), over c or, with
-        ``mean_over_selectors``, over the rows that selected each coordinate."""
+        ``mean_over_selectors``, over the rows that *selected* each coordinate: read from the
+        payloads' indices, not from the decoded values, since a selected value may decode to
+        zero (a zero coordinate, or a quantized value in a bin whose mean is 0)."""
         if not self.mean_over_selectors:
             return super().mean_into(out, rows)
+        if payloads is None:
+            raise ValueError(f"{self.describe()}: the mean over selectors needs the payloads (their indices)")
+        count = self.selection_counts(payloads, rows.shape[-1])
         out.copy_(rows[0])
-        selected = rows[0] != 0
-        count = selected.to(torch.float32)
         for row in rows[1:]:
             out.add_(row)
-            count.add_(row != 0)
         out.div_(count.clamp_(min=1))
+
+    def selection_counts(self, payloads: torch.Tensor, numel: int) -> torch.Tensor:
+        """How many of the payloads ``(c, payload_bytes(numel))`` selected each coordinate:
+        float32 ``(numel,)``, one scatter-add of their indices (exact: small integers)."""
+        self.check_payload(payloads, numel)
+        nc, chunk, k = self.chunks(numel)
+        c = payloads.shape[0]
+        if nc == 0:
+            return torch.zeros(0, device=payloads.device)
+        index = unpack_indices(payloads[:, self._value_bytes(nc, k):], self.index_bits, nc * k)
+        index = index.reshape(c, nc, k).clamp(max=chunk - 1).permute(1, 0, 2).reshape(nc, c * k)
+        counts = torch.zeros(nc, chunk, dtype=torch.float32, device=payloads.device)
+        counts.scatter_add_(1, index, torch.ones(index.shape, dtype=torch.float32, device=payloads.device))
+        return counts.view(-1)[:numel]
 
     # ------------------------------------------------------------------ encode / decode
 

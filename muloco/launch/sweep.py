@@ -129,6 +129,32 @@ def _codec_detail(outer: dict) -> str:
     return f"top{codec['fraction']:g}-{ef}" if codec["name"] == "topk" else ef
 
 
+def _outer_step_label(outer: dict) -> str:
+    """The outer step as a folder name says it: ``olr0.7`` (DiLoCo's Nesterov with μ 0.9), the
+    optimizer and μ when they differ (``olr1-sgd``, ``olr0.7-m0.5``, ``avg``), the error-feedback
+    β when it is not the compressed configs' 0.95, and each scheduled value (``-m:w0.1c0.9``: a
+    warmup over 0.1 of the run, a cosine decay to 0.9; ``-lr:inner``)."""
+    opt = outer["optimizer"]
+    if opt["name"] == "none":
+        label = "avg"
+    else:
+        label = f"olr{opt['lr']:g}"
+        label += "" if opt["name"] == "nesterov" else f"-{opt['name']}"
+        label += "" if opt["momentum"] == (0.9 if opt["name"] == "nesterov" else 0.0) else f"-m{opt['momentum']:g}"
+    ef = outer["error_feedback"]
+    if ef["enabled"] and ef["beta"] != 0.95:
+        label += f"-b{ef['beta']:g}"
+    short = {"lr": "lr", "momentum": "m", "feedback_beta": "b"}
+    for name, s in (outer.get("step_schedule") or {}).items():
+        tag = f"w{s['warmup']:g}s{s['start']:g}" if s["warmup"] else ""
+        if s["decay"] == "inner":
+            tag += "inner"
+        elif s["decay"] != "none":
+            tag += f"{s['decay'][0]}{s['final']:g}" + (f"f{s['decay_from']:g}" if s["decay_from"] else "")
+        label += f"-{short[name]}:{tag}"
+    return label
+
+
 def _flavor_label(flavor: str) -> str:
     """The flavor as a folder name says it: ``w128-d4-h2``, ``hf-<folder name>`` for ``hf:DIR``."""
     from muloco.models import hf_folder
@@ -147,7 +173,7 @@ def run_name(cfg) -> str:
         parts += [f"K{outer['replica_groups']}", f"H{outer['sync_every']}", _codec_detail(outer)]
     parts.append(f"lr{cfg.optimizer.lr:g}")
     if outer is not None:
-        parts.append(f"olr{outer['optimizer']['lr']:g}")
+        parts.append(_outer_step_label(outer))
         if outer.get("link"):  # an emulated link: its own folder (the same training, other wall times)
             parts.append(_link_label(outer["link"]))
     return "_".join(p for p in parts if p)

@@ -27,7 +27,7 @@ import contextlib
 import hashlib
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -47,6 +47,7 @@ from muloco.outer.exchange.link import Link
 from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.placement import Placement, resolve_backup_device
 from muloco.outer.schedule import SyncSchedule, model_fragments
+from muloco.outer.step_schedule import StepSchedules
 
 __all__ = ["CoordinationError", "OutOfDateError", "OuterLoop", "SyncRecord"]
 
@@ -143,6 +144,11 @@ class SyncRecord:
     """Peak bytes of the buffers this sync held (Δ, averages, buckets in flight)."""
     parts: dict[str, float] = field(default_factory=dict)
     """``seconds`` split into :data:`muloco.outer.exchange.PARTS` (they add up to it)."""
+    outer_lr: float | None = None
+    """The outer learning rate and momentum this sync stepped with (their schedules' values)."""
+    outer_momentum: float | None = None
+    feedback_beta: float | None = None
+    """The error-feedback β this sync's payload was encoded with."""
 
     @property
     def bits_per_parameter(self) -> float:
@@ -225,6 +231,9 @@ class OuterLoop(Configurable):
         """Where θ_g and the outer momentum live: auto (the training device when it is an
         accelerator), device, or cpu (saves accelerator memory; pinned on CUDA)."""
         optimizer: OuterOptimizer.Config = field(default_factory=OuterOptimizer.Config)
+        step_schedule: StepSchedules = field(default_factory=StepSchedules)
+        """Schedules of the outer lr, momentum and error-feedback β over the run (constant by
+        default; ``outer/step_schedule.py``)."""
         exchange: Exchange.Config = field(default_factory=Exchange.Config)
         link: Link.Config = field(default_factory=Link.Config)
         """An emulated slow link between the replica groups (off by default): each collective of
@@ -237,6 +246,11 @@ class OuterLoop(Configurable):
             self.schedule()
             self.optimizer.validate()
             self.exchange.validate()
+            self.step_schedule.validate(momentum=self.optimizer.momentum, beta=self.exchange.error_feedback.beta)
+            if self.optimizer.name == "none" and not (self.step_schedule.lr.constant
+                                                      and self.step_schedule.momentum.constant):
+                raise ValueError("outer.optimizer.name none averages the models (no lr, no momentum): "
+                                 "drop outer.step_schedule.lr/momentum, or use --outer.optimizer.name sgd")
             self.link.validate()
             if not 0.0 <= self.fragment_update_alpha <= 1.0:
                 raise ValueError(
@@ -254,7 +268,11 @@ class OuterLoop(Configurable):
         replica_id: int = 0,
         coordinator: Coordinator | None = None,
         max_commit_failures: int = -1,
+        total_steps: int = 0,
+        inner_lr_factor: Callable[[int], float] | None = None,
     ):
+        """``total_steps``: the run's length the schedules' shares refer to (the inner schedule's
+        total); ``inner_lr_factor``: the inner lr's factor at a step, for schedules tied to it."""
         config.validate()
         self.replica_id = replica_id
         self.config = config
@@ -277,6 +295,10 @@ class OuterLoop(Configurable):
         self.heals: list[HealRecord] = []
         self._failures_in_a_row: list[str] = []
         self.num_params = sum(t.numel() for f in self.fragments for t in f.globals)
+        steps = total_steps or self.schedule.sync_every
+        self.lr_schedule, self.momentum_schedule, self.beta_schedule = (
+            s.build(total_steps=steps, inner_factor=inner_lr_factor) for s in
+            (config.step_schedule.lr, config.step_schedule.momentum, config.step_schedule.feedback_beta))
 
     def describe_memory(self) -> str:
         """What the outer state costs this rank, and where it lives."""
@@ -320,12 +342,15 @@ class OuterLoop(Configurable):
         started = time.perf_counter()
         view, step = self._meet(step, "sync")
         # a replica that just healed holds a copy of its peer's state: it adds nothing
-        self._start_exchange(view, started, contributes=self._healed_to is None, catching_up=False)
+        self._start_exchange(view, started, step, contributes=self._healed_to is None, catching_up=False)
         return step
 
-    def _start_exchange(self, view: QuorumView, started: float, *, contributes: bool, catching_up: bool) -> None:
-        """Start the exchange of the fragment due now; ``started``: when its quorum began."""
+    def _start_exchange(self, view: QuorumView, started: float, step: int, *, contributes: bool,
+                        catching_up: bool) -> None:
+        """Start the exchange of the fragment due now (after inner step ``step``, which sets the
+        error-feedback β's schedule); ``started``: when its quorum began."""
         quorum_seconds = time.perf_counter() - started
+        self.exchange.feedback.beta = self.config.exchange.error_feedback.beta * self.beta_schedule.factor(step)
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
         locals_ = frag.locals()
@@ -355,7 +380,9 @@ class OuterLoop(Configurable):
             failure = f"a replica failed in the exchange or the commit vote ({_first_line(err)})" if err else \
                 "fewer replica groups in the quorum than needed to commit"
         locals_ = frag.locals()
+        lr, momentum = self._outer_step_values(step)
         if committed:
+            frag.optimizer.set(lr=lr, momentum=momentum)
             frag.optimizer.step(self.placement.to_backup(averaged))
             clock.lap("outer_step")
             self._pull(frag.globals, locals_, self.config.fragment_update_alpha)
@@ -383,12 +410,20 @@ class OuterLoop(Configurable):
             healed_from=sync.quorum.healed_from,
             peak_extra_bytes=sync.exchange.peak_extra_bytes,
             parts=_parts(sync, clock, seconds),
+            outer_lr=lr,
+            outer_momentum=momentum,
+            feedback_beta=self.exchange.feedback.beta if self.exchange.feedback.enabled else None,
         )
         if self.config.fingerprint:
             record.global_sha256 = self.fingerprint()
         self.records.append(record)
         self._count_failures(record)
         return record
+
+    def _outer_step_values(self, step: int) -> tuple[float, float]:
+        """The outer lr and momentum of a sync performed after inner step ``step``."""
+        opt = self.config.optimizer
+        return opt.lr * self.lr_schedule.factor(step), opt.momentum * self.momentum_schedule.factor(step)
 
     def _veto(self, exchange: PendingExchange, averaged: list[torch.Tensor]) -> str | None:
         """A reason to refuse this sync on every replica (they all hold the same average),
@@ -452,7 +487,7 @@ class OuterLoop(Configurable):
         view, step = self._meet(step, "start")
         if self._healed_to is not None and step >= total_steps:
             return step, None  # the peers are done: their final state is ours now, no exchange
-        self._start_exchange(view, started, contributes=False, catching_up=self._healed_to is None)
+        self._start_exchange(view, started, step, contributes=False, catching_up=self._healed_to is None)
         if self._healed_to is None:
             logger.warning(f"no replica group ahead of this one was in quorum {view.quorum_id} (they may have "
                            "stopped); taking part in its sync without contributing, then training from step "

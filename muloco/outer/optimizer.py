@@ -8,6 +8,9 @@ rate is applied here and nowhere else. With g = mean Δ:
 - ``sgd``:      b ← μ·b + g;  θ_g ← θ_g − η·b
 - ``none``:     θ_g ← θ_g − g   (= the average of the local models; η, μ unused)
 
+η and μ may change from one sync to the next (:meth:`OuterOptimizer.set`, driven by the
+schedules in ``step_schedule.py``); torch's SGD reads them from its parameter group at each step.
+
 The step is ``torch.optim.SGD(momentum=μ, nesterov=True, foreach=True)`` (torch's
 multi-tensor kernels, one launch per op and dtype/device bucket), not a hand-written
 loop; its momentum buffers are created up front (zeros: the first step gives b = g,
@@ -63,6 +66,15 @@ class OuterOptimizer(Configurable):
             self.momentum = [zeros_like(p) for p in params]
             for p, b in zip(params, self.momentum):
                 self.sgd.state[p]["momentum_buffer"] = b
+
+    def set(self, *, lr: float, momentum: float) -> None:
+        """The learning rate and momentum of the next step (a schedule's values at this sync)."""
+        if self.config.name == "none":
+            return
+        group = self.sgd.param_groups[0]
+        group["lr"] = lr
+        if self.momentum:  # built with μ > 0: a schedule moves it, never to or from "no momentum"
+            group["momentum"] = momentum
 
     @torch.no_grad()
     def step(self, grads: list[torch.Tensor]) -> None:

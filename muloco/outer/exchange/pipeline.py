@@ -275,15 +275,18 @@ class Sync(PendingExchange):
             self.peers_quorum_seconds = from_bytes(rows[:, 1:], torch.float32).view(-1).tolist()
         return rows[:, 0].tolist()
 
-    def average_into(self, out: torch.Tensor, rows: torch.Tensor, flags: list[int], codec: Codec) -> None:
-        """The codec's mean over the contributing rows of ``rows`` (K, m), bitwise the same on
-        every replica; zeros if none contributes."""
+    def average_into(self, out: torch.Tensor, rows: torch.Tensor, flags: list[int], codec: Codec,
+                     payloads: torch.Tensor) -> None:
+        """The codec's mean over the contributing rows of ``rows`` (K, m), decoded from
+        ``payloads`` (K, bytes), bitwise the same on every replica; zeros if none contributes."""
         chosen = [j for j, f in enumerate(flags) if f == 1]
         self.contributors = len(chosen)
         if not chosen:
             out.zero_()
             return
-        codec.mean_into(out, rows[chosen] if len(chosen) < rows.shape[0] else rows)
+        if len(chosen) < rows.shape[0]:
+            rows, payloads = rows[chosen], payloads[chosen]
+        codec.mean_into(out, rows, payloads)
 
     def count(self, *, sent: float = 0, received: float = 0, payload: int = 0) -> None:
         """Bytes of a collective being issued (the emulated link carries them with it)."""

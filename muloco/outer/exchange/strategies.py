@@ -17,7 +17,9 @@ what one bucket carries: what the pipeline counts from its buffers (the tests co
   to replica j (all-to-all), which decodes, averages and re-encodes it; a second
   all-to-all, issued as soon as the first completes, hands every replica each owner's
   re-encoded range. About 2(K−1)/K × the payload each way whatever K is; the re-encoding
-  adds a second, un-fed-back quantization of the average (as MuLoCo simulates).
+  adds a second, un-fed-back quantization of the average (as MuLoCo simulates). Sparse
+  codecs (top-k) are refused: re-encoding the average of K selections keeps one selection's
+  worth of coordinates and drops the rest.
 
 A replica that does not contribute (it has just healed) sends zeros with flag 0.
 """
@@ -173,7 +175,7 @@ class AllGather(Strategy):
         with sync.timer("decode"):
             flags = sync.read_headers(gathered[:, :HEADER_BYTES])
             rows = sync.tally.track(job.codec.decode(gathered[:, HEADER_BYTES:], job.numel))
-            sync.average_into(job.out, rows, flags, job.codec)
+            sync.average_into(job.out, rows, flags, job.codec, gathered[:, HEADER_BYTES:])
 
     def rounds(self, k):
         return k - 1
@@ -210,6 +212,14 @@ class ReduceScatter(Strategy):
     class Config(Strategy.Config):
         pass
 
+    def check_codec(self, codec: Codec) -> None:
+        if codec.sparse:
+            raise ValueError(
+                f"reduce_scatter re-encodes each owner's averaged range with the codec, and the average "
+                f"of K {codec.name} payloads holds up to K times the coordinates one payload can carry: "
+                f"the re-encode would drop about half of them at K=2, with nothing fed back; use "
+                f"--outer.exchange.strategy allgather with {codec.name}")
+
     def run(self, sync, job):
         k, me, codec = sync.k, sync.rank, job.codec
         ranged = _RangeCodec(codec, ranges(job.numel, k, codec.alignment))
@@ -231,7 +241,7 @@ class ReduceScatter(Strategy):
             flags = sync.read_headers(mine[:, :HEADER_BYTES])
             rows = sync.tally.track(codec.decode(mine[:, HEADER_BYTES:], b - a))
             average = sync.tally.track(torch.empty(b - a, dtype=torch.float32, device=rows.device))
-            sync.average_into(average, rows, flags, codec)
+            sync.average_into(average, rows, flags, codec, mine[:, HEADER_BYTES:])
             del rows, recv, mine, send
         with sync.timer("encode"):
             chunk = sync.tally.track(codec.encode(average))

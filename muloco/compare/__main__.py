@@ -198,11 +198,14 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
     text = table.text(values)
     targets = table.targets_text(checks)
     print(text)
+    if suite.shape.note:
+        print(f"\nnote: {suite.shape.note}")
     print(f"\ntargets (gaps against the dense run with the same outer step):\n{targets}")
     seed0 = [dataclasses.replace(line.runs[0], name=line.label) for line in found]  # one curve per row
     if seed0:
         write_plots(seed0, folder)
-    (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n\nTargets:\n\n```\n{targets}\n```\n")
+    note = f"\n{suite.shape.note}\n" if suite.shape.note else ""
+    (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n{note}\nTargets:\n\n```\n{targets}\n```\n")
     result = {"suite": suite.name, "rows": values, "targets": [{"target": t, "met": ok} for t, ok in checks]}
     try:
         if linked:

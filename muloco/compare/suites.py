@@ -55,15 +55,19 @@ class Shape:
     log_every: int
     extra: tuple[str, ...] = ()
     sync_every: int = 30
-    """H of the shipped configs: runs over an emulated link validate θ_g this often (every sync)."""
+    """H of every row with replica groups (a row's own ``--outer.sync_every`` wins); runs over an
+    emulated link validate θ_g this often (every sync)."""
+    note: str = ""
+    """Printed with the suite's table (what its horizon does and does not predict)."""
 
     def overrides(self, row: Row) -> list[str]:
         batch = self.local_batch * (2 if row.ddp else 1)  # DDP: the K=2 runs' global batch
+        outer = [] if row.ddp else ["--outer.sync_every", str(self.sync_every)]
         return ["--model.flavor", self.flavor, "--training.seq_len", str(self.seq_len),
                 "--training.local_batch_size", str(batch), "--training.steps", str(self.steps),
                 "--lr_scheduler.warmup_steps", str(self.warmup), "--validator.freq", str(self.validation_every),
                 "--validator.steps", str(self.validation_steps), "--metrics.log_freq", str(self.log_every),
-                "--checkpoint.interval", str(self.validation_every), *self.extra]
+                "--checkpoint.interval", str(self.validation_every), *outer, *self.extra]
 
 
 @dataclass(frozen=True)
@@ -100,10 +104,38 @@ ROWS: tuple[Row, ...] = (
     Row("Streaming MuLoCo", "diloco/muloco_streaming"),
 )
 
+def nesterov(lr: float, momentum: float) -> tuple[str, ...]:
+    return ("--outer.optimizer.name", "nesterov", "--outer.optimizer.lr", f"{lr:g}", "--outer.optimizer.momentum",
+            f"{momentum:g}")
+
+
+INNER = "inner"
+OUTER_STEP_ROWS: tuple[Row, ...] = (
+    Row("MuLoCo K=2", "diloco/muloco", 2),  # the shipped dense step: Nesterov η 0.7, μ 0.9, constant
+    Row(DENSE_SGD, "diloco/muloco", 2, overrides=SGD_OUTER),  # plain averaging of the models
+    Row("Nesterov 0.3/0.9", "diloco/muloco", 2, overrides=nesterov(0.3, 0.9)),
+    Row("Nesterov 1.0/0.5", "diloco/muloco", 2, overrides=nesterov(1.0, 0.5)),
+    Row("Nesterov 0.7/0.9, μ with the inner lr", "diloco/muloco", 2,
+        overrides=("--outer.step_schedule.momentum.decay", INNER)),
+    Row("Nesterov 0.7/0.9, η with the inner lr", "diloco/muloco", 2,
+        overrides=("--outer.step_schedule.lr.decay", INNER)),
+    Row("Pier: μ 0.99 cosine to 0.9, η warmup", "diloco/muloco", 2,
+        overrides=(*nesterov(0.7, 0.99), "--outer.step_schedule.momentum.decay", "cosine",
+                   "--outer.step_schedule.momentum.decay_from", "0.1", "--outer.step_schedule.momentum.final", "0.909",
+                   "--outer.step_schedule.lr.warmup", "0.1")),
+)
+"""The outer-step experiment: the dense MuLoCo step tuned and scheduled, on the long horizon."""
+
+TINY = dict(flavor="llama3-w128-d4-h2", seq_len=256, local_batch=8, log_every=25)
+MINI = Shape(**TINY, steps=300, warmup=30, validation_every=90, validation_steps=16,
+             note="paper-mini is the quick look: 10 syncs per run do not predict longer runs (the order of the "
+                  "outer steps changes by 60 syncs; docs/compression.md); use --suite paper-long for that")
+LONG = Shape(**TINY, steps=900, warmup=45, validation_every=90, validation_steps=16, sync_every=15)
+"""60 syncs of H=15 per run (SparseLoCo's smallest published H)."""
+
 SUITES = {
-    "paper-mini": Suite("paper-mini", Shape(flavor="llama3-w128-d4-h2", seq_len=256, local_batch=8, steps=300,
-                                            warmup=30, validation_every=90, validation_steps=16, log_every=25),
-                        ROWS, device="cpu"),
+    "paper-mini": Suite("paper-mini", MINI, ROWS, device="cpu"),
+    "outer-steps": Suite("outer-steps", LONG, OUTER_STEP_ROWS, device="cpu"),
     "paper-158m": Suite("paper-158m", Shape(flavor="llama3-w512-d6-h4", seq_len=1024, local_batch=16, steps=1800,
                                             warmup=90, validation_every=450, validation_steps=50, log_every=50),
                         ROWS, device="cuda"),

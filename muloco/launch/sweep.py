@@ -132,8 +132,8 @@ def _codec_detail(outer: dict) -> str:
 def _outer_step_label(outer: dict) -> str:
     """The outer step as a folder name says it: ``olr0.7`` (DiLoCo's Nesterov with μ 0.9), the
     optimizer and μ when they differ (``olr1-sgd``, ``olr0.7-m0.5``, ``avg``), the error-feedback
-    β when it is not the compressed configs' 0.95, and each scheduled value (``-m:w0.1c0.9``: a
-    warmup over 0.1 of the run, a cosine decay to 0.9; ``-lr:inner``)."""
+    β when it is not the compressed configs' 0.95, and each scheduled value (``-msched-w0.1s0.5c0.9``:
+    a warmup from 0.5 over 0.1 of the run, then a cosine decay to 0.9; ``-lrsched-inner``)."""
     opt = outer["optimizer"]
     if opt["name"] == "none":
         label = "avg"
@@ -151,7 +151,7 @@ def _outer_step_label(outer: dict) -> str:
             tag += "inner"
         elif s["decay"] != "none":
             tag += f"{s['decay'][0]}{s['final']:g}" + (f"f{s['decay_from']:g}" if s["decay_from"] else "")
-        label += f"-{short[name]}:{tag}"
+        label += f"-{short[name]}sched-{tag}"
     return label
 
 

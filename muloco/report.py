@@ -78,6 +78,8 @@ class Run:
     final_validation_loss: float | None = None
     final_validation_bits_per_byte: float | None = None
     """Bits per byte of the held-out text: comparable across objectives (ar, mdlm) and tokenizers."""
+    final_tuning_loss: float | None = None
+    """θ_g's loss on the tuning batches (``validator.tuning_steps``), apart from the reported one."""
     final_train_loss: float | None = None
     steps: int | None = None
     tokens: int | None = None
@@ -178,6 +180,7 @@ class _Replica:
     validation: dict[int, float]
     syncs: dict[tuple[int, int], tuple[float, float, float]]  # (step, fragment) -> bytes, payload, numel
     bits_per_byte: dict[int, float] = field(default_factory=dict)  # validation step -> bits per byte
+    tuning: dict[int, float] = field(default_factory=dict)  # validation step -> loss on the tuning batches
 
 
 def _read_replica(folder: Path) -> _Replica:
@@ -204,6 +207,8 @@ def _add_record(replica: _Replica, r: dict[str, Any]) -> None:
         replica.validation[step] = float(r.get("validation_nelbo", r["validation_loss"]))
     if r.get("validation_bits_per_byte") is not None:
         replica.bits_per_byte[step] = float(r["validation_bits_per_byte"])
+    if r.get("tuning_loss") is not None:
+        replica.tuning[step] = float(r["tuning_loss"])
     if r.get("sync/bytes_sent") is not None:
         replica.syncs[(step, int(r.get("sync/fragment") or 0))] = (
             float(r["sync/bytes_sent"]), float(r.get("sync/payload_bytes") or 0), float(r.get("sync/numel") or 0))
@@ -286,7 +291,10 @@ def _scalars(reps: list[_Replica], curves: dict[str, np.ndarray]) -> dict[str, A
     val = next((s.get("final_validation_nelbo", s.get("final_validation_loss")) for s in sums), None)
     bpb = next((s["final_validation_bits_per_byte"] for s in sums if s.get("final_validation_bits_per_byte")), None)
     logged = {step: v for r in reps for step, v in r.bits_per_byte.items()}
+    tuned = {step: v for r in reps for step, v in r.tuning.items()}
+    tuning = next((s["final_tuning_loss"] for s in sums if s.get("final_tuning_loss") is not None), None)
     return {
+        "final_tuning_loss": tuning if tuning is not None else (tuned[max(tuned)] if tuned else None),
         "final_validation_loss": val if val is not None else _last(curves["val_loss"]),
         "final_validation_bits_per_byte": bpb if bpb is not None else (logged[max(logged)] if logged else None),
         "final_train_loss": _mean([s.get("final_train_loss") for s in sums]) if sums else _last(curves["train_loss"]),

@@ -80,6 +80,7 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "error_feedback": {"enabled": bool(ef.enabled) and lossy, "beta": ef.beta},
         "strategy": _variant_name(exchange.resolved_strategy()),
         "skip_pattern": exchange.skip_pattern,
+        "tiles": exchange.tiles,
         "link": _link_facts(getattr(outer, "link", None)),
     }
 

@@ -232,6 +232,8 @@ class MulocoTrainerMixin:
             summary[key.replace("loss", "ppl")] = math.exp(loss) if loss is not None and loss < 50 else None
         # bits per byte of the held-out text: comparable across objectives and tokenizers
         summary["final_validation_bits_per_byte"] = mp.last_validation_extra.get("validation_bits_per_byte")
+        if "tuning_loss" in mp.last_validation_extra:  # validator.tuning_steps: what compare --tune picks by
+            summary["final_tuning_loss"] = mp.last_validation_extra["tuning_loss"]
         if "validation_masked_accuracy" in mp.last_validation_extra:
             # masked diffusion: the validation loss is the negative ELBO per token, its exp a bound
             summary["final_validation_nelbo"] = summary["final_validation_loss"]

@@ -15,12 +15,17 @@ UTF-8 byte of the text those targets spell. Both objectives score the same text 
 row's labels are every token after a document's BOS, EOS included; an ``mdlm`` row's are
 those and the BOS, which weighs no bytes), so bits per byte put ``ar`` and ``mdlm`` runs,
 and runs with different tokenizers, in one table.
+
+``tuning_steps`` > 0 scores θ_g on that many *further* held-out batches (the documents after
+the reported ones) as ``tuning_loss`` beside each validation: ``python -m muloco.compare
+--tune`` picks outer steps by it, so no reported loss is one a setting was chosen on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable
 from typing import ContextManager
@@ -41,6 +46,9 @@ class MulocoValidator(Validator):
         freq: int = 50
         steps: int = 8
         """Batches per validation; the same batches every time, so losses compare."""
+        tuning_steps: int = 0
+        """Held-out batches after the ``steps`` reported ones, scored as ``tuning_loss`` (0: none):
+        what ``compare --tune`` chooses by, apart from the reported validation loss."""
         follow_training_data: bool = True
         """Validate on the training data source's held-out split (ignores validator.dataloader)."""
         dataloader: PackedTextDataLoader.Config = field(
@@ -85,12 +93,50 @@ class MulocoValidator(Validator):
             mp.validation_targets_per_byte = self._targets_per_byte(next(model_parts[0].parameters()).device)
         params = getattr(self, "_params", None)
         with params() if params is not None else contextlib.nullcontext():
-            if isinstance(self.objective, MaskedDiffusion):
-                self._validate_elbo(model_parts, step)
-            else:
-                super().validate(model_parts, step)
+            tuning = self._tuning_loss(model_parts, step) if self.config.tuning_steps > 0 else None
+            with self._also_logging({} if tuning is None else {"tuning_loss": tuning}):
+                self._score(model_parts, step)
         mp.ntokens_since_last_log = tokens
         mp.time_last_log += time.perf_counter() - started
+
+    def _score(self, model_parts, step: int) -> None:
+        """Score the current parameters on the validation batches and log it."""
+        if isinstance(self.objective, MaskedDiffusion):
+            self._validate_elbo(model_parts, step)
+        else:
+            super().validate(model_parts, step)
+
+    def _tuning_loss(self, model_parts, step: int) -> float:
+        """The same score on the ``tuning_steps`` batches that follow the reported ones (the
+        same code path, its data shifted and its log captured instead of written)."""
+        mp, config, data = self.metrics_processor, self.config, self.dl_config
+        captured: list[float] = []
+        log, started = mp.log_validation, mp.validation_started
+        mp.log_validation = lambda loss, step, extra_metrics=None: captured.append(float(loss))
+        self.dl_config, reported = _AfterBatches(data, config.steps), config.steps
+        config.steps = config.tuning_steps
+        try:
+            self._score(model_parts, step)
+        finally:
+            mp.log_validation, self.dl_config, config.steps = log, data, reported
+            mp.validation_started = started
+        if not captured:
+            raise RuntimeError("the tuning batches were not scored")
+        return captured[0]
+
+    @contextlib.contextmanager
+    def _also_logging(self, extra: dict[str, float]):
+        """Add ``extra`` to the next validation record."""
+        if not extra:
+            yield
+            return
+        mp = self.metrics_processor
+        log = mp.log_validation
+        mp.log_validation = lambda loss, step, extra_metrics=None: log(loss, step, {**(extra_metrics or {}), **extra})
+        try:
+            yield
+        finally:
+            mp.log_validation = log
 
     def _batches(self):
         """The validation batches: the same first ``steps`` of this rank's shard every time."""
@@ -138,3 +184,14 @@ class MulocoValidator(Validator):
             loss=nelbo, step=step,
             extra_metrics={"validation_nelbo": nelbo, "validation_masked_accuracy": correct / max(masked, 1.0)})
         model.train()
+
+
+class _AfterBatches:
+    """A data config whose loaders start ``skip`` batches in (the tuning batches follow the
+    reported ones): it builds the wrapped config's loader and drops its first batches."""
+
+    def __init__(self, inner, skip: int):
+        self.inner, self.skip = inner, max(skip, 0)
+
+    def build(self, **kwargs):
+        return itertools.islice(iter(self.inner.build(**kwargs)), self.skip, None)

@@ -150,6 +150,80 @@ def test_two_run_suite_end_to_end_then_reused(tmp_path):
     assert json.loads((out / "compare.json").read_text())["rows"] == rows
 
 
+# ------------------------------------------------------------------------------ tuning
+
+
+def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path):
+    from muloco.compare.suites import GRIDS
+
+    code, out, err = _compare(["--dry-run", "--tune", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF", "DDP Muon",
+                               "--out", str(tmp_path / "s")], REPO, timeout=300)
+    assert code == 0, err
+    n = len(GRIDS["nesterov"]) + len(GRIDS["feedback"]) + 1
+    assert out.strip().endswith(f"{n} runs; nothing started (--dry-run)")
+    commands = [line for line in out.splitlines() if line.startswith("  ")]
+    assert all("--validator.tuning_steps 16" in c for c in commands)
+    for setting, flags in GRIDS["nesterov"]:
+        label = f"MuLoCo K=2 @ {setting} (seed 0): "
+        folder = next(line for line in out.splitlines() if line.startswith(label))
+        command = commands[out.splitlines().index(folder) // 2]
+        assert " ".join(flags) in command
+    assert "DDP Muon (seed 0)" in out and "DDP Muon @" not in out  # no outer step: not tuned
+    code, out, err = _compare(["--dry-run", "--tune", "--link", "1gbps", "--out", str(tmp_path / "s")], REPO,
+                              timeout=300)
+    assert code == 2 and "--tune and --link" in err
+
+
+def test_verdicts_call_a_margin_inside_the_spread_a_tie():
+    from muloco.compare import table
+
+    assert table._verdict(-0.02, 0.01) is True and table._verdict(0.02, 0.01) is False
+    assert table._verdict(0.005, 0.01) == "tie" and table._verdict(-0.005, 0.01) == "tie"
+    assert table._verdict(0.0, 0.0) is True  # one seed: no spread, no tie
+    rows = [{"run": "MuLoCo K=2", "final_loss": 3.00, "spread": 0.04, "reference_loss": None, "bits_per_parameter": 32},
+            {"run": "DiLoCo K=2", "final_loss": 3.02, "spread": 0.01, "reference_loss": None, "bits_per_parameter": 32},
+            {"run": "MuLoCo 2-bit EF", "final_loss": 3.05, "spread": 0.02, "reference_loss": 3.00,
+             "reference_spread": 0.04, "bits_per_parameter": 2.03},
+            {"run": "SparseLoCo", "final_loss": 3.10, "spread": 0.01, "reference_loss": 3.0,
+             "reference_spread": 0.04, "bits_per_parameter": 0.22}]
+    verdicts = dict(table.targets(SUITES["paper-long"], rows))
+    assert verdicts["MuLoCo <= DiLoCo at K=2"] == "tie"  # 0.02 apart, a spread of 0.04
+    assert verdicts["MuLoCo 2-bit EF within +1% of dense"] == "tie"  # allowed 3.03; 0.02 over, spread 0.04
+    assert verdicts["SparseLoCo (ours or as published) at <= 0.3 bits/param no worse than DiLoCo K=2"] is False
+    assert verdicts["MuLoCo <= DiLoCo at K=4"] is None
+
+
+@pytest.mark.timeout(900)
+def test_tune_picks_the_grid_point_by_its_tuning_loss_and_reports_its_validation_loss(tmp_path, monkeypatch):
+    """A two-point grid on one row, in miniature: both points score θ_g on the tuning batches (the
+    ones after the reported validation batches), the row shows the point with the lower tuning
+    loss, its reported loss is that run's validation loss, and its gap is to the best tuned dense row."""
+    from muloco.compare import __main__ as compare, suites
+    from muloco.report import load_run
+
+    monkeypatch.chdir(REPO)
+    grid = (("Nesterov η0.1 μ0.5", suites.nesterov(0.1, 0.5)), ("Nesterov η1 μ0.9", suites.nesterov(1.0, 0.9)))
+    monkeypatch.setitem(suites.GRIDS, "nesterov", grid)
+    out = tmp_path / "suite"
+    code = compare.main(["--tune", "--only", "MuLoCo K=2", "--steps", "4", "--out", str(out), "--", *TINY_SUITE])
+    assert code == 0
+    result = json.loads((out / "compare.json").read_text())
+    (row,) = result["rows"]
+    assert set(row["tuning_grid"]) == {setting for setting, _ in grid}
+    assert all(v is not None for v in row["tuning_grid"].values())
+    chosen = min(row["tuning_grid"], key=row["tuning_grid"].get)
+    assert row["outer_step"] == chosen and row["reference"].startswith("best tuned dense K=2 (MuLoCo K=2)")
+    folder = next(f for f in out.iterdir() if f.name.startswith("muloco_") and
+                  ("olr0.1-m0.5" in f.name) == (chosen == grid[0][0]))
+    run = load_run(folder)
+    assert row["final_loss"] == pytest.approx(run.final_validation_loss)
+    assert run.final_tuning_loss == pytest.approx(row["tuning_grid"][chosen])
+    assert run.final_tuning_loss != run.final_validation_loss  # other batches
+    assert row["gap_to_reference_pct"] == pytest.approx(0.0)
+    records = [json.loads(line) for line in (folder / "replica_0" / "metrics.jsonl").read_text().splitlines()]
+    assert any("tuning_loss" in r and "validation_loss" in r for r in records)
+
+
 # ------------------------------------------------------------------------------ the corpus
 
 

@@ -13,6 +13,7 @@ flight, changes nothing bitwise; the memory a sync takes, measured in the replic
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -144,16 +145,37 @@ def _run(tmp_path, spec: dict, k: int = 3, idle: list | None = None, names=NAMES
     return [torch.load(tmp_path / f"r{r}.pt", weights_only=True) for r in range(k)]
 
 
-def _streams(deltas, skip: bool):
-    comp = torch.cat([d.reshape(-1) for n, d in zip(NAMES, deltas) if not (skip and "norm" in n)])
+def _sides(shape, tiles: int) -> tuple[int, int]:
+    """SparseLoCo's tile of a matrix: the largest divisors of its dimensions up to ``tiles``."""
+    return tuple(max(d for d in range(1, tiles + 1) if n % d == 0) for n in shape)
+
+
+def _tiled(d: torch.Tensor, tiles: int) -> torch.Tensor:
+    """The reference's ``(y h) (x w) -> y x h w``, flattened."""
+    if not tiles or d.dim() != 2:
+        return d.reshape(-1)
+    (rows, cols), (h, w) = d.shape, _sides(d.shape, tiles)
+    return d.reshape(rows // h, h, cols // w, w).permute(0, 2, 1, 3).reshape(-1)
+
+
+def _untiled(x: torch.Tensor, shape, tiles: int) -> torch.Tensor:
+    if not tiles or len(shape) != 2:
+        return x.view(shape)
+    (rows, cols), (h, w) = shape, _sides(shape, tiles)
+    return x.reshape(rows // h, cols // w, h, w).permute(0, 2, 1, 3).reshape(shape)
+
+
+def _streams(deltas, skip: bool, tiles: int = 0):
+    comp = torch.cat([_tiled(d, tiles) for n, d in zip(NAMES, deltas) if not (skip and "norm" in n)])
     dense = torch.cat([d.reshape(-1) for n, d in zip(NAMES, deltas) if skip and "norm" in n] or [torch.zeros(0)])
     return comp, dense
 
 
-def _join(comp, dense, skip: bool) -> list[torch.Tensor]:
+def _join(comp, dense, skip: bool, tiles: int = 0) -> list[torch.Tensor]:
     it_c = iter(comp.split([torch.Size(s).numel() for n, s in zip(NAMES, SHAPES) if not (skip and "norm" in n)]))
     it_d = iter(dense.split([torch.Size(s).numel() for n, s in zip(NAMES, SHAPES) if skip and "norm" in n]))
-    return [(next(it_d) if skip and "norm" in n else next(it_c)).view(s) for n, s in zip(NAMES, SHAPES)]
+    return [next(it_d).view(s) if skip and "norm" in n else _untiled(next(it_c), s, tiles)
+            for n, s in zip(NAMES, SHAPES)]
 
 
 def _reference(spec: dict, k: int, idle: list | None = None) -> list[list[torch.Tensor]]:
@@ -166,7 +188,7 @@ def _reference(spec: dict, k: int, idle: list | None = None) -> list[list[torch.
     history = []
     for t in range(ROUNDS):
         contributing = [r for r in range(k) if [t, r] not in (idle or [])]
-        streams = [_streams(_deltas(t, r), skip) for r in range(k)]
+        streams = [_streams(_deltas(t, r), skip, cfg.tiles) for r in range(k)]
         n = streams[0][0].numel()
         if isinstance(strategy, ReduceScatter.Config):
             bounds = ranges(n, k, codec.alignment)
@@ -188,7 +210,7 @@ def _reference(spec: dict, k: int, idle: list | None = None) -> list[list[torch.
             decoded = [codec.decode(feedback[r].compress("c", streams[r][0], codec), n) for r in contributing]
             comp = _mean(decoded, codec)
         dense = torch.stack([streams[r][1] for r in contributing]).mean(0)
-        history.append(_join(comp, dense, skip))
+        history.append(_join(comp, dense, skip, cfg.tiles))
     return history
 
 
@@ -212,6 +234,11 @@ CASES = {
                                          strategy="reduce_scatter", skip_pattern=r"norm\.weight$"),
     "allreduce-dense": dict(codec=["dense", {}]),
     "allgather-sparseloco": dict(codec=["topk", SPARSELOCO], strategy="allgather", error_feedback=dict(beta=0.95)),
+    # SparseLoCo's 4x4-tile layout in miniature: (50, 16) matrices get 2x4 tiles, (16, 16) 4x4
+    "allgather-sparseloco-tiles": dict(codec=["topk", {**SPARSELOCO, "chunk_size": 16, "fraction": 0.25,
+                                                       "value_block_chunks": 1, "value_range_sigmas": 6.0}],
+                                       strategy="allgather", error_feedback=dict(beta=0.95), tiles=4,
+                                       skip_pattern=r"norm\.weight$"),
 }
 
 
@@ -246,7 +273,7 @@ def _check_bytes(spec: dict, got: list[list[dict]]) -> None:
             ring = 2 * (k - 1) / k * 4 * comp_n + 2 * (k - 1) / k * 4
             assert res["payload"] == 4 * (comp_n + 1) and res["sent"] == res["received"] == pytest.approx(ring)
         elif isinstance(exchange.strategy, AllGather):
-            payload = HEADER_BYTES + codec.payload_bytes(comp_n)
+            payload = HEADER_BYTES + codec.payload_bytes(comp_n) + (HEADER_BYTES + 4 * dense_n if dense_n else 0)
             assert res["payload"] == payload and res["sent"] == res["received"] == (k - 1) * payload
         else:
             me = res["rank"]
@@ -420,3 +447,49 @@ def test_a_sync_that_does_not_commit_takes_back_its_error_feedback_update():
     finally:
         manager.shutdown(wait=False)
         lighthouse.shutdown()
+
+
+# ------------------------------------------------------------------ SparseLoCo's tile layout
+
+
+def test_tile_layout_index_sets_equal_a_per_tile_topk_reference():
+    """64×64 tiles on a 128×192 matrix (and a 96×40 one whose tiles are 32×40): after the layout
+    permutes Δ into tiles, top-k chunks of 4096 keep, in every tile, exactly the k largest |Δ| of
+    that tile (the reference's ``(y h) (x w) -> y x h w`` then top-k per tile); the average comes
+    back row by row; pieces of any size give the same bytes."""
+    from muloco.outer.exchange.layout import COMPRESSED, FragmentLayout
+
+    names = ["a.weight", "norm.weight", "b.weight"]
+    shapes = [torch.Size([128, 192]), torch.Size([192]), torch.Size([96, 40])]
+    layout = FragmentLayout(names, shapes, re.compile(r"norm\.weight$"), tile=64)
+    assert layout.irregular_tiles(64) == ["b.weight"]
+    gen = torch.Generator().manual_seed(3)
+    deltas = [torch.randn(s, generator=gen) for s in shapes]
+    for max_numel in (1, 4096 * 3, 10**9):  # one tile row at a time, three, everything at once
+        buffers = layout.new_buffers(torch.device("cpu"))
+        for view, d in zip(layout.views(buffers), deltas):
+            view.copy_(d)
+        layout.to_tiles(buffers, max_numel)
+        a = deltas[0].reshape(2, 64, 3, 64).permute(0, 2, 1, 3).reshape(-1)
+        b = deltas[2].reshape(3, 32, 1, 40).permute(0, 2, 1, 3).reshape(-1)
+        assert torch.equal(buffers[COMPRESSED], torch.cat([a, b]))
+        layout.from_tiles(buffers, max_numel)
+        views = layout.views(buffers)
+        assert torch.equal(views[0], deltas[0]) and torch.equal(views[2], deltas[2])
+    codec = TopK.Config(fraction=64 / 4096, chunk_size=4096, value_dtype="float32").build()
+    tiled = deltas[0].reshape(2, 64, 3, 64).permute(0, 2, 1, 3).reshape(6, 4096)
+    kept = codec.decode(codec.encode(tiled.reshape(-1)), tiled.numel()).view(6, 4096)
+    for tile, got in zip(tiled, kept):
+        want = set(tile.abs().topk(64).indices.tolist())
+        assert set(got.nonzero().view(-1).tolist()) == want
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: Exchange.Config(codec=Quantizer.Config(), tiles=64), "lays out top-k chunks; the quantize codec"),
+    (lambda: Exchange.Config(codec=TopK.Config(chunk_size=1024), tiles=64),
+     "set --outer.exchange.codec.chunk_size 4096"),
+    (lambda: Exchange.Config(codec=TopK.Config(), tiles=-1), "tiles must be >= 0"),
+])
+def test_bad_tile_settings_are_one_clear_error(make, match):
+    with pytest.raises(ValueError, match=match):
+        make().validate()

@@ -76,7 +76,7 @@ SWEEPS = sorted(p.stem for p in (REPO / "jobs" / "sweeps").glob("*.py") if not p
 CONFIGS_TRAINED_HERE = [
     "diffusion/muloco", "diffusion/sft",
     "diloco/diloco_2bit", "diloco/diloco_streaming", "diloco/muloco", "diloco/muloco_4bit",
-    "diloco/muloco_streaming", "diloco/muloco_topk",
+    "diloco/muloco_streaming", "diloco/muloco_topk", "diloco/sparseloco_published",
     "gpu/ddp_adamw", "gpu/diloco", "gpu/muloco",
 ]
 STREAMING = {"diloco/diloco_streaming", "diloco/muloco_streaming"}
@@ -156,6 +156,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "config/diloco/muloco_streaming.py": f"{THIS}::test_config_trains[diloco/muloco_streaming]",
     "config/diloco/muloco_topk.py": f"{THIS}::test_config_trains[diloco/muloco_topk]",
     "config/diloco/sparseloco.py": "tests/test_compare.py::test_two_run_suite_end_to_end_then_reused",
+    "config/diloco/sparseloco_published.py": f"{THIS}::test_config_trains[diloco/sparseloco_published]",
     "config/gpu/ddp_adamw.py": f"{THIS}::test_config_trains[gpu/ddp_adamw]",
     "config/gpu/ddp_muon.py": "tests/test_gpu_presets.py::test_single_group_preset_trains_on_cpu_with_the_tiny_override",
     "config/gpu/diloco.py": f"{THIS}::test_config_trains[gpu/diloco]",

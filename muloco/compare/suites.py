@@ -15,6 +15,7 @@ GPU per replica group, 1,800 steps of 16 × 1,024 tokens per group.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,14 @@ class Row:
     """For a run without error feedback: the row it is the no-EF twin of."""
     reference: str = "MuLoCo K=2"
     """The dense run with the same outer step, which this row's gap is measured against."""
+    grid: str = ""
+    """The outer-step grid ``--tune`` tries for this row: ``nesterov`` (η and μ of a Nesterov step),
+    ``feedback`` (η of the plain SGD step and the error-feedback β that is its momentum), or ""
+    (no outer step: DDP)."""
+    tunes: str | None = None
+    """For one grid point of ``--tune``: the label of the row it tunes."""
+    setting: str = ""
+    """That grid point's outer step, as the table prints it."""
 
     @property
     def ddp(self) -> bool:
@@ -83,30 +92,60 @@ SGD_OUTER = ("--outer.optimizer.name", "sgd", "--outer.optimizer.lr", "1.0", "--
 """The compressed configs' outer step (their error feedback is the momentum: docs/compression.md)."""
 DENSE_SGD = "MuLoCo K=2, SGD outer"
 
+NESTEROV, FEEDBACK = "nesterov", "feedback"
+SPARSELOCO_PUBLISHED = "SparseLoCo (as published)"
+"""AdamW inside, 64×64 tiles, norms whole, 6σ values, H of the suite (``diloco/sparseloco_published``)."""
 ROWS: tuple[Row, ...] = (
     Row("DDP AdamW", "ddp/adamw", 1),
     Row("DDP Muon", "ddp/muon", 1),
-    Row("DiLoCo K=2", "diloco/diloco", 2),
-    Row("DiLoCo K=4", "diloco/diloco", 4),
-    Row("MuLoCo K=2", "diloco/muloco", 2),
-    Row("MuLoCo K=4", "diloco/muloco", 4),
+    Row("DiLoCo K=2", "diloco/diloco", 2, grid=NESTEROV),
+    Row("DiLoCo K=4", "diloco/diloco", 4, grid=NESTEROV),
+    Row("MuLoCo K=2", "diloco/muloco", 2, grid=NESTEROV),
+    Row("MuLoCo K=4", "diloco/muloco", 4, grid=NESTEROV),
     Row(DENSE_SGD, "diloco/muloco", 2, overrides=SGD_OUTER),
-    Row("MuLoCo 2-bit EF", "diloco/muloco_2bit", reference=DENSE_SGD),
+    Row("MuLoCo 2-bit EF", "diloco/muloco_2bit", reference=DENSE_SGD, grid=FEEDBACK),
     Row("MuLoCo 2-bit no EF", "diloco/muloco_2bit", overrides=(EF_OFF,), ef_twin="MuLoCo 2-bit EF",
-        reference=DENSE_SGD),
-    Row("MuLoCo 4-bit EF", "diloco/muloco_4bit", reference=DENSE_SGD),
+        reference=DENSE_SGD, grid=FEEDBACK),
+    Row("MuLoCo 4-bit EF", "diloco/muloco_4bit", reference=DENSE_SGD, grid=FEEDBACK),
     Row("MuLoCo 4-bit no EF", "diloco/muloco_4bit", overrides=(EF_OFF,), ef_twin="MuLoCo 4-bit EF",
-        reference=DENSE_SGD),
-    Row("MuLoCo top-k 10% EF", "diloco/muloco_topk", reference=DENSE_SGD),
+        reference=DENSE_SGD, grid=FEEDBACK),
+    Row("MuLoCo top-k 10% EF", "diloco/muloco_topk", reference=DENSE_SGD, grid=FEEDBACK),
     Row("MuLoCo top-k 10% no EF", "diloco/muloco_topk", overrides=(EF_OFF,), ef_twin="MuLoCo top-k 10% EF",
-        reference=DENSE_SGD),
-    Row("SparseLoCo", "diloco/sparseloco", reference=DENSE_SGD),
-    Row("Streaming MuLoCo", "diloco/muloco_streaming"),
+        reference=DENSE_SGD, grid=FEEDBACK),
+    Row("SparseLoCo", "diloco/sparseloco", reference=DENSE_SGD, grid=FEEDBACK),
+    Row(SPARSELOCO_PUBLISHED, "diloco/sparseloco_published", reference="DiLoCo K=2", grid=FEEDBACK),
+    Row("Streaming MuLoCo", "diloco/muloco_streaming", grid=NESTEROV),
 )
 
 def nesterov(lr: float, momentum: float) -> tuple[str, ...]:
     return ("--outer.optimizer.name", "nesterov", "--outer.optimizer.lr", f"{lr:g}", "--outer.optimizer.momentum",
             f"{momentum:g}")
+
+
+def feedback_sgd(lr: float, beta: float) -> tuple[str, ...]:
+    return (*SGD_OUTER[:2], "--outer.optimizer.lr", f"{lr:g}", "--outer.optimizer.momentum", "0",
+            "--outer.exchange.error_feedback.beta", f"{beta:g}")
+
+
+GRIDS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    NESTEROV: tuple((f"Nesterov η{lr:g} μ{mu:g}", nesterov(lr, mu)) for lr in (0.35, 0.7, 1.0) for mu in (0.5, 0.9)),
+    FEEDBACK: tuple((f"SGD η{lr:g} β{beta:g}", feedback_sgd(lr, beta)) for lr in (0.7, 1.0) for beta in (0.9, 0.95)),
+}
+"""``--tune``'s grid per kind of outer step: the dense rows' Nesterov η × μ (DiLoCo's 0.7/0.9 in
+it), the compressed rows' SGD η × error-feedback β (their shipped 1.0/0.95 in it)."""
+
+
+def tuned(rows: tuple[Row, ...]) -> tuple[Row, ...]:
+    """Each row with an outer step as its grid points (rows without one, DDP, stay as they are)."""
+    out: list[Row] = []
+    for row in rows:
+        if not row.grid:
+            out.append(row)
+            continue
+        for setting, flags in GRIDS[row.grid]:
+            out.append(dataclasses.replace(row, label=f"{row.label} @ {setting}", overrides=(*row.overrides, *flags),
+                                           tunes=row.label, setting=setting))
+    return tuple(out)
 
 
 INNER = "inner"
@@ -133,8 +172,14 @@ MINI = Shape(**TINY, steps=300, warmup=30, validation_every=90, validation_steps
 LONG = Shape(**TINY, steps=900, warmup=45, validation_every=90, validation_steps=16, sync_every=15)
 """60 syncs of H=15 per run (SparseLoCo's smallest published H)."""
 
+CORE = ("DDP AdamW", "DDP Muon", "DiLoCo K=2", "MuLoCo K=2", DENSE_SGD, "MuLoCo 2-bit EF", "MuLoCo top-k 10% EF",
+        "SparseLoCo", SPARSELOCO_PUBLISHED)
+"""paper-long's rows that one seed runs in about an hour on two quiet cores (``--only`` them)."""
+LONG_ROWS = (*(r for r in ROWS if r.label in CORE or r.label in ("DiLoCo K=4", "MuLoCo K=4")),)
+
 SUITES = {
     "paper-mini": Suite("paper-mini", MINI, ROWS, device="cpu"),
+    "paper-long": Suite("paper-long", LONG, LONG_ROWS, device="cpu"),
     "outer-steps": Suite("outer-steps", LONG, OUTER_STEP_ROWS, device="cpu"),
     "paper-158m": Suite("paper-158m", Shape(flavor="llama3-w512-d6-h4", seq_len=1024, local_batch=16, steps=1800,
                                             warmup=90, validation_every=450, validation_steps=50, log_every=50),
@@ -182,8 +227,10 @@ class Planned:
 
 
 def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | None = None,
-         extra: list[str] | None = None, only: list[str] | None = None) -> list[Planned]:
-    """Every run, in table order and seed by seed; ``only`` keeps the rows with those labels."""
+         extra: list[str] | None = None, only: list[str] | None = None, tune: bool = False) -> list[Planned]:
+    """Every run, in table order and seed by seed; ``only`` keeps the rows with those labels;
+    ``tune`` runs each row with an outer step at every point of its grid (:data:`GRIDS`), each
+    scoring θ_g on tuning batches held apart from the reported validation ones."""
     if objective not in OBJECTIVES:
         raise SuiteError(f"--objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if seeds < 1:
@@ -196,6 +243,9 @@ def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | No
                              + ", ".join(r.label for r in rows))
         rows = tuple(r for r in rows if r.label in only)
     common = data_overrides(data) + (["--objective", "mdlm"] if objective == "mdlm" else [])
+    if tune:
+        rows = tuned(rows)
+        common += ["--validator.tuning_steps", str(suite.shape.validation_steps)]
     planned = []
     for seed in range(seeds):
         for row in rows:

@@ -57,6 +57,9 @@ class TopK(Codec):
         """Quantizer of the kept values: absmax | statistical (mean, σ-range bins, per-bin means)."""
         value_block_chunks: int = 1
         """Chunks whose kept values form one quantization block (one scale or one table)."""
+        value_range_sigmas: float = 0.0
+        """The statistical value quantizer's bin range in σ (0: its default for the bits, near
+        Lloyd–Max; SparseLoCo's reference code uses 6)."""
         index_bits: int = 16
         """Bits per chunk-local index: 16, or 12 for chunks of at most 4096 elements."""
         mean_over_selectors: bool = False
@@ -76,6 +79,8 @@ class TopK(Codec):
                 raise ValueError(f"value_scheme must be one of {VALUE_SCHEMES}, got {self.value_scheme!r}")
             if self.value_block_chunks < 1 or self.value_block_chunks != int(self.value_block_chunks):
                 raise ValueError(f"value_block_chunks must be an integer >= 1, got {self.value_block_chunks!r}")
+            if not (self.value_range_sigmas >= 0 and self.value_range_sigmas < float("inf")):
+                raise ValueError(f"value_range_sigmas must be >= 0 (0: the default), got {self.value_range_sigmas!r}")
             if self.index_bits not in INDEX_BITS:
                 raise ValueError(f"index_bits must be one of {INDEX_BITS}, got {self.index_bits!r}")
             if self.chunk_size > 2**self.index_bits:
@@ -110,7 +115,8 @@ class TopK(Codec):
         if not self.value_bits:
             return None
         return Quantizer.Config(bits=self.value_bits, scheme=self.config.value_scheme,
-                                block_size=max(k, 1) * self.block_chunks).build(compiled=self.compiled)
+                                block_size=max(k, 1) * self.block_chunks,
+                                range_sigmas=self.config.value_range_sigmas).build(compiled=self.compiled)
 
     def _value_bytes(self, nc: int, k: int) -> int:
         quantizer = self._values_codec(k)
@@ -126,6 +132,7 @@ class TopK(Codec):
         values = dtype_name(self.value_dtype)
         if self.value_bits:
             values = f"{self.value_bits}b {self.config.value_scheme}"
+            values += f" ±{self.config.value_range_sigmas / 2:g}σ" if self.config.value_range_sigmas else ""
             values += f" per {self.block_chunks} chunks" if self.block_chunks > 1 else ""
         mean = ", mean over selectors" if self.mean_over_selectors else ""
         return f"topk({self.fraction:g}, chunk {self.chunk_size}, {values}, {self.index_bits}-bit indices{mean})"

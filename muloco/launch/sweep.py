@@ -126,7 +126,8 @@ def _codec_detail(outer: dict) -> str:
     if codec["name"] == "dense" and codec.get("dtype", "float32") == "float32":
         return ""
     ef = "ef" if outer["error_feedback"]["enabled"] else "noef"
-    return f"top{codec['fraction']:g}-{ef}" if codec["name"] == "topk" else ef
+    tiles = f"-tiles{outer['tiles']}" if outer.get("tiles") else ""
+    return f"top{codec['fraction']:g}{tiles}-{ef}" if codec["name"] == "topk" else ef
 
 
 def _outer_step_label(outer: dict) -> str:

@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 import tyro
 from torchtitan.config import Configurable
+from torchtitan.tools.logging import logger
 
 from muloco.compress import CodecConfig, Dense, ErrorFeedback
 from muloco.compress.dense import DTYPES
@@ -74,6 +75,10 @@ class Exchange(Configurable):
         kernels: str = "auto"
         """auto (compiled on CUDA, eager elsewhere) | eager | compiled (torch.compile; the
         same payloads byte for byte)."""
+        tiles: int = 0
+        """Top-k only: store each matrix as tiles of up to ``tiles`` × ``tiles`` (the largest
+        divisors of its dimensions), so each top-k chunk of ``tiles²`` is one tile: SparseLoCo's
+        64×64 layout (``layout.py``). 0: the flat stream, chunks of consecutive elements."""
 
         def validate(self) -> None:
             try:
@@ -97,6 +102,16 @@ class Exchange(Configurable):
                 raise ValueError(f"outer.exchange.pipeline_depth must be >= 1, got {self.pipeline_depth!r}")
             if self.kernels not in KERNELS:
                 raise ValueError(f"outer.exchange.kernels must be one of {', '.join(KERNELS)}; got {self.kernels!r}")
+            if self.tiles < 0:
+                raise ValueError(f"outer.exchange.tiles must be >= 0 (0: no tiles), got {self.tiles!r}")
+            if self.tiles:
+                chunk = getattr(self.codec, "chunk_size", None)
+                if chunk is None:
+                    raise ValueError(f"outer.exchange.tiles lays out top-k chunks; the {_codec_name(self.codec)} "
+                                     f"codec has none: use --outer.exchange.codec topk or --outer.exchange.tiles 0")
+                if chunk != self.tiles ** 2:
+                    raise ValueError(f"outer.exchange.tiles {self.tiles} makes tiles of {self.tiles ** 2} elements; "
+                                     f"set --outer.exchange.codec.chunk_size {self.tiles ** 2} so a chunk is a tile")
             strategy = self.resolved_strategy().build()
             try:
                 strategy.check_codec(self.codec.build())
@@ -127,6 +142,7 @@ class Exchange(Configurable):
         ef = f"error feedback β={self.feedback.beta:g}" if fed else "no error feedback"
         skip = f", {self.config.skip_pattern!r} dense {self.config.skip_dtype}" if self.skip else ""
         kernels = "compiled" if self.compiled else "eager"
+        skip += f", {self.config.tiles}x{self.config.tiles} tiles" if self.config.tiles else ""
         link = f", {self.link.config.describe()}" if self.link.enabled else ""
         return (f"{self.codec.describe()}, {ef}, {self.strategy.name}{skip}, buckets of "
                 f"{self.config.bucket_mb:g} MB, {kernels} kernels{link}")
@@ -136,7 +152,11 @@ class Exchange(Configurable):
     def allocate(self, names: list[str], tensors: list[torch.Tensor]) -> None:
         """Once per fragment (this rank's tensors), before training: its layout, and zero
         residuals so a checkpoint load (DCP loads in place) finds them."""
-        layout = FragmentLayout(names, [t.shape for t in tensors], self.skip)
+        layout = FragmentLayout(names, [t.shape for t in tensors], self.skip, tile=self.config.tiles)
+        irregular = layout.irregular_tiles(self.config.tiles)
+        if irregular:
+            logger.info(f"tile layout: {', '.join(irregular)} have dimensions {self.config.tiles} does not divide: "
+                        f"their tiles are smaller, and a top-k chunk spans several of them")
         self.plans[tuple(names)] = Plan(layout, self.strategy, self.codecs, self.feedback, self.bucket_numel,
                                         self.config.pipeline_depth, self.device, self.link)
         for stream, codec in self.codecs.items():

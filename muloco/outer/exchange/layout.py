@@ -11,6 +11,14 @@ its codec's ``alignment`` (a quantization block, a top-k chunk). Codecs are loca
 blocks, so a bucket encodes to exactly the values the whole stream would: bucketing bounds
 the memory of a sync without changing its result. A reduce-scatter further cuts each
 bucket into K owner ranges, at the same alignment (:func:`ranges`).
+
+With ``tile`` > 0 (SparseLoCo's layout), each matrix of the compressed stream is stored
+tile by tile instead of row by row: cut into tiles of h × w elements (h, w the largest
+divisors of its two dimensions up to ``tile``; 64 × 64 for the usual shapes), each tile's
+elements consecutive, tiles in row-major order of the tile grid (the reference's
+``(y h) (x w) -> y x h w``). A codec whose block is ``tile²`` elements then works tile by tile.
+Δ is written row by row as always and permuted into tiles in place (a bucket's worth of
+rows at a time); the average is permuted back before the outer step reads it.
 """
 
 from __future__ import annotations
@@ -69,10 +77,44 @@ def cut(numel: int, bucket_numel: int, align: int) -> list[tuple[int, int]]:
     return [p for p in pieces if p[1] > p[0]]
 
 
+def tile_side(n: int, tile: int) -> int:
+    """The largest divisor of ``n`` that is at most ``tile`` (SparseLoCo's ``_get_smaller_split``)."""
+    return max(d for d in range(1, min(n, tile) + 1) if n % d == 0)
+
+
+@dataclass(frozen=True)
+class Tiled:
+    """A matrix stored tile by tile in the compressed stream."""
+
+    offset: int
+    rows: int
+    cols: int
+    h: int
+    w: int
+
+    def _pieces(self, buffer: torch.Tensor, max_numel: int):
+        """(row-major view, tile-major view) pairs of consecutive tile rows, each at most
+        ``max_numel`` elements (at least one tile row): the same memory seen both ways."""
+        band = self.h * self.cols
+        per = max(1, max_numel // band)
+        for y in range(0, self.rows // self.h, per):
+            n = min(per, self.rows // self.h - y)
+            flat = buffer[self.offset + y * band:self.offset + (y + n) * band]
+            yield flat.view(n, self.h, self.cols // self.w, self.w), flat.view(n, self.cols // self.w, self.h, self.w)
+
+    def to_tiles(self, buffer: torch.Tensor, max_numel: int) -> None:
+        for rows, tiles in self._pieces(buffer, max_numel):
+            tiles.copy_(rows.permute(0, 2, 1, 3).clone())
+
+    def from_tiles(self, buffer: torch.Tensor, max_numel: int) -> None:
+        for rows, tiles in self._pieces(buffer, max_numel):
+            rows.copy_(tiles.permute(0, 2, 1, 3).clone())
+
+
 class FragmentLayout:
     """One fragment's streams: which tensor goes where, the flat buffers, the buckets."""
 
-    def __init__(self, names: list[str], shapes: list[torch.Size], skip: re.Pattern | None):
+    def __init__(self, names: list[str], shapes: list[torch.Size], skip: re.Pattern | None, tile: int = 0):
         self.names = list(names)
         self.shapes = [torch.Size(s) for s in shapes]
         self.stream_of = [DENSE if skip and skip.search(n) else COMPRESSED for n in names]
@@ -83,6 +125,26 @@ class FragmentLayout:
             self.numel[stream] += shape.numel()
         self.key = "|".join((names[0], names[-1], str(len(names))))
         """The fragment's residual key, stable across runs (DCP flattens nested keys with dots)."""
+        self.tiled = [Tiled(o, s[0], s[1], tile_side(s[0], tile), tile_side(s[1], tile))
+                      for o, s, stream in zip(self.offsets, self.shapes, self.stream_of)
+                      if tile and stream == COMPRESSED and len(s) == 2 and s.numel()]
+        """The compressed stream's matrices, stored tile by tile (``tile`` > 0)."""
+
+    def to_tiles(self, buffers: dict[str, torch.Tensor], max_numel: int) -> None:
+        """Δ as written (row by row) → tile by tile, in place."""
+        for t in self.tiled:
+            t.to_tiles(buffers[COMPRESSED], max_numel)
+
+    def from_tiles(self, buffers: dict[str, torch.Tensor], max_numel: int) -> None:
+        """The average (tile by tile) → row by row, in place, as the outer step reads it."""
+        for t in self.tiled:
+            t.from_tiles(buffers[COMPRESSED], max_numel)
+
+    def irregular_tiles(self, tile: int) -> list[str]:
+        """The matrices whose tiles are smaller than ``tile`` × ``tile`` (a dimension ``tile``
+        does not divide): a codec block of ``tile²`` elements then spans several of their tiles."""
+        by_offset = {o: n for n, o, s in zip(self.names, self.offsets, self.stream_of) if s == COMPRESSED}
+        return [by_offset[t.offset] for t in self.tiled if (t.h, t.w) != (tile, tile)]
 
     def new_buffers(self, device: torch.device) -> dict[str, torch.Tensor]:
         return {s: torch.empty(n, dtype=torch.float32, device=device) for s, n in self.numel.items()}

@@ -182,6 +182,7 @@ class Sync(PendingExchange):
         self.deltas = {s: self.tally.track(b) for s, b in plan.layout.new_buffers(plan.device).items()}
         with torch.no_grad():  # Δ is data, not part of any graph (the caller may have grad mode on)
             fill(plan.layout.views(self.deltas))
+            plan.layout.to_tiles(self.deltas, plan.bucket_numel)  # SparseLoCo's tile layout, if asked
         self.jobs = self._jobs(plan.codecs, plan.feedback, plan.bucket_numel)
         self.dense_fp32_bytes = 2 * (self.k - 1) / self.k * 4 * sum(plan.layout.numel.values())
         self._streams = _SideStream.after_current(plan.device)
@@ -313,6 +314,8 @@ class Sync(PendingExchange):
         self.peak_extra_bytes = self.tally.peak
         if self.failed():  # the buffers hold garbage; nothing will be committed
             return [torch.zeros(s, device=self.device) for s in self.plan.layout.shapes]
+        with torch.no_grad():
+            self.plan.layout.from_tiles(self.outputs, self.plan.bucket_numel)
         return self.plan.layout.views(self.outputs)
 
     def wait_for_slowest(self) -> float | None:

@@ -1,0 +1,33 @@
+"""SparseLoCo as its authors run it: AdamW inside, 64×64 tiles, H=15 (arXiv 2508.15706; Templar).
+
+What the public code does (tplr-ai/SparseLoCo, Templar ``src/tplr/compress.py``) and this config
+reproduces: each replica keeps e ← 0.95·e + Δ; each matrix is cut into 64×64 tiles (a dimension
+64 does not divide gets the largest divisor below it) and the 64 largest |e| of each tile are sent
+(1.56%, Templar's and Covenant-72B's density) with 12-bit tile-local indices and 2-bit values on a
+6σ range (mean shift, bins decoded to their means); 1-D tensors (the norms) are sent whole, as
+Templar does; each coordinate is averaged over the replicas that selected it; θ_g ← θ_g − 1.0 ·
+average (plain SGD: the error feedback is the only momentum); H = 15, the smallest H the paper
+sweeps. AdamW is the inner optimizer (``diloco/diloco``'s).
+
+Where it still differs: one 2-bit table per 8 tiles (the reference: one per tensor); the norms
+go in fp32 (Templar's dtype is the model's). ``diloco/sparseloco`` is the MuLoCo variant (Muon
+inside, flat 4,096-element chunks, the near-Lloyd–Max ±1.97σ grid).
+"""
+
+from muloco.compress import TopK
+from muloco.config import load_config
+
+
+def config():
+    c = load_config("diloco/diloco")
+    c.dump_folder = "./outputs/sparseloco-published"
+    compressed = load_config("diloco/muloco_2bit").outer
+    c.outer.optimizer = compressed.optimizer  # plain SGD at lr 1: the error feedback is the momentum
+    c.outer.exchange.error_feedback = compressed.exchange.error_feedback  # β 0.95
+    c.outer.exchange.codec = TopK.Config(fraction=64 / 4096, chunk_size=4096, value_bits=2,
+                                         value_scheme="statistical", value_block_chunks=8, value_range_sigmas=6.0,
+                                         index_bits=12, mean_over_selectors=True)
+    c.outer.exchange.tiles = 64
+    c.outer.exchange.skip_pattern = r"norm\.weight$"  # 1-D tensors whole, as Templar sends them
+    c.outer.sync_every = 15
+    return c

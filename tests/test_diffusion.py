@@ -32,8 +32,8 @@ BOS, EOS, MASK = 29, 30, 31
 def diffusion_run(tmp_path_factory):
     dump = tmp_path_factory.mktemp("mdlm") / "run"
     proc = run_train(["--config", "ddp/adamw", "--objective", "mdlm", *TINY, "--training.steps", "40",
-                      "--validator.freq", "20", "--validator.steps", "4", "--metrics.log_freq", "10",
-                      "--optimizer.lr", "0.01", "--dump_folder", str(dump)])
+                      "--validator.freq", "20", "--validator.steps", "4", "--validator.tuning_steps", "2",
+                      "--metrics.log_freq", "10", "--optimizer.lr", "0.01", "--dump_folder", str(dump)])
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return dump, proc.stdout + proc.stderr
 
@@ -55,6 +55,11 @@ def test_a_diffusion_run_reports_a_falling_elbo_and_its_bound(diffusion_run):
         assert r["validation_bits_per_byte"] == pytest.approx(
             hand_bits_per_byte(r["validation_nelbo"], next_token=False, seq_len=64, batch=4, steps=4), rel=1e-9)
     assert s["final_validation_bits_per_byte"] == pytest.approx(validations[-1]["validation_bits_per_byte"])
+    # the tuning batches (the 2 after the 4 reported ones; compare --tune): scored beside each
+    # validation, on other text, without touching the reported figures checked above
+    tuning = [r["tuning_loss"] for r in validations]
+    assert all(0 < t < 20 for t in tuning) and tuning != [r["validation_nelbo"] for r in validations]
+    assert s["final_tuning_loss"] == pytest.approx(tuning[-1])
 
 
 def _generate(dump, *args):

@@ -154,7 +154,10 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
     markers.mkdir()
     steps, hold = 40, 30  # the sync prepared at 27 commits without the dead replica, then they hold
     extra = ("--outer.fragment_sync_delay", "3", "--outer.exchange.codec", "quantize",
-             "--outer.exchange.codec.bits", "2", "--outer.exchange.strategy", "reduce_scatter")
+             "--outer.exchange.codec.bits", "2", "--outer.exchange.strategy", "reduce_scatter",
+             # scheduled outer steps: the healed replica takes them up where its peers are
+             "--outer.step_schedule.lr.decay", "cosine", "--outer.step_schedule.lr.final", "0.25",
+             "--outer.step_schedule.feedback_beta.decay", "linear", "--outer.step_schedule.feedback_beta.final", "0.5")
     drill_step = 17  # prepared at 17, applied at 20 (τ = 3)
     drills = {"MULOCO_TEST_DRILLS": f"exchange:2:{drill_step},hold:0:{hold},hold:1:{hold}",
               "MULOCO_TEST_DRILL_DIR": str(markers)}
@@ -187,6 +190,9 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
     final = [syncs(dump, i)[-1] for i in range(3)]
     assert all(f["committed"] and f["step"] == steps and f["participants"] == 3 for f in final)
     assert final[0]["global_sha256"] == final[1]["global_sha256"] == final[2]["global_sha256"]
+    # the last sync stepped with the schedules' end values on every replica, the healed one too
+    assert all(f["outer_lr"] == pytest.approx(0.7 * 0.25) and f["outer_momentum"] == pytest.approx(0.9) for f in final)
+    assert all(f["feedback_beta"] == pytest.approx(0.9 * (0.5 + 0.5 * (1 - 37 / 40))) for f in final)  # prepared at 37
 
 
 @pytest.mark.timeout(900)

@@ -9,8 +9,11 @@ flavor, K, H, codec, error feedback, learning rates) plus the seed, so a folder 
 trained in it and a finished folder is reused whatever the row is called.
 
 ``paper-mini`` is the tiny CPU shape (the shipped configs' 1.3M-parameter model, 300 steps
-per group); ``paper-158m`` is the 150M shape of the model map (``llama3-w512-d6-h4``) for one
-GPU per replica group, 1,800 steps of 16 × 1,024 tokens per group.
+per group, 10 syncs: the quick look); ``paper-long`` the same model for 900 steps with H=15, 60
+syncs per run, whose order of methods holds for longer runs where paper-mini's does not;
+``outer-steps`` the experiment behind the outer-step defaults on that horizon; ``paper-158m`` is
+the 150M shape of the model map (``llama3-w512-d6-h4``) for one GPU per replica group, 1,800
+steps of 16 × 1,024 tokens per group.
 """
 
 from __future__ import annotations
@@ -175,7 +178,7 @@ LONG = Shape(**TINY, steps=900, warmup=45, validation_every=90, validation_steps
 CORE = ("DDP AdamW", "DDP Muon", "DiLoCo K=2", "MuLoCo K=2", DENSE_SGD, "MuLoCo 2-bit EF", "MuLoCo top-k 10% EF",
         "SparseLoCo", SPARSELOCO_PUBLISHED)
 """paper-long's rows that one seed runs in about an hour on two quiet cores (``--only`` them)."""
-LONG_ROWS = (*(r for r in ROWS if r.label in CORE or r.label in ("DiLoCo K=4", "MuLoCo K=4")),)
+LONG_ROWS = tuple(r for r in ROWS if r.label in CORE or r.label in ("DiLoCo K=4", "MuLoCo K=4"))
 
 SUITES = {
     "paper-mini": Suite("paper-mini", MINI, ROWS, device="cpu"),

@@ -113,10 +113,11 @@ def _ddp_for(line: Line, found: dict[str, Line]) -> Line | None:
 
 
 def _best_dense(suite: Suite, found: list[Line]) -> Line | None:
-    """The tuned dense K=2 row with the lowest loss: every tuned row's reference (same tokens)."""
+    """The tuned dense K=2 row with the lowest tuning loss (chosen like the grid points, never by
+    the reported loss): every tuned row's reference (the same tokens)."""
     dense = {row.label for row in suite.rows if row.grid == "nesterov" and row.replicas == 2}
     tuned = [line for line in found if line.setting and line.label in dense and line.loss is not None]
-    return min(tuned, key=lambda line: line.loss) if tuned else None
+    return min(tuned, key=lambda line: line.grid[line.setting]) if tuned else None
 
 
 def rows(suite: Suite, found: list[Line]) -> list[dict[str, Any]]:

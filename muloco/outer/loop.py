@@ -350,7 +350,7 @@ class OuterLoop(Configurable):
         """Start the exchange of the fragment due now (after inner step ``step``, which sets the
         error-feedback β's schedule); ``started``: when its quorum began."""
         quorum_seconds = time.perf_counter() - started
-        self.exchange.feedback.beta = self.config.exchange.error_feedback.beta * self.beta_schedule.factor(step)
+        self.exchange.set_feedback_beta(self.config.exchange.error_feedback.beta * self.beta_schedule.factor(step))
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
         locals_ = frag.locals()
@@ -412,7 +412,7 @@ class OuterLoop(Configurable):
             parts=_parts(sync, clock, seconds),
             outer_lr=lr,
             outer_momentum=momentum,
-            feedback_beta=self.exchange.feedback.beta if self.exchange.feedback.enabled else None,
+            feedback_beta=self.exchange.feedback_beta,
         )
         if self.config.fingerprint:
             record.global_sha256 = self.fingerprint()

@@ -147,6 +147,15 @@ class Exchange(Configurable):
         return (f"{self.codec.describe()}, {ef}, {self.strategy.name}{skip}, buckets of "
                 f"{self.config.bucket_mb:g} MB, {kernels} kernels{link}")
 
+    @property
+    def feedback_beta(self) -> float | None:
+        """The error-feedback β of the next encode (None: the codec is lossless or feedback is off)."""
+        return self.feedback.beta if self.feedback.applies_to(self.codec) else None
+
+    def set_feedback_beta(self, beta: float) -> None:
+        """β for the syncs from now on (the outer loop's schedule sets it at each prepare)."""
+        self.feedback.beta = float(beta)
+
     # ------------------------------------------------------------------- state
 
     def allocate(self, names: list[str], tensors: list[torch.Tensor]) -> None:

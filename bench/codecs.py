@@ -194,16 +194,22 @@ def exchange_table(args) -> list[dict]:
     print(f"{'codec':>18} {'K':>3} {'ring MB':>9} {'allgather MB':>13} {'x less':>7} {'reduce-scatter MB':>18} {'x less':>7}")
     rows = []
     for label, codec in configs.items():
+        # top-k goes over all-gather only (a reduce-scatter owner's re-encode would drop coordinates)
+        strategies = (("allgather", None),) + (() if isinstance(codec, TopK.Config) else
+                                               (("reduce_scatter", ReduceScatter.Config()),))
         exchanges = {name: Exchange.Config(codec=codec, skip_pattern=base.skip_pattern, strategy=strategy).build()
-                     for name, strategy in (("allgather", None), ("reduce_scatter", ReduceScatter.Config()))}
+                     for name, strategy in strategies}
         for k in (2, 4, 8, 16):
             ring = 2 * (k - 1) / k * 4 * (n + n_dense)
             ag = max(exchanges["allgather"].wire_bytes(k, n, n_dense, rank=r)["sent"] for r in range(k))
-            rs = max(max(exchanges["reduce_scatter"].wire_bytes(k, n, n_dense, rank=r)[d] for d in ("sent", "received"))
-                     for r in range(k))
+            rs = None
+            if "reduce_scatter" in exchanges:
+                rs = max(max(exchanges["reduce_scatter"].wire_bytes(k, n, n_dense, rank=r)[d]
+                             for d in ("sent", "received")) for r in range(k))
             rows.append(dict(table="exchange", codec=label, k=k, ring=ring, allgather=ag, reduce_scatter=rs))
             _emit(args, rows[-1])
-            print(f"{label:>18} {k:>3} {ring / 1e6:9.2f} {ag / 1e6:13.2f} {ring / ag:7.1f} {rs / 1e6:18.2f} {ring / rs:7.1f}")
+            scatter = f"{rs / 1e6:18.2f} {ring / rs:7.1f}" if rs else f"{'- (all-gather only)':>18} {'-':>7}"
+            print(f"{label:>18} {k:>3} {ring / 1e6:9.2f} {ag / 1e6:13.2f} {ring / ag:7.1f} {scatter}")
     return rows
 
 

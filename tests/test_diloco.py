@@ -61,10 +61,10 @@ def _committed_hashes(dump, replica):
         (2, ("--optimizer.name", "Muon", "--optimizer.lr", "0.02", "--outer.exchange.codec", "quantize",  # MuLoCo
              "--outer.exchange.codec.bits", "2", "--outer.exchange.skip_pattern", r"norm\.weight$",
              "--objective", "mdlm")),  # ... training a masked-diffusion model
-        (3, ("--outer.exchange.codec", "quantize", "--outer.exchange.codec.bits", "4",
+        (3, ("--outer.exchange.codec", "quantize", "--outer.exchange.codec.bits", "2",
              "--outer.exchange.strategy", "reduce_scatter")),
     ],
-    ids=["diloco-k2", "streaming-k3", "muloco-2bit-ef-mdlm-k2", "4bit-reduce-scatter-k3"],
+    ids=["diloco-k2", "streaming-k3", "muloco-2bit-ef-mdlm-k2", "2bit-reduce-scatter-k3"],
 )
 def test_replicas_train_and_hold_identical_global_params_after_every_sync(cluster, tmp_path, k, extra):
     c = cluster(k, min_replicas=k)  # a quorum waits for every replica, however slow: all in every sync

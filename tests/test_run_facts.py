@@ -21,7 +21,7 @@ EXPECTED_METHOD = {
     "diloco/diloco": "diloco", "diloco/diloco_2bit": "diloco-2bit", "diloco/diloco_streaming": "diloco-streaming",
     "diloco/muloco": "muloco", "diloco/muloco_2bit": "muloco-2bit", "diloco/muloco_4bit": "muloco-4bit",
     "diloco/muloco_topk": "muloco-topk", "diloco/muloco_streaming": "muloco-streaming",
-    "diloco/sparseloco": "muloco-topk",
+    "diloco/sparseloco": "muloco-topk", "diloco/sparseloco_published": "diloco-topk",
     "diffusion/ddp_adamw": "ddp-adamw", "diffusion/ddp_muon": "ddp-muon", "diffusion/muloco": "muloco",
     "diffusion/muloco_2bit": "muloco-2bit", "diffusion/sft": "ddp-adamw",
     "gpu/ddp_adamw": "ddp-adamw", "gpu/ddp_muon": "ddp-muon", "gpu/diloco": "diloco", "gpu/muloco": "muloco",

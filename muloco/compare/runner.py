@@ -24,7 +24,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -78,7 +78,7 @@ class Progress:
 
     total_runs: int
     total_work: int
-    out: TextIO = sys.stderr
+    out: TextIO = field(default_factory=lambda: sys.stderr)  # the stream of the moment, not of import time
     done_runs: int = 0
     done_work: int = 0
     measured_work: int = 0
@@ -154,12 +154,13 @@ def stop_on_sigterm() -> None:
 
 
 def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | None = None,
-            share_gpus: bool = False, progress_out: TextIO = sys.stderr) -> dict[str, str]:
-    """Train every planned run not yet finished; {name: COMPLETED | FAILED (log path)}."""
+            share_gpus: bool = False, progress_out: TextIO | None = None) -> dict[str, str]:
+    """Train every planned run not yet finished; {name: COMPLETED | FAILED (log path)}; the
+    progress line goes to ``progress_out`` (default: sys.stderr as it is when called)."""
     suite_dir.mkdir(parents=True, exist_ok=True)
     (suite_dir / "logs").mkdir(exist_ok=True)
     manifest = read_manifest(str(suite_dir))
-    progress = Progress(len(planned), sum(_work(p) for p in planned), progress_out)
+    progress = Progress(len(planned), sum(_work(p) for p in planned), progress_out or sys.stderr)
     states: dict[str, str] = {}
     for p in planned:
         folder = suite_dir / p.name

@@ -80,6 +80,9 @@ BAD_INPUTS = [
                                                                                   "'dataset_subset'"),
     (["--dataloader.dataset_path", "x.jsonl"], "use --dataloader.source jsonl --dataloader.source.dataset_path PATH"),
     (["--dataloader.format", "sft"], "SFT rows are a data source now: --dataloader.source sft"),
+    (["--validator.tuning_steps", "-1"], "validator.tuning_steps is -1"),
+    (["--validator.tuning_steps", "4", "--validator.steps", "-1"], "give validator.steps a count"),
+    (["--outer.step_schedule.lr.decay", "cosine"], "outer.step_schedule"),  # a run without an outer loop
 ]
 
 

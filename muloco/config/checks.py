@@ -229,6 +229,12 @@ def _check_metrics(config) -> None:
     _positive("metrics.log_freq", config.metrics.log_freq, "a positive integer")
     if config.validator.enable:
         _positive("validator.freq", config.validator.freq, "a positive integer")
+        tuning = getattr(config.validator, "tuning_steps", 0)
+        if tuning < 0:
+            raise ConfigError(f"validator.tuning_steps is {tuning}; it must be >= 0 (0: no tuning batches).")
+        if tuning and config.validator.steps == -1:
+            raise ConfigError("validator.tuning_steps reads the held-out batches after the validator.steps reported "
+                              "ones, and validator.steps -1 reports on all of them; give validator.steps a count.")
     if config.checkpoint.enable:
         _positive("checkpoint.interval", config.checkpoint.interval, "a positive integer")
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from muloco.compare import runner, table, timing
-from muloco.compare.suites import DATA, SUITES, Planned, SuiteError, over_links, plan
+from muloco.compare.suites import AVERAGING, DATA, SUITES, Planned, SuiteError, over_links, plan
 from muloco.link_model import parse_rate
 from muloco.launch.cli import UsageError, parse
 from muloco.launch.group import TrainerConfigError
@@ -63,7 +63,11 @@ class CompareOptions:
     """Steps per replica group instead of the suite's."""
     tune: bool = False
     """Tune each row's outer step on its grid (lr and momentum, or lr and error-feedback β), chosen by
-    θ_g's loss on tuning batches apart from the reported validation ones."""
+    θ_g's loss on tuning batches apart from the reported validation ones: on seed 0, after which the
+    other seeds run only the chosen point."""
+    tune_every_seed: bool = False
+    """With --tune and --seeds > 1: run the whole grid on every seed and choose by the mean over the
+    seeds (each seed costs the grid instead of one run per row)."""
     dry_run: bool = False
     """Print the runs and their commands; start nothing."""
     link: list[str] = field(default_factory=list)
@@ -87,6 +91,24 @@ def _resolve(p: Planned) -> None:
     p.steps, p.local_batch = cfg.training.steps, cfg.training.local_batch_size
 
 
+def _later_seeds(suite, args: CompareOptions, extra: list[str], chosen: dict[str, set[str]] | None) -> list[Planned]:
+    """Seeds 1 and up of a tuned suite: each tuned row at its points in ``chosen`` (``Line.later_points``:
+    the chosen one, and averaging and the best with momentum on the Nesterov grid; a row seed 0
+    could not score is left out), the rows without an outer step as they are; resolved.
+    ``chosen`` None (a dry run): each tuned row's first point and its averaging point stand in."""
+    later = plan(suite, objective=args.objective, data=args.data, seeds=args.seeds, steps=args.steps, extra=extra,
+                 only=args.only, tune=True, first_seed=1, chosen=chosen)
+    if chosen is None:
+        firsts: dict[str, str] = {}
+        for p in later:
+            if p.row.tunes:
+                firsts.setdefault(p.row.tunes, p.row.setting)
+        later = [p for p in later if not p.row.tunes or p.row.setting in (firsts[p.row.tunes], AVERAGING)]
+    for p in later:
+        _resolve(p)
+    return later
+
+
 def _check(args: CompareOptions) -> None:
     if args.suite not in SUITES:
         raise UsageError(f"--suite {args.suite!r}: use one of {', '.join(SUITES)}")
@@ -102,6 +124,8 @@ def _check(args: CompareOptions) -> None:
         raise UsageError(f"--target {args.target}: must be a positive finite loss")
     if args.target is not None and not args.link:
         raise UsageError("--target is the loss the runs over --link are timed to: give --link too")
+    if args.tune_every_seed and not args.tune:
+        raise UsageError("--tune-every-seed says how --tune spends its seeds: give --tune too")
 
 
 def _links(values: list[str]) -> list[float]:
@@ -236,8 +260,9 @@ def main(argv: list[str] | None = None) -> int:
             _check_device(device, suite.name)
         data_label = args.data if args.data in DATA else Path(args.data).stem
         folder = Path(args.out or f"outputs/compare/{suite.name}-{args.objective}-{data_label}")
-        planned = plan(suite, objective=args.objective, data=args.data, seeds=args.seeds, steps=args.steps,
-                       extra=extra, only=args.only, tune=args.tune)
+        staged = args.tune and args.seeds > 1 and not args.tune_every_seed
+        planned = plan(suite, objective=args.objective, data=args.data, seeds=1 if staged else args.seeds,
+                       steps=args.steps, extra=extra, only=args.only, tune=args.tune)
         if args.tune and args.link:
             raise UsageError("--tune and --link: tune first, then time the chosen settings over links "
                              "(give the chosen setting as trainer overrides after --)")
@@ -262,10 +287,24 @@ def main(argv: list[str] | None = None) -> int:
         for p in planned:
             command = runner.command(p, folder / p.name, share_gpus=share)
             print(f"{p.row.label} (seed {p.seed}): {folder / p.name}\n  {shlex.join(command)}")
-        print(f"{len(planned)} runs; nothing started (--dry-run)")
+        later = _later_seeds(suite, args, extra, None) if staged else []
+        if later:
+            rows = len(later) // (args.seeds - 1)
+            print(f"then seeds 1 to {args.seeds - 1}: each tuned row at the point seed 0 chooses (a Nesterov row also "
+                  f"at averaging and its best point with momentum), the other rows as they are (about {rows} runs "
+                  f"per seed)")
+        print(f"{len(planned) + len(later)} runs; nothing started (--dry-run)")
         return 0
     runner.stop_on_sigterm()
-    states = runner.run_all(planned, folder, env=_environment(device), share_gpus=_share_gpus(device, planned))
+    env, share = _environment(device), _share_gpus(device, planned)
+    states = runner.run_all(planned, folder, env=env, share_gpus=share)
+    if staged:  # the other seeds at the points seed 0 chose
+        found = [line for line in table.lines(suite, planned, folder) if line.setting]
+        print("tuned on seed 0: " + "; ".join(f"{line.label}: {line.setting}" for line in found), file=sys.stderr)
+        chosen = {line.label: line.later_points() for line in found}
+        later = _later_seeds(suite, args, extra, chosen)
+        states.update(runner.run_all(later, folder, env=env, share_gpus=share))
+        planned += later
     try:
         _finish(suite, planned, folder, args)
     except UsageError as err:

@@ -134,8 +134,16 @@ NESTEROV_POINTS = ((0.1, 0.9), (0.3, 0.9), (0.7, 0.9), (0.5, 0.5), (1.0, 0.5), (
 """(η, μ): effective steps η/(1−μ) of 1, 3 and 7 with μ 0.9 (DiLoCo's 0.7/0.9 among them), 1 and 2
 with μ 0.5, and plain averaging (η 1, μ 0): on the outer-steps experiment the loss grew with the
 effective step (docs/compression.md), so the grid spans it with and without momentum."""
+AVERAGING = "averaging (η1 μ0)"
+"""The Nesterov grid's point without momentum: plain averaging of the groups' models."""
+
+
+def _nesterov_label(lr: float, mu: float) -> str:
+    return AVERAGING if (lr, mu) == (1.0, 0.0) else f"Nesterov η{lr:g} μ{mu:g}"
+
+
 GRIDS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    NESTEROV: tuple((f"Nesterov η{lr:g} μ{mu:g}", nesterov(lr, mu)) for lr, mu in NESTEROV_POINTS),
+    NESTEROV: tuple((_nesterov_label(lr, mu), nesterov(lr, mu)) for lr, mu in NESTEROV_POINTS),
     FEEDBACK: tuple((f"SGD η{lr:g} β{beta:g}", feedback_sgd(lr, beta)) for lr in (0.7, 1.0) for beta in (0.9, 0.95)),
 }
 """``--tune``'s grid per kind of outer step: the dense rows' Nesterov points, the compressed rows'
@@ -236,10 +244,13 @@ class Planned:
 
 
 def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | None = None,
-         extra: list[str] | None = None, only: list[str] | None = None, tune: bool = False) -> list[Planned]:
-    """Every run, in table order and seed by seed; ``only`` keeps the rows with those labels;
-    ``tune`` runs each row with an outer step at every point of its grid (:data:`GRIDS`), each
-    scoring θ_g on tuning batches held apart from the reported validation ones."""
+         extra: list[str] | None = None, only: list[str] | None = None, tune: bool = False,
+         first_seed: int = 0, chosen: dict[str, set[str]] | None = None) -> list[Planned]:
+    """Every run, in table order and seed by seed (seeds ``first_seed`` to ``seeds - 1``); ``only``
+    keeps the rows with those labels; ``tune`` runs each row with an outer step at every point of
+    its grid (:data:`GRIDS`), each scoring θ_g on tuning batches held apart from the reported
+    validation ones; ``chosen`` ({row label: settings}) keeps only those grid points (a tuned row
+    missing from it is left out)."""
     if objective not in OBJECTIVES:
         raise SuiteError(f"--objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if seeds < 1:
@@ -255,8 +266,10 @@ def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | No
     if tune:
         rows = tuned(rows)
         common += ["--validator.tuning_steps", str(suite.shape.validation_steps)]
+    if chosen is not None:
+        rows = tuple(r for r in rows if not r.tunes or r.setting in chosen.get(r.tunes, ()))
     planned = []
-    for seed in range(seeds):
+    for seed in range(first_seed, seeds):
         for row in rows:
             flags = [*suite.shape.overrides(row), *common, "--debug.seed", str(seed), *row.overrides]
             if steps is not None:

@@ -165,8 +165,9 @@ def _flavor_label(flavor: str) -> str:
 
 
 def run_name(cfg) -> str:
-    """method_objective_flavor[_K_H_codec]_lrs, from the parsed config's facts (the method as the
-    report names it, defaults included; never from the config module's file name)."""
+    """method_objective_flavor[_K_H_codec]_lrs[_tuneN], from the parsed config's facts (the method as
+    the report names it, defaults included; never from the config module's file name); ``tuneN``: θ_g
+    is also scored on N tuning batches (``--validator.tuning_steps``)."""
     facts = facts_of(cfg, environment=False)
     parts = [facts["method"], facts["objective"], _flavor_label(cfg.model.flavor)]
     outer = facts["outer"]
@@ -177,6 +178,9 @@ def run_name(cfg) -> str:
         parts.append(_outer_step_label(outer))
         if outer.get("link"):  # an emulated link: its own folder (the same training, other wall times)
             parts.append(_link_label(outer["link"]))
+    tuning = getattr(cfg.validator, "tuning_steps", 0)
+    if tuning:  # scored on tuning batches too: a finished run without them is not reusable for --tune
+        parts.append(f"tune{tuning}")
     return "_".join(p for p in parts if p)
 
 

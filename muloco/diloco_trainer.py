@@ -145,8 +145,7 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
                                    f"{ft.start_wait_seconds:g}s; starting anyway (the others heal from a peer "
                                    "when they arrive)")
             before = self.step
-            self.step, record = self.outer.catch_up(self.step, self.config.training.steps,
-                                                    wait_seconds=max(ft.start_wait_seconds, 1.0))
+            self.step, record = self.outer.catch_up(self.step, wait_seconds=max(ft.start_wait_seconds, 1.0))
         if self.step != before:
             self.metrics_processor.begin(start_step=self.step, total_steps=self.config.training.steps)
         self._log_sync(record)
@@ -249,9 +248,11 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             logger.info(f"DiLoCo replica {d['replica_id']}: sync time by part: {parts}; peak extra memory of a "
                         f"sync {d['sync_peak_extra_bytes'] / mb:,.1f}MB")
         heals = ", ".join(f"{h['phase']}: from replica {h['peer']} to step {h['step_to']} (sync {h['sync']}, "
-                          f"{h['bytes_received'] / mb:,.1f}MB)" for h in d["heal_log"])
+                          f"{h['bytes_received'] / mb:,.1f}MB)" for h in d["heal_log"] if not h.get("failure"))
+        failed = ", ".join(f"{h['phase']}: {h['failure']}" for h in d["heal_log"] if h.get("failure"))
         logger.info(f"DiLoCo replica {d['replica_id']}: final θ_g sha256 {d['final_global_sha256']} (sync "
-                    f"{d['final_sync']})" + (f"; healed {d['heals']}x: {heals}" if heals else ""))
+                    f"{d['final_sync']})" + (f"; healed {d['heals']}x: {heals}" if heals else "")
+                    + (f"; {d['heals_failed']} heal(s) failed: {failed}" if failed else ""))
         logger.info(
             f"DiLoCo replica {d['replica_id']}: exchange {d['exchange']}: "
             f"{d['payload_bits_per_parameter']:.2f} bits per parameter (dense fp32: 32); "

@@ -201,6 +201,8 @@ class MulocoMetrics(MetricsProcessor):
         self._record({f"sync/{k}": v for k, v in record.items()}, step)
         mb = 1e6
         healed = f", healed from replica {record['healed_from']}" if record.get("healed_from") is not None else ""
+        if record.get("heal_failure"):
+            healed = f", {record['heal_failure']}"
         if record["committed"]:
             logger.info(
                 f"sync at step {step} (fragment {record['fragment']}): committed, "

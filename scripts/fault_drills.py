@@ -4,11 +4,14 @@
     .venv/bin/python scripts/fault_drills.py --runs 5 --only exchange healing
     .venv/bin/python scripts/fault_drills.py --keep /tmp/drills   # keep the run folders
 
-Each run is a K=3 job under the local launcher with real SIGKILLs (about 35 s each on a quiet
+Each run is a K=3 job (K=2 for one-sync-behind) under the local launcher with real SIGKILLs (about 35 s each on a quiet
 2-core CPU), paced by the test (a killed replica comes back, and heals, where its drill says,
 whatever the speed of the machine). CI runs a subset (tests/test_fault_drills.py). Exit status
 0 only if every run ended with identical final θ_g hashes and validation losses, no minority
-commit, no healthy replica healed, and each killed replica healed where its drill says.
+commit, no healthy replica healed, each killed replica healed where its drill says, no sync
+rolled back that a kill did not make fail, the last sync committed everywhere, and no step
+trained twice where the drill says so. The table reports syncs committed, rolled back and
+steps trained twice per run (one number per seed).
 """
 
 from __future__ import annotations
@@ -26,8 +29,9 @@ from drills import DRILLS, DrillResult, describe, run_drill  # noqa: E402
 
 
 def _table(results: list[DrillResult]) -> str:
-    rows = ["| drill | what | runs | ended with identical θ_g and loss | healed (killed replicas only) | seconds per run |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| drill | what | K | runs | identical θ_g and loss | healed (killed replicas only) | syncs committed "
+            "(all groups) | rolled back | steps trained twice | seconds per run |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for name, drill in DRILLS.items():
         mine = [r for r in results if r.drill == name]
         if not mine:
@@ -35,8 +39,11 @@ def _table(results: list[DrillResult]) -> str:
         ok = sum(r.ok for r in mine)
         healed = sum(bool(r.healed) for r in mine)
         secs = sorted(r.seconds for r in mine)
-        rows.append(f"| {name} | {drill.what} | {len(mine)} | {ok}/{len(mine)} | {healed}/{len(mine)} | "
-                    f"{secs[len(secs) // 2]:.0f} (median) |")
+        committed = "/".join(str(r.committed) for r in mine)
+        rolled = "/".join(str(len(r.rolled_back)) for r in mine)
+        twice = "/".join(str(r.trained_twice) for r in mine)
+        rows.append(f"| {name} | {drill.what} | {drill.replicas} | {len(mine)} | {ok}/{len(mine)} | "
+                    f"{healed}/{len(mine)} | {committed} | {rolled} | {twice} | {secs[len(secs) // 2]:.0f} (median) |")
     return "\n".join(rows)
 
 

@@ -8,6 +8,7 @@ Each drill is ``kind:replica:step``; the replica group with that id SIGKILLs its
 
 - ``mid``        after inner step ``step`` (between syncs);
 - ``boundary``   right after the sync performed at inner step ``step`` (committed or not);
+- ``prepare``    as the sync prepared at ``step`` starts: before it joins the quorum;
 - ``exchange``   inside the sync prepared at ``step``: after joining the quorum, before sending;
 - ``checkpoint`` while saving the checkpoint of step ``step``: data files written, metadata not;
 - ``healing``    while downloading a peer's state, the first time it heals (``step`` unused);
@@ -146,6 +147,15 @@ def _install(drill: Drill) -> None:
             return record
 
         OuterLoop._perform = _perform
+    elif drill.kind == "prepare":
+        original_prepare_ = OuterLoop._prepare
+
+        def _prepare_(self, step):
+            if step == drill.step and drill.pending:
+                drill.fire(f"as the sync prepared at step {step} starts, before its quorum")
+            return original_prepare_(self, step)
+
+        OuterLoop._prepare = _prepare_
     elif drill.kind == "exchange":
         original_start = OuterLoop._start_exchange
         state = {"step": None}

@@ -1,4 +1,4 @@
-"""The fault-drill matrix: K=3 replica groups under the local launcher, replicas SIGKILLed at
+"""The fault-drill matrix: K=3 replica groups (K=2 for one drill) under the local launcher, replicas SIGKILLed at
 exact points (tests/drill_train.py), restarted by the launcher, and the run must still end in
 agreement.
 
@@ -10,7 +10,11 @@ Each drill asserts, on the real outputs of the run:
   every committed sync had a majority of the groups in its quorum (no split brain);
 - no healthy replica healed, and each killed replica healed exactly where its drill says: from
   which peer, to which step, in which restart (the "healed from replica" lines of each start of
-  its log).
+  its log);
+- no sync was rolled back except where a kill made it fail (the first sync at or after each
+  kill, the sync a paced comeback joins), and the run's last sync committed on every group;
+- steps trained twice (a step a group logged a training loss for more than once, restarts
+  included) are counted, and a drill that says so (``no_retrain``) asserts there are none.
 
 The test sets the order of events instead of assuming which process is faster (a restart
 takes seconds here and far less on a fast host): a killed replica's restart is gated until its
@@ -83,6 +87,20 @@ class Plan:
     heals: dict[tuple[int, str], tuple[int, int]]
     """(replica, log segment: 'restart N') → (peer it healed from, step it healed to); no heal anywhere else."""
 
+    def may_roll_back(self) -> set[int]:
+        """Sync steps a kill may make fail: the first sync at or after a kill's step (a kill
+        right after a sync: the next one), and for kills at no fixed step (healing, serving a
+        heal) the sync after each paced comeback."""
+        steps: set[int] = set()
+        for kill in self.kills:
+            kind, _, step = kill.split(":")
+            at = int(step) + (H if kind == "boundary" else 0)
+            if int(step) > 0:
+                steps.add(-(-at // H) * H)
+        if any(k.split(":")[2] == "0" for k in self.kills):
+            steps |= {-(-c.hold // H) * H + d for c in self.comebacks if c.hold is not None for d in (0, H)}
+        return steps
+
     def specs(self) -> list[str]:
         """Every drill of the run: the kills, and the gates and holds that pace the comebacks."""
         out = list(self.kills)
@@ -102,6 +120,14 @@ def _one_kill(kill: str) -> Plan:
     return Plan([kill], [Comeback(((victim, 1),), survivors, HOLD)], {(victim, "restart 1"): (survivors[0], HEAL_AT)})
 
 
+def _two_at_once(step: int) -> Plan:
+    """K=5: replicas 1 and 3 killed after the same inner step; the other three hold at HOLD until
+    both restarts wait in their next quorum, where each heals from an up-to-date group (torchft
+    hands the groups behind to the ones up to date in turn: 1 from 0, 3 from 2)."""
+    return Plan([f"mid:1:{step}", f"mid:3:{step}"], [Comeback(((1, 1), (3, 1)), (0, 2, 4), HOLD)],
+                {(1, "restart 1"): (0, HEAL_AT), (3, "restart 1"): (2, HEAL_AT)})
+
+
 @dataclass(frozen=True)
 class Drill:
     name: str
@@ -109,6 +135,10 @@ class Drill:
     plan: Callable[[random.Random], Plan]
     """The run's drills and expected heals, from the seeded RNG."""
     extra: tuple[str, ...] = ()
+    replicas: int = K
+    config: str = "diloco/muloco_2bit"
+    no_retrain: bool = False
+    """Assert that no group trained a step twice (a restart heals before it trains)."""
 
 
 DRILLS = {d.name: d for d in [
@@ -116,6 +146,8 @@ DRILLS = {d.name: d for d in [
           lambda r: _one_kill(f"boundary:1:{r.choice(range(30, 71, H))}")),
     Drill("mid-interval", "between two syncs",
           lambda r: _one_kill(f"mid:1:{_mid_step(r, 21, 69)}")),
+    Drill("sync-start", "as a sync starts, before its quorum",
+          lambda r: _one_kill(f"prepare:1:{r.choice(range(30, 71, H))}")),
     Drill("exchange", "inside an exchange: after the quorum, before sending",
           lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}")),
     Drill("exchange-compressed", "inside a 2-bit reduce-scatter exchange",
@@ -135,21 +167,35 @@ DRILLS = {d.name: d for d in [
           lambda r: Plan([f"mid:1:{_mid_step(r, 21, 49)}", "heal-source:0:0"],
                          [Comeback(((1, 1),), (0, 2), 55), Comeback(((0, 1),), (2,), 65, behind=2)],
                          {(0, "restart 1"): (2, 70), (1, "restart 1"): (2, 70)})),
+    Drill("exchange-sparseloco", "inside a SparseLoCo exchange (top-k with 2-bit values, all-gather)",
+          lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"), config="diloco/sparseloco"),
     Drill("checkpoint-save", "while saving a checkpoint: data written, metadata not",
           lambda r: _one_kill(f"checkpoint:2:{r.choice(range(40, 71, CHECKPOINT_EVERY))}")),
     # its restart starts only once the others trained their last step: it heals to the end
     Drill("last-interval", "within the last interval of the run",
           lambda r: Plan([f"mid:1:{_mid_step(r, STEPS - H + 1, STEPS - 1)}"],
                          [Comeback(((1, 1),), (0, 2), None)], {(1, "restart 1"): (0, STEPS)})),
+    # its restart is let in only once its peers hold before their last step, and waits in their
+    # final sync's quorum: it heals inside that sync and must take part in its exchange
+    Drill("final-sync", "back inside the peers' final sync",
+          lambda r: Plan([f"mid:1:{_mid_step(r, 41, 59)}"], [Comeback(((1, 1),), (0, 2), STEPS - 1)],
+                         {(1, "restart 1"): (0, STEPS)}), no_retrain=True),
+    # K=2: killed after the sync that followed its last checkpoint, so the lighthouse's last quorum
+    # stands at the checkpoint's own sync; its restart must still see that it is behind
+    Drill("one-sync-behind", "K=2, killed one sync after its checkpoint",
+          lambda r: Plan([f"mid:1:{_mid_step(r, 71, 79)}"], [], {(1, "restart 1"): (0, 80)}),
+          replicas=2, no_retrain=True),
+    Drill("two-at-once", "K=5, two replicas killed after the same step",
+          lambda r: _two_at_once(_mid_step(r, 21, 69)), replicas=5),
     Drill("two-kills", "two replicas killed at different times in one run",
           lambda r: Plan([f"mid:1:{_mid_step(r, 15, 35)}", f"mid:2:{_mid_step(r, 51, 69)}"],
                          [Comeback(((1, 1),), (0, 2), 45), Comeback(((2, 1),), (0, 1), HOLD)],
                          {(1, "restart 1"): (0, 50), (2, "restart 1"): (0, HEAL_AT)})),
 ]}
 
-CI_DRILLS: list[str] = []
-"""What tests/test_fault_drills.py runs, one seed each. The others run from
-scripts/fault_drills.py. CI covers nearby cases elsewhere: a kill inside a compressed exchange
+CI_DRILLS: list[str] = ["final-sync", "one-sync-behind"]
+"""What tests/test_fault_drills.py runs, one seed each (about 50 s each on two quiet cores): the
+two orderings issue 38 fixed. The others run from scripts/fault_drills.py. CI covers nearby cases elsewhere: a kill inside a compressed exchange
 (tests/test_diloco.py::test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on),
 a killed replica that heals (test_k2_survivor_pauses_until_the_launcher_restarts_the_dead_replica_which_heals),
 a save killed before its manifest (tests/test_bad_inputs.py::test_resume_skips_an_incomplete_checkpoint),
@@ -171,6 +217,12 @@ class DrillResult:
     final_losses: list[float | None] = field(default_factory=list)
     healed: dict[int, list[str]] = field(default_factory=dict)
     """Replica → 'original'/'restart N' segments of its log in which it healed."""
+    committed: int = 0
+    """Syncs committed, summed over the groups."""
+    rolled_back: list[str] = field(default_factory=list)
+    """'replica R step S: why' of every sync not committed."""
+    trained_twice: int = 0
+    """Steps trained more than once, summed over the groups."""
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -196,12 +248,37 @@ def _committed_by_step(dump: Path, replica: int) -> dict[int, dict]:
     return out
 
 
-def check(dump: Path, result: DrillResult, plan: Plan) -> None:
+def _trained_twice(dump: Path, replica: int) -> int:
+    """Steps this group logged a training loss for more than once (drills log every step)."""
+    seen: dict[int, int] = {}
+    rows = [json.loads(x) for x in (dump / f"replica_{replica}" / "metrics.jsonl").read_text().splitlines()]
+    for step in (r["step"] for r in rows if "loss" in r):
+        seen[step] = seen.get(step, 0) + 1
+    return sum(1 for n in seen.values() if n > 1)
+
+
+def check(dump: Path, result: DrillResult, plan: Plan, drill: "Drill") -> None:
     """Fill ``result`` from the run's outputs and record every broken invariant."""
     p = result.problems
+    K = drill.replicas
     if result.status != 0:
         p.append(f"launcher exited {result.status}")
         return
+    allowed = plan.may_roll_back()
+    for i in range(K):
+        records = syncs(dump, i)
+        result.committed += sum(1 for r in records if r["committed"])
+        for r in records:
+            if not r["committed"]:
+                result.rolled_back.append(f"replica {i} step {r['step']}: {r.get('failure')}")
+                if r["step"] not in allowed:
+                    p.append(f"replica {i}'s sync at step {r['step']} was rolled back where no kill of the drill "
+                             f"made it fail: {r.get('failure')}")
+        if not any(r["step"] == STEPS and r["committed"] for r in records):
+            p.append(f"replica {i}'s last sync (step {STEPS}) did not commit")
+        result.trained_twice += _trained_twice(dump, i)
+    if drill.no_retrain and result.trained_twice:
+        p.append(f"{result.trained_twice} step(s) trained twice: a restart trained before it healed")
     sums = [summary(dump, i) for i in range(K)]
     result.final_hashes = [s["diloco"]["final_global_sha256"] for s in sums]
     result.final_losses = [s["final_validation_loss"] for s in sums]
@@ -305,11 +382,12 @@ def run_drill(name: str, seed: int, tmp: Path, console=None) -> DrillResult:
     drill = DRILLS[name]
     plan = drill.plan(random.Random(seed))
     specs = plan.specs()
+    K = drill.replicas
     dump = tmp / f"{name}-{seed}"
     markers = tmp / f"{name}-{seed}-markers"
     markers.mkdir(parents=True, exist_ok=True)
     overrides = [
-        *DILOCO_TINY, "--training.steps", str(STEPS), "--outer.sync_every", str(H),
+        *DILOCO_TINY, "--metrics.log_freq", "1", "--training.steps", str(STEPS), "--outer.sync_every", str(H),
         "--checkpoint.interval", str(CHECKPOINT_EVERY), "--validator.freq", str(2 * H),
         # every wait for a peer is only a hang timeout: a killed peer's sockets close at once
         # (its collectives fail then), and the pacer decides who comes back when
@@ -319,7 +397,7 @@ def run_drill(name: str, seed: int, tmp: Path, console=None) -> DrillResult:
         *drill.extra, "--dump_folder", str(dump),
     ]
     job = LocalJob(
-        config="diloco/muloco_2bit", replicas=K, overrides=overrides, max_restarts=2,
+        config=drill.config, replicas=K, overrides=overrides, max_restarts=2,
         # a live replica is never dropped for a late heartbeat under load; a dead one after 3 s
         heartbeat_timeout_ms=3000, threads=1, entry=DRILL_ENTRY,
         env={"MULOCO_TEST_DRILLS": ",".join(specs), "MULOCO_TEST_DRILL_DIR": str(markers)},
@@ -336,7 +414,7 @@ def run_drill(name: str, seed: int, tmp: Path, console=None) -> DrillResult:
     result = DrillResult(name, seed, specs, status, time.monotonic() - started)
     if pacer.problem:
         result.problems.append(pacer.problem)
-    check(dump, result, plan)
+    check(dump, result, plan, drill)
     fired = {p.name for p in markers.iterdir() if not p.name.startswith(("release-", "open-"))}
     want = {"{}-r{}-{}".format(*spec.split(":")) for spec in specs}  # drill_train's markers
     if fired != want:
@@ -348,7 +426,8 @@ def describe(result: DrillResult) -> str:
     return json.dumps({
         "drill": result.drill, "seed": result.seed, "drills": result.specs, "status": result.status,
         "seconds": round(result.seconds, 1), "final_sha256": sorted({h[:12] for h in result.final_hashes if h}),
-        "final_losses": result.final_losses, "healed": result.healed, "problems": result.problems,
+        "final_losses": result.final_losses, "healed": result.healed, "committed": result.committed,
+        "rolled_back": result.rolled_back, "trained_twice": result.trained_twice, "problems": result.problems,
     })
 
 

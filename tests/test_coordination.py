@@ -44,9 +44,9 @@ HANG_S = 120
 """Every wait for a peer (quorum, collective, heal) is only a hang timeout."""
 
 
-def _manager(url: str, group: int, min_size: int, quorum_timeout: float = HANG_S) -> Manager:
+def _manager(url: str, group: int, min_size: int, quorum_timeout: float = HANG_S, **kw) -> Manager:
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(
+    manager = Manager(**kw,
         pg=ProcessGroupGloo(timeout=timedelta(seconds=HANG_S)), load_state_dict=None, state_dict=None,
         min_replica_size=min_size, use_async_quorum=False, store_addr="127.0.0.1", store_port=store.port,
         rank=0, world_size=1, lighthouse_addr=url, replica_id=f"muloco_replica_{group}", init_sync=False,
@@ -91,6 +91,10 @@ def test_status_page_shows_alive_groups_last_quorum_steps_and_next_quorum():
         assert status.members == {"muloco_replica_0:uuid-0": 3, "muloco_replica_1:uuid-1": 5,
                                   "muloco_replica_2:uuid-2": 5}
         assert status.max_step == 5 and status.member_groups() == {0, 1, 2}
+        # a group that restarts from sync 5 is behind while a member that asked with 5 is alive:
+        # that quorum began the sync after its checkpoint (the page learns of a commit only later)
+        assert status.alive_members_at(5) == {"muloco_replica_1:uuid-1", "muloco_replica_2:uuid-2"}
+        assert status.alive_members_at(3) == {"muloco_replica_0:uuid-0"} and status.alive_members_at(6) == set()
     finally:
         lh.shutdown()
 
@@ -224,3 +228,46 @@ def test_waiting_quorum_fails_within_the_connect_timeout_when_the_lighthouse_die
     finally:
         killer.join(HANG_S)
         manager.shutdown(wait=False)
+
+
+@pytest.mark.timeout(300)
+def test_a_heal_that_fails_is_logged_and_recorded_as_failed_naming_the_peer_and_the_cause(caplog):
+    """torchft starts a heal from the group ahead and the download fails (the peer went away):
+    the group stays where it was, says so with the peer and the cause, records a failed heal
+    (not a heal), and its quorum view names nobody it healed from."""
+    import torch
+
+    from muloco.compat.healing_transport import SafeHTTPTransport
+    from muloco.outer.loop import OuterLoop
+
+    class LostPeer(SafeHTTPTransport):  # the test's fault: the source's state server goes away
+        def recv_checkpoint(self, *args, **kwargs):
+            raise ConnectionError("the peer's state server closed the connection")
+
+    lh, url = _lighthouse(2, join_timeout_ms=3_600_000)
+    behind = _manager(url, 0, min_size=2, checkpoint_transport=LostPeer(timedelta(seconds=HANG_S), num_chunks=0))
+    ahead = _manager(url, 1, min_size=2)
+    ahead.load_state_dict({"step": 4, "batches_committed": 8})
+    for m in (behind, ahead):
+        m.register_state_dict_fn("x", lambda sd: None, lambda: {})
+    model = torch.nn.Module()
+    model.tok_embeddings, model.output = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8)  # two layer units
+    loop = OuterLoop.Config().build(model=model, manager=behind, device=torch.device("cpu"))
+    try:
+        peer = threading.Thread(target=lambda: Coordinator(ahead, lighthouse_url=url, group_size=2,
+                                                           quorum_size=2).quorum())
+        peer.start()
+        with caplog.at_level("WARNING"):
+            view, step = loop._meet(30, "start")
+        peer.join(2 * HANG_S)
+        assert view.healed_from is None and step == 30 and behind.errored() is not None
+        (heal,) = loop.heals
+        assert heal.peer == 1 and heal.failure.startswith("healing from replica 1 failed: ")
+        assert "closed the connection" in heal.failure and heal.step_to == 30
+        assert "healing from replica 1 failed" in caplog.text and "stays at step 30" in caplog.text
+        summary = loop.summary(steps=30)
+        assert summary["heals"] == 0 and summary["heals_failed"] == 1 and summary["healed_from"] == []
+    finally:
+        for m in (behind, ahead):
+            m.shutdown(wait=False)
+        lh.shutdown()

@@ -1,10 +1,12 @@
-"""The fault-drill matrix in CI: K=3 replica groups under the local launcher, SIGKILLed at a
-sync boundary's neighbourhood, inside an exchange, while healing, while saving a checkpoint,
-within the last interval, and twice in one run; the test sets where each killed replica comes
-back and heals (tests/drills.py says what each asserts).
+"""The fault-drill matrix in CI: replica groups under the local launcher, SIGKILLed at chosen
+points and restarted; the test sets where each killed replica comes back and heals
+(tests/drills.py says what each asserts).
 
-CI runs :data:`drills.CI_DRILLS` with one seed each; ``scripts/fault_drills.py`` runs every
-drill of :data:`drills.DRILLS` with several seeds and prints the table.
+CI runs :data:`drills.CI_DRILLS` with one seed each: ``final-sync`` (a restart that heals inside
+its peers' final sync takes part in it, so that sync commits everywhere: ``pytest -k final_sync``)
+and ``one-sync-behind`` (K=2: a restart one sync behind heals before it trains, no step trained
+twice). ``scripts/fault_drills.py`` runs every drill of :data:`drills.DRILLS` with several seeds
+and prints the table.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ if not CI_DRILLS:
 
 
 @pytest.mark.timeout(1800)  # only a hang: the pacer's waits are events, each with its own hang timeout
-@pytest.mark.parametrize("name", CI_DRILLS or ["last-interval"])
+@pytest.mark.parametrize("name", CI_DRILLS or ["last-interval"], ids=lambda name: name.replace("-", "_"))
 def test_drill_ends_with_one_global_model_and_no_healthy_replica_healed(tmp_path, name):
     result = run_drill(name, SEED, tmp_path)
     print(describe(result))

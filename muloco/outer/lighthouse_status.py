@@ -71,6 +71,11 @@ class LighthouseStatus:
         """The highest torchft step in the previous quorum (-1 before the first quorum)."""
         return max(self.members.values(), default=-1)
 
+    def alive_members_at(self, step: int) -> set[str]:
+        """Members of the previous quorum that asked with torchft step ``step`` and still heartbeat
+        (the same process: a restarted one joins under a new id)."""
+        return {rid for rid, s in self.members.items() if s == step and self.heartbeats.get(rid, False)}
+
     def alive_groups(self) -> set[int]:
         """Replica groups with at least one live heartbeat."""
         return {g for rid, alive in self.heartbeats.items() if alive and (g := group_of(rid)) is not None}

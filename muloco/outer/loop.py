@@ -24,6 +24,7 @@ Validation uses θ_g (:meth:`global_params`), never a replica's drifting local m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import time
 from dataclasses import asdict, dataclass, field
@@ -138,7 +139,9 @@ class SyncRecord:
     failure: str | None = None
     """Why the sync was not committed."""
     healed_from: int | None = None
-    """The replica group this group healed from in this sync's quorum."""
+    """The replica group this group healed from in this sync's quorum (only a heal that happened)."""
+    heal_failure: str | None = None
+    """A heal from a peer that this quorum started and that failed: the peer and the cause."""
     global_sha256: str | None = None
     peak_extra_bytes: int = 0
     """Peak bytes of the buffers this sync held (Δ, averages, buckets in flight)."""
@@ -170,6 +173,8 @@ class HealRecord:
     """The torchft step (committed syncs) of the θ_g it received."""
     bytes_received: int
     """Bytes of the tensors in the state it received from the peer."""
+    failure: str | None = None
+    """Why the heal failed (None: it happened): the group stayed where it was."""
 
 
 @dataclass
@@ -292,6 +297,11 @@ class OuterLoop(Configurable):
         self._open: _Open | None = None
         self._healed_to: int | None = None
         self._heal_bytes = 0
+        self._meeting = "train"
+        """The phase of the quorum this group is in (start, sync, end): a peer healing from it learns
+        whether the quorum has an exchange (``end`` has none)."""
+        self._source_phase: str | None = None
+        """The phase of the peer this group last healed from, as it served its state."""
         self.heals: list[HealRecord] = []
         self._failures_in_a_row: list[str] = []
         self.num_params = sum(t.numel() for f in self.fragments for t in f.globals)
@@ -324,7 +334,21 @@ class OuterLoop(Configurable):
         """Join a quorum; (what it was, this replica's trainer step afterwards). A heal in it is
         recorded with ``phase`` (start, sync or end), so the summary counts it wherever it was."""
         self._healed_to = None
-        view = self.coordinator.quorum(timeout)
+        self._meeting = phase
+        try:
+            view = self.coordinator.quorum(timeout)
+        finally:
+            self._meeting = "train"
+        if self._healed_to is None and view.healed_from is not None:  # torchft started a heal that failed
+            err = self.manager.errored()
+            cause = _first_line(err) if err is not None else "the peer's state never arrived"
+            heal = HealRecord(phase=phase, peer=view.healed_from, quorum_id=view.quorum_id, step_from=step,
+                              step_to=step, sync=self.manager.current_step(), bytes_received=0,
+                              failure=f"healing from replica {view.healed_from} failed: {cause}")
+            self.heals.append(heal)
+            logger.warning(f"{heal.failure} (quorum {view.quorum_id}); this replica group stays at step {step}, "
+                           f"sync {heal.sync}")
+            view = dataclasses.replace(view, healed_from=None)
         if self._healed_to is not None:
             heal = HealRecord(phase=phase, peer=view.healed_from, quorum_id=view.quorum_id, step_from=step,
                               step_to=self._healed_to, sync=self.manager.current_step(),
@@ -408,6 +432,7 @@ class OuterLoop(Configurable):
             dense_fp32_bytes=sync.exchange.dense_fp32_bytes,
             failure=None if committed else failure,
             healed_from=sync.quorum.healed_from,
+            heal_failure=self._heal_failure_in(sync.quorum.quorum_id),
             peak_extra_bytes=sync.exchange.peak_extra_bytes,
             parts=_parts(sync, clock, seconds),
             outer_lr=lr,
@@ -419,6 +444,9 @@ class OuterLoop(Configurable):
         self.records.append(record)
         self._count_failures(record)
         return record
+
+    def _heal_failure_in(self, quorum_id: int) -> str | None:
+        return next((h.failure for h in self.heals if h.quorum_id == quorum_id and h.failure), None)
 
     def _outer_step_values(self, step: int) -> tuple[float, float]:
         """The outer lr and momentum of a sync performed after inner step ``step``."""
@@ -454,25 +482,31 @@ class OuterLoop(Configurable):
         self.placement.pull(locals_, globals_, alpha)
 
     # ------------------------------------------------------- around the loop
-    def catch_up(self, step: int, total_steps: int, *, wait_seconds: float) -> tuple[int, SyncRecord | None]:
+    def catch_up(self, step: int, *, wait_seconds: float) -> tuple[int, SyncRecord | None]:
         """At the start of training: a replica group behind its peers heals before it trains.
 
         Behind means the lighthouse's last quorum stood at a later sync than this group's
-        checkpoint (it restarted, or joined late): its own steps until the next sync would
-        be thrown away by the heal, and its peers would wait for them. It joins the peers'
-        next quorum right away instead (they wait for heartbeating groups), heals, and takes
-        part in that sync's exchange without contributing. If the peers have finished, it
-        heals to their final state. Returns (trainer step afterwards, a sync record if the
-        sync was performed now).
+        checkpoint, or at the same sync with a member still alive (it restarted, or joined
+        late): that quorum began the sync after the checkpoint, so a peer has trained past it
+        and may have committed it (one sync behind: the lighthouse learns of a commit only at
+        the next quorum). Its own steps until the next sync would be thrown away by the heal,
+        and its peers would wait for them. It joins the peers' next quorum right away instead
+        (they wait for heartbeating groups), heals, and takes part in that sync's exchange
+        without contributing. If the peers have finished (they served the heal from their
+        end-of-run agreement, which has no exchange), it heals to their final state. Returns
+        (trainer step afterwards, a sync record if the sync was performed now).
         """
         if self.coordinator.url is None:
             return step, None
         status = self.coordinator.status()
         mine = self.manager.current_step()
-        if status.max_step <= mine:
+        ahead = status.max_step > mine or (status.max_step == mine and bool(status.alive_members_at(mine)))
+        if not ahead:
             return step, None
         logger.info(f"this replica group is behind: its checkpoint is at sync {mine}, the last quorum was at "
-                    f"sync {status.max_step}; healing from a peer before training")
+                    f"sync {status.max_step}" + (" with peers still running (they may have committed it)"
+                                                 if status.max_step == mine else "")
+                    + "; healing from a peer before training")
         need = self.coordinator.quorum_size
         alive = self.coordinator.wait_for_groups(need, wait_seconds, "waiting for peers to heal from")
         if len(alive) < need:
@@ -484,14 +518,18 @@ class OuterLoop(Configurable):
                 "that finished."
             )
         started = time.perf_counter()
+        before = self.manager.current_step()
         view, step = self._meet(step, "start")
-        if self._healed_to is not None and step >= total_steps:
+        if self._healed_to is not None and self._source_phase == "end":
             return step, None  # the peers are done: their final state is ours now, no exchange
         self._start_exchange(view, started, step, contributes=False, catching_up=self._healed_to is None)
         if self._healed_to is None:
-            logger.warning(f"no replica group ahead of this one was in quorum {view.quorum_id} (they may have "
-                           "stopped); taking part in its sync without contributing, then training from step "
-                           f"{step}")
+            failed = self._heal_failure_in(view.quorum_id)
+            why = failed or (f"no replica group in quorum {view.quorum_id} stood past sync {before}" if
+                             view.max_step <= before else f"quorum {view.quorum_id} stood at sync {view.max_step} "
+                             "and healed nobody")
+            logger.warning(f"{why}; taking part in quorum {view.quorum_id}'s sync without contributing, then "
+                           f"training from step {step}")
             return step, self._perform(step)
         if self.schedule.perform_due(step):
             return step, self._perform(step)
@@ -586,7 +624,9 @@ class OuterLoop(Configurable):
             self.exchange.load_state_dict(state["exchange"])
 
     def healing_state_dict(self) -> dict[str, Any]:
-        return self.state_dict(with_exchange=False)
+        """What a healing peer receives: θ_g, outer momentum, the torchft step, and the phase of the
+        quorum serving it (a peer healing inside an exchange must take part in it)."""
+        return {**self.state_dict(with_exchange=False), "phase": self._meeting}
 
     def load_healing_state_dict(self, state: dict[str, Any], *, step: int, received_bytes: int = 0) -> None:
         """State received from a peer: never its exchange state, and ours is reset.
@@ -595,6 +635,7 @@ class OuterLoop(Configurable):
         for i, f in enumerate(self.fragments):
             f.load_state_dict(state[f"fragment_{i}"])
         self.exchange.reset()
+        self._source_phase = state.get("phase")
         self._healed_to = step
         self._heal_bytes = received_bytes
 
@@ -606,14 +647,15 @@ class OuterLoop(Configurable):
         recs = self.records
         committed = [r for r in recs if r.committed]
         in_a_sync = {r.quorum_id for r in recs}
-        heals_alone = [h for h in self.heals if h.quorum_id not in in_a_sync]
+        heals_alone = [h for h in self.heals if h.quorum_id not in in_a_sync and h.failure is None]
         seconds = [r.seconds for r in recs]
         return {
             "syncs": len(recs) + len(heals_alone),
             "syncs_committed": len(committed) + len(heals_alone),
             "syncs_failed": len(recs) - len(committed),
             "final_sync": self.manager.current_step(),
-            "heals": len(self.heals),
+            "heals": sum(h.failure is None for h in self.heals),
+            "heals_failed": sum(h.failure is not None for h in self.heals),
             "heal_log": [asdict(h) for h in self.heals],
             "heal_bytes_received": sum(h.bytes_received for h in self.heals),
             "sync_seconds_total": sum(seconds),
@@ -626,7 +668,7 @@ class OuterLoop(Configurable):
             "dense_fp32_exchange_bytes": sum(r.dense_fp32_bytes for r in recs),
             "reduction_vs_dense_fp32": (sum(r.dense_fp32_bytes for r in recs) / sum(r.bytes_sent for r in recs)
                                         if sum(r.bytes_sent for r in recs) else None),  # None: K=1, nothing sent
-            "healed_from": sorted({h.peer for h in self.heals if h.peer is not None}
+            "healed_from": sorted({h.peer for h in self.heals if h.peer is not None and h.failure is None}
                                   | {r.healed_from for r in recs if r.healed_from is not None}),
             "final_global_sha256": self.fingerprint(),
             "exchange": self.exchange.describe(),

@@ -203,6 +203,7 @@ def test_verdicts_call_a_margin_inside_the_spread_a_tie():
     assert verdicts["MuLoCo 2-bit EF within +1% of dense"] == "tie"  # allowed 3.03; 0.02 over, spread 0.04
     assert verdicts["SparseLoCo (ours or as published) at <= 0.3 bits/param no worse than DiLoCo K=2"] is False
     assert verdicts["MuLoCo <= DiLoCo at K=4"] is None
+    assert table.targets(SUITES["outer-steps"], rows) == []  # an experiment suite: the paper's targets do not apply
 
 
 def test_tune_chooses_on_the_seeds_every_point_ran():

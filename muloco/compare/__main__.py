@@ -231,12 +231,14 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
     print(text)
     if suite.shape.note:
         print(f"\nnote: {suite.shape.note}")
-    print(f"\ntargets (gaps against the dense run with the same outer step):\n{targets}")
+    if checks:
+        print(f"\ntargets (gaps against the dense run with the same outer step):\n{targets}")
     seed0 = [dataclasses.replace(line.runs[0], name=line.label) for line in found]  # one curve per row
     if seed0:
         write_plots(seed0, folder)
     note = f"\n{suite.shape.note}\n" if suite.shape.note else ""
-    (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n{note}\nTargets:\n\n```\n{targets}\n```\n")
+    shown = f"\nTargets:\n\n```\n{targets}\n```\n" if checks else ""
+    (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n{note}{shown}")
     word = {True: "met", False: "missed", "tie": "tie", None: "not measured"}
     result = {"suite": suite.name, "rows": values, "targets": [{"target": t, "verdict": word[ok]} for t, ok in checks]}
     try:

@@ -89,6 +89,8 @@ class Suite:
     rows: tuple[Row, ...]
     device: str
     """The device the suite is sized for (cpu | cuda)."""
+    targets: bool = True
+    """Whether the paper's targets apply (an experiment suite, whose rows are not the paper's, has none)."""
 
 
 SGD_OUTER = ("--outer.optimizer.name", "sgd", "--outer.optimizer.lr", "1.0", "--outer.optimizer.momentum", "0.0")
@@ -197,7 +199,7 @@ LONG_ROWS = tuple(r for r in ROWS if r.label in CORE or r.label in ("DiLoCo K=4"
 SUITES = {
     "paper-mini": Suite("paper-mini", MINI, ROWS, device="cpu"),
     "paper-long": Suite("paper-long", LONG, LONG_ROWS, device="cpu"),
-    "outer-steps": Suite("outer-steps", LONG, OUTER_STEP_ROWS, device="cpu"),
+    "outer-steps": Suite("outer-steps", LONG, OUTER_STEP_ROWS, device="cpu", targets=False),
     "paper-158m": Suite("paper-158m", Shape(flavor="llama3-w512-d6-h4", seq_len=1024, local_batch=16, steps=1800,
                                             warmup=90, validation_every=450, validation_steps=50, log_every=50),
                         ROWS, device="cuda"),

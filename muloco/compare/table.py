@@ -200,7 +200,10 @@ def _verdict(diff: float, spread: float) -> Verdict:
 
 
 def targets(suite: Suite, table_rows: list[dict[str, Any]]) -> list[tuple[str, Verdict]]:
-    """The issue's targets, each met, missed, tied inside the seed spread, or not measurable here."""
+    """The issue's targets, each met, missed, tied inside the seed spread, or not measurable here
+    (none for an experiment suite)."""
+    if not suite.targets:
+        return []
     by_run = {r["run"]: r for r in table_rows}
 
     def spread(*runs) -> float:

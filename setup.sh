@@ -4,11 +4,17 @@
 #   ./setup.sh            CPU build of torch 2.13.0 (laptops, CI, the embedded job)
 #   ./setup.sh --cuda     CUDA build of torch 2.13.0 for GPU clusters (adds triton)
 #   TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu130 ./setup.sh --cuda
+#   TORCH_CPU_INDEX=https://mirror.example/whl/cpu ./setup.sh   (default: PyTorch's CPU wheel index)
+#
+# The CPU build comes from TORCH_CPU_INDEX (or a CPU wheel your pip already finds); where that
+# index cannot be reached, torch comes from your pip's own index (on PyPI the CUDA build, which
+# runs on a CPU too: it is only larger), and setup says so.
 #
 # Idempotent: a second run only checks what is installed (a few seconds).
 set -euo pipefail
 
 TORCH_VERSION="2.13.0"
+TORCH_CPU_INDEX="${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="$here/.venv"
 python_bin="${PYTHON:-python3.11}"
@@ -17,7 +23,7 @@ for arg in "$@"; do
   case "$arg" in
     --cuda) variant="cuda" ;;
     --cpu) variant="cpu" ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "setup.sh: unknown option '$arg' (use --cpu or --cuda)" >&2; exit 2 ;;
   esac
 done
@@ -51,17 +57,18 @@ if [ "$variant" = "cuda" ]; then
     "${pip[@]}" install "torch==$TORCH_VERSION" || die "torch CUDA install failed"
   fi
 else
-  "${pip[@]}" install "torch==$TORCH_VERSION" || die "torch CPU install failed"
+  if ! "${pip[@]}" install "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX" --timeout 20 --retries 1 2>/dev/null; then
+    say "PyTorch's CPU wheels ($TORCH_CPU_INDEX) cannot be reached; installing torch $TORCH_VERSION from your pip's index"
+    "${pip[@]}" install "torch==$TORCH_VERSION" \
+      || die "torch $TORCH_VERSION could not be installed from $TORCH_CPU_INDEX nor from your pip's index; set TORCH_CPU_INDEX to a reachable mirror of PyTorch's CPU wheels"
+  fi
   "$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" \
-    || die "the torch that was installed is a CUDA build; install the CPU wheel of torch $TORCH_VERSION first"
+    || say "note: this is torch's CUDA build (what PyPI offers); it runs on this CPU and is only larger (about 3 GB more). For the CPU build: TORCH_CPU_INDEX=<a reachable mirror of $TORCH_CPU_INDEX> ./setup.sh"
 fi
 
 say "installing muloco (editable) with pinned dependencies and test tools"
 "${pip[@]}" install -e "$here[test]" || die "installing muloco failed"
 
-if [ "$variant" = "cpu" ] && "$venv/bin/python" -c "import triton" 2>/dev/null; then
-  die "triton got installed on a CPU machine; torchft's quantized collectives break with it. Remove it: $venv/bin/pip uninstall -y triton"
-fi
 "$venv/bin/python" -c "import torch, torchtitan, torchft, muloco; print('[setup] torch', torch.__version__, '| cuda:', torch.version.cuda, '| torchtitan', torchtitan.__version__)"
 echo "$want" > "$stamp"
 say "done"

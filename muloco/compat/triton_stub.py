@@ -2,9 +2,10 @@
 
 ``torchtitan/distributed/minimal_async_ep/kernels.py`` does ``import triton`` at
 module level, and the trainer reaches it through ``token_dispatcher`` even for
-dense models. We never install Triton on CPU machines (with Triton present,
-torchft's quantized all-reduce raises on CPU), so when Triton is missing we put
-a stand-in for that single module into ``sys.modules``. Its kernels are only
+dense models. The CPU build of torch brings no Triton (the CUDA build from PyPI,
+which setup.sh falls back to, does: with it present everything runs as it is,
+since muloco never asks torchft for its Triton-quantized all-reduce), so when
+Triton is missing we put a stand-in for that single module into ``sys.modules``. Its kernels are only
 used by expert-parallel MoE on CUDA; touching one raises a clear error.
 """
 

@@ -87,10 +87,19 @@ class Plan:
     heals: dict[tuple[int, str], tuple[int, int]]
     """(replica, log segment: 'restart N') → (peer it healed from, step it healed to); no heal anywhere else."""
 
-    def may_roll_back(self) -> set[int]:
-        """Sync steps a kill may make fail: the first sync at or after a kill's step (a kill
-        right after a sync: the next one), and for kills at no fixed step (healing, serving a
-        heal) the sync after each paced comeback."""
+    def may_roll_back(self, replica: int, step: int) -> bool:
+        """Whether a kill of this plan may make the sync ``replica`` recorded at ``step`` fail:
+        the first sync at or after a kill's step (a kill right after a sync: the next one); with
+        kills at no fixed step (healing, serving a heal) also the syncs after each paced
+        comeback and a killed replica's catch-up round from its checkpoint (at or before the
+        step it was killed at: its heal failed with its source)."""
+        if step in self._failing_syncs():
+            return True
+        heal_kills = any(k.split(":")[2] == "0" for k in self.kills)
+        killed_at = [int(k.split(":")[2]) for k in self.kills if int(k.split(":")[1]) == replica]
+        return heal_kills and any(step <= at for at in killed_at)
+
+    def _failing_syncs(self) -> set[int]:
         steps: set[int] = set()
         for kill in self.kills:
             kind, _, step = kill.split(":")
@@ -264,22 +273,22 @@ def check(dump: Path, result: DrillResult, plan: Plan, drill: "Drill") -> None:
     if result.status != 0:
         p.append(f"launcher exited {result.status}")
         return
-    allowed = plan.may_roll_back()
+    sums = [summary(dump, i) for i in range(K)]
     for i in range(K):
         records = syncs(dump, i)
         result.committed += sum(1 for r in records if r["committed"])
         for r in records:
             if not r["committed"]:
                 result.rolled_back.append(f"replica {i} step {r['step']}: {r.get('failure')}")
-                if r["step"] not in allowed:
+                if not plan.may_roll_back(i, r["step"]):
                     p.append(f"replica {i}'s sync at step {r['step']} was rolled back where no kill of the drill "
                              f"made it fail: {r.get('failure')}")
-        if not any(r["step"] == STEPS and r["committed"] for r in records):
-            p.append(f"replica {i}'s last sync (step {STEPS}) did not commit")
+        healed_to_end = any(h["step_to"] == STEPS and not h.get("failure") for h in sums[i]["diloco"]["heal_log"])
+        if not healed_to_end and not any(r["step"] == STEPS and r["committed"] for r in records):
+            p.append(f"replica {i}'s last sync (step {STEPS}) did not commit (nor did it heal to the final state)")
         result.trained_twice += _trained_twice(dump, i)
     if drill.no_retrain and result.trained_twice:
         p.append(f"{result.trained_twice} step(s) trained twice: a restart trained before it healed")
-    sums = [summary(dump, i) for i in range(K)]
     result.final_hashes = [s["diloco"]["final_global_sha256"] for s in sums]
     result.final_losses = [s["final_validation_loss"] for s in sums]
     if any(s["steps"] != STEPS for s in sums):

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Create .venv in the repository and install muloco with pinned dependencies.
+# Create .venv in the repository and install muloco with the dependency versions CI tests
+# (constraints.txt).
 #
 #   ./setup.sh            CPU build of torch 2.13.0 (laptops, CI, the embedded job)
+#   ./setup.sh --test     also the test tools and every optional extra (what the test suite needs)
 #   ./setup.sh --cuda     CUDA build of torch 2.13.0 for GPU clusters (adds triton)
 #   TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu130 ./setup.sh --cuda
 #   TORCH_CPU_INDEX=https://mirror.example/whl/cpu ./setup.sh   (default: PyTorch's CPU wheel index)
@@ -19,12 +21,14 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 venv="$here/.venv"
 python_bin="${PYTHON:-python3.11}"
 variant="cpu"
+extras="plots"
 for arg in "$@"; do
   case "$arg" in
     --cuda) variant="cuda" ;;
     --cpu) variant="cpu" ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown option '$arg' (use --cpu or --cuda)" >&2; exit 2 ;;
+    --test) extras="plots,test" ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown option '$arg' (use --cpu, --cuda or --test)" >&2; exit 2 ;;
   esac
 done
 
@@ -32,8 +36,8 @@ say() { echo "[setup] $*"; }
 die() { echo "[setup] ERROR: $*" >&2; exit 1; }
 
 command -v "$python_bin" >/dev/null 2>&1 || python_bin=python3
-"$python_bin" -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' \
-  || die "Python 3.11 is required ($python_bin is $("$python_bin" -V 2>&1)); set PYTHON=/path/to/python3.11"
+"$python_bin" -c 'import sys; sys.exit(0 if sys.version_info[:2] >= (3, 11) else 1)' \
+  || die "Python 3.11 or newer is required ($python_bin is $("$python_bin" -V 2>&1)); set PYTHON=/path/to/python3.11"
 
 if [ ! -x "$venv/bin/python" ]; then
   say "creating virtual environment $venv"
@@ -42,10 +46,12 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 stamp="$venv/.muloco-setup"
-want="$variant $(sha256sum "$here/pyproject.toml" | cut -c1-16)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+want="$variant $(cat "$here/pyproject.toml" "$here/constraints.txt" | sha256sum | cut -c1-16)"
+have="$(cat "$stamp" 2>/dev/null || true)"
+# a --test setup has everything a plain one installs
+if { [ "$have" = "$want $extras" ] || [ "$have" = "$want plots,test" ]; } \
    && "$venv/bin/python" -c "import torch, torchtitan, torchft, muloco; assert torch.__version__.startswith('$TORCH_VERSION')" 2>/dev/null; then
-  say "already set up ($variant, torch $TORCH_VERSION); nothing to do"
+  say "already set up ($variant, torch $TORCH_VERSION, extras ${have##* }); nothing to do"
   exit 0
 fi
 
@@ -66,9 +72,9 @@ else
     || say "note: this is torch's CUDA build (what PyPI offers); it runs on this CPU and is only larger (about 3 GB more). For the CPU build: TORCH_CPU_INDEX=<a reachable mirror of $TORCH_CPU_INDEX> ./setup.sh"
 fi
 
-say "installing muloco (editable) with pinned dependencies and test tools"
-"${pip[@]}" install -e "$here[test]" || die "installing muloco failed"
+say "installing muloco (editable, extras: $extras) with the versions CI tests (constraints.txt)"
+"${pip[@]}" install -c "$here/constraints.txt" -e "$here[$extras]" || die "installing muloco failed"
 
 "$venv/bin/python" -c "import torch, torchtitan, torchft, muloco; print('[setup] torch', torch.__version__, '| cuda:', torch.version.cuda, '| torchtitan', torchtitan.__version__)"
-echo "$want" > "$stamp"
+echo "$want $extras" > "$stamp"
 say "done"

@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from muloco import compat
+from muloco import compat, optional
 
 compat.apply()  # before torchtitan is imported
 
@@ -220,6 +220,7 @@ def _hf_tokenizer(tokenizer):
 
     if _tokenizer_file(tokenizer) is not None:
         return Tokenizer.from_file(str(_tokenizer_file(tokenizer)))
+    optional.require("transformers", "exporting a tiktoken tokenizer")
     from muloco.compat.hf_tokenizer import tiktoken_to_hf
     from muloco.data.tokenizer import LLAMA3_PAT_STR, read_tiktoken_ranks, tiktoken_special_tokens
 
@@ -372,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.push_to_hub:
             _hub_token(args.push_to_hub)
         out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force)
-    except (ExportError, RunLoadError, CheckpointLoadError, ConfigError, TokenizerError, ValueError) as e:
+    except (ExportError, RunLoadError, CheckpointLoadError, ConfigError, TokenizerError, ValueError,
+            optional.MissingExtra) as e:
         print(f"muloco.export: error: {e}", file=sys.stderr)
         return 2
     config = json.loads((out / "config.json").read_text())

@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from muloco import optional
 from muloco.launch.cli import dump_folder_in
 from muloco.link_model import format_rate
 from muloco.run_facts import RUN_FILE, method_of, missing_facts
@@ -624,6 +625,11 @@ def write_plots(runs: list[Run], out_dir: Path | str) -> list[Path]:
     left out of the last, with a warning) in ``out_dir``; returns their paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        optional.require("matplotlib", "the report's plots")
+    except optional.MissingExtra as err:  # the tables are the report; the plots an extra
+        _warn(f"no plots: {err}")
+        return []
     paths = [out / "loss_vs_steps.png", out / "loss_vs_tokens.png", out / "loss_vs_bytes.png"]
     _plot(runs, "steps", paths[0])
     _plot(runs, "tokens", paths[1])

@@ -18,6 +18,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -353,3 +354,29 @@ def test_unpickling_error_never_suggests_weights_only_false():
     with pytest.raises(UnsafeCheckpointError) as err:
         _load_plain(io.BytesIO(b"\x80\x02garbage that is not a pickle" * 10))
     assert "weights_only" not in str(err.value) and "refusing to unpickle" in str(err.value)
+
+
+# ------------------------------------------------------------- optional extras
+
+
+def test_a_missing_extra_is_one_error_naming_it(monkeypatch, tmp_path, capsys):
+    """The core install has no matplotlib, wandb, transformers or lm-eval: a command that needs one
+    names the extra that installs it; the report still writes its tables without plots."""
+    from muloco import compat, optional
+
+    compat.apply()
+    from muloco.config import ConfigError, load_config
+    from muloco.config.checks import check_config
+    from muloco.report import write_plots
+
+    for module, extra in optional.EXTRAS.items():
+        monkeypatch.setitem(sys.modules, module, None)  # taken away, as in an install without the extra
+        assert not optional.installed(module)
+        with pytest.raises(optional.MissingExtra, match=rf"needs the optional extra '{extra}' .*muloco\[{extra}\]"):
+            optional.require(module, "this command")
+    config = load_config("diloco/muloco_2bit")
+    config.metrics.enable_wandb = True
+    with pytest.raises(ConfigError, match=r"^metrics.enable_wandb needs the optional extra 'wandb'"):
+        check_config(config)
+    assert write_plots([], tmp_path / "plots") == [] and not list((tmp_path / "plots").iterdir())
+    assert "no plots: the report's plots needs the optional extra 'plots'" in capsys.readouterr().err

@@ -63,7 +63,7 @@ exit 0
 def _setup(tmp_path: Path, situation: str, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     repo = tmp_path / "repo"
     repo.mkdir()
-    for name in ("setup.sh", "pyproject.toml"):
+    for name in ("setup.sh", "pyproject.toml", "constraints.txt"):
         shutil.copy(REPO / name, repo / name)
     python = repo / ".venv" / "bin" / "python"
     python.parent.mkdir(parents=True)
@@ -86,6 +86,16 @@ def test_the_cpu_build_comes_from_the_cpu_index_or_a_local_wheel_in_one_try(tmp_
     assert done.returncode == 0, done.stderr
     assert len(installs) == 1 and f"--index-url {CPU_INDEX}" in installs[0]
     assert "CUDA build" not in done.stdout and "[setup] done" in done.stdout
+    # the main job's setup installs muloco with the plots extra and the tested versions, no test tools
+    (muloco,) = [line for line in (tmp_path / "calls.log").read_text().splitlines() if "install -c " in line]
+    assert muloco.endswith("[plots]") and "constraints.txt -e " in muloco
+
+
+def test_the_test_command_adds_the_test_tools(tmp_path):
+    done, _ = _setup(tmp_path, "cpu-index", "--test")
+    assert done.returncode == 0, done.stderr
+    (muloco,) = [line for line in (tmp_path / "calls.log").read_text().splitlines() if "install -c " in line]
+    assert muloco.endswith("[plots,test]")
 
 
 def test_with_only_the_cuda_build_reachable_setup_falls_back_says_so_and_finishes(tmp_path):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from muloco import optional
 from muloco.link_model import format_rate
 from muloco.report import aligned, format_duration, format_number
 
@@ -170,7 +171,9 @@ def orderings(rows: list[dict[str, Any]]) -> list[str]:
 
 def plot(timed: list[Timed], folder: Path, target: float) -> list[Path]:
     """loss_vs_wallclock_<link>.png: validation of θ_g against training seconds, one curve per row
-    (seed 0); ``target`` (seed 0's) as a dashed line."""
+    (seed 0); ``target`` (seed 0's) as a dashed line; none without the plots extra."""
+    if not optional.installed("matplotlib"):
+        return []
     import matplotlib
 
     matplotlib.use("Agg")

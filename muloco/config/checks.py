@@ -12,6 +12,7 @@ import re
 import tempfile
 from collections.abc import Iterator
 
+from muloco import optional
 from muloco.config.loader import ConfigError
 from muloco.created_dirs import make_dirs, missing_dirs, remove_dirs
 from muloco.data.sources import HuggingFaceDataset, JsonlFiles
@@ -237,6 +238,11 @@ def _check_metrics(config) -> None:
                               "ones, and validator.steps -1 reports on all of them; give validator.steps a count.")
     if config.checkpoint.enable:
         _positive("checkpoint.interval", config.checkpoint.interval, "a positive integer")
+    if config.metrics.enable_wandb:
+        try:
+            optional.require("wandb", "metrics.enable_wandb")
+        except optional.MissingExtra as err:
+            raise ConfigError(str(err)) from None
 
 
 def _check_replicas(config) -> None:

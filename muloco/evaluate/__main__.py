@@ -164,8 +164,8 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
     try:
         from lm_eval import simple_evaluate
     except ImportError:
-        raise UsageError("lm-evaluation-harness is not installed; install the optional extra: "
-                         "pip install -e '.[eval]' (or pip install lm-eval==0.4.13)") from None
+        raise UsageError("lm-evaluation-harness is not installed; it is the optional extra 'eval': "
+                         "pip install 'muloco[eval]' (in a clone: .venv/bin/pip install -e '.[eval]')") from None
     from muloco.evaluate.harness import MulocoLM
     from muloco.evaluate.source import load
 

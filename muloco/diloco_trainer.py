@@ -145,10 +145,11 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
                                    f"{ft.start_wait_seconds:g}s; starting anyway (the others heal from a peer "
                                    "when they arrive)")
             before = self.step
-            self.step, record = self.outer.catch_up(self.step, wait_seconds=max(ft.start_wait_seconds, 1.0))
+            self.step, records = self.outer.catch_up(self.step, wait_seconds=max(ft.start_wait_seconds, 1.0))
         if self.step != before:
             self.metrics_processor.begin(start_step=self.step, total_steps=self.config.training.steps)
-        self._log_sync(record)
+        for record in records:
+            self._log_sync(record)
 
     def train_step(self, data_iterator):
         super().train_step(data_iterator)

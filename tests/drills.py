@@ -170,12 +170,12 @@ DRILLS = {d.name: d for d in [
                          [Comeback(((1, 1),), (0, 2), 55), Comeback(((1, 2),), (0, 2), HOLD)],
                          {(1, "restart 2"): (0, HEAL_AT)})),
     # replica 1's restart heals from replica 0 in the quorum of sync 60, which is killed while
-    # serving it; replica 0's restart and replica 1 (its heal failed: it trains on from its
-    # checkpoint) both heal from replica 2 in the quorum of sync 70
+    # serving it; replica 0's restart and replica 1 (its heal failed: it waits in the next
+    # quorum instead of training) both heal from replica 2 in the quorum of sync 70
     Drill("heal-source", "a healthy peer killed while serving a healing replica",
           lambda r: Plan([f"mid:1:{_mid_step(r, 21, 49)}", "heal-source:0:0"],
                          [Comeback(((1, 1),), (0, 2), 55), Comeback(((0, 1),), (2,), 65, behind=2)],
-                         {(0, "restart 1"): (2, 70), (1, "restart 1"): (2, 70)})),
+                         {(0, "restart 1"): (2, 70), (1, "restart 1"): (2, 70)}), no_retrain=True),
     Drill("exchange-sparseloco", "inside a SparseLoCo exchange (top-k with 2-bit values, all-gather)",
           lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"), config="diloco/sparseloco"),
     Drill("checkpoint-save", "while saving a checkpoint: data written, metadata not",

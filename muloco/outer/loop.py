@@ -53,6 +53,10 @@ from muloco.outer.step_schedule import StepSchedules
 __all__ = ["CoordinationError", "OutOfDateError", "OuterLoop", "SyncRecord"]
 
 
+HEAL_TRIES = 3
+"""Quorums a group behind its peers tries to heal in before it trains on from its checkpoint."""
+
+
 class SyncsKeepFailing(RuntimeError):
     """More consecutive syncs failed than fault_tolerance.max_commit_failures allows."""
 
@@ -482,7 +486,7 @@ class OuterLoop(Configurable):
         self.placement.pull(locals_, globals_, alpha)
 
     # ------------------------------------------------------- around the loop
-    def catch_up(self, step: int, *, wait_seconds: float) -> tuple[int, SyncRecord | None]:
+    def catch_up(self, step: int, *, wait_seconds: float) -> tuple[int, list[SyncRecord]]:
         """At the start of training: a replica group behind its peers heals before it trains.
 
         Behind means the lighthouse's last quorum stood at a later sync than this group's
@@ -493,16 +497,18 @@ class OuterLoop(Configurable):
         and its peers would wait for them. It joins the peers' next quorum right away instead
         (they wait for heartbeating groups), heals, and takes part in that sync's exchange
         without contributing. If the peers have finished (they served the heal from their
-        end-of-run agreement, which has no exchange), it heals to their final state. Returns
-        (trainer step afterwards, a sync record if the sync was performed now).
+        end-of-run agreement, which has no exchange), it heals to their final state. A heal that
+        fails (its source died while serving it) is tried again in the next quorum, up to
+        ``HEAL_TRIES`` times, instead of training steps the next heal would throw away. Returns
+        (trainer step afterwards, the records of the syncs performed now).
         """
         if self.coordinator.url is None:
-            return step, None
+            return step, []
         status = self.coordinator.status()
         mine = self.manager.current_step()
         ahead = status.max_step > mine or (status.max_step == mine and bool(status.alive_members_at(mine)))
         if not ahead:
-            return step, None
+            return step, []
         logger.info(f"this replica group is behind: its checkpoint is at sync {mine}, the last quorum was at "
                     f"sync {status.max_step}" + (" with peers still running (they may have committed it)"
                                                  if status.max_step == mine else "")
@@ -517,23 +523,30 @@ class OuterLoop(Configurable):
                 f"{wait_seconds:g}s). Nothing to heal from: its outputs are out of date; use a replica "
                 "that finished."
             )
-        started = time.perf_counter()
-        before = self.manager.current_step()
-        view, step = self._meet(step, "start")
-        if self._healed_to is not None and self._source_phase == "end":
-            return step, None  # the peers are done: their final state is ours now, no exchange
-        self._start_exchange(view, started, step, contributes=False, catching_up=self._healed_to is None)
-        if self._healed_to is None:
+        records: list[SyncRecord] = []
+        for attempt in range(1, HEAL_TRIES + 1):
+            started = time.perf_counter()
+            before = self.manager.current_step()
+            view, step = self._meet(step, "start")
+            if self._healed_to is not None and self._source_phase == "end":
+                return step, records  # the peers are done: their final state is ours now, no exchange
+            self._start_exchange(view, started, step, contributes=False, catching_up=self._healed_to is None)
+            if self._healed_to is not None:
+                if self.schedule.perform_due(step):
+                    records.append(self._perform(step))
+                return step, records
             failed = self._heal_failure_in(view.quorum_id)
+            retry = failed is not None and attempt < HEAL_TRIES  # still behind: heal in the next quorum
             why = failed or (f"no replica group in quorum {view.quorum_id} stood past sync {before}" if
                              view.max_step <= before else f"quorum {view.quorum_id} stood at sync {view.max_step} "
                              "and healed nobody")
-            logger.warning(f"{why}; taking part in quorum {view.quorum_id}'s sync without contributing, then "
-                           f"training from step {step}")
-            return step, self._perform(step)
-        if self.schedule.perform_due(step):
-            return step, self._perform(step)
-        return step, None
+            then = (f"healing again in the next quorum (try {attempt + 1} of {HEAL_TRIES})" if retry else
+                    f"then training from step {step}")
+            logger.warning(f"{why}; taking part in quorum {view.quorum_id}'s sync without contributing, {then}")
+            records.append(self._perform(step))
+            if not retry:
+                break
+        return step, records
 
     def finish(self, *, wait_seconds: float, step: int) -> bool:
         """After the last step: meet the other groups until all of them stand at the same sync.

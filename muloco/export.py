@@ -43,6 +43,7 @@ compat.apply()  # before torchtitan is imported
 import torch  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 
+from muloco.atomic_file import as_umask_says  # noqa: E402
 from muloco.checkpoint import RUN_FILE, CheckpointLoadError  # noqa: E402
 from muloco.compat.hf_adapter import Llama3Adapter  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
@@ -293,6 +294,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     hf_state = adapter.to_hf({k: v.float() for k, v in model.state_dict().items()})
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    as_umask_says(staging, folder=True)  # the export is a normal folder: teammates read it as the umask says
     try:
         _save_weights(hf_state, staging)
         written = hf_config(model.config, tokenizer, config.training.seq_len, objective.name)
@@ -305,6 +307,8 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         _write_tokenizer(tokenizer, staging)
         (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint,
                                                  remote_code=code is not None))
+        for path in staging.iterdir():  # safetensors writes its files 0600
+            as_umask_says(path)
         old = None
         if target.exists():  # --force: the old folder goes only once the new one is in place
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))

@@ -380,3 +380,18 @@ def test_a_missing_extra_is_one_error_naming_it(monkeypatch, tmp_path, capsys):
         check_config(config)
     assert write_plots([], tmp_path / "plots") == [] and not list((tmp_path / "plots").iterdir())
     assert "no plots: the report's plots needs the optional extra 'plots'" in capsys.readouterr().err
+
+
+def test_files_written_atomically_are_readable_as_the_umask_says(tmp_path):
+    """tempfile makes 0600 files; run.json, checkpoint manifests and sweep manifests take the mode
+    a normal file would have, so a teammate on a shared cluster can read them."""
+    from muloco.atomic_file import umask, write_atomically
+
+    for mask, mode in ((0o022, 0o644), (0o027, 0o640), (0o077, 0o600)):
+        old = os.umask(mask)
+        try:
+            assert umask() == mask
+            write_atomically(tmp_path / f"run-{mask:o}.json", "{}")
+        finally:
+            os.umask(old)
+        assert (tmp_path / f"run-{mask:o}.json").stat().st_mode & 0o777 == mode

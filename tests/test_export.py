@@ -5,6 +5,7 @@ error and writes nothing; a corrupt checkpoint is refused."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -39,9 +40,15 @@ def test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens(ar_run, t
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "hf"
-    assert main([str(ar_run), "--out", str(out)]) == 0, capsys.readouterr().err
+    old = os.umask(0o027)  # a group-readable umask: the export is readable as it says, folder and files
+    try:
+        assert main([str(ar_run), "--out", str(out)]) == 0, capsys.readouterr().err
+    finally:
+        os.umask(old)
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
             "tokenizer_config.json", "README.md"} <= {p.name for p in out.iterdir()}
+    assert out.stat().st_mode & 0o777 == 0o750
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {p.name: "0o640" for p in out.iterdir()}
     config = load_config(ar_run)
     model, tokenizer, _, step, is_global = load_model(ar_run, config, None, torch.device("cpu"))
     assert step == 4 and not is_global

@@ -65,23 +65,24 @@ def _steps_text(steps: list[int]) -> str:
     return ", ".join(map(str, steps)) or "none"
 
 
-def resolve_step(folder: str, step: int, *, warn: bool = True) -> int:
+def resolve_step(folder: str, step: int, *, warn: bool = True, flag: str = "--checkpoint.load_step") -> int:
     """The step to load from ``folder``: ``step`` itself if it is a complete checkpoint,
     or for ``step == -1`` the newest complete one (-1: none). Newer incomplete folders
-    are skipped with one warning line; asking for a missing or incomplete step is an error."""
+    are skipped with one warning line; asking for a missing or incomplete step is an error
+    that names the caller's own option, ``flag`` (a trainer's, or export's ``--step``)."""
     folders, complete = manifest.step_folders(folder), manifest.complete_steps(folder)
     if step >= 0:
         if step not in folders:
             raise CheckpointLoadError(
                 f"checkpoint step {step} does not exist in {folder}; steps present: "
-                f"{_steps_text(complete)}. Pick one with --checkpoint.load_step N, or leave it "
-                "at -1 to resume from the latest."
+                f"{_steps_text(complete)}. Pick one with {flag} N, or leave it out to "
+                "take the latest."
             )
         if step not in complete:
             raise CheckpointLoadError(
                 f"checkpoint {folders[step]} is incomplete (no {manifest.MANIFEST}: its save did "
                 f"not finish); complete steps: {_steps_text(complete)}. Pick one with "
-                "--checkpoint.load_step N, or delete that folder."
+                f"{flag} N, or delete that folder."
             )
         return step
     newest = complete[-1] if complete else -1

@@ -72,7 +72,7 @@ def load_model(run: Path, config, step: int | None, device: torch.device):
     import torch.distributed.checkpoint as dcp
 
     folder = run / config.checkpoint.folder
-    step = resolve_step(str(folder), -1 if step is None else step, warn=False)
+    step = resolve_step(str(folder), -1 if step is None else step, warn=False, flag="--step")
     if step < 0:
         raise RunLoadError(f"{folder} holds no complete checkpoint; train with checkpoints on "
                            "(--checkpoint.enable, the default) or wait for the run's first save.")

@@ -67,8 +67,9 @@ def test_plan_overrides_and_bad_choices():
                 only=["SparseLoCo", "MuLoCo 2-bit no EF"])
     assert [p.row.label for p in runs] == ["MuLoCo 2-bit no EF", "SparseLoCo"]  # the suite's order
     assert runs[0].overrides[-5:] == ["--outer.exchange.error_feedback.no-enabled", "--training.steps", "7", "--x", "1"]
-    with pytest.raises(SuiteError, match="not a row of paper-mini"):
+    with pytest.raises(SuiteError, match="not a row of paper-mini") as err:
         plan(suite, objective="ar", data="stdlib", seeds=1, only=["MuLoCo 3-bit"])
+    assert "'MuLoCo K=2, SGD outer' 'MuLoCo 2-bit EF'" in str(err.value)  # quoted as --only takes them: labels hold commas
     with pytest.raises(SuiteError, match="--objective"):
         plan(suite, objective="gpt", data="stdlib", seeds=1)
     with pytest.raises(SuiteError, match="--seeds"):

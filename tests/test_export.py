@@ -109,6 +109,9 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
     (busy / "keep.txt").write_text("mine")
     assert main([str(ar_run), "--out", str(busy)]) == 2
     assert "is not empty" in capsys.readouterr().err and [p.name for p in busy.iterdir()] == ["keep.txt"]
+    assert main([str(ar_run), "--step", "999", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err  # export's own flag, not the trainer's
+    assert "checkpoint step 999 does not exist" in err and "Pick one with --step N" in err and "load_step" not in err
     broken = tmp_path / "broken"
     import shutil
 

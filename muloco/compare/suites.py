@@ -19,6 +19,7 @@ steps of 16 × 1,024 tokens per group.
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -261,8 +262,8 @@ def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | No
     if only:
         unknown = [o for o in only if o not in {r.label for r in rows}]
         if unknown:
-            raise SuiteError(f"--only {', '.join(unknown)}: not a row of {suite.name}; rows: "
-                             + ", ".join(r.label for r in rows))
+            raise SuiteError(f"--only {' '.join(map(shlex.quote, unknown))}: not a row of {suite.name}; its rows, "
+                             "quoted as --only takes them: " + " ".join(shlex.quote(r.label) for r in rows))
         rows = tuple(r for r in rows if r.label in only)
     common = data_overrides(data) + (["--objective", "mdlm"] if objective == "mdlm" else [])
     if tune:

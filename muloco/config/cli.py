@@ -71,11 +71,28 @@ def check_keys(config, args: list[str]) -> None:
         misplaced = misplaced_key_hint(config, key)
         if misplaced:
             raise ConfigError(f"unknown config key '--{key}': {misplaced}")
-        close = difflib.get_close_matches(key, list(keys), n=3, cutoff=0.5)
+        close = _abbreviations(key, keys) + difflib.get_close_matches(key, list(keys), n=3, cutoff=0.5)
+        close = list(dict.fromkeys(close))[:3]
         if not close and section:
             close = [k for k in keys if k.startswith(section + ".")][:8]
         hint = f" Closest valid keys: {', '.join('--' + c for c in close)}." if close else ""
         raise ConfigError(f"unknown config key '--{key}'.{hint} See --help for all keys.")
+
+
+def _initials(name: str) -> str:
+    return "".join(word[0] for word in name.split("_") if word)
+
+
+def _abbreviations(key: str, keys) -> list[str]:
+    """Keys of the same section whose name is the typed one's initials or the other way round
+    (``optimizer.learning_rate`` → ``optimizer.lr``), which spelling similarity misses."""
+    section, _, leaf = key.rpartition(".")
+    out = []
+    for k in keys:
+        s, _, l = k.rpartition(".")
+        if s == section and l != leaf and "_" in (leaf + l) and (_initials(leaf) == l or _initials(l) == leaf):
+            out.append(k)
+    return out
 
 
 def split_config_arg(argv: list[str]) -> tuple[str, list[str]]:

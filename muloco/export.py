@@ -45,6 +45,7 @@ from safetensors.torch import save_file  # noqa: E402
 
 from muloco.atomic_file import as_umask_says  # noqa: E402
 from muloco.checkpoint import RUN_FILE, CheckpointLoadError  # noqa: E402
+from muloco.launch.group import LAUNCHER_KEYS  # noqa: E402
 from muloco.compat.hf_adapter import Llama3Adapter  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.data.tokenizer import TokenizerError  # noqa: E402
@@ -148,7 +149,7 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
     diloco = summary.get("diloco") or {}
     name = config.objective._owner.name
     what = "next-token prediction" if name == "ar" else "masked diffusion, bidirectional attention"
-    lines = [f"# {config.model.flavor}, trained with muloco", "",
+    lines = [*_front_matter(config, name), f"# {config.model.flavor}, trained with muloco", "",
              f"- objective: {what} (`{name}`)",
              f"- weights: {'θ_g, the global model of the run' if is_global else 'the model'} at step {step}",
              f"- config module: `{_config_name(record['config'])}`; overrides: `{' '.join(_shown(record['args'])) or '(none)'}`"]
@@ -164,6 +165,21 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
               f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
               "", *(_ar_usage(remote_code) if name == "ar" else _MDLM_USAGE), ""]
     return "\n".join(lines)
+
+
+def _front_matter(config, objective: str) -> list[str]:
+    """The Hub's YAML header: library, pipeline, tags and the training data when it is a Hub dataset."""
+    source = config.dataloader.source
+    dataset = getattr(source, "dataset", "") if getattr(source, "name", "") == "huggingface" else ""
+    dataset = "" if getattr(source, "dataset_path", None) else dataset
+    lines = ["---", "library_name: transformers",
+             f"pipeline_tag: {'text-generation' if objective == 'ar' else 'fill-mask'}",
+             "tags:", "  - muloco", f"  - {'masked-diffusion' if objective != 'ar' else 'causal-lm'}"]
+    if hasattr(config, "outer"):
+        lines.append("  - diloco")
+    if dataset:
+        lines += ["datasets:", f"  - {dataset}"]
+    return [*lines, "---", ""]
 
 
 def _ar_usage(remote_code: bool) -> list[str]:
@@ -199,14 +215,15 @@ def _config_name(path: str) -> str:
 
 
 def _shown(args: list[str]) -> list[str]:
-    """The run's overrides without its output folder, and no path of the machine it ran on."""
+    """The user's overrides: without the output folder, the options the launcher adds for each
+    replica group (its id, K, the quorum), and no path of the machine it ran on."""
     shown, skip = [], False
     for arg in args:
         if skip:
             skip = False
-        elif arg == "--dump_folder":
+        elif arg in ("--dump_folder", *LAUNCHER_KEYS):
             skip = True
-        elif not arg.startswith("--dump_folder="):
+        elif not arg.startswith(("--dump_folder=", *(f"{key}=" for key in LAUNCHER_KEYS))):
             key, eq, value = arg.partition("=")
             if (value if eq else key).startswith(("/", "~")):
                 arg = f"{key}=<path>" if eq else "<path>"
@@ -228,7 +245,7 @@ def _hf_tokenizer(tokenizer):
     return tiktoken_to_hf(read_tiktoken_ranks(tokenizer.path), LLAMA3_PAT_STR, tiktoken_special_tokens())
 
 
-def _write_tokenizer(tokenizer, out: Path) -> None:
+def _write_tokenizer(tokenizer, out: Path, max_length: int) -> None:
     """tokenizer.json with BOS added in front of every text, as muloco's loader adds it, and its config."""
     from tokenizers.processors import TemplateProcessing
 
@@ -240,8 +257,8 @@ def _write_tokenizer(tokenizer, out: Path) -> None:
     special = {"bos_token": bos, "eos_token": eos}
     if getattr(tokenizer, "mask_id", None) is not None:
         special["mask_token"] = hf.id_to_token(tokenizer.mask_id)
-    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special},
-                                                          indent=2))
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special,
+                                                           "model_max_length": max_length}, indent=2))
 
 
 def _summary(run: Path) -> dict:
@@ -304,7 +321,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
             shutil.copyfile(code, staging / code.name)
         (staging / "generation_config.json").write_text(json.dumps(
             {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2))
-        _write_tokenizer(tokenizer, staging)
+        _write_tokenizer(tokenizer, staging, config.training.seq_len)
         (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint,
                                                  remote_code=code is not None))
         for path in staging.iterdir():  # safetensors writes its files 0600
@@ -323,13 +340,21 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
 
 
 def _hub_token(repo: str) -> str:
-    """The token for ``repo`` from the environment; checked before anything is exported."""
+    """The token for ``repo`` as huggingface_hub finds it (``HF_TOKEN``, or what ``hf auth login``
+    saved); the name and the token are checked before anything is exported."""
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
     if repo.count("/") != 1 or not all(repo.split("/")):
         raise ExportError(f"--push-to-hub {repo!r}: give the repository as OWNER/NAME")
-    token = os.environ.get("HF_TOKEN")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as err:
+        raise ExportError(f"--push-to-hub {repo!r} is not a valid Hub repository name: {str(err).splitlines()[0]}")
+    token = get_token()
     if not token:
-        raise ExportError("--push-to-hub needs a Hub token in the environment: export HF_TOKEN=... (never on "
-                          "the command line)")
+        raise ExportError("--push-to-hub needs a Hub token: run `hf auth login` once, or export HF_TOKEN=... "
+                          "(never on the command line)")
     return token
 
 

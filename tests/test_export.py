@@ -62,6 +62,8 @@ def test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens(ar_run, t
     print(f"max |logit difference| muloco vs transformers: {diff:.3g}")
     assert diff <= 1e-4
     card = (out / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation\n")  # the Hub's header
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == config.training.seq_len
     summary = json.loads((ar_run / "summary.json").read_text())
     assert "config module: `ddp/adamw`" in card and str(summary["tokens_seen"]) in card
     assert str(ar_run) not in card  # no path of this machine
@@ -260,6 +262,22 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
                               env=env, timeout=300)
     assert proc.returncode == 2 and "exists and is public" in proc.stderr and not hub.files, proc.stderr[-2000:]
 
-    monkeypatch.delenv("HF_TOKEN", raising=False)  # no token: one error before anything is written
+    home = tmp_path / "hf-home"  # the token `hf auth login` saved, without HF_TOKEN
+    home.mkdir()
+    (home / "token").write_text("hf_saved_token_not_real")
+    with HubStub() as hub:
+        env = {k: v for k, v in {**env, "HF_ENDPOINT": hub.url, "HF_HOME": str(home)}.items() if k != "HF_TOKEN"}
+        proc = subprocess.run([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(tmp_path / "saved"),
+                               "--push-to-hub", "me/saved-token"], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0 and hub.authorizations == {"Bearer hf_saved_token_not_real"}, proc.stderr[-2000:]
+
+    import huggingface_hub.constants
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # no token anywhere: one error before anything is written
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     assert main([str(ar_run), "--out", str(tmp_path / "none"), "--push-to-hub", "me/tiny-llama"]) == 2
-    assert "export HF_TOKEN=" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    err = capsys.readouterr().err
+    assert "hf auth login" in err and "export HF_TOKEN=" in err and not (tmp_path / "none").exists()
+    monkeypatch.setenv("HF_TOKEN", token)  # a name the Hub refuses: refused before the export is written
+    assert main([str(ar_run), "--out", str(tmp_path / "none"), "--push-to-hub", "someone/bad name!"]) == 2
+    assert "is not a valid Hub repository name" in capsys.readouterr().err and not (tmp_path / "none").exists()

@@ -151,6 +151,7 @@ def test_a_diloco_run_exports_theta_g_with_the_fingerprint_the_run_recorded(dilo
     recorded = json.loads((run / "replica_1" / "summary.json").read_text())["diloco"]["final_global_sha256"]
     card = (out / "README.md").read_text()
     assert f"θ_g sha256: `{recorded}`" in card and "K=2 replica groups, H=1" in card
+    assert "fault_tolerance" not in card and "  - diloco" in card  # the user's overrides, not the launcher's
     hf = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     config = load_config(run / "replica_0")
     model, _, _, _, is_global = load_model(run / "replica_0", config, None, torch.device("cpu"))

@@ -33,6 +33,11 @@ class TrainerConfigError(ValueError):
         self.status = status
 
 
+LAUNCHER_KEYS = ("--fault_tolerance.replica_id", "--fault_tolerance.group_size", "--fault_tolerance.min_replica_size",
+                 "--fault_tolerance.lighthouse_lost_seconds")
+"""Trainer options the launchers add for each replica group (not the user's own settings)."""
+
+
 def replica_args(i: int, replicas: int) -> list[str]:
     """What the launcher tells replica group ``i`` about its place in the job."""
     return ["--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(replicas)]

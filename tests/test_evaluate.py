@@ -92,6 +92,9 @@ def test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same(ar_run, tmp_
     assert export([str(ar_run), "--out", str(tmp_path / "hf")]) == 0
     exported = _evaluate(tmp_path / "hf")
     assert exported["model"]["source"] == "huggingface" and exported["metrics"] == result["metrics"]
+    elsewhere = tmp_path / "results" / "hf"  # --out: the results go there, the model's folder is left as it was
+    assert main([str(tmp_path / "hf"), "--tasks", TASK, "--include-path", str(TASKS), "--out", str(elsewhere)]) == 0
+    assert json.loads((elsewhere / f"{TASK}.json").read_text())["metrics"] == result["metrics"]
 
 
 def test_an_mdlm_run_scores_as_by_hand_with_the_same_monte_carlo_draws(tmp_path):
@@ -129,8 +132,12 @@ def test_an_unknown_task_a_bad_option_and_a_missing_harness_are_one_error(ar_run
     assert main([str(ar_run), "--tasks", "no_such_task_xyz", "--include-path", str(TASKS)]) == 2
     err = capsys.readouterr().err
     assert "no task 'no_such_task_xyz'" in err and "--include-path" in err and err.count("\n") == 1
+    assert main([str(ar_run), "--tasks", TASK[:-1] + "x", "--include-path", str(TASKS)]) == 2  # a typo
+    assert f"Did you mean {TASK}" in capsys.readouterr().err
     assert main([str(ar_run), "--tasks", TASK, "--mc-samples", "0"]) == 2
     assert "--mc-samples 0" in capsys.readouterr().err
+    assert main([str(ar_run), "--tasks", TASK, "--limit", "nan"]) == 2
+    assert "--limit nan: must be a number of items" in capsys.readouterr().err
     monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)  # as if the optional extra were not installed
     assert main([str(ar_run), "--tasks", TASK]) == 2
-    assert "pip install -e '.[eval]'" in capsys.readouterr().err
+    assert "pip install 'muloco[eval]'" in capsys.readouterr().err

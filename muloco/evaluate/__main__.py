@@ -2,12 +2,12 @@
 
     python -m muloco.evaluate RUN_FOLDER|HF_DIR --tasks hellaswag,arc_easy [--limit N] [--batch-size B]
         [--num-fewshot K] [--mc-samples 128] [--include-path DIR] [--step N] [--replica i]
-        [--device auto] [--seed 0] [--block-length L] [--log-samples] [--max-length N]
+        [--device auto] [--seed 0] [--block-length L] [--log-samples] [--max-length N] [--out DIR]
 
 A run folder is scored from its newest complete checkpoint (θ_g for a DiLoCo run), a Hugging
 Face folder (``muloco.export``'s, or a Llama-family model's) from its weights; both as
 muloco's own model (:mod:`muloco.evaluate.source`) through :class:`muloco.evaluate.harness.MulocoLM`.
-Each task's figures go to ``<folder>/eval/<task>.json`` (written atomically; a run's folder
+Each task's figures go to ``<folder>/eval/<task>.json`` or ``--out DIR`` (written atomically; a run's folder
 is the one holding ``run.json``), where ``python -m muloco.report`` shows them as columns.
 ``--include-path`` adds a folder of task YAMLs (your own tasks on local data). lm-eval is an
 optional extra: ``pip install -e '.[eval]'``.
@@ -16,8 +16,10 @@ optional extra: ``pip install -e '.[eval]'``.
 from __future__ import annotations
 
 import argparse
+import difflib
 import fnmatch
 import json
+import math
 import re
 import sys
 import time
@@ -61,6 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-samples", action="store_true",
                    help="also keep each item's answer in eval/<task>.json (generated text, or choice scores)")
     p.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo draws, sampling and few-shot picks")
+    p.add_argument("--out", default=None, help="folder for the results (default: the source's eval/)")
     return p
 
 
@@ -73,6 +76,8 @@ def _check(args: argparse.Namespace) -> list[str]:
         value = getattr(args, name)
         if value is not None and value < low:
             raise UsageError(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+    if args.limit is not None and not math.isfinite(args.limit):
+        raise UsageError(f"--limit {args.limit}: must be a number of items, or a fraction below 1")
     if args.limit is not None and args.limit <= 0:
         raise UsageError(f"--limit {args.limit:g}: must be positive (items, or a fraction below 1)")
     if args.include_path and not Path(args.include_path).is_dir():
@@ -87,7 +92,9 @@ def _task_manager(include_path: str | None, tasks: list[str]):
     found = manager.match_tasks(tasks)
     missing = [t for t in tasks if t not in found and not fnmatch.filter(found, t)]
     if missing:
-        raise UsageError(f"--tasks: lm-eval knows no task {missing[0]!r}; see `lm-eval ls tasks`, or pass "
+        close = difflib.get_close_matches(missing[0], manager.all_tasks, n=3, cutoff=0.6)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UsageError(f"--tasks: lm-eval knows no task {missing[0]!r}.{hint} See `lm-eval ls tasks`, or pass "
                          f"--include-path DIR for a folder of your own task YAMLs")
     return manager
 
@@ -95,13 +102,18 @@ def _task_manager(include_path: str | None, tasks: list[str]):
 def _writable(folder: Path) -> None:
     """Fail before the evaluation, not after it, when its results could not be written."""
     try:
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".muloco-write-probe"
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise UsageError(f"cannot write the results to {folder} ({e.strerror}); evaluate a copy of the folder "
+        raise UsageError(f"cannot write the results to {folder} ({e.strerror}); give --out DIR, or evaluate a copy of the folder "
                          "in a place you can write to") from None
+
+
+def results_folder(source, args: argparse.Namespace) -> Path:
+    """``--out``, or the source's own ``eval/`` folder."""
+    return Path(args.out) if args.out else Path(source.results_dir) / "eval"
 
 
 def _file_name(task: str) -> str:
@@ -129,7 +141,7 @@ def write_results(results: dict, source, args: argparse.Namespace, seconds: floa
     """One ``eval/<task>.json`` per task lm-eval reported."""
     import lm_eval
 
-    folder = Path(source.results_dir) / "eval"
+    folder = results_folder(source, args)
     folder.mkdir(exist_ok=True)
     written = []
     for task, metrics in results["results"].items():
@@ -174,7 +186,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
     source = load(args.source, step=args.step, replica=args.replica, device=device)
     if args.max_length is not None:
         source.max_length = min(source.max_length, args.max_length)
-    _writable(Path(source.results_dir) / "eval")
+    _writable(results_folder(source, args))
     lm = MulocoLM(source, batch_size=args.batch_size, mc_samples=args.mc_samples, seed=args.seed,
                   block_length=args.block_length)
     began = time.monotonic()

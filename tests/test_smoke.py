@@ -163,6 +163,8 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "config/gpu/muloco.py": f"{THIS}::test_config_trains[gpu/muloco]",
     "config/gpu/muloco_2bit.py": "tests/test_gpu_presets.py::test_replica_group_preset_trains_on_cpu_with_the_tiny_override",
     # python -m entry points: (--help, a real invocation)
+    "muloco": (f"{THIS}::test_entry_point_help[muloco]",
+               "tests/test_commands.py::test_muloco_runs_the_command_asked_for_and_suggests_for_a_typo"),
     "muloco.compare": (f"{THIS}::test_entry_point_help[muloco.compare]",
                        "tests/test_compare.py::test_two_run_suite_end_to_end_then_reused"),
     "muloco.data.fetch": (f"{THIS}::test_entry_point_help[muloco.data.fetch]",

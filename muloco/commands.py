@@ -1,0 +1,73 @@
+"""``muloco COMMAND ...``: one command for every entry point (the console script).
+
+Each command is the module a user could also run with ``python -m`` (both keep working); this
+dispatcher imports only the module of the command asked for, so ``muloco --help`` and an
+unknown command answer without loading torch. A sweep file is run as itself
+(``muloco sweep jobs/sweeps/FILE.py ...`` is ``python jobs/sweeps/FILE.py ...``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import runpy
+import sys
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("muloco.train", "train one replica group, or a DDP run"),
+    "local": ("muloco.launch.local", "K replica groups and a torchft lighthouse on this machine"),
+    "slurm": ("muloco.launch.slurm", "write and submit SLURM jobs (ddp, groups, array, multinode)"),
+    "sweep": ("", "run a sweep file (jobs/sweeps/*.py) on SLURM or here"),
+    "compare": ("muloco.compare.__main__", "the paper's comparison suites and their table"),
+    "report": ("muloco.report", "tables and plots of runs and sweeps"),
+    "export": ("muloco.export", "a run as a Hugging Face folder (and to the Hub)"),
+    "evaluate": ("muloco.evaluate.__main__", "lm-evaluation-harness scores of a run or a folder"),
+    "generate": ("muloco.generate", "sample text from a run"),
+    "map": ("muloco.model_map", "the model map and the link planner"),
+    "fetch": ("muloco.data.fetch", "fetch a public corpus (shakespeare)"),
+    "lighthouse": ("muloco.launch.lighthouse", "a torchft lighthouse on this machine"),
+}
+"""Command → (module whose ``main(argv)`` it runs, one line of help)."""
+
+PROG = "muloco"
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: {PROG} COMMAND [options]   ({PROG} COMMAND --help for a command's options)", "",
+             "options:", "  -h, --help  this list", "", "commands:"]
+    lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def _sweep(argv: list[str]) -> int:
+    if not argv or argv[0].startswith("-"):
+        print(f"usage: {PROG} sweep FILE.py [sweep options] [-- overrides]   (a sweep file: jobs/sweeps/*.py)",
+              file=sys.stderr if not argv or argv[0] not in ("-h", "--help") else sys.stdout)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    sys.argv = argv
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as done:
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    except FileNotFoundError:
+        print(f"{PROG} sweep: error: no sweep file {argv[0]!r}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        close = difflib.get_close_matches(name, list(COMMANDS), n=3, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        print(f"{PROG}: error: unknown command {name!r}.{hint} Commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    if name == "sweep":
+        return _sweep(rest)
+    module = importlib.import_module(COMMANDS[name][0])
+    return module.main(rest)

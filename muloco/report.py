@@ -575,7 +575,8 @@ def _bytes_at(run: Run, steps: np.ndarray) -> np.ndarray:
 
 def _train_xy(run: Run, axis: str) -> tuple[np.ndarray, np.ndarray]:
     """The train-loss line. Against bytes, which grow only at syncs, one point per sync (the
-    train loss there) after the first logged step at 0 bytes: a line, not a staircase."""
+    train loss there), from the first sync on: before it nothing was sent, and a segment from
+    "0 bytes" to the first sync would draw a slope that is not there."""
     if axis == "steps":
         return run.train_steps, run.train_loss
     if axis == "tokens":
@@ -583,7 +584,7 @@ def _train_xy(run: Run, axis: str) -> tuple[np.ndarray, np.ndarray]:
     if not len(run.train_steps):
         return np.zeros(0), np.zeros(0)
     at = run.sync_steps[run.sync_steps >= run.train_steps[0]]
-    return np.r_[0.0, _bytes_at(run, at)], np.r_[run.train_loss[0], np.interp(at, run.train_steps, run.train_loss)]
+    return _bytes_at(run, at), np.interp(at, run.train_steps, run.train_loss)
 
 
 def _plot(runs: list[Run], axis: str, path: Path, note: str = "") -> None:
@@ -599,11 +600,13 @@ def _plot(runs: list[Run], axis: str, path: Path, note: str = "") -> None:
     for i, run in enumerate(runs):
         color = f"C{i % 10}" if len(runs) <= 10 else plt.cm.tab20(i % 20)
         ax.plot(*_train_xy(run, axis), color=color, lw=1.2, label=f"{run.name} ({run.method}, {run.objective})")
-        ax.plot(_validation_x(run, axis), run.val_loss, "o", color=color, ms=4)
+        x = _validation_x(run, axis)
+        sent = x > 0 if axis == "bytes" else np.ones(len(x), dtype=bool)  # a log axis has no 0: after the first sync
+        ax.plot(x[sent], run.val_loss[sent], "o", color=color, ms=4)
     if note:
         ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=9)
-    if axis == "bytes":  # compressed and dense runs are decades apart; 0 bytes (the start) stays on the axis
-        ax.set_xscale("symlog", linthresh=1e3)
+    if axis == "bytes":  # compressed and dense runs are decades apart: a log axis, from the first sync
+        ax.set_xscale("log")
     ax.set_xlabel(labels[axis])
     ax.set_ylabel("loss (nats/token; mdlm: NELBO)")
     ax.set_title(f"loss vs {axis}: lines train loss, dots validation of θ_g", fontsize=10)

@@ -194,6 +194,10 @@ def test_diloco_job_folder_is_one_run(sweep, tmp_path):
     assert run.sync_share == pytest.approx(0.15)
     assert list(run.sync_steps) == [4, 8, 12] and list(run.sync_bytes) == pytest.approx([1000.5, 2001, 3001.5])
     assert "job" in report.table([run]) and report.without_bytes([run]) == []
+    # against bytes the train line starts at the first sync: no segment from "0 bytes" (nothing was sent then)
+    x, y = report._train_xy(run, "bytes")
+    assert list(x) == pytest.approx([1000.5, 2001, 3001.5]) and len(y) == 3
+    assert report.write_plots([run], tmp_path / "plots")[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_resumed_runs_bytes_count_every_process_and_a_redone_sync_once(sweep, tmp_path):

@@ -22,7 +22,7 @@ per token; both numbers come from the user, the peak table is printed where it i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from muloco.link_model import format_rate
 from muloco.model_map import LLAMA3_VOCAB, count_embedding_parameters, count_parameters, parse_flavor
@@ -37,6 +37,11 @@ quantizer of the shipped compressed configs (norm weights dense in float32, as t
 The table of alternatives adds the shipped SparseLoCo config (``diloco/sparseloco``)."""
 
 STRATEGIES = ("auto", "allreduce", "allgather", "reduce_scatter")
+
+DEFAULT_GPU = "h100"
+DEFAULT_MFU = 0.4
+"""The step time without ``--step-seconds``, ``--gpu`` or ``--mfu``: an H100 at 40% MFU (our trainer
+measured 45.8% on the 416M shape compiled, ``docs/gpu.md``); the output says when it is assumed."""
 
 
 class PlanError(ValueError):
@@ -89,16 +94,23 @@ class Inputs:
         if self.global_batch % self.replicas:
             raise PlanError(f"--global-batch {self.global_batch} does not split over --replicas {self.replicas}")
         if self.step_seconds is None:
-            if self.mfu is None or self.gpu is None:
-                raise PlanError("give the step time with --step-seconds, or --mfu and --gpu to derive it from the "
-                                "model's FLOPs (e.g. --mfu 0.4 --gpu h100)")
-            if not 0 < self.mfu <= 1:
+            if not (math.isfinite(self.mfu_or_default) and 0 < self.mfu_or_default <= 1):
                 raise PlanError(f"--mfu {self.mfu}: a fraction between 0 and 1, e.g. 0.4")
-            peak_tflops(self.gpu)
+            peak_tflops(self.gpu_or_default)
             if self.gpus_per_group < 1:
                 raise PlanError(f"--gpus-per-group {self.gpus_per_group}: at least 1")
+        elif self.mfu is not None or self.gpu is not None:
+            raise PlanError("--step-seconds gives the step time; --mfu and --gpu derive it: give one or the other")
         elif not (math.isfinite(self.step_seconds) and self.step_seconds > 0):
             raise PlanError(f"--step-seconds {self.step_seconds}: must be positive")
+
+    @property
+    def gpu_or_default(self) -> str:
+        return DEFAULT_GPU if self.gpu is None else self.gpu
+
+    @property
+    def mfu_or_default(self) -> float:
+        return DEFAULT_MFU if self.mfu is None else self.mfu
 
 
 def peak_tflops(gpu: str) -> float:
@@ -131,12 +143,17 @@ def step_time(inputs: Inputs) -> tuple[float, str]:
     """(seconds per inner step, how it was obtained)."""
     if inputs.step_seconds is not None:
         return inputs.step_seconds, "--step-seconds"
-    peak = peak_tflops(inputs.gpu)
+    gpu, mfu = inputs.gpu_or_default, inputs.mfu_or_default
+    peak = peak_tflops(gpu)
     flops = flops_per_token(inputs.flavor, inputs.vocab, inputs.seq_len) * tokens_per_step(inputs)
-    seconds = flops / (inputs.mfu * peak * 1e12 * inputs.gpus_per_group)
+    seconds = flops / (mfu * peak * 1e12 * inputs.gpus_per_group)
+    assumed = [what for what, given in ((f"--gpu {DEFAULT_GPU}", inputs.gpu), (f"--mfu {DEFAULT_MFU:g}", inputs.mfu))
+               if given is None]
     how = (f"{flops / 1e12:,.1f} TFLOP per step ({tokens_per_step(inputs):,} tokens x "
            f"{flops_per_token(inputs.flavor, inputs.vocab, inputs.seq_len) / 1e9:.2f} GFLOP) / "
-           f"({100 * inputs.mfu:g}% MFU x {peak:g} TFLOPS peak ({inputs.gpu}) x {inputs.gpus_per_group} GPU)")
+           f"({100 * mfu:g}% MFU x {peak:g} TFLOPS peak ({gpu}) x {inputs.gpus_per_group} GPU)")
+    if assumed:
+        how += f"; assumed {' and '.join(assumed)}: give --step-seconds, or --gpu and --mfu, for your cluster"
     return seconds, how
 
 
@@ -350,3 +367,27 @@ def text(p: Plan) -> str:
         lines.append(f"  {sync.label:<34}{sync.bits_per_parameter:>11.3f}{_bytes(sync.sent):>12}{sync.seconds:>9.3f}"
                      f"{100 * rnd.share:>7.1f}%{h:>13}")
     return "\n".join(lines)
+
+
+def _sync_dict(sync: Sync, rnd: Round, h: int | None = None) -> dict:
+    out = {"exchange": sync.label, "bits_per_parameter": sync.bits_per_parameter, "sent_bytes_per_round": sync.sent,
+           "collectives": sync.collectives, "link_seconds_per_round": sync.seconds,
+           "fragment_link_seconds": list(sync.fragment_seconds), "exposed_seconds_per_round": rnd.exposed,
+           "round_seconds": rnd.seconds, "link_share": rnd.share}
+    return out if h is None else {**out, "h_for_share": h}
+
+
+def as_dict(p: Plan) -> dict:
+    """The plan as plain JSON values (``--json``): the inputs as planned, the chosen exchange's
+    round, and every alternative's."""
+    return {
+        "inputs": {**asdict(p.inputs), "gpu": None if p.inputs.step_seconds else p.inputs.gpu_or_default,
+                   "mfu": None if p.inputs.step_seconds else p.inputs.mfu_or_default},
+        "parameters": count_parameters(p.inputs.flavor, p.inputs.vocab),
+        "step_seconds": p.step_seconds, "step_source": p.step_source,
+        "tokens_per_step": tokens_per_step(p.inputs),
+        "tokens_per_second": p.tokens_per_second, "compute_tokens_per_second": p.compute_tokens_per_second,
+        "chosen": _sync_dict(p.round.sync, p.round, p.h_for_share),
+        "bits_for_share": p.bits_for_share.label if p.bits_for_share else None,
+        "alternatives": [_sync_dict(sync, rnd, h) for sync, rnd, h in p.candidates],
+    }

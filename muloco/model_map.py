@@ -15,8 +15,12 @@ wire format). The table itself is pure Python: no torch import. Flavors are name
 MuLoCo's ``model_map``: ``llama3-w{dim}-d{depth}-h{heads}``, optionally followed by
 ``_qk_torch-rmsnorm`` (per-head QK RMSNorm) and ``_pa`` / ``_pf`` (post-attention /
 post-FFN norms). Shapes follow MuLoCo: no GQA, SwiGLU FFN of ``int(2.75 * dim)``,
-untied embeddings, no biases. The vocabulary comes from the tokenizer, so counts
-are functions of ``vocab_size``.
+untied embeddings, no biases. Any such name is a model (trained and sized like the map's rows);
+a shape that is not a row has no tuned values, and its micro-batch is the next larger row's
+(marked ``~``). The vocabulary comes from the tokenizer, so counts are functions of
+``vocab_size``; the table's default (``--vocab auto``) is the tokenizer each shape is trained
+with by the shipped configs: the embedded standard-library BPE below width 512 (the CPU
+flavors), Llama 3's from there on, padded as the model pads it (to a multiple of 64).
 """
 
 from __future__ import annotations
@@ -28,10 +32,16 @@ import json
 import re
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 FFN_MULTIPLIER = 2.75
 TOKENS_PER_PARAM = 20  # Chinchilla budget, as in MuLoCo's MODEL_STEP_MAP
 LLAMA3_VOCAB = 128256
+VOCAB_MULTIPLE = 64
+"""The model pads its embedding rows to this multiple (``ModelConfig.vocab_multiple_of``'s default)."""
+CPU_WIDTH_BELOW = 512
+"""Shapes narrower than this are the CPU flavors, trained with the embedded tokenizer."""
+EMBEDDED_TOKENIZER_META = Path(__file__).parent / "data" / "assets" / "stdlib_bpe.meta.json"
 WD_REFERENCE_BATCH = 512
 """MuLoCo tuned weight decay at this global batch and rescales it by steps (see rescaled_weight_decay)."""
 
@@ -112,7 +122,8 @@ SHAPES: dict[str, Shape] = {
     "llama3-w4608-d54-h36": Shape(4608, 54, 36, 2, {"muon": 1e-4, "adamw": 1e-4}),
 }
 
-_SUFFIX = re.compile(r"^(?P<base>llama3-w\d+-d\d+-h\d+)(?P<qk>_qk_torch-rmsnorm)?(?P<pa>_pa)?(?P<pf>_pf)?$")
+_SUFFIX = re.compile(r"^(?P<base>llama3-w(?P<dim>\d+)-d(?P<depth>\d+)-h(?P<heads>\d+))"
+                     r"(?P<qk>_qk_torch-rmsnorm)?(?P<pa>_pa)?(?P<pf>_pf)?$")
 
 
 class UnknownFlavorError(ValueError):
@@ -124,22 +135,72 @@ def known_flavors() -> list[str]:
     return sorted(SHAPES) + sorted(f"{b}_qk_torch-rmsnorm_pa_pf" for b in SHAPES)
 
 
+def _layer_parameters(shape: Shape) -> int:
+    return 4 * shape.dim * shape.dim + 3 * shape.dim * shape.ffn_dim
+
+
+def _shape_outside_the_map(name: str, dim: int, depth: int, heads: int) -> Shape:
+    """A shape the map has no row for: no tuned values, and the micro-batch of the smallest row at
+    least as large (by parameters without the embedding), or 1 beyond the largest."""
+    problems = [f"{what} must be at least 1" for what, v in (("width", dim), ("depth", depth), ("heads", heads))
+                if v < 1]
+    if not problems and dim % heads:
+        problems.append(f"width {dim} is not a multiple of the {heads} heads")
+    elif not problems and (dim // heads) % 2:
+        problems.append(f"the head dimension {dim}/{heads} = {dim // heads} is odd (rotary embeddings pair "
+                        "its entries; make width/heads even)")
+    if problems:
+        close = difflib.get_close_matches(name, known_flavors(), n=3, cutoff=0.6)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise UnknownFlavorError(f"model.flavor '{name}': {'; '.join(problems)}.{hint} A flavor is "
+                                 "llama3-w{width}-d{depth}-h{heads}, e.g. llama3-w1024-d12-h8.")
+    shape = Shape(dim, depth, heads)
+    size = depth * _layer_parameters(shape)
+    larger = [row for row in SHAPES.values() if row.depth * _layer_parameters(row) >= size]
+    micro = min(larger, key=lambda row: row.depth * _layer_parameters(row)).max_local_batch if larger else 1
+    return dataclasses.replace(shape, max_local_batch=micro)
+
+
 def parse_flavor(name: str) -> Flavor:
+    """The map's row, or any ``llama3-w{dim}-d{depth}-h{heads}`` shape (see the module's docstring)."""
     match = _SUFFIX.match(name)
-    if match is None or match["base"] not in SHAPES:
+    if match is None:
         close = difflib.get_close_matches(name, known_flavors(), n=3, cutoff=0.6)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise UnknownFlavorError(
-            f"model.flavor '{name}' is not in the model map.{hint} Known shapes: "
-            f"{', '.join(SHAPES)}; each may be suffixed with _qk_torch-rmsnorm, _pa, _pf."
+            f"model.flavor '{name}' is not a flavor name.{hint} A flavor is llama3-w{{width}}-d{{depth}}-h{{heads}} "
+            f"(any shape; the map's rows: {', '.join(SHAPES)}), optionally suffixed with _qk_torch-rmsnorm, "
+            "_pa, _pf (in that order)."
         )
+    base = match["base"]
+    shape = SHAPES.get(base) or _shape_outside_the_map(name, int(match["dim"]), int(match["depth"]),
+                                                       int(match["heads"]))
     return Flavor(
         name=name,
-        shape=SHAPES[match["base"]],
+        shape=shape,
         qk_norm=match["qk"] is not None,
         post_attention_norm=match["pa"] is not None,
         post_ffn_norm=match["pf"] is not None,
     )
+
+
+def in_map(flavor: str | Flavor) -> bool:
+    """Whether the flavor's shape is a row of the map (with its tuned values and measured micro-batch)."""
+    f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
+    return f.name.split("_")[0] in SHAPES
+
+
+def embedded_vocab() -> int:
+    """The embedded standard-library BPE's vocabulary (from its meta file: no tokenizer import)."""
+    return json.loads(EMBEDDED_TOKENIZER_META.read_text())["vocab_size"]
+
+
+def default_vocab(flavor: str | Flavor) -> tuple[int, str]:
+    """(embedding rows, which tokenizer) the shipped configs train this flavor with."""
+    f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
+    if f.shape.dim < CPU_WIDTH_BELOW:
+        return padded_vocab(embedded_vocab(), VOCAB_MULTIPLE), "embedded"
+    return padded_vocab(LLAMA3_VOCAB, VOCAB_MULTIPLE), "llama3"
 
 
 def padded_vocab(vocab_size: int, multiple_of: int) -> int:
@@ -210,10 +271,15 @@ class SizingRow:
     weight_decay: dict[str, float]
     """Tuned at batch 512, rescaled to this batch and K."""
     tuned_lr: dict[str, float]
+    vocab: int
+    """Embedding rows the counts assume."""
+    vocab_source: str
+    in_map: bool
+    """False for a shape outside the map (no tuned values; micro-batch from the next larger row)."""
 
 
 def sizing(flavor: str, *, global_batch: int, vocab_size: int = LLAMA3_VOCAB, seq_len: int = 2048,
-           replicas: int = 1) -> SizingRow:
+           replicas: int = 1, vocab_source: str = "") -> SizingRow:
     """One row of the sizing table (``python -m muloco.model_map``)."""
     shape = parse_flavor(flavor).shape
     params = count_parameters(flavor, vocab_size)
@@ -228,6 +294,9 @@ def sizing(flavor: str, *, global_batch: int, vocab_size: int = LLAMA3_VOCAB, se
         weight_decay={k: rescaled_weight_decay(v, flavor, global_batch, replicas=replicas, seq_len=seq_len,
                                                vocab_size=vocab_size) for k, v in shape.weight_decay.items()},
         tuned_lr=dict(shape.tuned_lr),
+        vocab=vocab_size,
+        vocab_source=vocab_source or str(vocab_size),
+        in_map=in_map(flavor),
     )
 
 
@@ -241,53 +310,115 @@ def _count(n: int) -> str:
     return str(n)
 
 
+PLANNER_DEFAULTS = {"latency_ms": 0.0, "bits": 32, "strategy": "auto", "sync_every": 30, "step_seconds": None,
+                    "mfu": None, "gpu": None, "gpus_per_group": 1, "streaming_fragments": 1, "overlap": 0,
+                    "max_share": 0.05}
+"""The planner's options and their defaults (``None`` in the parser, so a planner option given
+without ``--link-mbps`` is seen and refused instead of dropped)."""
+PLANNER_REPLICAS = 2
+"""K the planner assumes when ``--replicas`` is not given (a link joins at least two groups)."""
+
+
+def _vocab(text: str) -> int | str:
+    if text in ("auto", "embedded", "llama3"):
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        if Path(text).expanduser().exists():
+            return text
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a vocabulary: give a number of tokens, auto, embedded, llama3, or a tokenizer "
+            "file or folder") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a vocabulary size (at least 1)")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m muloco.model_map", description=__doc__.split("\n\n")[0])
-    p.add_argument("--flavor", action="append", default=None, help="only this flavor (repeatable)")
+    p.add_argument("--flavor", action="append", default=None, help="only this flavor (repeatable); any "
+                   "llama3-w{width}-d{depth}-h{heads} shape, not only the map's rows")
     p.add_argument("--global-batch", type=int, default=WD_REFERENCE_BATCH, help="sequences per optimizer step")
     p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="vocabulary size (default: Llama 3's)")
-    p.add_argument("--replicas", type=int, default=1, help="K replica groups (DiLoCo/MuLoCo weight-decay rule)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--vocab", type=_vocab, default="auto", help="auto (default: the tokenizer the shipped configs "
+                   "train each shape with: embedded below width 512, else llama3) | embedded | llama3 | a number "
+                   "of tokens | a tokenizer file or folder; padded to a multiple of 64 as the model pads it")
+    p.add_argument("--replicas", type=int, default=None, help="K replica groups (DiLoCo/MuLoCo weight-decay rule; "
+                   f"default 1, and {PLANNER_REPLICAS} for the link planner)")
+    p.add_argument("--json", action="store_true", help="one JSON object per flavor (or the plan as one object)")
     plan = p.add_argument_group(
         "link planner", "with --link-mbps: what the link between the K replica groups costs one --flavor "
         "(python -m muloco.model_map --flavor F --replicas K --link-mbps B --bits b --sync-every H --step-seconds s)")
     plan.add_argument("--link-mbps", type=float, default=None, help="bandwidth between replica groups, each "
                       "direction, in megabits per second (turns the planner on)")
-    plan.add_argument("--latency-ms", type=float, default=0.0, help="one-way latency per collective round")
-    plan.add_argument("--bits", type=int, default=32, help="32 | 16 (dense fp32 / bf16) | 8 | 4 | 2 | 1 (quantized)")
-    plan.add_argument("--strategy", default="auto", help="auto | allreduce | allgather | reduce_scatter")
-    plan.add_argument("--sync-every", type=int, default=30, help="H: inner steps between syncs")
+    plan.add_argument("--latency-ms", type=float, default=None, help="one-way latency per collective round (default 0)")
+    plan.add_argument("--bits", type=int, default=None, help="32 (default) | 16 (dense fp32 / bf16) | 8 | 4 | 2 | 1 "
+                      "(quantized)")
+    plan.add_argument("--strategy", default=None, help="auto (default) | allreduce | allgather | reduce_scatter")
+    plan.add_argument("--sync-every", type=int, default=None, help="H: inner steps between syncs (default 30)")
     plan.add_argument("--step-seconds", type=float, default=None, help="seconds per inner step (else from "
                       "--mfu and --gpu)")
-    plan.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization, e.g. 0.4")
-    plan.add_argument("--gpu", default=None, help="h100 | h200 | a100 | b200 | l40s, or a peak in TFLOPS")
-    plan.add_argument("--gpus-per-group", type=int, default=1, help="GPUs of one replica group")
-    plan.add_argument("--streaming-fragments", type=int, default=1, help="n: fragments synced in turn")
-    plan.add_argument("--overlap", type=int, default=0, help="τ: inner steps each sync overlaps")
-    plan.add_argument("--max-share", type=float, default=0.05, help="largest share of a round on the link")
+    plan.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization (default 0.4)")
+    plan.add_argument("--gpu", default=None, help="h100 (default) | h200 | a100 | b200 | l40s, or a peak in TFLOPS")
+    plan.add_argument("--gpus-per-group", type=int, default=None, help="GPUs of one replica group (default 1)")
+    plan.add_argument("--streaming-fragments", type=int, default=None, help="n: fragments synced in turn (default 1)")
+    plan.add_argument("--overlap", type=int, default=None, help="τ: inner steps each sync overlaps (default 0)")
+    plan.add_argument("--max-share", type=float, default=None, help="largest share of a round on the link "
+                      "(default 0.05)")
     return p
 
 
-def _plan(args, flavors: list[str]) -> str:
-    """The link planner's report (``muloco/link_plan.py``)."""
+def resolve_vocab(vocab: int | str, flavor: str) -> tuple[int, str]:
+    """(embedding rows, where the number comes from) for ``--vocab``, padded as the model pads."""
+    if vocab == "auto":
+        return default_vocab(flavor)
+    if vocab == "embedded":
+        return padded_vocab(embedded_vocab(), VOCAB_MULTIPLE), "embedded"
+    if vocab == "llama3":
+        return padded_vocab(LLAMA3_VOCAB, VOCAB_MULTIPLE), "llama3"
+    if isinstance(vocab, int):
+        return padded_vocab(vocab, VOCAB_MULTIPLE), str(vocab)
+    from muloco.data.tokenizer import MulocoTokenizer  # a tokenizer file: only this path pays for the import
+
+    return padded_vocab(MulocoTokenizer(tokenizer_path=vocab).get_vocab_size(), VOCAB_MULTIPLE), Path(vocab).name
+
+
+def _plan(args, flavors: list[str]):
+    """The link planner's report (``muloco/link_plan.py``), as text or as a JSON object."""
     from muloco import link_plan
 
     if len(flavors) != 1:
         raise ValueError("--link-mbps plans one model: give exactly one --flavor")
+    given = {key: (PLANNER_DEFAULTS[key] if getattr(args, key) is None else getattr(args, key))
+             for key in PLANNER_DEFAULTS}
+    vocab, _ = resolve_vocab(args.vocab, flavors[0])
     inputs = link_plan.Inputs(
-        flavor=flavors[0], replicas=args.replicas, mbps=args.link_mbps, latency_ms=args.latency_ms, bits=args.bits,
-        strategy=args.strategy, sync_every=args.sync_every, step_seconds=args.step_seconds, mfu=args.mfu,
-        gpu=args.gpu, gpus_per_group=args.gpus_per_group, fragments=args.streaming_fragments,
-        overlap=args.overlap, max_share=args.max_share, global_batch=args.global_batch, seq_len=args.seq_len,
-        vocab=args.vocab)
-    return link_plan.text(link_plan.plan(inputs))
+        flavor=flavors[0], replicas=args.replicas or PLANNER_REPLICAS, mbps=args.link_mbps,
+        latency_ms=given["latency_ms"], bits=given["bits"], strategy=given["strategy"],
+        sync_every=given["sync_every"], step_seconds=given["step_seconds"], mfu=given["mfu"], gpu=given["gpu"],
+        gpus_per_group=given["gpus_per_group"], fragments=given["streaming_fragments"], overlap=given["overlap"],
+        max_share=given["max_share"], global_batch=args.global_batch, seq_len=args.seq_len, vocab=vocab)
+    planned = link_plan.plan(inputs)
+    if args.json:
+        return json.dumps(link_plan.as_dict(planned))
+    report = link_plan.text(planned)
+    return report if args.replicas else f"{report}\n  K={PLANNER_REPLICAS} is the default: set --replicas K"
 
 
 def _check(args) -> list[str]:
-    for key in ("global_batch", "seq_len", "vocab", "replicas"):
+    for key in ("global_batch", "seq_len"):
         if getattr(args, key) < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be at least 1; got {getattr(args, key)}")
+    if args.replicas is not None and args.replicas < 1:
+        raise ValueError(f"--replicas must be at least 1; got {args.replicas}")
+    if args.link_mbps is None:
+        stray = [f"--{key.replace('_', '-')}" for key in PLANNER_DEFAULTS if getattr(args, key) is not None]
+        if stray:
+            raise ValueError(f"{', '.join(stray)} {'is a' if len(stray) == 1 else 'are'} link planner option"
+                             f"{'' if len(stray) == 1 else 's'}: add --link-mbps B (the bandwidth between replica "
+                             "groups) to plan a link, or leave "
+                             f"{'it' if len(stray) == 1 else 'them'} out for the sizing table")
     flavors = args.flavor or list(SHAPES)
     for f in flavors:
         parse_flavor(f)
@@ -295,22 +426,31 @@ def _check(args) -> list[str]:
 
 
 def table(rows, args) -> str:
-    head = (f"{'flavor':<42}{'params':>9}{'non-emb':>9}{'tokens':>9}{'steps':>9}{'micro':>7}{'GPUs':>6}"
-            f"  tuned (weight decay at B={args.global_batch}, K={args.replicas}; inner lr)")
-    lines = [f"model map: vocab {args.vocab:,}, global batch {args.global_batch} x {args.seq_len} tokens, "
-             f"20 tokens per parameter", head, "-" * len(head)]
+    head = (f"{'flavor':<42}{'params':>9}{'non-emb':>9}{'vocab':>8}{'tokens':>9}{'steps':>9}{'micro':>7}{'GPUs':>6}"
+            f"  tuned (weight decay at B={args.global_batch}, K={args.replicas or 1}; inner lr)")
+    lines = [f"model map: global batch {args.global_batch} x {args.seq_len} tokens, 20 tokens per parameter",
+             head, "-" * len(head)]
     for r in rows:
         tuned = [f"wd[{k}] {v:.3g}" for k, v in r.weight_decay.items()] + [f"lr[{k}] {v:.3g}" for k, v in r.tuned_lr.items()]
-        lines.append(f"{r.flavor:<42}{_count(r.parameters):>9}{_count(r.non_embedding_parameters):>9}"
-                     f"{_count(r.token_budget):>9}{r.steps:>9,}{r.max_micro_batch:>7}{r.gpus:>6}  "
+        micro = f"{'' if r.in_map else '~'}{r.max_micro_batch}"
+        lines.append(f"{r.flavor:<42}{_count(r.parameters):>9}{_count(r.non_embedding_parameters):>9}{r.vocab:>8,}"
+                     f"{_count(r.token_budget):>9}{r.steps:>9,}{micro:>7}{r.gpus:>6}  "
                      f"{', '.join(tuned) or '-'}")
     used = sorted({k for r in rows for k in (*r.weight_decay, *r.tuned_lr)})
     if used:
         lines += ["", "sources:"] + [f"  {k}: {SOURCES[k]}" for k in used]
-    lines += ["", f"weight decay: tuned at global batch {WD_REFERENCE_BATCH}, times steps({WD_REFERENCE_BATCH}) / "
+    sources = sorted({r.vocab_source for r in rows})
+    lines += ["", f"vocab: embedding rows, padded to a multiple of {VOCAB_MULTIPLE} ("
+              + "; ".join(_VOCAB_SOURCES.get(v, f"from {v}") for v in sources) + ")",
+              f"weight decay: tuned at global batch {WD_REFERENCE_BATCH}, times steps({WD_REFERENCE_BATCH}) / "
               "steps(B), divided by K for DiLoCo/MuLoCo (MuLoCo's launchers); micro: largest micro-batch per "
-              "GPU at seq 2048 (MuLoCo's LBS_MAP; tiny flavors: CPU); GPUs: global batch / micro, rounded up"]
+              "GPU at seq 2048 (MuLoCo's LBS_MAP; tiny flavors: CPU; ~: a shape outside the map, the next larger "
+              "row's); GPUs: global batch / micro, rounded up"]
     return "\n".join(lines)
+
+
+_VOCAB_SOURCES = {"embedded": "embedded: the embedded standard-library BPE, what the CPU flavors train with",
+                  "llama3": "llama3: Llama 3's tokenizer, what the GPU configs are meant for"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -320,11 +460,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.link_mbps is not None:
             print(_plan(args, flavors))
             return 0
+        rows = []
+        for f in flavors:
+            vocab, source = resolve_vocab(args.vocab, f)
+            rows.append(sizing(f, global_batch=args.global_batch, vocab_size=vocab, seq_len=args.seq_len,
+                               replicas=args.replicas or 1, vocab_source=source))
     except (ValueError, UnknownFlavorError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    rows = [sizing(f, global_batch=args.global_batch, vocab_size=args.vocab, seq_len=args.seq_len,
-                   replicas=args.replicas) for f in flavors]
     if args.json:
         for r in rows:
             print(json.dumps(dataclasses.asdict(r)))

@@ -320,7 +320,8 @@ def test_the_planners_fragments_are_the_outer_loops(flavor, n):
     (["--link-mbps", "100", "--bits", "3"], "--bits 3: use one of"),
     (["--link-mbps", "100", "--replicas", "1"], "a link joins at least 2 replica groups"),
     (["--link-mbps", "100", "--step-seconds", "0"], "--step-seconds 0.0: must be positive"),
-    (["--link-mbps", "100", "--mfu", "0.4"], "give the step time with --step-seconds, or --mfu and --gpu"),
+    (["--link-mbps", "100", "--step-seconds", "1", "--mfu", "0.4"], "give one or the other"),
+    (["--link-mbps", "100", "--mfu", "7"], "--mfu 7.0: a fraction between 0 and 1"),
     (["--link-mbps", "100", "--mfu", "0.4", "--gpu", "tpu"], "--gpu 'tpu': one of h100"),
     (["--link-mbps", "100", "--step-seconds", "1", "--overlap", "30"], "--overlap 30: must be >= 0 and below"),
     (["--link-mbps", "100", "--step-seconds", "1", "--bits", "2", "--strategy", "allreduce"],
@@ -342,3 +343,27 @@ def test_the_planner_command_prints_the_projection():
                  "to keep the share <= 5%: H >= ", "2-bit quantized, reduce_scatter", "989 TFLOPS peak (h100)",
                  "SparseLoCo, allgather                   0.223"):
         assert text in out.stdout
+
+
+def test_the_planner_defaults_are_said_in_its_output():
+    """Without --step-seconds, --gpu or --mfu the step time is an H100 at 40% MFU, and the output says
+    so; without --replicas the link joins K=2 groups, said too."""
+    out = subprocess.run([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8", "--link-mbps",
+                          "1000"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "assumed --gpu h100 and --mfu 0.4" in out.stdout and "K=2 replica groups" in out.stdout
+    assert "K=2 is the default: set --replicas K" in out.stdout
+    expected = link_plan.plan(_inputs(replicas=2, step_seconds=None))
+    assert f"step: {expected.step_seconds:.3f} s" in out.stdout
+
+
+def test_the_plan_as_json(capsys):
+    assert model_map_main(["--flavor", "llama3-w1024-d12-h8", "--replicas", "8", "--link-mbps", "1000", "--bits", "2",
+                           "--step-seconds", "0.5", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    want = link_plan.plan(_inputs(bits=2))
+    assert got["inputs"]["replicas"] == 8 and got["inputs"]["gpu"] is None and got["step_seconds"] == 0.5
+    assert got["chosen"]["exchange"] == want.round.sync.label
+    assert got["chosen"]["sent_bytes_per_round"] == want.round.sync.sent
+    assert got["chosen"]["h_for_share"] == want.h_for_share and got["tokens_per_second"] == want.tokens_per_second
+    assert [a["exchange"] for a in got["alternatives"]] == [sync.label for sync, _, _ in want.candidates]

@@ -81,7 +81,12 @@ def test_the_table_as_users_print_it():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--flavor", "llama3-w1000"], "model.flavor 'llama3-w1000' is not in the model map"),
+    (["--flavor", "llama3-w1000"], "model.flavor 'llama3-w1000' is not a flavor name"),
+    (["--flavor", "llama3-w1000-d12-h8"], "the head dimension 1000/8 = 125 is odd"),
+    (["--flavor", "llama3-w100-d2-h3"], "width 100 is not a multiple of the 3 heads"),
+    (["--flavor", "llama3-w0-d2-h3"], "width must be at least 1"),
+    (["--bits", "3", "--gpu", "tpu9", "--mfu", "7"], "--bits, --mfu, --gpu are link planner options: add --link-mbps"),
+    (["--sync-every", "10"], "--sync-every is a link planner option"),
     (["--global-batch", "0"], "--global-batch must be at least 1; got 0"),
     (["--replicas", "-2"], "--replicas must be at least 1; got -2"),
 ])
@@ -96,3 +101,48 @@ def test_the_map_is_read_without_torch():
     code = "import sys, muloco.model_map; assert 'torch' not in sys.modules, sorted(sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_default_vocabulary_is_the_one_each_shape_trains_with(capsys):
+    """``--vocab auto``: the CPU flavors count the embedded tokenizer's rows (the default job's model
+    is the 1.3M the README quotes), the GPU shapes Llama 3's; both padded as the model pads."""
+    from muloco.data.tokenizer import MulocoTokenizer
+    from muloco.models import ModelConfig, build_model_config
+
+    assert main(["--json"]) == 0
+    rows = {r["flavor"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    embedded = MulocoTokenizer().get_vocab_size()
+    default_job = build_model_config(ModelConfig(flavor="llama3-w128-d4-h2"), embedded)
+    assert rows["llama3-w128-d4-h2"]["vocab"] == default_job.vocab_size
+    assert rows["llama3-w128-d4-h2"]["parameters"] == count_parameters("llama3-w128-d4-h2", default_job.vocab_size)
+    assert 1.3e6 <= rows["llama3-w128-d4-h2"]["parameters"] < 1.4e6
+    assert rows["llama3-w1024-d12-h8"]["vocab"] == 128256 and rows["llama3-w1024-d12-h8"]["vocab_source"] == "llama3"
+    assert main(["--flavor", "llama3-w128-d4-h2", "--vocab", "1000", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["vocab"] == 1024  # padded to a multiple of 64
+
+
+def test_any_shape_is_sized_and_builds():
+    """A shape outside the map is sized (no tuned values, the next larger row's micro-batch) and
+    builds into exactly the model its count says."""
+    import torch
+
+    from muloco.models import ModelConfig, build_model_config
+    from muloco.model_map import in_map, parse_flavor
+
+    flavor = "llama3-w96-d3-h2_qk_torch-rmsnorm"
+    assert not in_map(flavor) and in_map("llama3-w128-d4-h2_pa")
+    row = sizing(flavor, global_batch=8, vocab_size=256, seq_len=64)
+    assert row.weight_decay == {} and row.tuned_lr == {} and not row.in_map
+    assert row.max_micro_batch == SHAPES["llama3-w128-d4-h2"].max_local_batch  # the next larger row
+    with torch.device("meta"):
+        model = build_model_config(ModelConfig(flavor=flavor, vocab_multiple_of=1), vocab_size=256).build()
+    assert row.parameters == sum(p.numel() for p in model.parameters())
+    assert parse_flavor("llama3-w8192-d80-h64").shape.max_local_batch == 1  # beyond the largest row
+
+
+def test_a_shape_outside_the_map_is_marked_in_the_table():
+    proc = subprocess.run([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w960-d12-h8"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("llama3-w960-d12-h8"))
+    assert "128,256" in row and "~16" in row and "a shape outside the map" in proc.stdout

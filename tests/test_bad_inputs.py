@@ -79,7 +79,7 @@ class Case:
     says: str
     """Text the one error line must contain (``{dir}`` as above)."""
     code: int = 2
-    files: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str | bytes] = field(default_factory=dict)
     dump: str = "{dir}/out"
     corrupt: Callable[[Path], None] | None = None
     """Checkpoint cases: applied to step-7 of a copy of the written run in ``{dir}/out``."""
@@ -121,6 +121,10 @@ BAD_INPUTS = [
                                 "--dataloader.source.dataset_path", "{dir}/bad.jsonl"],
          "{dir}/bad.jsonl:2: not a JSON object",
          files={"bad.jsonl": _jsonl(_docs(1)[0], "{not json", *_docs(20))}),
+    Case("jsonl-latin-1", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
+                           "--dataloader.source.dataset_path", "{dir}/latin.jsonl"],
+         "{dir}/latin.jsonl:1: not UTF-8 text (byte 0xe9 at byte 14 of the line); JSONL files must be UTF-8",
+         files={"latin.jsonl": _jsonl(*_docs(20)).replace("document 0 ", "caf\xe9 0 ").encode("latin-1")}),
     Case("jsonl-folder-without-files", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
                                         "--dataloader.source.dataset_path", "{dir}/data"],
          "is a directory without *.jsonl files", files={"data/notes.txt": "not jsonl"}),
@@ -213,7 +217,7 @@ class Runs:
         folder.mkdir()
         for name, text in case.files.items():
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
-            (folder / name).write_text(text)
+            (folder / name).write_bytes(text if isinstance(text, bytes) else text.encode())
         if case.corrupt is not None:
             shutil.copytree(self.written_run(), folder / "out")
             case.corrupt(folder / "out" / "checkpoint" / "step-7")
@@ -395,3 +399,10 @@ def test_files_written_atomically_are_readable_as_the_umask_says(tmp_path):
         finally:
             os.umask(old)
         assert (tmp_path / f"run-{mask:o}.json").stat().st_mode & 0o777 == mode
+
+
+def test_a_utf16_jsonl_line_is_named_as_such():
+    from muloco.data.corpus import DataError, parse_jsonl_line
+
+    with pytest.raises(DataError, match=r"f.jsonl:3: UTF-16 text .* convert the file, e.g. `iconv -f utf-16"):
+        parse_jsonl_line('{"text": "x"}'.encode("utf-16"), Path("f.jsonl"), 3, "text")

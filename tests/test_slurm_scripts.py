@@ -213,3 +213,40 @@ def test_the_lighthouse_job_takes_its_own_partition_qos_and_time_checked_against
     assert code == 2 and "MaxTime" in err, err
     code, _, err = _dry_run(capsys, *base, "--lighthouse-time", "soon")
     assert code == 2 and "lighthouse_time 'soon' is not a SLURM time" in err
+
+
+def test_a_dry_run_that_cannot_see_the_cluster_needs_the_node_shape(capsys, monkeypatch, tmp_path):
+    """Without sinfo's answer and without --gpus-per-node the dry run refuses (one message naming
+    the fix) instead of writing a CPU-only job for a GPU cluster; told only the GPUs, it writes
+    them and leaves the CPUs to SLURM (no --cpus-per-task=1 guess)."""
+    _fake_sinfo(monkeypatch, tmp_path, "echo 'sinfo: fatal: Could not establish a configuration source' >&2; exit 1")
+    monkeypatch.setenv("MULOCO_CLUSTER_FILE", str(tmp_path / "none.toml"))
+    code, out, err = _dry_run(capsys, "groups", "--config", "diloco/muloco", "--replicas", "8", "--dry-run")
+    assert code == 2 and out == ""
+    assert "Could not establish a configuration source" in err and "--gpus-per-node N" in err
+    assert len(err.strip().splitlines()) == 1
+    code, out, err = _dry_run(capsys, "ddp", "--config", "ddp/adamw", "--nodes", "2", "--gpus-per-node", "8",
+                              "--dry-run")
+    assert code == 0, err
+    assert "nodes of 8 GPUs and SLURM's default CPUs, as given" in err
+    lines = _sbatch_lines(out)
+    assert "#SBATCH --gpus-per-node=8" in lines and not [line for line in lines if "--cpus-per-task" in line]
+    assert "--nproc-per-node 8" in out
+
+
+def test_a_controller_that_is_down_fails_at_once(capsys, monkeypatch, tmp_path):
+    """slurm.conf names a controller that refuses connections: one message naming it, without
+    waiting for an sinfo that would retry for minutes (this one never answers)."""
+    import socket
+
+    with socket.socket() as spare:  # a port nothing listens on once closed
+        spare.bind(("127.0.0.1", 0))
+        port = spare.getsockname()[1]
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=x\nSlurmctldHost=head(127.0.0.1)  # the controller\nSlurmctldPort={port}\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    _fake_sinfo(monkeypatch, tmp_path, "exec sleep 600")
+    code, out, err = _dry_run(capsys, "ddp", "--config", "ddp/adamw", "--dry-run")
+    assert code == 2 and out == ""
+    assert f"slurmctld does not answer at 127.0.0.1:{port}" in err and str(conf) in err
+    assert "sinfo did not answer" not in err

@@ -377,12 +377,27 @@ class _JsonlReader(ShardReader):
             self._handle.close()
 
 
+def decode_jsonl_line(raw: bytes, where: str) -> str:
+    """One line of a JSONL file as text: JSONL is UTF-8, and a file in another encoding (Latin-1,
+    UTF-16) gets one message naming the encoding problem and the fix, not a JSON parse error."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        utf16 = raw.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in raw
+        kind = "UTF-16 text (NUL bytes or a byte-order mark)" if utf16 else \
+            f"not UTF-8 text (byte 0x{raw[err.start]:02x} at byte {err.start + 1} of the line)"
+        source = "utf-16" if utf16 else "latin1"
+        raise DataError(f"{where}: {kind}; JSONL files must be UTF-8: convert the file, e.g. "
+                        f"`iconv -f {source} -t utf-8 FILE > FILE.utf8`") from None
+
+
 def parse_jsonl_line(raw: bytes, path: Path, line_number: int, text_field: str) -> str:
     """The text of one JSONL line, or a DataError that points at the line."""
     where = f"{path}:{line_number}"
+    line = decode_jsonl_line(raw, where)
     try:
-        record = json.loads(raw)
-    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+        record = json.loads(line)
+    except ValueError as err:  # JSONDecodeError
         raise DataError(
             f"{where}: not a JSON object ({err}); every non-blank line must be one "
             f"object with a string field {text_field!r}: fix or remove the line"

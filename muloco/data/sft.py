@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torchtitan.components.loss import IGNORE_INDEX
 
-from muloco.data.corpus import DataError
+from muloco.data.corpus import DataError, decode_jsonl_line
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,9 @@ def _render(messages: list, where: str) -> SftExample:
 def parse_sft_line(raw: bytes, path: Path, line_number: int, fields: SftFields) -> SftExample:
     """One JSON line as an example, or a DataError that points at the line."""
     where = f"{path}:{line_number}"
+    line = decode_jsonl_line(raw, where)
     try:
-        record = json.loads(raw)
+        record = json.loads(line)
     except ValueError as err:
         raise DataError(f"{where}: not a JSON object ({err}); fix or remove the line") from None
     if isinstance(record, dict) and fields.messages in record:

@@ -31,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
+import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,8 +276,52 @@ SINFO_TIMEOUT_S = 60.0
 """How long sinfo may take to answer (a controller that is down makes it retry for minutes)."""
 
 
+CONTROLLER_PROBE_S = 3.0
+"""How long a connection to slurmctld may take before the cluster counts as down."""
+
+
+def controllers(env: dict[str, str] | None = None) -> tuple[Path, list[tuple[str, int]]] | None:
+    """(slurm.conf, the controllers it names as (address, port)), or None without a readable
+    slurm.conf (a configless cluster: sinfo finds the controller through DNS itself)."""
+    conf = Path((os.environ if env is None else env).get("SLURM_CONF") or "/etc/slurm/slurm.conf")
+    try:
+        text = conf.read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    hosts, port = [], 6817
+    for line in text.splitlines():
+        key, _, value = line.split("#", 1)[0].strip().partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if key in ("slurmctldhost", "controlmachine") and value:  # name(address): the address if given
+            hosts.append(value[value.index("(") + 1:value.rindex(")")] if "(" in value and ")" in value else value)
+        elif key == "slurmctldport" and value.split("-")[0].isdigit():
+            port = int(value.split("-")[0])
+    return (conf, [(host, port) for host in hosts]) if hosts else None
+
+
+def probe_controllers(env: dict[str, str] | None = None, timeout: float = CONTROLLER_PROBE_S) -> None:
+    """Fail at once when no controller slurm.conf names accepts a connection: sinfo would retry
+    for minutes before saying so."""
+    found = controllers(env)
+    if found is None:
+        return
+    conf, addresses = found
+    reasons = []
+    for host, port in addresses:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            return
+        except OSError as e:
+            reasons.append(f"{host}:{port} ({e.strerror or type(e).__name__})")
+    raise ClusterUnreachable(f"slurmctld does not answer at {', '.join(reasons)}, the controller {conf} names: "
+                             f"is it up, and is this the cluster's slurm.conf (SLURM_CONF)?")
+
+
 def query_sinfo(env: dict[str, str] | None = None, timeout: float = SINFO_TIMEOUT_S) -> list[NodeInfo]:
-    """Every (partition, node) of the cluster; a missing, failing or silent sinfo is a ClusterError."""
+    """Every (partition, node) of the cluster; a missing, failing or silent sinfo is a ClusterError,
+    and a controller that refuses connections one at once."""
+    if shutil.which("sinfo", path=(os.environ if env is None else env).get("PATH")) is not None:
+        probe_controllers(env)
     try:
         out = subprocess.run(["sinfo", "-h", "-N", "-o", "%P|%N|%c|%G|%m|%t|%l"], capture_output=True, text=True,
                              timeout=timeout, env=env, check=True).stdout

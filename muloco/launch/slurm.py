@@ -106,7 +106,8 @@ class Resources:
 
     nodes: int
     gpus_per_node: int
-    cpus_per_node: int
+    cpus_per_node: int | None
+    """None: unknown (a dry run without the cluster): no ``--cpus-per-task`` line, SLURM's default."""
     ntasks_per_node: int = 1
 
 
@@ -150,8 +151,9 @@ def sbatch_header(spec: JobSpec, res: Resources, *, name: str, output: str, arra
                   requeue: bool | None = None) -> list[str]:
     c = spec.cluster
     lines = [f"#SBATCH --job-name={sbatch_value('job-name', name)}", f"#SBATCH --nodes={res.nodes}",
-             f"#SBATCH --ntasks-per-node={res.ntasks_per_node}",
-             f"#SBATCH --cpus-per-task={max(1, res.cpus_per_node // res.ntasks_per_node)}"]
+             f"#SBATCH --ntasks-per-node={res.ntasks_per_node}"]
+    if res.cpus_per_node is not None:
+        lines.append(f"#SBATCH --cpus-per-task={max(1, res.cpus_per_node // res.ntasks_per_node)}")
     if res.gpus_per_node and not _gres_has_gpus(c.gres):  # a gpu gres asks for them already
         lines.append(f"#SBATCH --gpus-per-node={res.gpus_per_node}")
     for key, value in (("partition", c.partition), ("account", c.account), ("qos", c.qos),
@@ -302,10 +304,11 @@ class Kind:
         return g
 
     @property
-    def cpus_per_node(self) -> int:
+    def cpus_per_node(self) -> int | None:
+        """None: not given and no partition seen (a dry run told only the GPUs): SLURM's default."""
         c = self.spec.cluster.cpus_per_node
-        if c is None:
-            c = self.partition.cpus_per_node if self.partition else 1
+        if c is None and self.partition:
+            c = self.partition.cpus_per_node
         return c
 
     def resources(self) -> Resources:
@@ -493,7 +496,8 @@ class ArrayJob(_DilocoKind):
         """A group's GPUs per node, and its share of a node's CPUs (so tasks pack onto nodes)."""
         g = self.cfg.gpus_per_replica if self.cfg.gpus_per_replica is not None else self.gpus_per_node
         share, node = self._task_share()
-        return Resources(self.cfg.nodes_per_replica, g, max(1, self.cpus_per_node * share // node))
+        cpus = self.cpus_per_node
+        return Resources(self.cfg.nodes_per_replica, g, None if cpus is None else max(1, cpus * share // node))
 
     def check(self) -> None:
         g = self.cfg.gpus_per_replica
@@ -669,15 +673,24 @@ def build(kind_name: str, kind_cfg, spec: JobSpec) -> Kind:
     return kind(kind_cfg, spec, trainer_config(kind, spec, replicas), None)
 
 
-def cluster_nodes(dry_run: bool) -> list[NodeInfo] | None:
+def cluster_nodes(dry_run: bool, settings: ClusterSettings) -> list[NodeInfo] | None:
     """The cluster's nodes (one sinfo query), asked before any trainer config is parsed so an
-    unreachable cluster is known at once; None for a dry run on a machine without SLURM (said)."""
+    unreachable cluster is known at once. A dry run on a machine that cannot see the cluster
+    goes on (None, said) only when the settings give the node shape: guessing it would write a
+    CPU-only job for a GPU cluster."""
     try:
         return query_sinfo(timeout=DRY_RUN_SINFO_TIMEOUT_S if dry_run else SINFO_TIMEOUT_S)
     except ClusterUnreachable as e:
         if not dry_run:
             raise
-        print(f"{PROG}: warning: {e}; the dry run is not checked against a cluster", file=sys.stderr)
+        if settings.gpus_per_node is None:
+            raise ClusterError(
+                f"{e}. Without the cluster a dry run cannot know its nodes: give the node shape with "
+                f"--gpus-per-node N (0 for CPU nodes) and --cpus-per-node C, or set gpus_per_node and "
+                f"cpus_per_node in {default_cluster_file()}") from None
+        cpus = "SLURM's default CPUs" if settings.cpus_per_node is None else f"{settings.cpus_per_node} CPUs"
+        print(f"{PROG}: warning: {e}; the dry run is not checked against a cluster (nodes of "
+              f"{settings.gpus_per_node} GPUs and {cpus}, as given)", file=sys.stderr)
         return None
 
 
@@ -793,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         spec = options.spec(overrides)
-        nodes = cluster_nodes(options.dry_run)
+        nodes = cluster_nodes(options.dry_run, spec.cluster)
         job = build(kind, options.layout, spec)
         place([job], nodes)
         scripts = job.scripts()

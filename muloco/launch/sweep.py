@@ -507,7 +507,7 @@ def _run(sweep: Sweep, args, extra: list[str]) -> int:
     planned = plan(sweep, args.out, spec_for, extra)  # plan: every run's config parsed and named
     if args.local:
         return _run_local(sweep, args, runner, planned)
-    place([p.job for p in planned], cluster_nodes(args.dry_run))  # place: partitions, checked
+    place([p.job for p in planned], cluster_nodes(args.dry_run, cluster))  # place: partitions, checked
     if args.dry_run:
         return _dry_run(planned, sweep, args)
     with _sweep_folder(args.out):

@@ -250,3 +250,17 @@ def test_a_controller_that_is_down_fails_at_once(capsys, monkeypatch, tmp_path):
     assert code == 2 and out == ""
     assert f"slurmctld does not answer at 127.0.0.1:{port}" in err and str(conf) in err
     assert "sinfo did not answer" not in err
+
+
+@pytest.mark.parametrize("value", ["eth0 ib0", "eth0;reboot", "ib0,"])
+def test_a_socket_interface_that_is_not_a_list_of_names_is_refused(capsys, value):
+    code, out, err = _dry_run(capsys, "ddp", "--config", "ddp/adamw", "--gpus-per-node", "0", "--cpus-per-node", "1",
+                              "--socket-ifname", value, "--dry-run")
+    assert code == 2 and out == "" and f"socket_ifname {value!r} is not a list of network interfaces" in err
+
+
+def test_an_nccl_exclusion_is_not_handed_to_gloo(capsys):
+    code, out, err = _dry_run(capsys, "ddp", "--config", "ddp/adamw", "--gpus-per-node", "0", "--cpus-per-node", "1",
+                              "--socket-ifname", "^docker,lo", "--dry-run")
+    assert code == 0, err
+    assert "export NCCL_SOCKET_IFNAME='^docker,lo'" in out and "GLOO_SOCKET_IFNAME" not in out

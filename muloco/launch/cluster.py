@@ -43,6 +43,8 @@ CLUSTER_FILE_VAR = "MULOCO_CLUSTER_FILE"
 ENV_PREFIX = "MULOCO_SLURM_"
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 _SECRET = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD)", re.IGNORECASE)
+_IFNAME = re.compile(r"^[\^=]?[A-Za-z0-9_.:@-]+(,[A-Za-z0-9_.:@-]+)*$")
+"""NCCL_SOCKET_IFNAME's syntax: interface names or prefixes, comma-separated, ^ to exclude, = for exact."""
 
 
 class ClusterError(ValueError):
@@ -100,6 +102,10 @@ class ClusterSettings:
             value = getattr(self, key)
             if value is not None and value < (0 if key == "gpus_per_node" else 1):
                 raise ClusterError(f"{key} must be {'>= 0' if key == 'gpus_per_node' else '>= 1'}, got {value}")
+        if self.socket_ifname is not None and not _IFNAME.match(self.socket_ifname):
+            raise ClusterError(f"socket_ifname {self.socket_ifname!r} is not a list of network interfaces: names (or "
+                               "prefixes) separated by commas, no spaces, optionally led by ^ (all but these, NCCL "
+                               "only) or = (exact names), e.g. ib0, eth0,eth1 or ^docker,lo")
         secrets = sorted(k for k in self.env if _SECRET.search(k))
         if secrets:
             raise ClusterError(f"cluster env sets {', '.join(secrets)}: secrets are never written into job "

@@ -181,8 +181,10 @@ def sbatch_header(spec: JobSpec, res: Resources, *, name: str, output: str, arra
 def preamble(spec: JobSpec) -> list[str]:
     """Working directory, interpreter, the one environment block, the user's setup lines."""
     ifname = spec.cluster.socket_ifname
-    env = {**ENV_BLOCK, **({"GLOO_SOCKET_IFNAME": ifname, "NCCL_SOCKET_IFNAME": ifname} if ifname else {}),
-           **spec.cluster.env}
+    sockets = {"NCCL_SOCKET_IFNAME": ifname} if ifname else {}
+    if ifname and ifname[0] not in "^=":  # gloo takes plain names only (no ^ exclusion, no = prefix)
+        sockets["GLOO_SOCKET_IFNAME"] = ifname
+    env = {**ENV_BLOCK, **sockets, **spec.cluster.env}
     lines = ["set -uo pipefail",
              'cd "${MULOCO_WORKDIR:-$SLURM_SUBMIT_DIR}" || exit 2  # where sbatch was called: relative paths start here',
              'PYTHON="${MULOCO_PYTHON:-.venv/bin/python}"',

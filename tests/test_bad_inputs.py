@@ -135,6 +135,9 @@ BAD_INPUTS = [
     Case("jsonl-no-validation-documents", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
                                            "--dataloader.source.dataset_path", "{dir}/few.jsonl"],
          "has no document in its validation split", files={"few.jsonl": _jsonl(*_docs(5))}),
+    Case("validation-source-not-followed", ["--config", "ddp/adamw", "--validator.dataloader.source", "jsonl",
+                                            "--validator.dataloader.source.dataset_path", "{dir}/empty.jsonl"],
+         "validator.dataloader is set but not read", files={"empty.jsonl": ""}),
     # 5. dump folder
     Case("dump-folder-unwritable", ["--config", "ddp/adamw"], "cannot be created or written", dump=UNWRITABLE),
     Case("dump-folder-is-a-file", ["--config", "ddp/adamw"], "is a file", files={"a-file": "x"},

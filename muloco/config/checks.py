@@ -203,8 +203,19 @@ def _check_data_source_keys(config) -> None:
                               f"(or --{prefix}.source huggingface --{prefix}.source.dataset NAME).")
 
 
+def _check_validation_source(config) -> None:
+    """``validator.dataloader`` is read only with ``follow_training_data`` off: a value set there
+    while validation follows the training data would be dropped without a word."""
+    v = config.validator
+    if getattr(v, "follow_training_data", False) and v.dataloader != type(v.dataloader)(split="validation"):
+        raise ConfigError("validator.dataloader is set but not read: validation follows the training data's "
+                          "held-out split (validator.follow_training_data). Add --validator.follow_training_data "
+                          "False to validate on validator.dataloader, or drop its settings.")
+
+
 def _check_paths(config) -> None:
     _check_data_source_keys(config)
+    _check_validation_source(config)
     source = config.dataloader.source
     key = f"dataloader.source.dataset_path (dataloader.source is {source.name!r})"
     if isinstance(source, JsonlFiles):

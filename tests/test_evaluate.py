@@ -138,6 +138,11 @@ def test_an_unknown_task_a_bad_option_and_a_missing_harness_are_one_error(ar_run
     assert "--mc-samples 0" in capsys.readouterr().err
     assert main([str(ar_run), "--tasks", TASK, "--limit", "nan"]) == 2
     assert "--limit nan: must be a number of items" in capsys.readouterr().err
+    out = ar_run / "elsewhere" / "eval"
+    assert main([str(ar_run), "--tasks", "muloco_tiny_gen", "--include-path", str(TASKS), "--block-length", "5",
+                 "--out", str(out)]) == 2  # refused on the task's config, before the model loads
+    assert "--block-length 5 does not divide task muloco_tiny_gen's max_gen_toks 12" in capsys.readouterr().err
+    assert not (ar_run / "elsewhere").exists()
     monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)  # as if the optional extra were not installed
     assert main([str(ar_run), "--tasks", TASK]) == 2
     assert "pip install 'muloco[eval]'" in capsys.readouterr().err

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 
 from muloco.atomic_file import write_atomically  # noqa: E402
 from muloco.checkpoint import CheckpointLoadError  # noqa: E402
+from muloco.created_dirs import make_dirs, remove_dirs  # noqa: E402
 from muloco.run_loading import RunLoadError  # noqa: E402
 
 PROG = "python -m muloco.evaluate"
@@ -99,13 +100,31 @@ def _task_manager(include_path: str | None, tasks: list[str]):
     return manager
 
 
+def _check_block_length(manager, tasks: list[str], block_length: int | None) -> None:
+    """``--block-length`` must divide every generation task's ``max_gen_toks``: checked on the
+    tasks' configs before any model loads (the tasks load again, from the cache, in the run)."""
+    if block_length is None:
+        return
+    from muloco.evaluate.harness import DEFAULT_GEN_TOKENS
+
+    for name, task in manager.load(tasks)["tasks"].items():
+        if task.get_config("output_type") != "generate_until":
+            continue
+        length = int((task.get_config("generation_kwargs") or {}).get("max_gen_toks", DEFAULT_GEN_TOKENS))
+        if length % block_length:
+            raise UsageError(f"--block-length {block_length} does not divide task {name}'s max_gen_toks {length}; "
+                             f"choose a divisor of it")
+
+
 def _writable(folder: Path) -> None:
-    """Fail before the evaluation, not after it, when its results could not be written."""
+    """Fail before the evaluation, not after it, when its results could not be written; the
+    folders the probe made are removed again (a failed evaluation leaves no empty ``eval/``)."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        created = make_dirs(str(folder))
         probe = folder / ".muloco-write-probe"
         probe.write_text("")
         probe.unlink()
+        remove_dirs(created)
     except OSError as e:
         raise UsageError(f"cannot write the results to {folder} ({e.strerror}); give --out DIR, or evaluate a copy of the folder "
                          "in a place you can write to") from None
@@ -142,7 +161,7 @@ def write_results(results: dict, source, args: argparse.Namespace, seconds: floa
     import lm_eval
 
     folder = results_folder(source, args)
-    folder.mkdir(exist_ok=True)
+    make_dirs(str(folder))
     written = []
     for task, metrics in results["results"].items():
         record = {"task": task, "metrics": _metrics(metrics),
@@ -182,6 +201,7 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
     from muloco.evaluate.source import load
 
     manager = _task_manager(args.include_path, tasks)
+    _check_block_length(manager, tasks, args.block_length)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     source = load(args.source, step=args.step, replica=args.replica, device=device)
     if args.max_length is not None:

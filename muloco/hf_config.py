@@ -75,12 +75,30 @@ def _normalized(theirs: dict) -> dict:
 
     theirs = llama_view(theirs) if is_llada(theirs) else dict(theirs)
     theirs.setdefault("num_key_value_heads", theirs.get("num_attention_heads"))
+    theirs["_head_dim_given"] = bool(theirs.get("head_dim"))
     if not theirs.get("head_dim") and theirs.get("hidden_size") and theirs.get("num_attention_heads"):
         theirs["head_dim"] = theirs["hidden_size"] // theirs["num_attention_heads"]
-    rope = theirs.get("rope_parameters") or theirs.get("rope_scaling") or {}
-    theirs["_rope_type"] = rope.get("rope_type") or rope.get("type") or "default"
-    theirs["_rope_theta"] = float(rope.get("rope_theta", theirs.get("rope_theta", 10000.0)))
+    ropes = [theirs[key] for key in ("rope_parameters", "rope_scaling") if isinstance(theirs.get(key), dict)]
+    types = [rope.get("rope_type") or rope.get("type") or "default" for rope in ropes]
+    # a scaling in either key counts (transformers reads rope_scaling next to a default rope_parameters)
+    theirs["_rope_type"] = next((t for t in types if t != "default"), "default")
+    theta = next((rope["rope_theta"] for rope in ropes if "rope_theta" in rope), theirs.get("rope_theta", 10000.0))
+    theirs["_rope_theta"] = float(theta)
     return theirs
+
+
+def _inconsistent_heads(theirs: dict) -> str | None:
+    """Head counts transformers' Llama cannot build (None: they fit): the width must split into the
+    heads unless head_dim is given, and the query heads into groups of the key/value heads."""
+    heads, kv_heads, hidden = (theirs.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size"))
+    if not all(isinstance(v, int) and v > 0 for v in (heads, kv_heads, hidden)):
+        return None  # a missing or non-integer shape is named by the caller
+    if heads % kv_heads:
+        return f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+    if hidden % heads and not theirs.get("_head_dim_given"):
+        return (f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} (and no head_dim is "
+                "given): transformers refuses it")
+    return None
 
 
 def _unexpressible(theirs: dict) -> str | None:
@@ -133,6 +151,9 @@ def architecture(theirs: dict):
     missing = [k for k in SHAPE_KEYS if not isinstance(t.get(k), int)]
     if missing:
         raise ValueError(f"config.json gives no integer {missing[0]}")
+    why = _inconsistent_heads(t)
+    if why:
+        raise ValueError(why)
     return Architecture(dim=t["hidden_size"], depth=t["num_hidden_layers"], heads=t["num_attention_heads"],
                         kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], ffn_dim=t["intermediate_size"],
                         vocab_size=t["vocab_size"], norm_eps=float(t.get("rms_norm_eps", 1e-6)),

@@ -43,6 +43,9 @@ def _hf_load(folder: Path, flavor: str, vocab: int) -> dict[str, torch.Tensor]:
     ("missing", "holds no config.json"),
     ("small-vocab", "the tokenizer's ids need 2048 embedding rows and the folder's model has 256"),
     ("rope-scaling", "RoPE has 'llama3' scaling"),
+    ("rope-scaling-beside-default-parameters", "RoPE has 'llama3' scaling"),
+    ("heads-do-not-split-the-width", "hidden_size 64 is not a multiple of num_attention_heads 3"),
+    ("kv-heads-do-not-group", "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
     ("llada-bias", "LLaDA option include_bias=True"),
 ])
 def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path, setup, expected):
@@ -54,8 +57,14 @@ def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path,
         folder.mkdir()
         config = {"model_type": "llama", "vocab_size": 256 if setup == "small-vocab" else 4096, "hidden_size": 64,
                   "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
-        if setup == "rope-scaling":
+        if setup.startswith("rope-scaling"):
             config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+        if setup == "rope-scaling-beside-default-parameters":
+            config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
+        if setup == "heads-do-not-split-the-width":
+            config["num_attention_heads"] = 3
+        if setup == "kv-heads-do-not-group":
+            config["num_key_value_heads"] = 3
         if setup == "llada-bias":
             config = {"model_type": "llada", "d_model": 64, "n_layers": 2, "n_heads": 4, "mlp_hidden_size": 96,
                       "vocab_size": 4096, "include_bias": True}

@@ -47,7 +47,8 @@ class ModelConfig:
     flavor: str = "llama3-w128-d4-h2"
     """Model-map flavor: llama3-w{dim}-d{depth}-h{heads}[_qk_torch-rmsnorm][_pa][_pf]; or hf:DIR, the
     shapes a Hugging Face Llama folder's config.json states (heads, KV heads, FFN size, RoPE base,
-    norm epsilon, tying, vocabulary), to start from its weights."""
+    norm epsilon, tying, vocabulary). Its shapes only: to start from its weights add
+    --checkpoint.initial_load_path DIR --checkpoint.initial_load_in_hf."""
     vocab_multiple_of: int = 64
     """The embedding/head rows are padded to a multiple of this (GPU-friendly shapes)."""
 

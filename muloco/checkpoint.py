@@ -146,12 +146,14 @@ def loadable_step(folder: str, step: int, initial_load_path: str | None, *, warn
     return step
 
 
-def check_loadable(config) -> None:
+def check_loadable(config) -> int:
     """Preflight: what the checkpointer will load, checked before anything is built or
-    written (verified files are remembered, so the load does not hash them again)."""
+    written (verified files are remembered, so the load does not hash them again); the step
+    the run resumes from (-1: none)."""
     ckpt = config.checkpoint
     if ckpt.enable:
-        loadable_step(checkpoint_folder(config), ckpt.load_step, ckpt.initial_load_path, warn=False)
+        return loadable_step(checkpoint_folder(config), ckpt.load_step, ckpt.initial_load_path, warn=False)
+    return -1
 
 
 def _is_rank0() -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 from muloco import compat
 
@@ -55,7 +56,40 @@ def preflight(config) -> None:
     check_dump_folder(config.dump_folder)
     _check_tokenizer(config)
     _check_data(config)
-    check_loadable(config)
+    step = check_loadable(config)
+    if step >= 0:
+        _check_same_run(config, step)
+
+
+SAME_RUN_FACTS = (("model.flavor", ("model", "flavor")), ("objective", ("objective",)),
+                  ("optimizer.name", ("inner_optimizer", "name")), ("method", ("method",)))
+"""What a resumed folder's ``run.json`` and this command must agree on for its checkpoint to load."""
+
+
+def _check_same_run(config, step: int) -> None:
+    """A folder resumed from its checkpoint must hold a run of this config: another flavor or
+    method would fail deep in the load ("size mismatch", "missing key momentum_buffer")."""
+    import json
+
+    from muloco.run_facts import RUN_FILE, facts_of
+
+    folder = run_folder(config)
+    try:
+        theirs = json.loads((Path(folder) / RUN_FILE).read_text()).get("facts")
+    except (OSError, ValueError, AttributeError):
+        return  # no readable record: the checkpoint's own load says what does not fit
+    if not isinstance(theirs, dict):
+        return
+    ours = facts_of(config, environment=False)
+    for label, path in SAME_RUN_FACTS:
+        there, here = theirs, ours
+        for key in path:
+            there = there.get(key) if isinstance(there, dict) else None
+            here = here.get(key) if isinstance(here, dict) else None
+        if there is not None and str(there).lower() != str(here).lower():
+            raise ConfigError(f"{folder} holds a run of another config ({label} {there} there, {here} here), "
+                              f"and this command would resume its checkpoint step-{step}: resume it with the "
+                              f"settings in its {RUN_FILE}, or give a new --dump_folder")
 
 
 def _check_lighthouse(config) -> None:

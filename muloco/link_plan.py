@@ -215,22 +215,18 @@ def fragment_sizes(flavor: str, vocab: int, n: int) -> list[tuple[int, int]]:
 
 
 SPARSELOCO_CONFIG = "diloco/sparseloco"
-"""The shipped SparseLoCo config, planned as its own row (its exchange exactly as it ships)."""
+"""The shipped SparseLoCo config, planned as its own row (its exchange as it ships; a test checks
+the planner's copy against the loaded config, so the planner needs no trainer config)."""
 
 
 def sparseloco_exchanges() -> list:
-    """SparseLoCo's exchange from its shipped config (loaded once), over all-gather (a sparse
-    codec cannot go over reduce-scatter: its owners' re-encode would drop coordinates)."""
-    import dataclasses
-
-    from muloco import compat
-
-    compat.apply()  # the config modules import torchtitan's trainer (a triton stub on CPU-only torch)
-    from muloco.config import load_config
+    """SparseLoCo's exchange (``diloco/sparseloco``: its codec, nothing sent dense), over all-gather
+    (a sparse codec cannot go over reduce-scatter: its owners' re-encode would drop coordinates)."""
+    from muloco.compress import sparseloco_codec
+    from muloco.outer.exchange import Exchange
     from muloco.outer.exchange.strategies import AllGather
 
-    config = load_config(SPARSELOCO_CONFIG).outer.exchange
-    return [dataclasses.replace(config, strategy=AllGather.Config())]
+    return [Exchange.Config(codec=sparseloco_codec(), skip_pattern="", strategy=AllGather.Config())]
 
 
 def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None = None, config=None,

@@ -367,3 +367,25 @@ def test_the_plan_as_json(capsys):
     assert got["chosen"]["sent_bytes_per_round"] == want.round.sync.sent
     assert got["chosen"]["h_for_share"] == want.h_for_share and got["tokens_per_second"] == want.tokens_per_second
     assert [a["exchange"] for a in got["alternatives"]] == [sync.label for sync, _, _ in want.candidates]
+
+
+def test_the_planners_sparseloco_is_the_shipped_configs():
+    """The planner builds SparseLoCo's exchange without loading a trainer config; on every field
+    but the strategy (it plans all-gather) it is the one ``diloco/sparseloco`` ships."""
+    import dataclasses
+
+    from muloco.config import load_config
+
+    shipped = load_config(link_plan.SPARSELOCO_CONFIG).outer.exchange
+    [planned] = link_plan.sparseloco_exchanges()
+    for f in dataclasses.fields(planned):
+        if f.name not in ("strategy", "error_feedback"):  # error feedback changes what is sent, not its size
+            assert getattr(planned, f.name) == getattr(shipped, f.name), f.name
+
+
+def test_the_planner_loads_no_trainer():
+    code = ("import sys; from muloco.model_map import main; main(['--flavor', 'llama3-w1024-d12-h8', '--link-mbps', "
+            "'1000', '--json']); bad = [m for m in ('torchtitan.trainer', 'torchft', 'datasets') if m in sys.modules]; "
+            "assert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr

@@ -15,7 +15,7 @@ Lloyd–Max) instead of ±3σ; inner optimizer Muon (``--optimizer.name AdamW`` 
 ``docs/compression.md`` has the measurements behind the design.
 """
 
-from muloco.compress import TopK
+from muloco.compress import sparseloco_codec
 from muloco.config import load_config
 
 
@@ -23,7 +23,5 @@ def config():
     c = load_config("diloco/muloco_2bit")  # error feedback as the outer momentum, plain SGD at lr 1
     c.dump_folder = "./outputs/sparseloco"
     c.outer.exchange.skip_pattern = ""  # nothing goes dense, as in the reference
-    c.outer.exchange.codec = TopK.Config(fraction=64 / 4096, chunk_size=4096, value_bits=2,
-                                         value_scheme="statistical", value_block_chunks=8, index_bits=12,
-                                         mean_over_selectors=True)
+    c.outer.exchange.codec = sparseloco_codec()  # muloco/compress/topk.py: the values the docstring gives
     return c

@@ -17,7 +17,7 @@ from .dense import Dense
 from .error_feedback import ErrorFeedback
 from .packing import pack, packed_bytes, unpack
 from .quantize import Quantizer
-from .topk import TopK
+from .topk import TopK, sparseloco_codec
 
 CODECS: tuple[type[Codec], ...] = (Dense, Quantizer, TopK)
 
@@ -29,4 +29,4 @@ CodecConfig = (
 """One codec's config; the command line picks it by name (``--outer.exchange.codec quantize``)."""
 
 __all__ = ["CODECS", "Codec", "CodecConfig", "Dense", "ErrorFeedback", "Quantizer", "TopK", "pack",
-           "packed_bytes", "unpack"]
+           "packed_bytes", "sparseloco_codec", "unpack"]

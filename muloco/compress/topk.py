@@ -200,6 +200,15 @@ class TopK(Codec):
         return out.reshape(*lead, numel)
 
 
+def sparseloco_codec() -> TopK.Config:
+    """SparseLoCo's codec as ``diloco/sparseloco`` ships it (one definition for the config and the
+    link planner, which reads it without loading a trainer config): the 64 largest of every
+    4,096-element chunk (1.56%), 12-bit chunk-local indices, 2-bit statistical values with one
+    table per 8 chunks, each coordinate averaged over the replicas that selected it."""
+    return TopK.Config(fraction=64 / 4096, chunk_size=4096, value_bits=2, value_scheme="statistical",
+                       value_block_chunks=8, index_bits=12, mean_over_selectors=True)
+
+
 def _select(x: torch.Tensor, nc: int, chunk: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The k largest magnitudes of each chunk: (values float32 (nc, k), chunk-local indices
     int64 (nc, k)). A last partial chunk is zero-padded."""

@@ -26,6 +26,9 @@ PRECISIONS = ("auto", "bfloat16", "float32")
 class MulocoTrainingConfig(TrainingConfig):
     mixed_precision_param: Literal["auto", "bfloat16", "float32"] = "auto"
     """auto: bfloat16 on CUDA (fp32 master weights and reductions), float32 on CPU; or force one."""
+    batch_over_groups: int = 0
+    """Sequences per step summed over the K replica groups (the GPU presets: 512): with
+    global_batch_size -1 each group takes this / K, K from --fault_tolerance.group_size (0: off)."""
 
 
 def resolve_precision(requested: str, device_type: str) -> str:

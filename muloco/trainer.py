@@ -285,6 +285,8 @@ class MulocoTrainerMixin:
 class MulocoTrainer(MulocoTrainerMixin, Trainer):
     @dataclass(kw_only=True, slots=True)
     class Config(Trainer.Config):
+        hf_assets_path: str = ""
+        """Not read: the tokenizer comes from --tokenizer.path, HF weights from --checkpoint.initial_load_path."""
         model: ModelConfig = field(default_factory=ModelConfig)
         """Model flavor from the model map and attention direction."""
         tokenizer: MulocoTokenizer.Config = field(default_factory=MulocoTokenizer.Config)

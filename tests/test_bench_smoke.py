@@ -63,6 +63,8 @@ TABLES = {
     "muon.py": [r"NS batch \(b x m x n\) +GFLOP", r"optimizer +step\(\) ms +train step ms",
                 rf"(?m)^ +Muon +{NUM} +{NUM} +{NUM}%", r"flavor +params +NS eff",
                 rf"llama3-w64-d2-h2 +0\.36M +{NUM} +{NUM}x"],
+    "startup.py": [r"command +seconds +x torch +target +met", rf"(?m)^import torch +{NUM} +1\.00",
+                   rf"(?m)^muloco --help +{NUM} +{NUM} +1x +(yes|no)$", rf"(?m)^map \(sizing table\) +{NUM} +{NUM} +1x"],
     "sync_overhead.py": [rf"(?m)^ +1 +0 +{NUM} +{NUM} +{NUM} +{NUM}%", rf"llama3-w64-d2-h2 +362,816 +{NUM}",
                          rf"(?m)^  diloco/diloco +0\.4M +{NUM} +{NUM}", rf"sync share at H=2, K=2.*: {NUM}%",
                          rf"sync time by model size .*0\.4M: {NUM} ms"],

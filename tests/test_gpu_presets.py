@@ -18,7 +18,7 @@ from muloco.config.gpu_preset import GLOBAL_BATCH, PAPER_416M  # noqa: E402
 from muloco.model_map import steps_for_batch  # noqa: E402
 
 PRESETS = ["gpu/ddp_adamw", "gpu/ddp_muon", "gpu/diloco", "gpu/muloco", "gpu/muloco_2bit"]
-TINY_OVERRIDE = [*TINY, "--training.global_batch_size", "-1", "--compile.no-enable",
+TINY_OVERRIDE = [*TINY, "--training.global_batch_size", "-1", "--training.batch_over_groups", "0", "--compile.no-enable",
                  "--validator.freq", "1000", "--checkpoint.interval", "1000", "--metrics.log_freq", "1"]
 
 
@@ -35,6 +35,21 @@ def test_preset_resolves_to_the_416m_gpu_sizing(name):
         assert c.training.steps % c.outer.sync_every == 0
     assert c.training.mixed_precision_param == "auto" and c.compile.enable
     assert c.activation_checkpoint is None  # batch 16 of this shape fits an 80 GB GPU without it
+
+
+def test_the_presets_batch_is_split_over_the_launchers_k():
+    """512 sequences per step in all, whatever K the launcher gives (--fault_tolerance.group_size,
+    which --replicas sets); an explicit per-group batch wins; a K that does not split it is refused."""
+    from muloco.config.loader import ConfigError
+
+    for k, per_group in ((2, 256), (8, 64), (4, 128)):
+        _, c = parse_args(["--config", "gpu/muloco_2bit", "--fault_tolerance.group_size", str(k)])
+        assert c.training.global_batch_size == per_group and per_group * k == GLOBAL_BATCH
+    _, c = parse_args(["--config", "gpu/muloco", "--fault_tolerance.group_size", "8",
+                       "--training.global_batch_size", "128"])
+    assert c.training.global_batch_size == 128
+    with pytest.raises(ConfigError, match="batch_over_groups 512 does not split over 3 replica group"):
+        parse_args(["--config", "gpu/diloco", "--fault_tolerance.group_size", "3"])
 
 
 @pytest.mark.timeout(300)

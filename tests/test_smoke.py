@@ -214,6 +214,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "bench/live_bytes.py": f"{BENCH_TEST}[live_bytes.py]",
     "bench/machine.py": f"{BENCH_TEST}[machine.py]",
     "bench/muon.py": f"{BENCH_TEST}[muon.py]",
+    "bench/startup.py": f"{BENCH_TEST}[startup.py]",
     "bench/sync_overhead.py": f"{BENCH_TEST}[sync_overhead.py]",
     "bench/trainer_overhead.py": f"{BENCH_TEST}[trainer_overhead.py]",
 }

@@ -12,4 +12,4 @@ from muloco.config.gpu_preset import size_for_gpu
 def config():
     c = load_config("diloco/diloco")
     c.dump_folder = "./outputs/gpu-diloco"
-    return size_for_gpu(c, weight_decay_key="adamw", lr_key="diloco_k8", replicas=c.fault_tolerance.group_size)
+    return size_for_gpu(c, weight_decay_key="adamw", lr_key="diloco_k8")

@@ -10,4 +10,4 @@ from muloco.config.gpu_preset import size_for_gpu
 def config():
     c = load_config("diloco/muloco")
     c.dump_folder = "./outputs/gpu-muloco"
-    return size_for_gpu(c, weight_decay_key="muon", replicas=c.fault_tolerance.group_size)
+    return size_for_gpu(c, weight_decay_key="muon")

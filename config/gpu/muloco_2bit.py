@@ -11,5 +11,4 @@ from muloco.config.gpu_preset import size_for_gpu
 def config():
     c = load_config("diloco/muloco_2bit")
     c.dump_folder = "./outputs/gpu-muloco-2bit"
-    return size_for_gpu(c, weight_decay_key="muon", lr_key="muloco_k8_quantized",
-                        replicas=c.fault_tolerance.group_size)
+    return size_for_gpu(c, weight_decay_key="muon", lr_key="muloco_k8_quantized")

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import tyro
 from torchtitan.config.manager import ConfigManager, custom_registry
 
+from muloco.config.gpu_preset import split_batch_over_groups
 from muloco.config.loader import ConfigError, load_config
 from muloco.config.variants import apply_choices, describe_choices, misplaced_key_hint
 
@@ -128,6 +129,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m muloco.trai
         prog=prog,
         description=f"muloco trainer (config module: {name}). {describe_choices(loaded)}".strip(),
     )
+    try:
+        split_batch_over_groups(config)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     return name, config
 
 

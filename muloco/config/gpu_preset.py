@@ -32,14 +32,14 @@ GLOBAL_BATCH = 512
 AC_AT_OR_BELOW_BATCH = 8
 
 
-def size_for_gpu(c, *, flavor: str = PAPER_416M, weight_decay_key: str, lr_key: str | None = None,
-                 replicas: int = 1):
+def size_for_gpu(c, *, flavor: str = PAPER_416M, weight_decay_key: str, lr_key: str | None = None):
     """Set ``c`` (a trainer config) up for ``flavor`` on GPU nodes; returns it."""
     shape = parse_flavor(flavor).shape
     c.model.flavor = flavor
     c.training.seq_len = SEQ_LEN
     c.training.local_batch_size = shape.max_local_batch
-    c.training.global_batch_size = GLOBAL_BATCH // replicas
+    c.training.batch_over_groups = GLOBAL_BATCH  # split over the K the launcher gives (split_batch_over_groups)
+    c.training.global_batch_size = -1
     steps = steps_for_batch(flavor, GLOBAL_BATCH, SEQ_LEN)
     outer = getattr(c, "outer", None)
     interval = outer.sync_every // outer.num_fragments if outer is not None else 1
@@ -57,3 +57,19 @@ def size_for_gpu(c, *, flavor: str = PAPER_416M, weight_decay_key: str, lr_key: 
     c.validator.freq = c.checkpoint.interval
     c.validator.steps = 50
     return c
+
+
+def split_batch_over_groups(c) -> None:
+    """``training.batch_over_groups`` B (set, and no explicit ``global_batch_size``): each of the K
+    replica groups (``fault_tolerance.group_size``; 1 without an outer loop) takes B / K sequences
+    per step, so a launcher's ``--replicas 8`` keeps the presets' 512 in all instead of 8 x 256.
+    Applied right after the command line is parsed, where K is known."""
+    t = c.training
+    if not t.batch_over_groups or t.global_batch_size != -1:
+        return
+    k = c.fault_tolerance.group_size if getattr(c, "outer", None) is not None else 1
+    if k < 1 or t.batch_over_groups % k or (t.batch_over_groups // k) % t.local_batch_size:
+        raise ValueError(f"training.batch_over_groups {t.batch_over_groups} does not split over {k} replica "
+                         f"group(s) into multiples of training.local_batch_size {t.local_batch_size}: pick K or "
+                         "--training.local_batch_size so it does, or set --training.global_batch_size per group")
+    t.global_batch_size = t.batch_over_groups // k

@@ -1,0 +1,123 @@
+"""Start-up: how long each ``muloco`` command takes to answer, against ``import torch`` in the same run.
+
+    .venv/bin/python bench/startup.py [--repeats 3] [--only train,map,...] [--smoke]
+
+Each command runs as a user runs it (``python -m muloco COMMAND ...``, what the ``muloco``
+console script calls), one process at a time, ``--repeats`` times; printed per command: the
+median wall-clock seconds, its ratio to ``python -c "import torch"`` (measured in the same run,
+interleaved with the commands so a change in the machine's load hits both), the target, and
+whether it is met. Targets (issue 39): a command's ``--help``, ``compare --dry-run`` and a SLURM
+dry run (answered by a stand-in ``sinfo`` that reports one 8-GPU node) within 2x; the planner,
+the sizing table and ``report`` (commands that need no model) within 1x. The load average is
+printed: on a loaded machine every figure grows, the ratios less.
+
+``--smoke`` (what CI runs): one repeat of ``muloco --help``, the sizing table and ``report --help``.
+Nothing here asserts on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
+
+REPO = Path(__file__).resolve().parents[1]
+PLANNER = ["--flavor", "llama3-w1024-d12-h8", "--replicas", "8", "--link-mbps", "1000", "--bits", "2",
+           "--step-seconds", "1"]
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    args: list[str]
+    target: float
+    """Largest ratio to ``import torch`` the issue accepts."""
+
+
+COMMANDS = [
+    Command("muloco --help", ["--help"], 1.0),
+    Command("train --help", ["train", "--help"], 2.0),
+    Command("local --help", ["local", "--help"], 2.0),
+    Command("slurm ddp --help", ["slurm", "ddp", "--help"], 2.0),
+    Command("sweep --help", ["sweep", "--help"], 2.0),
+    Command("compare --help", ["compare", "--help"], 2.0),
+    Command("compare --dry-run", ["compare", "--dry-run"], 2.0),
+    Command("export --help", ["export", "--help"], 2.0),
+    Command("evaluate --help", ["evaluate", "--help"], 2.0),
+    Command("generate --help", ["generate", "--help"], 2.0),
+    Command("fetch --help", ["fetch", "--help"], 2.0),
+    Command("lighthouse --help", ["lighthouse", "--help"], 2.0),
+    Command("slurm dry run", ["slurm", "groups", "--config", "diloco/muloco", "--replicas", "2", "--dry-run"], 2.0),
+    Command("report --help", ["report", "--help"], 1.0),
+    Command("map (sizing table)", ["map"], 1.0),
+    Command("map (link planner)", ["map", *PLANNER], 1.0),
+]
+SMOKE = ("muloco --help", "map (sizing table)", "report --help")
+
+
+def fake_sinfo(folder: Path) -> dict[str, str]:
+    """An environment whose ``sinfo`` reports one idle 8-GPU node (no cluster is contacted)."""
+    sinfo = folder / "sinfo"
+    sinfo.write_text('#!/bin/sh\ncase " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|infinite";; '
+                     '*) echo "gpu*";; esac\n')
+    sinfo.chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "MULOCO_CLUSTER_FILE": str(folder / "none")}
+
+
+def seconds(argv: list[str], env: dict[str, str]) -> float:
+    began = time.perf_counter()
+    proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    took = time.perf_counter() - began
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return took
+
+
+def main() -> int:
+    exit_on_sigterm()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", default=None, help="comma-separated command names (the first word, e.g. train,map)")
+    p.add_argument("--smoke", action="store_true", help="one repeat of three light commands (CI)")
+    args = p.parse_args()
+    if args.repeats < 1:
+        p.error("--repeats must be at least 1")
+    chosen = COMMANDS
+    if args.smoke:
+        chosen, args.repeats = [c for c in COMMANDS if c.name in SMOKE], 1
+    elif args.only:
+        wanted = {w.strip() for w in args.only.split(",") if w.strip()}
+        chosen = [c for c in COMMANDS if c.name.split()[0] in wanted or c.name in wanted]
+        if not chosen:
+            p.error(f"--only {args.only!r} names no command; first words: "
+                    f"{', '.join(sorted({c.name.split()[0] for c in COMMANDS}))}")
+    print(f"start-up, {args.repeats} repeat(s) each, median; load average before: {loadavg()}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="muloco-startup-") as tmp:
+        env = fake_sinfo(Path(tmp))
+        torch_times, times = [], {c.name: [] for c in chosen}
+        for _ in range(args.repeats):
+            for command in chosen:  # import torch between commands: both see the same load
+                torch_times.append(seconds([sys.executable, "-c", "import torch"], env))
+                times[command.name].append(seconds([sys.executable, "-m", "muloco", *command.args], env))
+    base = statistics.median(torch_times)
+    print(f"\n{'command':<22}{'seconds':>9}{'x torch':>9}{'target':>8}  met")
+    print(f"{'import torch':<22}{base:>9.2f}{1:>9.2f}{'':>8}")
+    for command in chosen:
+        took = statistics.median(times[command.name])
+        ratio = took / base
+        print(f"{command.name:<22}{took:>9.2f}{ratio:>9.2f}{command.target:>7.0f}x  "
+              f"{'yes' if ratio <= command.target else 'no'}")
+    print(f"\nload average after: {loadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,6 +31,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -140,8 +141,12 @@ def _check_global(model: torch.nn.Module, summary: dict, step: int) -> str:
     return fingerprint
 
 
+LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]*")
+"""The Hub's license ids (apache-2.0, mit, cc-by-4.0, llama3, other, ...)."""
+
+
 def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerprint: str | None,
-          remote_code: bool = False) -> str:
+          remote_code: bool = False, license: str | None = None) -> str:
     """The model card: what was trained, how (the run's own command), and what it reached."""
     record = json.loads((run / RUN_FILE).read_text())
     ft = getattr(config, "fault_tolerance", None)
@@ -149,7 +154,7 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
     diloco = summary.get("diloco") or {}
     name = config.objective._owner.name
     what = "next-token prediction" if name == "ar" else "masked diffusion, bidirectional attention"
-    lines = [*_front_matter(config, name), f"# {config.model.flavor}, trained with muloco", "",
+    lines = [*_front_matter(config, name, license), f"# {config.model.flavor}, trained with muloco", "",
              f"- objective: {what} (`{name}`)",
              f"- weights: {'θ_g, the global model of the run' if is_global else 'the model'} at step {step}",
              f"- config module: `{_config_name(record['config'])}`; overrides: `{' '.join(_shown(record['args'])) or '(none)'}`"]
@@ -167,12 +172,13 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
     return "\n".join(lines)
 
 
-def _front_matter(config, objective: str) -> list[str]:
-    """The Hub's YAML header: library, pipeline, tags and the training data when it is a Hub dataset."""
+def _front_matter(config, objective: str, license: str | None = None) -> list[str]:
+    """The Hub's YAML header: the license when given (muloco cannot know the weights' terms: they
+    follow the training data's), library, pipeline, tags and the training data when it is a Hub dataset."""
     source = config.dataloader.source
     dataset = getattr(source, "dataset", "") if getattr(source, "name", "") == "huggingface" else ""
     dataset = "" if getattr(source, "dataset_path", None) else dataset
-    lines = ["---", "library_name: transformers",
+    lines = ["---", *([f"license: {license}"] if license else []), "library_name: transformers",
              f"pipeline_tag: {'text-generation' if objective == 'ar' else 'fill-mask'}",
              "tags:", "  - muloco", f"  - {'masked-diffusion' if objective != 'ar' else 'causal-lm'}"]
     if hasattr(config, "outer"):
@@ -292,7 +298,7 @@ def _save_weights(state: dict[str, torch.Tensor], out: Path) -> None:
 
 
 def export(checkpoint: str, out: str, *, step: int | None = None, replica: int | None = None,
-           force: bool = False) -> Path:
+           force: bool = False, license: str | None = None) -> Path:
     """Write the Hugging Face folder ``out`` (atomically: a failed export leaves nothing)."""
     target = Path(out).resolve()
     if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents:
@@ -323,7 +329,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
             {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2))
         _write_tokenizer(tokenizer, staging, config.training.seq_len)
         (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint,
-                                                 remote_code=code is not None))
+                                                 remote_code=code is not None, license=license))
         for path in staging.iterdir():  # safetensors writes its files 0600
             as_umask_says(path)
         old = None
@@ -394,14 +400,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--push-to-hub", metavar="OWNER/NAME", default=None,
                    help="then upload the folder to this Hub model repository (token: HF_TOKEN in the environment)")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
+    p.add_argument("--license", default=None, help="the card's license, a Hub license id such as apache-2.0, mit "
+                   "or other (default: none written; the weights' terms follow your training data's)")
     args = p.parse_args(argv)
+    if args.license is not None and not LICENSE_ID.fullmatch(args.license):
+        print(f"muloco.export: error: --license {args.license!r} is not a license id: lowercase letters, digits, "
+              "'.', '-' and '+', e.g. apache-2.0, mit, cc-by-4.0 or other", file=sys.stderr)
+        return 2
     if args.private and not args.push_to_hub:
         print("muloco.export: error: --private applies to --push-to-hub; add it or drop --private", file=sys.stderr)
         return 2
     try:
         if args.push_to_hub:
             _hub_token(args.push_to_hub)
-        out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force)
+        out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force,
+                     license=args.license)
     except (ExportError, RunLoadError, CheckpointLoadError, ConfigError, TokenizerError, ValueError,
             optional.MissingExtra) as e:
         print(f"muloco.export: error: {e}", file=sys.stderr)

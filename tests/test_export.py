@@ -83,8 +83,9 @@ def test_an_mdlm_run_loads_as_a_bidirectional_model_with_muloco_logits_and_its_c
     from transformers import AutoModelForMaskedLM
 
     out = tmp_path / "hf"
-    assert main([str(mdlm_run), "--out", str(out)]) == 0, capsys.readouterr().err
+    assert main([str(mdlm_run), "--out", str(out), "--license", "apache-2.0"]) == 0, capsys.readouterr().err
     assert "trust_remote_code=True" in capsys.readouterr().out
+    assert (out / "README.md").read_text().startswith("---\nlicense: apache-2.0\nlibrary_name: transformers\n")
     config = load_config(mdlm_run)
     model, tokenizer, _, _, _ = load_model(mdlm_run, config, None, torch.device("cpu"))
     hf = AutoModelForMaskedLM.from_pretrained(str(out), trust_remote_code=True, dtype=torch.float32).eval()
@@ -111,6 +112,8 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
     (busy / "keep.txt").write_text("mine")
     assert main([str(ar_run), "--out", str(busy)]) == 2
     assert "is not empty" in capsys.readouterr().err and [p.name for p in busy.iterdir()] == ["keep.txt"]
+    assert main([str(ar_run), "--out", str(tmp_path / "out"), "--license", "Apache 2.0"]) == 2
+    assert "--license 'Apache 2.0' is not a license id" in capsys.readouterr().err
     assert main([str(ar_run), "--step", "999", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err  # export's own flag, not the trainer's
     assert "checkpoint step 999 does not exist" in err and "Pick one with --step N" in err and "load_step" not in err

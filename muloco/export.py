@@ -21,8 +21,9 @@ them. What this export cannot express yet (RoPE scaling) is one clear error nami
 is written.
 
 ``--push-to-hub`` then uploads the folder to that Hub model repository (created if missing) in
-one commit, so the repository gets every file or none. The token comes from the environment only
-(``HF_TOKEN``; ``HF_ENDPOINT`` for a private Hub) and is never printed or written.
+one commit, so the repository gets every file or none. The token is huggingface_hub's own lookup
+(``HF_TOKEN``, or what ``hf auth login`` saved; ``HF_ENDPOINT`` for a private Hub), never a flag, and
+is never printed or written.
 """
 
 from __future__ import annotations
@@ -381,8 +382,8 @@ def push_to_hub(folder: Path, repo: str, *, private: bool) -> str:
                                  commit_message=f"muloco export ({len(files)} files)", repo_type="model")
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "no response"
-        raise ExportError(f"--push-to-hub {repo}: the Hub refused the upload ({status}); check that HF_TOKEN may "
-                          f"write to {repo}. {later}") from None
+        raise ExportError(f"--push-to-hub {repo}: the Hub refused the upload ({status}); check that your Hub token "
+                          f"(HF_TOKEN or `hf auth login`) may write to {repo}. {later}") from None
     except ExportError:
         raise
     except Exception as e:  # the Hub client's network and validation errors have no common base
@@ -398,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replica", type=int, default=None, help="a DiLoCo run's replica folder to read (default 0)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
     p.add_argument("--push-to-hub", metavar="OWNER/NAME", default=None,
-                   help="then upload the folder to this Hub model repository (token: HF_TOKEN in the environment)")
+                   help="then upload the folder to this Hub model repository (token: HF_TOKEN, or what `hf auth login` saved)")
     p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
     p.add_argument("--license", default=None, help="the card's license, a Hub license id such as apache-2.0, mit "
                    "or other (default: none written; the weights' terms follow your training data's)")

@@ -25,7 +25,7 @@ from muloco.config.cli import parse_args, split_config_arg  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
 from muloco.launch.ports import free_port  # noqa: E402
-from muloco.outer.manager import ReplicaGroupError  # noqa: E402
+from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa: E402
 from muloco.preemption import EXIT_PREEMPTED, RunPreempted  # noqa: E402
 from muloco.run_facts import update_run_record  # noqa: E402
 
@@ -52,13 +52,13 @@ def preflight(config) -> None:
     """Everything that can be checked without building the trainer, so that bad input
     (exit 2) and an unusable checkpoint (exit 3) stop the run before it writes anything."""
     check_config(config)
-    _check_lighthouse(config)
     check_dump_folder(config.dump_folder)
     _check_tokenizer(config)
     _check_data(config)
     step = check_loadable(config)
     if step >= 0:
         _check_same_run(config, step)
+    _check_lighthouse(config)  # last: it may wait for a lighthouse that starts after this replica
 
 
 SAME_RUN_FACTS = (("model.flavor", ("model", "flavor")), ("objective", ("objective",)),
@@ -93,14 +93,18 @@ def _check_same_run(config, step: int) -> None:
 
 
 def _check_lighthouse(config) -> None:
-    """A DiLoCo replica needs a lighthouse address that is at least a URL (whether it
-    answers is checked when the replica group starts, within the connect timeout)."""
+    """A DiLoCo replica needs a lighthouse address that is a URL (else bad input, exit 2), and
+    the lighthouse must answer within the connect timeout before the run writes anything (else
+    ReplicaGroupError, exit 4, and no ``run.json`` or empty folders left behind). A replica
+    started before its lighthouse waits here for it."""
     if not hasattr(config, "outer"):
         return
+    ft = config.fault_tolerance
     try:
-        config.fault_tolerance.lighthouse_url()
+        url = ft.lighthouse_url()
     except ReplicaGroupError as err:
         raise ConfigError(str(err)) from None
+    wait_until_reachable(url, ft.replica_id, ft.connect_timeout_seconds)
 
 
 def _lock_run_folder(config) -> DumpFolderLock | None:

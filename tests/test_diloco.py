@@ -246,6 +246,7 @@ def test_unreachable_lighthouse_is_a_clear_error_within_the_timeout(tmp_path):
         text = c.logs["r0"].read_text()
         assert "refused the connection" in text and "(tried for 3s)" in text and "./torchft_lighthouse" in text
         assert "Traceback" not in text
+        assert not (tmp_path / "run").exists()  # checked before anything is written: no run.json, no empty folders
     finally:
         c.close()
 

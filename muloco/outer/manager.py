@@ -120,7 +120,7 @@ class ReplicaGroupManager(TorchFTManager):
         self.replica_id = config.replica_id
         timeout = timedelta(seconds=config.timeout_seconds)
         url = config.lighthouse_url()
-        _wait_until_reachable(url, config.replica_id, config.connect_timeout_seconds)
+        wait_until_reachable(url, config.replica_id, config.connect_timeout_seconds)
         self.quorum_size = config.quorum_size()
         _announce_quorum_rule(self.quorum_size, config.group_size)
         try:
@@ -150,7 +150,7 @@ class ReplicaGroupManager(TorchFTManager):
             ) from err
 
 
-def _wait_until_reachable(url: str, replica_id: int, connect_timeout: float) -> None:
+def wait_until_reachable(url: str, replica_id: int, connect_timeout: float) -> None:
     """Fail within the connect timeout, saying how, when the lighthouse cannot be reached
     (torchft's own client would report a refused connection as a generic transport error)."""
     deadline = time.monotonic() + connect_timeout

@@ -1,11 +1,17 @@
-"""Shared helpers: run the real entry point in a child process, with a timeout."""
+"""Shared helpers: run the real entry point in a child process, watched for progress.
+
+A child process counts as hung when it prints nothing for ``QUIET_S`` seconds, never when its total
+time passes a cap: a loaded machine makes every line come later, a hang makes them stop."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,42 +42,97 @@ def tiny_model(causal: bool, vocab: int = 32, seed: int = 0):
     return init_model(ModelConfig(flavor="llama3-w64-d2-h2", vocab_multiple_of=1), vocab, causal).eval()
 
 
-def run_train(args: list[str], timeout: int = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m muloco.train` as users do; the child is killed on timeout."""
+QUIET_S = 240
+"""Seconds without a new line of output after which a child process is hung (importing torch
+and torchtitan prints nothing for up to a minute on a busy core)."""
+
+
+class Watched:
+    """A child process in its own session whose stdout and stderr are read line by line as they
+    come; ``hung()`` says when nothing new came for ``quiet_s`` seconds."""
+
+    def __init__(self, cmd: list[str], env: dict, quiet_s: float, cwd: Path = REPO):
+        self.cmd, self.quiet_s = cmd, quiet_s
+        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.last = time.monotonic()
+        self.readers = [threading.Thread(target=self._pump, args=(stream, sink), daemon=True)
+                        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    def _pump(self, stream, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line)
+            self.last = time.monotonic()
+
+    def hung(self) -> bool:
+        return self.proc.poll() is None and time.monotonic() - self.last > self.quiet_s
+
+    def kill(self) -> None:
+        """The process and whatever it started (its session), by its PID."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+
+    def result(self) -> subprocess.CompletedProcess:
+        for reader in self.readers:
+            reader.join(timeout=30)
+        return subprocess.CompletedProcess(self.cmd, self.proc.returncode, "".join(self.out), "".join(self.err))
+
+    def hang_report(self) -> str:
+        tail = "".join((self.out + self.err)[-40:])
+        return f"{' '.join(map(str, self.cmd[:6]))} ... printed nothing for {self.quiet_s:g} s (hung):\n{tail}"
+
+
+def watch(commands: list[list[str]], envs: list[dict], quiet_s: float = QUIET_S) -> list[subprocess.CompletedProcess]:
+    """Start every command at once and wait for all of them; one that prints nothing for
+    ``quiet_s`` seconds fails the test, and every process still running is killed by its PID."""
+    procs: list[Watched] = []
+    try:
+        for cmd, env in zip(commands, envs):
+            procs.append(Watched(cmd, env, quiet_s))
+        while any(w.proc.poll() is None for w in procs):
+            hung = next((w for w in procs if w.hung()), None)
+            assert hung is None, hung.hang_report()
+            time.sleep(0.1)
+    finally:
+        for w in procs:
+            w.kill()
+    return [w.result() for w in procs]
+
+
+def run_train(args: list[str], quiet_s: float = QUIET_S, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m muloco.train` as users do, watched for progress (``QUIET_S``)."""
     cmd = [sys.executable, "-m", "muloco.train", *args]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         full_env.pop(key, None)
-    return subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    return watch([cmd], [full_env], quiet_s)[0]
 
 
-def run_together(commands: list[list[str]], envs: list[dict], timeout: float) -> list[tuple[int, str]]:
+def run_together(commands: list[list[str]], envs: list[dict], quiet_s: float = QUIET_S) -> list[tuple[int, str]]:
     """Start every command at once (they meet in collectives) and wait for all of them:
     (exit code, its stdout then its stderr) each. The two are read apart, so a line a process
-    prints to stdout is never cut by what its other threads (gloo, warnings) write to stderr.
-    Any still running at the end is killed by its PID."""
-    procs = []
-    try:
-        for cmd, env in zip(commands, envs):
-            procs.append(subprocess.Popen(cmd, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **env},
-                                          text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-        outs = [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    return [(p.returncode, out + err) for p, (out, err) in zip(procs, outs)]
+    prints to stdout is never cut by what its other threads (gloo, warnings) write to stderr."""
+    done = watch(commands, [{**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env} for env in envs],
+                 quiet_s)
+    return [(p.returncode, p.stdout + p.stderr) for p in done]
 
 
-def run_gloo_ranks(script: Path, world: int, args: list[str], timeout: float) -> list[tuple[int, str]]:
+def run_gloo_ranks(script: Path, world: int, args: list[str], quiet_s: float = QUIET_S) -> list[tuple[int, str]]:
     """``script`` as ranks 0..world-1 of one torch.distributed job (env:// rendezvous on 127.0.0.1)."""
     from muloco.launch.ports import free_port
 
     port = str(free_port())
     envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in range(world)]
-    return run_together([[sys.executable, str(script), *args]] * world, envs, timeout)
+    return run_together([[sys.executable, str(script), *args]] * world, envs, quiet_s)
 
 
 def read_metrics(folder: Path) -> list[dict]:

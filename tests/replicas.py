@@ -1,8 +1,9 @@
 """Multi-process DiLoCo runs for tests: a lighthouse process and K replica-group processes.
 
 Every process is started in its own session and killed by PID when the test ends,
-whatever happened; every wait has a deadline so a hang fails the test. Deadlines are only hang
-timeouts (HANG_S): starting a process that imports torch takes 30 s and more on one busy core.
+whatever happened. A wait on a process fails when its log stops growing for HANG_S seconds (a
+hang), never because the wait is long: starting a process that imports torch takes 30 s and more
+on one busy core, and a loaded machine slows every line.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from muloco.launch.ports import free_ports
 
 DRILL_ENTRY = [sys.executable, str(REPO / "tests" / "drill_train.py")]
 HANG_S = 300
-"""How long a test waits for something that must happen before it calls it a hang."""
+"""Seconds without a new log line (or, for ``until``, without the event) that make a wait a hang."""
 
 DILOCO_TINY = [
     *TINY,
@@ -86,22 +87,40 @@ class Cluster:
         self.procs[name], self.logs[name] = proc, log
         return proc
 
+    def _progress(self, name: str, quiet_s: float):
+        """A check to call while waiting on ``name``: it fails once the process's log has not
+        grown for ``quiet_s`` seconds (a hang), and never because the wait as a whole is long."""
+        log, size, since = self.logs[name], -1, time.monotonic()
+
+        def check(waiting_for: str) -> None:
+            nonlocal size, since
+            now = log.stat().st_size
+            if now != size:
+                size, since = now, time.monotonic()
+            elif time.monotonic() - since > quiet_s:
+                raise AssertionError(f"{name}: no {waiting_for}, and nothing new in its log for {quiet_s:g} s "
+                                     f"(hung):\n{self.tail(name)}")
+        return check
+
     def wait_for(self, name: str, pattern: str, timeout: float) -> re.Match:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
+        """The first match of ``pattern`` in ``name``'s log; ``timeout``: seconds without a new line."""
+        progress = self._progress(name, timeout)
+        while True:
             m = re.search(pattern, self.logs[name].read_text())
             if m:
                 return m
             if self.procs[name].poll() is not None:
                 raise AssertionError(f"{name} exited {self.procs[name].returncode} before /{pattern}/:\n{self.tail(name)}")
+            progress(f"/{pattern}/")
             time.sleep(0.05)
-        raise AssertionError(f"{name}: no /{pattern}/ within {timeout}s:\n{self.tail(name)}")
 
     def wait(self, name: str, timeout: float) -> int:
-        try:
-            return self.procs[name].wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{name} still running after {timeout}s:\n{self.tail(name)}") from None
+        """``name``'s exit status; ``timeout``: seconds without a new line in its log."""
+        progress = self._progress(name, timeout)
+        while self.procs[name].poll() is None:
+            progress("exit")
+            time.sleep(0.1)
+        return self.procs[name].returncode
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs[name]

@@ -232,7 +232,7 @@ class Runs:
             case.corrupt(folder / "out" / "checkpoint" / "step-7")
         args = [case.fill(a, folder) for a in case.args]
         before = _listing(folder)
-        proc = run_train([*args, "--dump_folder", case.fill(case.dump, folder)], timeout=240)
+        proc = run_train([*args, "--dump_folder", case.fill(case.dump, folder)], quiet_s=240)
         return Outcome(proc, folder, before, _listing(folder))
 
 

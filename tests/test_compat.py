@@ -545,7 +545,7 @@ def _fsdp_gloo(tmp_path: Path, mode: str) -> str:
 
     script = tmp_path / "fsdp_gloo.py"
     script.write_text(_FSDP_GLOO)
-    results = run_gloo_ranks(script, 2, [mode], timeout=240)
+    results = run_gloo_ranks(script, 2, [mode], quiet_s=240)
     assert all(code == 0 for code, _ in results), [out for _, out in results]
     return results[0][1]
 

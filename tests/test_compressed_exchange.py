@@ -138,7 +138,7 @@ def _run(tmp_path, spec: dict, k: int = 3, idle: list | None = None, names=NAMES
                  str(rounds), json.dumps(idle or []), json.dumps(names), json.dumps(shapes), str(BENCH)]
                 for r in range(k)]
     try:
-        results = run_together(commands, [{"RUST_LOG": "warn"}] * k, timeout=480)
+        results = run_together(commands, [{"RUST_LOG": "warn"}] * k, quiet_s=480)
     finally:
         lighthouse.shutdown()
     assert all(code == 0 for code, _ in results), "\n".join(out[-3000:] for _, out in results)

@@ -69,7 +69,7 @@ BAD_INPUTS = [
     (["--training.seq_len", "0"], "training.seq_len"),
     (["--training.seq_len", "-5"], "training.seq_len"),
     (["--training.local_batch_size", "0"], "training.local_batch_size"),
-    (["--model.flavor", "llama3-w100-d3-h1"], "model.flavor"),
+    (["--model.flavor", "llama3-w100-d3-h3"], "model.flavor"),
     (["--dataloader.source", "jsonl", "--dataloader.source.dataset_path", "/no/such/data.jsonl"],
      "dataloader.source.dataset_path"),
     (["--tokenizer.path", "/no/such/tokenizer.model"], "tokenizer.path"),
@@ -108,13 +108,13 @@ def test_corrupt_tokenizer_is_bad_input(tmp_path, capsys):
 
 def test_bad_input_exit_status_from_the_command_line(tmp_path):
     proc = run_train(["--config", "base", "--optimizer.lr", "0", "--dump_folder", str(tmp_path / "x")],
-                     timeout=120)
+                     quiet_s=120)
     assert proc.returncode == 2
     assert "optimizer.lr" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_help_lists_options_with_defaults():
-    proc = run_train(["--config", "base", "--help"], timeout=120)
+    proc = run_train(["--config", "base", "--help"], quiet_s=120)
     assert proc.returncode == 0
     for key in ("--optimizer.lr", "--model.flavor", "--dataloader.source", "--training.seq-len",
                 "--metrics.jsonl-file", "--validator.follow-training-data"):

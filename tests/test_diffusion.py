@@ -321,7 +321,7 @@ def test_a_cut_step_is_normalised_by_the_tokens_that_remain_on_every_rank_under_
     args = ["--config", "ddp/adamw", "--objective", "mdlm", *TINY, "--training.global_batch_size", "16",
             "--objective.truncate_probability", "1.0", "--training.steps", "1", "--metrics.log_freq", "1",
             "--validator.no-enable", "--checkpoint.no-enable"]
-    results = run_gloo_ranks(script, 2, [str(tmp_path / "run"), *args], timeout=300)
+    results = run_gloo_ranks(script, 2, [str(tmp_path / "run"), *args], quiet_s=300)
     assert all(code == 0 for code, _ in results), [out[-3000:] for _, out in results]
     got = json.loads(next(ln for ln in results[0][1].splitlines() if ln.startswith("RESULT "))[7:])
     assert got["step"] == 1 and got["micro"] == 2 and got["cut"] == 4  # 2 ranks x 2 micro-batches, all cut

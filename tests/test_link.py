@@ -188,7 +188,7 @@ def _exchange_on_fake_clock(tmp_path, cases: list[dict], k: int = 2) -> list[lis
     try:
         results = run_together([[sys.executable, str(script), url, str(r), str(k), json.dumps(cases),
                                  str(tmp_path / f"r{r}.json")] for r in range(k)], [{"RUST_LOG": "warn"}] * k,
-                               timeout=480)
+                               quiet_s=480)
     finally:
         lighthouse.shutdown()
     assert all(code == 0 for code, _ in results), "\n".join(out[-3000:] for _, out in results)

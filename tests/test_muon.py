@@ -172,7 +172,7 @@ SHARDED = textwrap.dedent(
 def test_sharded_update_equals_single_device_and_shard_local_does_not(tmp_path):
     script = tmp_path / "sharded.py"
     script.write_text(SHARDED)
-    results = run_gloo_ranks(script, 2, [], timeout=240)
+    results = run_gloo_ranks(script, 2, [], quiet_s=240)
     assert all(code == 0 for code, _ in results), [out for _, out in results]
     line = next(ln for ln in results[0][1].splitlines() if ln.startswith("ERR"))
     errs = dict(kv.split("=") for kv in line.split()[1:])

@@ -316,7 +316,7 @@ def test_next_token_scoring_uses_the_trainers_loss_compiled_as_stock_torchtitan_
     script.write_text(COMPILED_LOSS)
     args = ["--config", "ddp/adamw", *TINY, "--compile.enable", "--training.steps", "1",
             "--validator.no-enable", "--checkpoint.no-enable"]
-    (code, out), = run_gloo_ranks(script, 1, [str(tmp_path / "run"), *args], timeout=240)
+    (code, out), = run_gloo_ranks(script, 1, [str(tmp_path / "run"), *args], quiet_s=240)
     assert code == 0, out[-3000:]
     got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
     assert got["same"] and got["compiled"], got

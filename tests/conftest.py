@@ -51,15 +51,14 @@ class Watched:
     """A child process in its own session whose stdout and stderr are read line by line as they
     come; ``hung()`` says when nothing new came for ``quiet_s`` seconds."""
 
-    def __init__(self, cmd: list[str], env: dict, quiet_s: float, cwd: Path = REPO):
-        self.cmd, self.quiet_s = cmd, quiet_s
-        self.proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, start_new_session=True)
+    def __init__(self, proc: subprocess.Popen, quiet_s: float):
+        """Follow ``proc`` (started with text pipes; stderr may be merged into stdout)."""
+        self.proc, self.cmd, self.quiet_s = proc, proc.args, quiet_s
         self.out: list[str] = []
         self.err: list[str] = []
         self.last = time.monotonic()
         self.readers = [threading.Thread(target=self._pump, args=(stream, sink), daemon=True)
-                        for stream, sink in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+                        for stream, sink in ((proc.stdout, self.out), (proc.stderr, self.err)) if stream is not None]
         for reader in self.readers:
             reader.start()
 
@@ -68,8 +67,22 @@ class Watched:
             sink.append(line)
             self.last = time.monotonic()
 
+    @classmethod
+    def start(cls, cmd: list[str], env: dict, quiet_s: float, cwd: Path = REPO) -> "Watched":
+        return cls(subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True), quiet_s)
+
     def hung(self) -> bool:
         return self.proc.poll() is None and time.monotonic() - self.last > self.quiet_s
+
+    def finished(self) -> bool:
+        """Wait until the process exits (True) or prints nothing for ``quiet_s`` s (False: hung,
+        left running for the caller to stop)."""
+        while self.proc.poll() is None:
+            if self.hung():
+                return False
+            time.sleep(0.1)
+        return True
 
     def kill(self) -> None:
         """The process and whatever it started (its session), by its PID."""
@@ -96,7 +109,7 @@ def watch(commands: list[list[str]], envs: list[dict], quiet_s: float = QUIET_S)
     procs: list[Watched] = []
     try:
         for cmd, env in zip(commands, envs):
-            procs.append(Watched(cmd, env, quiet_s))
+            procs.append(Watched.start(cmd, env, quiet_s))
         while any(w.proc.poll() is None for w in procs):
             hung = next((w for w in procs if w.hung()), None)
             assert hung is None, hung.hang_report()

@@ -17,11 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import Watched
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHES = sorted((REPO / "bench").glob("*.py"))
 HANG_S = 420
-"""A smoke run still going after this hangs (the slowest takes about a minute on 2 free cores)."""
+"""A smoke run that prints nothing for this long hangs (the slowest takes about a minute on 2 free cores)."""
 
 LIBRARIES = {
     "machine.py": "the load average and the SIGTERM handling the benches share",
@@ -97,19 +98,21 @@ def test_bench_smoke(bench: Path):
 
 
 def _run_smoke(bench: Path) -> tuple[int | None, str, str]:
-    """Exit status, stdout and stderr of ``bench --smoke``. A run past HANG_S gets SIGTERM first:
-    the benches stop the jobs and parts they started in sessions of their own (which a
-    SIGKILL of the bench alone would leave running), then SIGKILL."""
+    """Exit status, stdout and stderr of ``bench --smoke``. A run that prints nothing for HANG_S
+    seconds is hung: SIGTERM first (the benches stop the jobs and parts they started in sessions
+    of their own, which a SIGKILL of the bench alone would leave running), then SIGKILL."""
     proc = subprocess.Popen([sys.executable, str(bench), "--smoke"], cwd=REPO, env=_env(), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = proc.communicate(timeout=HANG_S)
-    except subprocess.TimeoutExpired:
+    followed = Watched(proc, HANG_S)
+    if not followed.finished():
         proc.terminate()
         try:
-            out, err = proc.communicate(timeout=60)
+            proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            out, err = proc.communicate()
-        pytest.fail(f"bench/{bench.name} --smoke still running after {HANG_S} s (a hang)\n{out[-4000:]}\n{err[-4000:]}")
-    return proc.returncode, out, err
+            proc.wait()
+        ran = followed.result()
+        pytest.fail(f"bench/{bench.name} --smoke printed nothing for {HANG_S} s (a hang)\n{ran.stdout[-4000:]}\n"
+                    f"{ran.stderr[-4000:]}")
+    ran = followed.result()
+    return proc.returncode, ran.stdout, ran.stderr

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY
+from conftest import REPO, TINY, Watched
 
 THIS = "tests/test_smoke.py"
 
@@ -317,12 +317,13 @@ class Background:
                                     stderr=subprocess.STDOUT, start_new_session=True)
             self.live.add(proc)
         try:
-            out, _ = proc.communicate(timeout=timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            _kill_session(proc)
-            out, _ = proc.communicate()
-            rc, out = None, out + f"\n[killed after {timeout} s]"
+            followed = Watched(proc, timeout)  # timeout: seconds without a new line of output
+            done = followed.finished()
+            if not done:
+                _kill_session(proc)
+            out = followed.result().stdout
+            rc = proc.returncode if done else None
+            out += "" if done else f"\n[killed: nothing printed for {timeout} s]"
         finally:
             with self.lock:
                 self.live.discard(proc)

@@ -18,24 +18,10 @@ import json
 import math
 import sys
 
-from muloco import compat
+from muloco.objectives.sampling_options import CACHES, ORDERS
 
-compat.apply()
-
-import torch  # noqa: E402
-
-from muloco.checkpoint import CheckpointLoadError  # noqa: E402
-from muloco.config.loader import ConfigError  # noqa: E402
-from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # noqa: E402
-from muloco.objectives.sampling import (  # noqa: E402
-    CACHES,
-    ORDERS,
-    DiffusionSampling,
-    sample_autoregressive,
-    sample_diffusion_batch,
-    until_eos,
-)
-from muloco.run_loading import RunLoadError, load_config, load_model, locate  # noqa: E402
+# torch and torchtitan are imported once the command line is parsed (``_load``): ``--help`` and a
+# usage error answer without them.
 
 class GenerateError(ValueError):
     pass
@@ -96,6 +82,14 @@ def check_options(args: argparse.Namespace, causal: bool) -> None:
 
 
 def generate(args: argparse.Namespace) -> list[dict]:
+    from muloco import compat
+
+    compat.apply()  # before torchtitan is imported (idempotent)
+    import torch
+
+    from muloco.objectives.sampling import DiffusionSampling, sample_autoregressive, sample_diffusion_batch, until_eos
+    from muloco.run_loading import load_config, load_model, locate
+
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     run, step = locate(args.checkpoint, args.replica, args.step)
     config = load_config(run, prog="python -m muloco.generate")
@@ -127,6 +121,8 @@ def generate(args: argparse.Namespace) -> list[dict]:
 
 
 def _scores(model, objective, tokenizer, prompt: str, args, index: int, device) -> dict:
+    import torch
+
     generator = torch.Generator(device=device).manual_seed(args.seed + index)
     ids = tokenizer.encode(prompt, add_bos=True)
     scores = {c: _score(model, objective, tokenizer, ids, c, args, generator, device) for c in args.score}
@@ -134,6 +130,8 @@ def _scores(model, objective, tokenizer, prompt: str, args, index: int, device) 
 
 
 def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, device) -> float:
+    from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll
+
     target = tokenizer.encode(choice)
     if objective.causal:
         return autoregressive_nll(model, prompt_ids, target, device)
@@ -143,6 +141,13 @@ def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, dev
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from muloco import compat
+
+    compat.apply()  # before torchtitan is imported
+    from muloco.checkpoint import CheckpointLoadError
+    from muloco.config.loader import ConfigError
+    from muloco.run_loading import RunLoadError
+
     try:
         samples = generate(args)
     except (GenerateError, RunLoadError, ConfigError, ValueError) as err:

@@ -25,16 +25,11 @@ import sys
 import time
 from pathlib import Path
 
-from muloco import compat
+from muloco.atomic_file import write_atomically
+from muloco.created_dirs import make_dirs, remove_dirs
 
-compat.apply()
-
-import torch  # noqa: E402
-
-from muloco.atomic_file import write_atomically  # noqa: E402
-from muloco.checkpoint import CheckpointLoadError  # noqa: E402
-from muloco.created_dirs import make_dirs, remove_dirs  # noqa: E402
-from muloco.run_loading import RunLoadError  # noqa: E402
+# torch, torchtitan and lm-eval are imported once the command line is parsed (in ``main`` and
+# ``evaluate``): ``--help`` and a usage error answer without them.
 
 PROG = "python -m muloco.evaluate"
 
@@ -197,6 +192,11 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
     except ImportError:
         raise UsageError("lm-evaluation-harness is not installed; it is the optional extra 'eval': "
                          "pip install 'muloco[eval]' (in a clone: .venv/bin/pip install -e '.[eval]')") from None
+    from muloco import compat
+
+    compat.apply()  # before torchtitan is imported
+    import torch
+
     from muloco.evaluate.harness import MulocoLM
     from muloco.evaluate.source import load
 
@@ -219,7 +219,12 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    from muloco import compat
+
+    compat.apply()  # before torchtitan is imported
+    from muloco.checkpoint import CheckpointLoadError
     from muloco.evaluate.source import EvaluationError, SourceError
+    from muloco.run_loading import RunLoadError
 
     from muloco.config.loader import ConfigError
     from muloco.data.tokenizer import TokenizerError

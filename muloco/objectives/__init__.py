@@ -3,20 +3,51 @@
 ``ObjectiveConfig`` is the choice between ``Autoregressive.Config`` and
 ``MaskedDiffusion.Config``; the command line picks it by name (``--objective mdlm``, or
 ``--objective.name mdlm``) and the chosen objective fixes the model's attention direction.
+
+The names below are imported when first used, so a torch-free submodule (``sampling_options``,
+what ``generate --help`` lists) loads without torch.
 """
 
-from typing import Annotated
+from __future__ import annotations
 
-import tyro
+import importlib
+from typing import TYPE_CHECKING
 
-from .autoregressive import Autoregressive
-from .diffusion import MaskedDiffusion
-from .objective import NoiseKey, Objective, Prepared, SpecialTokens
+_WHERE = {
+    "Autoregressive": "muloco.objectives.autoregressive",
+    "MaskedDiffusion": "muloco.objectives.diffusion",
+    "NoiseKey": "muloco.objectives.objective",
+    "Objective": "muloco.objectives.objective",
+    "Prepared": "muloco.objectives.objective",
+    "SpecialTokens": "muloco.objectives.objective",
+}
 
-ObjectiveConfig = (
-    Annotated[Autoregressive.Config, tyro.conf.subcommand(Autoregressive.name)]
-    | Annotated[MaskedDiffusion.Config, tyro.conf.subcommand(MaskedDiffusion.name)]
-)
+__all__ = sorted([*_WHERE, "ObjectiveConfig"])
 
-__all__ = ["Autoregressive", "MaskedDiffusion", "NoiseKey", "Objective", "ObjectiveConfig", "Prepared",
-           "SpecialTokens"]
+if TYPE_CHECKING:
+    from muloco.objectives.autoregressive import Autoregressive
+    from muloco.objectives.diffusion import MaskedDiffusion
+    from muloco.objectives.objective import NoiseKey, Objective, Prepared, SpecialTokens
+
+
+def _objective_config():
+    import tyro
+
+    from muloco.objectives.autoregressive import Autoregressive
+    from muloco.objectives.diffusion import MaskedDiffusion
+
+    from typing import Annotated
+
+    return (Annotated[Autoregressive.Config, tyro.conf.subcommand(Autoregressive.name)]
+            | Annotated[MaskedDiffusion.Config, tyro.conf.subcommand(MaskedDiffusion.name)])
+
+
+def __getattr__(name: str):
+    if name == "ObjectiveConfig":
+        value = _objective_config()
+    elif name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name]), name)
+    else:
+        raise AttributeError(f"module 'muloco.objectives' has no attribute {name!r}")
+    globals()[name] = value  # built once: every reader gets the same union
+    return value

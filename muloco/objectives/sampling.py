@@ -29,9 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from muloco.models.attention import PrefixKV, prefix_cache
-
-ORDERS = ("confidence", "margin", "entropy", "random")
-CACHES = ("none", "prefix")
+from muloco.objectives.sampling_options import CACHES, ORDERS  # the sampler's names, also without torch
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ Per config and link, a real K=2 job on this machine (the local launcher users ru
 and two replica groups, one torchrun each, one thread each) trains the tiny model
 (``llama3-w128-d4-h2``, ~1.3M parameters, seq 256, batch 8) with ``--outer.link.mbps``; each sync
 it records is read from ``replica_i/metrics.jsonl`` (``sync/seconds``, ``sync/time_link``).
-The planner (``python -m muloco.model_map --link-mbps``, ``muloco/link_plan.py``) projects the
+The planner (``python -m muloco.model_map --link-mbps``, ``muloco/sizing/link_plan.py``) projects the
 same sync from the config's exchange and the run's parameter count. Printed per config and
 link: the projection, the measured sync time (per sync the replica that arrived last, i.e. the
 smaller of the two replicas' times, which leaves out waiting for the other; median over the
@@ -35,8 +35,8 @@ from pathlib import Path
 from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
 from muloco.launch.gpu_slices import visible_gpus
 from muloco.launch.local import LocalJob
-from muloco.link_model import format_rate, parse_rate
-from muloco.model_map import count_parameters, parse_flavor
+from muloco.sizing.link_model import format_rate, parse_rate
+from muloco.sizing.flavors import count_parameters, parse_flavor
 
 K = 2
 CHECKPOINT_OFF = ("--checkpoint.enable", "--checkpoint.load_only")  # as bench/sync_overhead.py: never saves
@@ -92,7 +92,8 @@ def measure(replicas: list[dict]) -> dict:
 
 
 def project(config_name: str, flavor: str, vocab: int, mbps: float, latency_ms: float, sync_every: int) -> float:
-    from muloco import compat, link_plan
+    from muloco import compat
+    from muloco.sizing import link_plan
 
     compat.apply()
     from muloco.config import load_config

@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("muloco.export", "a run as a Hugging Face folder (and to the Hub)"),
     "evaluate": ("muloco.evaluate.__main__", "lm-evaluation-harness scores of a run or a folder"),
     "generate": ("muloco.generate", "sample text from a run"),
-    "map": ("muloco.model_map", "the model map and the link planner"),
+    "map": ("muloco.sizing.cli", "the model map and the link planner"),
     "fetch": ("muloco.data.fetch", "fetch a public corpus (shakespeare)"),
     "lighthouse": ("muloco.launch.lighthouse", "a torchft lighthouse on this machine"),
 }

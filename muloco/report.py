@@ -48,7 +48,7 @@ import numpy as np
 
 from muloco import optional
 from muloco.launch.cli import dump_folder_in
-from muloco.link_model import format_rate
+from muloco.sizing.link_model import format_rate
 from muloco.run_facts import RUN_FILE, method_of, missing_facts
 
 EXIT_BAD_INPUT = 2

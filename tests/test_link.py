@@ -21,9 +21,10 @@ import threading
 import pytest
 
 from conftest import REPO, run_together
-from muloco import link_plan
-from muloco.link_model import Transfer, format_rate, parse_rate, transfer_seconds
-from muloco.model_map import count_parameters, main as model_map_main
+from muloco.sizing import link_plan
+from muloco.sizing.link_model import Transfer, format_rate, parse_rate, transfer_seconds
+from muloco.sizing.cli import main as model_map_main
+from muloco.sizing.flavors import count_parameters
 from muloco.outer.exchange.link import Clock, Link
 
 
@@ -384,7 +385,7 @@ def test_the_planners_sparseloco_is_the_shipped_configs():
 
 
 def test_the_planner_loads_no_trainer():
-    code = ("import sys; from muloco.model_map import main; main(['--flavor', 'llama3-w1024-d12-h8', '--link-mbps', "
+    code = ("import sys; from muloco.sizing.cli import main; main(['--flavor', 'llama3-w1024-d12-h8', '--link-mbps', "
             "'1000', '--json']); bad = [m for m in ('torchtitan.trainer', 'torchft', 'datasets') if m in sys.modules]; "
             "assert not bad, bad")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -16,15 +16,15 @@ from muloco import compat
 
 compat.apply()
 
-from muloco.model_map import (  # noqa: E402
+from muloco.sizing.flavors import (  # noqa: E402
     SHAPES,
     SOURCES,
     count_parameters,
     rescaled_weight_decay,
     sizing,
-    main,
     steps_for_batch,
 )
+from muloco.sizing.cli import main  # noqa: E402
 
 
 @pytest.mark.parametrize("global_batch, vocab, replicas", [(512, 128256, 1), (2048, 128256, 8), (64, 2048, 2)])
@@ -98,7 +98,8 @@ def test_bad_arguments_are_one_line(args, message, capsys):
 
 def test_the_map_is_read_without_torch():
     """Job generators, sweeps and the sizing CLI read the map; none of them pays for a torch import."""
-    code = "import sys, muloco.model_map; assert 'torch' not in sys.modules, sorted(sys.modules)"
+    code = ("import sys, muloco.model_map, muloco.sizing.flavors, muloco.sizing.link_model; "
+            "assert 'torch' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
@@ -127,7 +128,7 @@ def test_any_shape_is_sized_and_builds():
     import torch
 
     from muloco.models import ModelConfig, build_model_config
-    from muloco.model_map import in_map, parse_flavor
+    from muloco.sizing.flavors import in_map, parse_flavor
 
     flavor = "llama3-w96-d3-h2_qk_torch-rmsnorm"
     assert not in_map(flavor) and in_map("llama3-w128-d4-h2_pa")

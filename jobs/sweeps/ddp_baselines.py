@@ -5,7 +5,7 @@
 """
 
 from muloco.launch.sweep import Sweep, grid, lr_grid, main
-from muloco.model_map import parse_flavor
+from muloco.sizing.flavors import parse_flavor
 
 FLAVOR = "llama3-w1024-d12-h8"  # the GPU presets' shape (416M)
 TUNED = parse_flavor(FLAVOR).shape.tuned_lr

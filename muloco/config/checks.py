@@ -16,7 +16,7 @@ from muloco import optional
 from muloco.config.loader import ConfigError
 from muloco.created_dirs import make_dirs, missing_dirs, remove_dirs
 from muloco.data.sources import HuggingFaceDataset, JsonlFiles
-from muloco.model_map import UnknownFlavorError, parse_flavor
+from muloco.sizing.flavors import UnknownFlavorError, parse_flavor
 
 
 def _positive(key: str, value, what: str = "a positive number") -> None:

@@ -45,7 +45,7 @@ from typing import Annotated
 import tyro
 
 from muloco.atomic_file import write_atomically
-from muloco.link_model import format_rate
+from muloco.sizing.link_model import format_rate
 from muloco.launch.cli import UsageError, parse
 from muloco.launch.cluster import ClusterError, ClusterOptions, ClusterUnreachable
 from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
@@ -94,7 +94,7 @@ def paper_batch_and_decay(flavor: str, weight_decay_key: str, replicas: int = 1,
     """Fixed flags that hold MuLoCo's setup for K groups: the global batch split over the groups
     (the GPU presets split it by the config's own K, not the launcher's ``--replicas``) and the
     weight decay tuned at batch 512, rescaled by steps and divided by K (the model map's rule)."""
-    from muloco.model_map import parse_flavor, rescaled_weight_decay
+    from muloco.sizing.flavors import parse_flavor, rescaled_weight_decay
 
     if global_batch % replicas:
         raise ValueError(f"global batch {global_batch} does not split over K={replicas} groups")

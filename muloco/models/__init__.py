@@ -1,6 +1,6 @@
 """Llama-3-family models built from torchtitan's building blocks.
 
-A flavor name from :mod:`muloco.model_map` plus the tokenizer's vocabulary
+A flavor name from :mod:`muloco.sizing.flavors` plus the tokenizer's vocabulary
 and the attention direction (fixed by the objective, not a model setting) gives a
 torchtitan ``ModelSpec``. Initialisation,
 parallelisation and the parameter/FLOP count come from torchtitan's llama3 model.
@@ -27,7 +27,7 @@ from torchtitan.protocols.model_spec import ModelSpec
 from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.models.attention import SwitchableSDPA
 from muloco.models.block import SandwichBlock
-from muloco.model_map import padded_vocab, parse_flavor
+from muloco.sizing.flavors import padded_vocab, parse_flavor
 
 ROPE_THETA = 500_000.0
 NORM_EPS = 1e-6

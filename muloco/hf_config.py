@@ -135,12 +135,10 @@ def read(folder: str | Path) -> dict:
     return theirs
 
 
-def architecture(theirs: dict):
-    """The :class:`muloco.models.Architecture` of a Hugging Face Llama config (its own shapes,
-    RoPE base, norm epsilon, grouped-query heads and tying); ValueError naming a feature muloco's
-    models do not compute."""
-    from muloco.models import Architecture
-
+def architecture_fields(theirs: dict) -> dict:
+    """The fields of :class:`muloco.models.Architecture` a Hugging Face Llama config states (its own
+    shapes, RoPE base, norm epsilon, grouped-query heads and tying; ``Architecture.from_hf`` builds
+    it); ValueError naming a feature muloco's models do not compute."""
     try:
         t = _normalized(theirs)
     except KeyError as e:
@@ -154,12 +152,12 @@ def architecture(theirs: dict):
     why = _inconsistent_heads(t)
     if why:
         raise ValueError(why)
-    return Architecture(dim=t["hidden_size"], depth=t["num_hidden_layers"], heads=t["num_attention_heads"],
-                        kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], ffn_dim=t["intermediate_size"],
-                        vocab_size=t["vocab_size"], norm_eps=float(t.get("rms_norm_eps", 1e-6)),
-                        rope_theta=t["_rope_theta"], tied=bool(t.get("tie_word_embeddings", False)),
-                        qk_norm=_has(t, "qk_norm"), post_attention_norm=_has(t, "post_attention_norm"),
-                        post_ffn_norm=_has(t, "post_ffn_norm"))
+    return dict(dim=t["hidden_size"], depth=t["num_hidden_layers"], heads=t["num_attention_heads"],
+                kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], ffn_dim=t["intermediate_size"],
+                vocab_size=t["vocab_size"], norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+                rope_theta=t["_rope_theta"], tied=bool(t.get("tie_word_embeddings", False)),
+                qk_norm=_has(t, "qk_norm"), post_attention_norm=_has(t, "post_attention_norm"),
+                post_ffn_norm=_has(t, "post_ffn_norm"))
 
 
 def first_mismatch(folder: str | Path, ours: dict) -> str | None:

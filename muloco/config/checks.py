@@ -130,13 +130,12 @@ def model_units(flavor: str) -> int:
     """Layer-sized units the outer loop splits into fragments: the embedding, each
     transformer block, and the final norm with the output head together (see
     ``_units`` in :mod:`muloco.outer.schedule`; a test checks this against built models)."""
-    from muloco.models import hf_folder
+    from muloco.hf_config import read
+    from muloco.models import Architecture, hf_folder
 
     folder = hf_folder(flavor)
     if folder is not None:
-        from muloco.hf_config import architecture, read
-
-        return architecture(read(folder)).depth + 2
+        return Architecture.from_hf(read(folder)).depth + 2
     return parse_flavor(flavor).shape.depth + 2
 
 

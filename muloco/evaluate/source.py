@@ -94,11 +94,11 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def from_hf_folder(folder: Path, device: torch.device) -> Source:
     from muloco.compat.hf_adapter import adapter_for
-    from muloco.models import architecture_config, build
+    from muloco.models import Architecture, architecture_config, build
 
     try:
         theirs = hf_config.read(folder)
-        arch = hf_config.architecture(theirs)
+        arch = Architecture.from_hf(theirs)
     except ValueError as e:
         raise SourceError(f"{folder}: {e}") from None
     if not (folder / "tokenizer.json").is_file():

@@ -24,6 +24,7 @@ from torchtitan.models.llama3 import (
 )
 from torchtitan.protocols.model_spec import ModelSpec
 
+from muloco import hf_config
 from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.models.attention import SwitchableSDPA
 from muloco.models.block import SandwichBlock
@@ -56,8 +57,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class Architecture:
     """Every number the model's shapes and function depend on: a flavor's (with muloco's fixed
-    RoPE base and norm epsilon) or a Hugging Face ``config.json``'s
-    (:func:`muloco.hf_config.architecture`)."""
+    RoPE base and norm epsilon) or a Hugging Face ``config.json``'s (:meth:`from_hf`)."""
 
     dim: int
     depth: int
@@ -79,15 +79,19 @@ class Architecture:
         (its vocabulary size too; the config checks that the tokenizer's ids fit in it)."""
         folder = hf_folder(cfg.flavor)
         if folder is not None:
-            from muloco.hf_config import architecture, read
-
-            return architecture(read(folder))
+            return cls.from_hf(hf_config.read(folder))
         flavor = parse_flavor(cfg.flavor)
         s = flavor.shape
         return cls(dim=s.dim, depth=s.depth, heads=s.heads, kv_heads=s.heads, head_dim=s.head_dim,
                    ffn_dim=s.ffn_dim, vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple_of),
                    qk_norm=flavor.qk_norm, post_attention_norm=flavor.post_attention_norm,
                    post_ffn_norm=flavor.post_ffn_norm)
+
+    @classmethod
+    def from_hf(cls, theirs: dict) -> "Architecture":
+        """A Hugging Face Llama ``config.json``'s architecture (:func:`muloco.hf_config.architecture_fields`:
+        ValueError naming what muloco's models do not compute)."""
+        return cls(**hf_config.architecture_fields(theirs))
 
 
 def _norm(dim: int, eps: float) -> RMSNorm.Config:

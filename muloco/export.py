@@ -38,21 +38,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from muloco import compat, optional
+from muloco import optional
+from muloco.atomic_file import as_umask_says
+from muloco.hf_config import llama_config
+from muloco.launch.group import LAUNCHER_KEYS
+from muloco.run_facts import RUN_FILE
 
-compat.apply()  # before torchtitan is imported
-
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
-from muloco.atomic_file import as_umask_says  # noqa: E402
-from muloco.checkpoint import RUN_FILE, CheckpointLoadError  # noqa: E402
-from muloco.launch.group import LAUNCHER_KEYS  # noqa: E402
-from muloco.compat.hf_adapter import Llama3Adapter  # noqa: E402
-from muloco.config.loader import ConfigError  # noqa: E402
-from muloco.data.tokenizer import TokenizerError  # noqa: E402
-from muloco.run_loading import RunLoadError, load_config, load_model, locate  # noqa: E402
-from muloco.hf_config import llama_config  # noqa: E402
+# torch, safetensors and torchtitan are imported once the command line is parsed (in the
+# functions that use them): ``--help`` and a usage error answer without them.
 
 SHARD_BYTES = 5 * 1024**3
 """Above this, the weights go to several files with a ``model.safetensors.index.json``."""
@@ -126,6 +119,8 @@ def _llama_config(model_config, tokenizer, seq_len: int) -> dict:
 def global_fingerprint(model: torch.nn.Module) -> str:
     """SHA-256 over θ_g's bytes in parameter order: what the outer loop records as
     ``final_global_sha256`` (its fragments hold the parameters in this order)."""
+    import torch
+
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
@@ -276,6 +271,8 @@ def _summary(run: Path) -> dict:
 
 
 def _save_weights(state: dict[str, torch.Tensor], out: Path) -> None:
+    from safetensors.torch import save_file
+
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     if total <= SHARD_BYTES:
@@ -306,6 +303,14 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         raise ExportError(f"--out {out} is the current folder or holds it; choose a folder of its own")
     if target.exists() and any(target.iterdir()) and not force:
         raise ExportError(f"--out {out} exists and is not empty; choose another folder or pass --force")
+    from muloco import compat
+
+    compat.apply()  # before torchtitan is imported (idempotent)
+    import torch
+
+    from muloco.compat.hf_adapter import Llama3Adapter
+    from muloco.run_loading import load_config, load_model, locate
+
     run, step = locate(checkpoint, replica, step)
     config = load_config(run, prog="python -m muloco.export")
     model, tokenizer, objective, step, is_global = load_model(run, config, step, torch.device("cpu"))
@@ -404,6 +409,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--license", default=None, help="the card's license, a Hub license id such as apache-2.0, mit "
                    "or other (default: none written; the weights' terms follow your training data's)")
     args = p.parse_args(argv)
+    from muloco import compat
+
+    compat.apply()  # before torchtitan is imported
+    from muloco.checkpoint import CheckpointLoadError
+    from muloco.config.loader import ConfigError
+    from muloco.data.tokenizer import TokenizerError
+    from muloco.run_loading import RunLoadError
+
     if args.license is not None and not LICENSE_ID.fullmatch(args.license):
         print(f"muloco.export: error: --license {args.license!r} is not a license id: lowercase letters, digits, "
               "'.', '-' and '+', e.g. apache-2.0, mit, cc-by-4.0 or other", file=sys.stderr)

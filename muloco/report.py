@@ -47,9 +47,8 @@ from typing import Any
 import numpy as np
 
 from muloco import optional
-from muloco.launch.cli import dump_folder_in
 from muloco.sizing.link_model import format_rate
-from muloco.run_facts import RUN_FILE, method_of, missing_facts
+from muloco.run_facts import RUN_FILE, dump_folder_in, method_of, missing_facts
 
 EXIT_BAD_INPUT = 2
 RUN_FILES = ("summary.json", "metrics.jsonl")

@@ -8,6 +8,8 @@ config has Muon inside, an outer loop and a 2-bit codec, whatever it is called.
 ``facts_of`` reads a trainer config (imports nothing heavy itself); ``method_of`` names the
 method from facts alone (no torch import: the report uses it). A ``run.json`` written before
 facts were recorded has none: ``missing_facts`` names what is unknown, and nothing is guessed.
+``dump_folder_in`` finds a run's folder in a trainer command line, for what does not parse the
+config (a launcher's custom command, a sweep manifest's line).
 """
 
 from __future__ import annotations
@@ -187,3 +189,15 @@ def update_run_record(folder: str | os.PathLike, **parts: Any) -> None:
         record = {}
     record.update(parts)
     write_atomically(path, json.dumps(record, indent=2, default=str))
+
+
+def dump_folder_in(overrides: list[str]) -> str | None:
+    """The ``--dump_folder`` among trainer overrides (the last one, as the trainer reads them);
+    for what does not parse the trainer config (a custom command, a sweep manifest's line)."""
+    folder = None
+    for i, arg in enumerate(overrides):
+        if arg == "--dump_folder" and i + 1 < len(overrides):
+            folder = overrides[i + 1]
+        elif arg.startswith("--dump_folder="):
+            folder = arg.split("=", 1)[1]
+    return folder

@@ -30,18 +30,6 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     return list(argv), []
 
 
-def dump_folder_in(overrides: list[str]) -> str | None:
-    """The ``--dump_folder`` among trainer overrides (the last one, as the trainer reads them);
-    for what does not parse the trainer config (a custom command, a sweep manifest's line)."""
-    folder = None
-    for i, arg in enumerate(overrides):
-        if arg == "--dump_folder" and i + 1 < len(overrides):
-            folder = overrides[i + 1]
-        elif arg.startswith("--dump_folder="):
-            folder = arg.split("=", 1)[1]
-    return folder
-
-
 def _flag(name: str, underscores: bool) -> str:
     return "--" + (name if underscores else name.replace("_", "-"))
 
@@ -93,7 +81,7 @@ def parse(cls: type[T], argv: list[str], *, prog: str, description: str, undersc
     if rest and not overrides:
         raise UsageError(f"{prog} starts no trainer: drop the `--` and what follows it ({' '.join(rest)})")
     check_options(ours, option_names(cls, underscores), prog, overrides)
-    import tyro  # here, not at import: the report reads dump_folder_in without it
+    import tyro  # here, not at import: the launchers' --help answers without it
 
     options = tyro.cli(cls, args=ours, prog=prog, use_underscores=underscores,
                        description=f"{description} {OVERRIDES_EPILOG}" if overrides else description)

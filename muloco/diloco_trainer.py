@@ -27,7 +27,7 @@ from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.tools.logging import logger
 
-from muloco.checkpoint import ReplicaCheckpointManager
+from muloco.components.checkpoint import ReplicaCheckpointManager
 from muloco.outer import OuterLoop
 from muloco.outer.coordinator import CoordinationError, Coordinator, OutOfDateError
 from muloco.outer.loop import SyncRecord, SyncsKeepFailing

@@ -8,7 +8,7 @@ Writes ``config.json`` (``LlamaForCausalLM``), ``model.safetensors`` (sharded wi
 card (``README.md``) with the run's recipe and figures. A DiLoCo/MuLoCo run exports θ_g, the
 global model, read from a checkpoint verified against its checksums, like ``muloco.generate``.
 The weight names and the rotary permutation come from torchtitan's ``Llama3StateDictAdapter``
-(:class:`muloco.compat.hf_adapter.Llama3Adapter`: the same, with the QK norms).
+(:class:`muloco.hf.adapter.Llama3Adapter`: the same, with the QK norms).
 
 Next-token (``ar``) runs load as ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with the per-head QK
 norms of the ``_qk_torch-rmsnorm`` flavors); masked-diffusion (``mdlm``) runs ship a small
@@ -38,11 +38,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from muloco import optional
-from muloco.atomic_file import as_umask_says
-from muloco.hf_config import llama_config
+from muloco.utils import optional
+from muloco.utils.atomic_file import as_umask_says
+from muloco.hf.config import llama_config
 from muloco.launch.group import LAUNCHER_KEYS
-from muloco.run_facts import RUN_FILE
+from muloco.runs.facts import RUN_FILE
 
 # torch, safetensors and torchtitan are imported once the command line is parsed (in the
 # functions that use them): ``--help`` and a usage error answer without them.
@@ -72,9 +72,9 @@ def _tokenizer_file(tokenizer) -> Path | None:
     return Path(tokenizer.path) if getattr(tokenizer, "kind", None) == "huggingface" else None
 
 
-MDLM_CODE = Path(__file__).parent / "hf" / "modeling_muloco_mdlm.py"
+MDLM_CODE = Path(__file__).parent / "hf" / "remote_code" / "modeling_muloco_mdlm.py"
 """The bidirectional model class a masked-diffusion export ships (``trust_remote_code``)."""
-MULOCO_CODE = Path(__file__).parent / "hf" / "modeling_muloco.py"
+MULOCO_CODE = Path(__file__).parent / "hf" / "remote_code" / "modeling_muloco.py"
 """The sandwich-block class (output norms, QK norms, optionally bidirectional) an export ships
 for flavors transformers has no class for."""
 
@@ -235,13 +235,13 @@ def _shown(args: list[str]) -> list[str]:
 
 def _hf_tokenizer(tokenizer):
     """The run's tokenizer as a ``tokenizers`` object: its tokenizer.json, or its tiktoken file
-    converted (:mod:`muloco.compat.hf_tokenizer`)."""
+    converted (:mod:`muloco.hf.tokenizer`)."""
     from tokenizers import Tokenizer
 
     if _tokenizer_file(tokenizer) is not None:
         return Tokenizer.from_file(str(_tokenizer_file(tokenizer)))
     optional.require("transformers", "exporting a tiktoken tokenizer")
-    from muloco.compat.hf_tokenizer import tiktoken_to_hf
+    from muloco.hf.tokenizer import tiktoken_to_hf
     from muloco.data.tokenizer import LLAMA3_PAT_STR, read_tiktoken_ranks, tiktoken_special_tokens
 
     return tiktoken_to_hf(read_tiktoken_ranks(tokenizer.path), LLAMA3_PAT_STR, tiktoken_special_tokens())
@@ -308,8 +308,8 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     compat.apply()  # before torchtitan is imported (idempotent)
     import torch
 
-    from muloco.compat.hf_adapter import Llama3Adapter
-    from muloco.run_loading import load_config, load_model, locate
+    from muloco.hf.adapter import Llama3Adapter
+    from muloco.runs.loading import load_config, load_model, locate
 
     run, step = locate(checkpoint, replica, step)
     config = load_config(run, prog="python -m muloco.export")
@@ -412,10 +412,10 @@ def main(argv: list[str] | None = None) -> int:
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported
-    from muloco.checkpoint import CheckpointLoadError
+    from muloco.components.checkpoint import CheckpointLoadError
     from muloco.config.loader import ConfigError
     from muloco.data.tokenizer import TokenizerError
-    from muloco.run_loading import RunLoadError
+    from muloco.runs.loading import RunLoadError
 
     if args.license is not None and not LICENSE_ID.fullmatch(args.license):
         print(f"muloco.export: error: --license {args.license!r} is not a license id: lowercase letters, digits, "

@@ -14,7 +14,7 @@ a line names the run found in its ``run_dir``/``dump_folder``/``folder``/``path`
 ``--dump_folder`` of its overrides, or in the sub-folder called ``name``.
 
 For every run the table shows its method and objective as the run recorded them in the facts
-of its ``run.json`` (``muloco.run_facts``: from the resolved config, never from a file or folder
+of its ``run.json`` (``muloco.runs.facts``: from the resolved config, never from a file or folder
 name; a run without facts shows ``?`` and a warning naming what is unknown), the final
 validation loss of θ_g (the NELBO for ``mdlm``) and its bits per byte of the held-out text (the
 one figure that compares ``ar`` with ``mdlm`` runs and runs with different tokenizers), the
@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from muloco import optional
+from muloco.utils import optional
 from muloco.sizing.link_model import format_rate
-from muloco.run_facts import RUN_FILE, dump_folder_in, method_of, missing_facts
+from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
 
 EXIT_BAD_INPUT = 2
 RUN_FILES = ("summary.json", "metrics.jsonl")

@@ -19,15 +19,15 @@ compat.apply()
 import torch  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 
-from muloco.checkpoint import CheckpointLoadError, check_loadable, run_folder  # noqa: E402
+from muloco.components.checkpoint import CheckpointLoadError, check_loadable, run_folder  # noqa: E402
 from muloco.config.checks import check_config, check_dump_folder  # noqa: E402
 from muloco.config.cli import parse_args, split_config_arg  # noqa: E402
 from muloco.config.loader import ConfigError  # noqa: E402
-from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
-from muloco.launch.ports import free_port  # noqa: E402
+from muloco.runs.lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
+from muloco.utils.ports import free_port  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa: E402
-from muloco.preemption import EXIT_PREEMPTED, RunPreempted  # noqa: E402
-from muloco.run_facts import update_run_record  # noqa: E402
+from muloco.components.preemption import EXIT_PREEMPTED, RunPreempted  # noqa: E402
+from muloco.runs.facts import update_run_record  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_BAD_CHECKPOINT = 3
@@ -71,7 +71,7 @@ def _check_same_run(config, step: int) -> None:
     method would fail deep in the load ("size mismatch", "missing key momentum_buffer")."""
     import json
 
-    from muloco.run_facts import RUN_FILE, facts_of
+    from muloco.runs.facts import RUN_FILE, facts_of
 
     folder = run_folder(config)
     try:

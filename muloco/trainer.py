@@ -22,19 +22,19 @@ from torchtitan.components.loss import BaseLoss, CrossEntropyLoss
 from torchtitan.tools.logging import logger
 from torchtitan.trainer import Trainer
 
-from muloco.checkpoint import MulocoCheckpointManager
+from muloco.components.checkpoint import MulocoCheckpointManager
 from muloco.compat import lone_rank_sleep
 from muloco.compat.cpu_device import device_type
 from muloco.data.loader import PackedTextDataLoader
 from muloco.data.tokenizer import MulocoTokenizer
-from muloco.metrics import MulocoMetrics
+from muloco.components.metrics import MulocoMetrics
 from muloco.models import ModelConfig, build_model_spec
 from muloco.objectives import Autoregressive, NoiseKey, Objective, ObjectiveConfig, SpecialTokens
 from muloco.optim import MulocoOptimizers
-from muloco.precision import MulocoTrainingConfig, resolve_precision
-from muloco.preemption import RunPreempted, StopRequest
-from muloco.run_facts import facts_of, update_run_record
-from muloco.validate import MulocoValidator
+from muloco.components.precision import MulocoTrainingConfig, resolve_precision
+from muloco.components.preemption import RunPreempted, StopRequest
+from muloco.runs.facts import facts_of, update_run_record
+from muloco.components.validate import MulocoValidator
 
 lone_rank_sleep.apply()
 
@@ -147,7 +147,7 @@ class MulocoTrainerMixin:
         update_run_record(self.config.dump_folder, facts=facts_of(self.config, parameters=parameters))
 
     preempted: bool = False
-    """Stopped on request (:mod:`muloco.preemption`) with a checkpoint, before ``training.steps``."""
+    """Stopped on request (:mod:`muloco.components.preemption`) with a checkpoint, before ``training.steps``."""
 
     def should_continue_training(self) -> bool:
         if not getattr(self, "_loop_started", False):

@@ -140,7 +140,7 @@ def run_together(commands: list[list[str]], envs: list[dict], quiet_s: float = Q
 
 def run_gloo_ranks(script: Path, world: int, args: list[str], quiet_s: float = QUIET_S) -> list[tuple[int, str]]:
     """``script`` as ranks 0..world-1 of one torch.distributed job (env:// rendezvous on 127.0.0.1)."""
-    from muloco.launch.ports import free_port
+    from muloco.utils.ports import free_port
 
     port = str(free_port())
     envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from muloco.launch.dump_lock import DumpFolderLock  # noqa: E402
+from muloco.runs.lock import DumpFolderLock  # noqa: E402
 
 
 def main() -> None:

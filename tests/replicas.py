@@ -19,7 +19,7 @@ from pathlib import Path
 
 from conftest import REPO, TINY
 
-from muloco.launch.ports import free_ports
+from muloco.utils.ports import free_ports
 
 DRILL_ENTRY = [sys.executable, str(REPO / "tests" / "drill_train.py")]
 HANG_S = 300

@@ -143,7 +143,7 @@ def port_free(port: int) -> bool:
 
 
 def free_ports(n: int, host: str) -> list[int]:
-    from muloco.launch.ports import free_ports as free
+    from muloco.utils.ports import free_ports as free
 
     return free(n, host=host)
 

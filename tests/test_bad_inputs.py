@@ -375,7 +375,8 @@ def test_unpickling_error_never_suggests_weights_only_false():
 def test_a_missing_extra_is_one_error_naming_it(monkeypatch, tmp_path, capsys):
     """The core install has no matplotlib, wandb, transformers or lm-eval: a command that needs one
     names the extra that installs it; the report still writes its tables without plots."""
-    from muloco import compat, optional
+    from muloco import compat
+    from muloco.utils import optional
 
     compat.apply()
     from muloco.config import ConfigError, load_config
@@ -398,7 +399,7 @@ def test_a_missing_extra_is_one_error_naming_it(monkeypatch, tmp_path, capsys):
 def test_files_written_atomically_are_readable_as_the_umask_says(tmp_path):
     """tempfile makes 0600 files; run.json, checkpoint manifests and sweep manifests take the mode
     a normal file would have, so a teammate on a shared cluster can read them."""
-    from muloco.atomic_file import umask, write_atomically
+    from muloco.utils.atomic_file import umask, write_atomically
 
     for mask, mode in ((0o022, 0o644), (0o027, 0o640), (0o077, 0o600)):
         old = os.umask(mask)

@@ -666,7 +666,7 @@ def test_the_llama_adapter_ignores_the_tokenizer_assets_folder_and_maps_like_tor
 
     from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 
-    from muloco.compat.hf_adapter import Llama3Adapter
+    from muloco.hf.adapter import Llama3Adapter
     from muloco.config.cli import parse_args
     from muloco.models import build_model_config, hf_adapter, init_model
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from muloco.created_dirs import make_dirs, missing_dirs, remove_dirs
+from muloco.utils.created_dirs import make_dirs, missing_dirs, remove_dirs
 
 
 def test_missing_dirs_are_listed_deepest_first(tmp_path):

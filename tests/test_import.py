@@ -19,7 +19,7 @@ compat.apply()
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.export import main  # noqa: E402
 from muloco.models import init_model  # noqa: E402
-from muloco.run_loading import load_config, load_model  # noqa: E402
+from muloco.runs.loading import load_config, load_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)  # hang timeouts: several trainings on 2 cores
 
@@ -175,7 +175,7 @@ def _llada_folder(llama: Path, out: Path) -> Path:
     weights of the transformers Llama in ``llama``."""
     from safetensors.torch import load_file, save_file
 
-    from muloco.compat.llada import to_llada_names
+    from muloco.hf.llada import to_llada_names
     from muloco.data.tokenizer import MulocoTokenizer
 
     out.mkdir()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from muloco.launch.lighthouse import LighthouseError, parse_bind, quorum_size, start_lighthouse
-from muloco.launch.cli import UsageError
+from muloco.utils.command_line import UsageError
 from muloco.launch.local import LocalJob, free_ports, job_from_args, main
 
 REPO = Path(__file__).resolve().parents[1]

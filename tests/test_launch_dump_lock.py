@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from muloco.created_dirs import make_dirs
-from muloco.launch.dump_lock import LOCK_NAME, DumpFolderBusy, DumpFolderLock
+from muloco.utils.created_dirs import make_dirs
+from muloco.runs.lock import LOCK_NAME, DumpFolderBusy, DumpFolderLock
 from muloco.launch.local import LocalJob
 
 REPO = Path(__file__).resolve().parents[1]

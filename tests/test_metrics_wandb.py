@@ -9,7 +9,7 @@ import sys
 
 from conftest import REPO
 
-from muloco.metrics import WANDB_ID_FILE, keep_wandb_run
+from muloco.components.metrics import WANDB_ID_FILE, keep_wandb_run
 
 
 def test_a_run_folder_keeps_one_wandb_run_id_across_restarts(tmp_path, monkeypatch):
@@ -32,7 +32,7 @@ def test_a_run_folder_keeps_one_wandb_run_id_across_restarts(tmp_path, monkeypat
 
 def test_a_resumed_training_process_exports_the_same_id(tmp_path):
     """Two processes in turn (a job and its requeue) read the id the first one made."""
-    code = ("import os,sys; sys.path.insert(0, sys.argv[2]); from muloco.metrics import keep_wandb_run; "
+    code = ("import os,sys; sys.path.insert(0, sys.argv[2]); from muloco.components.metrics import keep_wandb_run; "
             "print(keep_wandb_run(sys.argv[1], resuming=True), os.environ['WANDB_RESUME'])")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "run"), str(REPO)], capture_output=True,

@@ -18,7 +18,7 @@ compat.apply()
 
 from conftest import REPO, TINY, run_gloo_ranks, run_train, train_losses  # noqa: E402
 
-from muloco.launch.ports import free_port  # noqa: E402
+from muloco.utils.ports import free_port  # noqa: E402
 from muloco.optim.muon import Muon, lr_scale  # noqa: E402
 from muloco.optim.newton_schulz import COEFFICIENTS, coefficient_schedule, orthogonalize  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Stop on request (muloco.preemption), as a job script asks for it: the run writes a checkpoint
+"""Stop on request (muloco.components.preemption), as a job script asks for it: the run writes a checkpoint
 where it stands, exits 75, and the same command resumes from that checkpoint. A DDP run stops
 after the step in progress; K=2 DiLoCo groups (the local launcher) stop at their next sync, both
 at the same one, and end with one θ_g."""

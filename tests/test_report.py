@@ -20,7 +20,7 @@ from muloco import compat, report
 
 compat.apply()
 from muloco.config import load_config  # noqa: E402
-from muloco.run_facts import facts_of  # noqa: E402
+from muloco.runs.facts import facts_of  # noqa: E402
 
 MULOCO_2BIT_FACTS = facts_of(load_config("diloco/muloco_2bit"))
 

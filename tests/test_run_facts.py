@@ -1,4 +1,4 @@
-"""The facts a run records about itself (``muloco.run_facts``), from every shipped config module."""
+"""The facts a run records about itself (``muloco.runs.facts``), from every shipped config module."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ compat.apply()
 from muloco.config import load_config  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.config.loader import available_configs  # noqa: E402
-from muloco.run_facts import (FACT_KEYS, facts_of, method_of, missing_facts, source_commit,  # noqa: E402
+from muloco.runs.facts import (FACT_KEYS, facts_of, method_of, missing_facts, source_commit,  # noqa: E402
                               update_run_record)
 
 EXPECTED_METHOD = {

@@ -665,10 +665,10 @@ def _train_configs(root: Path, names: list[str]) -> None:
 
     compat.apply()
     from muloco import train
-    from muloco.checkpoint import run_folder
+    from muloco.components.checkpoint import run_folder
     from muloco.config.cli import parse_args
     from muloco.launch.lighthouse import start_lighthouse
-    from muloco.launch.ports import free_port
+    from muloco.utils.ports import free_port
 
     sft = root / "sft.jsonl"
     sft.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i}?", "response": f"It is {2 * i}."}) + "\n"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from muloco import optional
+from muloco.utils import optional
 from muloco.sizing.link_model import format_rate
 from muloco.report import aligned, format_duration, format_number
 

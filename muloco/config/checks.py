@@ -12,9 +12,9 @@ import re
 import tempfile
 from collections.abc import Iterator
 
-from muloco import optional
+from muloco.utils import optional
 from muloco.config.loader import ConfigError
-from muloco.created_dirs import make_dirs, missing_dirs, remove_dirs
+from muloco.utils.created_dirs import make_dirs, missing_dirs, remove_dirs
 from muloco.data.sources import HuggingFaceDataset, JsonlFiles
 from muloco.sizing.flavors import UnknownFlavorError, parse_flavor
 
@@ -108,7 +108,7 @@ def _check_hf_vocabulary(config, tokenizer, rows: int) -> None:
     """The ids the run feeds an ``hf:DIR`` model fit its embedding (the mask only for masked
     diffusion: a tokenizer without one gets an extra id an autoregressive run never uses), and a
     diffusion run masks with the token the folder's model was trained to fill."""
-    from muloco.hf_config import read
+    from muloco.hf.config import read
     from muloco.models import hf_folder
 
     folder = hf_folder(config.model.flavor)
@@ -130,7 +130,7 @@ def model_units(flavor: str) -> int:
     """Layer-sized units the outer loop splits into fragments: the embedding, each
     transformer block, and the final norm with the output head together (see
     ``_units`` in :mod:`muloco.outer.schedule`; a test checks this against built models)."""
-    from muloco.hf_config import read
+    from muloco.hf.config import read
     from muloco.models import Architecture, hf_folder
 
     folder = hf_folder(flavor)
@@ -174,10 +174,10 @@ def _check_hf_initial_load(config) -> None:
                           "to load a muloco checkpoint.")
     if not any(folder.glob("*.safetensors")):
         raise ConfigError(f"checkpoint.initial_load_path {folder} holds no .safetensors weights.")
-    from muloco.hf_config import first_mismatch, llama_config
+    from muloco.hf.config import first_mismatch, llama_config
     from muloco.models import build_model_config, hf_adapter
 
-    from muloco.compat.hf_adapter import adapter_for
+    from muloco.hf.adapter import adapter_for
 
     if adapter_for(str(folder)) is not hf_adapter(config.model):
         raise ConfigError(f"checkpoint.initial_load_path {folder} and model.flavor {config.model.flavor} name their "

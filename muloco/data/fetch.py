@@ -33,7 +33,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from muloco.atomic_file import write_atomically
+from muloco.utils.atomic_file import write_atomically
 
 DOC_CHARS = 4000
 """Target length of one document (a few hundred tokens)."""

@@ -25,8 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from muloco.atomic_file import write_atomically
-from muloco.created_dirs import make_dirs, remove_dirs
+from muloco.utils.atomic_file import write_atomically
+from muloco.utils.created_dirs import make_dirs, remove_dirs
 
 # torch, torchtitan and lm-eval are imported once the command line is parsed (in ``main`` and
 # ``evaluate``): ``--help`` and a usage error answer without them.
@@ -222,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported
-    from muloco.checkpoint import CheckpointLoadError
+    from muloco.components.checkpoint import CheckpointLoadError
     from muloco.evaluate.source import EvaluationError, SourceError
-    from muloco.run_loading import RunLoadError
+    from muloco.runs.loading import RunLoadError
 
     from muloco.config.loader import ConfigError
     from muloco.data.tokenizer import TokenizerError

@@ -2,7 +2,7 @@
 
 Both become muloco's own torchtitan model (so a folder exported from a run scores exactly as
 the run does, and the diffusion sampler and scorer work on either): a run through
-:mod:`muloco.run_loading` (newest complete checkpoint or ``--step``, verified, θ_g where the
+:mod:`muloco.runs.loading` (newest complete checkpoint or ``--step``, verified, θ_g where the
 run has one), a folder by building the architecture its ``config.json`` states and mapping its
 safetensors weights in with torchtitan's Llama 3 adapter, the same mapping export writes with.
 Nothing is unpickled; no code from the folder runs.
@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from muloco import hf_config
-from muloco.checkpoint import RUN_FILE
+from muloco.hf import config as hf_config
+from muloco.components.checkpoint import RUN_FILE
 from muloco.data.tokenizer import MulocoTokenizer
 
 
@@ -64,7 +64,7 @@ def load(path: str, *, step: int | None, replica: int | None, device: torch.devi
 
 
 def from_run(path: str, *, step: int | None, replica: int | None, device: torch.device) -> Source:
-    from muloco.run_loading import load_config, load_model, locate
+    from muloco.runs.loading import load_config, load_model, locate
 
     run, step = locate(path, replica, step)
     config = load_config(run, prog="python -m muloco.evaluate")
@@ -93,7 +93,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def from_hf_folder(folder: Path, device: torch.device) -> Source:
-    from muloco.compat.hf_adapter import adapter_for
+    from muloco.hf.adapter import adapter_for
     from muloco.models import Architecture, architecture_config, build
 
     try:
@@ -119,7 +119,7 @@ def from_hf_folder(folder: Path, device: torch.device) -> Source:
     if not causal and theirs.get("mask_token_id") not in (None, tokenizer.mask_id):
         raise SourceError(f"{folder}: config.json's mask_token_id {theirs['mask_token_id']} is not its tokenizer's "
                           f"mask token ({tokenizer.mask_id})")
-    from muloco.compat.llada import is_llada, llama_view
+    from muloco.hf.llada import is_llada, llama_view
 
     length = (llama_view(theirs) if is_llada(theirs) else theirs).get("max_position_embeddings") or 2048
     return Source(model=model, tokenizer=tokenizer, causal=causal, max_length=int(length), results_dir=folder,

@@ -1,17 +1,12 @@
-"""Exit statuses of child processes, as people read them and as a parent passes them on."""
+"""Exit statuses of child processes, as people read them and as a parent passes them on (the
+status of a run stopped on request, and the request itself, belong to the trainer side:
+:mod:`muloco.components.stop_request`)."""
 
 from __future__ import annotations
 
 import os
 import signal
 import sys
-
-STOP_FILE_ENV = "MULOCO_STOP_FILE"
-"""The file whose existence asks a run to checkpoint and stop (``muloco.preemption``)."""
-EXIT_PREEMPTED = 75
-"""EX_TEMPFAIL: a run stopped on request after writing a checkpoint (``muloco.preemption``);
-launchers pass it on and job scripts requeue on it."""
-
 
 def describe_exit(code: int) -> str:
     """Exit codes as people read them: 'code 3', or 'signal SIGKILL' for a killed process
@@ -37,14 +32,3 @@ def exit_like(returncode: int) -> None:
             signal.signal(-returncode, signal.SIG_DFL)
         os.kill(os.getpid(), -returncode)
     sys.exit(returncode if 0 <= returncode < 256 else 1)
-
-
-def clear_stop_request(environ=None) -> None:
-    """Remove a stop request left by an earlier stop (the file and its agreed boundary), so the
-    run being started resumes instead of stopping again at once."""
-    path = (os.environ if environ is None else environ).get(STOP_FILE_ENV)
-    for stale in (path, f"{path}.at") if path else ():
-        try:
-            os.unlink(stale)
-        except FileNotFoundError:
-            pass

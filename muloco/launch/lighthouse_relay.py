@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from muloco.launch.cli import UsageError, parse
+from muloco.utils.command_line import UsageError, parse
 
 CONNECT_TIMEOUT_S = 5.0
 POLL_S = 0.5

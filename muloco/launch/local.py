@@ -38,19 +38,20 @@ from functools import cached_property
 from datetime import datetime
 from typing import IO, Callable
 
-from muloco.created_dirs import make_dirs, remove_dirs
-from muloco.launch.cli import UsageError, parse
+from muloco.utils.created_dirs import make_dirs, remove_dirs
+from muloco.utils.command_line import UsageError, parse
 from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
-from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
-from muloco.launch.exits import EXIT_PREEMPTED, clear_stop_request, describe_exit, shell_status
+from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
+from muloco.components.stop_request import EXIT_PREEMPTED, clear_stop_request
+from muloco.launch.exits import describe_exit, shell_status
 from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, load_trainer_config, torchrun_args,
                                  torchrun_group, trainer_command)
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, LighthouseError,
                                       below_majority_warning, join_timeout_for, majority, start_lighthouse)
-from muloco.launch.ports import free_ports  # noqa: F401 - re-exported for callers
+from muloco.utils.ports import free_ports  # noqa: F401 - re-exported for callers
 from muloco.launch.replica_group import TAG as GROUP_TAG
-from muloco.run_facts import dump_folder_in
+from muloco.runs.facts import dump_folder_in
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\] ")  # torchrun's tee, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE

@@ -37,9 +37,9 @@ from typing import Annotated
 
 import tyro
 
-from muloco.created_dirs import make_dirs, remove_dirs
-from muloco.launch.cli import UsageError, parse
-from muloco.launch.exits import EXIT_PREEMPTED
+from muloco.utils.created_dirs import make_dirs, remove_dirs
+from muloco.utils.command_line import UsageError, parse
+from muloco.components.stop_request import EXIT_PREEMPTED
 from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
                                    SINFO_TIMEOUT_S, check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
                                    resolve_partition)
@@ -219,7 +219,7 @@ def requeue_block(spec: JobSpec, *, trains: bool = True) -> list[str]:
     """Self-requeue on USR1 (time limit, ``scancel --signal=USR1 --batch``) and on failure up to
     ``retries`` times (counted in a file in the run folder, so time-limit requeues do not use
     them up). A job that ``trains`` first asks its run to write a checkpoint where it stands and
-    stop (``MULOCO_STOP_FILE``, :mod:`muloco.preemption`), waits for it, then requeues; the
+    stop (``MULOCO_STOP_FILE``, :mod:`muloco.components.preemption`), waits for it, then requeues; the
     lighthouse's job requeues at once."""
     if not spec.requeue:
         return [*WAIT_ALL, 'finish_run() { exit "$1"; }']

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from muloco.launch.cli import UsageError, parse
+from muloco.utils.command_line import UsageError, parse
 from muloco.launch.group import group_variables, torchrun_args, torchrun_group, trainer_command
 from muloco.launch.parent_death import die_with_launcher
 

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from muloco.atomic_file import write_atomically
-from muloco.launch.cli import UsageError, parse
+from muloco.utils.atomic_file import write_atomically
+from muloco.utils.command_line import UsageError, parse
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, LighthouseError, serve, stop_on_signal,
                                       quorum_size, start_lighthouse)
 

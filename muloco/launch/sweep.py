@@ -44,14 +44,14 @@ from typing import Annotated
 
 import tyro
 
-from muloco.atomic_file import write_atomically
+from muloco.utils.atomic_file import write_atomically
 from muloco.sizing.link_model import format_rate
-from muloco.launch.cli import UsageError, parse
+from muloco.utils.command_line import UsageError, parse
 from muloco.launch.cluster import ClusterError, ClusterOptions, ClusterUnreachable
-from muloco.launch.dump_lock import DumpFolderBusy, DumpFolderLock
+from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.launch.slurm import (KINDS, SLURM_DIR, JobError, JobSpec, Kind, Script, array_script, build,
                                  cluster_nodes, place, prepare_folder, submit_scripts)
-from muloco.run_facts import facts_of
+from muloco.runs.facts import facts_of
 
 MANIFEST = "manifest.jsonl"
 FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",

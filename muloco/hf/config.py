@@ -61,7 +61,7 @@ BIDIRECTIONAL = ("muloco_mdlm", "llada")
 """Model types whose attention is bidirectional (masked diffusion): muloco's export, LLaDA."""
 LLAMA_FAMILY = ("llama", "qwen3", "muloco", *BIDIRECTIONAL)
 """Model types muloco's Llama model computes; ``qwen3`` is Llama with per-head QK norms, ``muloco``
-the shipped sandwich-block class (``muloco/hf/modeling_muloco.py``)."""
+the shipped sandwich-block class (``muloco/hf/remote_code/modeling_muloco.py``)."""
 
 
 def bidirectional(theirs: dict) -> bool:
@@ -71,7 +71,7 @@ def bidirectional(theirs: dict) -> bool:
 def _normalized(theirs: dict) -> dict:
     """A Hugging Face config with the defaults its class would fill in made explicit (a LLaDA
     config as the Llama config it is)."""
-    from muloco.compat.llada import is_llada, llama_view
+    from muloco.hf.llada import is_llada, llama_view
 
     theirs = llama_view(theirs) if is_llada(theirs) else dict(theirs)
     theirs.setdefault("num_key_value_heads", theirs.get("num_attention_heads"))

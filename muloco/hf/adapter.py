@@ -60,15 +60,15 @@ class Llama3Adapter(Llama3StateDictAdapter):
 
 class LladaAdapter(Llama3Adapter):
     """The same mapping for a LLaDA folder: its keys renamed to Llama's on the way in and back
-    on the way out (:mod:`muloco.compat.llada`), so DCP's Hugging Face reader finds them."""
+    on the way out (:mod:`muloco.hf.llada`), so DCP's Hugging Face reader finds them."""
 
     def to_hf(self, state_dict):
-        from muloco.compat.llada import to_llada_names
+        from muloco.hf.llada import to_llada_names
 
         return to_llada_names(super().to_hf(state_dict))
 
     def from_hf(self, hf_state_dict):
-        from muloco.compat.llada import to_llama_names
+        from muloco.hf.llada import to_llama_names
 
         return super().from_hf(to_llama_names(hf_state_dict))
 
@@ -77,8 +77,8 @@ def adapter_for(folder: str | None) -> type[Llama3Adapter]:
     """The adapter class for the weights of ``folder`` (an ``hf:DIR`` flavor's): LLaDA's names or
     Llama's (None: a model-map flavor, Llama's)."""
     if folder:
-        from muloco.compat.llada import is_llada
-        from muloco.hf_config import read
+        from muloco.hf.llada import is_llada
+        from muloco.hf.config import read
 
         if is_llada(read(folder)):
             return LladaAdapter

@@ -24,7 +24,7 @@ import uuid
 import torch
 import torch.distributed as dist
 
-from muloco.launch.exits import EXIT_PREEMPTED, STOP_FILE_ENV  # noqa: F401 - the status a stop ends with
+from muloco.components.stop_request import EXIT_PREEMPTED, STOP_FILE_ENV  # noqa: F401 - the status a stop ends with
 
 
 class RunPreempted(Exception):

@@ -19,7 +19,7 @@ import json
 import os
 import re
 
-from muloco.atomic_file import write_atomically
+from muloco.utils.atomic_file import write_atomically
 
 MANIFEST = ".muloco-checksums.json"
 FORMAT = 1

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torchtitan.components.metrics import MetricsProcessor
 
-from muloco.atomic_file import write_atomically
-from muloco.checkpoint_manifest import complete_steps
+from muloco.utils.atomic_file import write_atomically
+from muloco.runs.manifest import complete_steps
 from torchtitan.tools.logging import logger
 
 

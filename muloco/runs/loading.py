@@ -21,7 +21,7 @@ compat.apply()
 
 import torch  # noqa: E402
 
-from muloco.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step  # noqa: E402
+from muloco.components.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.models import init_model  # noqa: E402
 

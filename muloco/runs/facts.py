@@ -178,7 +178,7 @@ def source_commit() -> dict[str, Any] | None:
 def update_run_record(folder: str | os.PathLike, **parts: Any) -> None:
     """Set ``parts`` (``config``/``args``/``cwd`` of the command, ``facts``) in ``folder``'s
     ``run.json``, keeping what else it holds; readers see the old file or the new one whole."""
-    from muloco.atomic_file import write_atomically
+    from muloco.utils.atomic_file import write_atomically
 
     path = Path(folder) / RUN_FILE
     try:

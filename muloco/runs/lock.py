@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 
-from muloco.created_dirs import make_dirs, remove_dirs
+from muloco.utils.created_dirs import make_dirs, remove_dirs
 
 LOCK_NAME = ".muloco.lock"
 _HOLDER_WRITE_WAIT_S = 0.5  # a new holder writes its JSON right after taking the flock

@@ -1,7 +1,7 @@
 """torchtitan's DCP checkpointing, with a completeness mark, verification and one clear error.
 
 Loading goes through ``muloco.compat.checkpoint_safety`` (no arbitrary unpickling).
-Every finished save is sealed with a checksum manifest (:mod:`muloco.checkpoint_manifest`);
+Every finished save is sealed with a checksum manifest (:mod:`muloco.runs.manifest`);
 a step folder without one is incomplete (its save never finished) and is skipped when
 resuming from the latest checkpoint, and one whose bytes changed is refused before DCP
 reads it. ``keep_latest_k`` counts complete checkpoints, the last one included. When
@@ -22,8 +22,8 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torchtitan.components.checkpointer.dcp import AsyncMode, CheckpointManager
 from torchtitan.tools.logging import logger
 
-from muloco import checkpoint_manifest as manifest
-from muloco.run_facts import RUN_FILE  # noqa: F401 - where a run folder's command and facts are
+from muloco.runs import manifest
+from muloco.runs.facts import RUN_FILE  # noqa: F401 - where a run folder's command and facts are
 
 
 class CheckpointLoadError(RuntimeError):

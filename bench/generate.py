@@ -95,7 +95,7 @@ def reference_generate(model, prompts: torch.Tensor, mask_id: int, length: int, 
 def _model_and_prompts(args, device):
     tokenizer = MulocoTokenizer()
     if args.checkpoint:
-        from muloco.runs.loading import load_config, load_model, locate
+        from muloco.tools.loading import load_config, load_model, locate
 
         run, step = locate(args.checkpoint, 0, None)
         config = load_config(run)

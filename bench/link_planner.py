@@ -35,7 +35,7 @@ from pathlib import Path
 from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
 from muloco.launch.gpu_slices import visible_gpus
 from muloco.launch.local import LocalJob
-from muloco.sizing.link_model import format_rate, parse_rate
+from muloco.utils.link_model import format_rate, parse_rate
 from muloco.sizing.flavors import count_parameters, parse_flavor
 
 K = 2

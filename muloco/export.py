@@ -309,7 +309,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     import torch
 
     from muloco.hf.adapter import Llama3Adapter
-    from muloco.runs.loading import load_config, load_model, locate
+    from muloco.tools.loading import load_config, load_model, locate
 
     run, step = locate(checkpoint, replica, step)
     config = load_config(run, prog="python -m muloco.export")
@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     from muloco.components.checkpoint import CheckpointLoadError
     from muloco.config.loader import ConfigError
     from muloco.data.tokenizer import TokenizerError
-    from muloco.runs.loading import RunLoadError
+    from muloco.tools.loading import RunLoadError
 
     if args.license is not None and not LICENSE_ID.fullmatch(args.license):
         print(f"muloco.export: error: --license {args.license!r} is not a license id: lowercase letters, digits, "

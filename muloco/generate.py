@@ -1,7 +1,7 @@
 """Sample from a trained run: ``python -m muloco.generate --checkpoint DIR --prompt "..."``.
 
 ``DIR`` is a run's dump folder (a DiLoCo run's: replica 0 unless ``--replica``), one
-replica's folder, or a ``checkpoint/step-N`` folder, loaded by :mod:`muloco.runs.loading` (the
+replica's folder, or a ``checkpoint/step-N`` folder, loaded by :mod:`muloco.tools.loading` (the
 newest complete checkpoint or ``--step``, verified, nothing unpickled). A DiLoCo run samples
 from θ_g, the global model the replicas agreed on. A masked-diffusion run samples by iterative unmasking (:mod:`muloco.objectives.sampling`:
 LLaDA's schedule, or ``--threshold`` parallel decoding, an optional ``--cache prefix``, and
@@ -88,7 +88,7 @@ def generate(args: argparse.Namespace) -> list[dict]:
     import torch
 
     from muloco.objectives.sampling import DiffusionSampling, sample_autoregressive, sample_diffusion_batch, until_eos
-    from muloco.runs.loading import load_config, load_model, locate
+    from muloco.tools.loading import load_config, load_model, locate
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     run, step = locate(args.checkpoint, args.replica, args.step)
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     compat.apply()  # before torchtitan is imported
     from muloco.components.checkpoint import CheckpointLoadError
     from muloco.config.loader import ConfigError
-    from muloco.runs.loading import RunLoadError
+    from muloco.tools.loading import RunLoadError
 
     try:
         samples = generate(args)

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from muloco.utils import optional
-from muloco.sizing.link_model import format_rate
+from muloco.utils.link_model import format_rate
 from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
 
 EXIT_BAD_INPUT = 2

@@ -18,7 +18,7 @@ compat.apply()
 
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.export import _unsupported, main  # noqa: E402
-from muloco.runs.loading import load_config, load_model  # noqa: E402
+from muloco.tools.loading import load_config, load_model  # noqa: E402
 from muloco.models import init_model  # noqa: E402
 from test_import import _hf_load  # noqa: E402
 

@@ -19,7 +19,7 @@ compat.apply()
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.export import main  # noqa: E402
 from muloco.models import init_model  # noqa: E402
-from muloco.runs.loading import load_config, load_model  # noqa: E402
+from muloco.tools.loading import load_config, load_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)  # hang timeouts: several trainings on 2 cores
 

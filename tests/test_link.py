@@ -22,7 +22,7 @@ import pytest
 
 from conftest import REPO, run_together
 from muloco.sizing import link_plan
-from muloco.sizing.link_model import Transfer, format_rate, parse_rate, transfer_seconds
+from muloco.utils.link_model import Transfer, format_rate, parse_rate, transfer_seconds
 from muloco.sizing.cli import main as model_map_main
 from muloco.sizing.flavors import count_parameters
 from muloco.outer.exchange.link import Clock, Link

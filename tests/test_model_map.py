@@ -98,7 +98,7 @@ def test_bad_arguments_are_one_line(args, message, capsys):
 
 def test_the_map_is_read_without_torch():
     """Job generators, sweeps and the sizing CLI read the map; none of them pays for a torch import."""
-    code = ("import sys, muloco.model_map, muloco.sizing.flavors, muloco.sizing.link_model; "
+    code = ("import sys, muloco.model_map, muloco.sizing.flavors, muloco.utils.link_model; "
             "assert 'torch' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from muloco.compare import runner, table, timing
 from muloco.compare.suites import AVERAGING, DATA, SUITES, Planned, SuiteError, over_links, plan
-from muloco.sizing.link_model import parse_rate
+from muloco.utils.link_model import parse_rate
 from muloco.utils.command_line import UsageError, parse
 from muloco.launch.group import TrainerConfigError
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from muloco.utils import optional
-from muloco.sizing.link_model import format_rate
+from muloco.utils.link_model import format_rate
 from muloco.report import aligned, format_duration, format_number
 
 DILOCO_REFERENCE = "DiLoCo K=2"

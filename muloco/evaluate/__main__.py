@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     compat.apply()  # before torchtitan is imported
     from muloco.components.checkpoint import CheckpointLoadError
     from muloco.evaluate.source import EvaluationError, SourceError
-    from muloco.runs.loading import RunLoadError
+    from muloco.tools.loading import RunLoadError
 
     from muloco.config.loader import ConfigError
     from muloco.data.tokenizer import TokenizerError

@@ -45,7 +45,7 @@ from typing import Annotated
 import tyro
 
 from muloco.utils.atomic_file import write_atomically
-from muloco.sizing.link_model import format_rate
+from muloco.utils.link_model import format_rate
 from muloco.utils.command_line import UsageError, parse
 from muloco.launch.cluster import ClusterError, ClusterOptions, ClusterUnreachable
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock

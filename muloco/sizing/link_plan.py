@@ -6,7 +6,7 @@ replica of K, the time a sync spends on the link, its share of a round of H inne
 H or the bits that keep that share under ``--max-share``, and the tokens per second per
 replica group that follow.
 
-The sync time is the emulated link's model (``muloco/sizing/link_model.py``) applied to the bytes the
+The sync time is the emulated link's model (``muloco/utils/link_model.py``) applied to the bytes the
 exchange would hand its collectives (``Exchange.link_transfers``, the wire format the exchange
 counts its real bytes by), so the planner and a run with ``--outer.link.mbps B`` agree on the
 link part of a sync. What the planner leaves out, and a measured sync has: the quorum, encoding
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from muloco.sizing.link_model import format_rate
+from muloco.utils.link_model import format_rate
 from muloco.sizing.flavors import LLAMA3_VOCAB, count_embedding_parameters, count_parameters, parse_flavor
 
 GPU_PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0, "a100": 312.0, "b200": 2250.0, "l40s": 362.0}
@@ -233,7 +233,7 @@ def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None =
                  label: str | None = None) -> Sync:
     """The link time of a round's syncs, fragment by fragment (the emulated link's model on the
     wire format), for ``--bits``/``--strategy`` or the given exchange ``config``."""
-    from muloco.sizing.link_model import transfer_seconds
+    from muloco.utils.link_model import transfer_seconds
 
     bits = inputs.bits if bits is None else bits
     config = config or exchange_config(bits, strategy or inputs.strategy)

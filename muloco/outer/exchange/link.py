@@ -26,7 +26,7 @@ The model, per replica and per collective (``Transfer``):
 - real network time is not counted twice: a collective is held until ``issue time + its
   seconds`` (queued), so the time it really took is part of its emulated time, not added to it.
 
-The arithmetic is ``muloco/sizing/link_model.py`` (pure Python, shared with the planner); time comes
+The arithmetic is ``muloco/utils/link_model.py`` (pure Python, shared with the planner); time comes
 from a :class:`Clock` (``perf_counter`` and ``sleep``); tests give a fake one.
 """
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from torchtitan.config import Configurable
 
-from muloco.sizing.link_model import Transfer, format_rate, transfer_seconds
+from muloco.utils.link_model import Transfer, format_rate, transfer_seconds
 
 
 class Clock:

@@ -102,9 +102,9 @@ def _run_module(path: Path):
 
 
 def _check_type(result, path: Path):
-    from muloco.trainer import MulocoTrainer
+    from torchtitan.trainer import Trainer  # imported by the config module already: costs nothing here
 
-    if not isinstance(result, MulocoTrainer.Config):
+    if not isinstance(result, Trainer.Config):
         raise ConfigError(
             f"config module {path}: {CONFIG_FUNCTION}() returned {type(result).__name__}, not a "
             "trainer config; return the config that load_config(...) or MulocoTrainer.Config() gives."

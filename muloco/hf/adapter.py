@@ -15,6 +15,9 @@ import re
 
 from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 
+from muloco.hf.config import read
+from muloco.hf.llada import is_llada, to_llada_names, to_llama_names
+
 
 QK_NORM = re.compile(r"layers\.(\d+)\.attention\.([qk])_norm\.weight")
 HF_QK_NORM = re.compile(r"model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight")
@@ -63,12 +66,10 @@ class LladaAdapter(Llama3Adapter):
     on the way out (:mod:`muloco.hf.llada`), so DCP's Hugging Face reader finds them."""
 
     def to_hf(self, state_dict):
-        from muloco.hf.llada import to_llada_names
 
         return to_llada_names(super().to_hf(state_dict))
 
     def from_hf(self, hf_state_dict):
-        from muloco.hf.llada import to_llama_names
 
         return super().from_hf(to_llama_names(hf_state_dict))
 
@@ -77,8 +78,6 @@ def adapter_for(folder: str | None) -> type[Llama3Adapter]:
     """The adapter class for the weights of ``folder`` (an ``hf:DIR`` flavor's): LLaDA's names or
     Llama's (None: a model-map flavor, Llama's)."""
     if folder:
-        from muloco.hf.llada import is_llada
-        from muloco.hf.config import read
 
         if is_llada(read(folder)):
             return LladaAdapter

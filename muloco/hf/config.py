@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from muloco.hf.llada import is_llada, llama_view
+
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "intermediate_size", "head_dim", "vocab_size")
 """What must agree for the weights to load, in the order a mismatch is reported."""
@@ -71,7 +73,6 @@ def bidirectional(theirs: dict) -> bool:
 def _normalized(theirs: dict) -> dict:
     """A Hugging Face config with the defaults its class would fill in made explicit (a LLaDA
     config as the Llama config it is)."""
-    from muloco.hf.llada import is_llada, llama_view
 
     theirs = llama_view(theirs) if is_llada(theirs) else dict(theirs)
     theirs.setdefault("num_key_value_heads", theirs.get("num_attention_heads"))

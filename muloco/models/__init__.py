@@ -25,6 +25,7 @@ from torchtitan.models.llama3 import (
 from torchtitan.protocols.model_spec import ModelSpec
 
 from muloco.hf import config as hf_config
+from muloco.hf.adapter import Llama3Adapter, adapter_for
 from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.models.attention import SwitchableSDPA
 from muloco.models.block import SandwichBlock
@@ -180,7 +181,6 @@ def hf_adapter(cfg: ModelConfig):
     """torchtitan's Llama 3 state-dict adapter, with the QK norms (Qwen3's names) and the sandwich
     block's output norms (``modeling_muloco.py``'s): what ``muloco.export`` writes with and what
     ``--checkpoint.initial_load_in_hf`` reads with."""
-    from muloco.hf.adapter import Llama3Adapter, adapter_for
 
     folder = hf_folder(cfg.flavor)
     if folder is not None:

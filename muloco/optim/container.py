@@ -21,6 +21,8 @@ import torch.nn as nn
 from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 
+from muloco.optim.muon import Muon, check_settings
+
 NORM_PATTERN = r"(^|\.)(\w*norm)\.weight$"
 HIDDEN_MATRIX_PATTERN = r"(^|\.)(attention|feed_forward)\.(\w+\.)*w\w*\.weight$"
 EMBEDDING_PATTERN = r"(^|\.)tok_embeddings\.weight$"
@@ -55,7 +57,6 @@ class MulocoOptimizers(OptimizersContainer):
 
         def validate(self) -> None:
             if self.name == "Muon":
-                from muloco.optim.muon import check_settings
 
                 check_settings(self.muon_momentum, self.muon_ns_steps, self.muon_coefficients, self.muon_lr_scaling)
 
@@ -113,7 +114,6 @@ class MulocoOptimizers(OptimizersContainer):
     @staticmethod
     def _resolve_optimizer_factory(name: str):
         if name == "Muon":
-            from muloco.optim.muon import Muon
 
             return Muon
         return OptimizersContainer._resolve_optimizer_factory(name)

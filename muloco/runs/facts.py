@@ -22,6 +22,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from muloco.utils.atomic_file import write_atomically
+
 RUN_FILE = "run.json"
 """In a run folder: the command that made it (config module, overrides, working directory),
 written by ``muloco.train`` (how ``muloco.generate`` rebuilds the model), and its ``facts``."""
@@ -178,7 +180,6 @@ def source_commit() -> dict[str, Any] | None:
 def update_run_record(folder: str | os.PathLike, **parts: Any) -> None:
     """Set ``parts`` (``config``/``args``/``cwd`` of the command, ``facts``) in ``folder``'s
     ``run.json``, keeping what else it holds; readers see the old file or the new one whole."""
-    from muloco.utils.atomic_file import write_atomically
 
     path = Path(folder) / RUN_FILE
     try:

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 
 from muloco.components.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
-from muloco.models import init_model  # noqa: E402
+from muloco.models import HF_FLAVOR, hf_folder, init_model  # noqa: E402
 
 GLOBAL_KEY = ".global."
 """θ_g in a DiLoCo checkpoint: ``outer.fragment_<i>.global.<parameter name>``."""
@@ -56,7 +56,6 @@ def locate(path: str, replica: int | None, step: int | None) -> tuple[Path, int 
 def load_config(run: Path, prog: str = "muloco"):
     """The run's trainer config, parsed from its ``run.json`` in the folder it was started from
     (an ``hf:DIR`` flavor's relative folder made absolute there, so the model builds from anywhere)."""
-    from muloco.models import HF_FLAVOR, hf_folder
 
     record = json.loads((run / RUN_FILE).read_text())
     with contextlib.chdir(record["cwd"]) if os.path.isdir(record["cwd"]) else contextlib.nullcontext():

@@ -25,7 +25,8 @@ from torchft.coordination import LighthouseClient, LighthouseServer  # noqa: E40
 
 from muloco.compat.quorum_record import RecordingClient, record_quorums  # noqa: E402
 from replicas import until  # noqa: E402
-from muloco.outer.coordinator import CoordinationError, Coordinator, QuorumView, majority  # noqa: E402
+from muloco.outer.coordinator import CoordinationError, Coordinator, QuorumView  # noqa: E402
+from muloco.outer.lighthouse_status import majority  # noqa: E402
 from muloco.outer.lighthouse_status import (  # noqa: E402
     LighthouseUnreachable,
     check_url,

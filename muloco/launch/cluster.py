@@ -33,11 +33,12 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli
+
+from muloco.launch.slurm_commands import SlurmCommandError, slurm
 
 CLUSTER_FILE_VAR = "MULOCO_CLUSTER_FILE"
 ENV_PREFIX = "MULOCO_SLURM_"
@@ -329,17 +330,15 @@ def query_sinfo(env: dict[str, str] | None = None, timeout: float = SINFO_TIMEOU
     if shutil.which("sinfo", path=(os.environ if env is None else env).get("PATH")) is not None:
         probe_controllers(env)
     try:
-        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%P|%N|%c|%G|%m|%t|%l"], capture_output=True, text=True,
-                             timeout=timeout, env=env, check=True).stdout
-    except FileNotFoundError:
-        raise ClusterUnreachable("sinfo was not found: run this on a SLURM login node, or use --dry-run "
-                           "to print the job without checking the cluster") from None
-    except subprocess.CalledProcessError as e:
-        raise ClusterUnreachable(f"sinfo failed ({(e.stderr.strip().splitlines() or [str(e)])[-1]}): is "
-                                 f"SLURM reachable from here (SLURM_CONF, slurmctld)?") from None
-    except subprocess.TimeoutExpired:
-        raise ClusterUnreachable(f"sinfo did not answer in {timeout:g} s: is slurmctld up (SLURM_CONF)? Use "
-                                 f"--dry-run to print the job without checking the cluster") from None
+        out = slurm("sinfo", "-h", "-N", "-o", "%P|%N|%c|%G|%m|%t|%l", env=env, timeout=timeout)
+    except SlurmCommandError as e:
+        raise ClusterUnreachable({
+            "missing": "sinfo was not found: run this on a SLURM login node, or use --dry-run to print the job "
+                       "without checking the cluster",
+            "failed": f"sinfo failed ({(e.stderr.splitlines() or [str(e)])[-1]}): is SLURM reachable from here "
+                      "(SLURM_CONF, slurmctld)?",
+            "timeout": f"sinfo did not answer in {timeout:g} s: is slurmctld up (SLURM_CONF)? Use --dry-run to "
+                       "print the job without checking the cluster"}[e.kind]) from None
     nodes = []
     for line in out.splitlines():
         partition, name, cpus, gres, mem, state, limit = line.split("|")
@@ -381,9 +380,8 @@ def resolve_partition(settings: ClusterSettings, nodes: list[NodeInfo], default:
 
 def default_partition(env: dict[str, str] | None = None) -> str | None:
     try:
-        out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=SINFO_TIMEOUT_S,
-                             env=env).stdout
-    except (FileNotFoundError, subprocess.TimeoutExpired):
+        out = slurm("sinfo", "-h", "-o", "%P", env=env, timeout=SINFO_TIMEOUT_S)
+    except SlurmCommandError:
         return None
     return next((p.rstrip("*") for p in out.split() if p.endswith("*")), None)
 

@@ -24,13 +24,17 @@ class GpuLayoutError(ValueError):
     """The GPUs cannot be split as asked; the message says how to fix it."""
 
 
-def visible_gpus(environ: dict[str, str] | None = None) -> list[str]:
-    """The device ids this launcher may hand out, in order."""
+def visible_gpus(environ: dict[str, str] | None = None, ask_torch: bool = True) -> list[str]:
+    """The device ids this launcher may hand out, in order: CUDA_VISIBLE_DEVICES, else (where
+    ``ask_torch``) every device torch sees. A SLURM step sets the variable for the GPUs it holds,
+    so its launcher need not import torch to count them."""
     env = os.environ if environ is None else environ
     spec = env.get("CUDA_VISIBLE_DEVICES")
     if spec is not None:
         return [d.strip() for d in spec.split(",") if d.strip() and d.strip() != "-1"]
-    import torch
+    if not ask_torch:
+        return []
+    import torch  # here: only a launcher outside SLURM with no CUDA_VISIBLE_DEVICES pays for it
 
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 

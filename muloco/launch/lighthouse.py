@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from muloco.outer.lighthouse_status import majority
 from muloco.utils.command_line import UsageError, parse
 
 DEFAULT_BIND = "127.0.0.1:29510"
@@ -44,11 +45,6 @@ def parse_bind(bind: str) -> tuple[str, int]:
             f"127.0.0.1:29510, \"$(hostname -i):29510\" or [::1]:29510 (port 0 picks a free port)"
         )
     return m["host"], int(m["port"])
-
-
-def majority(replicas: int) -> int:
-    """⌊K/2⌋+1: two quorums of this size always share a replica group, so no split brain."""
-    return replicas // 2 + 1
 
 
 def join_timeout_for(quorum_timeout_s: float) -> int:

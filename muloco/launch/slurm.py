@@ -30,7 +30,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Annotated
@@ -44,6 +43,8 @@ from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings
                                    SINFO_TIMEOUT_S, check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
                                    resolve_partition)
 from muloco.launch.group import TrainerConfigError, load_trainer_config
+from muloco.launch.slurm_commands import SlurmCommandError, cancel, slurm
+from muloco.outer.lighthouse_status import majority
 
 SLURM_DIR = "slurm"
 LOG_DIR = "logs"
@@ -389,8 +390,6 @@ class _DilocoKind(Kind):
 
     @property
     def quorum(self) -> int:
-        from muloco.launch.lighthouse import majority
-
         return self.trainer.fault_tolerance.min_replica_size or majority(self.replicas)
 
     @property
@@ -611,18 +610,18 @@ def trainer_config(kind: type[Kind], spec: JobSpec, replicas: int | None):
 # -- writing and submitting ------------------------------------------------------------------
 
 
-def _sbatch(cmd: list[str], env: dict[str, str]) -> str:
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    if r.returncode != 0:
-        said = " ".join(line.replace("sbatch: error: ", "") for line in r.stderr.strip().splitlines())
-        raise JobError(f"sbatch refused {cmd[-1]}: {said}")
-    return r.stdout.strip().split(";")[0]
+def _sbatch(args: list[str], env: dict[str, str]) -> str:
+    try:
+        return slurm("sbatch", *args, env=env, timeout=120).strip().split(";")[0]
+    except SlurmCommandError as e:
+        raise JobError(f"sbatch refused {args[-1]}: {e.last_line}") from None
 
 
 def _scontrol(*args: str) -> None:
-    r = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=60)
-    if r.returncode != 0:
-        raise JobError(f"scontrol {' '.join(args)} failed: {r.stderr.strip()}")
+    try:
+        slurm("scontrol", *args)
+    except SlurmCommandError as e:
+        raise JobError(f"scontrol {' '.join(args)}: {e}") from None
 
 
 def submit_scripts(scripts: list[Script], folder: str, *, env: dict[str, str] | None = None) -> dict[str, str]:
@@ -642,7 +641,7 @@ def submit_scripts(scripts: list[Script], folder: str, *, env: dict[str, str] | 
                 f.write(s.text)
             os.chmod(path, 0o755)
             written.append(path)
-            cmd = ["sbatch", "--parsable", *(["--hold"] if s.after else [])]
+            cmd = ["--parsable", *(["--hold"] if s.after else [])]
             exports = {k: ids[v[1:]] if v.startswith("@") else v for k, v in s.exports.items()}
             if exports:
                 cmd.append("--export=" + ",".join(["ALL", *(f"{k}={v}" for k, v in exports.items())]))
@@ -653,9 +652,8 @@ def submit_scripts(scripts: list[Script], folder: str, *, env: dict[str, str] | 
                 _scontrol("update", f"JobId={ids[s.file]}", f"Dependency={s.dependency},{after}" if s.dependency
                           else f"Dependency={after}")
                 _scontrol("release", ids[s.file])
-    except (JobError, OSError, subprocess.TimeoutExpired) as e:
-        if ids:
-            subprocess.run(["scancel", *ids.values()], capture_output=True, timeout=60)
+    except (JobError, OSError) as e:
+        cancel(list(ids.values()))
         for path in written:
             os.unlink(path)
         cancelled = f" (cancelled what was submitted: {', '.join(ids.values())})" if ids else ""

@@ -20,7 +20,9 @@ from dataclasses import dataclass
 
 from muloco.utils.command_line import UsageError, parse
 from muloco.launch.group import group_variables, torchrun_args, torchrun_group, trainer_command
+from muloco.launch.gpu_slices import visible_gpus
 from muloco.launch.parent_death import die_with_launcher
+from muloco.launch.slurm_commands import SlurmCommandError, slurm
 
 RDZV_PORT_BASE = 26400
 RDZV_PORT_SPAN = 3000  # 26400-29399: below the ephemeral range and the ddp kind's ports
@@ -78,17 +80,17 @@ def step_hosts() -> list[str]:
     nodelist = os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST")
     if not nodelist:
         raise GroupStartError("not inside a SLURM step (no SLURM_STEP_NODELIST): run it with srun")
-    names = _scontrol(["show", "hostnames", nodelist]).split()
+    try:
+        names = slurm("scontrol", "show", "hostnames", nodelist).split()
+        nodes = slurm("scontrol", "show", "node", "-o", ",".join(names))
+    except SlurmCommandError as e:
+        raise GroupStartError(f"cannot list this step's nodes: {e}") from None
     addresses = {}
-    for line in _scontrol(["show", "node", "-o", ",".join(names)]).splitlines():
+    for line in nodes.splitlines():
         fields = dict(tok.split("=", 1) for tok in line.split() if "=" in tok)
         if "NodeName" in fields:
             addresses[fields["NodeName"]] = fields.get("NodeAddr") or fields["NodeName"]
     return [addresses.get(name, name) for name in names]
-
-
-def _scontrol(args: list[str]) -> str:
-    return subprocess.run(["scontrol", *args], capture_output=True, text=True, check=True, timeout=60).stdout
 
 
 def rendezvous_port(job_id: int, replica: int) -> int:
@@ -97,15 +99,10 @@ def rendezvous_port(job_id: int, replica: int) -> int:
     return RDZV_PORT_BASE + (job_id * 17 + replica) % RDZV_PORT_SPAN
 
 
-def visible_gpu_count() -> int:
-    spec = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    return len([d for d in spec.split(",") if d.strip()])
-
-
 def torchrun_command(args: GroupOptions, hosts: list[str], overrides: list[str]) -> list[str]:
     """The group's torchrun (through replica_group) and each rank's trainer command."""
     job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
-    torchrun = torchrun_args(args.replica, procs=visible_gpu_count() or args.procs, max_restarts=args.max_restarts,
+    torchrun = torchrun_args(args.replica, procs=len(visible_gpus(ask_torch=False)) or args.procs, max_restarts=args.max_restarts,
                              hosts=hosts, port=rendezvous_port(job_id, args.replica), rdzv_id=f"{job_id}_{args.replica}",
                              is_host=os.environ.get("SLURM_NODEID", "0") == "0")  # the step's first node
     return torchrun_group(torchrun, trainer_command(args.config, args.replica, args.replicas, overrides,

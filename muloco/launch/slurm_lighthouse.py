@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 from dataclasses import dataclass
 
+from muloco.launch.slurm_commands import SlurmCommandError, slurm
 from muloco.utils.atomic_file import write_atomically
 from muloco.utils.command_line import UsageError, parse
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, LighthouseError, serve, stop_on_signal,
@@ -55,11 +55,10 @@ def job_gone(job_id: str) -> bool:
 def job_listed(job_id: str) -> bool:
     """Whether squeue still lists a task of ``job_id`` (pending, running, requeued, completing).
     A failing squeue (controller restarting) counts as listed: never stop on a hiccup."""
-    r = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True,
-                       timeout=60)
-    if r.returncode != 0:
-        return "Invalid job id" not in r.stderr
-    return bool(r.stdout.strip())
+    try:
+        return bool(slurm("squeue", "-h", "-j", job_id, "-o", "%i").strip())
+    except SlurmCommandError as e:
+        return "Invalid job id" not in e.stderr
 
 
 @dataclass

@@ -35,7 +35,6 @@ import itertools
 import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -48,6 +47,7 @@ from muloco.utils.atomic_file import write_atomically
 from muloco.utils.link_model import format_rate
 from muloco.utils.command_line import UsageError, parse
 from muloco.launch.cluster import ClusterError, ClusterOptions, ClusterUnreachable
+from muloco.launch.slurm_commands import SlurmCommandError, slurm
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.launch.slurm import (KINDS, SLURM_DIR, JobError, JobSpec, Kind, Script, array_script, build,
                                  cluster_nodes, place, prepare_folder, submit_scripts)
@@ -264,11 +264,10 @@ def job_state(job_id: str, run_dir: str) -> str:
     run folder (a summary means done)."""
     for cmd in (["scontrol", "show", "job", job_id], ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id]):
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        except (FileNotFoundError, subprocess.TimeoutExpired):
+            state = combined_state(_states_in(slurm(*cmd)))
+        except SlurmCommandError:
             continue
-        state = combined_state(_states_in(r.stdout))
-        if r.returncode == 0 and state:
+        if state:
             return state
     return "COMPLETED" if run_finished(run_dir) else "LOST"
 
@@ -284,11 +283,11 @@ def run_finished(run_dir: str) -> bool:
 def nodes_in_use(user: str) -> int:
     """Nodes held or wanted by this user's running and pending jobs, every QOS and partition
     (array tasks counted one by one)."""
-    r = subprocess.run(["squeue", "-h", "--array", "-u", user, "-t", ACTIVE_STATES, "-o", "%D"],
-                       capture_output=True, text=True, timeout=60)
-    if r.returncode != 0:
-        raise JobError(f"squeue failed while counting nodes for --max-nodes: {r.stderr.strip()}")
-    return sum(int(x) for x in r.stdout.split())
+    try:
+        out = slurm("squeue", "-h", "--array", "-u", user, "-t", ACTIVE_STATES, "-o", "%D")
+    except SlurmCommandError as e:
+        raise JobError(f"{e}, while counting nodes for --max-nodes") from None
+    return sum(int(x) for x in out.split())
 
 
 def wait_for_nodes(needed: int, max_nodes: int, poll_s: float, say) -> None:

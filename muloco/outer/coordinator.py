@@ -32,7 +32,7 @@ import torch
 from torchtitan.tools.logging import logger
 
 from muloco.compat.quorum_record import record_quorums
-from muloco.outer.lighthouse_status import LighthouseStatus, LighthouseUnreachable, fetch_status, group_of
+from muloco.outer.lighthouse_status import LighthouseStatus, LighthouseUnreachable, fetch_status, group_of, majority
 
 PROGRESS_EVERY_S = 15.0
 POLL_S = 0.5
@@ -44,11 +44,6 @@ class CoordinationError(RuntimeError):
 
 class OutOfDateError(RuntimeError):
     """This replica group is behind and no peer it could heal from is running any more."""
-
-
-def majority(group_size: int) -> int:
-    """⌊K/2⌋+1: two quorums of this size always share a replica group (no split brain)."""
-    return group_size // 2 + 1
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,12 @@ _HEARTBEAT = re.compile(r'<li class="heartbeat([^"]*)">\s*([^<]+?): seen ([0-9.e
 _NEXT = re.compile(r"Next quorum status:\s*([^\n<]*)")
 
 
+def majority(group_size: int) -> int:
+    """⌊K/2⌋+1: two quorums of this size always share a replica group (no split brain); the
+    lighthouse's min_replicas and the groups' own quorum checks both use it."""
+    return group_size // 2 + 1
+
+
 class LighthouseUnreachable(ConnectionError):
     """The lighthouse did not answer; ``reason`` says how (refused, unknown host, timeout...)."""
 

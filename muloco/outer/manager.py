@@ -28,7 +28,7 @@ from torchtitan.experiments.torchft.manager import TorchFTManager
 from torchtitan.tools.logging import logger
 
 from muloco.compat import healing_transport
-from muloco.outer.coordinator import majority
+from muloco.outer.lighthouse_status import majority
 from muloco.outer.lighthouse_status import REPLICA_ID_PREFIX, LighthouseUnreachable, check_url, fetch_status
 
 

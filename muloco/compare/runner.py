@@ -1,13 +1,13 @@
 """Run a suite's runs one after another on this machine, resumably, with a live progress line.
 
-Each run is the project's own launcher in a child process: ``python -m muloco.train`` for a
-DDP row (one replica group), ``python -m muloco.launch.local`` for K replica groups (it starts
-the lighthouse and the groups), with ``--dump_folder <suite>/<name>``; its output goes to
+Each run is the project's own launcher, run as a sweep's ``--local`` runs are
+(:mod:`muloco.launch.local_runs`: a job of submitit's LocalExecutor): ``python -m muloco.train``
+for a DDP row (one replica group), ``python -m muloco.launch.local`` for K replica groups (it
+starts the lighthouse and the groups), with ``--dump_folder <suite>/<name>``; its output goes to
 ``<suite>/logs/<name>.log``. A run whose folder holds its summaries is finished and reused; a
 run interrupted part-way is started again with the same command and resumes from its last
-checkpoint. Ctrl-C, SIGTERM or a closed terminal stops the current run with the suite (its whole
-process group; a second Ctrl-C kills it at once),
-so nothing keeps training behind an interrupted suite. The suite's ``manifest.jsonl`` (the sweep's format: name, config, overrides, run
+checkpoint. Ctrl-C, SIGTERM or a closed terminal stops the current run with the suite (its
+launcher stops its own processes), so nothing keeps training behind an interrupted suite. The suite's ``manifest.jsonl`` (the sweep's format: name, config, overrides, run
 folder, state) is rewritten atomically after every run, so ``python -m muloco.report`` and
 ``muloco.launch.sweep --status``-style readers see the same runs.
 
@@ -19,33 +19,22 @@ from the seconds per sequence trained so far in this invocation.
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from muloco.compare.suites import Planned
+from muloco.launch.local_runs import LocalRuns, RunEvent, local_command
 from muloco.launch.sweep import Entry, read_manifest, run_finished, write_manifest
-
-POLL_SECONDS = 2.0
-"""How often the progress line looks at the current run's metrics (display only)."""
-STOP_GRACE_S = 60.0
-"""How long an interrupted run has to stop its processes after SIGTERM before SIGKILL."""
 
 
 def command(p: Planned, folder: Path, *, share_gpus: bool = False) -> list[str]:
     """The command that trains ``p`` into ``folder``; ``share_gpus`` lets its replica groups
     share the machine's GPUs (fewer GPUs than groups)."""
-    if p.row.ddp:
-        return [sys.executable, "-m", "muloco.train", "--config", p.row.config, *p.overrides,
-                "--dump_folder", str(folder)]
-    return [sys.executable, "-m", "muloco.launch.local", "--config", p.row.config, "--replicas",
-            str(p.row.replicas), *(["--share-gpus"] if share_gpus else []), "--", *p.overrides,
-            "--dump_folder", str(folder)]
+    return local_command("ddp" if p.row.ddp else "groups", p.row.config, [*p.overrides, "--dump_folder", str(folder)],
+                         replicas=p.row.replicas, share_gpus=share_gpus and not p.row.ddp)
 
 
 def _work(p: Planned) -> int:
@@ -129,22 +118,6 @@ def _entry(p: Planned, folder: Path, state: str) -> Entry:
                  state=state)
 
 
-def _stop(child: subprocess.Popen) -> None:
-    """SIGTERM to the run's process group (the launchers stop their own children on it), SIGKILL
-    if it outlives ``STOP_GRACE_S`` or a second Ctrl-C comes."""
-    try:
-        os.killpg(child.pid, signal.SIGTERM)
-        child.wait(timeout=STOP_GRACE_S)
-    except ProcessLookupError:
-        return
-    except (subprocess.TimeoutExpired, KeyboardInterrupt, SystemExit):
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        child.wait()
-
-
 def stop_on_sigterm() -> None:
     """SIGTERM and SIGHUP (a closed terminal) raise SystemExit in the main thread, so
     :func:`run_all` stops the running child (and the manifest keeps what finished) instead of
@@ -162,6 +135,7 @@ def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | No
     manifest = read_manifest(str(suite_dir))
     progress = Progress(len(planned), sum(_work(p) for p in planned), progress_out or sys.stderr)
     states: dict[str, str] = {}
+    todo: list[Planned] = []
     for p in planned:
         folder = suite_dir / p.name
         if run_finished(str(folder)):
@@ -169,28 +143,30 @@ def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | No
             manifest[p.name] = _entry(p, folder, "COMPLETED")
             progress.finished(p, None, "finished before, reused")
             continue
-        manifest[p.name] = _entry(p, folder, "RUNNING")
+        todo.append(p)
+    by_name = {p.name: p for p in todo}
+
+    def record(event: RunEvent) -> None:
+        p = by_name[event.name]
+        folder = suite_dir / p.name
+        if event.state == "RUNNING":
+            manifest[p.name] = _entry(p, folder, "RUNNING")
+        elif event.state == "CANCELLED":
+            manifest[p.name] = _entry(p, folder, "CANCELLED")
+        else:
+            ok = event.state == "COMPLETED" and run_finished(str(folder))
+            states[p.name] = "COMPLETED" if ok else "FAILED"
+            manifest[p.name] = _entry(p, folder, states[p.name])
+            progress.finished(p, event.seconds if ok else None, "done" if ok else
+                              f"FAILED ({event.error or 'no summary written'}); see {suite_dir / 'logs' / f'{p.name}.log'}")
         write_manifest(str(suite_dir), manifest)
-        log = suite_dir / "logs" / f"{p.name}.log"
-        began = time.monotonic()
-        with open(log, "ab") as f:
-            child = subprocess.Popen(command(p, folder, share_gpus=share_gpus), stdout=f, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True)
-            try:
-                while child.poll() is None:
-                    progress.show(p, current_step(folder), time.monotonic() - began)
-                    try:
-                        child.wait(timeout=POLL_SECONDS)
-                    except subprocess.TimeoutExpired:
-                        pass
-            except BaseException:  # Ctrl-C or SIGTERM: the run stops with the suite, resumable
-                _stop(child)
-                raise
-        seconds = time.monotonic() - began
-        ok = child.returncode == 0 and run_finished(str(folder))
-        states[p.name] = "COMPLETED" if ok else "FAILED"
-        manifest[p.name] = _entry(p, folder, states[p.name])
-        write_manifest(str(suite_dir), manifest)
-        progress.finished(p, seconds if ok else None,
-                          "done" if ok else f"FAILED (exit {child.returncode}); see {log}")
+
+    def watch(event: RunEvent) -> None:
+        p = by_name[event.name]
+        progress.show(p, current_step(suite_dir / p.name), event.seconds)
+
+    if todo:
+        runs = LocalRuns(str(suite_dir), 1, record, say=lambda _: None, env=env)
+        runs.run([(p.name, command(p, suite_dir / p.name, share_gpus=share_gpus)) for p in todo], watch=watch)
+    write_manifest(str(suite_dir), manifest)
     return states

@@ -44,6 +44,7 @@ from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings
                                    resolve_partition)
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 from muloco.launch.slurm_commands import SlurmCommandError, cancel, slurm
+from muloco.launch.templates import render
 from muloco.outer.lighthouse_status import majority
 
 SLURM_DIR = "slurm"
@@ -186,34 +187,11 @@ def preamble(spec: JobSpec) -> list[str]:
     if ifname and ifname[0] not in "^=":  # gloo takes plain names only (no ^ exclusion, no = prefix)
         sockets["GLOO_SOCKET_IFNAME"] = ifname
     env = {**ENV_BLOCK, **sockets, **spec.cluster.env}
-    lines = ["set -uo pipefail",
-             'cd "${MULOCO_WORKDIR:-$SLURM_SUBMIT_DIR}" || exit 2  # where sbatch was called: relative paths start here',
-             'PYTHON="${MULOCO_PYTHON:-.venv/bin/python}"',
-             '# srun no longer inherits --cpus-per-task from sbatch (SLURM 22.05): hand it on',
-             'export SRUN_CPUS_PER_TASK="${SLURM_CPUS_PER_TASK:-1}"',
-             "",
-             "# --- environment (one block; add or change values in the [env] table of "
-             "~/.config/muloco/cluster.toml) ---",
-             "# Secrets (WANDB_API_KEY, HF_TOKEN) are never written here: export them before sbatch.",
-             *(f"export {k}={_q(v)}" for k, v in env.items())]
+    lines = render("preamble", exports="\n".join(f"export {k}={_q(v)}" for k, v in env.items()))
     if spec.cluster.setup:
-        lines += ["", "# --- cluster setup (setup in the cluster file): a failing line stops the job ---",
-                  "trap 'echo \"muloco: the cluster setup failed (exit $?) at: $BASH_COMMAND; fix setup in "
-                  f"{default_cluster_file()}\" >&2; exit {SETUP_FAILED}' ERR",
-                  *spec.cluster.setup, "trap - ERR"]
+        lines += render("setup", cluster_file=default_cluster_file(), setup_failed=SETUP_FAILED,
+                        setup="\n".join(spec.cluster.setup))
     return lines
-
-
-WAIT_ALL = [
-    "wait_all() {  # every pid given, through the traps' interruptions of wait; the last failure's status",
-    "  local rc=0 pid status",
-    '  for pid in "$@"; do',
-    '    while :; do wait "$pid"; status=$?; kill -0 "$pid" 2>/dev/null || break; done',
-    '    [ "$status" -ne 0 ] && rc=$status',
-    "  done",
-    "  return $rc",
-    "}",
-]
 
 
 def requeue_block(spec: JobSpec, *, trains: bool = True) -> list[str]:
@@ -223,53 +201,11 @@ def requeue_block(spec: JobSpec, *, trains: bool = True) -> list[str]:
     stop (``MULOCO_STOP_FILE``, :mod:`muloco.components.preemption`), waits for it, then requeues; the
     lighthouse's job requeues at once."""
     if not spec.requeue:
-        return [*WAIT_ALL, 'finish_run() { exit "$1"; }']
-    lines = [
-        *WAIT_ALL,
-        'JOB_KEY="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
-        'JOB_KEY="${JOB_KEY:-$SLURM_JOB_ID}"',
-        'requeue_self() { echo "muloco: requeueing job $JOB_KEY ($1); it resumes from its newest checkpoint"; '
-        'scontrol requeue "$JOB_KEY" || { echo "muloco: scontrol requeue $JOB_KEY failed" >&2; return 1; }; }',
-        "# a failed requeue ends the job as FAILED (so --resubmit-failed finds it), never as COMPLETED",
-    ]
-    if trains:
-        lines += [
-            f'export MULOCO_STOP_FILE="$RUN_DIR/{SLURM_DIR}/stop-$JOB_KEY"',
-            'rm -f "$MULOCO_STOP_FILE" "$MULOCO_STOP_FILE.at"  # a requeued job starts without the last request',
-            "STOPPING=0; WATCHDOG=",
-            "ask_to_stop() {  # the run writes a checkpoint where it stands (DiLoCo groups at a shared sync), exits",
-            '  [ "$STOPPING" = 1 ] && return; STOPPING=1',
-            '  echo "muloco: $1: the run checkpoints and stops, then the job requeues"',
-            f'  mkdir -p "$RUN_DIR/{SLURM_DIR}" && touch "$MULOCO_STOP_FILE"',
-            "  # a run still going near the limit is requeued anyway (from its newest complete checkpoint):",
-            "  # never let the job end as TIMEOUT, which SLURM does not requeue",
-            f"  ( sleep {max(10, spec.signal_s - 30)}; requeue_self \"the run did not stop within "
-            f"{max(10, spec.signal_s - 30)} s\" ) & WATCHDOG=$!",
-            "}",
-            "trap 'ask_to_stop \"USR1: time limit or preemption\"' USR1",
-        ]
-    else:
-        lines.append("trap 'requeue_self \"USR1: time limit or preemption\" && exit 0; exit 1' USR1")
-    lines += [
-        f"RETRIES={spec.retries}",
-        f'FAILURES_FILE="$RUN_DIR/{SLURM_DIR}/failures-$JOB_KEY"',
-        "requeue_or_exit() {  # $1: the run's exit status",
-        '  local failures; failures=$(cat "$FAILURES_FILE" 2>/dev/null || echo 0)',
-        '  if [ "$1" -ne 0 ] && [ "$failures" -lt "$RETRIES" ]; then',
-        '    echo $((failures + 1)) > "$FAILURES_FILE"',
-        '    requeue_self "exit $1, retry $((failures + 1))/$RETRIES" && exit 0',
-        "  fi",
-        '  exit "$1"',
-        "}",
-        "finish_run() {  # $1: the run's exit status; a run stopped with a checkpoint (75) requeues",
-        '  [ -n "${WATCHDOG:-}" ] && kill "$WATCHDOG" 2>/dev/null',
-        f'  if [ "$1" -eq {EXIT_PREEMPTED} ] || {{ [ "${{STOPPING:-0}}" = 1 ] && [ "$1" -ne 0 ]; }}; then',
-        '    requeue_self "stopped with a checkpoint (exit $1)" && exit 0; exit 1',
-        "  fi  # a run that finished while asked to stop has nothing left to do",
-        '  requeue_or_exit "$1"',
-        "}",
-    ]
-    return lines
+        return [*render("wait_all"), *render("no_requeue")]
+    on_usr1 = (render("stop_then_requeue", slurm_dir=SLURM_DIR, watchdog_s=max(10, spec.signal_s - 30)) if trains
+               else render("requeue_on_usr1"))
+    return [*render("wait_all"), *render("requeue_self"), *on_usr1,
+            *render("finish_run", retries=spec.retries, slurm_dir=SLURM_DIR, exit_preempted=EXIT_PREEMPTED)]
 
 
 def overrides_block(spec: JobSpec, run_dir: str) -> list[str]:

@@ -547,9 +547,9 @@ def _submit(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -
 
 
 def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -> int:
-    """``--local N``: every run not finished yet, on this machine (:mod:`muloco.launch.local_sweep`)."""
+    """``--local N``: every run not finished yet, on this machine (:mod:`muloco.launch.local_runs`)."""
     from muloco.launch.gpu_slices import visible_gpus
-    from muloco.launch.local_sweep import LocalSweep, local_command
+    from muloco.launch.local_runs import LocalRuns, local_command
 
     refused = [flag for flag, on in (("--smoke-steps", args.smoke_steps), ("--max-nodes", args.max_nodes),
                                      ("--resubmit-failed", args.resubmit_failed)) if on]
@@ -570,7 +570,7 @@ def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]
         print(f"dry run: {len(runs)} run(s) to run here ({reused} finished before); nothing started")
         return 0
     with _sweep_folder(args.out):
-        failed = _run_here(sweep, args, runner, planned, runs, reused, LocalSweep)
+        failed = _run_here(sweep, args, runner, planned, runs, reused, LocalRuns)
     if failed:
         print(f"sweep {sweep.name}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in "
               f"{os.path.join(args.out, 'logs')}; run the sweep again to retry them", file=sys.stderr)
@@ -580,7 +580,7 @@ def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]
 
 
 def _run_here(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned], runs, reused: int,
-              local_sweep) -> list[str]:
+              local_runs) -> list[str]:
     """The manifest first (finished runs marked as such), then the runs, each recorded as it
     starts and ends."""
     runner.entries = read_manifest(args.out)
@@ -594,16 +594,17 @@ def _run_here(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned],
             runner.entries[p.entry.name] = p.entry
     write_manifest(args.out, runner.entries)
 
-    def record(name: str, job: str, state: str) -> None:
-        entry = by_name[name]
-        if job not in entry.jobs:
-            entry.jobs.append(job)
-        entry.state, entry.job_files = state, {"local": job}
-        runner.entries[name] = entry
+    def record(event) -> None:
+        entry = by_name[event.name]
+        if event.job_id not in entry.jobs:
+            entry.jobs.append(event.job_id)
+        entry.state, entry.job_files = event.state, {"local": event.job_id}
+        runner.entries[event.name] = entry
         write_manifest(args.out, runner.entries)
 
     print(f"sweep {sweep.name}: {len(runs)} run(s) here, {args.local} at a time ({reused} finished before)")
-    return local_sweep(args.out, args.local, record).run(runs)
+    ended = local_runs(args.out, args.local, record).run(runs)
+    return [name for name, event in ended.items() if event.state != "COMPLETED"]
 
 
 def _dry_run(planned: list[Planned], sweep: Sweep, args) -> int:

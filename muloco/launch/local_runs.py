@@ -1,0 +1,156 @@
+"""Many runs on this machine, without SLURM: a sweep's ``--local N`` and ``compare``'s suites.
+
+Each run is a job of submitit's ``LocalExecutor`` (its own process, its state, its stdout in
+``<folder>/submitit/``), at most N at a time, started in the given order. A run is the
+project's own launcher, as on a cluster node (:func:`local_command`): ``python -m muloco.train``
+for a DDP run (one group; torchrun with ``--procs`` ranks on CPU, or over every visible GPU),
+``python -m muloco.launch.local --replicas K`` for K replica groups (its lighthouse and groups).
+Its output goes to ``<folder>/logs/<run>.log``. The caller keeps its manifest from the events
+each run sends (started, and how it ended) and may watch the running ones on every poll (a
+progress line). Ctrl-C or SIGTERM stops the running runs (their launchers stop their own
+processes) and leaves them resumable.
+
+Every run sees the GPUs this process sees (``CUDA_VISIBLE_DEVICES``); with N > 1 on a GPU
+machine, runs share them, so N = 1 is the default.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import submitit
+
+from muloco.launch.gpu_slices import visible_gpus
+
+POLL_S = 1.0
+"""How often finished jobs are looked for (a run lasts minutes to days)."""
+STOP_GRACE_S = 120.0
+"""After Ctrl-C, how long a run's launcher has to stop its processes (it saves nothing then)."""
+NO_TIME_LIMIT_MIN = 60 * 24 * 365
+"""submitit's local jobs have a time limit (2 minutes by default); a run has none."""
+
+
+def run_command(cmd: list[str], log: str, env: dict[str, str] | None = None) -> int:
+    """One local job's body, run inside submitit's job process: the run's command (in ``env``,
+    else the job's environment), its output appended to ``log``; a failure raises (submitit then
+    records the job as failed)."""
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        try:
+            code = proc.wait()
+        except BaseException:  # submitit's cancel (SIGINT) or Ctrl-C: the launcher stops its children
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    if code:
+        raise RuntimeError(f"{' '.join(cmd[1:4])} exited with {code}")
+    return code
+
+
+def local_command(kind: str, config: str, overrides: list[str], *, replicas: int, procs: int = 1,
+                  gpus: int = 0, share_gpus: bool = False) -> list[str]:
+    """The command that runs one run on this machine: DDP over ``gpus`` visible GPUs (else
+    ``procs`` CPU ranks), or K replica groups through the local launcher (GPU slices its own;
+    ``share_gpus`` when the machine has fewer GPUs than groups)."""
+    if kind == "ddp":
+        ranks = gpus or procs
+        if ranks > 1:
+            return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                    "-m", "muloco.train", "--config", config, *overrides]
+        return [sys.executable, "-m", "muloco.train", "--config", config, *overrides]
+    per_group = [] if gpus or procs == 1 else ["--procs-per-replica", str(procs)]
+    return [sys.executable, "-m", "muloco.launch.local", "--config", config, "--replicas", str(replicas),
+            *per_group, *(["--share-gpus"] if share_gpus else []), "--", *overrides]
+
+
+@dataclass
+class RunEvent:
+    """What a run did: started (``RUNNING``, also sent on every poll to a watcher), or ended
+    (``COMPLETED``, ``FAILED`` with ``error``, ``CANCELLED`` when this process was stopped)."""
+
+    name: str
+    job_id: str
+    state: str
+    seconds: float
+    """Since the run started."""
+    error: str = ""
+
+
+class LocalRuns:
+    """Runs named commands through submitit's LocalExecutor, ``parallel`` at a time."""
+
+    def __init__(self, folder: str, parallel: int, record: Callable[[RunEvent], None], say=print,
+                 env: dict[str, str] | None = None):
+        """``record`` hears each run start and end (the caller's manifest); ``env``: the runs'
+        environment (default: this process's)."""
+        self.folder, self.parallel, self.record, self.say, self.env = folder, parallel, record, say, env
+        self.executor = submitit.LocalExecutor(folder=os.path.join(folder, "submitit"))
+        self.executor.update_parameters(timeout_min=NO_TIME_LIMIT_MIN, tasks_per_node=1, **_same_gpus())
+        os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
+
+    def log(self, name: str) -> str:
+        return os.path.join(self.folder, "logs", f"{name}.log")
+
+    def run(self, runs: list[tuple[str, list[str]]],
+            watch: Callable[[RunEvent], None] | None = None) -> dict[str, RunEvent]:
+        """Each (name, command) to its end, ``watch`` told of the running ones on every poll; how
+        each ended."""
+        waiting, running, ended = list(runs), {}, {}
+        try:
+            while waiting or running:
+                while waiting and len(running) < self.parallel:
+                    name, cmd = waiting.pop(0)
+                    job = self.executor.submit(run_command, cmd, self.log(name), self.env)
+                    running[name] = (job, time.monotonic())
+                    self.record(RunEvent(name, f"local:{job.job_id}", "RUNNING", 0.0))
+                    self.say(f"started {name} (local job {job.job_id}; log {self.log(name)})")
+                for name, (job, began) in list(running.items()):
+                    event = RunEvent(name, f"local:{job.job_id}", "RUNNING", time.monotonic() - began)
+                    if not job.done():
+                        if watch:
+                            watch(event)
+                        continue
+                    del running[name]
+                    failure = job.exception()
+                    event.state = "FAILED" if failure else "COMPLETED"
+                    event.error = str(failure).strip().splitlines()[-1] if failure else ""
+                    ended[name] = event
+                    self.record(event)
+                    self.say(f"{'finished' if not failure else 'FAILED'} {name}"
+                             + (f": {event.error}; see {self.log(name)}" if failure else ""))
+                time.sleep(POLL_S)
+        except BaseException:
+            for job, _ in running.values():
+                job.cancel()
+            for name, (job, began) in running.items():
+                _wait_done(job)
+                self.record(RunEvent(name, f"local:{job.job_id}", "CANCELLED", time.monotonic() - began))
+            raise
+        return ended
+
+
+def _same_gpus() -> dict:
+    """submitit's parameters that give a job the GPUs this process sees (it sets
+    ``CUDA_VISIBLE_DEVICES`` itself, from integer ids: a restriction of ours, UUIDs included,
+    is exported again before its job starts)."""
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is not None:
+        return {"gpus_per_node": 0, "setup": [f"export CUDA_VISIBLE_DEVICES={shlex.quote(spec)}"]}
+    count = len(visible_gpus())
+    return {"gpus_per_node": count, "visible_gpus": tuple(range(count))}
+
+
+def _wait_done(job, timeout: float = STOP_GRACE_S + 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not job.done() and time.monotonic() < deadline:
+        time.sleep(0.2)

@@ -1,0 +1,1 @@
+finish_run() { exit "$1"; }

@@ -378,7 +378,7 @@ def test_sigterm_stops_the_running_run_with_the_suite(tmp_path):
             time.sleep(0.2)
         assert not [p for p in below if _alive(p)]
         manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
-        assert [m["state"] for m in manifest] == ["RUNNING"]  # not finished: the next invocation resumes it
+        assert [m["state"] for m in manifest] == ["CANCELLED"]  # not finished: the next invocation resumes it
     finally:
         for pid in [proc.pid, *below]:
             if _alive(pid):

@@ -24,6 +24,7 @@ from torchtitan.tools.logging import logger
 
 from muloco.runs import manifest
 from muloco.runs.facts import RUN_FILE  # noqa: F401 - where a run folder's command and facts are
+from muloco.utils.values import require_positive
 
 
 class CheckpointLoadError(RuntimeError):
@@ -176,6 +177,20 @@ class MulocoCheckpointManager(CheckpointManager):
     class Config(CheckpointManager.Config):
         initial_load_model_only: bool = False
         """Load only model weights from checkpoint.initial_load_path (fine-tuning)."""
+
+        def validate(self) -> None:
+            """Local folders (every checkpoint's manifest is verified before it loads), a positive
+            interval, pinned-memory staging only where there is CUDA."""
+            if not self.enable:
+                return
+            require_positive("checkpoint.interval", self.interval, "a positive integer")
+            if "://" in self.folder or "://" in (self.initial_load_path or ""):
+                raise ValueError("checkpoint.folder and checkpoint.initial_load_path must be local folders: muloco "
+                                 "verifies a checksum manifest of every checkpoint before loading it; mount the "
+                                 "bucket, or copy the checkpoint to local storage.")
+            if self.async_mode == "async_with_pinned_mem" and not torch.cuda.is_available():
+                raise ValueError("checkpoint.async_mode 'async_with_pinned_mem' stages checkpoints in pinned "
+                                 "CUDA memory and there is no CUDA device here; use 'async' or 'disabled'.")
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)

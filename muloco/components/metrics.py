@@ -22,7 +22,9 @@ from typing import Any
 import torch
 from torchtitan.components.metrics import MetricsProcessor
 
+from muloco.utils import optional
 from muloco.utils.atomic_file import write_atomically
+from muloco.utils.values import require_positive
 from muloco.runs.manifest import complete_steps
 from torchtitan.tools.logging import logger
 
@@ -79,6 +81,14 @@ class MulocoMetrics(MetricsProcessor):
     class Config(MetricsProcessor.Config):
         jsonl_file: str = "metrics.jsonl"
         """Per-run JSONL record of every logged step, relative to dump_folder ('' = off)."""
+
+        def validate(self) -> None:
+            require_positive("metrics.log_freq", self.log_freq, "a positive integer")
+            if self.enable_wandb:
+                try:
+                    optional.require("wandb", "metrics.enable_wandb")
+                except optional.MissingExtra as err:
+                    raise ValueError(str(err)) from None
 
     validation_seconds_total: float = 0.0
     """Seconds this process spent validating so far (each validation record carries it, so the

@@ -19,6 +19,8 @@ from typing import Literal
 
 from torchtitan.config.configs import TrainingConfig
 
+from muloco.utils.values import require_positive
+
 PRECISIONS = ("auto", "bfloat16", "float32")
 
 
@@ -29,6 +31,17 @@ class MulocoTrainingConfig(TrainingConfig):
     batch_over_groups: int = 0
     """Sequences per step summed over the K replica groups (the GPU presets: 512): with
     global_batch_size -1 each group takes this / K, K from --fault_tolerance.group_size (0: off)."""
+
+    def validate(self) -> None:
+        require_positive("training.seq_len", self.seq_len, "a positive integer")
+        require_positive("training.local_batch_size", self.local_batch_size, "a positive integer")
+        require_positive("training.steps", self.steps, "a positive integer")
+        if self.global_batch_size != -1:
+            require_positive("training.global_batch_size", self.global_batch_size, "a positive integer or -1")
+            if self.global_batch_size % self.local_batch_size:
+                raise ValueError(f"training.global_batch_size {self.global_batch_size} is not a multiple of "
+                                 f"training.local_batch_size {self.local_batch_size}.")
+        require_positive("training.max_norm", self.max_norm)
 
 
 def resolve_precision(requested: str, device_type: str) -> str:

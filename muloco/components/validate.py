@@ -37,6 +37,7 @@ from torchtitan.components.validate import Validator
 
 from muloco.data.loader import PackedTextDataLoader
 from muloco.objectives import MaskedDiffusion, Objective
+from muloco.utils.values import require_positive
 
 
 class MulocoValidator(Validator):
@@ -54,6 +55,25 @@ class MulocoValidator(Validator):
         dataloader: PackedTextDataLoader.Config = field(
             default_factory=lambda: PackedTextDataLoader.Config(split="validation")
         )
+
+        def validate(self) -> None:
+            """Its own settings, and ``dataloader`` read only with ``follow_training_data`` off: a
+            value set there while validation follows the training data would be dropped without a word."""
+            if self.enable:
+                require_positive("validator.freq", self.freq, "a positive integer")
+                if self.tuning_steps < 0:
+                    raise ValueError(f"validator.tuning_steps is {self.tuning_steps}; it must be >= 0 (0: no tuning "
+                                     "batches).")
+                if self.tuning_steps and self.steps == -1:
+                    raise ValueError("validator.tuning_steps reads the held-out batches after the validator.steps "
+                                     "reported ones, and validator.steps -1 reports on all of them; give "
+                                     "validator.steps a count.")
+            self.dataloader.validate("validator.dataloader")
+            if self.follow_training_data and self.dataloader != type(self.dataloader)(split="validation"):
+                raise ValueError("validator.dataloader is set but not read: validation follows the training data's "
+                                 "held-out split (validator.follow_training_data). Add "
+                                 "--validator.follow_training_data False to validate on validator.dataloader, or "
+                                 "drop its settings.")
 
         def data_config(self, training_data: PackedTextDataLoader.Config) -> PackedTextDataLoader.Config:
             """The data the validator will read, given the training data."""

@@ -11,17 +11,19 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
-from muloco.utils import optional
-from muloco.config.loader import ConfigError
-from muloco.utils.created_dirs import make_dirs, missing_dirs, remove_dirs
-from muloco.data.sources import HuggingFaceDataset, JsonlFiles
-from muloco.sizing.flavors import UnknownFlavorError, parse_flavor
+from muloco import compat
 
+compat.apply()  # before muloco.models imports torchtitan (a pre-flight may be the first to)
 
-def _positive(key: str, value, what: str = "a positive number") -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise ConfigError(f"{key} is {value!r}; it must be {what}.")
+from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.utils.created_dirs import make_dirs, missing_dirs, remove_dirs  # noqa: E402
+from muloco.config.cli import valid_keys  # noqa: E402
+from muloco.hf.adapter import adapter_for  # noqa: E402
+from muloco.hf.config import first_mismatch, llama_config, read  # noqa: E402
+from muloco.models import Architecture, build_model_config, hf_adapter, hf_folder  # noqa: E402
+from muloco.sizing.flavors import parse_flavor  # noqa: E402
 
 
 def _check_finite(config) -> None:
@@ -29,8 +31,6 @@ def _check_finite(config) -> None:
     false both ways, so ``not 0 <= nan < 1`` depends on how the test is spelt), and a
     run with an infinite learning rate dies many steps later on a non-finite loss.
     So every float setting is rejected here, before the range checks run."""
-    from muloco.config.cli import valid_keys
-
     for key, value in valid_keys(config).items():
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key} is {value!r}; it must be a finite number.")
@@ -56,45 +56,9 @@ def _check_patterns(config) -> None:
             ) from None
 
 
-def _check_training(config) -> None:
-    t = config.training
-    _positive("training.seq_len", t.seq_len, "a positive integer")
-    _positive("training.local_batch_size", t.local_batch_size, "a positive integer")
-    _positive("training.steps", t.steps, "a positive integer")
-    if t.global_batch_size != -1:
-        _positive("training.global_batch_size", t.global_batch_size, "a positive integer or -1")
-        if t.global_batch_size % t.local_batch_size:
-            raise ConfigError(
-                f"training.global_batch_size {t.global_batch_size} is not a multiple of "
-                f"training.local_batch_size {t.local_batch_size}."
-            )
-    _positive("training.max_norm", t.max_norm)
-
-
-def _check_optimizer(config) -> None:
-    opt = config.optimizer
-    lr = getattr(opt, "lr", None)
-    if lr is not None:
-        _positive("optimizer.lr", lr, "a positive learning rate (e.g. 3e-3)")
-    for key in ("beta1", "beta2"):
-        value = getattr(opt, key, None)
-        if value is not None and not 0 <= value < 1:
-            raise ConfigError(f"optimizer.{key} is {value!r}; it must be in [0, 1).")
-    wd = getattr(opt, "weight_decay", 0.0)
-    if wd < 0:
-        raise ConfigError(f"optimizer.weight_decay is {wd!r}; it must be >= 0.")
-    if config.lr_scheduler.warmup_steps < 0:
-        raise ConfigError("lr_scheduler.warmup_steps must be >= 0.")
-
-
-def _check_model(config) -> None:
-    from muloco.models import Architecture, hf_folder
-
+def _check_hf_model(config) -> None:
+    """An ``hf:DIR`` flavor: the folder's shapes with this run's tokenizer (model × tokenizer)."""
     if hf_folder(config.model.flavor) is None:
-        try:
-            parse_flavor(config.model.flavor)
-        except UnknownFlavorError as err:
-            raise ConfigError(str(err)) from None
         return
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     try:
@@ -108,9 +72,6 @@ def _check_hf_vocabulary(config, tokenizer, rows: int) -> None:
     """The ids the run feeds an ``hf:DIR`` model fit its embedding (the mask only for masked
     diffusion: a tokenizer without one gets an extra id an autoregressive run never uses), and a
     diffusion run masks with the token the folder's model was trained to fill."""
-    from muloco.hf.config import read
-    from muloco.models import hf_folder
-
     folder = hf_folder(config.model.flavor)
     causal = config.objective._owner.causal
     needed = tokenizer.get_vocab_size()
@@ -130,33 +91,10 @@ def model_units(flavor: str) -> int:
     """Layer-sized units the outer loop splits into fragments: the embedding, each
     transformer block, and the final norm with the output head together (see
     ``_units`` in :mod:`muloco.outer.schedule`; a test checks this against built models)."""
-    from muloco.hf.config import read
-    from muloco.models import Architecture, hf_folder
-
     folder = hf_folder(flavor)
     if folder is not None:
         return Architecture.from_hf(read(folder)).depth + 2
     return parse_flavor(flavor).shape.depth + 2
-
-
-def _check_checkpoint(config) -> None:
-    ckpt = config.checkpoint
-    if not ckpt.enable:
-        return
-    if "://" in ckpt.folder or "://" in (ckpt.initial_load_path or ""):
-        raise ConfigError(
-            "checkpoint.folder and checkpoint.initial_load_path must be local folders: muloco "
-            "verifies a checksum manifest of every checkpoint before loading it; mount the "
-            "bucket, or copy the checkpoint to local storage."
-        )
-    if ckpt.async_mode == "async_with_pinned_mem":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                "checkpoint.async_mode 'async_with_pinned_mem' stages checkpoints in pinned "
-                "CUDA memory and there is no CUDA device here; use 'async' or 'disabled'."
-            )
 
 
 def _check_hf_initial_load(config) -> None:
@@ -165,7 +103,6 @@ def _check_hf_initial_load(config) -> None:
     ckpt = config.checkpoint
     if not (ckpt.enable and ckpt.initial_load_path and ckpt.initial_load_in_hf):
         return
-    from pathlib import Path
 
     folder = Path(ckpt.initial_load_path)
     if not (folder / "config.json").is_file():
@@ -174,10 +111,6 @@ def _check_hf_initial_load(config) -> None:
                           "to load a muloco checkpoint.")
     if not any(folder.glob("*.safetensors")):
         raise ConfigError(f"checkpoint.initial_load_path {folder} holds no .safetensors weights.")
-    from muloco.hf.config import first_mismatch, llama_config
-    from muloco.models import build_model_config, hf_adapter
-
-    from muloco.hf.adapter import adapter_for
 
     if adapter_for(str(folder)) is not hf_adapter(config.model):
         raise ConfigError(f"checkpoint.initial_load_path {folder} and model.flavor {config.model.flavor} name their "
@@ -192,107 +125,8 @@ def _check_hf_initial_load(config) -> None:
                           f"the folder's own shapes with --model.flavor hf:{folder}.")
 
 
-def _check_data_source_keys(config) -> None:
-    """torchtitan's loader config has ``dataset`` and ``dataset_path``; muloco reads neither (its
-    data comes from ``source``), so a value there would be silently ignored."""
-    for prefix, dl in (("dataloader", config.dataloader), ("validator.dataloader", config.validator.dataloader)):
-        if getattr(dl, "dataset", "") or getattr(dl, "dataset_path", None):
-            raise ConfigError(f"{prefix}.dataset / {prefix}.dataset_path are not read: the data comes from "
-                              f"{prefix}.source; use --{prefix}.source jsonl --{prefix}.source.dataset_path PATH "
-                              f"(or --{prefix}.source huggingface --{prefix}.source.dataset NAME).")
-
-
-def _check_validation_source(config) -> None:
-    """``validator.dataloader`` is read only with ``follow_training_data`` off: a value set there
-    while validation follows the training data would be dropped without a word."""
-    v = config.validator
-    if getattr(v, "follow_training_data", False) and v.dataloader != type(v.dataloader)(split="validation"):
-        raise ConfigError("validator.dataloader is set but not read: validation follows the training data's "
-                          "held-out split (validator.follow_training_data). Add --validator.follow_training_data "
-                          "False to validate on validator.dataloader, or drop its settings.")
-
-
-def _check_paths(config) -> None:
-    _check_data_source_keys(config)
-    _check_validation_source(config)
-    source = config.dataloader.source
-    key = f"dataloader.source.dataset_path (dataloader.source is {source.name!r})"
-    if isinstance(source, JsonlFiles):
-        path = source.dataset_path
-        if not path:
-            raise ConfigError(f"{key} is empty; give the JSONL file, directory or glob to read.")
-        if not any(ch in path for ch in "*?[") and not os.path.exists(path):
-            raise ConfigError(f"{key} '{path}' does not exist; give an existing JSONL file or directory, or "
-                              "use --dataloader.source stdlib for the embedded corpus.")
-    if isinstance(source, HuggingFaceDataset) and source.dataset_path and not os.path.exists(source.dataset_path):
-        raise ConfigError(f"{key} '{source.dataset_path}' does not exist; for a dataset on the Hugging Face hub "
-                          "set --dataloader.source.dataset <name> and leave dataset_path empty.")
-    tok_path = getattr(config.tokenizer, "path", "")
-    if tok_path and not os.path.exists(tok_path):
-        raise ConfigError(
-            f"tokenizer.path '{tok_path}' does not exist; give a tiktoken BPE file, a "
-            "tokenizer.json or a directory holding one, or leave it empty for the "
-            "embedded standard-library BPE."
-        )
-
-
-def _check_metrics(config) -> None:
-    _positive("metrics.log_freq", config.metrics.log_freq, "a positive integer")
-    if config.validator.enable:
-        _positive("validator.freq", config.validator.freq, "a positive integer")
-        tuning = getattr(config.validator, "tuning_steps", 0)
-        if tuning < 0:
-            raise ConfigError(f"validator.tuning_steps is {tuning}; it must be >= 0 (0: no tuning batches).")
-        if tuning and config.validator.steps == -1:
-            raise ConfigError("validator.tuning_steps reads the held-out batches after the validator.steps reported "
-                              "ones, and validator.steps -1 reports on all of them; give validator.steps a count.")
-    if config.checkpoint.enable:
-        _positive("checkpoint.interval", config.checkpoint.interval, "a positive integer")
-    if config.metrics.enable_wandb:
-        try:
-            optional.require("wandb", "metrics.enable_wandb")
-        except optional.MissingExtra as err:
-            raise ConfigError(str(err)) from None
-
-
-def _check_replicas(config) -> None:
-    ft = config.fault_tolerance
-    if not ft.enable:
-        raise ConfigError("fault_tolerance.enable is false; a DiLoCo config needs its replica groups.")
-    if ft.semi_sync_method is not None:
-        raise ConfigError(
-            "fault_tolerance.semi_sync_method must stay unset: muloco's outer loop "
-            "(--outer.*) replaces torchtitan's torchft DiLoCo."
-        )
-    _positive("fault_tolerance.group_size", ft.group_size, "the number of replica groups (>= 1)")
-    if not 0 <= ft.replica_id < ft.group_size:
-        raise ConfigError(
-            f"fault_tolerance.replica_id is {ft.replica_id}; it must be in [0, {ft.group_size}) "
-            "(fault_tolerance.group_size is the number of replica groups)."
-        )
-    for key in ("timeout_seconds", "quorum_timeout_seconds", "connect_timeout_seconds"):
-        _positive(f"fault_tolerance.{key}", getattr(ft, key))
-    if ft.lighthouse_lost_seconds < 0:
-        raise ConfigError(f"fault_tolerance.lighthouse_lost_seconds is {ft.lighthouse_lost_seconds:g}; it must be "
-                          ">= 0 (0 = fault_tolerance.connect_timeout_seconds).")
-    if not 0 <= ft.min_replica_size <= ft.group_size:
-        raise ConfigError(
-            f"fault_tolerance.min_replica_size is {ft.min_replica_size}; it must be in [0, {ft.group_size}] "
-            "(0 = a majority of fault_tolerance.group_size; a larger value could never commit)."
-        )
-    for key in ("start_wait_seconds", "end_wait_seconds"):
-        if getattr(ft, key) < 0:
-            raise ConfigError(f"fault_tolerance.{key} is {getattr(ft, key)!r}; it must be >= 0.")
-    if ft.max_commit_failures < -1:
-        raise ConfigError(f"fault_tolerance.max_commit_failures is {ft.max_commit_failures}; "
-                          "it must be >= 0, or -1 for no limit.")
-
-
-def _check_outer(config) -> None:
-    try:
-        config.outer.validate()
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+def _check_outer_fits_the_run(config) -> None:
+    """The outer loop against the model (fragments), the run's length and its checkpoints."""
     units, fragments = model_units(config.model.flavor), config.outer.num_fragments
     if fragments > units:
         raise ConfigError(
@@ -316,31 +150,46 @@ def _check_outer(config) -> None:
         )
 
 
-def _check_objective(config) -> None:
-    try:
-        config.objective.validate()
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+def _check_objective_parallelism(config) -> None:
     if config.parallelism.pipeline_parallel_degree > 1:
         raise ConfigError("parallelism.pipeline_parallel_degree > 1 is not supported by muloco's "
                           "objectives; use data parallelism (FSDP) inside a replica group.")
 
 
+COMPONENTS = ("objective", "training", "optimizer", "model", "dataloader", "validator", "tokenizer", "metrics",
+              "checkpoint", "fault_tolerance", "outer")
+"""The parts of a trainer config that check themselves (``Config.validate()``), in the order they
+are checked (the first problem is the one reported)."""
+
+
+def _check_components(config) -> None:
+    for key in COMPONENTS:
+        part = getattr(config, key, None)
+        if not hasattr(part, "validate") or (key == "fault_tolerance" and not hasattr(config, "outer")):
+            continue  # a part torchtitan checks itself; a DDP run's fault_tolerance is torchtitan's, unused
+        try:
+            part.validate()
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+
+
+def _check_lr_scheduler(config) -> None:
+    if config.lr_scheduler.warmup_steps < 0:
+        raise ConfigError("lr_scheduler.warmup_steps must be >= 0.")
+
+
 def check_config(config) -> None:
-    """Raise ConfigError for the first problem found."""
+    """Raise ConfigError for the first problem found: every value finite, each component's own
+    ``validate()``, then what spans components (torchtitan's own settings among them)."""
     _check_finite(config)
-    _check_objective(config)
-    _check_training(config)
-    _check_optimizer(config)
-    _check_model(config)
     _check_patterns(config)
-    _check_paths(config)
-    _check_metrics(config)
-    _check_checkpoint(config)
+    _check_components(config)
+    _check_lr_scheduler(config)
+    _check_objective_parallelism(config)
+    _check_hf_model(config)
     _check_hf_initial_load(config)
     if hasattr(config, "outer"):
-        _check_replicas(config)
-        _check_outer(config)
+        _check_outer_fits_the_run(config)
 
 
 def _probe_once(folder: str) -> None:

@@ -59,6 +59,16 @@ class PackedTextDataLoader(BaseDataLoader):
         When False iteration ends after one pass (the validator's mode).
         """
 
+        def validate(self, key: str = "dataloader") -> None:
+            """torchtitan's loader config has ``dataset`` and ``dataset_path``; muloco reads neither (its
+            data comes from ``source``), so a value there would be silently ignored. Then the source's
+            own check (its files exist)."""
+            if getattr(self, "dataset", "") or getattr(self, "dataset_path", None):
+                raise ValueError(f"{key}.dataset / {key}.dataset_path are not read: the data comes from "
+                                 f"{key}.source; use --{key}.source jsonl --{key}.source.dataset_path PATH "
+                                 f"(or --{key}.source huggingface --{key}.source.dataset NAME).")
+            self.source.validate(f"{key}.source")
+
         seed: int = 0
         """Seed of the per-epoch document order (with the epoch number)."""
 

@@ -16,6 +16,7 @@ belongs (``muloco.config.variants``). ``build`` makes the reader of one split an
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import Annotated, ClassVar
 
@@ -33,6 +34,9 @@ class EmbeddedStdlib:
     one_example_per_row: ClassVar[bool] = False
     val_percent: float = 5.0
     """Percent of files held out for validation."""
+
+    def validate(self, key: str = "dataloader.source") -> None:
+        """Nothing to find on disk: the corpus ships inside the package."""
 
     def build(self, *, split: str, seed: int, shuffle: bool, rank: int, world: int) -> DocumentSource:
         return StdlibSource(split=split, val_percent=self.val_percent, seed=seed, shuffle=shuffle, rank=rank,
@@ -57,6 +61,16 @@ class JsonlFiles:
     """Field of each JSON line that holds the document text."""
     val_percent: float = 5.0
     """Percent of lines held out for validation by the hash split."""
+
+    def validate(self, key: str = "dataloader.source") -> None:
+        """The files exist (a glob is matched when the data is read)."""
+        where = f"{key}.dataset_path ({key} is {self.name!r})"
+        path = self.dataset_path
+        if not path:
+            raise ValueError(f"{where} is empty; give the JSONL file, directory or glob to read.")
+        if not any(ch in path for ch in "*?[") and not os.path.exists(path):
+            raise ValueError(f"{where} '{path}' does not exist; give an existing JSONL file or directory, or "
+                             f"use --{key} stdlib for the embedded corpus.")
 
     def build(self, *, split: str, seed: int, shuffle: bool, rank: int, world: int) -> DocumentSource:
         return JsonlSource(dataset_path=self.dataset_path, validation_path=self.validation_path, split=split,
@@ -108,6 +122,13 @@ class HuggingFaceDataset:
     """Field of each example that holds the document text."""
     val_percent: float = 5.0
     """Percent held out by the hash split when the dataset has no validation split."""
+
+    def validate(self, key: str = "dataloader.source") -> None:
+        """A local ``dataset_path`` exists (a hub name goes in ``dataset``)."""
+        if self.dataset_path and not os.path.exists(self.dataset_path):
+            raise ValueError(f"{key}.dataset_path ({key} is {self.name!r}) '{self.dataset_path}' does not exist; "
+                             f"for a dataset on the Hugging Face hub set --{key}.dataset <name> and leave "
+                             "dataset_path empty.")
 
     def build(self, *, split: str, seed: int, shuffle: bool, rank: int, world: int) -> DocumentSource:
         return HuggingFaceSource(name_or_path=self.dataset_path or self.dataset or None, subset=self.dataset_subset,

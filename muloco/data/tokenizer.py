@@ -14,6 +14,7 @@ import base64
 import binascii
 import functools
 import json
+import os
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -380,6 +381,12 @@ class MulocoTokenizer(BaseTokenizer):
         kind: Literal["auto", "tiktoken", "huggingface"] = "auto"
         """auto: a ``.json`` file or a directory with tokenizer.json is
         huggingface, anything else tiktoken."""
+
+        def validate(self) -> None:
+            if self.path and not os.path.exists(self.path):
+                raise ValueError(f"tokenizer.path '{self.path}' does not exist; give a tiktoken BPE file, a "
+                                 "tokenizer.json or a directory holding one, or leave it empty for the "
+                                 "embedded standard-library BPE.")
 
     def __init__(self, config: Config | None = None, *, tokenizer_path: str | None = None):
         super().__init__()

@@ -29,7 +29,7 @@ from muloco.hf.adapter import Llama3Adapter, adapter_for
 from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.models.attention import SwitchableSDPA
 from muloco.models.block import SandwichBlock
-from muloco.sizing.flavors import padded_vocab, parse_flavor
+from muloco.sizing.flavors import UnknownFlavorError, padded_vocab, parse_flavor
 
 ROPE_THETA = 500_000.0
 NORM_EPS = 1e-6
@@ -53,6 +53,15 @@ class ModelConfig:
     --checkpoint.initial_load_path DIR --checkpoint.initial_load_in_hf."""
     vocab_multiple_of: int = 64
     """The embedding/head rows are padded to a multiple of this (GPU-friendly shapes)."""
+
+    def validate(self) -> None:
+        """A model-map flavor names a shape (an ``hf:DIR`` folder is checked with its tokenizer,
+        in the pre-flight)."""
+        if hf_folder(self.flavor) is None:
+            try:
+                parse_flavor(self.flavor)
+            except UnknownFlavorError as err:
+                raise ValueError(str(err)) from None
 
 
 @dataclass(frozen=True)

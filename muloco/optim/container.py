@@ -22,6 +22,7 @@ from torchtitan.components.optimizer import OptimizersContainer
 from torchtitan.components.optimizer.optimizer import ParamGroupConfig
 
 from muloco.optim.muon import Muon, check_settings
+from muloco.utils.values import require_at_least_zero, require_positive
 
 NORM_PATTERN = r"(^|\.)(\w*norm)\.weight$"
 HIDDEN_MATRIX_PATTERN = r"(^|\.)(attention|feed_forward)\.(\w+\.)*w\w*\.weight$"
@@ -56,8 +57,12 @@ class MulocoOptimizers(OptimizersContainer):
         """lr factors of the AdamW groups when name=Muon (embeddings, output head, norms/biases)."""
 
         def validate(self) -> None:
+            require_positive("optimizer.lr", self.lr, "a positive learning rate (e.g. 3e-3)")
+            for key in ("beta1", "beta2"):
+                if not 0 <= getattr(self, key) < 1:
+                    raise ValueError(f"optimizer.{key} is {getattr(self, key)!r}; it must be in [0, 1).")
+            require_at_least_zero("optimizer.weight_decay", self.weight_decay)
             if self.name == "Muon":
-
                 check_settings(self.muon_momentum, self.muon_ns_steps, self.muon_coefficients, self.muon_lr_scaling)
 
         def muon_param_groups(self) -> list[ParamGroupConfig]:

@@ -29,6 +29,7 @@ from torchtitan.tools.logging import logger
 
 from muloco.compat import healing_transport
 from muloco.outer.lighthouse_status import majority
+from muloco.utils.values import require_at_least_zero, require_positive
 from muloco.outer.lighthouse_status import REPLICA_ID_PREFIX, LighthouseUnreachable, check_url, fetch_status
 
 
@@ -83,6 +84,33 @@ class ReplicaGroupManager(TorchFTManager):
         min_replica_size: int = 0
         """Replica groups a quorum needs to commit (0 = a majority of group_size, which rules
         out split brain; lower values allow it and are warned about)."""
+
+        def validate(self) -> None:
+            """The replica groups of a DiLoCo run: muloco's outer loop, not torchtitan's, and
+            settings a quorum can meet."""
+            if not self.enable:
+                raise ValueError("fault_tolerance.enable is false; a DiLoCo config needs its replica groups.")
+            if self.semi_sync_method is not None:
+                raise ValueError("fault_tolerance.semi_sync_method must stay unset: muloco's outer loop "
+                                 "(--outer.*) replaces torchtitan's torchft DiLoCo.")
+            require_positive("fault_tolerance.group_size", self.group_size, "the number of replica groups (>= 1)")
+            if not 0 <= self.replica_id < self.group_size:
+                raise ValueError(f"fault_tolerance.replica_id is {self.replica_id}; it must be in [0, "
+                                 f"{self.group_size}) (fault_tolerance.group_size is the number of replica groups).")
+            for key in ("timeout_seconds", "quorum_timeout_seconds", "connect_timeout_seconds"):
+                require_positive(f"fault_tolerance.{key}", getattr(self, key))
+            if self.lighthouse_lost_seconds < 0:
+                raise ValueError(f"fault_tolerance.lighthouse_lost_seconds is {self.lighthouse_lost_seconds:g}; it "
+                                 "must be >= 0 (0 = fault_tolerance.connect_timeout_seconds).")
+            if not 0 <= self.min_replica_size <= self.group_size:
+                raise ValueError(f"fault_tolerance.min_replica_size is {self.min_replica_size}; it must be in [0, "
+                                 f"{self.group_size}] (0 = a majority of fault_tolerance.group_size; a larger value "
+                                 "could never commit).")
+            for key in ("start_wait_seconds", "end_wait_seconds"):
+                require_at_least_zero(f"fault_tolerance.{key}", getattr(self, key))
+            if self.max_commit_failures < -1:
+                raise ValueError(f"fault_tolerance.max_commit_failures is {self.max_commit_failures}; it must be "
+                                 ">= 0, or -1 for no limit.")
 
         def lighthouse_url(self) -> str:
             url = self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")

@@ -28,7 +28,6 @@ is never printed or written.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -36,11 +35,14 @@ import re
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from muloco.utils import optional
 from muloco.utils.atomic_file import as_umask_says
 from muloco.hf.config import llama_config
+from muloco.utils.command_line import UsageError, parse, tyro
 from muloco.launch.group import LAUNCHER_KEYS
 from muloco.runs.facts import RUN_FILE
 
@@ -396,19 +398,47 @@ def push_to_hub(folder: Path, repo: str, *, private: bool) -> str:
     return info.commit_url
 
 
+PROG = "python -m muloco.export"
+
+
+@dataclass
+class ExportOptions:
+    """Export a run's model to a Hugging Face folder that ``transformers`` loads."""
+
+    checkpoint: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="RUN_FOLDER")]]
+    """Run dump folder, replica folder or checkpoint/step-N."""
+    out: str
+    """The Hugging Face folder to write."""
+    step: int | None = None
+    """Checkpoint step (default: the newest complete)."""
+    replica: int | None = None
+    """A DiLoCo run's replica folder to read (default 0)."""
+    force: bool = False
+    """Replace a non-empty --out."""
+    push_to_hub: Annotated[str | None, tyro.conf.arg(metavar="OWNER/NAME")] = None
+    """Then upload the folder to this Hub model repository (token: HF_TOKEN, or what `hf auth login` saved)."""
+    private: bool = False
+    """With --push-to-hub: create the repository private."""
+    license: str | None = None
+    """The card's license, a Hub license id: apache-2.0, mit, other... (default: none; your data's terms apply)."""
+
+
+def _check(args: ExportOptions) -> None:
+    if args.license is not None and not LICENSE_ID.fullmatch(args.license):
+        raise UsageError(f"--license {args.license!r} is not a license id: lowercase letters, digits, '.', '-' and "
+                         "'+', e.g. apache-2.0, mit, cc-by-4.0 or other")
+    if args.private and not args.push_to_hub:
+        raise UsageError("--private applies to --push-to-hub; add it or drop --private")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m muloco.export", description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint", help="run dump folder, replica folder or checkpoint/step-N")
-    p.add_argument("--out", required=True, help="the Hugging Face folder to write")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete)")
-    p.add_argument("--replica", type=int, default=None, help="a DiLoCo run's replica folder to read (default 0)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
-    p.add_argument("--push-to-hub", metavar="OWNER/NAME", default=None,
-                   help="then upload the folder to this Hub model repository (token: HF_TOKEN, or what `hf auth login` saved)")
-    p.add_argument("--private", action="store_true", help="with --push-to-hub: create the repository private")
-    p.add_argument("--license", default=None, help="the card's license, a Hub license id such as apache-2.0, mit "
-                   "or other (default: none written; the weights' terms follow your training data's)")
-    args = p.parse_args(argv)
+    try:
+        args, _ = parse(ExportOptions, list(sys.argv[1:] if argv is None else argv), prog=PROG,
+                        description=__doc__.split("\n\n")[0], overrides=False)
+        _check(args)
+    except UsageError as e:
+        print(f"muloco.export: error: {e}", file=sys.stderr)
+        return 2
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported
@@ -417,13 +447,6 @@ def main(argv: list[str] | None = None) -> int:
     from muloco.data.tokenizer import TokenizerError
     from muloco.tools.loading import RunLoadError
 
-    if args.license is not None and not LICENSE_ID.fullmatch(args.license):
-        print(f"muloco.export: error: --license {args.license!r} is not a license id: lowercase letters, digits, "
-              "'.', '-' and '+', e.g. apache-2.0, mit, cc-by-4.0 or other", file=sys.stderr)
-        return 2
-    if args.private and not args.push_to_hub:
-        print("muloco.export: error: --private applies to --push-to-hub; add it or drop --private", file=sys.stderr)
-        return 2
     try:
         if args.push_to_hub:
             _hub_token(args.push_to_hub)

@@ -13,11 +13,13 @@ range or an option the run does not take (a diffusion option on an autoregressiv
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
+from muloco.utils.command_line import UsageError, parse, tyro
 from muloco.objectives.sampling_options import CACHES, ORDERS
 
 # torch and torchtitan are imported once the command line is parsed (``_load``): ``--help`` and a
@@ -27,35 +29,56 @@ class GenerateError(ValueError):
     pass
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m muloco.generate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--checkpoint", required=True, help="run dump folder, replica folder or checkpoint/step-N")
-    p.add_argument("--prompt", action="append", default=None, help="prompt text (repeat for several samples)")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the newest complete)")
-    p.add_argument("--replica", type=int, default=None, help="DiLoCo run: the replica folder to read (default 0)")
-    p.add_argument("--length", type=int, default=64, help="tokens to generate")
-    p.add_argument("--steps", type=int, default=None, help="diffusion: denoising steps (default: --length)")
-    p.add_argument("--block-length", type=int, default=None, help="diffusion: semi-AR block (default: --length)")
-    p.add_argument("--order", choices=ORDERS, default=None, help="diffusion: which masks to fill first "
-                   "(default confidence)")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="diffusion: fill every masked position of the block whose predicted token has at least "
-                        "this probability at once (Fast-dLLM's parallel decoding; default: the fixed schedule)")
-    p.add_argument("--cache", choices=CACHES, default=None,
-                   help="diffusion: prefix = Fast-dLLM's block-wise prefix cache (the finished part of the canvas "
-                        "runs once per block; an approximation); default none")
-    p.add_argument("--batch-size", type=int, default=None,
-                   help="diffusion: sample this many prompts together, left-padded (default 1)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: float64 Gumbel sampling")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--score", action="append", default=None, metavar="CHOICE",
-                   help="instead of sampling, score this continuation of each prompt (repeat for "
-                        "multiple choice): −log p(choice | prompt) in nats, exact for causal models, "
-                        "LLaDA's Monte Carlo bound for diffusion ones; the smallest wins")
-    p.add_argument("--mc-samples", type=int, default=128, help="diffusion scoring: Monte Carlo rows per choice")
-    p.add_argument("--json", action="store_true", help="print one JSON object per sample")
-    return p
+PROG = "python -m muloco.generate"
+
+
+@dataclass
+class GenerateOptions:
+    """Sample from a trained run (or score choices)."""
+
+    checkpoint: str
+    """Run dump folder, replica folder or checkpoint/step-N."""
+    prompt: tyro.conf.UseAppendAction[tuple[str, ...]] = ()
+    """Prompt text (repeat for several samples; default: one empty prompt)."""
+    step: int | None = None
+    """Checkpoint step (default: the newest complete)."""
+    replica: int | None = None
+    """DiLoCo run: the replica folder to read (default 0)."""
+    length: int = 64
+    """Tokens to generate."""
+    steps: int | None = None
+    """Diffusion: denoising steps (default: --length)."""
+    block_length: int | None = None
+    """Diffusion: semi-AR block (default: --length)."""
+    order: Annotated[Literal[ORDERS] | None, tyro.conf.arg(metavar="{" + ",".join(ORDERS) + "}")] = None
+    """Diffusion: which masks to fill first (default confidence)."""
+    threshold: float | None = None
+    """Diffusion: fill at once every masked position of the block whose token has at least this probability.
+    Fast-dLLM's parallel decoding (default: the fixed schedule)."""
+    cache: Annotated[Literal[CACHES] | None, tyro.conf.arg(metavar="{" + ",".join(CACHES) + "}")] = None
+    """Diffusion: prefix = Fast-dLLM's block-wise prefix cache (default: none).
+    The finished part of the canvas runs once per block; an approximation."""
+    batch_size: int | None = None
+    """Diffusion: sample this many prompts together, left-padded (default 1)."""
+    temperature: float = 0.0
+    """0: greedy; > 0: float64 Gumbel sampling."""
+    seed: int = 0
+    """Random seed: the same seed gives the same text."""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:N."""
+    score: tyro.conf.UseAppendAction[Annotated[tuple[str, ...], tyro.conf.arg(metavar="CHOICE")]] = ()
+    """Instead of sampling, score this continuation of each prompt (repeat for multiple choice); the smallest wins.
+    −log p(choice | prompt) in nats: exact for causal models, LLaDA's Monte Carlo bound for diffusion ones."""
+    mc_samples: int = 128
+    """Diffusion scoring: Monte Carlo rows per choice."""
+    json: bool = False
+    """Print one JSON object per sample."""
+
+
+def parse_args(argv: list[str]) -> GenerateOptions:
+    """The options, or a UsageError; checked against the run only once it is found (``check_options``)."""
+    args, _ = parse(GenerateOptions, argv, prog=PROG, description=__doc__.split("\n\n")[0], overrides=False)
+    return args
 
 
 DIFFUSION_ONLY = {"steps": "--steps", "block_length": "--block-length", "order": "--order",
@@ -63,7 +86,7 @@ DIFFUSION_ONLY = {"steps": "--steps", "block_length": "--block-length", "order":
 """Options of the diffusion sampler: an error on an autoregressive run and when scoring."""
 
 
-def check_options(args: argparse.Namespace, causal: bool) -> None:
+def check_options(args: GenerateOptions, causal: bool) -> None:
     """GenerateError naming an option out of range or one that does not apply to this run."""
     given = [flag for name, flag in DIFFUSION_ONLY.items() if getattr(args, name) is not None]
     if causal and given:
@@ -81,7 +104,7 @@ def check_options(args: argparse.Namespace, causal: bool) -> None:
         raise GenerateError(f"--temperature {args.temperature}: must be a finite number >= 0 (0: greedy).")
 
 
-def generate(args: argparse.Namespace) -> list[dict]:
+def generate(args: GenerateOptions) -> list[dict]:
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported (idempotent)
@@ -92,7 +115,7 @@ def generate(args: argparse.Namespace) -> list[dict]:
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     run, step = locate(args.checkpoint, args.replica, args.step)
-    config = load_config(run, prog="python -m muloco.generate")
+    config = load_config(run, prog=PROG)
     check_options(args, config.objective._owner.causal)
     how = DiffusionSampling(length=args.length, steps=args.steps or args.length,
                             block_length=args.block_length or args.length, temperature=args.temperature,
@@ -140,7 +163,11 @@ def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, dev
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported

@@ -35,18 +35,18 @@ live run's partial write: it is skipped with a warning.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 
 from muloco.utils import optional
+from muloco.utils.command_line import UsageError, parse, tyro
 from muloco.utils.link_model import format_rate
 from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
 
@@ -660,17 +660,36 @@ def _write_text(runs: list[Run], out: Path, metric: str) -> list[Path]:
     return [out / "report.md", out / "report.json"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m muloco.report", description=__doc__.split("\n\n")[0])
-    p.add_argument("paths", nargs="+", type=Path, metavar="RUN_OR_SWEEP_DIR")
-    p.add_argument("--out", type=Path, help="report folder (default: <first path>/report/)")
-    p.add_argument("--metric", choices=METRICS, default="validation",
-                   help="final loss that ranks runs and marks the best: validation of θ_g (default) or train")
-    return p
+PROG = "python -m muloco.report"
+
+
+@dataclass
+class ReportOptions:
+    """Results reader: one table and three plots for run folders and sweeps."""
+
+    paths: tyro.conf.Positional[Annotated[tuple[Path, ...], tyro.conf.arg(metavar="RUN_OR_SWEEP_DIR...",
+                                                                          help_behavior_hint="(required)")]]
+    """Run folders and sweep folders, one or more."""
+    out: Path | None = None
+    """Report folder (default: <first path>/report/)."""
+    metric: Literal[METRICS] = "validation"
+    """Final loss that ranks runs and marks the best: validation of θ_g or train."""
+
+
+def parse_args(argv: list[str]) -> ReportOptions:
+    """The options, or a UsageError (a misspelt option, no folder)."""
+    args, _ = parse(ReportOptions, argv, prog=PROG, description=__doc__.split("\n\n")[0], overrides=False)
+    if not args.paths:  # tyro lets a positional sequence be empty
+        raise UsageError(f"give one or more run or sweep folders: {PROG} RUN_OR_SWEEP_DIR... (see --help)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     out = args.out or args.paths[0] / "report"
     try:
         runs = find_runs(args.paths)

@@ -1,5 +1,6 @@
 """``muloco COMMAND`` (the console script, also ``python -m muloco``): the list of commands, a
-command run through it, a typo answered with the closest command, every command's module real."""
+command run through it, a typo answered with the closest command, every command's module real;
+one help layout and closest-option suggestions for the commands that parse as the launchers do."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 from conftest import REPO
 
-from muloco.commands import COMMANDS
+from muloco.commands import COMMANDS, main
 
 
 def _muloco(*args: str) -> subprocess.CompletedProcess:
@@ -39,3 +41,51 @@ def test_every_command_names_a_module_with_a_main_and_the_console_script_is_decl
             assert spec is not None and "def main(" in open(spec.origin).read(), name
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"muloco": "muloco.commands:main"}
+
+
+PARSED = {  # command: (a misspelt option, the closest valid one, what its --help lists)
+    "report": ("--metrc", "--metric", ["RUN_OR_SWEEP_DIR...", "--out", "--metric {validation,train}"]),
+    "export": ("--stpe", "--step", ["RUN_FOLDER", "--out", "--step", "--replica", "--force", "--push-to-hub OWNER/NAME",
+                                    "--private", "--license"]),
+    "evaluate": ("--task", "--tasks", ["RUN_FOLDER|HF_DIR", "--tasks", "--limit", "--batch-size", "--num-fewshot",
+                                       "--mc-samples", "--block-length", "--include-path", "--max-length", "--step",
+                                       "--replica", "--device", "--log-samples", "--seed", "--out"]),
+    "generate": ("--stpe", "--step", ["--checkpoint", "--prompt", "--length", "--steps", "--block-length",
+                                      "--order {confidence,margin,entropy,random}", "--threshold",
+                                      "--cache {none,prefix}", "--batch-size", "--temperature", "--score",
+                                      "--mc-samples", "--json"]),
+    "map": ("--link-mbp", "--link-mbps", ["--flavor", "--global-batch", "--seq-len", "--vocab", "--replicas", "--json",
+                                          "link-planner options", "--link-mbps", "--sync-every", "--max-share"]),
+    "fetch": ("--archve", "--archive", ["{shakespeare}", "--out", "--archive"]),
+}
+"""The commands whose options are one dataclass parsed as the launchers' are (``muloco.utils.command_line``)."""
+
+
+@pytest.mark.parametrize("name", list(PARSED))
+def test_a_commands_help_lists_its_options_and_a_misspelt_option_names_the_closest(name, capsys):
+    typo, closest, listed = PARSED[name]
+    with pytest.raises(SystemExit) as done:
+        main([name, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and out.startswith("usage: python -m muloco."), out[:500]
+    assert all(option in out for option in listed), out
+    assert main([name, typo, "1"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "error: " in err, err
+    assert f"unknown option '{typo}'. Closest valid options: {closest}" in err, err
+
+
+def test_the_commands_answer_help_and_a_usage_error_without_torch():
+    """--help and a misspelt option are answered before torch, safetensors, torchtitan, lm-eval
+    or transformers load (each would cost seconds)."""
+    code = ("import contextlib, io, sys\nfrom muloco.commands import main\n"
+            f"for name, (typo, _, _) in {dict(PARSED)!r}.items():\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        assert main([name, typo, '1']) == 2, name\n"
+            "        try:\n            main([name, '--help'])\n        except SystemExit as done:\n"
+            "            assert done.code == 0, name\n"
+            "heavy = {'torch', 'safetensors', 'torchtitan', 'lm_eval', 'transformers'} & set(sys.modules)\n"
+            "assert not heavy, heavy\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]

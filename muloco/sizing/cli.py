@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
+from muloco.utils.command_line import UsageError, parse, tyro
 from muloco.sizing.flavors import (LLAMA3_VOCAB, SHAPES, SOURCES, VOCAB_MULTIPLE, WD_REFERENCE_BATCH, UnknownFlavorError,
                                    default_vocab, embedded_vocab, padded_vocab, parse_flavor, sizing)
 
@@ -27,60 +29,75 @@ def _count(n: int) -> str:
 PLANNER_DEFAULTS = {"latency_ms": 0.0, "bits": 32, "strategy": "auto", "sync_every": 30, "step_seconds": None,
                     "mfu": None, "gpu": None, "gpus_per_group": 1, "streaming_fragments": 1, "overlap": 0,
                     "max_share": 0.05}
-"""The planner's options and their defaults (``None`` in the parser, so a planner option given
-without ``--link-mbps`` is seen and refused instead of dropped)."""
+"""The planner's options and their defaults (``None`` in ``PlannerOptions``, so a planner option
+given without ``--link-mbps`` is seen and refused instead of dropped)."""
 PLANNER_REPLICAS = 2
 """K the planner assumes when ``--replicas`` is not given (a link joins at least two groups)."""
 
 
-def _vocab(text: str) -> int | str:
-    if text in ("auto", "embedded", "llama3"):
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        if Path(text).expanduser().exists():
-            return text
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a vocabulary: give a number of tokens, auto, embedded, llama3, or a tokenizer "
-            "file or folder") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a vocabulary size (at least 1)")
-    return value
+VOCAB_NAMES = ("auto", "embedded", "llama3")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m muloco.model_map", description=_DESCRIPTION)
-    p.add_argument("--flavor", action="append", default=None, help="only this flavor (repeatable); any "
-                   "llama3-w{width}-d{depth}-h{heads} shape, not only the map's rows")
-    p.add_argument("--global-batch", type=int, default=WD_REFERENCE_BATCH, help="sequences per optimizer step")
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--vocab", type=_vocab, default="auto", help="auto (default: the tokenizer the shipped configs "
-                   "train each shape with: embedded below width 512, else llama3) | embedded | llama3 | a number "
-                   "of tokens | a tokenizer file or folder; padded to a multiple of 64 as the model pads it")
-    p.add_argument("--replicas", type=int, default=None, help="K replica groups (DiLoCo/MuLoCo weight-decay rule; "
-                   f"default 1, and {PLANNER_REPLICAS} for the link planner)")
-    p.add_argument("--json", action="store_true", help="one JSON object per flavor (or the plan as one object)")
-    plan = p.add_argument_group(
-        "link planner", "with --link-mbps: what the link between the K replica groups costs one --flavor "
-        "(python -m muloco.model_map --flavor F --replicas K --link-mbps B --bits b --sync-every H --step-seconds s)")
-    plan.add_argument("--link-mbps", type=float, default=None, help="bandwidth between replica groups, each "
-                      "direction, in megabits per second (turns the planner on)")
-    plan.add_argument("--latency-ms", type=float, default=None, help="one-way latency per collective round (default 0)")
-    plan.add_argument("--bits", type=int, default=None, help="32 (default) | 16 (dense fp32 / bf16) | 8 | 4 | 2 | 1 "
-                      "(quantized)")
-    plan.add_argument("--strategy", default=None, help="auto (default) | allreduce | allgather | reduce_scatter")
-    plan.add_argument("--sync-every", type=int, default=None, help="H: inner steps between syncs (default 30)")
-    plan.add_argument("--step-seconds", type=float, default=None, help="seconds per inner step (else from "
-                      "--mfu and --gpu)")
-    plan.add_argument("--mfu", type=float, default=None, help="model FLOPs utilization (default 0.4)")
-    plan.add_argument("--gpu", default=None, help="h100 (default) | h200 | a100 | b200 | l40s, or a peak in TFLOPS")
-    plan.add_argument("--gpus-per-group", type=int, default=None, help="GPUs of one replica group (default 1)")
-    plan.add_argument("--streaming-fragments", type=int, default=None, help="n: fragments synced in turn (default 1)")
-    plan.add_argument("--overlap", type=int, default=None, help="τ: inner steps each sync overlaps (default 0)")
-    plan.add_argument("--max-share", type=float, default=None, help="largest share of a round on the link "
-                      "(default 0.05)")
-    return p
+@dataclass
+class PlannerOptions:
+    """With --link-mbps: what the link between the K replica groups costs one --flavor (python -m muloco.model_map
+    --flavor F --replicas K --link-mbps B --bits b --sync-every H --step-seconds s)."""
+
+    link_mbps: float | None = None
+    """Bandwidth between replica groups, each direction, in megabits per second (turns the planner on)."""
+    latency_ms: float | None = None
+    """One-way latency per collective round (default 0)."""
+    bits: int | None = None
+    """32 (default) | 16 (dense fp32 / bf16) | 8 | 4 | 2 | 1 (quantized)."""
+    strategy: str | None = None
+    """auto (default) | allreduce | allgather | reduce_scatter."""
+    sync_every: int | None = None
+    """H: inner steps between syncs (default 30)."""
+    step_seconds: float | None = None
+    """Seconds per inner step (else from --mfu and --gpu)."""
+    mfu: float | None = None
+    """Model FLOPs utilization (default 0.4)."""
+    gpu: str | None = None
+    """h100 (default) | h200 | a100 | b200 | l40s, or a peak in TFLOPS."""
+    gpus_per_group: int | None = None
+    """GPUs of one replica group (default 1)."""
+    streaming_fragments: int | None = None
+    """n: fragments synced in turn (default 1)."""
+    overlap: int | None = None
+    """τ: inner steps each sync overlaps (default 0)."""
+    max_share: float | None = None
+    """Largest share of a round on the link (default 0.05)."""
+
+
+@dataclass
+class MapOptions:
+    """The model map, or with --link-mbps the link planner."""
+
+    flavor: tyro.conf.UseAppendAction[tuple[str, ...]] = ()
+    """Only this flavor (repeatable); any llama3-w{width}-d{depth}-h{heads} shape, not only the map's rows."""
+    global_batch: int = WD_REFERENCE_BATCH
+    """Sequences per optimizer step."""
+    seq_len: int = 2048
+    """Tokens per sequence."""
+    vocab: int | str = "auto"
+    """auto (default) | embedded | llama3 | a number of tokens | a tokenizer file or folder.
+    auto: the tokenizer the shipped configs train each shape with (embedded below width 512, else llama3).
+    Padded to a multiple of 64, as the model pads it."""
+    replicas: int | None = None
+    """K replica groups (DiLoCo/MuLoCo weight-decay rule; default 1, and 2 for the link planner)."""
+    json: bool = False
+    """One JSON object per flavor (or the plan as one object)."""
+    link_planner: Annotated[PlannerOptions, tyro.conf.OmitArgPrefixes] = field(default_factory=PlannerOptions)
+
+
+def _check_vocab(vocab: int | str) -> None:
+    """``--vocab``: a size of at least 1, a name, or a tokenizer path that exists."""
+    if isinstance(vocab, int):
+        if vocab < 1:
+            raise ValueError(f"--vocab: {vocab} is not a vocabulary size (at least 1)")
+    elif vocab not in VOCAB_NAMES and not Path(vocab).expanduser().exists():
+        raise ValueError(f"--vocab: {vocab!r} is not a vocabulary: give a number of tokens, auto, embedded, llama3, "
+                         "or a tokenizer file or folder")
 
 
 def resolve_vocab(vocab: int | str, flavor: str) -> tuple[int, str]:
@@ -98,17 +115,18 @@ def resolve_vocab(vocab: int | str, flavor: str) -> tuple[int, str]:
     return padded_vocab(MulocoTokenizer(tokenizer_path=vocab).get_vocab_size(), VOCAB_MULTIPLE), Path(vocab).name
 
 
-def _plan(args, flavors: list[str]):
+def _plan(args: MapOptions, flavors: list[str]):
     """The link planner's report (``muloco/sizing/link_plan.py``), as text or as a JSON object."""
     from muloco.sizing import link_plan  # torch: only the planner pays for it
 
     if len(flavors) != 1:
         raise ValueError("--link-mbps plans one model: give exactly one --flavor")
-    given = {key: (PLANNER_DEFAULTS[key] if getattr(args, key) is None else getattr(args, key))
+    planner = args.link_planner
+    given = {key: (PLANNER_DEFAULTS[key] if getattr(planner, key) is None else getattr(planner, key))
              for key in PLANNER_DEFAULTS}
     vocab, _ = resolve_vocab(args.vocab, flavors[0])
     inputs = link_plan.Inputs(
-        flavor=flavors[0], replicas=args.replicas or PLANNER_REPLICAS, mbps=args.link_mbps,
+        flavor=flavors[0], replicas=args.replicas or PLANNER_REPLICAS, mbps=planner.link_mbps,
         latency_ms=given["latency_ms"], bits=given["bits"], strategy=given["strategy"],
         sync_every=given["sync_every"], step_seconds=given["step_seconds"], mfu=given["mfu"], gpu=given["gpu"],
         gpus_per_group=given["gpus_per_group"], fragments=given["streaming_fragments"], overlap=given["overlap"],
@@ -120,14 +138,16 @@ def _plan(args, flavors: list[str]):
     return report if args.replicas else f"{report}\n  K={PLANNER_REPLICAS} is the default: set --replicas K"
 
 
-def _check(args) -> list[str]:
+def _check(args: MapOptions) -> list[str]:
     for key in ("global_batch", "seq_len"):
         if getattr(args, key) < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be at least 1; got {getattr(args, key)}")
     if args.replicas is not None and args.replicas < 1:
         raise ValueError(f"--replicas must be at least 1; got {args.replicas}")
-    if args.link_mbps is None:
-        stray = [f"--{key.replace('_', '-')}" for key in PLANNER_DEFAULTS if getattr(args, key) is not None]
+    _check_vocab(args.vocab)
+    if args.link_planner.link_mbps is None:
+        stray = [f"--{key.replace('_', '-')}" for key in PLANNER_DEFAULTS
+                 if getattr(args.link_planner, key) is not None]
         if stray:
             raise ValueError(f"{', '.join(stray)} {'is a' if len(stray) == 1 else 'are'} link planner option"
                              f"{'' if len(stray) == 1 else 's'}: add --link-mbps B (the bandwidth between replica "
@@ -139,7 +159,7 @@ def _check(args) -> list[str]:
     return flavors
 
 
-def table(rows, args) -> str:
+def table(rows, args: MapOptions) -> str:
     head = (f"{'flavor':<42}{'params':>9}{'non-emb':>9}{'vocab':>8}{'tokens':>9}{'steps':>9}{'micro':>7}{'GPUs':>6}"
             f"  tuned (weight decay at B={args.global_batch}, K={args.replicas or 1}; inner lr)")
     lines = [f"model map: global batch {args.global_batch} x {args.seq_len} tokens, 20 tokens per parameter",
@@ -168,10 +188,11 @@ _VOCAB_SOURCES = {"embedded": "embedded: the embedded standard-library BPE, what
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
     try:
+        args, _ = parse(MapOptions, list(sys.argv[1:] if argv is None else argv), prog="python -m muloco.model_map",
+                        description=_DESCRIPTION, overrides=False)
         flavors = _check(args)
-        if args.link_mbps is not None:
+        if args.link_planner.link_mbps is not None:
             print(_plan(args, flavors))
             return 0
         rows = []
@@ -179,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             vocab, source = resolve_vocab(args.vocab, f)
             rows.append(sizing(f, global_batch=args.global_batch, vocab_size=vocab, seq_len=args.seq_len,
                                replicas=args.replicas or 1, vocab_source=source))
-    except (ValueError, UnknownFlavorError) as err:
+    except (UsageError, ValueError, UnknownFlavorError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if args.json:

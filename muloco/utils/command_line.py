@@ -5,6 +5,11 @@ command line is split once, at the first ``--``: what follows goes to the traine
 An option the launcher does not have is refused the way the trainer refuses an unknown key,
 one line naming the closest valid options; then tyro parses the rest (values checked by type,
 ``--flag`` / ``--no-flag`` for booleans, the same help layout as ``python -m muloco.train``).
+
+A command whose module must import light (``muloco.report``, which ``compare`` imports too)
+marks its options with this module's ``tyro`` (``from muloco.utils.command_line import tyro``): it stands
+for the real one, imported when the options' annotations are first read, i.e. when a command
+line is parsed.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 T = TypeVar("T")
 OVERRIDES_EPILOG = "Everything after `--` goes to the trainer unchanged, e.g. `-- --training.steps 50`."
@@ -20,6 +25,23 @@ OVERRIDES_EPILOG = "Everything after `--` goes to the trainer unchanged, e.g. `-
 
 class UsageError(ValueError):
     """A command line the launcher cannot take; printed as one ``error:`` line, exit 2."""
+
+
+class _Tyro:
+    """Stands for ``tyro`` in the options' annotations (``tyro.conf.Positional[...]``): they are
+    strings (``from __future__ import annotations``) read only by ``parse``, so this imports tyro
+    then and not when the command's module is imported."""
+
+    def __getattr__(self, name: str) -> Any:
+        import tyro
+
+        return getattr(tyro, name)
+
+
+if TYPE_CHECKING:
+    import tyro
+else:
+    tyro = _Tyro()
 
 
 def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -34,22 +56,24 @@ def _flag(name: str, underscores: bool) -> str:
     return "--" + (name if underscores else name.replace("_", "-"))
 
 
-def _omits_prefix(hint: Any) -> bool:
-    import tyro
-
-    return any(m is tyro.conf.OmitArgPrefixes for m in getattr(hint, "__metadata__", ()))
+def _marked(hint: Any, marker: str) -> bool:
+    """Whether ``hint`` carries ``tyro.conf.<marker>`` (tyro is imported only for an annotated hint)."""
+    metadata = getattr(hint, "__metadata__", ())
+    return bool(metadata) and any(m is getattr(tyro.conf, marker) for m in metadata)
 
 
 def option_names(cls: type, underscores: bool = False, prefix: str = "") -> list[str]:
     """Every ``--option`` tyro makes of ``cls`` (``--no-X`` for booleans; nested dataclasses
-    with their prefix unless marked ``OmitArgPrefixes``)."""
+    with their prefix unless marked ``OmitArgPrefixes``; none for a ``Positional`` field)."""
     hints = typing.get_type_hints(cls, include_extras=True)
     names = []
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         inner = typing.get_args(hint)[0] if typing.get_origin(hint) is typing.Annotated else hint
+        if _marked(hint, "Positional"):
+            continue
         if dataclasses.is_dataclass(inner):
-            sub = "" if _omits_prefix(hint) else f"{prefix}{f.name}."
+            sub = "" if _marked(hint, "OmitArgPrefixes") else f"{prefix}{f.name}."
             names += option_names(inner, underscores, sub)
             continue
         flag = _flag(prefix + f.name, underscores)

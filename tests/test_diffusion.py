@@ -69,7 +69,7 @@ def _generate(dump, *args):
 
 def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diffusion_run):
     from muloco.data.tokenizer import MulocoTokenizer
-    from muloco.generate import generate, parse_args
+    from muloco.tools.generate import generate, parse_args
 
     dump, _ = diffusion_run
     args = ["--prompt", "def f(", "--prompt", "import", "--length", "24", "--block-length", "8", "--steps", "12",
@@ -88,7 +88,7 @@ def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diff
 
 @pytest.mark.parametrize("cache", ["none", "prefix"])
 def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_run, cache):
-    from muloco.generate import generate, parse_args
+    from muloco.tools.generate import generate, parse_args
 
     dump, _ = diffusion_run
     args = ["--checkpoint", str(dump), "--prompt", "x", "--prompt", "def main(argv):", "--length", "16",

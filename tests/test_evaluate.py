@@ -79,7 +79,7 @@ def test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same(ar_run, tmp_
     assert (result["metrics"]["acc"], result["metrics"]["acc_norm"]) == (acc, acc_norm)
     assert "muloco_tiny_mc" in capsys.readouterr().out
 
-    from muloco.report import main as report
+    from muloco.tools.report import main as report
 
     assert report([str(ar_run), "--out", str(tmp_path / "report")]) == 0
     header, _, row = capsys.readouterr().out.splitlines()[:3]
@@ -87,7 +87,7 @@ def test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same(ar_run, tmp_
     assert json.loads((tmp_path / "report" / "report.json").read_text())["rows"][0]["evaluations"] == {
         f"{TASK} acc_norm": acc_norm}
 
-    from muloco.export import main as export
+    from muloco.tools.export import main as export
 
     assert export([str(ar_run), "--out", str(tmp_path / "hf")]) == 0
     exported = _evaluate(tmp_path / "hf")

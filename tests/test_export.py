@@ -17,7 +17,7 @@ from muloco import compat
 compat.apply()
 
 from muloco.config.cli import parse_args  # noqa: E402
-from muloco.export import _unsupported, main  # noqa: E402
+from muloco.tools.export import _unsupported, main  # noqa: E402
 from muloco.tools.loading import load_config, load_model  # noqa: E402
 from muloco.models import init_model  # noqa: E402
 from test_import import _hf_load  # noqa: E402
@@ -124,7 +124,7 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
     data = next((broken / "checkpoint" / "step-4").glob("*.distcp"))
     data.write_bytes(data.read_bytes()[:-16] + b"\0" * 16)
     assert main([str(broken), "--out", str(tmp_path / "out")]) == 2
-    assert "muloco.export: error:" in capsys.readouterr().err
+    assert "muloco.tools.export: error:" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 
 

@@ -17,7 +17,7 @@ from muloco import compat
 compat.apply()
 
 from muloco.config.cli import parse_args  # noqa: E402
-from muloco.export import main  # noqa: E402
+from muloco.tools.export import main  # noqa: E402
 from muloco.models import init_model  # noqa: E402
 from muloco.tools.loading import load_config, load_model  # noqa: E402
 
@@ -136,7 +136,7 @@ def diloco_from_llama(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_a_transformers_llama_starts_a_k2_muloco_run_whose_theta_g_starts_from_it(diloco_from_llama):
     """Not from the fresh weights the run was built with before torchtitan loaded the folder."""
-    from muloco.export import global_fingerprint
+    from muloco.tools.export import global_fingerprint
 
     folder, run = diloco_from_llama
     _, c = parse_args(["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{folder}"])
@@ -152,7 +152,7 @@ def test_a_transformers_llama_starts_a_k2_muloco_run_whose_theta_g_starts_from_i
 def test_a_diloco_run_exports_theta_g_with_the_fingerprint_the_run_recorded(diloco_from_llama, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
-    from muloco.export import global_fingerprint
+    from muloco.tools.export import global_fingerprint
 
     _, run = diloco_from_llama
     out = tmp_path / "hf"
@@ -197,7 +197,7 @@ def test_a_llada_style_folder_starts_a_k2_mdlm_muloco_run_whose_theta_g_is_its_w
     import subprocess
     import sys
 
-    from muloco.export import global_fingerprint
+    from muloco.tools.export import global_fingerprint
 
     llama, _ = diloco_from_llama
     folder, run = _llada_folder(llama, tmp_path / "llada"), tmp_path / "run"

@@ -1,4 +1,4 @@
-"""muloco.report on real tiny runs: the table against each run's own summary.json, the best-run
+"""muloco.tools.report on real tiny runs: the table against each run's own summary.json, the best-run
 mark, the plots and text files, bad input (exit 2), and a live run's half-written last line."""
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def test_a_neutrally_named_muloco_run_is_named_by_its_facts_after_its_folder_is_
 
 def test_the_report_imports_no_torch_and_no_tyro():
     """Reading results needs neither: the report starts at once, on any machine that has the runs."""
-    code = "import sys, muloco.report; assert not {'torch', 'tyro'} & set(sys.modules), sorted(sys.modules)"
+    code = "import sys, muloco.tools.report; assert not {'torch', 'tyro'} & set(sys.modules), sorted(sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 

@@ -181,7 +181,7 @@ def _targets(args: CompareOptions, planned: list[Planned], linked: list[Planned]
              folder: Path) -> tuple[dict[int, float], str]:
     """The loss each seed's time to target is measured to (that seed's dense DiLoCo K=2 final loss,
     from its run without a link or else over a link; or ``--target``), and where it came from."""
-    from muloco.report import ReportError, load_run
+    from muloco.tools.report import ReportError, load_run
 
     seeds = sorted({p.seed for p in linked})
     if args.target is not None:
@@ -219,7 +219,7 @@ def _finish_links(args: CompareOptions, planned: list[Planned], linked: list[Pla
 
 def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | None = None) -> None:
     """Print and write the table, the targets and the plots (and the links' table)."""
-    from muloco.report import write_plots
+    from muloco.tools.report import write_plots
 
     linked = [p for p in planned if p.link_mbps is not None]
     planned = [p for p in planned if p.link_mbps is None]

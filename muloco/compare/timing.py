@@ -30,7 +30,7 @@ from typing import Any
 
 from muloco.utils import optional
 from muloco.utils.link_model import format_rate
-from muloco.report import aligned, format_duration, format_number
+from muloco.tools.report import aligned, format_duration, format_number
 
 DILOCO_REFERENCE = "DiLoCo K=2"
 """The row whose final loss is the target unless ``--target`` is given."""

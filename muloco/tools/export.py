@@ -1,0 +1,471 @@
+"""Export a run's model to a Hugging Face folder that ``transformers`` loads.
+
+    python -m muloco.export RUN_FOLDER [--step N] [--replica i] --out DIR [--force]
+        [--push-to-hub OWNER/NAME [--private]]
+
+Writes ``config.json`` (``LlamaForCausalLM``), ``model.safetensors`` (sharded with an index above
+5 GB), ``generation_config.json``, the tokenizer (``tokenizer.json`` and its config) and a model
+card (``README.md``) with the run's recipe and figures. A DiLoCo/MuLoCo run exports θ_g, the
+global model, read from a checkpoint verified against its checksums, like ``muloco.tools.generate``.
+The weight names and the rotary permutation come from torchtitan's ``Llama3StateDictAdapter``
+(:class:`muloco.hf.adapter.Llama3Adapter`: the same, with the QK norms).
+
+Next-token (``ar``) runs load as ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with the per-head QK
+norms of the ``_qk_torch-rmsnorm`` flavors); masked-diffusion (``mdlm``) runs ship a small
+bidirectional model class (``modeling_muloco_mdlm.py``: transformers' Llama layers, no causal
+mask, the mask token in the config) loaded with ``trust_remote_code=True``. Flavors transformers
+has no class for (the sandwich block's output norms of ``_pa``/``_pf``, QK norms in a diffusion
+model) ship ``modeling_muloco.py`` instead. A tiktoken tokenizer (Llama 3's
+``tokenizer.model``) is converted to ``tokenizer.json`` with its special tokens where muloco put
+them. What this export cannot express yet (RoPE scaling) is one clear error naming it, and nothing
+is written.
+
+``--push-to-hub`` then uploads the folder to that Hub model repository (created if missing) in
+one commit, so the repository gets every file or none. The token is huggingface_hub's own lookup
+(``HF_TOKEN``, or what ``hf auth login`` saved; ``HF_ENDPOINT`` for a private Hub), never a flag, and
+is never printed or written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from muloco.utils import optional
+from muloco.utils.atomic_file import as_umask_says
+from muloco.hf.config import llama_config
+from muloco.hf.remote_code import FOLDER as REMOTE_CODE
+from muloco.utils.command_line import UsageError, parse, tyro
+from muloco.launch.group import LAUNCHER_KEYS
+from muloco.runs.facts import RUN_FILE
+
+# torch, safetensors and torchtitan are imported once the command line is parsed (in the
+# functions that use them): ``--help`` and a usage error answer without them.
+
+SHARD_BYTES = 5 * 1024**3
+"""Above this, the weights go to several files with a ``model.safetensors.index.json``."""
+
+
+class ExportError(ValueError):
+    """A run this export cannot write as a Hugging Face folder; the message names the feature."""
+
+
+def _unsupported(model_config, objective_name: str, tokenizer) -> str | None:
+    """Why this run cannot be exported yet (None: it can)."""
+    attention = model_config.layers[0].attention
+    if objective_name not in ("ar", "mdlm"):
+        return f"objective {objective_name!r}: only next-token (ar) and masked-diffusion (mdlm) runs are exported"
+    if objective_name == "mdlm" and getattr(tokenizer, "mask_id", None) is None:
+        return "a masked-diffusion run whose tokenizer has no mask token"
+    if attention.rope.scaling != "none":
+        return f"RoPE scaling {attention.rope.scaling!r}: only unscaled RoPE is exported so far"
+    return None
+
+
+def _tokenizer_file(tokenizer) -> Path | None:
+    """The run's tokenizer.json (None: a tiktoken tokenizer)."""
+    return Path(tokenizer.path) if getattr(tokenizer, "kind", None) == "huggingface" else None
+
+
+MDLM_CODE = REMOTE_CODE / "modeling_muloco_mdlm.py"
+"""The bidirectional model class a masked-diffusion export ships (``trust_remote_code``)."""
+MULOCO_CODE = REMOTE_CODE / "modeling_muloco.py"
+"""The sandwich-block class (output norms, QK norms, optionally bidirectional) an export ships
+for flavors transformers has no class for."""
+
+
+def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar") -> dict:
+    """``config.json`` with this model's shapes: ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with QK
+    norms) for next-token runs, the shipped bidirectional Llama class for masked diffusion, and
+    the shipped sandwich-block class (:data:`MULOCO_CODE`) for output norms, or QK norms in a
+    masked-diffusion model."""
+    config = _llama_config(model_config, tokenizer, seq_len)
+    if objective_name == "mdlm" and config.get("model_type") in (None, "llama"):
+        module = MDLM_CODE.stem
+        config.update(architectures=["MulocoMdlmForMaskedLM"], model_type="muloco_mdlm",
+                      mask_token_id=tokenizer.mask_id,
+                      auto_map={"AutoConfig": f"{module}.MulocoMdlmConfig",
+                                "AutoModel": f"{module}.MulocoMdlmForMaskedLM",
+                                "AutoModelForMaskedLM": f"{module}.MulocoMdlmForMaskedLM"})
+    elif objective_name == "mdlm" or config.get("model_type") == "muloco":
+        module = MULOCO_CODE.stem
+        block = model_config.layers[0]
+        config.update(architectures=["MulocoForCausalLM"], model_type="muloco", use_sliding_window=False,
+                      qk_norm=block.attention.qk_norm is not None,
+                      post_attention_norm=block.post_attention_norm is not None,
+                      post_ffn_norm=block.post_ffn_norm is not None, bidirectional=objective_name == "mdlm",
+                      auto_map={"AutoConfig": f"{module}.MulocoConfig", "AutoModel": f"{module}.MulocoForCausalLM",
+                                "AutoModelForCausalLM": f"{module}.MulocoForCausalLM",
+                                "AutoModelForMaskedLM": f"{module}.MulocoForCausalLM"})
+        if objective_name == "mdlm":
+            config["mask_token_id"] = tokenizer.mask_id
+    return config
+
+
+def _shipped_code(config: dict) -> Path | None:
+    """The model class file a folder with this config needs (None: transformers has the class)."""
+    return {"muloco_mdlm": MDLM_CODE, "muloco": MULOCO_CODE}.get(config.get("model_type"))
+
+
+def _llama_config(model_config, tokenizer, seq_len: int) -> dict:
+    return llama_config(model_config, tokenizer.bos_id, tokenizer.eos_id, seq_len)
+
+
+def global_fingerprint(model: torch.nn.Module) -> str:
+    """SHA-256 over θ_g's bytes in parameter order: what the outer loop records as
+    ``final_global_sha256`` (its fragments hold the parameters in this order)."""
+    import torch
+
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _check_global(model: torch.nn.Module, summary: dict, step: int) -> str:
+    """θ_g's fingerprint; at the run's last step it must be the one the run recorded."""
+    fingerprint = global_fingerprint(model)
+    recorded = (summary.get("diloco") or {}).get("final_global_sha256")
+    if recorded and summary.get("steps") == step and recorded != fingerprint:
+        raise ExportError(f"θ_g of step {step} hashes to {fingerprint[:16]}…, but the run recorded "
+                          f"{recorded[:16]}… at its end: the checkpoint is not the run's final θ_g")
+    return fingerprint
+
+
+LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]*")
+"""The Hub's license ids (apache-2.0, mit, cc-by-4.0, llama3, other, ...)."""
+
+
+def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerprint: str | None,
+          remote_code: bool = False, license: str | None = None) -> str:
+    """The model card: what was trained, how (the run's own command), and what it reached."""
+    record = json.loads((run / RUN_FILE).read_text())
+    ft = getattr(config, "fault_tolerance", None)
+    k = getattr(ft, "group_size", 1) if ft is not None and getattr(ft, "enable", False) else 1
+    diloco = summary.get("diloco") or {}
+    name = config.objective._owner.name
+    what = "next-token prediction" if name == "ar" else "masked diffusion, bidirectional attention"
+    lines = [*_front_matter(config, name, license), f"# {config.model.flavor}, trained with muloco", "",
+             f"- objective: {what} (`{name}`)",
+             f"- weights: {'θ_g, the global model of the run' if is_global else 'the model'} at step {step}",
+             f"- config module: `{_config_name(record['config'])}`; overrides: `{' '.join(_shown(record['args'])) or '(none)'}`"]
+    if k > 1:
+        outer = config.outer
+        lines.append(f"- outer loop: K={k} replica groups, H={outer.sync_every}")
+        if diloco.get("bits_per_parameter") is not None:
+            lines.append(f"- bits per parameter sent per sync: {diloco['bits_per_parameter']}")
+    if fingerprint:
+        lines.append(f"- θ_g sha256: `{fingerprint}`")
+    lines += [f"- tokens seen (per replica group): {summary.get('tokens_seen', 'not recorded')}",
+              f"- final validation loss: {summary.get('final_validation_loss', 'not recorded')} nats/token, "
+              f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
+              "", *(_ar_usage(remote_code) if name == "ar" else _MDLM_USAGE), ""]
+    return "\n".join(lines)
+
+
+def _front_matter(config, objective: str, license: str | None = None) -> list[str]:
+    """The Hub's YAML header: the license when given (muloco cannot know the weights' terms: they
+    follow the training data's), library, pipeline, tags and the training data when it is a Hub dataset."""
+    source = config.dataloader.source
+    dataset = getattr(source, "dataset", "") if getattr(source, "name", "") == "huggingface" else ""
+    dataset = "" if getattr(source, "dataset_path", None) else dataset
+    lines = ["---", *([f"license: {license}"] if license else []), "library_name: transformers",
+             f"pipeline_tag: {'text-generation' if objective == 'ar' else 'fill-mask'}",
+             "tags:", "  - muloco", f"  - {'masked-diffusion' if objective != 'ar' else 'causal-lm'}"]
+    if hasattr(config, "outer"):
+        lines.append("  - diloco")
+    if dataset:
+        lines += ["datasets:", f"  - {dataset}"]
+    return [*lines, "---", ""]
+
+
+def _ar_usage(remote_code: bool) -> list[str]:
+    shipped = ", trust_remote_code=True" if remote_code else ""
+    return ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            f"model = AutoModelForCausalLM.from_pretrained(DIR{shipped})",
+            "tokenizer = AutoTokenizer.from_pretrained(DIR)", "```"]
+_MDLM_USAGE = [
+    "Load it with the model class shipped here, then denoise: start from mask tokens after the prompt and,",
+    "at each step, fix the most confident of the masked positions (LLaDA's low-confidence remasking).",
+    "", "```python", "import torch",
+    "from transformers import AutoModelForMaskedLM, AutoTokenizer",
+    "model = AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True).eval()",
+    "tokenizer = AutoTokenizer.from_pretrained(DIR)",
+    "mask, length = model.config.mask_token_id, 32",
+    'x = torch.tensor([tokenizer("Once upon a time")["input_ids"] + [mask] * length])',
+    "with torch.no_grad():",
+    "    for _ in range(length):",
+    "        logits = model(x).logits",
+    "        logits[..., mask] = -float(\"inf\")",
+    "        confidence, token = logits.softmax(-1).max(-1)",
+    "        confidence[x != mask] = -1",
+    "        i = confidence.argmax()",
+    "        x.view(-1)[i] = token.view(-1)[i]",
+    "print(tokenizer.decode(x[0]))", "```",
+    "", "`python -m muloco.generate --checkpoint RUN` samples with muloco's own sampler (blocks, cache, threshold)."]
+
+
+def _config_name(path: str) -> str:
+    """``ddp/adamw`` for ``/somewhere/config/ddp/adamw.py`` (no path of this machine in the card)."""
+    parts = Path(path).with_suffix("").parts
+    return "/".join(parts[parts.index("config") + 1:]) if "config" in parts else Path(path).stem
+
+
+def _shown(args: list[str]) -> list[str]:
+    """The user's overrides: without the output folder, the options the launcher adds for each
+    replica group (its id, K, the quorum), and no path of the machine it ran on."""
+    shown, skip = [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--dump_folder", *LAUNCHER_KEYS):
+            skip = True
+        elif not arg.startswith(("--dump_folder=", *(f"{key}=" for key in LAUNCHER_KEYS))):
+            key, eq, value = arg.partition("=")
+            if (value if eq else key).startswith(("/", "~")):
+                arg = f"{key}=<path>" if eq else "<path>"
+            shown.append(arg)
+    return shown
+
+
+def _hf_tokenizer(tokenizer):
+    """The run's tokenizer as a ``tokenizers`` object: its tokenizer.json, or its tiktoken file
+    converted (:mod:`muloco.hf.tokenizer`)."""
+    from tokenizers import Tokenizer
+
+    if _tokenizer_file(tokenizer) is not None:
+        return Tokenizer.from_file(str(_tokenizer_file(tokenizer)))
+    optional.require("transformers", "exporting a tiktoken tokenizer")
+    from muloco.hf.tokenizer import tiktoken_to_hf
+    from muloco.data.tokenizer import LLAMA3_PAT_STR, read_tiktoken_ranks, tiktoken_special_tokens
+
+    return tiktoken_to_hf(read_tiktoken_ranks(tokenizer.path), LLAMA3_PAT_STR, tiktoken_special_tokens())
+
+
+def _write_tokenizer(tokenizer, out: Path, max_length: int) -> None:
+    """tokenizer.json with BOS added in front of every text, as muloco's loader adds it, and its config."""
+    from tokenizers.processors import TemplateProcessing
+
+    hf = _hf_tokenizer(tokenizer)
+    bos, eos = hf.id_to_token(tokenizer.bos_id), hf.id_to_token(tokenizer.eos_id)
+    hf.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                           special_tokens=[(bos, tokenizer.bos_id)])
+    hf.save(str(out / "tokenizer.json"))
+    special = {"bos_token": bos, "eos_token": eos}
+    if getattr(tokenizer, "mask_id", None) is not None:
+        special["mask_token"] = hf.id_to_token(tokenizer.mask_id)
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special,
+                                                           "model_max_length": max_length}, indent=2))
+
+
+def _summary(run: Path) -> dict:
+    try:
+        return json.loads((run / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_weights(state: dict[str, torch.Tensor], out: Path) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items()}
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    if total <= SHARD_BYTES:
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    shards, current, size = [], {}, 0
+    for name, t in tensors.items():
+        if current and size + t.numel() * t.element_size() > SHARD_BYTES:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = t
+        size += t.numel() * t.element_size()
+    shards.append(current)
+    weight_map = {}
+    for i, shard in enumerate(shards, 1):
+        name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in shard})
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+
+
+def export(checkpoint: str, out: str, *, step: int | None = None, replica: int | None = None,
+           force: bool = False, license: str | None = None) -> Path:
+    """Write the Hugging Face folder ``out`` (atomically: a failed export leaves nothing)."""
+    target = Path(out).resolve()
+    if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents:
+        raise ExportError(f"--out {out} is the current folder or holds it; choose a folder of its own")
+    if target.exists() and any(target.iterdir()) and not force:
+        raise ExportError(f"--out {out} exists and is not empty; choose another folder or pass --force")
+    from muloco import compat
+
+    compat.apply()  # before torchtitan is imported (idempotent)
+    import torch
+
+    from muloco.hf.adapter import Llama3Adapter
+    from muloco.tools.loading import load_config, load_model, locate
+
+    run, step = locate(checkpoint, replica, step)
+    config = load_config(run, prog="python -m muloco.export")
+    model, tokenizer, objective, step, is_global = load_model(run, config, step, torch.device("cpu"))
+    why = _unsupported(model.config, objective.name, tokenizer)
+    if why:
+        raise ExportError(f"cannot export {run}: {why}")
+    summary = _summary(run)
+    fingerprint = _check_global(model, summary, step) if is_global else None
+    adapter = Llama3Adapter(model.config)
+    hf_state = adapter.to_hf({k: v.float() for k, v in model.state_dict().items()})
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    as_umask_says(staging, folder=True)  # the export is a normal folder: teammates read it as the umask says
+    try:
+        _save_weights(hf_state, staging)
+        written = hf_config(model.config, tokenizer, config.training.seq_len, objective.name)
+        (staging / "config.json").write_text(json.dumps(written, indent=2))
+        code = _shipped_code(written)
+        if code is not None:
+            shutil.copyfile(code, staging / code.name)
+        (staging / "generation_config.json").write_text(json.dumps(
+            {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2))
+        _write_tokenizer(tokenizer, staging, config.training.seq_len)
+        (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint,
+                                                 remote_code=code is not None, license=license))
+        for path in staging.iterdir():  # safetensors writes its files 0600
+            as_umask_says(path)
+        old = None
+        if target.exists():  # --force: the old folder goes only once the new one is in place
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            os.replace(target, old / target.name)
+        os.replace(staging, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def _hub_token(repo: str) -> str:
+    """The token for ``repo`` as huggingface_hub finds it (``HF_TOKEN``, or what ``hf auth login``
+    saved); the name and the token are checked before anything is exported."""
+    from huggingface_hub import get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise ExportError(f"--push-to-hub {repo!r}: give the repository as OWNER/NAME")
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as err:
+        raise ExportError(f"--push-to-hub {repo!r} is not a valid Hub repository name: {str(err).splitlines()[0]}")
+    token = get_token()
+    if not token:
+        raise ExportError("--push-to-hub needs a Hub token: run `hf auth login` once, or export HF_TOKEN=... "
+                          "(never on the command line)")
+    return token
+
+
+def push_to_hub(folder: Path, repo: str, *, private: bool) -> str:
+    """Upload ``folder`` to the Hub repository ``repo`` in one commit; the commit's URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    api = HfApi(token=_hub_token(repo))
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    later = "The folder was written and can be pushed later"
+    try:
+        api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+        if private and not api.repo_info(repo, repo_type="model").private:
+            raise ExportError(f"--push-to-hub {repo} --private: that repository exists and is public; nothing was "
+                              f"uploaded. Make it private on the Hub or push to another one. {later}")
+        info = api.create_commit(repo, [CommitOperationAdd(str(p.relative_to(folder)), str(p)) for p in files],
+                                 commit_message=f"muloco export ({len(files)} files)", repo_type="model")
+    except HfHubHTTPError as e:
+        status = e.response.status_code if e.response is not None else "no response"
+        raise ExportError(f"--push-to-hub {repo}: the Hub refused the upload ({status}); check that your Hub token "
+                          f"(HF_TOKEN or `hf auth login`) may write to {repo}. {later}") from None
+    except ExportError:
+        raise
+    except Exception as e:  # the Hub client's network and validation errors have no common base
+        raise ExportError(f"--push-to-hub {repo}: the upload failed ({type(e).__name__}: {e}). {later}") from None
+    return info.commit_url
+
+
+PROG = "python -m muloco.export"
+
+
+@dataclass
+class ExportOptions:
+    """Export a run's model to a Hugging Face folder that ``transformers`` loads."""
+
+    checkpoint: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="RUN_FOLDER")]]
+    """Run dump folder, replica folder or checkpoint/step-N."""
+    out: str
+    """The Hugging Face folder to write."""
+    step: int | None = None
+    """Checkpoint step (default: the newest complete)."""
+    replica: int | None = None
+    """A DiLoCo run's replica folder to read (default 0)."""
+    force: bool = False
+    """Replace a non-empty --out."""
+    push_to_hub: Annotated[str | None, tyro.conf.arg(metavar="OWNER/NAME")] = None
+    """Then upload the folder to this Hub model repository (token: HF_TOKEN, or what `hf auth login` saved)."""
+    private: bool = False
+    """With --push-to-hub: create the repository private."""
+    license: str | None = None
+    """The card's license, a Hub license id: apache-2.0, mit, other... (default: none; your data's terms apply)."""
+
+
+def _check(args: ExportOptions) -> None:
+    if args.license is not None and not LICENSE_ID.fullmatch(args.license):
+        raise UsageError(f"--license {args.license!r} is not a license id: lowercase letters, digits, '.', '-' and "
+                         "'+', e.g. apache-2.0, mit, cc-by-4.0 or other")
+    if args.private and not args.push_to_hub:
+        raise UsageError("--private applies to --push-to-hub; add it or drop --private")
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args, _ = parse(ExportOptions, list(sys.argv[1:] if argv is None else argv), prog=PROG,
+                        description=__doc__.split("\n\n")[0], overrides=False)
+        _check(args)
+    except UsageError as e:
+        print(f"muloco.tools.export: error: {e}", file=sys.stderr)
+        return 2
+    from muloco import compat
+
+    compat.apply()  # before torchtitan is imported
+    from muloco.components.checkpoint import CheckpointLoadError
+    from muloco.config.loader import ConfigError
+    from muloco.data.tokenizer import TokenizerError
+    from muloco.tools.loading import RunLoadError
+
+    try:
+        if args.push_to_hub:
+            _hub_token(args.push_to_hub)
+        out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force,
+                     license=args.license)
+    except (ExportError, RunLoadError, CheckpointLoadError, ConfigError, TokenizerError, ValueError,
+            optional.MissingExtra) as e:
+        print(f"muloco.tools.export: error: {e}", file=sys.stderr)
+        return 2
+    config = json.loads((out / "config.json").read_text())
+    auto = "AutoModelForMaskedLM" if config.get("mask_token_id") is not None else "AutoModelForCausalLM"
+    how = f"{auto}.from_pretrained({str(out)!r}{', trust_remote_code=True' if 'auto_map' in config else ''})"
+    print(f"exported to {out}: load it with transformers.{how}; its README.md says how it was trained")
+    if args.push_to_hub:
+        try:
+            url = push_to_hub(out, args.push_to_hub, private=args.private)
+        except ExportError as e:
+            print(f"muloco.tools.export: error: {e}", file=sys.stderr)
+            return 2
+        print(f"pushed to the Hub as {args.push_to_hub}: {url}")
+    return 0

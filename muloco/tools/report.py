@@ -1,0 +1,704 @@
+"""Results reader: one table and three plots for run folders and sweeps.
+
+Usage::
+
+    python -m muloco.report RUN_OR_SWEEP_DIR... [--out DIR] [--metric validation|train]
+
+A *run folder* holds ``summary.json`` or ``metrics.jsonl`` (what ``muloco.train`` writes to
+``--dump_folder``). A DiLoCo job's dump folder holds one such folder per replica group,
+``replica_<i>/``; it is read as one run (validation of θ_g from any replica, they agree; train
+loss the mean over replicas; tokens the sum; bytes per replica the mean). A *sweep folder* is any
+folder with run folders somewhere below it. A sweep may carry a ``manifest.jsonl``, one JSON
+object per line with at least ``name`` (and ``overrides``; ``muloco.launch.sweep`` writes one);
+a line names the run found in its ``run_dir``/``dump_folder``/``folder``/``path`` key, in the
+``--dump_folder`` of its overrides, or in the sub-folder called ``name``.
+
+For every run the table shows its method and objective as the run recorded them in the facts
+of its ``run.json`` (``muloco.runs.facts``: from the resolved config, never from a file or folder
+name; a run without facts shows ``?`` and a warning naming what is unknown), the final
+validation loss of θ_g (the NELBO for ``mdlm``) and its bits per byte of the held-out text (the
+one figure that compares ``ar`` with ``mdlm`` runs and runs with different tokenizers), the
+final train loss, steps, tokens (all replica
+groups together), bits per parameter and bytes sent per replica (DiLoCo only), the share of wall
+time spent in syncs and the wall time; ``-`` where the run did not record the value (a run still
+going has no summary: no sync share, no wall time). Rows are sorted by method, objective, then
+final loss; within a sweep the lowest final loss of each method (with at least two runs) is
+marked ``*``. ``--metric train`` ranks by the final train loss instead.
+
+Writes ``loss_vs_steps.png``, ``loss_vs_tokens.png``, ``loss_vs_bytes.png`` (train loss as lines,
+validation as dots, one colour per run), ``report.md`` and ``report.json`` into ``--out``
+(default ``<first path>/report/``), and nothing else. Bad input is exit status 2 with one line
+naming the path: a path that does not exist, a folder without runs, a malformed line in a
+summary, metrics or manifest file. The last line of a ``metrics.jsonl`` that does not parse is a
+live run's partial write: it is skipped with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+
+from muloco.utils import optional
+from muloco.utils.command_line import UsageError, parse, tyro
+from muloco.utils.link_model import format_rate
+from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
+
+EXIT_BAD_INPUT = 2
+RUN_FILES = ("summary.json", "metrics.jsonl")
+REPORT_FILES = ("loss_vs_steps.png", "loss_vs_tokens.png", "loss_vs_bytes.png", "report.md", "report.json")
+METRICS = ("validation", "train")
+
+
+class ReportError(Exception):
+    """Bad input: main prints it as one line and exits 2."""
+
+
+@dataclass
+class Run:
+    """One training run (a DiLoCo job counts as one run) as read from its folder."""
+
+    folder: Path
+    name: str
+    method: str
+    objective: str
+    facts: dict[str, Any] | None = None
+    """What run.json recorded the run to be (None: it recorded no facts)."""
+    replicas: int = 1
+    complete: bool = False
+    """Every replica wrote its summary (the run finished)."""
+    sweep: Path | None = None
+    """The sweep folder it was found in; None when it was named directly."""
+    final_validation_loss: float | None = None
+    final_validation_bits_per_byte: float | None = None
+    """Bits per byte of the held-out text: comparable across objectives (ar, mdlm) and tokenizers."""
+    final_tuning_loss: float | None = None
+    """θ_g's loss on the tuning batches (``validator.tuning_steps``), apart from the reported one."""
+    final_train_loss: float | None = None
+    steps: int | None = None
+    tokens: int | None = None
+    bits_per_parameter: float | None = None
+    bytes_sent_per_replica: float | None = None
+    sync_share: float | None = None
+    wall_seconds: float | None = None
+    train_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    train_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    train_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    val_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    val_loss: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    evaluations: dict[str, float] = field(default_factory=dict)
+    """Downstream scores ``python -m muloco.evaluate`` wrote to ``eval/<task>.json``: "<task> <metric>"."""
+    sync_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    sync_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    """Cumulative bytes sent per replica after each sync (mean over replicas)."""
+
+    def final_loss(self, metric: str = "validation") -> float | None:
+        return self.final_train_loss if metric == "train" else self.final_validation_loss
+
+
+# ---------------------------------------------------------------------------- reading files
+
+
+def _json_lines(path: Path, tolerate_partial_tail: bool) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each line of a JSONL file. A live writer may have left its
+    last line half written: that one is skipped with a warning when ``tolerate_partial_tail``;
+    any other bad line is an error naming the file and line."""
+    lines = path.read_text(errors="replace").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if tolerate_partial_tail and number == len(lines):
+                _warn(f"{path}:{number}: skipped a partial last line (a run still writing?)")
+                continue
+            raise ReportError(f"{path}:{number}: not valid JSON ({err.msg}); fix or delete that line") from None
+        if not isinstance(record, dict):
+            raise ReportError(f"{path}:{number}: expected a JSON object per line; fix or delete that line")
+        records.append((number, record))
+    return records
+
+
+def _json_file(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, None when absent; malformed is an error naming file and line."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{path}:{err.lineno}: not valid JSON ({err.msg}); rerun or delete the file") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}:1: expected a JSON object; rerun or delete the file")
+    return data
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- method
+
+
+def _facts(folder: Path, run_json: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The run's recorded facts; a run.json without them (an older muloco, or a run that
+    stopped before its model was built) is said, with what is unknown, and nothing is guessed."""
+    missing = missing_facts(run_json)
+    if missing:
+        what = "no run.json" if run_json is None else f"run.json records no {', '.join(missing)}"
+        _warn(f"{folder}: {what} (written by an older muloco, or the run stopped before its model was "
+              "built): its method is shown as '?'; resume or rerun it with this version to record them")
+        return None
+    return run_json["facts"]
+
+
+def _objective(facts: dict[str, Any] | None, summary: dict[str, Any] | None) -> str:
+    """ar or mdlm, as the summary or the facts recorded it."""
+    if summary and summary.get("objective"):
+        return str(summary["objective"])
+    return str(facts["objective"]) if facts else "?"
+
+
+# ---------------------------------------------------------------------------- one replica
+
+
+@dataclass
+class _Replica:
+    """What one replica group's folder recorded."""
+
+    summary: dict[str, Any] | None
+    train: dict[int, tuple[float, float]]  # step -> (loss, tokens so far in this group)
+    validation: dict[int, float]
+    syncs: dict[tuple[int, int], tuple[float, float, float]]  # (step, fragment) -> bytes, payload, numel
+    bits_per_byte: dict[int, float] = field(default_factory=dict)  # validation step -> bits per byte
+    tuning: dict[int, float] = field(default_factory=dict)  # validation step -> loss on the tuning batches
+
+
+def _read_replica(folder: Path) -> _Replica:
+    """One folder's summary and metrics; a step logged twice (a resumed run) keeps its last record."""
+    summary = _json_file(folder / "summary.json")
+    metrics = folder / "metrics.jsonl"
+    records = _json_lines(metrics, tolerate_partial_tail=True) if metrics.is_file() else []
+    replica = _Replica(summary, {}, {}, {})
+    for number, record in records:
+        try:
+            _add_record(replica, record)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ReportError(f"{metrics}:{number}: a missing or mistyped field ({err}); fix or delete that line") \
+                from None
+    return replica
+
+
+def _add_record(replica: _Replica, r: dict[str, Any]) -> None:
+    """File one metrics.jsonl record: a train log, a validation, or a sync."""
+    step = int(r["step"])
+    if r.get("loss") is not None:
+        replica.train[step] = (float(r["loss"]), float(r.get("n_tokens_seen") or math.nan))
+    if r.get("validation_loss") is not None:
+        replica.validation[step] = float(r.get("validation_nelbo", r["validation_loss"]))
+    if r.get("validation_bits_per_byte") is not None:
+        replica.bits_per_byte[step] = float(r["validation_bits_per_byte"])
+    if r.get("tuning_loss") is not None:
+        replica.tuning[step] = float(r["tuning_loss"])
+    if r.get("sync/bytes_sent") is not None:
+        replica.syncs[(step, int(r.get("sync/fragment") or 0))] = (
+            float(r["sync/bytes_sent"]), float(r.get("sync/payload_bytes") or 0), float(r.get("sync/numel") or 0))
+
+
+EVAL_METRICS = ("acc_norm", "acc", "exact_match", "word_perplexity")
+"""The one figure of a task the table shows, the first of these the task reported."""
+
+
+def _evaluations(folder: Path) -> dict[str, float]:
+    """Each task's headline figure from ``eval/<task>.json`` (a file that does not parse is named
+    and skipped)."""
+    found = {}
+    for path in sorted(folder.glob("eval/*.json")):
+        try:
+            record = _json_file(path)
+        except ReportError as err:
+            _warn(f"{err}; skipped")
+            continue
+        if not record or not isinstance(record.get("metrics"), dict):
+            _warn(f"{path}: not an evaluation record; skipped")
+            continue
+        metrics = record["metrics"]
+        numbers = [k for k, v in metrics.items() if isinstance(v, (int, float)) and "_stderr" not in k]
+        name = next((k for m in EVAL_METRICS for k in numbers if k.split("/")[0] == m), None)  # "/": a filter
+        if name:
+            found[f"{record.get('task', path.stem)} {name}"] = float(metrics[name])
+    return found
+
+
+def _replica_folders(folder: Path) -> list[Path]:
+    """A DiLoCo job's ``replica_<i>/`` run folders, by replica id."""
+    found = [p for p in folder.glob("replica_*") if p.name[len("replica_"):].isdigit() and _is_run_folder(p)]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def _is_run_folder(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in RUN_FILES)
+
+
+# ---------------------------------------------------------------------------- one run
+
+
+def _mean(values: list[Any]) -> float | None:
+    values = [float(v) for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _curves(reps: list[_Replica]) -> dict[str, np.ndarray]:
+    """Train loss (mean over replicas) and tokens (sum) at the steps every replica logged,
+    validation points of θ_g, and cumulative bytes sent per replica at each sync step."""
+    common = sorted(set.intersection(*(set(r.train) for r in reps)))
+    loss = np.array([[r.train[s][0] for s in common] for r in reps]).reshape(len(reps), -1)
+    tokens = np.array([[r.train[s][1] for s in common] for r in reps]).reshape(len(reps), -1)
+    validation = {s: v for r in reps for s, v in r.validation.items()}
+    sync_steps = np.array(sorted({s for r in reps for s, _ in r.syncs}), dtype=float)
+    per_replica = [_cumulative_bytes(r, sync_steps) for r in reps if r.syncs]
+    return {
+        "train_steps": np.array(common, dtype=float), "train_loss": loss.mean(axis=0),
+        "train_tokens": tokens.sum(axis=0),
+        "val_steps": np.array(sorted(validation), dtype=float),
+        "val_loss": np.array([validation[s] for s in sorted(validation)]),
+        "sync_steps": sync_steps if per_replica else np.zeros(0),
+        "sync_bytes": np.mean(per_replica, axis=0) if per_replica else np.zeros(0),
+    }
+
+
+def _cumulative_bytes(rep: _Replica, at_steps: np.ndarray) -> np.ndarray:
+    """Bytes this replica had handed to the collectives by each of ``at_steps`` (failed syncs
+    count: the bytes were sent)."""
+    keys = sorted(rep.syncs)
+    steps = np.array([k[0] for k in keys], dtype=float)
+    total = np.concatenate([[0.0], np.cumsum([rep.syncs[k][0] for k in keys])])
+    return total[np.searchsorted(steps, at_steps, side="right")]
+
+
+def _scalars(reps: list[_Replica], curves: dict[str, np.ndarray]) -> dict[str, Any]:
+    """The table's numbers: from the summaries when written, else from the metrics."""
+    sums = [r.summary for r in reps if r.summary is not None]
+    val = next((s.get("final_validation_nelbo", s.get("final_validation_loss")) for s in sums), None)
+    bpb = next((s["final_validation_bits_per_byte"] for s in sums if s.get("final_validation_bits_per_byte")), None)
+    logged = {step: v for r in reps for step, v in r.bits_per_byte.items()}
+    tuned = {step: v for r in reps for step, v in r.tuning.items()}
+    tuning = next((s["final_tuning_loss"] for s in sums if s.get("final_tuning_loss") is not None), None)
+    return {
+        "final_tuning_loss": tuning if tuning is not None else (tuned[max(tuned)] if tuned else None),
+        "final_validation_loss": val if val is not None else _last(curves["val_loss"]),
+        "final_validation_bits_per_byte": bpb if bpb is not None else (logged[max(logged)] if logged else None),
+        "final_train_loss": _mean([s.get("final_train_loss") for s in sums]) if sums else _last(curves["train_loss"]),
+        "steps": max((int(s["steps"]) for s in sums), default=None) or _max_step(reps),
+        "tokens": _tokens(reps),
+        "wall_seconds": max((float(s["wall_seconds"]) for s in sums if s.get("wall_seconds") is not None),
+                            default=None),
+        **_traffic(reps, [s["diloco"] for s in sums if "diloco" in s]),
+    }
+
+
+def _tokens(reps: list[_Replica]) -> int | None:
+    """Tokens trained by all replica groups: each group's last ``n_tokens_seen`` (summed over
+    its ranks, where the summary's ``tokens_seen`` is rank 0's alone), else its summary."""
+    per_group = []
+    for r in reps:
+        logged = r.train[max(r.train)][1] if r.train else math.nan
+        per_group.append(logged if not math.isnan(logged) else (r.summary or {}).get("tokens_seen"))
+    return int(sum(per_group)) if all(t is not None for t in per_group) else None
+
+
+def _traffic(reps: list[_Replica], outer: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Bits per parameter and bytes sent, each the mean over replicas, summed over the sync
+    records of metrics.jsonl (one per sync: a resumed run's earlier processes count, a sync redone
+    after a restart counts once); from the summaries' ``diloco`` section where a run logged no
+    sync records. The sync share comes from the summaries (the last process's)."""
+    share = _mean([o.get("sync_share_of_wall_time") for o in outer]) if outer else None
+    totals = [np.sum(list(r.syncs.values()), axis=0) for r in reps if r.syncs]  # bytes, payload, numel
+    if totals:
+        return {"bits_per_parameter": _mean([8 * t[1] / max(1.0, t[2]) for t in totals]),
+                "bytes_sent_per_replica": _mean([t[0] for t in totals]), "sync_share": share}
+    return {"bits_per_parameter": _mean([o.get("payload_bits_per_parameter") for o in outer]),
+            "bytes_sent_per_replica": _mean([o.get("bytes_sent") for o in outer]), "sync_share": share}
+
+
+def _last(values: np.ndarray) -> float | None:
+    return float(values[-1]) if len(values) else None
+
+
+def _max_step(reps: list[_Replica]) -> int | None:
+    steps = [s for r in reps for s in (*r.train, *r.validation)]
+    return max(steps) if steps else None
+
+
+def load_run(folder: Path | str) -> Run:
+    """Read one run folder, or a DiLoCo job folder (its ``replica_<i>/`` folders), into a Run
+    named after the folder."""
+    folder = Path(folder)
+    parts = [folder] if _is_run_folder(folder) else _replica_folders(folder)
+    if not parts:
+        raise ReportError(f"{folder}: not a run folder (no summary.json or metrics.jsonl, no replica_<i>/); "
+                          "pass a run's --dump_folder")
+    reps = [_read_replica(p) for p in parts]
+    run_json = _json_file(parts[0] / RUN_FILE)
+    summary = next((r.summary for r in reps if r.summary is not None), None)
+    curves = _curves(reps)
+    try:
+        facts = _facts(parts[0], run_json)
+        return Run(folder=folder, name=folder.resolve().name, method=method_of(facts) if facts else "?",
+                   objective=_objective(facts, summary), facts=facts, replicas=len(parts),
+                   evaluations=_evaluations(folder),
+                   complete=all(r.summary is not None for r in reps), **_scalars(reps, curves), **curves)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ReportError(f"{folder}: summary.json or run.json has a missing or mistyped field ({err!r}); "
+                          "rerun or delete the file") from None
+
+
+# ---------------------------------------------------------------------------- finding runs
+
+
+def _run_folders(folder: Path) -> list[Path]:
+    """Run folders at or below ``folder`` (a DiLoCo job folder counts once); hidden folders
+    and symbolic links are not entered."""
+    if _is_run_folder(folder) or _replica_folders(folder):
+        return [folder]
+    children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))
+    return [run for child in children for run in _run_folders(child)]
+
+
+def _manifest_names(sweep: Path) -> dict[Path, str]:
+    """{resolved run folder: name} from every ``manifest.jsonl`` in the sweep."""
+    names: dict[Path, str] = {}
+    for manifest in sorted(sweep.rglob("manifest.jsonl")):
+        for number, line in _json_lines(manifest, tolerate_partial_tail=True):
+            if "name" not in line:
+                raise ReportError(f"{manifest}:{number}: a manifest line needs a \"name\"; add one")
+            names.update((folder, str(line["name"])) for folder in _manifest_folders(manifest.parent, line))
+    return names
+
+
+def _manifest_folders(base: Path, line: dict[str, Any]) -> list[Path]:
+    """Where a manifest line's run may be: its folder key (``run_dir``, as ``muloco.launch.sweep``
+    writes, ``dump_folder``, ``folder``, ``path``), the ``--dump_folder`` of its overrides, and the
+    folder called ``name`` next to the manifest (relative paths may be relative to either the
+    manifest or the directory the sweep was started from, so all are candidates)."""
+    overrides = line.get("overrides") or []
+    if isinstance(overrides, str):
+        overrides = shlex.split(overrides)
+    if isinstance(overrides, dict):
+        overrides = [part for k, v in overrides.items() for part in (f"--{str(k).lstrip('-')}", str(v))]
+    given = [line.get(k) for k in ("run_dir", "dump_folder", "folder", "path")]
+    given += [dump_folder_in([str(o) for o in overrides]), line["name"]]
+    paths = {Path(str(g)) for g in given if g}
+    return [p.resolve() for p in paths] + [(base / p).resolve() for p in paths if not p.is_absolute()]
+
+
+def find_runs(paths: list[Path | str]) -> list[Run]:
+    """Every run under the given paths: a path that is a run is one run named after its folder;
+    any other folder is a sweep, its runs named by its manifest or by their path in it."""
+    runs: list[Run] = []
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ReportError(f"{path}: no such file or folder; pass a run's --dump_folder or a sweep folder")
+        if not path.is_dir():
+            raise ReportError(f"{path}: not a folder; pass the run folder that holds it ({path.parent})")
+        folders = _run_folders(path)
+        if not folders:
+            raise ReportError(f"{path}: no runs found (a run folder holds summary.json or metrics.jsonl, a DiLoCo "
+                              "job replica_<i>/ folders); pass a run's --dump_folder or a folder above runs")
+        if folders == [path]:
+            runs.append(load_run(path))
+            continue
+        names = _manifest_names(path)
+        for folder in folders:
+            run = load_run(folder)
+            run.sweep = path
+            run.name = names.get(folder.resolve(), folder.relative_to(path).as_posix())
+            runs.append(run)
+    return _distinct_names(runs)
+
+
+def _distinct_names(runs: list[Run]) -> list[Run]:
+    """Two runs with one name (the same sub-folder in two sweeps): label those by their path."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[run.name] = counts.get(run.name, 0) + 1
+    for run in runs:
+        if counts[run.name] > 1:
+            run.name = f"{run.folder}"
+    return runs
+
+
+# ---------------------------------------------------------------------------- the table
+
+
+COLUMNS = ("", "run", "method", "obj", "val loss", "val bits/byte", "train loss", "steps", "tokens", "bits/param",
+           "sent/replica", "sync", "wall")
+
+
+def ordered(runs: list[Run], metric: str = "validation") -> list[Run]:
+    """By method, objective, then final loss (runs without one last), then name."""
+    return sorted(runs, key=lambda r: (r.method, r.objective, r.final_loss(metric) is None,
+                                       r.final_loss(metric) or 0.0, r.name))
+
+
+def best(runs: list[Run], metric: str = "validation") -> set[int]:
+    """ids of the lowest-loss run of each method and objective within each sweep (groups of
+    two runs or more: a lone run is not "best" of anything)."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        if run.sweep is not None and run.final_loss(metric) is not None:
+            groups.setdefault((run.sweep, run.method, run.objective), []).append(run)
+    return {id(min(g, key=lambda r: r.final_loss(metric))) for g in groups.values() if len(g) > 1}
+
+
+def format_number(value: float | None, fmt: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 100:
+        return f"{seconds:.1f}s"
+    h, rem = divmod(int(round(seconds)), 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
+
+
+def format_bytes(n: float | None) -> str:
+    """Decimal units, as the training logs print them (MB = 1e6 bytes)."""
+    if n is None:
+        return "-"
+    unit, size = next(((u, size) for u, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if n >= size), ("B", 1))
+    return f"{n / size:.2f} {unit}"
+
+
+def _cells(run: Run, marked: bool) -> list[str]:
+    return [
+        "*" if marked else "",
+        run.name + ("" if run.complete else " (no summary)"),
+        run.method,
+        run.objective,
+        format_number(run.final_validation_loss, ".4f"),
+        format_number(run.final_validation_bits_per_byte, ".4f"),
+        format_number(run.final_train_loss, ".4f"),
+        format_number(run.steps, "d"),
+        format_number(run.tokens, ",d"),
+        format_number(run.bits_per_parameter, ".2f"),
+        format_bytes(run.bytes_sent_per_replica),
+        "-" if run.sync_share is None else f"{100 * run.sync_share:.1f}%" + _emulated(run),
+        format_duration(run.wall_seconds) + _emulated(run),
+    ]
+
+
+def _emulated(run: Run) -> str:
+    """What a time of a run over an emulated link (``--outer.link.mbps``) is marked with."""
+    link = ((run.facts or {}).get("outer") or {}).get("link")
+    return f" (emulated {format_rate(link['mbps'])} link)" if link else ""
+
+
+def eval_columns(runs: list[Run]) -> list[str]:
+    """One column per task and figure any run was evaluated on."""
+    return sorted({name for run in runs for name in run.evaluations})
+
+
+def _header(runs: list[Run]) -> list[str]:
+    return [*COLUMNS, *eval_columns(runs)]
+
+
+def _rows(runs: list[Run], metric: str) -> list[list[str]]:
+    marks = best(runs, metric)
+    extra = eval_columns(runs)
+    return [_cells(run, id(run) in marks) + [format_number(run.evaluations.get(c), ".4f") for c in extra]
+            for run in ordered(runs, metric)]
+
+
+def table(runs: list[Run], metric: str = "validation") -> str:
+    """An aligned text table, one row per run (text left-aligned, numbers right-aligned), a
+    column per downstream evaluation."""
+    return aligned([_header(runs), *_rows(runs, metric)], left={0, 1, 2, 3})
+
+
+def aligned(rows: list[list[str]], left: set[int]) -> str:
+    """Rows of cells as text under a rule: columns in ``left`` left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def markdown(runs: list[Run], metric: str = "validation") -> str:
+    """The same table in Markdown."""
+    header = _header(runs)
+    rows = [header, ["---"] * len(header), *_rows(runs, metric)]
+    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows)
+
+
+def rows_json(runs: list[Run], metric: str = "validation") -> list[dict[str, Any]]:
+    """The table's rows with unrounded numbers."""
+    marks = best(runs, metric)
+    keys = ("name", "method", "objective", "replicas", "complete", "final_validation_loss",
+            "final_validation_bits_per_byte", "final_train_loss",
+            "steps", "tokens", "bits_per_parameter", "bytes_sent_per_replica", "sync_share", "wall_seconds",
+            "evaluations")
+    return [{**{k: getattr(r, k) for k in keys}, "folder": str(r.folder), "sweep": str(r.sweep) if r.sweep else None,
+             "best": id(r) in marks, "facts": r.facts} for r in ordered(runs, metric)]
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def _validation_x(run: Run, axis: str) -> np.ndarray:
+    """Validation steps mapped onto the x axis, through the train records' step -> tokens or
+    the syncs' step -> bytes."""
+    if axis == "steps":
+        return run.val_steps
+    if axis == "tokens":
+        ok = ~np.isnan(run.train_tokens)
+        return np.interp(run.val_steps, np.r_[0.0, run.train_steps[ok]], np.r_[0.0, run.train_tokens[ok]])
+    return _bytes_at(run, run.val_steps)
+
+
+def _bytes_at(run: Run, steps: np.ndarray) -> np.ndarray:
+    return np.r_[0.0, run.sync_bytes][np.searchsorted(run.sync_steps, steps, side="right")]
+
+
+def _train_xy(run: Run, axis: str) -> tuple[np.ndarray, np.ndarray]:
+    """The train-loss line. Against bytes, which grow only at syncs, one point per sync (the
+    train loss there), from the first sync on: before it nothing was sent, and a segment from
+    "0 bytes" to the first sync would draw a slope that is not there."""
+    if axis == "steps":
+        return run.train_steps, run.train_loss
+    if axis == "tokens":
+        return run.train_tokens, run.train_loss
+    if not len(run.train_steps):
+        return np.zeros(0), np.zeros(0)
+    at = run.sync_steps[run.sync_steps >= run.train_steps[0]]
+    return _bytes_at(run, at), np.interp(at, run.train_steps, run.train_loss)
+
+
+def _plot(runs: list[Run], axis: str, path: Path, note: str = "") -> None:
+    """One figure: each run's train loss as a line and its validation of θ_g as dots, same colour."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = {"steps": "inner steps", "tokens": "tokens (all replica groups)",
+              "bytes": "bytes sent per replica (cumulative)"}
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for i, run in enumerate(runs):
+        color = f"C{i % 10}" if len(runs) <= 10 else plt.cm.tab20(i % 20)
+        ax.plot(*_train_xy(run, axis), color=color, lw=1.2, label=f"{run.name} ({run.method}, {run.objective})")
+        x = _validation_x(run, axis)
+        sent = x > 0 if axis == "bytes" else np.ones(len(x), dtype=bool)  # a log axis has no 0: after the first sync
+        ax.plot(x[sent], run.val_loss[sent], "o", color=color, ms=4)
+    if note:
+        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=9)
+    if axis == "bytes":  # compressed and dense runs are decades apart: a log axis, from the first sync
+        ax.set_xscale("log")
+    ax.set_xlabel(labels[axis])
+    ax.set_ylabel("loss (nats/token; mdlm: NELBO)")
+    ax.set_title(f"loss vs {axis}: lines train loss, dots validation of θ_g", fontsize=10)
+    ax.grid(alpha=0.3)
+    if runs:
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def without_bytes(runs: list[Run]) -> list[Run]:
+    """Runs that recorded no exchanged bytes (one replica group, or no sync yet)."""
+    return [r for r in runs if not len(r.sync_steps)]
+
+
+def write_plots(runs: list[Run], out_dir: Path | str) -> list[Path]:
+    """loss_vs_steps.png, loss_vs_tokens.png and loss_vs_bytes.png (runs without byte counts
+    left out of the last, with a warning) in ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        optional.require("matplotlib", "the report's plots")
+    except optional.MissingExtra as err:  # the tables are the report; the plots an extra
+        _warn(f"no plots: {err}")
+        return []
+    paths = [out / "loss_vs_steps.png", out / "loss_vs_tokens.png", out / "loss_vs_bytes.png"]
+    _plot(runs, "steps", paths[0])
+    _plot(runs, "tokens", paths[1])
+    skipped = without_bytes(runs)
+    if skipped:
+        _warn(f"{paths[2].name}: left out {len(skipped)} run(s) without byte counts: "
+              + ", ".join(r.name for r in skipped))
+    kept = [r for r in runs if r not in skipped]
+    _plot(kept, "bytes", paths[2], note="" if kept else "no run recorded bytes sent (no outer syncs)")
+    return paths
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def _write_text(runs: list[Run], out: Path, metric: str) -> list[Path]:
+    """report.md (the table, which plot left out what) and report.json (the rows)."""
+    skipped = without_bytes(runs)
+    note = f"\n\n`loss_vs_bytes.png` leaves out runs without byte counts: {', '.join(r.name for r in skipped)}." \
+        if skipped else ""
+    plots = "\n".join(f"![{name}]({name})" for name in REPORT_FILES[:3])
+    md = (f"# Runs\n\nFinal loss: {metric} (`*`: lowest of its method within a sweep).\n\n"
+          f"{markdown(runs, metric)}{note}\n\n{plots}\n")
+    (out / "report.md").write_text(md)
+    (out / "report.json").write_text(json.dumps({"metric": metric, "rows": rows_json(runs, metric)}, indent=2) + "\n")
+    return [out / "report.md", out / "report.json"]
+
+
+PROG = "python -m muloco.report"
+
+
+@dataclass
+class ReportOptions:
+    """Results reader: one table and three plots for run folders and sweeps."""
+
+    paths: tyro.conf.Positional[Annotated[tuple[Path, ...], tyro.conf.arg(metavar="RUN_OR_SWEEP_DIR...",
+                                                                          help_behavior_hint="(required)")]]
+    """Run folders and sweep folders, one or more."""
+    out: Path | None = None
+    """Report folder (default: <first path>/report/)."""
+    metric: Literal[METRICS] = "validation"
+    """Final loss that ranks runs and marks the best: validation of θ_g or train."""
+
+
+def parse_args(argv: list[str]) -> ReportOptions:
+    """The options, or a UsageError (a misspelt option, no folder)."""
+    args, _ = parse(ReportOptions, argv, prog=PROG, description=__doc__.split("\n\n")[0], overrides=False)
+    if not args.paths:  # tyro lets a positional sequence be empty
+        raise UsageError(f"give one or more run or sweep folders: {PROG} RUN_OR_SWEEP_DIR... (see --help)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    out = args.out or args.paths[0] / "report"
+    try:
+        runs = find_runs(args.paths)
+        if out.exists() and not out.is_dir():
+            raise ReportError(f"{out}: exists and is not a folder; pass another --out")
+        print(table(runs, args.metric))
+        written = [*write_plots(runs, out), *_write_text(runs, out, args.metric)]
+    except ReportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"wrote {', '.join(p.name for p in written)} to {out}")
+    return 0

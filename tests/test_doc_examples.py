@@ -124,7 +124,9 @@ def _module_and_args(words: list[str]) -> tuple[str, list[str]] | None:
 
 
 def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    full = {**os.environ, "PYTHONPATH": str(REPO), "MULOCO_PYTHON": sys.executable, **env}
+    """``argv`` as on a machine that sees no cluster (the suite's own local SLURM, whose
+    SLURM_CONF the session exports, would answer with its CPU-only partition)."""
+    full = {**os.environ, "PYTHONPATH": str(REPO), "MULOCO_PYTHON": sys.executable, "SLURM_CONF": os.devnull, **env}
     return watch([argv], [full])[0]
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TINY, run_train
-from muloco import compat, report
+from muloco import compat
+from muloco.tools import report
 
 compat.apply()
 from muloco.config import load_config  # noqa: E402

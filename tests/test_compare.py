@@ -26,9 +26,9 @@ TINY_SUITE = ["--model.flavor", "llama3-w64-d2-h2", "--training.seq_len", "64", 
               "--checkpoint.interval", "4", "--metrics.log_freq", "1", "--outer.sync_every", "2"]
 
 
-def _compare(args: list[str], cwd: Path, timeout: float = 600) -> tuple[int, str, str]:
+def _compare(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     """``python -m muloco.compare ARGS`` in its own session; killed with its children on timeout."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "muloco.compare", *args], cwd=cwd, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
@@ -121,8 +121,11 @@ def test_data_sources(tmp_path, monkeypatch):
 def test_two_run_suite_end_to_end_then_reused(tmp_path):
     out = tmp_path / "suite"
     args = ["--only", "MuLoCo K=2, SGD outer", "SparseLoCo", "--steps", "4", "--out", str(out), "--", *TINY_SUITE]
-    code, stdout, stderr = _compare(args, REPO)
+    secret = "hf_a-token-in-the-users-environment"
+    code, stdout, stderr = _compare(args, REPO, env={"HF_TOKEN": secret})
     assert code == 0, stdout + stderr[-4000:]
+    written = [f for f in out.rglob("*") if f.is_file() and secret.encode() in f.read_bytes()]
+    assert not written, f"the environment's token was written to {written}"  # submitit's job files included
     # the progress line: runs done of total, the current run's step, the time left
     assert "[0/2 runs done] MuLoCo K=2, SGD outer seed 0: step" in stderr and "/4, " in stderr
     assert "[2/2 runs done] SparseLoCo seed 0: done in" in stderr

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -171,10 +170,8 @@ def _cuda_available() -> bool:
 
 
 def _environment(device: str) -> dict[str, str]:
-    env = os.environ.copy()
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
+    """What the runs' environment adds to this process's (only that is written to disk)."""
+    return {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
 
 
 def _targets(args: CompareOptions, planned: list[Planned], linked: list[Planned],
@@ -299,13 +296,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     runner.stop_on_sigterm()
     env, share = _environment(device), _share_gpus(device, planned)
-    states = runner.run_all(planned, folder, env=env, share_gpus=share)
+    states = runner.run_all(planned, folder, extra_env=env, share_gpus=share)
     if staged:  # the other seeds at the points seed 0 chose
         found = [line for line in table.lines(suite, planned, folder) if line.setting]
         print("tuned on seed 0: " + "; ".join(f"{line.label}: {line.setting}" for line in found), file=sys.stderr)
         chosen = {line.label: line.later_points() for line in found}
         later = _later_seeds(suite, args, extra, chosen)
-        states.update(runner.run_all(later, folder, env=env, share_gpus=share))
+        states.update(runner.run_all(later, folder, extra_env=env, share_gpus=share))
         planned += later
     try:
         _finish(suite, planned, folder, args)

@@ -126,10 +126,11 @@ def stop_on_sigterm() -> None:
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
 
 
-def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | None = None,
+def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str] | None = None,
             share_gpus: bool = False, progress_out: TextIO | None = None) -> dict[str, str]:
-    """Train every planned run not yet finished; {name: COMPLETED | FAILED (log path)}; the
-    progress line goes to ``progress_out`` (default: sys.stderr as it is when called)."""
+    """Train every planned run not yet finished (with ``extra_env`` set on top of this process's
+    environment); {name: COMPLETED | FAILED (log path)}; the progress line goes to
+    ``progress_out`` (default: sys.stderr as it is when called)."""
     suite_dir.mkdir(parents=True, exist_ok=True)
     (suite_dir / "logs").mkdir(exist_ok=True)
     manifest = read_manifest(str(suite_dir))
@@ -166,7 +167,7 @@ def run_all(planned: list[Planned], suite_dir: Path, *, env: dict[str, str] | No
         progress.show(p, current_step(suite_dir / p.name), event.seconds)
 
     if todo:
-        runs = LocalRuns(str(suite_dir), 1, record, say=lambda _: None, env=env)
+        runs = LocalRuns(str(suite_dir), 1, record, say=lambda _: None, extra_env=extra_env)
         runs.run([(p.name, command(p, suite_dir / p.name, share_gpus=share_gpus)) for p in todo], watch=watch)
     write_manifest(str(suite_dir), manifest)
     return states

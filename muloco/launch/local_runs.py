@@ -37,10 +37,11 @@ NO_TIME_LIMIT_MIN = 60 * 24 * 365
 """submitit's local jobs have a time limit (2 minutes by default); a run has none."""
 
 
-def run_command(cmd: list[str], log: str, env: dict[str, str] | None = None) -> int:
-    """One local job's body, run inside submitit's job process: the run's command (in ``env``,
-    else the job's environment), its output appended to ``log``; a failure raises (submitit then
-    records the job as failed)."""
+def run_command(cmd: list[str], log: str, extra_env: dict[str, str] | None = None) -> int:
+    """One local job's body, run inside submitit's job process: the run's command in the job's
+    environment (inherited from the launching process) with ``extra_env`` set, its output
+    appended to ``log``; a failure raises (submitit then records the job as failed)."""
+    env = {**os.environ, **extra_env} if extra_env else None
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
@@ -90,10 +91,12 @@ class LocalRuns:
     """Runs named commands through submitit's LocalExecutor, ``parallel`` at a time."""
 
     def __init__(self, folder: str, parallel: int, record: Callable[[RunEvent], None], say=print,
-                 env: dict[str, str] | None = None):
-        """``record`` hears each run start and end (the caller's manifest); ``env``: the runs'
-        environment (default: this process's)."""
-        self.folder, self.parallel, self.record, self.say, self.env = folder, parallel, record, say, env
+                 extra_env: dict[str, str] | None = None):
+        """``record`` hears each run start and end (the caller's manifest); ``extra_env``: variables
+        set for the runs on top of this process's environment. Only these are written into
+        submitit's job file, so no secret of the environment (a token) lands on disk."""
+        self.folder, self.parallel, self.record, self.say = folder, parallel, record, say
+        self.extra_env = extra_env
         self.executor = submitit.LocalExecutor(folder=os.path.join(folder, "submitit"))
         self.executor.update_parameters(timeout_min=NO_TIME_LIMIT_MIN, tasks_per_node=1, **_same_gpus())
         os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
@@ -110,7 +113,7 @@ class LocalRuns:
             while waiting or running:
                 while waiting and len(running) < self.parallel:
                     name, cmd = waiting.pop(0)
-                    job = self.executor.submit(run_command, cmd, self.log(name), self.env)
+                    job = self.executor.submit(run_command, cmd, self.log(name), self.extra_env)
                     running[name] = (job, time.monotonic())
                     self.record(RunEvent(name, f"local:{job.job_id}", "RUNNING", 0.0))
                     self.say(f"started {name} (local job {job.job_id}; log {self.log(name)})")

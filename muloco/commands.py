@@ -14,7 +14,7 @@ import runpy
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("muloco.train", "train one replica group, or a DDP run"),
+    "train": ("muloco.train:command", "train one replica group, or a DDP run"),
     "local": ("muloco.launch.local", "K replica groups and a torchft lighthouse on this machine"),
     "slurm": ("muloco.launch.slurm", "write and submit SLURM jobs (ddp, groups, array, multinode)"),
     "sweep": ("", "run a sweep file (jobs/sweeps/*.py) on SLURM or here"),
@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fetch": ("muloco.data.fetch", "fetch a public corpus (shakespeare)"),
     "lighthouse": ("muloco.launch.lighthouse", "a torchft lighthouse on this machine"),
 }
-"""Command → (module whose ``main(argv)`` it runs, one line of help)."""
+"""Command → (module whose ``main(argv)`` it runs, or ``module:function``, one line of help)."""
 
 PROG = "muloco"
 
@@ -69,5 +69,5 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if name == "sweep":
         return _sweep(rest)
-    module = importlib.import_module(COMMANDS[name][0])
-    return module.main(rest)
+    module, _, function = COMMANDS[name][0].partition(":")
+    return getattr(importlib.import_module(module), function or "main")(rest)

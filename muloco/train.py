@@ -11,6 +11,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from muloco import compat
 
@@ -177,9 +178,11 @@ def run(argv: list[str] | None = None) -> dict:
             lock.release()
 
 
-def _exit_now(status: int) -> None:
-    """Leave without joining torchft's quorum thread, which may still sit in a call to a
-    lighthouse that is gone (Python would wait for it at exit, up to the quorum timeout)."""
+def _exit_now(status: int) -> NoReturn:
+    """Leave without interpreter teardown: torchft's quorum thread may still sit in a call to a
+    lighthouse that is gone (Python would wait for it at exit, up to the quorum timeout), and
+    gloo's threads calling back into a finalizing interpreter can abort a finished run
+    ("terminate called without an active exception", exit 134, seen in test workers)."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -205,5 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def command(argv: list[str] | None = None) -> NoReturn:
+    """The train command (``python -m muloco.train``, ``muloco train``): its files are closed
+    and its lock released when ``main`` returns, so it leaves without interpreter teardown."""
+    _exit_now(main(argv))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

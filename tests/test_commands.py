@@ -35,10 +35,11 @@ def test_muloco_runs_the_command_asked_for_and_suggests_for_a_typo():
 
 
 def test_every_command_names_a_module_with_a_main_and_the_console_script_is_declared():
-    for name, (module, _) in COMMANDS.items():
-        if module:
+    for name, (target, _) in COMMANDS.items():
+        if target:
+            module, _, function = target.partition(":")
             spec = importlib.util.find_spec(module)
-            assert spec is not None and "def main(" in open(spec.origin).read(), name
+            assert spec is not None and f"def {function or 'main'}(" in open(spec.origin).read(), name
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts == {"muloco": "muloco.commands:main"}
 

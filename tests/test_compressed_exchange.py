@@ -62,7 +62,7 @@ exec(BUILD)  # the same builder here and in the workers
 
 WORKER = BUILD + textwrap.dedent(
     """
-    import json, sys
+    import json, os, sys
     from datetime import timedelta
     import torch
     from muloco import compat; compat.apply()
@@ -119,6 +119,8 @@ WORKER = BUILD + textwrap.dedent(
                             slowest=pending.wait_for_slowest(), times=pending.times))
     torch.save(results, out)
     manager.shutdown(wait=False)
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)  # done; gloo's threads can abort interpreter teardown ("terminate called ...", seen in CI)
     """
 )
 

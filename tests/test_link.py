@@ -128,7 +128,7 @@ def test_link_speeds_parse_and_print():
 
 WORKER = textwrap.dedent(
     """
-    import json, sys, threading
+    import json, os, sys, threading
     from datetime import timedelta
     import torch
     from muloco import compat; compat.apply()
@@ -173,8 +173,11 @@ WORKER = textwrap.dedent(
         planned = exchange.link.seconds(exchange.link_transfers(k, numel, rank=manager._pg.parent.rank()))
         results.append(dict(times=pending.times, window=window, sent=pending.bytes_sent,
                             received=pending.bytes_received, planned=planned, committed=manager.should_commit()))
-    json.dump(results, open(out, "w"))
+    with open(out, "w") as f:
+        json.dump(results, f)
     manager.shutdown(wait=False)
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0)  # done; gloo's threads can abort interpreter teardown ("terminate called ...")
     """
 )
 

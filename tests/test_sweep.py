@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import runpy
+from types import SimpleNamespace
 
 import pytest
 
 from conftest import REPO
 from muloco.launch.cluster import ClusterError, ClusterSettings, _gpus, load_cluster_settings
 from muloco.launch.slurm import JobError, JobSpec
-from muloco.launch.sweep import (Entry, _states_in, combined_state, grid, lr_grid, plan, read_manifest, same_shape,
-                                 write_manifest)
+from muloco.launch.slurm_commands import states_in, combined_state
+from muloco.launch.sweep import grid, lr_grid, plan, render, same_shape
+from muloco.runs.sweep_manifest import Entry, ManifestError, read_manifest, write_manifest
 
 SWEEP_FILES = sorted((REPO / "jobs" / "sweeps").glob("*.py"))
 
@@ -60,7 +62,7 @@ def test_runs_of_one_shape_share_an_array_and_mixed_kinds_do_not(tmp_path):
 
 
 def test_runs_with_different_k_are_not_one_array_and_spanning_runs_render_as_one(tmp_path):
-    from muloco.launch.sweep import Sweep, sweep_array
+    from muloco.launch.sweep import Sweep
     spec = lambda c, o: JobSpec(c, o, ClusterSettings(gpus_per_node=8))  # noqa: E731
     fixed = {"--model.flavor": "llama3-w64-d2-h2", "--training.steps": 30}
     ks = Sweep("k", grid("groups", "diloco/muloco", replicas=2, fixed=fixed)
@@ -70,7 +72,9 @@ def test_runs_with_different_k_are_not_one_array_and_spanning_runs_render_as_one
                            vary={"--optimizer.lr": [0.01, 0.02]}))
     planned = plan(span, str(tmp_path), spec, [])
     assert same_shape(planned)
-    text = sweep_array(planned, span, str(tmp_path), 2).text
+    (submission,) = render(planned, span, str(tmp_path), SimpleNamespace(max_nodes=None, parallel=2))
+    assert submission.array and submission.runs == planned
+    text = submission.scripts[0].text
     assert "#SBATCH --nodes=4" in text and "--replicas 2" in text and "#SBATCH --array=0-1%2" in text
 
 
@@ -102,7 +106,7 @@ def test_manifest_round_trips_and_a_broken_line_is_named(tmp_path):
     assert read_manifest(str(tmp_path))["c"].job_files == {}
     with open(tmp_path / "manifest.jsonl", "a") as f:
         f.write("{not json\n")
-    with pytest.raises(JobError, match=r"manifest.jsonl:4 is not a manifest line"):
+    with pytest.raises(ManifestError, match=r"manifest.jsonl:4 is not a manifest line"):
         read_manifest(str(tmp_path))
 
 
@@ -145,9 +149,9 @@ def test_an_array_jobs_state_covers_every_task():
     was the first task's)."""
     two = ("JobId=41 ArrayJobId=40 ArrayTaskId=0 JobName=g\n   JobState=COMPLETED Reason=None\n\n"
            "JobId=42 ArrayJobId=40 ArrayTaskId=1 JobName=g\n   JobState=RUNNING Reason=None\n")
-    assert _states_in(two) == ["COMPLETED", "RUNNING"] and combined_state(_states_in(two)) == "RUNNING"
+    assert states_in(two) == ["COMPLETED", "RUNNING"] and combined_state(states_in(two)) == "RUNNING"
     assert combined_state(["COMPLETED", "FAILED"]) == "FAILED"
     assert combined_state(["COMPLETED", "COMPLETED"]) == "COMPLETED"
     assert combined_state(["PENDING", "COMPLETED"]) == "PENDING"
-    assert combined_state(_states_in("COMPLETED|\nTIMEOUT|\n")) == "TIMEOUT"  # sacct -P, one line per task
+    assert combined_state(states_in("COMPLETED|\nTIMEOUT|\n")) == "TIMEOUT"  # sacct -P, one line per task
     assert combined_state([]) is None

@@ -79,10 +79,10 @@ class CompareOptions:
 
 
 def _resolve(p: Planned) -> None:
-    """Parse the run's trainer config once: its folder name (``sweep.run_name`` and the seed),
+    """Parse the run's trainer config once: its folder name (``run_names.run_name`` and the seed),
     its steps and local batch."""
     from muloco.launch.group import load_trainer_config
-    from muloco.launch.sweep import run_name
+    from muloco.launch.run_names import run_name
 
     cfg = load_trainer_config(p.row.config, p.overrides, replicas=None if p.row.ddp else p.row.replicas,
                               who=PROG, prog=PROG)

@@ -27,7 +27,7 @@ from typing import TextIO
 
 from muloco.compare.suites import Planned
 from muloco.launch.local_runs import LocalRuns, RunEvent, local_command
-from muloco.launch.sweep import Entry, read_manifest, run_finished, write_manifest
+from muloco.runs.sweep_manifest import Entry, read_manifest, run_finished, write_manifest
 
 
 def command(p: Planned, folder: Path, *, share_gpus: bool = False) -> list[str]:

@@ -32,35 +32,23 @@ from __future__ import annotations
 import contextlib
 import getpass
 import itertools
-import json
 import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import tyro
 
-from muloco.utils.atomic_file import write_atomically
-from muloco.utils.link_model import format_rate
-from muloco.utils.command_line import UsageError, parse
-from muloco.launch.cluster import ClusterError, ClusterOptions, ClusterUnreachable
-from muloco.launch.slurm_commands import SlurmCommandError, slurm
-from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
+from muloco.launch.cluster import ClusterError, ClusterOptions
+from muloco.launch.run_names import run_name
 from muloco.launch.slurm import (KINDS, SLURM_DIR, JobError, JobSpec, Kind, Script, array_script, build,
                                  cluster_nodes, place, prepare_folder, submit_scripts)
-from muloco.runs.facts import facts_of
-
-MANIFEST = "manifest.jsonl"
-FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                 "DEADLINE", "PREEMPTED", "LOST"}
-"""LOST: SLURM no longer knows the job (no accounting, older than MinJobAge) and the run has no summary."""
-KNOWN_STATES = FAILED_STATES | {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED", "REQUEUED",
-                                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
-ACTIVE_STATES = "PENDING,RUNNING,CONFIGURING,COMPLETING,REQUEUED,RESIZING,SUSPENDED"
-
+from muloco.launch.slurm_commands import FAILED_STATES, SlurmCommandError, job_state, nodes_in_use
+from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
+from muloco.runs.sweep_manifest import MANIFEST, Entry, ManifestError, read_manifest, run_finished, write_manifest
+from muloco.utils.command_line import UsageError, parse
 
 @dataclass
 class RunSpec:
@@ -117,193 +105,9 @@ def grid(kind: str, config: str, *, vary: dict[str, list] | None = None, fixed: 
     return runs
 
 
-# -- names -----------------------------------------------------------------------------------
-
-
-def _codec_detail(outer: dict) -> str:
-    """What the method's name does not say about a lossy codec: top-k's fraction, error feedback."""
-    codec = outer["codec"]
-    if codec["name"] == "dense" and codec.get("dtype", "float32") == "float32":
-        return ""
-    ef = "ef" if outer["error_feedback"]["enabled"] else "noef"
-    tiles = f"-tiles{outer['tiles']}" if outer.get("tiles") else ""
-    return f"top{codec['fraction']:g}{tiles}-{ef}" if codec["name"] == "topk" else ef
-
-
-def _outer_step_label(outer: dict) -> str:
-    """The outer step as a folder name says it: ``olr0.7`` (DiLoCo's Nesterov with μ 0.9), the
-    optimizer and μ when they differ (``olr1-sgd``, ``olr0.7-m0.5``, ``avg``), the error-feedback
-    β when it is not the compressed configs' 0.95, and each scheduled value (``-msched-w0.1s0.5c0.9``:
-    a warmup from 0.5 over 0.1 of the run, then a cosine decay to 0.9; ``-lrsched-inner``)."""
-    opt = outer["optimizer"]
-    if opt["name"] == "none":
-        label = "avg"
-    else:
-        label = f"olr{opt['lr']:g}"
-        label += "" if opt["name"] == "nesterov" else f"-{opt['name']}"
-        label += "" if opt["momentum"] == (0.9 if opt["name"] == "nesterov" else 0.0) else f"-m{opt['momentum']:g}"
-    ef = outer["error_feedback"]
-    if ef["enabled"] and ef["beta"] != 0.95:
-        label += f"-b{ef['beta']:g}"
-    short = {"lr": "lr", "momentum": "m", "feedback_beta": "b"}
-    for name, s in (outer.get("step_schedule") or {}).items():
-        tag = f"w{s['warmup']:g}s{s['start']:g}" if s["warmup"] else ""
-        if s["decay"] == "inner":
-            tag += "inner"
-        elif s["decay"] != "none":
-            tag += f"{s['decay'][0]}{s['final']:g}" + (f"f{s['decay_from']:g}" if s["decay_from"] else "")
-        label += f"-{short[name]}sched-{tag}"
-    return label
-
-
-def _flavor_label(flavor: str) -> str:
-    """The flavor as a folder name says it: ``w128-d4-h2``, ``hf-<folder name>`` for ``hf:DIR``."""
-    from muloco.models import hf_folder
-
-    folder = hf_folder(flavor)
-    return f"hf-{Path(folder).resolve().name}" if folder is not None else flavor.replace("llama3-", "")
-
-
-def run_name(cfg) -> str:
-    """method_objective_flavor[_K_H_codec]_lrs[_tuneN], from the parsed config's facts (the method as
-    the report names it, defaults included; never from the config module's file name); ``tuneN``: θ_g
-    is also scored on N tuning batches (``--validator.tuning_steps``)."""
-    facts = facts_of(cfg, environment=False)
-    parts = [facts["method"], facts["objective"], _flavor_label(cfg.model.flavor)]
-    outer = facts["outer"]
-    if outer is not None:
-        parts += [f"K{outer['replica_groups']}", f"H{outer['sync_every']}", _codec_detail(outer)]
-    parts.append(f"lr{cfg.optimizer.lr:g}")
-    if outer is not None:
-        parts.append(_outer_step_label(outer))
-        if outer.get("link"):  # an emulated link: its own folder (the same training, other wall times)
-            parts.append(_link_label(outer["link"]))
-    tuning = getattr(cfg.validator, "tuning_steps", 0)
-    if tuning:  # scored on tuning batches too: a finished run without them is not reusable for --tune
-        parts.append(f"tune{tuning}")
-    return "_".join(p for p in parts if p)
-
-
-def _link_label(link: dict) -> str:
-    """``link100mbps``, ``link1gbps-50ms``: the emulated link as a folder name says it."""
-    latency = f"-{link['latency_ms']:g}ms" if link.get("latency_ms") else ""
-    return "link" + format_rate(link["mbps"]).replace(" ", "").lower() + latency
-
-
-# -- the manifest ----------------------------------------------------------------------------
-
-
-@dataclass
-class Entry:
-    """One manifest line."""
-
-    name: str
-    kind: str
-    config: str
-    overrides: list[str]
-    options: dict
-    run_dir: str
-    jobs: list[str] = field(default_factory=list)
-    """The run's job (an array-kind run: its groups array) of every submission, oldest first."""
-    state: str = "NEW"
-    job_files: dict[str, str] = field(default_factory=dict)
-    """Every job of the latest submission by script file, the lighthouse's included."""
-
-    @property
-    def job(self) -> str | None:
-        return self.jobs[-1] if self.jobs else None
-
-
-def read_manifest(folder: str) -> dict[str, Entry]:
-    path = os.path.join(folder, MANIFEST)
-    entries: dict[str, Entry] = {}
-    if not os.path.exists(path):
-        return entries
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                e = Entry(**json.loads(line))
-            except (json.JSONDecodeError, TypeError) as err:
-                raise JobError(f"{path}:{n} is not a manifest line ({err}); fix or move the file") from None
-            entries[e.name] = e
-    return entries
-
-
-def write_manifest(folder: str, entries: dict[str, Entry]) -> None:
-    write_atomically(os.path.join(folder, MANIFEST), "".join(json.dumps(asdict(e)) + "\n" for e in entries.values()))
-
-
-# -- job states ------------------------------------------------------------------------------
-
-
-def _states_in(text: str) -> list[str]:
-    """Every job state named in scontrol's or sacct's answer (one per record: an array job's
-    tasks each have one)."""
-    return [word for token in text.replace("|", " ").split()
-            if (word := token.removeprefix("JobState=")) in KNOWN_STATES]
-
-
-def combined_state(states: list[str]) -> str | None:
-    """One state for a job's records (an array's tasks): RUNNING or PENDING while any task is,
-    else the first failure, else COMPLETED when every task completed."""
-    if not states:
-        return None
-    for active in ("RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED", "PENDING",
-                   "REQUEUE_HOLD", "REQUEUE_FED"):
-        if active in states:
-            return active
-    failed = [s for s in states if s != "COMPLETED"]
-    return failed[0] if failed else "COMPLETED"
-
-
-def job_state(job_id: str, run_dir: str) -> str:
-    """SLURM's state of a job (every task of an array job ``A``, or one task ``A_i``): scontrol
-    while the controller remembers it (MinJobAge), else sacct where accounting exists, else the
-    run folder (a summary means done)."""
-    for cmd in (["scontrol", "show", "job", job_id], ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id]):
-        try:
-            state = combined_state(_states_in(slurm(*cmd)))
-        except SlurmCommandError:
-            continue
-        if state:
-            return state
-    return "COMPLETED" if run_finished(run_dir) else "LOST"
-
-
-def run_finished(run_dir: str) -> bool:
-    """A summary in the run folder, or in every replica group's folder of a DiLoCo run."""
-    if os.path.exists(os.path.join(run_dir, "summary.json")):
-        return True
-    groups = [d for d in (os.listdir(run_dir) if os.path.isdir(run_dir) else []) if d.startswith("replica_")]
-    return bool(groups) and all(os.path.exists(os.path.join(run_dir, d, "summary.json")) for d in groups)
-
-
-def nodes_in_use(user: str) -> int:
-    """Nodes held or wanted by this user's running and pending jobs, every QOS and partition
-    (array tasks counted one by one)."""
-    try:
-        out = slurm("squeue", "-h", "--array", "-u", user, "-t", ACTIVE_STATES, "-o", "%D")
-    except SlurmCommandError as e:
-        raise JobError(f"{e}, while counting nodes for --max-nodes") from None
-    return sum(int(x) for x in out.split())
-
-
-def wait_for_nodes(needed: int, max_nodes: int, poll_s: float, say) -> None:
-    if needed > max_nodes:
-        raise JobError(f"a run needs {needed} node(s), more than --max-nodes {max_nodes}: it could never start")
-    user = getpass.getuser()
-    announced = False
-    while (used := nodes_in_use(user)) + needed > max_nodes:
-        if not announced:
-            say(f"waiting: {used} node(s) in use by {user}, the next job needs {needed}, "
-                f"--max-nodes {max_nodes}")
-            announced = True
-        time.sleep(poll_s)
-
-
 # -- building and submitting -----------------------------------------------------------------
+
+
 
 
 @dataclass
@@ -341,9 +145,30 @@ def same_shape(planned: list[Planned]) -> bool:
                     and p.job.resources() == first.job.resources() for p in planned))
 
 
-def sweep_array(planned: list[Planned], sweep: Sweep, folder: str, parallel: int) -> Script:
-    return array_script([p.job for p in planned], [p.entry.name for p in planned], sweep.name,
-                        os.path.join(folder, SLURM_DIR), parallel)
+@dataclass
+class Submission:
+    """What one submission sends: its scripts, the runs they carry (task i of an array runs
+    ``runs[i]``), and the folder the scripts are written to."""
+
+    scripts: list[Script]
+    runs: list[Planned]
+    folder: str
+
+    @property
+    def array(self) -> bool:
+        return len(self.runs) > 1
+
+
+def render(planned: list[Planned], sweep: Sweep, folder: str, args) -> list[Submission]:
+    """The job scripts of ``planned``, rendered once (the dry run prints what is submitted): one
+    array when their shapes allow and ``--max-nodes`` does not ask for one job per run, else
+    each run's own scripts."""
+    if not args.max_nodes and len(planned) > 1 and same_shape(planned):
+        logs = os.path.join(folder, SLURM_DIR)
+        script = array_script([p.job for p in planned], [p.entry.name for p in planned], sweep.name, logs,
+                              args.parallel)
+        return [Submission([script], planned, logs)]
+    return [Submission(p.job.scripts(), [p], os.path.join(p.job.run_dir, SLURM_DIR)) for p in planned]
 
 
 def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
@@ -360,6 +185,26 @@ def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
     job = build(p.entry.kind, kind_cfg, smoke)
     prepare_folder(smoke_dir)
     return job.scripts()[0], smoke_dir
+
+
+def wait_for_nodes(needed: int, max_nodes: int, poll_s: float, say) -> None:
+    if needed > max_nodes:
+        raise JobError(f"a run needs {needed} node(s), more than --max-nodes {max_nodes}: it could never start")
+    user = getpass.getuser()
+    announced = False
+    while (used := _nodes_in_use(user)) + needed > max_nodes:
+        if not announced:
+            say(f"waiting: {used} node(s) in use by {user}, the next job needs {needed}, "
+                f"--max-nodes {max_nodes}")
+            announced = True
+        time.sleep(poll_s)
+
+
+def _nodes_in_use(user: str) -> int:
+    try:
+        return nodes_in_use(user)
+    except SlurmCommandError as e:
+        raise JobError(f"{e}, while counting nodes for --max-nodes") from None
 
 
 def nodes_of(p: Planned) -> int:
@@ -394,7 +239,7 @@ class SweepRunner:
             if old is None or not old.jobs:
                 todo.append(p)
                 continue
-            old.state = job_state(old.job, old.run_dir)
+            old.state = job_state(old.job, run_finished(old.run_dir))
             if self.args.resubmit_failed and old.state.split()[0] in FAILED_STATES:
                 p.entry.jobs = list(old.jobs)
                 todo.append(p)
@@ -407,22 +252,21 @@ class SweepRunner:
         self.entries[p.entry.name] = p.entry
         write_manifest(self.folder, self.entries)
 
-    def submit(self, todo: list[Planned], dependency: str | None) -> None:
-        for p in todo:
-            prepare_folder(p.job.run_dir)
-            p.job.spec.dependency = dependency
-        use_array = not self.args.max_nodes and len(todo) > 1 and same_shape(todo)
-        if use_array:
-            s = sweep_array(todo, self.sweep, self.folder, self.args.parallel)
-            array_id = submit_scripts([s], os.path.join(self.folder, SLURM_DIR))[s.file]
-            for i, p in enumerate(todo):
-                self.record(p, f"{array_id}_{i}", {s.file: f"{array_id}_{i}"})
-            self.say(f"submitted {len(todo)} runs as job array {array_id} (at most {self.args.parallel} at once)")
-            return
-        for p in todo:
+    def submit(self, submissions: list[Submission]) -> None:
+        """Submit each once, recording its job ids as they come (``--max-nodes``: a run once it fits)."""
+        for sub in submissions:
+            if sub.array:
+                file = sub.scripts[0].file
+                array_id = submit_scripts(sub.scripts, sub.folder)[file]
+                for i, p in enumerate(sub.runs):
+                    self.record(p, f"{array_id}_{i}", {file: f"{array_id}_{i}"})
+                self.say(f"submitted {len(sub.runs)} runs as job array {array_id} "
+                         f"(at most {self.args.parallel} at once)")
+                continue
+            (p,) = sub.runs
             if self.args.max_nodes:
                 wait_for_nodes(nodes_of(p), self.args.max_nodes, self.args.poll_s, self.say)
-            ids = submit_scripts(p.job.scripts(), os.path.join(p.job.run_dir, SLURM_DIR))
+            ids = submit_scripts(sub.scripts, sub.folder)
             self.record(p, next(iter(ids.values())), ids)
             self.say(f"submitted {p.entry.name} as job {', '.join(ids.values())}")
 
@@ -431,7 +275,7 @@ class SweepRunner:
             if e.job and e.job.startswith("local:"):  # --local: the manifest's state, a summary means done
                 e.state = "COMPLETED" if run_finished(e.run_dir) else e.state
             else:
-                e.state = job_state(e.job, e.run_dir) if e.job else "NEW"
+                e.state = job_state(e.job, run_finished(e.run_dir)) if e.job else "NEW"
             self.say(f"{e.state:<12} {e.job or '-':<12} {e.name}")
         write_manifest(self.folder, self.entries)
         return 0
@@ -479,7 +323,7 @@ def main(sweep: Sweep, argv: list[str] | None = None) -> int:
     args.out = args.out or os.path.join("outputs", "sweeps", sweep.name)
     try:
         return _run(sweep, args, extra)
-    except (JobError, ClusterError) as e:
+    except (JobError, ClusterError, ManifestError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
 
@@ -541,7 +385,10 @@ def _submit(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -
         smoke_id = submit_scripts([smoke], os.path.join(smoke_dir, SLURM_DIR))[smoke.file]
         dependency = f"afterok:{smoke_id}"
         print(f"submitted smoke test ({args.smoke_steps} steps of {todo[0].entry.name}) as job {smoke_id}")
-    runner.submit(todo, dependency)
+    for p in todo:
+        prepare_folder(p.job.run_dir)
+        p.job.spec.dependency = dependency
+    runner.submit(render(todo, sweep, args.out, args))
     print(f"manifest: {os.path.join(args.out, MANIFEST)}; results: python -m muloco.report {args.out}")
     return 0
 
@@ -610,11 +457,8 @@ def _run_here(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned],
 def _dry_run(planned: list[Planned], sweep: Sweep, args) -> int:
     for p in planned:
         print(f"run {p.entry.name}: {p.entry.kind} --config {p.entry.config} -- {' '.join(p.entry.overrides)}")
-    if not args.max_nodes and len(planned) > 1 and same_shape(planned):
-        print(sweep_array(planned, sweep, args.out, args.parallel).text)
-    else:
-        for p in planned:
-            for s in p.job.scripts():
-                print(s.text)
+    for sub in render(planned, sweep, args.out, args):
+        for s in sub.scripts:
+            print(s.text)
     print(f"dry run: {len(planned)} run(s); nothing written, nothing submitted")
     return 0

@@ -21,14 +21,17 @@ import torch  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 
 from muloco.components.checkpoint import CheckpointLoadError, check_loadable, run_folder  # noqa: E402
+from muloco.components.preemption import EXIT_PREEMPTED, RunPreempted  # noqa: E402
 from muloco.config.checks import check_config, check_dump_folder  # noqa: E402
 from muloco.config.cli import parse_args, split_config_arg  # noqa: E402
-from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.config.loader import ConfigError, resolve_config_path  # noqa: E402
+from muloco.data.corpus import DataError  # noqa: E402
+from muloco.data.loader import check_readable  # noqa: E402
+from muloco.data.tokenizer import TokenizerError  # noqa: E402
+from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa: E402
+from muloco.runs.facts import RUN_FILE, facts_of, update_run_record  # noqa: E402
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
 from muloco.utils.ports import free_port  # noqa: E402
-from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa: E402
-from muloco.components.preemption import EXIT_PREEMPTED, RunPreempted  # noqa: E402
-from muloco.runs.facts import update_run_record  # noqa: E402
 
 EXIT_BAD_INPUT = 2
 EXIT_BAD_CHECKPOINT = 3
@@ -71,8 +74,6 @@ def _check_same_run(config, step: int) -> None:
     """A folder resumed from its checkpoint must hold a run of this config: another flavor or
     method would fail deep in the load ("size mismatch", "missing key momentum_buffer")."""
     import json
-
-    from muloco.runs.facts import RUN_FILE, facts_of
 
     folder = run_folder(config)
     try:
@@ -121,8 +122,6 @@ def _lock_run_folder(config) -> DumpFolderLock | None:
 
 
 def _check_tokenizer(config) -> None:
-    from muloco.data.tokenizer import TokenizerError
-
     try:
         config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     except TokenizerError as err:
@@ -132,8 +131,6 @@ def _check_tokenizer(config) -> None:
 def _check_data(config) -> None:
     """Every split the run reads: training, and the held-out data the validator will
     read (a Hugging Face source is contacted only when it is the configured one)."""
-    from muloco.data.loader import check_readable
-
     check_readable(config.dataloader)
     if config.validator.enable:
         prefix = "dataloader" if config.validator.follow_training_data else "validator.dataloader"
@@ -141,9 +138,6 @@ def _check_data(config) -> None:
 
 
 def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    from muloco.data.corpus import DataError
-    from muloco.data.tokenizer import TokenizerError
-
     return (ConfigError, DataError, TokenizerError)
 
 
@@ -152,8 +146,6 @@ def _record_command(name: str, argv: list[str], config) -> None:
     folder's ``run.json``; the trainer adds the run's facts once its model is built."""
     if os.environ.get("RANK", "0") != "0":
         return
-    from muloco.config.loader import resolve_config_path
-
     update_run_record(run_folder(config), config=str(resolve_config_path(name)), args=argv, cwd=os.getcwd())
 
 

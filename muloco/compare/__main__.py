@@ -35,7 +35,8 @@ from muloco.compare import runner, table, timing
 from muloco.compare.suites import AVERAGING, DATA, SUITES, Planned, SuiteError, over_links, plan
 from muloco.utils.link_model import parse_rate
 from muloco.utils.command_line import UsageError, parse
-from muloco.launch.group import TrainerConfigError
+from muloco.launch.group import TrainerConfigError, load_trainer_config
+from muloco.launch.run_names import run_name
 
 PROG = "python -m muloco.compare"
 
@@ -81,8 +82,6 @@ class CompareOptions:
 def _resolve(p: Planned) -> None:
     """Parse the run's trainer config once: its folder name (``run_names.run_name`` and the seed),
     its steps and local batch."""
-    from muloco.launch.group import load_trainer_config
-    from muloco.launch.run_names import run_name
 
     cfg = load_trainer_config(p.row.config, p.overrides, replicas=None if p.row.ddp else p.row.replicas,
                               who=PROG, prog=PROG)
@@ -178,7 +177,7 @@ def _targets(args: CompareOptions, planned: list[Planned], linked: list[Planned]
              folder: Path) -> tuple[dict[int, float], str]:
     """The loss each seed's time to target is measured to (that seed's dense DiLoCo K=2 final loss,
     from its run without a link or else over a link; or ``--target``), and where it came from."""
-    from muloco.tools.report import ReportError, load_run
+    from muloco.tools.report import ReportError, load_run  # start-up: the report's readers, once runs ended
 
     seeds = sorted({p.seed for p in linked})
     if args.target is not None:
@@ -216,7 +215,7 @@ def _finish_links(args: CompareOptions, planned: list[Planned], linked: list[Pla
 
 def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | None = None) -> None:
     """Print and write the table, the targets and the plots (and the links' table)."""
-    from muloco.tools.report import write_plots
+    from muloco.tools.report import write_plots  # start-up: the report's readers, once runs ended
 
     linked = [p for p in planned if p.link_mbps is not None]
     planned = [p for p in planned if p.link_mbps is None]

@@ -110,7 +110,7 @@ def _check_block_length(manager, tasks: list[str], block_length: int | None) -> 
     tasks' configs before any model loads (the tasks load again, from the cache, in the run)."""
     if block_length is None:
         return
-    from muloco.evaluate.harness import DEFAULT_GEN_TOKENS
+    from muloco.evaluate.harness import DEFAULT_GEN_TOKENS  # torch-bound: imported once the command line parsed
 
     for name, task in manager.load(tasks)["tasks"].items():
         if task.get_config("output_type") != "generate_until":
@@ -202,6 +202,7 @@ def evaluate(args: EvaluateOptions) -> tuple[dict, list[Path]]:
     except ImportError:
         raise UsageError("lm-evaluation-harness is not installed; it is the optional extra 'eval': "
                          "pip install 'muloco[eval]' (in a clone: .venv/bin/pip install -e '.[eval]')") from None
+    # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
+    # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported

@@ -64,7 +64,7 @@ def load(path: str, *, step: int | None, replica: int | None, device: torch.devi
 
 
 def from_run(path: str, *, step: int | None, replica: int | None, device: torch.device) -> Source:
-    from muloco.tools.loading import load_config, load_model, locate
+    from muloco.tools.loading import load_config, load_model, locate  # a run's loader, only for a run
 
     run, step = locate(path, replica, step)
     config = load_config(run, prog="python -m muloco.evaluate")
@@ -93,6 +93,7 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 
 def from_hf_folder(folder: Path, device: torch.device) -> Source:
+    # the Hugging Face side, only for a folder (a run's evaluation never loads it)
     from muloco.hf.adapter import adapter_for
     from muloco.models import Architecture, architecture_config, build
 
@@ -119,7 +120,7 @@ def from_hf_folder(folder: Path, device: torch.device) -> Source:
     if not causal and theirs.get("mask_token_id") not in (None, tokenizer.mask_id):
         raise SourceError(f"{folder}: config.json's mask_token_id {theirs['mask_token_id']} is not its tokenizer's "
                           f"mask token ({tokenizer.mask_id})")
-    from muloco.hf.llada import is_llada, llama_view
+    from muloco.hf.llada import is_llada, llama_view  # the Hugging Face side, only for a folder
 
     length = (llama_view(theirs) if is_llada(theirs) else theirs).get("max_position_embeddings") or 2048
     return Source(model=model, tokenizer=tokenizer, causal=causal, max_length=int(length), results_dir=folder,

@@ -91,6 +91,7 @@ def load_trainer_config(config: str, overrides: list[str], *, replicas: int | No
     loop; else K DiLoCo groups, which need one, and whose id, K and lighthouse the launcher
     sets. ``who`` names the launcher in messages. Raises TrainerConfigError.
     """
+    # torch-bound, so imported only here: a launcher's --help and usage errors answer without torch
     from muloco import compat
 
     compat.apply()  # torchtitan must be adapted before its import

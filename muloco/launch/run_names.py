@@ -48,7 +48,7 @@ def _outer_step_label(outer: dict) -> str:
 
 def _flavor_label(flavor: str) -> str:
     """The flavor as a folder name says it: ``w128-d4-h2``, ``hf-<folder name>`` for ``hf:DIR``."""
-    from muloco.models import hf_folder
+    from muloco.models import hf_folder  # models loads torch: this module stays torch-free for compare's CLI
 
     folder = hf_folder(flavor)
     return f"hf-{Path(folder).resolve().name}" if folder is not None else flavor.replace("llama3-", "")

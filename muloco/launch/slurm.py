@@ -43,6 +43,7 @@ from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings
                                    SINFO_TIMEOUT_S, check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
                                    resolve_partition)
 from muloco.launch.group import TrainerConfigError, load_trainer_config
+from muloco.launch.lighthouse import join_timeout_for
 from muloco.launch.slurm_commands import SlurmCommandError, cancel, slurm
 from muloco.launch.templates import render
 from muloco.outer.lighthouse_status import majority
@@ -330,8 +331,6 @@ class _DilocoKind(Kind):
 
     @property
     def join_timeout_ms(self) -> int:
-        from muloco.launch.lighthouse import join_timeout_for
-
         return join_timeout_for(self.trainer.fault_tolerance.quorum_timeout_seconds)
 
     def lighthouse_cmd(self, url_file: str, until_job: str | None) -> str:

@@ -42,13 +42,16 @@ from typing import Annotated
 import tyro
 
 from muloco.launch.cluster import ClusterError, ClusterOptions
+from muloco.launch.gpu_slices import visible_gpus
 from muloco.launch.run_names import run_name
 from muloco.launch.slurm import (KINDS, SLURM_DIR, JobError, JobSpec, Kind, Script, array_script, build,
                                  cluster_nodes, place, prepare_folder, submit_scripts)
 from muloco.launch.slurm_commands import FAILED_STATES, SlurmCommandError, job_state, nodes_in_use
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.runs.sweep_manifest import MANIFEST, Entry, ManifestError, read_manifest, run_finished, write_manifest
+from muloco.sizing.flavors import parse_flavor, rescaled_weight_decay
 from muloco.utils.command_line import UsageError, parse
+
 
 @dataclass
 class RunSpec:
@@ -82,8 +85,6 @@ def paper_batch_and_decay(flavor: str, weight_decay_key: str, replicas: int = 1,
     """Fixed flags that hold MuLoCo's setup for K groups: the global batch split over the groups
     (the GPU presets split it by the config's own K, not the launcher's ``--replicas``) and the
     weight decay tuned at batch 512, rescaled by steps and divided by K (the model map's rule)."""
-    from muloco.sizing.flavors import parse_flavor, rescaled_weight_decay
-
     if global_batch % replicas:
         raise ValueError(f"global batch {global_batch} does not split over K={replicas} groups")
     wd = parse_flavor(flavor).shape.weight_decay[weight_decay_key]
@@ -395,8 +396,7 @@ def _submit(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -
 
 def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -> int:
     """``--local N``: every run not finished yet, on this machine (:mod:`muloco.launch.local_runs`)."""
-    from muloco.launch.gpu_slices import visible_gpus
-    from muloco.launch.local_runs import LocalRuns, local_command
+    from muloco.launch.local_runs import LocalRuns, local_command  # start-up: submitit, for --local only
 
     refused = [flag for flag, on in (("--smoke-steps", args.smoke_steps), ("--max-nodes", args.max_nodes),
                                      ("--resubmit-failed", args.resubmit_failed)) if on]

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 
 def _objective_config():
+    # lazy, as the package's names are (__getattr__): importing it loads no objective's torch code
     import tyro
 
     from muloco.objectives.autoregressive import Autoregressive

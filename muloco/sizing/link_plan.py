@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from muloco.utils.link_model import format_rate
+from muloco.utils.link_model import format_rate, transfer_seconds
 from muloco.sizing.flavors import LLAMA3_VOCAB, count_embedding_parameters, count_parameters, parse_flavor
 
 GPU_PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0, "a100": 312.0, "b200": 2250.0, "l40s": 362.0}
@@ -159,6 +159,7 @@ def step_time(inputs: Inputs) -> tuple[float, str]:
 
 def exchange_config(bits: int, strategy: str):
     """The exchange ``--bits`` stands for (the shipped configs' codecs)."""
+    # torch-bound, so imported only when a sync is projected: the model map's table needs no torch
     from muloco.compress import Dense, Quantizer
     from muloco.outer.exchange import Exchange
     from muloco.outer.exchange.strategies import AllGather, AllReduce, ReduceScatter
@@ -222,6 +223,7 @@ the planner's copy against the loaded config, so the planner needs no trainer co
 def sparseloco_exchanges() -> list:
     """SparseLoCo's exchange (``diloco/sparseloco``: its codec, nothing sent dense), over all-gather
     (a sparse codec cannot go over reduce-scatter: its owners' re-encode would drop coordinates)."""
+    # torch-bound, so imported only when a sync is projected: the model map's table needs no torch
     from muloco.compress import sparseloco_codec
     from muloco.outer.exchange import Exchange
     from muloco.outer.exchange.strategies import AllGather
@@ -233,8 +235,6 @@ def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None =
                  label: str | None = None) -> Sync:
     """The link time of a round's syncs, fragment by fragment (the emulated link's model on the
     wire format), for ``--bits``/``--strategy`` or the given exchange ``config``."""
-    from muloco.utils.link_model import transfer_seconds
-
     bits = inputs.bits if bits is None else bits
     config = config or exchange_config(bits, strategy or inputs.strategy)
     exchange = config.build()

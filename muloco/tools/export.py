@@ -244,6 +244,7 @@ def _hf_tokenizer(tokenizer):
     if _tokenizer_file(tokenizer) is not None:
         return Tokenizer.from_file(str(_tokenizer_file(tokenizer)))
     optional.require("transformers", "exporting a tiktoken tokenizer")
+    # start-up: the tokenizer conversion loads transformers (seconds), only for the export itself
     from muloco.hf.tokenizer import tiktoken_to_hf
     from muloco.data.tokenizer import LLAMA3_PAT_STR, read_tiktoken_ranks, tiktoken_special_tokens
 
@@ -306,6 +307,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         raise ExportError(f"--out {out} is the current folder or holds it; choose a folder of its own")
     if target.exists() and any(target.iterdir()) and not force:
         raise ExportError(f"--out {out} exists and is not empty; choose another folder or pass --force")
+    # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported (idempotent)
@@ -440,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"muloco.tools.export: error: {e}", file=sys.stderr)
         return 2
+    # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported

@@ -105,6 +105,7 @@ def check_options(args: GenerateOptions, causal: bool) -> None:
 
 
 def generate(args: GenerateOptions) -> list[dict]:
+    # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported (idempotent)
@@ -153,7 +154,7 @@ def _scores(model, objective, tokenizer, prompt: str, args, index: int, device) 
 
 
 def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, device) -> float:
-    from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll
+    from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # only when --score asks
 
     target = tokenizer.encode(choice)
     if objective.causal:
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported

@@ -682,3 +682,29 @@ def test_the_llama_adapter_ignores_the_tokenizer_assets_folder_and_maps_like_tor
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
     back = ours.from_hf(mine)
     assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_a_lighthouse_process_loads_no_torch_and_a_later_torchft_import_shares_its_server_class():
+    """torchft_native: the lighthouse starts from torchft's Rust extension alone (torchft's
+    package imports torch, seconds of a busy node's CPU), and importing torchft afterwards in the
+    same process finds the same extension module instead of initialising it twice."""
+    script = textwrap.dedent("""
+        import sys
+        from muloco.launch.lighthouse import start_lighthouse
+        lighthouse = start_lighthouse(min_replicas=1)
+        assert lighthouse.port > 0
+        assert "torch" not in sys.modules and "torchft" not in sys.modules, "torch or torchft was imported"
+        from torchft.coordination import LighthouseServer
+        assert type(lighthouse.server) is LighthouseServer
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=os.environ)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
+
+
+def test_the_compat_package_itself_imports_no_torch():
+    """A torch-free module of compat (the Rust log level, torchrun's failure hook's data) costs
+    nothing beyond itself: the package's torch-bound adaptations load in apply()."""
+    done = subprocess.run([sys.executable, "-c", "import sys, muloco.compat, muloco.compat.torchft_log_level; "
+                           "print('torch' in sys.modules)"], capture_output=True, text=True, env=os.environ)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-3000:]

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import sys
 
-from muloco.compat import checkpoint_safety, cpu_device, distributed, torchft_log_level, triton_stub
-
 _applied = False
 
 
@@ -27,6 +25,11 @@ def apply() -> None:
     global _applied
     if _applied:
         return
+    # Imported here, not at the top: most of them import torch, and a torch-free process (the
+    # lighthouse, the launchers) imports one of this folder's torch-free modules without paying
+    # for the package's torch ones.
+    from muloco.compat import checkpoint_safety, cpu_device, distributed, torchft_log_level, triton_stub
+
     torchft_log_level.apply()
     cpu_device.apply()
     triton_stub.apply()
@@ -37,6 +40,8 @@ def apply() -> None:
 
 def assert_applied_before_torchtitan() -> None:
     """Fail loudly if torchtitan was imported with the wrong device type baked in."""
+    from muloco.compat import cpu_device  # imports torch; see apply()
+
     utils = sys.modules.get("torchtitan.tools.utils")
     if utils is not None and utils.device_type != cpu_device.device_type():
         raise RuntimeError(

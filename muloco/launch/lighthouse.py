@@ -122,12 +122,10 @@ def start_lighthouse(
     host, port = parse_bind(bind)
     _check_settings(min_replicas, join_timeout_ms=join_timeout_ms,
                     quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
-    # Imported late: it pulls in torch, and bad arguments should fail fast without it.
-    from muloco.compat import torchft_log_level
+    # Imported late: loading torchft's Rust extension takes a moment, and bad arguments fail before it.
+    from muloco.compat.torchft_native import lighthouse_server
 
-    torchft_log_level.apply()
-    from torchft.coordination import LighthouseServer
-
+    LighthouseServer = lighthouse_server()
     try:
         server = LighthouseServer(
             bind=bind,

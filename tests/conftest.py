@@ -120,6 +120,22 @@ def watch(commands: list[list[str]], envs: list[dict], quiet_s: float = QUIET_S)
     return [w.result() for w in procs]
 
 
+def run_watched(cmd: list, *, cwd: Path | str = REPO, env: dict | None = None, check: bool = False,
+                quiet_s: float = QUIET_S) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True)`` watched for progress instead of
+    capped in total time: the process fails the test when it prints nothing for ``quiet_s``
+    seconds (then it and what it started are killed by its PID), never for being slow."""
+    watched = Watched.start([str(c) for c in cmd], env if env is not None else dict(os.environ), quiet_s, Path(cwd))
+    try:
+        assert watched.finished(), watched.hang_report()
+    finally:
+        watched.kill()
+    done = watched.result()
+    if check and done.returncode != 0:
+        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
+    return done
+
+
 def run_train(args: list[str], quiet_s: float = QUIET_S, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `python -m muloco.train` as users do, watched for progress (``QUIET_S``)."""
     cmd = [sys.executable, "-m", "muloco.train", *args]

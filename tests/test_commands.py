@@ -11,15 +11,14 @@ import sys
 import tomllib
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_watched
 
 from muloco.commands import COMMANDS, main
 
 
 def _muloco(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "muloco", *args], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return run_watched([sys.executable, "-m", "muloco", *args], cwd=REPO, env=env)
 
 
 def test_muloco_runs_the_command_asked_for_and_suggests_for_a_typo():
@@ -88,5 +87,5 @@ def test_the_commands_answer_help_and_a_usage_error_without_torch():
             "heavy = {'torch', 'safetensors', 'torchtitan', 'lm_eval', 'transformers'} & set(sys.modules)\n"
             "assert not heavy, heavy\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = run_watched([sys.executable, "-c", code], cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import QUIET_S, REPO
+from conftest import QUIET_S, REPO, run_watched
 
 from muloco.compare.suites import ROWS, SUITES, SuiteError, data_overrides, plan
 from muloco.data import fetch
@@ -26,23 +26,16 @@ TINY_SUITE = ["--model.flavor", "llama3-w64-d2-h2", "--training.seq_len", "64", 
               "--checkpoint.interval", "4", "--metrics.log_freq", "1", "--outer.sync_every", "2"]
 
 
-def _compare(args: list[str], cwd: Path, timeout: float = 600, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """``python -m muloco.compare ARGS`` in its own session; killed with its children on timeout."""
+def _compare(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """``python -m muloco.compare ARGS`` in its own session, watched for progress (``run_watched``)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "muloco.compare", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    return proc.returncode, out, err
+    done = run_watched([sys.executable, "-m", "muloco.compare", *args], cwd=cwd, env=env)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_dry_run_lists_every_row_with_the_suites_shape_and_its_own_overrides(tmp_path):
     code, out, err = _compare(["--dry-run", "--seeds", "2", "--objective", "mdlm", "--out", str(tmp_path / "s")],
-                              REPO, timeout=300)
+                              REPO)
     assert code == 0, err
     assert out.strip().endswith(f"{2 * len(ROWS)} runs; nothing started (--dry-run)")
     lines = out.splitlines()
@@ -78,7 +71,7 @@ def test_plan_overrides_and_bad_choices():
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
 def test_a_gpu_suite_on_a_machine_without_cuda_is_one_clear_error(tmp_path):
-    code, out, err = _compare(["--suite", "paper-158m", "--out", str(tmp_path / "s")], REPO, timeout=300)
+    code, out, err = _compare(["--suite", "paper-158m", "--out", str(tmp_path / "s")], REPO)
     assert code == 2 and "no CUDA device" in err and "--suite paper-mini" in err and err.count("\n") == 1
     assert not (tmp_path / "s").exists()
 
@@ -145,8 +138,8 @@ def test_two_run_suite_end_to_end_then_reused(tmp_path):
     manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert [m["state"] for m in manifest] == ["COMPLETED", "COMPLETED"]
     # python -m muloco.report reads the suite folder as a sweep
-    report = subprocess.run([sys.executable, "-m", "muloco.report", str(out), "--out", str(tmp_path / "rep")],
-                            cwd=REPO, capture_output=True, text=True, timeout=300)
+    report = run_watched([sys.executable, "-m", "muloco.report", str(out), "--out", str(tmp_path / "rep")],
+                         cwd=REPO)
     assert report.returncode == 0 and "sparseloco" not in report.stderr.lower()
     # again: nothing trains, the same table
     code, stdout2, stderr2 = _compare(args, REPO)
@@ -161,7 +154,7 @@ def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path):
     from muloco.compare.suites import GRIDS
 
     code, out, err = _compare(["--dry-run", "--tune", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF", "DDP Muon",
-                               "--out", str(tmp_path / "s")], REPO, timeout=300)
+                               "--out", str(tmp_path / "s")], REPO)
     assert code == 0, err
     n = len(GRIDS["nesterov"]) + len(GRIDS["feedback"]) + 1
     assert out.strip().endswith(f"{n} runs; nothing started (--dry-run)")
@@ -176,17 +169,16 @@ def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path):
     assert all(f"_tune16_seed0" in line for line in out.splitlines() if "(seed 0): " in line)  # never an untuned folder
     # two seeds: the grid on seed 0, then one run per row on seed 1 (or the grid again if asked)
     code, out, err = _compare(["--dry-run", "--tune", "--seeds", "2", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF",
-                               "DDP Muon", "--out", str(tmp_path / "s")], REPO, timeout=300)
+                               "DDP Muon", "--out", str(tmp_path / "s")], REPO)
     assert code == 0, err
     assert "then seeds 1 to 1: each tuned row at the point seed 0 chooses" in out and "(about 4 runs per seed)" in out
     assert out.strip().endswith(f"{n + 4} runs; nothing started (--dry-run)") and "(seed 1)" not in out
     code, out, err = _compare(["--dry-run", "--tune", "--tune-every-seed", "--seeds", "2", "--only", "MuLoCo K=2",
-                               "--out", str(tmp_path / "s")], REPO, timeout=300)
+                               "--out", str(tmp_path / "s")], REPO)
     assert code == 0 and out.strip().endswith(f"{2 * len(GRIDS['nesterov'])} runs; nothing started (--dry-run)")
-    code, out, err = _compare(["--dry-run", "--tune-every-seed", "--out", str(tmp_path / "s")], REPO, timeout=300)
+    code, out, err = _compare(["--dry-run", "--tune-every-seed", "--out", str(tmp_path / "s")], REPO)
     assert code == 2 and "give --tune too" in err
-    code, out, err = _compare(["--dry-run", "--tune", "--link", "1gbps", "--out", str(tmp_path / "s")], REPO,
-                              timeout=300)
+    code, out, err = _compare(["--dry-run", "--tune", "--link", "1gbps", "--out", str(tmp_path / "s")], REPO)
     assert code == 2 and "--tune and --link" in err
 
 

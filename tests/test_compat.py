@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import run_watched
 import muloco.compat as compat
 
 compat.apply()  # before any torchtitan import in this module
@@ -52,13 +53,10 @@ def _run_fresh(code: str, *args: str) -> dict:
         f"def report(d):\n    print({PREFIX!r} + json.dumps(d), flush=True)\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    proc = subprocess.run(
+    proc = run_watched(
         [sys.executable, "-c", prelude + textwrap.dedent(code), *args],
         cwd=REPO,
         env=env,
-        timeout=120,
-        capture_output=True,
-        text=True,
     )
     assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
     lines = [l for l in proc.stdout.splitlines() if l.startswith(PREFIX)]
@@ -579,12 +577,11 @@ def test_torchrun_reports_each_failed_attempt_and_ends_with_the_ranks_status(tmp
             f.write("ran\\n")
         sys.exit(7 if os.environ["LOCAL_RANK"] == "1" else 0)
     """)
-    proc = subprocess.run(
+    proc = run_watched(
         [sys.executable, "-m", "muloco.launch.replica_group", "--nnodes", "1", "--nproc-per-node",
          "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "1",
          "--no-python", sys.executable, "-c", worker],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-        timeout=240)
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 7, out
     # each report's text is one write of the agent's: found wherever it lands among other output
@@ -653,8 +650,7 @@ def test_torchfts_rust_log_is_quiet_unless_the_user_asks(user_level, quorum_line
     env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
     if user_level:
         env["RUST_LOG"] = user_level
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = run_watched([sys.executable, "-c", code], cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr
     assert ("[INFO] [torchft::lighthouse]" in proc.stderr) is quorum_lines, proc.stderr
 

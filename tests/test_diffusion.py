@@ -4,14 +4,13 @@ from its checkpoint with ``python -m muloco.generate``; the samplers on their ow
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
 
-from conftest import REPO, TINY, hand_bits_per_byte, read_metrics, run_gloo_ranks, run_train, tiny_model
+from conftest import REPO, TINY, hand_bits_per_byte, read_metrics, run_gloo_ranks, run_train, run_watched, tiny_model
 
 from muloco import compat
 
@@ -63,8 +62,8 @@ def test_a_diffusion_run_reports_a_falling_elbo_and_its_bound(diffusion_run):
 
 
 def _generate(dump, *args):
-    return subprocess.run([sys.executable, "-m", "muloco.generate", "--checkpoint", str(dump), "--json", *args],
-                          capture_output=True, text=True, timeout=120, cwd=REPO)
+    return run_watched([sys.executable, "-m", "muloco.generate", "--checkpoint", str(dump), "--json", *args],
+                       cwd=REPO)
 
 
 def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diffusion_run):

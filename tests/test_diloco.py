@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import signal
-import subprocess
 import sys
 import time
 
 import pytest
-from conftest import REPO, read_metrics
+from conftest import REPO, read_metrics, run_watched
 from drill_train import release
 from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, until, waiting_in_quorum
 
@@ -329,11 +327,9 @@ def test_sharded_replicas_compress_their_shards_and_resume(tmp_path):
     overrides = [*DILOCO_TINY, "--outer.sync_every", "10", "--checkpoint.interval", "10",
                  "--validator.freq", "1000", "--objective", "mdlm", "--dump_folder", str(dump)]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    first = subprocess.run([*common, *overrides, "--training.steps", "20"], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=2 * HANG_S)
+    first = run_watched([*common, *overrides, "--training.steps", "20"], cwd=REPO, env=env)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
-    second = subprocess.run([*common, *overrides, "--training.steps", "30"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=2 * HANG_S)
+    second = run_watched([*common, *overrides, "--training.steps", "30"], cwd=REPO, env=env)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr[-2000:]
     assert "Training starts at step 21" in second.stdout
     hashes = [_committed_hashes(dump, i) for i in range(2)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, run_train
+from conftest import TINY, run_train, run_watched
 
 from muloco import compat
 
@@ -235,7 +235,6 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
     """The Hub is a local stand-in at its HTTP boundary (tests/hub_stub.py); the token reaches it and
     nothing else: not the output, not the folder."""
     import os
-    import subprocess
     import sys
 
     from conftest import REPO
@@ -246,9 +245,8 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
     with HubStub() as hub:
         env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HUB_DISABLE_TELEMETRY": "1",
                "PYTHONPATH": str(REPO)}
-        proc = subprocess.run([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(out),
-                               "--push-to-hub", "me/tiny-llama", "--private"], capture_output=True, text=True,
-                              env=env, timeout=300)
+        proc = run_watched([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(out),
+                            "--push-to-hub", "me/tiny-llama", "--private"], env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"pushed to the Hub as me/tiny-llama: {hub.url}/me/tiny-llama/commit/" in proc.stdout
     assert not hub.unexpected and hub.created[0]["visibility"] == "private" and len(hub.cards) == 1
@@ -260,9 +258,8 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
     with HubStub() as hub:  # --private onto a repository that exists and is public: refused, nothing sent
         hub.public.add("me/public-one")
         env = {**env, "HF_ENDPOINT": hub.url}
-        proc = subprocess.run([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(tmp_path / "again"),
-                               "--push-to-hub", "me/public-one", "--private"], capture_output=True, text=True,
-                              env=env, timeout=300)
+        proc = run_watched([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(tmp_path / "again"),
+                            "--push-to-hub", "me/public-one", "--private"], env=env)
     assert proc.returncode == 2 and "exists and is public" in proc.stderr and not hub.files, proc.stderr[-2000:]
 
     home = tmp_path / "hf-home"  # the token `hf auth login` saved, without HF_TOKEN
@@ -270,8 +267,8 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
     (home / "token").write_text("hf_saved_token_not_real")
     with HubStub() as hub:
         env = {k: v for k, v in {**env, "HF_ENDPOINT": hub.url, "HF_HOME": str(home)}.items() if k != "HF_TOKEN"}
-        proc = subprocess.run([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(tmp_path / "saved"),
-                               "--push-to-hub", "me/saved-token"], capture_output=True, text=True, env=env, timeout=300)
+        proc = run_watched([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(tmp_path / "saved"),
+                            "--push-to-hub", "me/saved-token"], env=env)
     assert proc.returncode == 0 and hub.authorizations == {"Bearer hf_saved_token_not_real"}, proc.stderr[-2000:]
 
     import huggingface_hub.constants

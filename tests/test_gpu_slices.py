@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
 import sys
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_watched
 
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.local import LocalJob
@@ -78,9 +77,9 @@ def test_procs_per_replica_that_contradicts_the_slice_is_refused():
 
 def _launcher(args, env_extra, tmp_path):
     env = {**os.environ, **env_extra}
-    return subprocess.run([sys.executable, "-m", "muloco.launch.local", *args, "--",
-                           "--dump_folder", str(tmp_path / "run")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    return run_watched([sys.executable, "-m", "muloco.launch.local", *args, "--",
+                        "--dump_folder", str(tmp_path / "run")],
+                       cwd=REPO, env=env)
 
 
 @pytest.mark.timeout(150)

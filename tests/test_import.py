@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY, run_train
+from conftest import TINY, run_train, run_watched
 
 from muloco import compat
 
@@ -115,7 +115,6 @@ def diloco_from_llama(tmp_path_factory) -> tuple[Path, Path]:
     """(a Llama built and saved with transformers, no hub; a K=2 MuLoCo run of its shapes started from it).
     Its outer learning rate of 1e-30 moves no weight by a bit (every update is below half an
     ulp), so the θ_g the run ends with is the one it started from."""
-    import subprocess
     import sys
 
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -123,13 +122,12 @@ def diloco_from_llama(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("from-llama")
     folder, run = root / "tiny-llama", root / "run"
     LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).save_pretrained(str(folder))
-    proc = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
-                           "--", *TINY, "--training.steps", "2", "--outer.sync_every", "1", "--outer.optimizer.lr", "1e-30",
-                           "--metrics.log_freq", "1", "--validator.no-enable", "--checkpoint.interval", "2",
-                           "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
-                           "--checkpoint.initial_load_model_only", "--model.flavor", f"hf:{folder}",
-                           "--dump_folder", str(run)],
-                          capture_output=True, text=True, timeout=800)
+    proc = run_watched([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
+                        "--", *TINY, "--training.steps", "2", "--outer.sync_every", "1", "--outer.optimizer.lr", "1e-30",
+                        "--metrics.log_freq", "1", "--validator.no-enable", "--checkpoint.interval", "2",
+                        "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
+                        "--checkpoint.initial_load_model_only", "--model.flavor", f"hf:{folder}",
+                        "--dump_folder", str(run)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return folder, run
 
@@ -194,19 +192,18 @@ def _llada_folder(llama: Path, out: Path) -> Path:
 def test_a_llada_style_folder_starts_a_k2_mdlm_muloco_run_whose_theta_g_is_its_weights(diloco_from_llama, tmp_path):
     """LLaDA's names and config keys map onto the same Llama: the run's θ_g (outer lr 1e-30) is
     bit for bit the Llama folder's weights, read through LLaDA's names."""
-    import subprocess
     import sys
 
     from muloco.tools.export import global_fingerprint
 
     llama, _ = diloco_from_llama
     folder, run = _llada_folder(llama, tmp_path / "llada"), tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
-                           "--", *TINY, "--objective", "mdlm", "--training.steps", "2", "--outer.sync_every", "1",
-                           "--outer.optimizer.lr", "1e-30", "--validator.no-enable", "--checkpoint.interval", "2",
-                           "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
-                           "--checkpoint.initial_load_model_only", "--model.flavor", f"hf:{folder}",
-                           "--dump_folder", str(run)], capture_output=True, text=True, timeout=800)
+    proc = run_watched([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
+                        "--", *TINY, "--objective", "mdlm", "--training.steps", "2", "--outer.sync_every", "1",
+                        "--outer.optimizer.lr", "1e-30", "--validator.no-enable", "--checkpoint.interval", "2",
+                        "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
+                        "--checkpoint.initial_load_model_only", "--model.flavor", f"hf:{folder}",
+                        "--dump_folder", str(run)])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _, c = parse_args(["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{llama}"])
     model = init_model(c.model, 2048, True, torch.device("cpu"))

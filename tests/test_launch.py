@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_watched
+
 from muloco.launch.lighthouse import LighthouseError, parse_bind, quorum_size, start_lighthouse
 from muloco.utils.command_line import UsageError
 from muloco.launch.local import LocalJob, free_ports, job_from_args, main
@@ -78,9 +80,8 @@ def test_lighthouse_validates_inputs_before_starting():
         start_lighthouse(heartbeat_timeout_ms=-1)
 
 
-def lighthouse_cli(*args: str, timeout: float = HANG_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "muloco.launch.lighthouse", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+def lighthouse_cli(*args: str) -> subprocess.CompletedProcess:
+    return run_watched([sys.executable, "-m", "muloco.launch.lighthouse", *args], cwd=REPO)
 
 
 @pytest.mark.timeout(600)
@@ -397,7 +398,7 @@ def test_ctrl_c_stops_everything(tmp_path):
 
 
 def test_muloco_job_script_defaults_to_2bit_muloco():
-    out = subprocess.run([str(REPO / "jobs/local/muloco.sh"), "--help"], capture_output=True, text=True, timeout=HANG_S)
+    out = run_watched([str(REPO / "jobs/local/muloco.sh"), "--help"])
     assert out.returncode == 0, out.stderr
     assert "Usage: jobs/local/muloco.sh" in out.stdout
     assert "Defaults: --config diloco/muloco_2bit --replicas 2" in out.stdout

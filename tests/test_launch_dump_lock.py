@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import run_watched
+
 from muloco.utils.created_dirs import make_dirs
 from muloco.runs.lock import LOCK_NAME, DumpFolderBusy, DumpFolderLock
 from muloco.launch.local import LocalJob
@@ -139,9 +141,9 @@ def test_launcher_refuses_a_folder_a_live_run_holds(tmp_path):
     holder = Holder(folder)
     try:
         before = snapshot(folder)
-        res = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config",
-                              "diloco/diloco", "--", "--dump_folder", str(folder)],
-                             cwd=REPO, capture_output=True, text=True, timeout=240)
+        res = run_watched([sys.executable, "-m", "muloco.launch.local", "--config",
+                           "diloco/diloco", "--", "--dump_folder", str(folder)],
+                          cwd=REPO)
         assert res.returncode == 2, res.stdout + res.stderr
         assert res.stdout.splitlines() == [
             f"local job failed: dump folder {folder} is in use by PID {holder.pid} on "
@@ -210,8 +212,7 @@ def test_lock_is_not_inherited_by_children(tmp_path):
                 pass
     """)
     try:
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                             timeout=120).stdout.splitlines()
+        out = run_watched([sys.executable, "-c", code]).stdout.splitlines()
         assert out and str(tmp_path / "run" / LOCK_NAME) not in out
     finally:
         lock.release()

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 import textwrap
 import threading
 
 import pytest
 
-from conftest import REPO, run_together
+from conftest import REPO, run_together, run_watched
 from muloco.sizing import link_plan
 from muloco.utils.link_model import Transfer, format_rate, parse_rate, transfer_seconds
 from muloco.sizing.cli import main as model_map_main
@@ -339,9 +338,9 @@ def test_bad_planner_inputs_are_one_clear_error(argv, match, capsys):
 
 
 def test_the_planner_command_prints_the_projection():
-    out = subprocess.run([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8", "--replicas",
-                          "8", "--link-mbps", "1000", "--bits", "2", "--sync-every", "30", "--mfu", "0.45", "--gpu",
-                          "h100"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = run_watched([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8", "--replicas",
+                       "8", "--link-mbps", "1000", "--bits", "2", "--sync-every", "30", "--mfu", "0.45", "--gpu",
+                       "h100"], cwd=REPO)
     assert out.returncode == 0, out.stderr
     for text in ("projected sync time on the link", "link share of a round", "tokens/s per replica group",
                  "to keep the share <= 5%: H >= ", "2-bit quantized, reduce_scatter", "989 TFLOPS peak (h100)",
@@ -352,8 +351,8 @@ def test_the_planner_command_prints_the_projection():
 def test_the_planner_defaults_are_said_in_its_output():
     """Without --step-seconds, --gpu or --mfu the step time is an H100 at 40% MFU, and the output says
     so; without --replicas the link joins K=2 groups, said too."""
-    out = subprocess.run([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8", "--link-mbps",
-                          "1000"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = run_watched([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8", "--link-mbps",
+                       "1000"], cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert "assumed --gpu h100 and --mfu 0.4" in out.stdout and "K=2 replica groups" in out.stdout
     assert "K=2 is the default: set --replicas K" in out.stdout
@@ -391,5 +390,5 @@ def test_the_planner_loads_no_trainer():
     code = ("import sys; from muloco.sizing.cli import main; main(['--flavor', 'llama3-w1024-d12-h8', '--link-mbps', "
             "'1000', '--json']); bad = [m for m in ('torchtitan.trainer', 'torchft', 'datasets') if m in sys.modules]; "
             "assert not bad, bad")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = run_watched([sys.executable, "-c", code], cwd=REPO)
     assert proc.returncode == 0, proc.stderr

@@ -4,10 +4,9 @@ job resumes), without W&B installed: the id is what torchtitan's WandBLogger han
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
-from conftest import REPO
+from conftest import REPO, run_watched
 
 from muloco.components.metrics import WANDB_ID_FILE, keep_wandb_run
 
@@ -35,8 +34,7 @@ def test_a_resumed_training_process_exports_the_same_id(tmp_path):
     code = ("import os,sys; sys.path.insert(0, sys.argv[2]); from muloco.components.metrics import keep_wandb_run; "
             "print(keep_wandb_run(sys.argv[1], resuming=True), os.environ['WANDB_RESUME'])")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    runs = [subprocess.run([sys.executable, "-c", code, str(tmp_path / "run"), str(REPO)], capture_output=True,
-                           text=True, env=env, timeout=120, check=True).stdout.split() for _ in range(2)]
+    runs = [run_watched([sys.executable, "-c", code, str(tmp_path / "run"), str(REPO)], env=env, check=True).stdout.split() for _ in range(2)]
     assert runs[0] == runs[1] and runs[0][1] == "allow"
 
 

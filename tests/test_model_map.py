@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 import sys
 
 import pytest
 
-from conftest import REPO, tiny_model
+from conftest import REPO, run_watched, tiny_model
 
 from muloco import compat
 
@@ -70,9 +69,8 @@ def test_the_parameter_split_matches_a_built_model():
 
 
 def test_the_table_as_users_print_it():
-    proc = subprocess.run([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8",
-                           "--global-batch", "512", "--replicas", "8"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    proc = run_watched([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8",
+                        "--global-batch", "512", "--replicas", "8"], cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "llama3-w1024-d12-h8" in out and "416.83M" in out and "7,951" in out
@@ -102,7 +100,7 @@ def test_the_map_is_read_without_torch():
     """Job generators, sweeps and the sizing CLI read the map; none of them pays for a torch import."""
     code = ("import sys, muloco.model_map, muloco.sizing.flavors, muloco.utils.link_model; "
             "assert 'torch' not in sys.modules, sorted(sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_watched([sys.executable, "-c", code], cwd=REPO)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -144,8 +142,7 @@ def test_any_shape_is_sized_and_builds():
 
 
 def test_a_shape_outside_the_map_is_marked_in_the_table():
-    proc = subprocess.run([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w960-d12-h8"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_watched([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w960-d12-h8"], cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     row = next(line for line in proc.stdout.splitlines() if line.startswith("llama3-w960-d12-h8"))
     assert "128,256" in row and "~16" in row and "a shape outside the map" in proc.stdout

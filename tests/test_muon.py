@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -16,7 +15,7 @@ from muloco import compat
 
 compat.apply()
 
-from conftest import REPO, TINY, run_gloo_ranks, run_train, train_losses  # noqa: E402
+from conftest import REPO, TINY, run_gloo_ranks, run_train, run_watched, train_losses  # noqa: E402
 
 from muloco.utils.ports import free_port  # noqa: E402
 from muloco.optim.muon import Muon, lr_scale  # noqa: E402
@@ -192,11 +191,11 @@ def test_fsdp_two_ranks_train_with_sharded_muon(tmp_path):
     one = run_train([*common, "--training.local_batch_size", "4", "--dump_folder", str(tmp_path / "one")])
     assert one.returncode == 0, one.stderr[-3000:]
     port = str(free_port())
-    two = subprocess.run(
+    two = run_watched(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
          "--master-port", port, "-m", "muloco.train", *common, "--training.local_batch_size", "2",
          "--dump_folder", str(tmp_path / "two")],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert two.returncode == 0, two.stderr[-3000:]
     assert "Applied FSDP" in two.stdout + two.stderr
     want, got = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")

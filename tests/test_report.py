@@ -8,14 +8,13 @@ import io
 import json
 import re
 import shutil
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, run_train
+from conftest import REPO, TINY, run_train, run_watched
 from muloco import compat
 from muloco.tools import report
 
@@ -250,10 +249,10 @@ def test_a_neutrally_named_muloco_run_is_named_by_its_facts_after_its_folder_is_
     module = tmp_path / "exp_a.py"
     module.write_text(NEUTRAL_MODULE)
     folder = tmp_path / "first-name"
-    proc = subprocess.run([sys.executable, "-m", "muloco.launch.local", "--config", str(module), "--replicas", "2",
-                           "--", *TINY, "--training.steps", "10", "--outer.sync_every", "5", "--validator.freq", "5",
-                           "--checkpoint.no-enable", "--metrics.no-enable-tensorboard", "--dump_folder", str(folder)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = run_watched([sys.executable, "-m", "muloco.launch.local", "--config", str(module), "--replicas", "2",
+                        "--", *TINY, "--training.steps", "10", "--outer.sync_every", "5", "--validator.freq", "5",
+                        "--checkpoint.no-enable", "--metrics.no-enable-tensorboard", "--dump_folder", str(folder)],
+                       cwd=REPO)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     renamed = folder.rename(tmp_path / "ddp-adamw-baseline")
     assert report.main([str(renamed), "--out", str(tmp_path / "report")]) == 0
@@ -271,7 +270,7 @@ def test_a_neutrally_named_muloco_run_is_named_by_its_facts_after_its_folder_is_
 def test_the_report_imports_no_torch_and_no_tyro():
     """Reading results needs neither: the report starts at once, on any machine that has the runs."""
     code = "import sys, muloco.tools.report; assert not {'torch', 'tyro'} & set(sys.modules), sorted(sys.modules)"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_watched([sys.executable, "-c", code], cwd=REPO)
     assert proc.returncode == 0, proc.stderr
 
 

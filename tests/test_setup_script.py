@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_watched
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -74,8 +74,7 @@ def _setup(tmp_path: Path, situation: str, *args: str, **env: str) -> tuple[subp
                "CPU_INDEX": CPU_INDEX, "PYTHON": sys.executable, **env}
     run_env.pop("TORCH_CPU_INDEX", None)
     run_env.update(env)
-    done = subprocess.run(["bash", str(repo / "setup.sh"), *args], cwd=repo, env=run_env, capture_output=True,
-                          text=True, timeout=120)
+    done = run_watched(["bash", str(repo / "setup.sh"), *args], cwd=repo, env=run_env)
     installs = [line for line in log.read_text().splitlines() if "install" in line and "torch==" in line]
     return done, installs
 

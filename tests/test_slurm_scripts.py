@@ -10,6 +10,8 @@ import subprocess
 
 import pytest
 
+from conftest import run_watched
+
 from muloco.launch.cluster import ClusterError, ClusterSettings, NodeInfo, check_request, resolve_partition
 from muloco.launch.slurm import JobSpec, Script, main, preamble, sbatch_value, scale_mem, submit_scripts
 
@@ -102,15 +104,13 @@ def test_a_failing_setup_line_stops_the_job_with_one_message(tmp_path):
                                                                "echo SETUP-CONTINUED"]))
     script = tmp_path / "job.sh"
     script.write_text("\n".join(["#!/bin/bash", *preamble(spec), "echo TRAINING-STARTED", ""]))
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path)})
+    r = run_watched(["bash", str(script)], env={**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path)})
     assert r.returncode == 3
     assert "muloco: the cluster setup failed (exit 127) at: no_such_activate_command_xyz" in r.stderr
     assert "SETUP-CONTINUED" not in r.stdout and "TRAINING-STARTED" not in r.stdout
     ok = JobSpec("ddp/adamw", cluster=ClusterSettings(setup=["true"]))
     script.write_text("\n".join(["#!/bin/bash", *preamble(ok), "false", "echo TRAINING-STARTED", ""]))
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60,
-                       env={**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path)})
+    r = run_watched(["bash", str(script)], env={**os.environ, "SLURM_SUBMIT_DIR": str(tmp_path)})
     assert r.returncode == 0 and "TRAINING-STARTED" in r.stdout  # the trap ends with the setup
 
 

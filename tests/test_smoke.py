@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, Watched
+from conftest import REPO, TINY, Watched, run_watched
 
 THIS = "tests/test_smoke.py"
 
@@ -389,8 +389,7 @@ def _record(script: Path, args: list[str], folder: Path, env: dict[str, str]) ->
     recorder, record = folder / "record-python", folder / "record"
     recorder.write_text(RECORDER)
     recorder.chmod(0o755)
-    proc = subprocess.run([str(script), *args], cwd=folder, text=True, capture_output=True, timeout=240,
-                          env=clean_env(**env, MULOCO_PYTHON=str(recorder), SMOKE_RECORD=str(record)))
+    proc = run_watched([str(script), *args], cwd=folder, env=clean_env(**env, MULOCO_PYTHON=str(recorder), SMOKE_RECORD=str(record)))
     argv = record.read_text().split("\0")[:-1] if record.is_file() else []
     return Ran(proc.returncode, proc.stdout + proc.stderr, folder, argv)
 

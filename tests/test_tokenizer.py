@@ -8,7 +8,6 @@ import json
 import os
 import pickle
 import re
-import subprocess
 import sys
 from pathlib import Path, PurePosixPath
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from conftest import run_watched
 from muloco.data.split import is_validation, stdlib_root, stdlib_sources
 from muloco.data.tokenizer import (
     EMBEDDED_TOKENIZER,
@@ -306,10 +306,9 @@ def test_build_script_is_reproducible(tmp_path):
     outputs = []
     for run in ("a", "b"):
         out = tmp_path / run / "A.json"
-        subprocess.run(
+        run_watched(
             [sys.executable, str(BUILD_SCRIPT), "--max-files", "20", "--vocab-size", "400", "--output", str(out)],
-            check=True, capture_output=True, text=True, timeout=120,
-        )
+            check=True, )
         outputs.append((out.read_bytes(), out.with_name("A.meta.json").read_bytes()))
     assert outputs[0] == outputs[1]
     meta = json.loads(outputs[0][1])

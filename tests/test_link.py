@@ -287,6 +287,31 @@ def test_the_planner_against_hand_computed_cases():
     assert link_plan.plan(_inputs(step_seconds=None, mfu=0.4, gpu="989")).step_seconds == pytest.approx(f.step_seconds)
 
 
+def test_unequal_groups_cost_a_lockstep_round_what_the_slowest_makes_the_others_wait():
+    """--group-slowdowns: the round lasts the slowest group's H steps; the others' idle time and the
+    job's compute-only tokens/s at each group's own pace, against a hand computation."""
+    equal, p = link_plan.plan(_inputs(bits=2, replicas=4)), link_plan.plan(_inputs(bits=2, replicas=4,
+                                                                                group_slowdowns=(1, 1, 1, 1.5)))
+    assert equal.idle_seconds_per_round == 0 and equal.idle_share == 0 and link_plan.as_dict(equal)["groups"] is None
+    assert "waiting for the slowest" not in link_plan.text(equal)
+    assert p.group_step_seconds == (0.5, 0.5, 0.5, 0.75)
+    assert p.round.compute == pytest.approx(30 * 0.75) and p.round.sync.seconds == equal.round.sync.seconds
+    assert p.idle_seconds_per_round == pytest.approx(3 * 30 * 0.25)
+    assert p.idle_share == pytest.approx(22.5 / (4 * (22.5 + p.round.sync.seconds)))
+    tokens = 512 // 4 * 2048
+    assert p.compute_tokens_per_second == pytest.approx(tokens / 0.75)
+    assert p.tokens_per_second == pytest.approx(tokens * 30 / (22.5 + p.round.sync.seconds))
+    assert p.own_pace_compute_tokens_per_second == pytest.approx(tokens * (3 / 0.5 + 1 / 0.75))
+    # the link share and the H that keeps it under --max-share follow from the slowest group's step
+    assert p.h_for_share == math.ceil(p.round.sync.seconds * 0.95 / (0.05 * 0.75))
+    got = link_plan.as_dict(link_plan.plan(_inputs(bits=2, replicas=4, gpus_per_group=8, group_slowdowns=(1, 1, 1, 1.5))))
+    assert got["groups"]["idle_gpu_seconds_per_round"] == pytest.approx(8 * 22.5)
+    assert got["groups"]["own_pace_compute_tokens_per_second"] == pytest.approx(p.own_pace_compute_tokens_per_second)
+    text = link_plan.text(p)
+    assert "groups' steps: 0.500, 0.500, 0.500, 0.750 s" in text and f"{100 * p.idle_share:.1f}% of all groups' time" in text
+    assert "+37.5%" in text  # (3/0.5 + 1/0.75) / (4/0.75) - 1
+
+
 def test_the_planner_agrees_with_the_exchanges_own_byte_count():
     """The planner's bytes are the wire format the exchange counts its real bytes by (the exchange
     tests check those against the buffers handed to the collectives)."""
@@ -308,6 +333,9 @@ def test_the_planners_fragments_are_the_outer_loops(flavor, n):
     embedding and the head make the end fragments larger), norm weights counted apart."""
     import torch
 
+    from muloco import compat
+
+    compat.apply()  # the model imports torchtitan: compat first (the test may run alone)
     from muloco.models import ModelConfig, build_model_config
     from muloco.outer.schedule import model_fragments
 
@@ -329,6 +357,10 @@ def test_the_planners_fragments_are_the_outer_loops(flavor, n):
     (["--link-mbps", "100", "--step-seconds", "1", "--overlap", "30"], "--overlap 30: must be >= 0 and below"),
     (["--link-mbps", "100", "--step-seconds", "1", "--bits", "2", "--strategy", "allreduce"],
      "allreduce sums dense numbers only"),
+    (["--link-mbps", "100", "--group-slowdowns", "1", "1.5"], "gives 2 numbers for --replicas 8"),
+    (["--link-mbps", "100", "--replicas", "2", "--group-slowdowns", "1", "0"], "each must be a positive multiple"),
+    (["--link-mbps", "100", "--replicas", "2", "--group-slowdowns", "1", "nan"], "each must be a positive multiple"),
+    (["--group-slowdowns", "1", "2"], "--group-slowdowns is a link planner option"),
 ])
 def test_bad_planner_inputs_are_one_clear_error(argv, match, capsys):
     base = ["--flavor", "llama3-w1024-d12-h8", "--replicas", "8"]
@@ -377,8 +409,10 @@ def test_the_planners_sparseloco_is_the_shipped_configs():
     but the strategy (it plans all-gather) it is the one ``diloco/sparseloco`` ships."""
     import dataclasses
 
+    from muloco import compat
     from muloco.config import load_config
 
+    compat.apply()  # loading a config imports torchtitan's trainer: compat first (the test may run alone)
     shipped = load_config(link_plan.SPARSELOCO_CONFIG).outer.exchange
     [planned] = link_plan.sparseloco_exchanges()
     for f in dataclasses.fields(planned):

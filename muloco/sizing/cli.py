@@ -28,7 +28,7 @@ def _count(n: int) -> str:
 
 PLANNER_DEFAULTS = {"latency_ms": 0.0, "bits": 32, "strategy": "auto", "sync_every": 30, "step_seconds": None,
                     "mfu": None, "gpu": None, "gpus_per_group": 1, "streaming_fragments": 1, "overlap": 0,
-                    "max_share": 0.05}
+                    "max_share": 0.05, "group_slowdowns": ()}
 """The planner's options and their defaults (``None`` in ``PlannerOptions``, so a planner option
 given without ``--link-mbps`` is seen and refused instead of dropped)."""
 PLANNER_REPLICAS = 2
@@ -67,6 +67,9 @@ class PlannerOptions:
     """τ: inner steps each sync overlaps (default 0)."""
     max_share: float | None = None
     """Largest share of a round on the link (default 0.05)."""
+    group_slowdowns: tuple[float, ...] | None = None
+    """Each replica group's step time as a multiple of the step, one per group (e.g. 1 1 1.5: the third
+    1.5x slower): what lockstep rounds lose waiting for the slowest (default: equal groups)."""
 
 
 @dataclass
@@ -130,7 +133,8 @@ def _plan(args: MapOptions, flavors: list[str]):
         latency_ms=given["latency_ms"], bits=given["bits"], strategy=given["strategy"],
         sync_every=given["sync_every"], step_seconds=given["step_seconds"], mfu=given["mfu"], gpu=given["gpu"],
         gpus_per_group=given["gpus_per_group"], fragments=given["streaming_fragments"], overlap=given["overlap"],
-        max_share=given["max_share"], global_batch=args.global_batch, seq_len=args.seq_len, vocab=vocab)
+        max_share=given["max_share"], global_batch=args.global_batch, seq_len=args.seq_len, vocab=vocab,
+        group_slowdowns=tuple(given["group_slowdowns"]))
     planned = link_plan.plan(inputs)
     if args.json:
         return json.dumps(link_plan.as_dict(planned))

@@ -14,7 +14,10 @@ and decoding, the outer step (small beside a slow link; ``docs``' comparison sho
 
 A round: H inner steps of ``s`` seconds, then the sync's time on the link less what the τ
 overlapped inner steps hide (streaming: with n fragments, n syncs of 1/n of the model per
-round, each overlapped by τ steps). Step time is ``--step-seconds``, or FLOPs per step over
+round, each overlapped by τ steps). With ``--group-slowdowns f1 .. fK`` the groups differ
+(group i steps in f_i·s): a lockstep round then lasts the slowest group's H steps, and the plan
+says what the others lose waiting for it (their idle share and GPU-seconds) and what the job
+would train if each group kept its own pace. Step time is ``--step-seconds``, or FLOPs per step over
 ``--mfu`` × the peak of ``--gpu`` × ``--gpus-per-group`` (torchtitan's 6·N + 12·L·d·T FLOPs
 per token; both numbers come from the user, the peak table is printed where it is used).
 """
@@ -67,6 +70,8 @@ class Inputs:
     global_batch: int = 512
     seq_len: int = 2048
     vocab: int = LLAMA3_VOCAB
+    group_slowdowns: tuple[float, ...] = ()
+    """Each replica group's step time as a multiple of the step (K numbers); () for equal groups."""
 
     def check(self) -> None:
         parse_flavor(self.flavor)
@@ -93,6 +98,12 @@ class Inputs:
             raise PlanError(f"--max-share {self.max_share}: a fraction between 0 and 1, e.g. 0.05")
         if self.global_batch % self.replicas:
             raise PlanError(f"--global-batch {self.global_batch} does not split over --replicas {self.replicas}")
+        if self.group_slowdowns and len(self.group_slowdowns) != self.replicas:
+            raise PlanError(f"--group-slowdowns gives {len(self.group_slowdowns)} numbers for --replicas "
+                            f"{self.replicas}: give one per replica group (1 for a group at the step's pace)")
+        if not all(math.isfinite(f) and f > 0 for f in self.group_slowdowns):
+            raise PlanError(f"--group-slowdowns {' '.join(f'{f:g}' for f in self.group_slowdowns)}: each must be a "
+                            "positive multiple of the step time (1.5: a group 1.5x slower)")
         if self.step_seconds is None:
             if not (math.isfinite(self.mfu_or_default) and 0 < self.mfu_or_default <= 1):
                 raise PlanError(f"--mfu {self.mfu}: a fraction between 0 and 1, e.g. 0.4")
@@ -300,30 +311,56 @@ class Plan:
     candidates: list[tuple[Sync, Round, int | None]] = field(default_factory=list)
 
     @property
+    def group_step_seconds(self) -> tuple[float, ...]:
+        """Each group's own step time (all ``step_seconds`` when the groups are equal)."""
+        return tuple(self.step_seconds * f for f in self.inputs.group_slowdowns) or \
+            (self.step_seconds,) * self.inputs.replicas
+
+    @property
     def tokens_per_second(self) -> float:
+        """Per replica group, in lockstep: H steps' tokens per round, the round set by the slowest group."""
         return tokens_per_step(self.inputs) * self.inputs.sync_every / self.round.seconds
 
     @property
     def compute_tokens_per_second(self) -> float:
-        return tokens_per_step(self.inputs) / self.step_seconds
+        return tokens_per_step(self.inputs) / max(self.group_step_seconds)
+
+    @property
+    def idle_seconds_per_round(self) -> float:
+        """Group-seconds per lockstep round that faster groups spend waiting for the slowest one."""
+        slowest = max(self.group_step_seconds)
+        return sum(self.inputs.sync_every * (slowest - s) for s in self.group_step_seconds)
+
+    @property
+    def idle_share(self) -> float:
+        """Share of all groups' time in a lockstep round spent waiting for the slowest group."""
+        return self.idle_seconds_per_round / (self.inputs.replicas * self.round.seconds)
+
+    @property
+    def own_pace_compute_tokens_per_second(self) -> float:
+        """The job's compute-only tokens/s if every group trained at its own pace (no waiting): the
+        most a round mode that does not wait for the slowest group could reach, link left out."""
+        return sum(tokens_per_step(self.inputs) / s for s in self.group_step_seconds)
 
 
 def plan(inputs: Inputs) -> Plan:
     inputs.check()
     seconds, source = step_time(inputs)
+    # a lockstep round lasts the slowest group's H steps; its link share and H follow from that step
+    slowest = seconds * max(inputs.group_slowdowns, default=1.0)
     chosen = project_sync(inputs)
-    rnd = project_round(inputs, chosen, seconds)
+    rnd = project_round(inputs, chosen, slowest)
     candidates = []
     for bits in BITS:
         for strategy in ("allreduce",) if bits >= 16 else ("allgather", "reduce_scatter"):
             sync = project_sync(inputs, bits, strategy)
-            candidates.append((sync, project_round(inputs, sync, seconds), h_needed(inputs, sync, seconds)))
+            candidates.append((sync, project_round(inputs, sync, slowest), h_needed(inputs, sync, slowest)))
     for config in sparseloco_exchanges():
         sync = project_sync(inputs, config=config, label="SparseLoCo")
-        candidates.append((sync, project_round(inputs, sync, seconds), h_needed(inputs, sync, seconds)))
+        candidates.append((sync, project_round(inputs, sync, slowest), h_needed(inputs, sync, slowest)))
     fits = [sync for sync, r, _ in candidates if r.share <= inputs.max_share]
     best = max(fits, key=lambda sync: sync.bits_per_parameter) if fits else None
-    return Plan(inputs, seconds, source, rnd, h_needed(inputs, chosen, seconds), best, candidates)
+    return Plan(inputs, seconds, source, rnd, h_needed(inputs, chosen, slowest), best, candidates)
 
 
 def _bytes(n: float) -> str:
@@ -352,6 +389,7 @@ def text(p: Plan) -> str:
         + " (the emulated link's model: bytes / bandwidth + rounds x latency)",
         f"  round: {r.compute:.2f} s of compute + {r.exposed:.2f} s of link not hidden by the overlap = {r.seconds:.2f} s",
         f"  link share of a round: {100 * r.share:.1f}% (target <= {100 * i.max_share:g}%: {share_ok})",
+        *_group_lines(p),
         f"  tokens/s per replica group: {p.tokens_per_second:,.0f} (compute alone: {p.compute_tokens_per_second:,.0f})",
         f"  to keep the share <= {100 * i.max_share:g}%: H >= {p.h_for_share} at these bits; at H={i.sync_every}: "
         + (f"{p.bits_for_share.label} ({p.bits_for_share.bits_per_parameter:.2f} bits/param) or fewer bits"
@@ -363,6 +401,25 @@ def text(p: Plan) -> str:
         lines.append(f"  {sync.label:<34}{sync.bits_per_parameter:>11.3f}{_bytes(sync.sent):>12}{sync.seconds:>9.3f}"
                      f"{100 * rnd.share:>7.1f}%{h:>13}")
     return "\n".join(lines)
+
+
+def _group_lines(p: Plan) -> list[str]:
+    """What unequal groups cost a lockstep round (nothing when the groups are equal)."""
+    i = p.inputs
+    if not i.group_slowdowns:
+        return []
+    steps = ", ".join(f"{s:.3f}" for s in p.group_step_seconds)
+    lockstep = i.replicas * p.compute_tokens_per_second
+    own = p.own_pace_compute_tokens_per_second
+    return [
+        f"  groups' steps: {steps} s (--group-slowdowns {' '.join(f'{f:g}' for f in i.group_slowdowns)}); a lockstep "
+        f"round lasts the slowest group's {i.sync_every} steps",
+        f"  waiting for the slowest: {100 * p.idle_share:.1f}% of all groups' time, "
+        f"{p.idle_seconds_per_round * i.gpus_per_group:,.1f} GPU-seconds per round "
+        f"({i.gpus_per_group} GPU{'s' if i.gpus_per_group > 1 else ''} per group)",
+        f"  the job's compute-only tokens/s: {lockstep:,.0f} in lockstep; {own:,.0f} if each group kept its own pace "
+        f"(+{100 * (own / lockstep - 1):.1f}%, the most a round that does not wait could add)",
+    ]
 
 
 def _sync_dict(sync: Sync, rnd: Round, h: int | None = None) -> dict:
@@ -383,6 +440,11 @@ def as_dict(p: Plan) -> dict:
         "step_seconds": p.step_seconds, "step_source": p.step_source,
         "tokens_per_step": tokens_per_step(p.inputs),
         "tokens_per_second": p.tokens_per_second, "compute_tokens_per_second": p.compute_tokens_per_second,
+        "groups": None if not p.inputs.group_slowdowns else {
+            "step_seconds": list(p.group_step_seconds), "idle_share": p.idle_share,
+            "idle_gpu_seconds_per_round": p.idle_seconds_per_round * p.inputs.gpus_per_group,
+            "lockstep_compute_tokens_per_second": p.inputs.replicas * p.compute_tokens_per_second,
+            "own_pace_compute_tokens_per_second": p.own_pace_compute_tokens_per_second},
         "chosen": _sync_dict(p.round.sync, p.round, p.h_for_share),
         "bits_for_share": p.bits_for_share.label if p.bits_for_share else None,
         "alternatives": [_sync_dict(sync, rnd, h) for sync, rnd, h in p.candidates],

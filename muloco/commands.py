@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import runpy
 import sys
 
@@ -57,7 +58,18 @@ def _sweep(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Run the command; output cut short by its reader (``muloco map | head``) ends it quietly."""
+    try:
+        return _dispatch(list(sys.argv[1:] if argv is None else argv))
+    except BrokenPipeError:
+        # Python's own advice: point stdout at /dev/null so the interpreter's final flush cannot
+        # raise again, and exit as a program killed by SIGPIPE would be reported by a shell (1).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2

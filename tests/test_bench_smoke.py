@@ -69,6 +69,12 @@ TABLES = {
     "sync_overhead.py": [rf"(?m)^ +1 +0 +{NUM} +{NUM} +{NUM} +{NUM}%", rf"llama3-w64-d2-h2 +362,816 +{NUM}",
                          rf"(?m)^  diloco/diloco +0\.4M +{NUM} +{NUM}", rf"sync share at H=2, K=2.*: {NUM}%",
                          rf"sync time by model size .*0\.4M: {NUM} ms"],
+    "unequal_groups.py": [r"run +wall s +job tok/s +group +steps s +syncs s +median step s",
+                          rf"(?m)^equal +{NUM} +{NUM} +0 +{NUM} +{NUM} +{NUM}$",
+                          rf"(?m)^group 1 2x slower +{NUM} +{NUM} +0 +{NUM}",
+                          rf"the waiting it causes is -?{NUM}% of all groups' time \(measured\); the planner's formula",
+                          rf"own pace would train {NUM}x the lockstep job's",
+                          r"θ_g after the last sync bit for bit the equal run's: yes"],
     "trainer_overhead.py": [r"run# +side +tokens/s", rf"(?m)^ +1 +ours +{NUM} +{NUM}",
                             rf"(?m)^ +2 +stock +{NUM}", rf"ratio ours/stock = {NUM}"],
 }

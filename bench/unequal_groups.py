@@ -1,0 +1,174 @@
+"""Replica groups of unequal speed in lockstep rounds: what the faster groups lose waiting for the slowest.
+
+    .venv/bin/python bench/unequal_groups.py [--replicas 2] [--slowdown 2] [--config diloco/muloco_2bit]
+        [--steps 60] [--sync-every 10] [--smoke] [--timeout 900] [--keep]
+
+Two real jobs on this machine (the local launcher users run: a lighthouse and K replica groups,
+one torchrun and one thread each) train the tiny model (``llama3-w128-d4-h2``, seq 256, batch 8):
+first every group at this machine's pace ("equal"), then the same job with its last group made
+``--slowdown`` times slower: it sleeps (slowdown - 1) x the equal run's median inner step after
+each of its steps (``bench/slow_site``, this bench's own hook; muloco reads no such setting), as
+a group on slower GPUs would. Rounds are lockstep: every group trains H steps, then the quorum
+waits for the slowest.
+
+Printed per run and group: seconds in inner steps and in syncs (the quorum's wait for the
+slowest group is part of a sync), and each run's wall-clock and job tokens/s. Then the cost of
+the slow group: the share of all groups' time spent in syncs, slowed run against equal run (the
+rise is the waiting), next to what the planner's formula (``muloco map ... --group-slowdowns``,
+``muloco/sizing/link_plan.py``) projects from the measured step times; the wall-clock ratio
+against the ideal where every group keeps its own pace; and whether θ_g after the last sync is
+bit for bit the equal run's (lockstep changes when groups meet, not what they compute).
+
+``--smoke`` (what CI runs): ``llama3-w64-d2-h2``, seq 64, batch 2, 6 steps, H=2. Outputs go to a
+temporary folder removed at the end (``--keep`` leaves it). Nothing here asserts on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
+from muloco.launch.gpu_slices import visible_gpus
+from muloco.launch.local import LocalJob
+
+SLOW_SITE = Path(__file__).resolve().parent / "slow_site"
+OFF = ("--checkpoint.enable", "--checkpoint.load_only", "--validator.no-enable", "--metrics.no-enable-tensorboard")
+
+
+def run_job(root: Path, name: str, config: str, replicas: int, overrides: list[str], timeout: float,
+            slow: tuple[int, float] | None = None) -> list[dict]:
+    """One local job to completion (``slow``: that replica sleeps that many seconds per step);
+    per replica its summary, its inner steps' times and its syncs' times."""
+    work = root / name
+    work.mkdir(parents=True)
+    dump, logs = work / "dump", work / "logs"
+    saved = {key: os.environ.get(key) for key in ("MULOCO_BENCH_SLOW", "PYTHONPATH")}
+    if slow is not None:
+        os.environ["MULOCO_BENCH_SLOW"] = f"{slow[0]}:{slow[1]:.6f}"
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SLOW_SITE), saved["PYTHONPATH"]]))
+    try:
+        with open(work / "launcher.log", "w") as console:
+            job = LocalJob(config=config, replicas=replicas, min_replicas=replicas, join_timeout_ms=60000, threads=1,
+                           visible_gpus=visible_gpus()[:1], share_gpus=True, log_dir=str(logs), console=console,
+                           overrides=[*overrides, *OFF, "--dump_folder", str(dump)])
+            hung = threading.Timer(timeout, job.stop, args=(124,))
+            hung.start()
+            try:
+                status = job.run()
+            finally:
+                hung.cancel()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    if status in (130, 143):
+        raise SystemExit(status)
+    if status != 0:
+        tails = "\n".join(f"--- {p.name} ---\n{p.read_text(errors='replace')[-3000:]}"
+                          for p in [work / "launcher.log", *sorted(logs.glob("*.log"))])
+        raise RuntimeError(f"{name}: the job failed (exit {status})\n{tails}")
+    out = []
+    for i in range(replicas):
+        folder = dump / f"replica_{i}"
+        rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        out.append({"summary": json.loads((folder / "summary.json").read_text()),
+                    "steps": [r["step_time_s"] for r in rows if "step_time_s" in r],
+                    "syncs": [r["sync/seconds"] for r in rows if "sync/seconds" in r]})
+    return out
+
+
+def groups(replicas: list[dict]) -> list[dict]:
+    """Per group: seconds in inner steps, seconds in syncs, the median step (the first step, which
+    also builds and warms up, left out)."""
+    return [{"steps_s": sum(r["steps"]), "syncs_s": sum(r["syncs"]), "median_step_s": statistics.median(r["steps"][1:])}
+            for r in replicas]
+
+
+def sync_share(per_group: list[dict]) -> float:
+    """Share of all groups' time (steps and syncs) spent in syncs."""
+    return sum(g["syncs_s"] for g in per_group) / sum(g["steps_s"] + g["syncs_s"] for g in per_group)
+
+
+def projected_idle_share(steps: list[float], sync_every: int, sync_s: float) -> float:
+    """The planner's formula (``link_plan.Plan.idle_share``): per lockstep round every group
+    waits H x (slowest step - its step), of K x (H x slowest step + the sync's own time)."""
+    slowest = max(steps)
+    return sum(sync_every * (slowest - s) for s in steps) / (len(steps) * (sync_every * slowest + sync_s))
+
+
+def main() -> int:
+    exit_on_sigterm()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--slowdown", type=float, default=2.0, help="the last group's step as a multiple of the others'")
+    p.add_argument("--config", default="diloco/muloco_2bit")
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--sync-every", type=int, default=10)
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--keep", action="store_true")
+    args = p.parse_args()
+    if args.replicas < 2 or not args.slowdown > 1:
+        p.error("--replicas must be at least 2 and --slowdown above 1")
+    if args.steps % args.sync_every:
+        p.error(f"--steps {args.steps} must be a multiple of --sync-every {args.sync_every}")
+    flavor, shape = "llama3-w128-d4-h2", ["--training.seq_len", "256", "--training.local_batch_size", "8"]
+    if args.smoke:
+        flavor, shape = "llama3-w64-d2-h2", ["--training.seq_len", "64", "--training.local_batch_size", "2"]
+        args.steps, args.sync_every = 6, 2
+    k, h = args.replicas, args.sync_every
+    overrides = ["--model.flavor", flavor, *shape, "--training.steps", str(args.steps), "--outer.sync_every", str(h),
+                 "--metrics.log_freq", "1", "--lr_scheduler.warmup_steps", "1"]
+    root = Path(tempfile.mkdtemp(prefix="unequal_groups_"))
+    print(f"machine load average at start: {loadavg()}; {args.config}, K={k}, {flavor}, {args.steps} steps, H={h}; "
+          f"then group {k - 1} {args.slowdown:g}x slower")
+    try:
+        equal = run_job(root, "equal", args.config, k, overrides, args.timeout)
+        step = statistics.median(g["median_step_s"] for g in groups(equal))
+        slowed = run_job(root, "slowed", args.config, k, overrides, args.timeout,
+                         slow=(k - 1, (args.slowdown - 1) * step))
+    finally:
+        if args.keep:
+            print(f"kept {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+    runs = [("equal", equal), (f"group {k - 1} {args.slowdown:g}x slower", slowed)]
+    print(f"\n{'run':<24}{'wall s':>8}{'job tok/s':>11}  {'group':>5}{'steps s':>9}{'syncs s':>9}{'median step s':>15}")
+    for name, replicas in runs:
+        wall = max(r["summary"]["wall_seconds"] for r in replicas)
+        tokens = sum(r["summary"]["tokens_seen"] for r in replicas)
+        for i, g in enumerate(groups(replicas)):
+            head = f"{name:<24}{wall:>8.1f}{tokens / wall:>11,.0f}" if i == 0 else " " * 43
+            print(f"{head}  {i:>5}{g['steps_s']:>9.2f}{g['syncs_s']:>9.2f}{g['median_step_s']:>15.4f}")
+    eq, sl = groups(equal), groups(slowed)
+    steps_slowed = [g["median_step_s"] for g in sl]
+    per_sync = statistics.median(s for r in equal for s in r["syncs"][1:] or r["syncs"])
+    rise = sync_share(sl) - sync_share(eq)
+    wall_eq = max(r["summary"]["wall_seconds"] for r in equal)
+    wall_sl = max(r["summary"]["wall_seconds"] for r in slowed)
+    own_pace = sum(1 / s for s in steps_slowed) / (k / max(steps_slowed))
+    same = len({r["summary"]["diloco"]["final_global_sha256"] for r in equal + slowed}) == 1
+    print(f"\nsyncs' share of all groups' time: {100 * sync_share(eq):.1f}% equal, {100 * sync_share(sl):.1f}% with the "
+          f"slow group: the waiting it causes is {100 * rise:.1f}% of all groups' time (measured); the planner's "
+          f"formula from the measured steps ({', '.join(f'{s:.4f}' for s in steps_slowed)} s) and the equal run's "
+          f"{per_sync:.3f} s per sync: {100 * projected_idle_share(steps_slowed, h, per_sync):.1f}%")
+    print(f"wall-clock with the slow group / equal: {wall_sl / wall_eq:.2f}; each group at its own pace would train "
+          f"{own_pace:.2f}x the lockstep job's tokens per second of compute (the ceiling for rounds that do not wait)")
+    print(f"θ_g after the last sync bit for bit the equal run's: {'yes' if same else 'no'} "
+          "(lockstep changes when the groups meet, not what they compute)")
+    print(f"machine load average at the end: {loadavg()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

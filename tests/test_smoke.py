@@ -217,6 +217,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "bench/startup.py": f"{BENCH_TEST}[startup.py]",
     "bench/sync_overhead.py": f"{BENCH_TEST}[sync_overhead.py]",
     "bench/trainer_overhead.py": f"{BENCH_TEST}[trainer_overhead.py]",
+    "bench/unequal_groups.py": f"{BENCH_TEST}[unequal_groups.py]",
 }
 
 

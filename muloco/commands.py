@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import os
 import runpy
 import sys
+
+from muloco.utils.command_line import reader_gone
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("muloco.train:command", "train one replica group, or a DDP run"),
@@ -62,11 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _dispatch(list(sys.argv[1:] if argv is None else argv))
     except BrokenPipeError:
-        # Python's own advice: point stdout at /dev/null so the interpreter's final flush cannot
-        # raise again, and exit as a program killed by SIGPIPE would be reported by a shell (1).
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 1
+        return reader_gone()
 
 
 def _dispatch(argv: list[str]) -> int:

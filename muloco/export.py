@@ -1,8 +1,7 @@
 """``python -m muloco.export``: kept for the command users type; the command is :mod:`muloco.tools.export`."""
 
-import sys
-
 from muloco.tools.export import main
+from muloco.utils.command_line import run_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

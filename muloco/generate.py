@@ -1,8 +1,7 @@
 """``python -m muloco.generate``: kept for the command users type; the command is :mod:`muloco.tools.generate`."""
 
-import sys
-
 from muloco.tools.generate import main
+from muloco.utils.command_line import run_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

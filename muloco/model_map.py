@@ -1,8 +1,7 @@
 """``python -m muloco.model_map``: kept for the command users type; the CLI is ``muloco.sizing.cli``."""
 
-import sys
-
 from muloco.sizing.cli import main
+from muloco.utils.command_line import run_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

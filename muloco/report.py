@@ -1,8 +1,7 @@
 """``python -m muloco.report``: kept for the command users type; the command is :mod:`muloco.tools.report`."""
 
-import sys
-
 from muloco.tools.report import main
+from muloco.utils.command_line import run_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -91,14 +91,18 @@ def test_the_commands_answer_help_and_a_usage_error_without_torch():
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def test_output_cut_short_by_its_reader_ends_quietly():
-    """``muloco map | head -1``: the reader closes the pipe, and the command stops with exit 1 and
-    no traceback (a closed pipe is the reader's choice, not an error to report)."""
+@pytest.mark.parametrize("args", [["muloco", "map"], ["muloco.model_map"], ["muloco.report", "--help"],
+                                  ["muloco.launch.lighthouse", "--help"], ["muloco.data.fetch", "--help"]],
+                         ids=lambda a: " ".join(a))
+def test_output_cut_short_by_its_reader_ends_quietly(args):
+    """``muloco map | head -1`` (and the ``python -m`` module paths): the reader closes the pipe,
+    and the command stops with exit 1 and no traceback (a closed pipe is the reader's choice, not
+    an error to report)."""
     read, write = os.pipe()
     os.close(read)  # the reader has gone before the first line is written
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "muloco", "map"], cwd=REPO, stdout=write,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, stdout=write, stderr=subprocess.PIPE,
+                                text=True)
     finally:
         os.close(write)
     err = proc.communicate()[1]

@@ -34,7 +34,7 @@ from pathlib import Path
 from muloco.compare import runner, table, timing
 from muloco.compare.suites import AVERAGING, DATA, SUITES, Planned, SuiteError, over_links, plan
 from muloco.utils.link_model import parse_rate
-from muloco.utils.command_line import UsageError, parse
+from muloco.utils.command_line import UsageError, parse, run_main
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 from muloco.launch.run_names import run_name
 
@@ -318,4 +318,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from muloco.utils.atomic_file import write_atomically
-from muloco.utils.command_line import UsageError, parse, tyro
+from muloco.utils.command_line import UsageError, parse, run_main, tyro
 
 DOC_CHARS = 4000
 """Target length of one document (a few hundred tokens)."""
@@ -183,4 +183,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -28,7 +28,7 @@ from typing import Annotated
 
 from muloco.utils.atomic_file import write_atomically
 from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, parse, tyro
+from muloco.utils.command_line import UsageError, parse, run_main, tyro
 
 # torch, torchtitan and lm-eval are imported once the command line is parsed (in ``main`` and
 # ``evaluate``): ``--help`` and a usage error answer without them.
@@ -260,4 +260,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

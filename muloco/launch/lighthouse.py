@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from muloco.outer.lighthouse_status import majority
-from muloco.utils.command_line import UsageError, parse
+from muloco.utils.command_line import UsageError, parse, run_main
 
 DEFAULT_BIND = "127.0.0.1:29510"
 # 90% of the trainer's default --fault_tolerance.quorum_timeout_seconds (300 s): see
@@ -218,4 +218,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

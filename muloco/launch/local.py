@@ -39,7 +39,7 @@ from datetime import datetime
 from typing import IO, Callable
 
 from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, parse
+from muloco.utils.command_line import UsageError, parse, run_main
 from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.components.stop_request import EXIT_PREEMPTED, clear_stop_request
@@ -588,4 +588,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -37,7 +37,7 @@ from typing import Annotated
 import tyro
 
 from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, parse
+from muloco.utils.command_line import UsageError, parse, run_main
 from muloco.components.stop_request import EXIT_PREEMPTED
 from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
                                    SINFO_TIMEOUT_S, check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
@@ -772,4 +772,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
+import sys
 import typing
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
 
 T = TypeVar("T")
 OVERRIDES_EPILOG = "Everything after `--` goes to the trainer unchanged, e.g. `-- --training.steps 50`."
@@ -112,3 +114,21 @@ def parse(cls: type[T], argv: list[str], *, prog: str, description: str, undersc
     return options, rest
 
 
+
+
+def reader_gone() -> int:
+    """The exit status for output cut short by its reader (``muloco map | head -1``): not an
+    error to report. Python's own advice: point stdout at /dev/null so the interpreter's final
+    flush cannot raise again, and exit 1, as a shell reports a program that SIGPIPE stopped."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1
+
+
+def run_main(main: Callable[[], int | None]) -> NoReturn:
+    """``sys.exit(main())`` for a module run as ``python -m``, quiet when its reader goes away."""
+    try:
+        code = main()
+    except BrokenPipeError:
+        code = reader_gone()
+    sys.exit(code)

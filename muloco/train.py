@@ -29,6 +29,7 @@ from muloco.data.corpus import DataError  # noqa: E402
 from muloco.data.loader import check_readable  # noqa: E402
 from muloco.data.tokenizer import TokenizerError  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa: E402
+from muloco.utils.command_line import run_main  # noqa: E402
 from muloco.runs.facts import RUN_FILE, facts_of, update_run_record  # noqa: E402
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
 from muloco.utils.ports import free_port  # noqa: E402
@@ -207,4 +208,4 @@ def command(argv: list[str] | None = None) -> NoReturn:
 
 
 if __name__ == "__main__":
-    command()
+    run_main(command)  # a --help cut short by its reader ends quietly

@@ -92,7 +92,8 @@ def test_the_commands_answer_help_and_a_usage_error_without_torch():
 
 
 @pytest.mark.parametrize("args", [["muloco", "map"], ["muloco.model_map"], ["muloco.report", "--help"],
-                                  ["muloco.launch.lighthouse", "--help"], ["muloco.data.fetch", "--help"]],
+                                  ["muloco.launch.lighthouse", "--help"], ["muloco.data.fetch", "--help"],
+                                  ["muloco.train", "--help"]],
                          ids=lambda a: " ".join(a))
 def test_output_cut_short_by_its_reader_ends_quietly(args):
     """``muloco map | head -1`` (and the ``python -m`` module paths): the reader closes the pipe,

@@ -242,6 +242,13 @@ MOVE_STEPS = 30
 MOVE_HOLD = 12
 
 
+def _stamp(path: Path) -> tuple[int, int]:
+    """Which file ``path`` is: its inode alone is not enough, since the requeued lighthouse deletes
+    the old file as it starts and its new one may get the freed inode number."""
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns
+
+
 def test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and_lose_nothing(slurm, tmp_path):
     """The lighthouse job is requeued mid-run and comes back on a new port (a new URL in its
     file); both groups, held between syncs meanwhile (test drills, so the order does not depend
@@ -261,12 +268,12 @@ def test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and
         for r in (0, 1):
             _wait_for(f"group {r} did not reach its hold at step {MOVE_HOLD}",
                       lambda r=r: (drills / f"hold-r{r}-{MOVE_HOLD}").exists(), deadline, slurm)
-        first, first_file = url_file.read_text().strip(), url_file.stat().st_ino
+        first, first_file = url_file.read_text().strip(), _stamp(url_file)
         slurm.run(["scontrol", "requeue", lighthouse])
 
         def moved() -> bool:  # a new file (the lighthouse writes it by rename), whatever port it got
             try:
-                return url_file.stat().st_ino != first_file and url_file.read_text().strip() != ""
+                return _stamp(url_file) != first_file and url_file.read_text().strip() != ""
             except FileNotFoundError:
                 return False
         _wait_for("the requeued lighthouse did not come back with a new URL", moved, deadline, slurm)

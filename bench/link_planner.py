@@ -24,53 +24,25 @@ Nothing here asserts on timing.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
-from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
-from muloco.launch.gpu_slices import visible_gpus
-from muloco.launch.local import LocalJob
+from local_run import run_local_job  # bench/ is on sys.path when a bench script runs
+from machine import exit_on_sigterm, loadavg
 from muloco.utils.link_model import format_rate, parse_rate
 from muloco.sizing.flavors import count_parameters, parse_flavor
 
 K = 2
-CHECKPOINT_OFF = ("--checkpoint.enable", "--checkpoint.load_only")  # as bench/sync_overhead.py: never saves
 
 
 def run_job(root: Path, name: str, config: str, overrides: list[str], timeout: float) -> list[dict]:
     """One local job to completion; per replica its summary and sync rows."""
-    work = root / name
-    work.mkdir(parents=True)
-    dump, logs = work / "dump", work / "logs"
-    with open(work / "launcher.log", "w") as console:
-        job = LocalJob(config=config, replicas=K, min_replicas=K, join_timeout_ms=20000, threads=1,
-                       visible_gpus=visible_gpus()[:1], share_gpus=True, log_dir=str(logs), console=console,
-                       overrides=[*overrides, *CHECKPOINT_OFF, "--validator.no-enable",
-                                  "--metrics.no-enable-tensorboard", "--dump_folder", str(dump)])
-        hung = threading.Timer(timeout, job.stop, args=(124,))
-        hung.start()
-        try:
-            status = job.run()
-        finally:
-            hung.cancel()
-    if status in (130, 143):
-        raise SystemExit(status)
-    if status != 0:
-        tails = "\n".join(f"--- {p.name} ---\n{p.read_text(errors='replace')[-3000:]}"
-                          for p in [work / "launcher.log", *sorted(logs.glob("*.log"))])
-        raise RuntimeError(f"{name}: the job failed (exit {status})\n{tails}")
-    out = []
-    for i in range(K):
-        folder = dump / f"replica_{i}"
-        rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        syncs = sorted((r for r in rows if "sync/step" in r), key=lambda r: r["sync/step"])
-        out.append({"summary": json.loads((folder / "summary.json").read_text()), "syncs": syncs})
-    return out
+    job = run_local_job(root / name, config, K, overrides, timeout)
+    return [{"summary": r["summary"], "syncs": sorted((x for x in r["rows"] if "sync/step" in x), key=lambda x: x["sync/step"])}
+            for r in job.replicas]
 
 
 def vocabulary(flavor: str, parameters: int) -> int:

@@ -71,7 +71,6 @@ Nothing here asserts on timing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -84,8 +83,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
-from muloco.launch.gpu_slices import visible_gpus
+from local_run import run_local_job  # bench/ is on sys.path when a bench script runs
+from machine import exit_on_sigterm, loadavg
 from muloco.launch.local import LocalJob
 from muloco.outer.exchange.pipeline import PARTS
 
@@ -93,11 +92,6 @@ K = 2
 TARGET_SHARE = 0.03
 TINY = "llama3-w128-d4-h2"
 SIZES = ("llama3-w128-d4-h2", "llama3-w256-d6-h4", "llama3-w512-d6-h4")
-# No checkpoint is ever written. Not --checkpoint.no-enable: with it the DiLoCo trainer
-# fails at start-up (a disabled torchtitan CheckpointManager has no ``states``, which
-# DilocoTrainer registers the outer loop in). load_only keeps the states and never saves;
-# the dump folder is fresh, so there is nothing to load either.
-CHECKPOINT_OFF = ("--checkpoint.enable", "--checkpoint.load_only")
 _LOG_TIME = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 # ------------------------------------------------------------------- processes
@@ -159,13 +153,6 @@ def _cpu_at(samples: list[tuple[float, float]], t: float) -> float | None:
     return None
 
 
-def _tail(path: Path, n: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no log)"
-
-
 # ---------------------------------------------------------------------------- job
 
 
@@ -206,39 +193,20 @@ def shared_job(args, root: Path, name: str, flavor: str, overrides: list[str],
 def run_job(root: Path, name: str, flavor: str, overrides: list[str], timeout: float,
             config: str = "diloco/diloco") -> dict:
     """One local job (the launcher users run: a lighthouse and K replica groups, one torchrun
-    each) to completion; what each replica recorded."""
-    work = root / name
-    work.mkdir(parents=True)
-    dump, logs = work / "dump", work / "logs"
-    with open(work / "launcher.log", "w") as console:
-        job = LocalJob(config=config, replicas=K, min_replicas=K, join_timeout_ms=20000, threads=1,
-                       visible_gpus=visible_gpus()[:1], share_gpus=True,  # on a GPU host: both on its first GPU
-                       log_dir=str(logs), console=console,
-                       overrides=["--model.flavor", flavor, *overrides, *CHECKPOINT_OFF, "--validator.no-enable",
-                                  "--metrics.no-enable-tensorboard", "--dump_folder", str(dump)])
-        sampler = CpuSampler(job)
-        sampler.start()
-        hung = threading.Timer(timeout, job.stop, args=(124,))  # a hang timeout: stops the job, fails below
-        hung.start()
-        t0 = time.monotonic()
-        try:
-            status = job.run()
-        finally:
-            hung.cancel()
-            sampler.done.set()
-        job_wall = time.monotonic() - t0
-    if status in (130, 143):  # Ctrl-C or SIGTERM (a time limit): the launcher stopped the job; so do we
-        raise SystemExit(status)
-    if status != 0:
-        why = f"still running after {timeout:.0f}s" if status == 124 else f"exit {status}"
-        tails = "\n".join(f"--- {p.name} tail ---\n{_tail(p)}" for p in [work / "launcher.log", *sorted(logs.glob("*.log"))])
-        raise RuntimeError(f"{name}: the job failed ({why})\n{tails}")
+    each) to completion; what each replica recorded, and its CPU use in the training loop."""
+    samplers: list[CpuSampler] = []
+
+    def sample_cpu(job: LocalJob):
+        samplers.append(CpuSampler(job))
+        samplers[0].start()
+        return samplers[0].done.set
+
+    job = run_local_job(root / name, config, K, ["--model.flavor", flavor, *overrides], timeout, watch=sample_cpu)
+    sampler, logs = samplers[0], job.logs
     replica_logs = [logs / f"replica_{i}.log" for i in range(K)]
-    out = {"name": name, "flavor": flavor, "job_wall_s": job_wall, "replicas": []}
+    out = {"name": name, "flavor": flavor, "job_wall_s": job.wall_s, "replicas": []}
     for i in range(K):
-        folder = dump / f"replica_{i}"
-        summary = json.loads((folder / "summary.json").read_text())
-        rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        summary, rows = job.replicas[i]["summary"], job.replicas[i]["rows"]
         syncs = [
             {"step": r["sync/step"], "seconds": r["sync/seconds"], "bytes_sent": r["sync/bytes_sent"],
              "committed": r["sync/committed"], "participants": r["sync/participants"],

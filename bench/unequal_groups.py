@@ -26,65 +26,30 @@ temporary folder removed at the end (``--keep`` leaves it). Nothing here asserts
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
-from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
-from muloco.launch.gpu_slices import visible_gpus
-from muloco.launch.local import LocalJob
+from local_run import run_local_job  # bench/ is on sys.path when a bench script runs
+from machine import exit_on_sigterm, loadavg
 
 SLOW_SITE = Path(__file__).resolve().parent / "slow_site"
-OFF = ("--checkpoint.enable", "--checkpoint.load_only", "--validator.no-enable", "--metrics.no-enable-tensorboard")
 
 
 def run_job(root: Path, name: str, config: str, replicas: int, overrides: list[str], timeout: float,
             slow: tuple[int, float] | None = None) -> list[dict]:
     """One local job to completion (``slow``: that replica sleeps that many seconds per step);
     per replica its summary, its inner steps' times and its syncs' times."""
-    work = root / name
-    work.mkdir(parents=True)
-    dump, logs = work / "dump", work / "logs"
-    saved = {key: os.environ.get(key) for key in ("MULOCO_BENCH_SLOW", "PYTHONPATH")}
+    env = {}
     if slow is not None:
-        os.environ["MULOCO_BENCH_SLOW"] = f"{slow[0]}:{slow[1]:.6f}"
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SLOW_SITE), saved["PYTHONPATH"]]))
-    try:
-        with open(work / "launcher.log", "w") as console:
-            job = LocalJob(config=config, replicas=replicas, min_replicas=replicas, join_timeout_ms=60000, threads=1,
-                           visible_gpus=visible_gpus()[:1], share_gpus=True, log_dir=str(logs), console=console,
-                           overrides=[*overrides, *OFF, "--dump_folder", str(dump)])
-            hung = threading.Timer(timeout, job.stop, args=(124,))
-            hung.start()
-            try:
-                status = job.run()
-            finally:
-                hung.cancel()
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    if status in (130, 143):
-        raise SystemExit(status)
-    if status != 0:
-        tails = "\n".join(f"--- {p.name} ---\n{p.read_text(errors='replace')[-3000:]}"
-                          for p in [work / "launcher.log", *sorted(logs.glob("*.log"))])
-        raise RuntimeError(f"{name}: the job failed (exit {status})\n{tails}")
-    out = []
-    for i in range(replicas):
-        folder = dump / f"replica_{i}"
-        rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines() if x.strip()]
-        out.append({"summary": json.loads((folder / "summary.json").read_text()),
-                    "steps": [r["step_time_s"] for r in rows if "step_time_s" in r],
-                    "syncs": [r["sync/seconds"] for r in rows if "sync/seconds" in r]})
-    return out
+        env = {"MULOCO_BENCH_SLOW": f"{slow[0]}:{slow[1]:.6f}",
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(SLOW_SITE), os.environ.get("PYTHONPATH")]))}
+    job = run_local_job(root / name, config, replicas, overrides, timeout, env=env, join_timeout_ms=60000)
+    return [{"summary": r["summary"], "steps": [x["step_time_s"] for x in r["rows"] if "step_time_s" in x],
+             "syncs": [x["sync/seconds"] for x in r["rows"] if "sync/seconds" in x]} for r in job.replicas]
 
 
 def groups(replicas: list[dict]) -> list[dict]:

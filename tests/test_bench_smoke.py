@@ -25,6 +25,7 @@ HANG_S = 420
 """A smoke run that prints nothing for this long hangs (the slowest takes about a minute on 2 free cores)."""
 
 LIBRARIES = {
+    "local_run.py": "one whole local job to completion, for the benches that measure jobs (the three run it)",
     "machine.py": "the load average and the SIGTERM handling the benches share",
 }
 

@@ -212,6 +212,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "bench/gpu_throughput.py": f"{BENCH_TEST}[gpu_throughput.py]",
     "bench/link_planner.py": f"{BENCH_TEST}[link_planner.py]",
     "bench/live_bytes.py": f"{BENCH_TEST}[live_bytes.py]",
+    "bench/local_run.py": f"{BENCH_TEST}[local_run.py]",
     "bench/machine.py": f"{BENCH_TEST}[machine.py]",
     "bench/muon.py": f"{BENCH_TEST}[muon.py]",
     "bench/startup.py": f"{BENCH_TEST}[startup.py]",

@@ -152,9 +152,10 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             self._log_sync(record)
 
     def train_step(self, data_iterator):
+        before = self.ntokens_seen
         super().train_step(data_iterator)
         with self._coordination_errors():
-            record = self.outer.after_inner_step(self.step)
+            record = self.outer.after_inner_step(self.step, tokens=self.ntokens_seen - before)
         self._log_sync(record)
 
     def should_continue_training(self) -> bool:
@@ -185,9 +186,10 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
     def _log_sync(self, record: SyncRecord | None) -> None:
         if record is not None:
             fields = asdict(record)
-            parts = fields.pop("parts")
+            parts, weights = fields.pop("parts"), fields.pop("weights")  # flat rows: one number per key
             self.metrics_processor.log_sync({**fields, "bits_per_parameter": record.bits_per_parameter,
-                                             **{f"time_{part}": v for part, v in parts.items()}}, record.step)
+                                             **{f"time_{part}": v for part, v in parts.items()},
+                                             **{f"weight_{rank}": w for rank, w in weights.items()}}, record.step)
 
     @contextlib.contextmanager
     def _coordination_errors(self):

@@ -10,6 +10,7 @@ import torch
 from muloco.compress import Dense, ErrorFeedback, Quantizer, TopK, pack, packed_bytes, unpack
 from muloco.compress.packing import index_bytes, pack_indices, unpack_indices
 from muloco.compress.quantize import _lookup, _lookup_pairs, segment_sum
+from muloco.outer.exchange.pipeline import work_weights
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -295,6 +296,42 @@ def test_mean_over_selectors_divides_each_coordinate_by_who_sent_it():
     assert torch.equal(out, torch.tensor([3.0, 0.0, 4 / 3, 7 / 6]))
     selectors.mean_into(out, rows, payloads)
     assert torch.equal(out, torch.tensor([3.0, 0.0, 4.0, 1.75]))
+
+
+def test_work_weights_by_hand():
+    """Work over the most a contributor did, on a 2⁻¹⁶ grid; non-contributors 0; equal work 1.0."""
+    assert work_weights([1, 1, 1], [100.0, 200.0, 400.0]) == [0.25, 0.5, 1.0]
+    assert work_weights([1, 0, 1], [300.0, 900.0, 300.0]) == [1.0, 0.0, 1.0]  # the idle one's work is not the max
+    assert work_weights([1, 1], [1.0, 3.0]) == [round(65536 / 3) / 65536, 1.0]
+    assert work_weights([1, 1], [1e-9, 1.0]) == [1 / 65536, 1.0]  # a contributor never rounds to nothing
+    assert work_weights([1, 1], [0.0, 0.0]) == [1.0, 1.0]  # no work reported: the plain mean
+    assert work_weights([0, 0], [5.0, 5.0]) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("kind", ["dense", "quantize", "topk-selectors"])
+def test_weighted_mean_matches_float64_and_weights_of_one_are_the_plain_mean_bitwise(kind):
+    codec = {"dense": lambda: make_codec("dense"),
+             "quantize": lambda: make_codec("quantize", bits=2, block_size=64),
+             "topk-selectors": lambda: make_codec("topk", fraction=0.25, chunk_size=64, value_dtype="float32",
+                                                  mean_over_selectors=True)}[kind]()
+    g = torch.Generator().manual_seed(3)
+    payloads = torch.stack([codec.encode(torch.randn(256, generator=g)) for _ in range(3)])
+    rows = codec.decode(payloads, 256)
+    weights = work_weights([1, 1, 1], [1.0, 2.0, 4.0])
+    out = torch.empty(256)
+    codec.mean_into(out, rows, payloads, weights)
+    w = torch.tensor(weights, dtype=torch.float64).view(-1, 1)
+    if kind == "topk-selectors":
+        chosen = codec.selection_counts(payloads, 256, weights).double()
+        assert torch.equal(chosen, (w * (rows != 0)).sum(0))  # exact: the weights are on the grid
+        want = (w * rows.double()).sum(0) / torch.where(chosen > 0, chosen, 1.0)
+    else:
+        want = (w * rows.double()).sum(0) / w.sum()
+    torch.testing.assert_close(out, want.float(), rtol=1e-6, atol=1e-6)
+    plain, ones = torch.empty(256), torch.empty(256)
+    codec.mean_into(plain, rows, payloads)
+    codec.mean_into(ones, rows, payloads, [1.0, 1.0, 1.0])
+    assert torch.equal(plain, ones)
 
 
 def test_a_selected_coordinate_counts_even_when_its_value_is_zero():

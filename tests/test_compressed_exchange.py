@@ -31,7 +31,7 @@ from conftest import run_together  # noqa: E402
 from muloco.compress import Dense, ErrorFeedback, Quantizer, TopK  # noqa: E402
 from muloco.outer.exchange import Exchange  # noqa: E402
 from muloco.outer.exchange.layout import ranges  # noqa: E402
-from muloco.outer.exchange.pipeline import HEADER_BYTES  # noqa: E402
+from muloco.outer.exchange.pipeline import HEADER_BYTES, RECORD_BYTES  # noqa: E402
 from muloco.outer.exchange.strategies import AllGather, AllReduce, ReduceScatter  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
@@ -52,7 +52,7 @@ BUILD = textwrap.dedent(
     def exchange_config(spec):
         kind, settings = spec["codec"]
         strategy = spec.get("strategy")
-        rest = {k: v for k, v in spec.items() if k not in ("codec", "strategy", "error_feedback")}
+        rest = {k: v for k, v in spec.items() if k not in ("codec", "strategy", "error_feedback", "work")}
         return Exchange.Config(codec=CODECS[kind].Config(**settings),
                                strategy=STRATEGIES[strategy].Config() if strategy else None,
                                error_feedback=ErrorFeedback.Config(**spec.get("error_feedback", {})), **rest)
@@ -76,6 +76,7 @@ WORKER = BUILD + textwrap.dedent(
     names, shapes = json.loads(sys.argv[8]), [tuple(s) for s in json.loads(sys.argv[9])]
     spec = json.loads(spec)
     profile = spec.pop("profile_memory", False)
+    work = spec.pop("work", [0.0] * k)  # per replica: tokens trained since its last sync
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     manager = Manager(  # every wait for a peer is only a hang timeout
         pg=ProcessGroupGloo(timeout=timedelta(seconds=240)), load_state_dict=None, state_dict=None,
@@ -95,7 +96,7 @@ WORKER = BUILD + textwrap.dedent(
             torch._foreach_copy_(views, deltas)
 
         def run():
-            pending = exchange.start(manager, names, fill, contributes, quorum_seconds=0.01 * (r + 1))
+            pending = exchange.start(manager, names, fill, contributes, quorum_seconds=0.01 * (r + 1), work=work[r])
             return pending, pending.wait()
 
         if profile:
@@ -116,7 +117,7 @@ WORKER = BUILD + textwrap.dedent(
                             received=pending.bytes_received, payload=pending.payload_bytes,
                             contributors=pending.contributors, rank=manager._pg.parent.rank(),
                             tally_peak=pending.peak_extra_bytes, measured_peak=peak,
-                            slowest=pending.wait_for_slowest(), times=pending.times))
+                            slowest=pending.wait_for_slowest(), times=pending.times, weights=pending.weights))
     torch.save(results, out)
     manager.shutdown(wait=False)
     sys.stdout.flush(); sys.stderr.flush()
@@ -190,6 +191,7 @@ def _reference(spec: dict, k: int, idle: list | None = None) -> list[list[torch.
     history = []
     for t in range(ROUNDS):
         contributing = [r for r in range(k) if [t, r] not in (idle or [])]
+        weights = _weights(spec, k, contributing)
         streams = [_streams(_deltas(t, r), skip, cfg.tiles) for r in range(k)]
         n = streams[0][0].numel()
         if isinstance(strategy, ReduceScatter.Config):
@@ -206,23 +208,35 @@ def _reference(spec: dict, k: int, idle: list | None = None) -> list[list[torch.
                     return torch.cat([codec.decode(q, b - a) for q, (a, b) in zip(p.split(sizes, -1), bounds)], -1)
 
             decoded = [Ranged().decode(feedback[r].compress("c", streams[r][0], Ranged()), n) for r in contributing]
-            mean = _mean(decoded, codec)
+            mean = _mean(decoded, codec, weights)
             comp = Ranged().decode(Ranged().encode(mean), n)  # each owner re-encodes its range
         else:
             decoded = [codec.decode(feedback[r].compress("c", streams[r][0], codec), n) for r in contributing]
-            comp = _mean(decoded, codec)
-        dense = torch.stack([streams[r][1] for r in contributing]).mean(0)
+            comp = _mean(decoded, codec, weights)
+        dense = _mean([streams[r][1] for r in contributing], None, weights)
         history.append(_join(comp, dense, skip, cfg.tiles))
     return history
 
 
-def _mean(decoded: list[torch.Tensor], codec) -> torch.Tensor:
-    """The average of the decoded payloads: over the replicas, or per coordinate over those
-    that selected it (top-k's ``mean_over_selectors``, SparseLoCo's rule)."""
-    rows = torch.stack(decoded)
+def _weights(spec: dict, k: int, contributing: list[int]) -> list[float] | None:
+    """The contributors' weights in a weighted exchange, by hand: work over the most any
+    contributor did (the work here are small multiples, so the 2⁻¹⁶ grid is exact)."""
+    if spec.get("weighting") != "tokens":
+        return None
+    work = [spec["work"][r] for r in contributing]
+    return [w / max(work) for w in work]
+
+
+def _mean(decoded: list[torch.Tensor], codec, weights: list[float] | None = None) -> torch.Tensor:
+    """The average of the decoded payloads, in float64: over the replicas, or per coordinate
+    over those that selected it (top-k's ``mean_over_selectors``, SparseLoCo's rule); with
+    ``weights``, each row counts by its weight (in the selectors' sum too)."""
+    rows = torch.stack(decoded).double()
+    w = torch.tensor(weights or [1.0] * rows.shape[0], dtype=torch.float64).view(-1, *[1] * (rows.dim() - 1))
     if getattr(codec, "mean_over_selectors", False):
-        return rows.sum(0) / (rows != 0).sum(0).clamp(min=1)
-    return rows.mean(0)
+        selected = ((rows != 0) * w).sum(0)
+        return ((rows * w).sum(0) / torch.where(selected > 0, selected, 1.0)).float()
+    return ((rows * w).sum(0) / w.sum()).float()
 
 
 SPARSELOCO = dict(fraction=0.25, chunk_size=64, value_bits=2, value_scheme="statistical", value_block_chunks=2,
@@ -271,6 +285,15 @@ def _check_bytes(spec: dict, got: list[list[dict]]) -> None:
         res = got[r][0]
         formula = exchange.wire_bytes(k, comp_n, dense_n, rank=res["rank"])
         assert formula == {"payload": res["payload"], "sent": res["sent"], "received": res["received"]}
+        if exchange.weighted:  # the work records, then the buckets alone
+            record = RECORD_BYTES * (k - 1)
+            plain = exchange_config({**spec, "weighting": "equal"}).build()  # noqa: F821
+            alone = plain.wire_bytes(k, comp_n, dense_n, rank=res["rank"])
+            once = plain.strategy.sync_bytes(k, res["rank"])
+            assert res["payload"] == alone["payload"] - once["payload"] + RECORD_BYTES
+            assert res["sent"] == pytest.approx(alone["sent"] - once["sent"] + record)
+            assert res["received"] == pytest.approx(alone["received"] - once["received"] + record)
+            continue
         if isinstance(exchange.strategy, AllReduce):  # the buffer, and the contributor count once
             ring = 2 * (k - 1) / k * 4 * comp_n + 2 * (k - 1) / k * 4
             assert res["payload"] == 4 * (comp_n + 1) and res["sent"] == res["received"] == pytest.approx(ring)
@@ -299,6 +322,54 @@ def test_a_replica_that_does_not_contribute_adds_nothing(tmp_path):
     for r in range(3):
         for a, b in zip(got[r][1]["avg"], want[1]):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+WEIGHTED = {
+    "allreduce-fp32": dict(codec=["dense", {}]),
+    "reduce_scatter-2bit-ef": dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="reduce_scatter",
+                                   skip_pattern=r"norm\.weight$"),
+    "allgather-sparseloco": dict(codec=["topk", SPARSELOCO], strategy="allgather", error_feedback=dict(beta=0.95)),
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", list(WEIGHTED))
+def test_a_weighted_exchange_counts_each_delta_by_the_work_behind_it(tmp_path, case):
+    """Replicas that trained 1, 2 and 4 units of work since their last sync (a group of
+    unequal speed) enter the average with weights 1/4, 1/2 and 1, for every strategy (the
+    all-reduce scales its own Δ before the sum, the others weigh decoded rows, top-k's
+    selector counts are weighted too); in round 1 the busiest replica has just healed and
+    sends nothing, so the weights are over the other two (1/2, 1). Every replica gets the same
+    bits, and the bytes are the buckets' plus one 16-byte record per replica."""
+    spec = {**WEIGHTED[case], "weighting": "tokens", "work": [1000.0, 2000.0, 4000.0]}
+    idle = [[1, 2]]
+    got = _run(tmp_path, spec, idle=idle)
+    want = _reference(spec, 3, idle=idle)
+    assert [got[r][0]["weights"] for r in range(3)] == [[0.25, 0.5, 1.0]] * 3
+    assert [got[r][1]["weights"] for r in range(3)] == [[0.5, 1.0, 0.0]] * 3
+    for t in range(ROUNDS):
+        for r in range(3):
+            assert got[r][t]["committed"] and got[r][t]["contributors"] == (2 if t == 1 else 3)
+            for a, b, name in zip(got[r][t]["avg"], want[t], NAMES):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5, msg=f"{case} round {t} replica {r} {name}")
+            assert all(torch.equal(a, b) for a, b in zip(got[0][t]["avg"], got[r][t]["avg"]))
+    _check_bytes(spec, got)
+
+
+@pytest.mark.timeout(600)
+def test_equal_work_weighs_nothing_the_weighted_average_is_the_plain_one_bitwise(tmp_path):
+    """Groups that trained the same (lockstep rounds) get weights of exactly 1.0, and the
+    weighted exchange's averages equal the plain exchange's bit for bit."""
+    spec = dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="allgather", error_feedback=dict(beta=0.9))
+    runs = {}
+    for name, extra in {"plain": {}, "weighted": dict(weighting="tokens", work=[512.0] * 3)}.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        runs[name] = _run(folder, {**spec, **extra})
+    for t in range(ROUNDS):
+        for r in range(3):
+            assert runs["weighted"][r][t]["weights"] == [1.0, 1.0, 1.0] and runs["plain"][r][t]["weights"] is None
+            assert all(torch.equal(a, b) for a, b in zip(runs["plain"][r][t]["avg"], runs["weighted"][r][t]["avg"]))
 
 
 # --------------------------------------------------------------- buckets, overlap, memory
@@ -376,6 +447,11 @@ def test_time_waiting_for_the_slowest_is_told_apart_from_the_headers(tmp_path):
         (lambda: Exchange.Config(bucket_mb=0.0), "bucket_mb must be a positive number"),
         (lambda: Exchange.Config(kernels="fast"), "kernels must be one of"),
         (lambda: Exchange.Config(codec=Dense.Config(dtype="int8")), r"codec \(dense\): dtype must be one of"),
+        (lambda: Exchange.Config(weighting="steps"), "weighting must be one of equal, tokens"),
+        (lambda: Exchange.Config(codec=Dense.Config(dtype="bfloat16"), weighting="tokens"),
+         r"weighting tokens scales each Δ .* lossless .* use --outer.exchange.strategy allgather"),
+        (lambda: Exchange.Config(skip_pattern="norm", skip_dtype="bfloat16", weighting="tokens"),
+         r"weighting tokens .* with dense\(bfloat16\) use --outer.exchange.strategy allgather"),
     ],
 )
 def test_bad_exchange_settings_are_clear_errors(make, match):

@@ -60,9 +60,9 @@ def _committed_hashes(dump, replica):
              "--outer.exchange.codec.bits", "2", "--outer.exchange.skip_pattern", r"norm\.weight$",
              "--objective", "mdlm")),  # ... training a masked-diffusion model
         (3, ("--outer.exchange.codec", "quantize", "--outer.exchange.codec.bits", "2",
-             "--outer.exchange.strategy", "reduce_scatter")),
+             "--outer.exchange.strategy", "reduce_scatter", "--outer.exchange.weighting", "tokens")),
     ],
-    ids=["diloco-k2", "streaming-k3", "muloco-2bit-ef-mdlm-k2", "2bit-reduce-scatter-k3"],
+    ids=["diloco-k2", "streaming-k3", "muloco-2bit-ef-mdlm-k2", "2bit-reduce-scatter-k3-weighted"],
 )
 def test_replicas_train_and_hold_identical_global_params_after_every_sync(cluster, tmp_path, k, extra):
     c = cluster(k, min_replicas=k)  # a quorum waits for every replica, however slow: all in every sync
@@ -94,6 +94,10 @@ def test_replicas_train_and_hold_identical_global_params_after_every_sync(cluste
             assert s["payload_bits_per_parameter"] < 4 and s["reduction_vs_dense_fp32"] > 5
             assert all(r["bits_per_parameter"] < 4 for r in syncs(dump, i))
         assert all(r["contributors"] == r["participants"] == k for r in syncs(dump, i))
+        assert all(r["tokens"] > 0 for r in syncs(dump, i))  # trained since the last sync, on this rank
+        if "tokens" in extra:  # lockstep rounds: every group did the same work, so every weight is 1
+            assert all(r["weight"] == 1.0 and [r[f"weight_{j}"] for j in range(k)] == [1.0] * k for r in syncs(dump, i))
+            assert [r["tokens"] for r in syncs(dump, i)] == [r["tokens"] for r in syncs(dump, 0)]
         for r in syncs(dump, i):  # the blocked time, part by part, adds up to it
             parts = [v for key, v in r.items() if key.startswith("time_")]
             assert len(parts) == 11 and abs(sum(parts) - r["seconds"]) < 1e-6 and r["peak_extra_bytes"] > 0

@@ -53,11 +53,13 @@ def test_the_method_comes_from_the_resolved_config(name):
 def test_overrides_change_the_facts_not_the_module_name():
     _, config = parse_args(["--config", "diloco/diloco", "--optimizer.name", "Muon", "--outer.exchange.codec",
                             "quantize", "--outer.exchange.codec.bits", "4", "--outer.exchange.error_feedback.no-enabled",
-                            "--outer.num_fragments", "3", "--fault_tolerance.group_size", "4"])
+                            "--outer.num_fragments", "3", "--fault_tolerance.group_size", "4",
+                            "--outer.exchange.weighting", "tokens"])
     facts = facts_of(config, environment=False)
     assert facts["method"] == "muloco-4bit-streaming"
     outer = facts["outer"]
     assert outer["codec"]["bits"] == 4 and outer["error_feedback"]["enabled"] is False
+    assert outer["weighting"] == "tokens" and facts_of(load_config("diloco/diloco"))["outer"]["weighting"] == "equal"
     assert outer["replica_groups"] == 4 and outer["fragments"] == 3
 
 

@@ -65,16 +65,26 @@ class Codec(Configurable):
         """``(..., payload_bytes(numel))`` uint8 -> ``(..., numel)`` float32."""
         raise NotImplementedError
 
-    def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None) -> None:
+    def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None,
+                  weights: list[float] | None = None) -> None:
         """``out`` ← the mean of the decoded payloads ``rows`` (c, m), c ≥ 1, added in row
         order so every replica gets the same bits whatever its bucket sizes. ``payloads``
         (c, payload_bytes(m)) are the encoded rows, for a codec whose mean needs more than
-        the decoded values (top-k's mean over the replicas that selected a coordinate)."""
+        the decoded values (top-k's mean over the replicas that selected a coordinate).
+        ``weights`` (one per row, see :func:`weighted`): Σ w_j·row_j / Σ w_j instead; all 1.0
+        is the plain mean, bit for bit."""
+        weights = weighted(weights)
         out.copy_(rows[0])
-        for row in rows[1:]:
-            out.add_(row)
-        if rows.shape[0] > 1:
-            out.div_(rows.shape[0])
+        if weights is None:
+            for row in rows[1:]:
+                out.add_(row)
+            if rows.shape[0] > 1:
+                out.div_(rows.shape[0])
+            return
+        out.mul_(weights[0])
+        for row, w in zip(rows[1:], weights[1:]):
+            out.add_(row, alpha=w)
+        out.div_(sum(weights))
 
     def _kernel(self, fn):
         """``fn`` as this codec runs it: through ``torch.compile`` if ``compiled``, else as it is."""
@@ -94,3 +104,14 @@ class Codec(Configurable):
     def describe(self) -> str:
         """Short human-readable settings, for logs and benchmark tables."""
         return self.name
+
+
+def weighted(weights: list[float] | None) -> list[float] | None:
+    """The weights of a weighted mean, or None where it is the plain mean (none given, or all
+    1.0). They are multiples of 2⁻¹⁶ in (0, 1] (``pipeline.work_weights``), so any sum of up to
+    256 of them is exact in float32 and the same whatever order a kernel adds them in."""
+    if weights is None or all(w == 1.0 for w in weights):
+        return None
+    if sum(weights) <= 0:
+        raise ValueError(f"a weighted mean needs a positive total weight, got {weights}")
+    return [float(w) for w in weights]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .codec import Codec
+from .codec import Codec, weighted
 from .dense import dtype_name, resolve_dtype
 from .packing import INDEX_BITS, as_bytes, from_bytes, index_bytes, pack_indices, unpack_indices
 from .quantize import Quantizer
@@ -137,25 +137,31 @@ class TopK(Codec):
         mean = ", mean over selectors" if self.mean_over_selectors else ""
         return f"topk({self.fraction:g}, chunk {self.chunk_size}, {values}, {self.index_bits}-bit indices{mean})"
 
-    def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None) -> None:
+    def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None,
+                  weights: list[float] | None = None) -> None:
         """``out`` ← the average of the decoded payloads ``rows`` (c, m): their sum, added in
         row order (bitwise the same on every replica), over c or, with
         ``mean_over_selectors``, over the rows that *selected* each coordinate: read from the
         payloads' indices, not from the decoded values, since a selected value may decode to
-        zero (a zero coordinate, or a quantized value in a bin whose mean is 0)."""
+        zero (a zero coordinate, or a quantized value in a bin whose mean is 0). ``weights``:
+        the rows' weighted sum over the selectors' summed weights."""
         if not self.mean_over_selectors:
-            return super().mean_into(out, rows)
+            return super().mean_into(out, rows, weights=weights)
         if payloads is None:
             raise ValueError(f"{self.describe()}: the mean over selectors needs the payloads (their indices)")
-        count = self.selection_counts(payloads, rows.shape[-1])
+        weights = weighted(weights)
+        count = self.selection_counts(payloads, rows.shape[-1], weights)
         out.copy_(rows[0])
-        for row in rows[1:]:
-            out.add_(row)
-        out.div_(count.clamp_(min=1))
+        if weights is not None:
+            out.mul_(weights[0])
+        for j, row in enumerate(rows[1:], start=1):
+            out.add_(row, alpha=1.0 if weights is None else weights[j])
+        out.div_(count.masked_fill_(count == 0, 1.0))  # a coordinate no one selected sums to 0
 
-    def selection_counts(self, payloads: torch.Tensor, numel: int) -> torch.Tensor:
+    def selection_counts(self, payloads: torch.Tensor, numel: int, weights: list[float] | None = None) -> torch.Tensor:
         """How many of the payloads ``(c, payload_bytes(numel))`` selected each coordinate:
-        float32 ``(numel,)``, one scatter-add of their indices (exact: small integers)."""
+        float32 ``(numel,)``, one scatter-add of their indices (exact: small integers; with
+        ``weights``, the selectors' summed weights, exact too: multiples of 2⁻¹⁶)."""
         self.check_payload(payloads, numel)
         nc, chunk, k = self.chunks(numel)
         c = payloads.shape[0]
@@ -163,8 +169,12 @@ class TopK(Codec):
             return torch.zeros(0, device=payloads.device)
         index = unpack_indices(payloads[:, self._value_bytes(nc, k):], self.index_bits, nc * k)
         index = index.reshape(c, nc, k).clamp(max=chunk - 1).permute(1, 0, 2).reshape(nc, c * k)
+        if weights is None:
+            ones = torch.ones(index.shape, dtype=torch.float32, device=payloads.device)
+        else:  # row j's k indices per chunk carry its weight
+            ones = torch.tensor(weights, dtype=torch.float32, device=payloads.device).repeat_interleave(k).expand(nc, c * k)
         counts = torch.zeros(nc, chunk, dtype=torch.float32, device=payloads.device)
-        counts.scatter_add_(1, index, torch.ones(index.shape, dtype=torch.float32, device=payloads.device))
+        counts.scatter_add_(1, index, ones)
         return counts.view(-1)[:numel]
 
     # ------------------------------------------------------------------ encode / decode

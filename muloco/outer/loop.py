@@ -156,6 +156,12 @@ class SyncRecord:
     outer_momentum: float | None = None
     feedback_beta: float | None = None
     """The error-feedback β this sync's payload was encoded with."""
+    tokens: int = 0
+    """Tokens this replica trained between its previous sync's prepare and this one's."""
+    weight: float | None = None
+    """This replica's weight in a weighted average (``outer.exchange.weighting tokens``)."""
+    weights: dict[int, float] = field(default_factory=dict)
+    """A weighted average's weight per quorum rank."""
 
     @property
     def bits_per_parameter(self) -> float:
@@ -189,6 +195,7 @@ class _Open:
     quorum: QuorumView
     quorum_seconds: float
     catching_up: bool = False
+    tokens: int = 0
 
 
 class _Fragment:
@@ -299,6 +306,9 @@ class OuterLoop(Configurable):
             self.exchange.allocate(frag.names, frag.locals())
         self.records: list[SyncRecord] = []
         self._open: _Open | None = None
+        self._round_tokens = 0
+        """Tokens trained since the last prepare (a checkpoint is only taken between syncs, where
+        it is 0 with τ = 0)."""
         self._healed_to: int | None = None
         self._heal_bytes = 0
         self._meeting = "train"
@@ -322,12 +332,14 @@ class OuterLoop(Configurable):
                 f"error feedback {feedback:.3f} GiB on {self.device}")
 
     # ----------------------------------------------------------------- schedule
-    def after_inner_step(self, step: int) -> SyncRecord | None:
-        """Prepare and/or perform the sync due after inner step ``step``.
+    def after_inner_step(self, step: int, tokens: int = 0) -> SyncRecord | None:
+        """Prepare and/or perform the sync due after inner step ``step``, which trained
+        ``tokens`` (on this rank: the work a weighted average counts).
 
         A heal during the prepare moves this replica to its peer's trainer step; the
         schedule and the record go on from there.
         """
+        self._round_tokens += tokens
         if self.schedule.prepare_due(step):
             step = self._prepare(step)
         if self.schedule.perform_due(step) and self._open is not None:
@@ -386,9 +398,11 @@ class OuterLoop(Configurable):
         def pseudo_gradient(views: list[torch.Tensor]) -> None:  # Δ = θ_g − θ_local, in the exchange's buffers
             self.placement.subtract_into(views, frag.globals, locals_)
 
-        pending = self.exchange.start(self.manager, frag.names, pseudo_gradient, contributes, quorum_seconds)
+        tokens, self._round_tokens = self._round_tokens, 0
+        pending = self.exchange.start(self.manager, frag.names, pseudo_gradient, contributes, quorum_seconds,
+                                      work=tokens if contributes else 0)
         self._open = _Open(fragment=index, exchange=pending, seconds=time.perf_counter() - started,
-                           quorum=view, quorum_seconds=quorum_seconds, catching_up=catching_up)
+                           quorum=view, quorum_seconds=quorum_seconds, catching_up=catching_up, tokens=tokens)
 
     @torch.no_grad()
     def _perform(self, step: int) -> SyncRecord:
@@ -442,7 +456,11 @@ class OuterLoop(Configurable):
             outer_lr=lr,
             outer_momentum=momentum,
             feedback_beta=self.exchange.feedback_beta,
+            tokens=sync.tokens,
         )
+        weights = sync.exchange.weights
+        if weights is not None and not exchange_failed:
+            record.weight, record.weights = weights[sync.exchange.rank], dict(enumerate(weights))
         if self.config.fingerprint:
             record.global_sha256 = self.fingerprint()
         self.records.append(record)

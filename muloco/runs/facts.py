@@ -85,6 +85,7 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "strategy": _variant_name(exchange.resolved_strategy()),
         "skip_pattern": exchange.skip_pattern,
         "tiles": exchange.tiles,
+        "weighting": exchange.weighting,
         "link": _link_facts(getattr(outer, "link", None)),
     }
 

@@ -51,6 +51,7 @@ from muloco.outer.exchange.pipeline import PendingExchange, Plan, Sync
 from muloco.outer.exchange.strategies import STRATEGIES, AllGather, AllReduce, StrategyConfig
 
 MB = 2**20
+WEIGHTINGS = ("equal", "tokens")
 
 
 class Exchange(Configurable):
@@ -75,6 +76,12 @@ class Exchange(Configurable):
         kernels: str = "auto"
         """auto (compiled on CUDA, eager elsewhere) | eager | compiled (torch.compile; the
         same payloads byte for byte)."""
+        weighting: str = "equal"
+        """equal (every contributor's Δ counts the same) | tokens (each counts by the tokens its
+        group trained since its last sync, agreed in one 16-byte record per replica and sync:
+        ``pipeline.work_weights``). Groups that train the same number of steps get the plain
+        mean bit for bit; groups that train different numbers of steps per round (replica
+        groups of unequal speed) enter by the work they did."""
         tiles: int = 0
         """Top-k only: store each matrix as tiles of up to ``tiles`` × ``tiles`` (the largest
         divisors of its dimensions), so each top-k chunk of ``tiles²`` is one tile: SparseLoCo's
@@ -102,6 +109,16 @@ class Exchange(Configurable):
                 raise ValueError(f"outer.exchange.pipeline_depth must be >= 1, got {self.pipeline_depth!r}")
             if self.kernels not in KERNELS:
                 raise ValueError(f"outer.exchange.kernels must be one of {', '.join(KERNELS)}; got {self.kernels!r}")
+            if self.weighting not in WEIGHTINGS:
+                raise ValueError(f"outer.exchange.weighting must be one of {', '.join(WEIGHTINGS)}; "
+                                 f"got {self.weighting!r}")
+            if self.weighting == "tokens" and isinstance(self.resolved_strategy(), AllReduce.Config):
+                carried = [self.codec] + ([Dense.Config(dtype=self.skip_dtype)] if self.skip_pattern else [])
+                lossy = [c.describe() for c in (c.build() for c in carried) if not c.lossless]
+                if lossy:
+                    raise ValueError(f"outer.exchange.weighting tokens scales each Δ by its weight before an "
+                                     f"all-reduce sums it, which only a lossless (float32) payload allows; with "
+                                     f"{lossy[0]} use --outer.exchange.strategy allgather")
             if self.tiles < 0:
                 raise ValueError(f"outer.exchange.tiles must be >= 0 (0: no tiles), got {self.tiles!r}")
             if self.tiles:
@@ -144,6 +161,7 @@ class Exchange(Configurable):
         kernels = "compiled" if self.compiled else "eager"
         skip += f", {self.config.tiles}x{self.config.tiles} tiles" if self.config.tiles else ""
         link = f", {self.link.config.describe()}" if self.link.enabled else ""
+        link += ", weighted by tokens" if self.weighted else ""
         return (f"{self.codec.describe()}, {ef}, {self.strategy.name}{skip}, buckets of "
                 f"{self.config.bucket_mb:g} MB, {kernels} kernels{link}")
 
@@ -194,7 +212,7 @@ class Exchange(Configurable):
     # -------------------------------------------------------------------- sync
 
     def start(self, manager: Any, names: list[str], fill: Callable[[list[torch.Tensor]], None], contributes: bool,
-              quorum_seconds: float = 0.0) -> PendingExchange:
+              quorum_seconds: float = 0.0, work: float = 0.0) -> PendingExchange:
         """Start averaging one fragment's Δ, which ``fill`` writes into the views it is given
         (one per tensor of the fragment, in ``names`` order).
 
@@ -202,11 +220,18 @@ class Exchange(Configurable):
         state) adds nothing to the average but still takes part in the collectives so every
         replica's buffers have the same size. ``quorum_seconds``: how long this replica's
         quorum took, sent along so each replica can tell its wait for the slowest apart.
+        ``work``: the tokens this replica trained since its last sync (its weight, with
+        ``weighting tokens``; unused otherwise).
         """
         plan = self.plans.get(tuple(names))
         if plan is None:
             raise ValueError(f"exchange.allocate was not called for the fragment {names[0]}..{names[-1]}")
-        return Sync(plan, manager, fill, contributes=contributes, quorum_seconds=quorum_seconds)
+        return Sync(plan, manager, fill, contributes=contributes, quorum_seconds=quorum_seconds,
+                    work=float(work) if self.weighted else None)
+
+    @property
+    def weighted(self) -> bool:
+        return self.config.weighting == "tokens"
 
     def wire_phases(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> list[dict[str, float]]:
         """Replica ``rank``'s collectives in one sync of a fragment with ``numel`` compressed and
@@ -220,7 +245,7 @@ class Exchange(Configurable):
         for stream, codec in self.codecs.items():
             for a, b in cut(layout_numel[stream], self.bucket_numel, codec.alignment):
                 phases += [dict(p) for p in self.strategy.bucket_phases(k, codec, b - a, rank)]
-        once = self.strategy.sync_bytes(k, rank)
+        once = self.strategy.sync_bytes(k, rank, self.weighted)
         if not phases:
             phases.append({"payload": 0.0, "sent": 0.0, "received": 0.0})
         for key, value in once.items():

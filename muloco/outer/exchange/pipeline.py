@@ -24,6 +24,12 @@ with the caller's wait, so the parts add up to the blocked time (the rest is ``o
 With an emulated link (``link.py``) each collective is held after it completes until its
 emulated end; that hold is the part ``link``, and what τ inner steps overlap of it is hidden
 exactly as the real collective would be. Times come from the link's clock.
+
+Weighted syncs (``--outer.exchange.weighting tokens``): before any bucket every replica
+all-gathers its work record (flag, tokens trained since its last sync); each contributor's Δ
+then enters the average with the weight :func:`work_weights` gives it, the same numbers on
+every replica. Where every contributor did the same work the weights are all 1.0 and the
+average is the plain one, bit for bit.
 """
 
 from __future__ import annotations
@@ -47,6 +53,13 @@ HEADER_BYTES = 5
 """Each payload starts with its sender's flag (1: contributes, 0: sends zeros) and the
 sender's quorum time in seconds (float32), from which the time spent waiting for the
 slowest replica is told apart from the quorum's own cost."""
+
+RECORD_BYTES = 16
+"""A weighted sync's work record, one per replica, gathered before any bucket: its flag and
+the work (tokens) it trained since its last sync, two float64."""
+
+WEIGHT_GRID = 2**16
+"""Weights are multiples of 1/WEIGHT_GRID (see :func:`work_weights`)."""
 
 PARTS = ("quorum", "wait_slowest", "pseudo_gradient", "encode", "collective", "link", "decode", "commit",
          "outer_step", "pull", "other")
@@ -130,6 +143,12 @@ class PendingExchange:
     """Replicas whose Δ is in the average (known after ``wait``)."""
     peak_extra_bytes: int = 0
     times: dict[str, float]
+    weights: list[float] | None = None
+    """A weighted sync's weight per quorum rank (known after ``wait``); None: the plain mean."""
+    works: list[float] | None = None
+    """A weighted sync's work (tokens) per quorum rank, as each reported it."""
+    rank: int = 0
+    """This replica's quorum rank (its index in ``weights`` and ``works``)."""
 
     def wait(self) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -159,13 +178,28 @@ class Plan:
     """The emulated link (off by default: nothing is held)."""
 
 
+def work_weights(flags: list[float], work: list[float]) -> list[float]:
+    """Each replica's weight in a weighted average: its work over the most any contributor did,
+    rounded to a multiple of 1/WEIGHT_GRID (at least one step of it for work > 0), so that
+    every sum of up to 256 weights is exact in float32 and no kernel's order of addition can
+    make replicas differ; 0 for a replica that does not contribute. All contributors with equal
+    work (or none with any) get 1.0."""
+    most = max((w for f, w in zip(flags, work) if f == 1), default=0.0)
+    if most <= 0:
+        return [1.0 if f == 1 else 0.0 for f in flags]
+    return [0.0 if f != 1 else 0.0 if w <= 0 else max(1, round(w / most * WEIGHT_GRID)) / WEIGHT_GRID
+            for f, w in zip(flags, work)]
+
+
 class Sync(PendingExchange):
     """One sync of one fragment, from Δ to the average (see the module docstring)."""
 
     def __init__(self, plan: Plan, manager: Any, fill: Callable[[list[torch.Tensor]], None], *,
-                 contributes: bool, quorum_seconds: float):
+                 contributes: bool, quorum_seconds: float, work: float | None = None):
         self.manager, self.plan, self.strategy, self.device = manager, plan, plan.strategy, plan.device
         self.contributes, self.quorum_seconds = contributes, quorum_seconds
+        self.work = work
+        """Tokens this replica trained since its last sync, for a weighted average (None: plain mean)."""
         self.k, self.rank = collectives.group_size(manager), collectives.group_rank(manager)
         self.clock = plan.link.clock
         self.link = plan.link.session()
@@ -211,12 +245,29 @@ class Sync(PendingExchange):
         self.clock.start_thread(self._started)
         try:
             with self._streams.side(), torch.no_grad():  # grad mode is per thread: off here too
+                if self.work is not None:
+                    self._gather_work()
                 self._schedule()
         except BaseException as err:  # noqa: BLE001 - re-raised by wait() on the caller's thread
             self._error = err
         finally:
             self._streams.record_done()
             self._worker_end = self.clock.now()
+
+    def _gather_work(self) -> None:
+        """Every replica's work record, before any bucket (the weights are needed to encode an
+        all-reduce's Δ); its bytes ride on the emulated link with the first bucket."""
+        mine = torch.tensor([1.0 if self.contributes else 0.0, float(self.work)], dtype=torch.float64,
+                            device=self.device)
+        gathered = torch.zeros(self.k, 2, dtype=torch.float64, device=self.device)
+        with self.timer("collective"):
+            collectives.all_gather(self.manager, gathered, mine).wait()
+        self.count(payload=RECORD_BYTES, sent=(self.k - 1) * RECORD_BYTES, received=(self.k - 1) * RECORD_BYTES)
+        if self.failed():
+            return
+        flags, self.works = gathered[:, 0].tolist(), gathered[:, 1].tolist()
+        self.contributors = sum(1 for f in flags if f == 1)
+        self.weights = work_weights(flags, self.works)
 
     def _schedule(self) -> None:
         """Each bucket's generator runs to its first collective; the oldest in flight is
@@ -287,7 +338,8 @@ class Sync(PendingExchange):
             return
         if len(chosen) < rows.shape[0]:
             rows, payloads = rows[chosen], payloads[chosen]
-        codec.mean_into(out, rows, payloads)
+        weights = None if self.weights is None else [self.weights[j] for j in chosen]
+        codec.mean_into(out, rows, payloads, weights)
 
     def count(self, *, sent: float = 0, received: float = 0, payload: int = 0) -> None:
         """Bytes of a collective being issued (the emulated link carries them with it)."""

@@ -37,7 +37,7 @@ from muloco.compress import Codec, Dense
 from muloco.compress.packing import from_bytes
 from muloco.outer.exchange import collectives
 from muloco.outer.exchange.layout import ranges
-from muloco.outer.exchange.pipeline import HEADER_BYTES
+from muloco.outer.exchange.pipeline import HEADER_BYTES, RECORD_BYTES
 
 if TYPE_CHECKING:
     from muloco.outer.exchange.pipeline import Job, Sync
@@ -77,8 +77,10 @@ class Strategy(Configurable):
                 total[key] += value
         return total
 
-    def sync_bytes(self, k: int, rank: int = 0) -> dict[str, float]:
-        """What a sync carries once, beyond its buckets."""
+    def sync_bytes(self, k: int, rank: int = 0, weighted: bool = False) -> dict[str, float]:
+        """What a sync carries once, beyond its buckets (``weighted``: the work records)."""
+        if weighted:
+            return {"payload": RECORD_BYTES, "sent": (k - 1) * RECORD_BYTES, "received": (k - 1) * RECORD_BYTES}
         return {"payload": 0, "sent": 0, "received": 0}
 
 
@@ -97,16 +99,21 @@ class AllReduce(Strategy):
     def run(self, sync, job):
         """A lossless (float32) bucket is summed in place, in Δ's own buffer; a lossy one is
         encoded (with error feedback) first. Contributors are counted once per sync, by a
-        one-element all-reduce of the flags issued with the first bucket."""
+        one-element all-reduce of the flags issued with the first bucket; a weighted sync has
+        them from its work records, and scales its own Δ by its weight before the sum (lossless
+        codecs only: ``Exchange.Config`` refuses a lossy one)."""
         in_place = job.codec.lossless and job.feedback is None
+        weights = sync.weights if sync.work is not None else None
         with sync.timer("encode"):
             if in_place:
                 if not sync.contributes:  # a healed replica adds nothing
                     job.delta.zero_()
+                elif weights is not None and weights[sync.rank] != 1.0:
+                    job.delta.mul_(weights[sync.rank])
                 buf = job.delta
             else:
                 buf = sync.tally.track(from_bytes(sync.encode(job, job.codec), job.codec.dtype))
-            counter = self._contributor_count(sync)
+            counter = None if sync.work is not None else self._contributor_count(sync)
         work = collectives.all_reduce(sync.manager, buf)
         nbytes = buf.numel() * buf.element_size()
         ring = 2 * (sync.k - 1) / sync.k * nbytes
@@ -115,11 +122,14 @@ class AllReduce(Strategy):
         if sync.failed():
             return
         with sync.timer("decode"):
-            sync.contributors = count = counter.value()
+            if counter is not None:
+                sync.contributors = counter.value()
+            # the contributors, or their weights' sum (exact: see pipeline.work_weights); zeros stay zeros
+            total = max(sync.contributors, 1) if weights is None else (sum(weights) or 1.0)
             if in_place:
-                job.out.div_(max(count, 1))
+                job.out.div_(total)
             else:
-                job.out.copy_(buf).div_(max(count, 1))
+                job.out.copy_(buf).div_(total)
 
     @staticmethod
     def _contributor_count(sync) -> "_Count":
@@ -140,7 +150,9 @@ class AllReduce(Strategy):
         ring = 2 * (k - 1) / k * payload
         return [{"payload": payload, "sent": ring, "received": ring}]
 
-    def sync_bytes(self, k, rank=0):
+    def sync_bytes(self, k, rank=0, weighted=False):
+        if weighted:  # the work records count the contributors
+            return super().sync_bytes(k, rank, weighted)
         ring = 2 * (k - 1) / k * 4
         return {"payload": 4, "sent": ring, "received": ring}
 

@@ -21,6 +21,7 @@ import pytest
 
 from conftest import REPO, run_together, run_watched
 from muloco.sizing import link_plan
+from muloco.utils import round_budget
 from muloco.utils.link_model import Transfer, format_rate, parse_rate, transfer_seconds
 from muloco.sizing.cli import main as model_map_main
 from muloco.sizing.flavors import count_parameters
@@ -312,6 +313,45 @@ def test_unequal_groups_cost_a_lockstep_round_what_the_slowest_makes_the_others_
     assert "+37.5%" in text  # (3/0.5 + 1/0.75) / (4/0.75) - 1
 
 
+def test_round_budgets_by_hand():
+    """Deadline rounds: the steps of each group's pace that fit in H times the quantile step, clamped."""
+    assert round_budget.budgets(30, [0.5, 0.5, 0.5, 0.75]) == [45, 45, 45, 30]  # 22.5 s / 0.5 s
+    assert round_budget.budgets(10, [1.0, 3.0]) == [20, 10]  # 30 s would fit 30: clamped to 2H
+    assert round_budget.budgets(10, [1.0, 3.0], max_steps=40) == [30, 10]
+    assert round_budget.budgets(10, [0.1, 0.1, 0.1]) == [10, 10, 10]  # equal groups: H, whatever the rounding
+    assert round_budget.budgets(10, [0.3, 0.7, 0.7 / 3], max_steps=40) == [23, 10, 30]  # ⌊23.3⌋; 7 / (0.7/3) is 30
+    # quantile 0.5 of four groups: the 2nd smallest step (1.0): D = 10 s; the 4 s group trains 2 steps, floor 3
+    assert round_budget.budgets(10, [1.0, 1.0, 2.0, 4.0], quantile=0.5) == [10, 10, 5, 2]
+    assert round_budget.budgets(10, [1.0, 1.0, 2.0, 4.0], quantile=0.5, min_steps=3) == [10, 10, 5, 3]
+    assert round_budget.progress([20, 10]) == 15.0 and round_budget.progress([10, 10]) == 10.0
+    assert round_budget.round_seconds([20, 10], [1.0, 3.0]) == 30.0
+    assert round_budget.idle_seconds([20, 10], [1.0, 3.0]) == 10.0  # the fast group, clamped at 20 steps
+    assert round_budget.last_round([20, 10], 90.0, 100) == [14, 7]  # 10 left of a 15-step round: ⌈13.3⌉, ⌈6.7⌉
+    assert round_budget.last_round([20, 10], 80.0, 100) == [20, 10]  # a full round fits
+    assert round_budget.progress(round_budget.last_round([20, 10], 90.0, 100)) >= 10
+
+
+def test_the_planner_projects_deadline_rounds_beside_lockstep():
+    """With --group-slowdowns the plan adds deadline rounds: the budgets, the round (the last group to
+    finish, plus the link), the waiting share and the job's tokens/s with the link, by hand."""
+    p = link_plan.plan(_inputs(bits=2, replicas=4, group_slowdowns=(1, 1, 1, 1.5)))
+    assert p.deadline_steps == [45, 45, 45, 30]
+    assert p.deadline_round_seconds == pytest.approx(22.5 + p.round.exposed) and p.deadline_idle_share == 0
+    tokens = 512 // 4 * 2048
+    jobs = p.job_tokens_per_second
+    assert jobs["lockstep"] == pytest.approx(4 * tokens * 30 / (22.5 + p.round.exposed))
+    assert jobs["deadline"] == pytest.approx(165 * tokens / (22.5 + p.round.exposed))
+    capped = link_plan.plan(_inputs(bits=2, replicas=3, global_batch=384, group_slowdowns=(1, 1, 3), round_max_steps=45))
+    assert capped.deadline_steps == [45, 45, 30]  # 90 steps would fit: clamped
+    idle = 2 * (30 * 1.5 - 45 * 0.5)
+    assert capped.deadline_idle_share == pytest.approx(idle / (3 * (45 + capped.round.exposed)))
+    text = link_plan.text(p)
+    assert "the groups train 45, 45, 45, 30 steps per round" in text
+    assert f"({jobs['deadline'] / jobs['lockstep']:.2f}x)" in text
+    got = link_plan.as_dict(p)["groups"]
+    assert got["deadline"]["steps"] == [45, 45, 45, 30] and got["job_tokens_per_second"] == pytest.approx(jobs)
+
+
 def test_the_planner_agrees_with_the_exchanges_own_byte_count():
     """The planner's bytes are the wire format the exchange counts its real bytes by (the exchange
     tests check those against the buffers handed to the collectives)."""
@@ -361,6 +401,8 @@ def test_the_planners_fragments_are_the_outer_loops(flavor, n):
     (["--link-mbps", "100", "--replicas", "2", "--group-slowdowns", "1", "0"], "each must be a positive multiple"),
     (["--link-mbps", "100", "--replicas", "2", "--group-slowdowns", "1", "nan"], "each must be a positive multiple"),
     (["--group-slowdowns", "1", "2"], "--group-slowdowns is a link planner option"),
+    (["--link-mbps", "100", "--replicas", "2", "--round-quantile", "0"], "--round-quantile 0.0: a fraction in"),
+    (["--link-mbps", "100", "--replicas", "2", "--round-min-steps", "90"], "need 1 <= min <= max"),
 ])
 def test_bad_planner_inputs_are_one_clear_error(argv, match, capsys):
     base = ["--flavor", "llama3-w1024-d12-h8", "--replicas", "8"]

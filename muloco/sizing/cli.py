@@ -28,7 +28,8 @@ def _count(n: int) -> str:
 
 PLANNER_DEFAULTS = {"latency_ms": 0.0, "bits": 32, "strategy": "auto", "sync_every": 30, "step_seconds": None,
                     "mfu": None, "gpu": None, "gpus_per_group": 1, "streaming_fragments": 1, "overlap": 0,
-                    "max_share": 0.05, "group_slowdowns": ()}
+                    "max_share": 0.05, "group_slowdowns": (), "round_quantile": 1.0, "round_min_steps": 1,
+                    "round_max_steps": 0}
 """The planner's options and their defaults (``None`` in ``PlannerOptions``, so a planner option
 given without ``--link-mbps`` is seen and refused instead of dropped)."""
 PLANNER_REPLICAS = 2
@@ -69,7 +70,14 @@ class PlannerOptions:
     """Largest share of a round on the link (default 0.05)."""
     group_slowdowns: tuple[float, ...] | None = None
     """Each replica group's step time as a multiple of the step, one per group (e.g. 1 1 1.5: the third
-    1.5x slower): what lockstep rounds lose waiting for the slowest (default: equal groups)."""
+    1.5x slower): what lockstep rounds lose waiting for the slowest, and what deadline rounds train
+    instead (default: equal groups)."""
+    round_quantile: float | None = None
+    """Deadline rounds: H times this quantile of the groups' step times (default 1: the slowest's H steps)."""
+    round_min_steps: int | None = None
+    """Deadline rounds: fewest inner steps a group trains per round (default 1)."""
+    round_max_steps: int | None = None
+    """Deadline rounds: most inner steps a group trains per round (default 0: 2H)."""
 
 
 @dataclass
@@ -134,7 +142,8 @@ def _plan(args: MapOptions, flavors: list[str]):
         sync_every=given["sync_every"], step_seconds=given["step_seconds"], mfu=given["mfu"], gpu=given["gpu"],
         gpus_per_group=given["gpus_per_group"], fragments=given["streaming_fragments"], overlap=given["overlap"],
         max_share=given["max_share"], global_batch=args.global_batch, seq_len=args.seq_len, vocab=vocab,
-        group_slowdowns=tuple(given["group_slowdowns"]))
+        group_slowdowns=tuple(given["group_slowdowns"]), round_quantile=given["round_quantile"],
+        round_min_steps=given["round_min_steps"], round_max_steps=given["round_max_steps"])
     planned = link_plan.plan(inputs)
     if args.json:
         return json.dumps(link_plan.as_dict(planned))

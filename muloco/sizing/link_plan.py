@@ -17,7 +17,9 @@ overlapped inner steps hide (streaming: with n fragments, n syncs of 1/n of the 
 round, each overlapped by τ steps). With ``--group-slowdowns f1 .. fK`` the groups differ
 (group i steps in f_i·s): a lockstep round then lasts the slowest group's H steps, and the plan
 says what the others lose waiting for it (their idle share and GPU-seconds) and what the job
-would train if each group kept its own pace. Step time is ``--step-seconds``, or FLOPs per step over
+would train if each group kept its own pace, and what deadline rounds (``round_budget.py``: each
+group trains the steps of its own pace that fit in the slowest group's H steps, clamped) train
+and wait instead. Step time is ``--step-seconds``, or FLOPs per step over
 ``--mfu`` × the peak of ``--gpu`` × ``--gpus-per-group`` (torchtitan's 6·N + 12·L·d·T FLOPs
 per token; both numbers come from the user, the peak table is printed where it is used).
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from muloco.utils import round_budget
 from muloco.utils.link_model import format_rate, transfer_seconds
 from muloco.sizing.flavors import LLAMA3_VOCAB, count_embedding_parameters, count_parameters, parse_flavor
 
@@ -72,6 +75,11 @@ class Inputs:
     vocab: int = LLAMA3_VOCAB
     group_slowdowns: tuple[float, ...] = ()
     """Each replica group's step time as a multiple of the step (K numbers); () for equal groups."""
+    round_quantile: float = 1.0
+    """Deadline rounds (``round_budget.py``): the round ends at H times this quantile of the step times."""
+    round_min_steps: int = 1
+    round_max_steps: int = 0
+    """Deadline rounds: a group's inner steps per round are clamped to [min, max] (max 0: 2H)."""
 
     def check(self) -> None:
         parse_flavor(self.flavor)
@@ -104,6 +112,12 @@ class Inputs:
         if not all(math.isfinite(f) and f > 0 for f in self.group_slowdowns):
             raise PlanError(f"--group-slowdowns {' '.join(f'{f:g}' for f in self.group_slowdowns)}: each must be a "
                             "positive multiple of the step time (1.5: a group 1.5x slower)")
+        if not 0 < self.round_quantile <= 1:
+            raise PlanError(f"--round-quantile {self.round_quantile}: a fraction in (0, 1]; 1 ends a round at the "
+                            "slowest group's H steps")
+        if not 1 <= self.round_min_steps <= self.round_max_steps_or_default:
+            raise PlanError(f"--round-min-steps {self.round_min_steps} and --round-max-steps "
+                            f"{self.round_max_steps}: need 1 <= min <= max (max 0: 2H)")
         if self.step_seconds is None:
             if not (math.isfinite(self.mfu_or_default) and 0 < self.mfu_or_default <= 1):
                 raise PlanError(f"--mfu {self.mfu}: a fraction between 0 and 1, e.g. 0.4")
@@ -114,6 +128,10 @@ class Inputs:
             raise PlanError("--step-seconds gives the step time; --mfu and --gpu derive it: give one or the other")
         elif not (math.isfinite(self.step_seconds) and self.step_seconds > 0):
             raise PlanError(f"--step-seconds {self.step_seconds}: must be positive")
+
+    @property
+    def round_max_steps_or_default(self) -> int:
+        return self.round_max_steps or 2 * self.sync_every
 
     @property
     def gpu_or_default(self) -> str:
@@ -337,6 +355,31 @@ class Plan:
         return self.idle_seconds_per_round / (self.inputs.replicas * self.round.seconds)
 
     @property
+    def deadline_steps(self) -> list[int]:
+        """Each group's inner steps in a deadline round (``round_budget.budgets``)."""
+        i = self.inputs
+        return round_budget.budgets(i.sync_every, list(self.group_step_seconds), i.round_quantile,
+                                    i.round_min_steps, i.round_max_steps_or_default)
+
+    @property
+    def deadline_round_seconds(self) -> float:
+        """A deadline round: the last group to finish its budget, then the sync's exposed link time."""
+        return round_budget.round_seconds(self.deadline_steps, list(self.group_step_seconds)) + self.round.exposed
+
+    @property
+    def deadline_idle_share(self) -> float:
+        """Share of all groups' time in a deadline round spent waiting for the last group."""
+        idle = round_budget.idle_seconds(self.deadline_steps, list(self.group_step_seconds))
+        return idle / (self.inputs.replicas * self.deadline_round_seconds)
+
+    @property
+    def job_tokens_per_second(self) -> dict[str, float]:
+        """The job's tokens/s, link included, in lockstep and in deadline rounds."""
+        b = tokens_per_step(self.inputs)
+        return {"lockstep": self.inputs.replicas * self.tokens_per_second,
+                "deadline": sum(self.deadline_steps) * b / self.deadline_round_seconds}
+
+    @property
     def own_pace_compute_tokens_per_second(self) -> float:
         """The job's compute-only tokens/s if every group trained at its own pace (no waiting): the
         most a round mode that does not wait for the slowest group could reach, link left out."""
@@ -410,6 +453,7 @@ def _group_lines(p: Plan) -> list[str]:
         return []
     steps = ", ".join(f"{s:.3f}" for s in p.group_step_seconds)
     lockstep = i.replicas * p.compute_tokens_per_second
+    jobs = p.job_tokens_per_second
     own = p.own_pace_compute_tokens_per_second
     return [
         f"  groups' steps: {steps} s (--group-slowdowns {' '.join(f'{f:g}' for f in i.group_slowdowns)}); a lockstep "
@@ -419,6 +463,11 @@ def _group_lines(p: Plan) -> list[str]:
         f"({i.gpus_per_group} GPU{'s' if i.gpus_per_group > 1 else ''} per group)",
         f"  the job's compute-only tokens/s: {lockstep:,.0f} in lockstep; {own:,.0f} if each group kept its own pace "
         f"(+{100 * (own / lockstep - 1):.1f}%, the most a round that does not wait could add)",
+        f"  deadline rounds (quantile {i.round_quantile:g}, {i.round_min_steps}-"
+        f"{i.round_max_steps_or_default} steps): the groups train {', '.join(map(str, p.deadline_steps))} steps per "
+        f"round of {p.deadline_round_seconds:.2f} s; waiting {100 * p.deadline_idle_share:.1f}% of all groups' time",
+        f"  the job's tokens/s with the link: {jobs['lockstep']:,.0f} in lockstep, {jobs['deadline']:,.0f} in deadline "
+        f"rounds ({jobs['deadline'] / jobs['lockstep']:.2f}x)",
     ]
 
 
@@ -444,7 +493,10 @@ def as_dict(p: Plan) -> dict:
             "step_seconds": list(p.group_step_seconds), "idle_share": p.idle_share,
             "idle_gpu_seconds_per_round": p.idle_seconds_per_round * p.inputs.gpus_per_group,
             "lockstep_compute_tokens_per_second": p.inputs.replicas * p.compute_tokens_per_second,
-            "own_pace_compute_tokens_per_second": p.own_pace_compute_tokens_per_second},
+            "own_pace_compute_tokens_per_second": p.own_pace_compute_tokens_per_second,
+            "job_tokens_per_second": p.job_tokens_per_second,
+            "deadline": {"steps": p.deadline_steps, "round_seconds": p.deadline_round_seconds,
+                         "idle_share": p.deadline_idle_share}},
         "chosen": _sync_dict(p.round.sync, p.round, p.h_for_share),
         "bits_for_share": p.bits_for_share.label if p.bits_for_share else None,
         "alternatives": [_sync_dict(sync, rnd, h) for sync, rnd, h in p.candidates],

@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from local_run import run_local_job  # bench/ is on sys.path when a bench script runs
+from local_run import add_job_options, run_local_job  # bench/ is on sys.path when a bench script runs
 from machine import exit_on_sigterm, loadavg
 from muloco.utils.link_model import format_rate, parse_rate
 from muloco.sizing.flavors import count_parameters, parse_flavor
@@ -82,11 +82,7 @@ def main() -> int:
     p.add_argument("--links", default="10mbps,100mbps")
     p.add_argument("--configs", default="diloco/diloco,diloco/muloco_2bit,diloco/sparseloco")
     p.add_argument("--latency-ms", type=float, default=0.0)
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--sync-every", type=int, default=10)
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--timeout", type=float, default=600)
-    p.add_argument("--keep", action="store_true")
+    add_job_options(p, timeout=600)
     args = p.parse_args()
     try:
         links = [parse_rate(v) for v in args.links.split(",")]

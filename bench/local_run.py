@@ -1,7 +1,7 @@
 """One whole local job to completion, for the benches that measure jobs (``sync_overhead``,
-``link_planner``, ``unequal_groups``): the launcher users run (``muloco.launch.local``'s LocalJob: a
+``link_planner``, ``unequal_groups``, ``round_modes``): the launcher users run (``muloco.launch.local``'s LocalJob: a
 lighthouse and K replica groups, one torchrun and one thread each), with every quorum holding all
-K groups, no checkpoints, validation or TensorBoard, and a hang timer that stops the job. What each
+K groups, no checkpoints, TensorBoard or (unless asked) validation, and a hang timer that stops the job. What each
 replica recorded is read back from its dump folder; a failed job raises with its logs' tails."""
 
 from __future__ import annotations
@@ -30,6 +30,15 @@ class FinishedJob:
     replicas: list[dict]  # per replica: "summary" (summary.json) and "rows" (metrics.jsonl)
 
 
+def add_job_options(parser, timeout: float) -> None:
+    """The options every job bench takes: the run's length and H, the CI smoke, the hang timeout, --keep."""
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--sync-every", type=int, default=10)
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--timeout", type=float, default=timeout, help="seconds before a job counts as hung")
+    parser.add_argument("--keep", action="store_true", help="keep the jobs' folders")
+
+
 def tail(path: Path, n: int = 30) -> str:
     """The last ``n`` lines of a log, for a failure message."""
     try:
@@ -39,18 +48,20 @@ def tail(path: Path, n: int = 30) -> str:
 
 
 def run_local_job(work: Path, config: str, replicas: int, overrides: list[str], timeout: float, *,
-                  env: dict[str, str] | None = None, join_timeout_ms: int = 20000,
+                  env: dict[str, str] | None = None, join_timeout_ms: int = 20000, validate: bool = False,
                   watch: Callable[[LocalJob], Callable[[], None]] | None = None) -> FinishedJob:
     """Run the job in ``work`` (made here) until it ends or ``timeout`` seconds pass (then it is
-    stopped and this raises). ``env`` goes to every group's processes; ``watch(job)`` starts
-    something beside the running job and returns what ends it."""
+    stopped and this raises). ``env`` goes to every group's processes; ``validate`` keeps the
+    config's validation on; ``watch(job)`` starts something beside the running job and returns
+    what ends it."""
+    off = [flag for flag in OFF if not (validate and flag == "--validator.no-enable")]
     work.mkdir(parents=True)
     dump, logs = work / "dump", work / "logs"
     with open(work / "launcher.log", "w") as console:
         job = LocalJob(config=config, replicas=replicas, min_replicas=replicas, join_timeout_ms=join_timeout_ms,
                        threads=1, visible_gpus=visible_gpus()[:1], share_gpus=True,  # on a GPU host: all on its first GPU
                        log_dir=str(logs), console=console, env=dict(env or {}),
-                       overrides=[*overrides, *OFF, "--dump_folder", str(dump)])
+                       overrides=[*overrides, *off, "--dump_folder", str(dump)])
         stop_watching = watch(job) if watch is not None else None
         hung = threading.Timer(timeout, job.stop, args=(124,))
         hung.start()

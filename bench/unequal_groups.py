@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from local_run import run_local_job  # bench/ is on sys.path when a bench script runs
+from local_run import add_job_options, run_local_job  # bench/ is on sys.path when a bench script runs
 from machine import exit_on_sigterm, loadavg
 
 SLOW_SITE = Path(__file__).resolve().parent / "slow_site"
@@ -77,11 +77,7 @@ def main() -> int:
     p.add_argument("--replicas", type=int, default=2)
     p.add_argument("--slowdown", type=float, default=2.0, help="the last group's step as a multiple of the others'")
     p.add_argument("--config", default="diloco/muloco_2bit")
-    p.add_argument("--steps", type=int, default=60)
-    p.add_argument("--sync-every", type=int, default=10)
-    p.add_argument("--smoke", action="store_true")
-    p.add_argument("--timeout", type=float, default=900)
-    p.add_argument("--keep", action="store_true")
+    add_job_options(p, timeout=900)
     args = p.parse_args()
     if args.replicas < 2 or not args.slowdown > 1:
         p.error("--replicas must be at least 2 and --slowdown above 1")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -77,7 +78,10 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             coordinator=coordinator, max_commit_failures=ft.max_commit_failures,
             total_steps=config.lr_scheduler.total_steps or config.training.steps,
             inner_lr_factor=self.lr_schedulers.schedulers[0].lr_lambdas[0],
+            run_steps=config.training.steps, groups=ft.group_size,
         )
+        if self.outer.deadline:  # checkpoints at the rounds whose progress passes the interval
+            self.checkpointer.due = self.outer.checkpoint_due
         if config.outer.link.enabled:  # the step and summary figures include its waits: they say so
             self.metrics_processor.emulated_link = config.outer.link.describe()
         if self.checkpointer.enable:
@@ -150,19 +154,41 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
             self.metrics_processor.begin(start_step=self.step, total_steps=self.config.training.steps)
         for record in records:
             self._log_sync(record)
+        if self.outer.deadline:  # a heal above may have moved the run: its first step's lr, and pace, start here
+            self._follow_round_schedule()
+            self.outer.rounds.start_round()
 
     def train_step(self, data_iterator):
-        before = self.ntokens_seen
+        before, started = self.ntokens_seen, time.perf_counter()  # its group's pace (deadline rounds)
         super().train_step(data_iterator)
         with self._coordination_errors():
-            record = self.outer.after_inner_step(self.step, tokens=self.ntokens_seen - before)
+            record = self.outer.after_inner_step(self.step, tokens=self.ntokens_seen - before, started=started)
         self._log_sync(record)
+        if self.outer.deadline:
+            self._follow_round_schedule()
+
+    def _follow_round_schedule(self) -> None:
+        """Deadline rounds: the next step's inner lr at this group's place in the round (``outer/rounds.py``),
+        not at its own step count, so every group sweeps the run's schedule at the same pace."""
+        position = self.outer.inner_position(self.step)
+        for scheduler in self.lr_schedulers.schedulers:
+            scheduler.last_epoch = position
+            groups = scheduler.optimizer.param_groups
+            for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
+                group["lr"] = base * factor(position)
+            scheduler._last_lr = [group["lr"] for group in groups]
+
+    def _steps_left(self) -> bool:
+        """Deadline rounds end the run on the shared progress (groups train different step counts)."""
+        return not self.outer.finished if self.outer.deadline else super()._steps_left()
 
     def should_continue_training(self) -> bool:
         if super().should_continue_training():
             return True
         if not self.preempted and not getattr(self, "_finished", False):
             self._finished = True
+            if self.outer.deadline:  # torchtitan's last-step save counts this group's steps, not the run's
+                self.checkpointer.save_now(self.step)
             self._meet_peers_at_the_end()
         return False
 
@@ -170,8 +196,8 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         """Only at a sync boundary, where no exchange is in flight (the checkpoint holds θ_g and
         the outer state of a finished sync, as periodic checkpoints do), and the same boundary
         for every group of the job."""
-        interval = self.outer.schedule.interval
-        return self.step % interval == 0 and self._stop.agreed_at_sync(self.step, interval) and self._can_stop()
+        boundary = self.outer.round_boundary(self.step)
+        return boundary is not None and self._stop.agreed_at_sync(*boundary) and self._can_stop()
 
     def _meet_peers_at_the_end(self) -> None:
         """Stay until every replica group stands at the same sync; re-validate and re-save if

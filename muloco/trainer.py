@@ -154,12 +154,16 @@ class MulocoTrainerMixin:
             self._loop_started = True  # first call: after any checkpoint was loaded
             self._stop = StopRequest.from_environment()
             self._on_loop_start()
-        if not super().should_continue_training():  # type: ignore[misc]
+        if not self._steps_left():
             return False
         if self._stop_requested():
             self._stop_with_checkpoint()
             return False
         return True
+
+    def _steps_left(self) -> bool:
+        """torchtitan's rule: steps until ``training.steps`` (a DiLoCo trainer in deadline rounds counts progress)."""
+        return super().should_continue_training()  # type: ignore[misc]
 
     def _stop_requested(self) -> bool:
         """Whether to stop after this step (asked on every step; a DiLoCo group: at sync boundaries)."""

@@ -25,6 +25,11 @@ assuming which process is faster:
   ``<MULOCO_TEST_DRILL_DIR>/open-r<id>-<step>`` (see :func:`open_gate`): the test decides
   when a killed replica comes back.
 
+One drill sets a pace instead of measuring it, so that deadline rounds plan exact budgets:
+
+- ``pace``       the replica reports ``step`` milliseconds per inner step in each sync's work
+  record (``muloco/outer/rounds.py``), whatever its steps really took.
+
 A drill fires once per run: it leaves ``<MULOCO_TEST_DRILL_DIR>/<kind>-r<id>-<step>`` behind,
 and a restarted process (same command, same environment) skips drills that already fired.
 
@@ -205,6 +210,18 @@ def _install(drill: Drill) -> None:
             return original_send(self, *args, **kwargs)
 
         SafeHTTPTransport.send_checkpoint = send_checkpoint
+    elif drill.kind == "pace":
+        import dataclasses
+
+        from muloco.outer.rounds import Rounds
+
+        original_work = Rounds.work
+
+        def work(self, tokens, ended):
+            real = original_work(self, tokens, ended)
+            return dataclasses.replace(real, seconds=real.steps * drill.step / 1000)
+
+        Rounds.work = work
     else:
         raise SystemExit(f"unknown drill kind {drill.kind!r}")
 

@@ -25,7 +25,7 @@ HANG_S = 420
 """A smoke run that prints nothing for this long hangs (the slowest takes about a minute on 2 free cores)."""
 
 LIBRARIES = {
-    "local_run.py": "one whole local job to completion, for the benches that measure jobs (the three run it)",
+    "local_run.py": "one whole local job to completion, for the benches that measure jobs",
     "machine.py": "the load average and the SIGTERM handling the benches share",
 }
 
@@ -57,6 +57,9 @@ TABLES = {
                      rf"tokens\); threshold {NUM}x.*prefix {NUM}x.*\[ok\]",
                      rf"(?m)^diffusion +mdlm / ar \(target >= 0\.97\), llama3-w64-d2-h2.* = {NUM} +\[ok\]",
                      rf"(?m)^diffusion +document mask, forward only.*flex {NUM} / sdpa {NUM} tok/s = {NUM} \(flex eager\)"],
+    "round_modes.py": [r"case +mode +seed +wall s +final loss +job tok/s +steps per group +to lockstep loss s",
+                       rf"(?m)^2x2 +lockstep +0 +{NUM} +{NUM}", rf"(?m)^2x2 +deadline +0 +{NUM} +{NUM}",
+                       r"2x2 deadline / lockstep wall-clock to lockstep's final loss"],
     "gpu_throughput.py": [r"run# +side +tokens/s", rf"(?m)^416m compile off ours: {NUM} tok/s, stock {NUM}: ratio",
                           rf"θ_g on device +0\.4M +{NUM} +{NUM}",
                           rf"sync share, θ_g on the training device: {NUM}%.*{NUM} ms per sync, peak {NUM} MB"],

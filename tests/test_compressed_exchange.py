@@ -45,6 +45,7 @@ BUILD = textwrap.dedent(
     from muloco.compress import Dense, ErrorFeedback, Quantizer, TopK
     from muloco.outer.exchange import Exchange
     from muloco.outer.exchange.strategies import AllGather, AllReduce, ReduceScatter
+    from muloco.outer.exchange.pipeline import Work
 
     CODECS = {"dense": Dense, "quantize": Quantizer, "topk": TopK}
     STRATEGIES = {"allreduce": AllReduce, "allgather": AllGather, "reduce_scatter": ReduceScatter}
@@ -96,7 +97,8 @@ WORKER = BUILD + textwrap.dedent(
             torch._foreach_copy_(views, deltas)
 
         def run():
-            pending = exchange.start(manager, names, fill, contributes, quorum_seconds=0.01 * (r + 1), work=work[r])
+            pending = exchange.start(manager, names, fill, contributes, quorum_seconds=0.01 * (r + 1),
+                                     work=Work(tokens=work[r], steps=1 + r, seconds=0.5, group=r))
             return pending, pending.wait()
 
         if profile:
@@ -117,7 +119,8 @@ WORKER = BUILD + textwrap.dedent(
                             received=pending.bytes_received, payload=pending.payload_bytes,
                             contributors=pending.contributors, rank=manager._pg.parent.rank(),
                             tally_peak=pending.peak_extra_bytes, measured_peak=peak,
-                            slowest=pending.wait_for_slowest(), times=pending.times, weights=pending.weights))
+                            slowest=pending.wait_for_slowest(), times=pending.times, weights=pending.weights,
+                            records=pending.records))
     torch.save(results, out)
     manager.shutdown(wait=False)
     sys.stdout.flush(); sys.stderr.flush()
@@ -289,7 +292,7 @@ def _check_bytes(spec: dict, got: list[list[dict]]) -> None:
             record = RECORD_BYTES * (k - 1)
             plain = exchange_config({**spec, "weighting": "equal"}).build()  # noqa: F821
             alone = plain.wire_bytes(k, comp_n, dense_n, rank=res["rank"])
-            once = plain.strategy.sync_bytes(k, res["rank"])
+            once = plain.strategy.sync_bytes(k, res["rank"])  # AllReduce's flag count: the records replace it
             assert res["payload"] == alone["payload"] - once["payload"] + RECORD_BYTES
             assert res["sent"] == pytest.approx(alone["sent"] - once["sent"] + record)
             assert res["received"] == pytest.approx(alone["received"] - once["received"] + record)
@@ -347,6 +350,9 @@ def test_a_weighted_exchange_counts_each_delta_by_the_work_behind_it(tmp_path, c
     want = _reference(spec, 3, idle=idle)
     assert [got[r][0]["weights"] for r in range(3)] == [[0.25, 0.5, 1.0]] * 3
     assert [got[r][1]["weights"] for r in range(3)] == [[0.5, 1.0, 0.0]] * 3
+    # every replica holds every record: flag, tokens, steps, seconds, group
+    assert [got[r][1]["records"] for r in range(3)] == [[[1.0, 1000.0, 1.0, 0.5, 0.0], [1.0, 2000.0, 2.0, 0.5, 1.0],
+                                                         [0.0, 4000.0, 3.0, 0.5, 2.0]]] * 3
     for t in range(ROUNDS):
         for r in range(3):
             assert got[r][t]["committed"] and got[r][t]["contributors"] == (2 if t == 1 else 3)

@@ -121,6 +121,111 @@ def test_replicas_train_and_hold_identical_global_params_after_every_sync(cluste
 
 
 @pytest.mark.timeout(600)
+def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(cluster, tmp_path):
+    """Deadline rounds, K=2: replica 0 reports 10 ms per step and replica 1 20 ms (drills, so the
+    budgets are exact). Round 1 knows no pace: 4 steps each. Then the round lasts the slower
+    group's 4 steps (80 ms): replica 0 trains 8 (2H, the cap), replica 1 trains 4, and the run
+    moves 6 nominal steps per round; the last round is scaled to end the run (2 steps left of 6:
+    3 and 2). The tokens weigh the merge (1 and 1/2), θ_g is bitwise the same after every sync,
+    both groups end after the same round, and the inner lr follows the shared progress."""
+    c = cluster(2, min_replicas=2)
+    dump = tmp_path / "run"
+    extra = ("--outer.sync_every", "4", "--outer.round.mode", "deadline", "--outer.exchange.weighting", "tokens",
+             "--outer.fingerprint", "--checkpoint.interval", "12", "--validator.freq", "12",
+             "--lr_scheduler.warmup_steps", "4")
+    env = {"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:20", "MULOCO_TEST_DRILL_DIR": str(tmp_path)}
+    for i in range(2):
+        c.start_replica(i, _args(dump, steps=24, extra=extra), entry=DRILL_ENTRY, env=env)
+    for i in range(2):
+        assert c.wait(f"r{i}", 2 * HANG_S) == 0, c.tail(f"r{i}")
+    rows = [syncs(dump, i) for i in range(2)]
+    assert [r["round_steps"] for r in rows[0]] == [4, 8, 8, 8, 3]
+    assert [r["round_steps"] for r in rows[1]] == [4, 4, 4, 4, 2]
+    assert [r["progress"] for r in rows[0]] == [4.0, 10.0, 16.0, 22.0, 24.5] == [r["progress"] for r in rows[1]]
+    assert [r["step"] for r in rows[0]] == [4, 12, 20, 28, 31] and [r["step"] for r in rows[1]] == [4, 8, 12, 16, 18]
+    assert all(r["committed"] and r["contributors"] == 2 for rs in rows for r in rs)
+    assert [[r["weight_0"], r["weight_1"]] for r in rows[0]] == [[1.0, 1.0]] + [[1.0, 0.5]] * 3 + [[1.0, 43691 / 65536]]
+    assert [r["global_sha256"] for r in rows[0]] == [r["global_sha256"] for r in rows[1]]
+    ends = [summary(dump, i) for i in range(2)]
+    assert ends[0]["diloco"]["final_global_sha256"] == ends[1]["diloco"]["final_global_sha256"]
+    assert ends[0]["final_validation_loss"] == ends[1]["final_validation_loss"] is not None
+    assert [e["diloco"]["round"] for e in ends] == [
+        {"mode": "deadline", "rounds": 5, "progress": 24.5, "steps": 31},
+        {"mode": "deadline", "rounds": 5, "progress": 24.5, "steps": 18}]
+    # the inner lr follows the progress, not the step count: replica 0's step 15 and replica 1's step 10
+    # both come after 1/4 of round 3 (10 + 1.5 nominal steps), its 25 and 15 after 1/2 of round 4 (19)
+    lrs = [{m["step"]: m["lr"] for m in read_metrics(dump / f"replica_{i}") if m.get("lr") is not None} for i in range(2)]
+    assert lrs[0][15] == pytest.approx(lrs[1][10]) and lrs[0][25] == pytest.approx(lrs[1][15])
+    assert lrs[0][15] > 2 * lrs[1][15]  # the same step number is a different place in the run
+    # checkpoints at the rounds whose progress passed a multiple of 12: 16 (round 3) and 24.5 (the end)
+    for i, steps in ((0, [20, 31]), (1, [12, 18])):
+        saved = sorted(int(d.name.split("-")[1]) for d in (dump / f"replica_{i}" / "checkpoint").glob("step-*"))
+        assert saved == steps, (i, saved)
+
+
+PACED = ("--outer.sync_every", "4", "--outer.round.mode", "deadline", "--outer.exchange.weighting", "tokens",
+         "--outer.fingerprint", "--checkpoint.interval", "12", "--validator.freq", "12")
+"""Deadline rounds of H=4 in which replica 0 reports 10 ms per step and replica 1 20 ms (``pace``
+drills): after the first round replica 0 trains 8 steps per round, replica 1 4."""
+
+
+@pytest.mark.timeout(900)
+def test_deadline_rounds_resume_from_a_round_checkpoint_exactly(cluster, tmp_path):
+    """Both groups killed in round 4 (after the checkpoint of round 3, saved at replica 0's step 20
+    and replica 1's step 12) and started again: the rounds state (paces, progress, budgets) comes
+    back with θ_g, and the run ends on the uninterrupted run's θ_g, bit for bit."""
+    def job(dump, drills, tag):
+        c = cluster(2, min_replicas=2)
+        env = {"MULOCO_TEST_DRILLS": drills, "MULOCO_TEST_DRILL_DIR": str(dump.parent / f"markers-{tag}")}
+        (dump.parent / f"markers-{tag}").mkdir(exist_ok=True)
+        for i in range(2):
+            c.start_replica(i, _args(dump, steps=24, extra=PACED), entry=DRILL_ENTRY, env=env, tag=f"r{i}-{tag}")
+        codes = [c.wait(f"r{i}-{tag}", 2 * HANG_S) for i in range(2)]
+        c.close()
+        return codes
+
+    paced = "pace:0:10,pace:1:20"
+    assert job(tmp_path / "straight", paced, "straight") == [0, 0]
+    assert job(tmp_path / "resumed", paced + ",mid:0:22,mid:1:14", "killed") == [-9, -9]
+    assert job(tmp_path / "resumed", paced, "resumed") == [0, 0]
+    for i in range(2):
+        straight, resumed = syncs(tmp_path / "straight", i), syncs(tmp_path / "resumed", i)
+        assert [r["progress"] for r in resumed] == [4.0, 10.0, 16.0, 22.0, 24.5]  # rounds 1-3, then 4-5 again
+        assert [r["global_sha256"] for r in resumed] == [r["global_sha256"] for r in straight]
+        assert summary(tmp_path / "resumed", i)["diloco"]["final_global_sha256"] == \
+            summary(tmp_path / "straight", i)["diloco"]["final_global_sha256"]
+
+
+@pytest.mark.timeout(900)
+def test_deadline_rounds_a_killed_group_restarts_heals_and_the_rounds_go_on(tmp_path):
+    """The launcher with --max-restarts, K=2, deadline rounds: replica 1 dies inside round 3's
+    exchange (its step 12). Replica 0's round-3 sync fails (progress stays at 10), it trains its
+    next 8 steps and waits; the restarted replica 1 (no checkpoints: behind) heals from it before
+    training, taking its rounds state with θ_g and its step (28), and adds nothing to that sync
+    (progress 10 + 8 from replica 0 alone). Then one more round of 8 and 4 ends the run at 24 on
+    one θ_g."""
+    dump = tmp_path / "run"
+    job = LocalJob(
+        config="diloco/diloco", replicas=2,
+        overrides=[*_args(dump, steps=24, extra=PACED)[2:], "--checkpoint.no-enable"],
+        max_restarts=1, heartbeat_timeout_ms=1000, entry=DRILL_ENTRY,
+        env={"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:20,exchange:1:12", "MULOCO_TEST_DRILL_DIR": str(tmp_path)},
+        console=open(tmp_path / "console.txt", "w"),
+    )
+    assert job.run() == 0, (tmp_path / "console.txt").read_text()[-3000:]
+    restarted = (dump / "logs" / "replica_1.log").read_text().split("=== restart 1 ===")[1]
+    assert re.search(r"healed from replica 0 in quorum \d+: step 0 -> 28", restarted), restarted[-3000:]
+    r0, r1 = syncs(dump, 0), syncs(dump, 1)
+    assert [(r["step"], r["committed"], r["progress"]) for r in r0] == [
+        (4, True, 4.0), (12, True, 10.0), (20, False, 10.0), (28, True, 18.0), (36, True, 24.0)]
+    assert [(r["step"], r["contributors"], r["round_steps"]) for r in r0[-2:]] == [(28, 1, 8), (36, 2, 8)]
+    assert [(r["step"], r["progress"], r["round_steps"]) for r in r1[-2:]] == [(28, 18.0, 0), (32, 24.0, 4)]
+    sums = [summary(dump, i) for i in range(2)]
+    assert sums[0]["diloco"]["final_global_sha256"] == sums[1]["diloco"]["final_global_sha256"]
+    assert [s["diloco"]["round"]["progress"] for s in sums] == [24.0, 24.0]
+
+
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("objective", ["ar", "mdlm"])
 def test_one_replica_group_trains_and_its_summary_claims_no_savings(cluster, tmp_path, objective):
     """K=1: nothing crosses a link, so the summary says so (no "…x more" over zero bytes).

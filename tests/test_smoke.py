@@ -215,6 +215,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "bench/local_run.py": f"{BENCH_TEST}[local_run.py]",
     "bench/machine.py": f"{BENCH_TEST}[machine.py]",
     "bench/muon.py": f"{BENCH_TEST}[muon.py]",
+    "bench/round_modes.py": f"{BENCH_TEST}[round_modes.py]",
     "bench/startup.py": f"{BENCH_TEST}[startup.py]",
     "bench/sync_overhead.py": f"{BENCH_TEST}[sync_overhead.py]",
     "bench/trainer_overhead.py": f"{BENCH_TEST}[trainer_overhead.py]",

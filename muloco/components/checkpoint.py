@@ -279,6 +279,9 @@ class MulocoCheckpointManager(CheckpointManager):
 
     _force_save = False
     _saved_step: int | None = None
+    due = None
+    """``due(step, interval)``: whether to save after ``step``, for a trainer whose save points are not
+    torchtitan's every ``interval`` steps (deadline rounds set it); None: torchtitan's rule."""
 
     def save_now(self, step: int) -> bool:
         """A full, resumable checkpoint at ``step`` whatever the interval (a run stopped on
@@ -297,7 +300,10 @@ class MulocoCheckpointManager(CheckpointManager):
         return saved
 
     def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
-        return self._force_save or super()._should_save(curr_step, last_step)
+        if self._force_save or self.due is None:
+            return self._force_save or super()._should_save(curr_step, last_step)
+        # saves where ``due`` says (deadline rounds: a group's step count says nothing of the run's end)
+        return self.enable and not self.load_only and self.due(curr_step, self.interval)
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         saved = super()._save(curr_step, last_step)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -45,7 +46,9 @@ from muloco.outer.coordinator import (
 )
 from muloco.outer.exchange import PARTS, Exchange, PendingExchange
 from muloco.outer.exchange.link import Link
+from muloco.outer.exchange.pipeline import Work
 from muloco.outer.optimizer import OuterOptimizer
+from muloco.outer.rounds import Rounds
 from muloco.outer.placement import Placement, resolve_backup_device
 from muloco.outer.schedule import SyncSchedule, model_fragments
 from muloco.outer.step_schedule import StepSchedules
@@ -162,6 +165,10 @@ class SyncRecord:
     """This replica's weight in a weighted average (``outer.exchange.weighting tokens``)."""
     weights: dict[int, float] = field(default_factory=dict)
     """A weighted average's weight per quorum rank."""
+    round_steps: int | None = None
+    """Deadline rounds: the inner steps this group trained in the round (its budget)."""
+    progress: float | None = None
+    """Deadline rounds: the run's progress in nominal steps after this sync."""
 
     @property
     def bits_per_parameter(self) -> float:
@@ -196,6 +203,7 @@ class _Open:
     quorum_seconds: float
     catching_up: bool = False
     tokens: int = 0
+    round_steps: int | None = None
 
 
 class _Fragment:
@@ -254,6 +262,8 @@ class OuterLoop(Configurable):
         link: Link.Config = field(default_factory=Link.Config)
         """An emulated slow link between the replica groups (off by default): each collective of
         the exchange is held for the time its bytes would take (``outer/exchange/link.py``)."""
+        round: Rounds.Config = field(default_factory=Rounds.Config)
+        """lockstep (default) or deadline rounds for replica groups of unequal speed (``outer/rounds.py``)."""
 
         def schedule(self) -> SyncSchedule:
             return SyncSchedule(self.sync_every, self.num_fragments, self.fragment_sync_delay)
@@ -268,6 +278,11 @@ class OuterLoop(Configurable):
                 raise ValueError("outer.optimizer.name none averages the models (no lr, no momentum): "
                                  "drop outer.step_schedule.lr/momentum, or use --outer.optimizer.name sgd")
             self.link.validate()
+            self.round.validate()
+            if self.round.deadline and (self.num_fragments != 1 or self.fragment_sync_delay != 0):
+                raise ValueError(f"outer.round.mode deadline syncs the whole model at each round's end: it needs "
+                                 f"outer.num_fragments 1 and outer.fragment_sync_delay 0 (got {self.num_fragments} "
+                                 f"and {self.fragment_sync_delay}); use lockstep rounds for streaming DiLoCo")
             if not 0.0 <= self.fragment_update_alpha <= 1.0:
                 raise ValueError(
                     f"outer.fragment_update_alpha must be in [0, 1], got {self.fragment_update_alpha}"
@@ -286,9 +301,13 @@ class OuterLoop(Configurable):
         max_commit_failures: int = -1,
         total_steps: int = 0,
         inner_lr_factor: Callable[[int], float] | None = None,
+        run_steps: int = 0,
+        groups: int = 1,
     ):
         """``total_steps``: the run's length the schedules' shares refer to (the inner schedule's
-        total); ``inner_lr_factor``: the inner lr's factor at a step, for schedules tied to it."""
+        total); ``inner_lr_factor``: the inner lr's factor at a step, for schedules tied to it;
+        ``run_steps``: the run's length in inner steps (deadline rounds end it on progress);
+        ``groups``: the job's replica groups."""
         config.validate()
         self.replica_id = replica_id
         self.config = config
@@ -301,11 +320,17 @@ class OuterLoop(Configurable):
         self.fragments = [
             _Fragment(f, self.placement, config.optimizer) for f in model_fragments(model, config.num_fragments)
         ]
-        self.exchange = config.exchange.build(device=device, link=config.link.build())
+        self.deadline = config.round.deadline
+        self.rounds = config.round.build(sync_every=config.sync_every, total_steps=run_steps or total_steps
+                                         or config.sync_every, groups=groups, group=replica_id)
+        self.exchange = config.exchange.build(device=device, link=config.link.build(), records=self.deadline)
         for frag in self.fragments:
             self.exchange.allocate(frag.names, frag.locals())
         self.records: list[SyncRecord] = []
         self._open: _Open | None = None
+        self._round_end = time.perf_counter()
+        self._round_ended: tuple[int, float, float] | None = None
+        """Deadline rounds: the trainer step the last round ended at, and the progress before and after it."""
         self._round_tokens = 0
         """Tokens trained since the last prepare (a checkpoint is only taken between syncs, where
         it is 0 with τ = 0)."""
@@ -332,19 +357,50 @@ class OuterLoop(Configurable):
                 f"error feedback {feedback:.3f} GiB on {self.device}")
 
     # ----------------------------------------------------------------- schedule
-    def after_inner_step(self, step: int, tokens: int = 0) -> SyncRecord | None:
+    def after_inner_step(self, step: int, tokens: int = 0, started: float | None = None) -> SyncRecord | None:
         """Prepare and/or perform the sync due after inner step ``step``, which trained
-        ``tokens`` (on this rank: the work a weighted average counts).
+        ``tokens`` (on this rank: the work a weighted average counts) and began at ``started``
+        (``time.perf_counter``: its group's pace, for deadline rounds).
 
         A heal during the prepare moves this replica to its peer's trainer step; the
         schedule and the record go on from there.
         """
         self._round_tokens += tokens
+        if self.deadline:
+            return self._after_deadline_step(step, time.perf_counter() if started is None else started)
         if self.schedule.prepare_due(step):
             step = self._prepare(step)
         if self.schedule.perform_due(step) and self._open is not None:
             return self._perform(step)
         return None
+
+    def _after_deadline_step(self, step: int, started: float) -> SyncRecord | None:
+        """Deadline rounds: the sync (prepared and performed at once) when this group's budget is trained."""
+        if not self.rounds.step_done(started):
+            return None
+        if self.device.type == "cuda":  # the round's last kernels are part of its time (Δ waits for them anyway)
+            torch.cuda.synchronize(self.device)
+        self._round_end = time.perf_counter()
+        before = float(self.rounds.progress)
+        step = self._prepare(step)
+        record = self._perform(step) if self._open is not None else None
+        self.rounds.start_round()
+        self._round_ended = (step, before, float(self.rounds.progress))
+        return record
+
+    def _position(self, step: int) -> float:
+        """Where a sync ending at trainer step ``step`` stands on the run's schedules: the step in
+        lockstep, the round's planned progress in deadline rounds (the same on every replica)."""
+        return self.rounds.position_after_round() if self.deadline else step
+
+    def inner_position(self, step: int) -> float:
+        """The inner learning-rate schedule's position after trainer step ``step``."""
+        return self.rounds.inner_position() if self.deadline else step
+
+    @property
+    def finished(self) -> bool:
+        """Deadline rounds: the run's progress reached its steps (lockstep runs end on the trainer step)."""
+        return self.deadline and self.rounds.finished
 
     def _meet(self, step: int, phase: str, timeout: float | None = None) -> tuple[QuorumView, int]:
         """Join a quorum; (what it was, this replica's trainer step afterwards). A heal in it is
@@ -390,7 +446,8 @@ class OuterLoop(Configurable):
         """Start the exchange of the fragment due now (after inner step ``step``, which sets the
         error-feedback β's schedule); ``started``: when its quorum began."""
         quorum_seconds = time.perf_counter() - started
-        self.exchange.set_feedback_beta(self.config.exchange.error_feedback.beta * self.beta_schedule.factor(step))
+        self.exchange.set_feedback_beta(self.config.exchange.error_feedback.beta
+                                        * self.beta_schedule.factor(self._position(step)))
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
         locals_ = frag.locals()
@@ -399,10 +456,14 @@ class OuterLoop(Configurable):
             self.placement.subtract_into(views, frag.globals, locals_)
 
         tokens, self._round_tokens = self._round_tokens, 0
+        work = Work(tokens=tokens if contributes else 0, group=self.replica_id)
+        if self.deadline and contributes:  # its steps and their seconds: the paces the budgets come from
+            work = self.rounds.work(tokens, self._round_end)
         pending = self.exchange.start(self.manager, frag.names, pseudo_gradient, contributes, quorum_seconds,
-                                      work=tokens if contributes else 0)
+                                      work=work)
         self._open = _Open(fragment=index, exchange=pending, seconds=time.perf_counter() - started,
-                           quorum=view, quorum_seconds=quorum_seconds, catching_up=catching_up, tokens=tokens)
+                           quorum=view, quorum_seconds=quorum_seconds, catching_up=catching_up, tokens=tokens,
+                           round_steps=work.steps if self.deadline else None)
 
     @torch.no_grad()
     def _perform(self, step: int) -> SyncRecord:
@@ -422,7 +483,9 @@ class OuterLoop(Configurable):
             failure = f"a replica failed in the exchange or the commit vote ({_first_line(err)})" if err else \
                 "fewer replica groups in the quorum than needed to commit"
         locals_ = frag.locals()
-        lr, momentum = self._outer_step_values(step)
+        lr, momentum = self._outer_step_values(self._position(step))
+        if committed and self.deadline:
+            self.rounds.commit(sync.exchange.records)
         if committed:
             frag.optimizer.set(lr=lr, momentum=momentum)
             frag.optimizer.step(self.placement.to_backup(averaged))
@@ -457,6 +520,8 @@ class OuterLoop(Configurable):
             outer_momentum=momentum,
             feedback_beta=self.exchange.feedback_beta,
             tokens=sync.tokens,
+            round_steps=sync.round_steps,
+            progress=float(self.rounds.progress) if self.deadline else None,
         )
         weights = sync.exchange.weights
         if weights is not None and not exchange_failed:
@@ -470,8 +535,8 @@ class OuterLoop(Configurable):
     def _heal_failure_in(self, quorum_id: int) -> str | None:
         return next((h.failure for h in self.heals if h.quorum_id == quorum_id and h.failure), None)
 
-    def _outer_step_values(self, step: int) -> tuple[float, float]:
-        """The outer lr and momentum of a sync performed after inner step ``step``."""
+    def _outer_step_values(self, step: float) -> tuple[float, float]:
+        """The outer lr and momentum of a sync performed at position ``step`` (``_position``)."""
         opt = self.config.optimizer
         return opt.lr * self.lr_schedule.factor(step), opt.momentum * self.momentum_schedule.factor(step)
 
@@ -550,7 +615,7 @@ class OuterLoop(Configurable):
                 return step, records  # the peers are done: their final state is ours now, no exchange
             self._start_exchange(view, started, step, contributes=False, catching_up=self._healed_to is None)
             if self._healed_to is not None:
-                if self.schedule.perform_due(step):
+                if self.deadline or self.schedule.perform_due(step):
                     records.append(self._perform(step))
                 return step, records
             failed = self._heal_failure_in(view.quorum_id)
@@ -617,9 +682,31 @@ class OuterLoop(Configurable):
 
     # --------------------------------------------------------------- evaluation
     def validation_due(self, step: int, freq: int) -> bool:
-        """At a full-round sync boundary, once per ``freq`` inner steps."""
+        """At a full-round sync boundary, once per ``freq`` inner steps (deadline rounds: of progress)."""
+        if self.deadline:
+            return self._crossed(step, freq)
         h = self.config.sync_every
         return self.schedule.round_complete(step) and step // freq > (step - h) // freq
+
+    def checkpoint_due(self, step: int, interval: int) -> bool:
+        """Deadline rounds: a checkpoint after the round that ended at ``step`` when its progress passed
+        a multiple of ``interval`` (lockstep: every ``interval`` trainer steps, torchtitan's rule)."""
+        return self._crossed(step, interval) if self.deadline else step % interval == 0
+
+    def round_boundary(self, step: int) -> tuple[int, int] | None:
+        """(boundary, spacing) where every group may stop together after trainer step ``step``: the
+        sync boundary in steps (lockstep), or the committed rounds (deadline); None mid-round."""
+        if self.deadline:
+            ended = self._round_ended is not None and self._round_ended[0] == step
+            return (int(self.rounds.rounds), 1) if ended else None
+        interval = self.schedule.interval
+        return (step, interval) if step % interval == 0 else None
+
+    def _crossed(self, step: int, every: int) -> bool:
+        if self._round_ended is None or self._round_ended[0] != step:
+            return False
+        _, before, after = self._round_ended
+        return math.floor(after / every + 1e-9) > math.floor(before / every + 1e-9)
 
     @contextlib.contextmanager
     def global_params(self):
@@ -643,6 +730,8 @@ class OuterLoop(Configurable):
         (error feedback) only for this replica's own checkpoint."""
         state: dict[str, Any] = {f"fragment_{i}": f.state_dict() for i, f in enumerate(self.fragments)}
         state["torchft"] = dict(self.manager.state_dict())
+        if self.deadline:  # the agreed paces, progress and budgets travel and persist with θ_g
+            state["rounds"] = self.rounds.state_dict()
         if with_exchange:
             state["exchange"] = self.exchange.state_dict()
         return state
@@ -651,6 +740,8 @@ class OuterLoop(Configurable):
         for i, f in enumerate(self.fragments):
             f.load_state_dict(state[f"fragment_{i}"])
         self.manager.load_state_dict({k: int(v) for k, v in state["torchft"].items()})
+        if self.deadline:
+            self.rounds.load_state_dict(state["rounds"])
         if "exchange" in state:
             self.exchange.load_state_dict(state["exchange"])
 
@@ -665,6 +756,8 @@ class OuterLoop(Configurable):
         of everything that came with it (model, optimizers, θ_g), for the summary."""
         for i, f in enumerate(self.fragments):
             f.load_state_dict(state[f"fragment_{i}"])
+        if self.deadline:
+            self.rounds.load_state_dict(state["rounds"])
         self.exchange.reset()
         self._source_phase = state.get("phase")
         self._healed_to = step
@@ -706,4 +799,7 @@ class OuterLoop(Configurable):
             "link": self.config.link.describe() if self.config.link.enabled else None,
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,
             "outer_parameters": self.num_params,
+            "round": {"mode": self.config.round.mode, "rounds": int(self.rounds.rounds),
+                      "progress": float(self.rounds.progress), "steps": steps} if self.deadline
+            else {"mode": "lockstep"},
         }

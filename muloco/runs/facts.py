@@ -86,6 +86,7 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "skip_pattern": exchange.skip_pattern,
         "tiles": exchange.tiles,
         "weighting": exchange.weighting,
+        "round": _settings(outer.round),
         "link": _link_facts(getattr(outer, "link", None)),
     }
 
@@ -126,7 +127,8 @@ def facts_of(config: Any, *, parameters: int | None = None, environment: bool = 
 def method_of(facts: dict[str, Any]) -> str:
     """ddp-adamw, ddp-muon, diloco[-codec][-streaming], muloco[-codec][-streaming], from facts:
     MuLoCo is Muon inside an outer loop; the codec suffix is ``-<bits>bit``, ``-topk`` or the
-    wire dtype of a dense exchange other than float32; streaming is more than one fragment."""
+    wire dtype of a dense exchange other than float32; streaming is more than one fragment; deadline
+    rounds add ``-deadline``."""
     inner = str(facts["inner_optimizer"]["name"]).lower()
     outer = facts["outer"]
     if outer is None:
@@ -140,7 +142,8 @@ def method_of(facts: dict[str, Any]) -> str:
         dtype = codec.get("dtype", "float32")
         suffix = "" if dtype == "float32" else f"-{dtype}"
     streaming = "-streaming" if outer["fragments"] > 1 else ""
-    return ("muloco" if inner == "muon" else "diloco") + suffix + streaming
+    deadline = "-deadline" if (outer.get("round") or {}).get("mode") == "deadline" else ""
+    return ("muloco" if inner == "muon" else "diloco") + suffix + streaming + deadline
 
 
 def missing_facts(record: dict[str, Any] | None) -> list[str]:

@@ -47,7 +47,7 @@ from muloco.compress.dense import DTYPES
 from muloco.compress.kernels import KERNELS, use_compiled
 from muloco.outer.exchange.layout import COMPRESSED, DENSE, FragmentLayout, cut
 from muloco.outer.exchange.link import Link, Transfer
-from muloco.outer.exchange.pipeline import PendingExchange, Plan, Sync
+from muloco.outer.exchange.pipeline import PendingExchange, Plan, Sync, Work
 from muloco.outer.exchange.strategies import STRATEGIES, AllGather, AllReduce, StrategyConfig
 
 MB = 2**20
@@ -78,7 +78,7 @@ class Exchange(Configurable):
         same payloads byte for byte)."""
         weighting: str = "equal"
         """equal (every contributor's Δ counts the same) | tokens (each counts by the tokens its
-        group trained since its last sync, agreed in one 16-byte record per replica and sync:
+        group trained since its last sync, agreed in one 40-byte record per replica and sync:
         ``pipeline.work_weights``). Groups that train the same number of steps get the plain
         mean bit for bit; groups that train different numbers of steps per round (replica
         groups of unequal speed) enter by the work they did."""
@@ -140,9 +140,13 @@ class Exchange(Configurable):
                 return self.strategy
             return AllReduce.Config() if isinstance(self.codec, Dense.Config) else AllGather.Config()
 
-    def __init__(self, config: Config, *, device: torch.device | None = None, link: Link | None = None):
+    def __init__(self, config: Config, *, device: torch.device | None = None, link: Link | None = None,
+                 records: bool = False):
+        """``records``: every sync gathers each replica's work record (deadline rounds need them
+        whatever the weighting; a weighted exchange always does)."""
         config.validate()
         self.config = config
+        self.records = records or config.weighting == "tokens"
         self.device = device or torch.device("cpu")
         self.link = link or Link.Config().build()
         self.compiled = use_compiled(config.kernels, self.device)
@@ -212,7 +216,7 @@ class Exchange(Configurable):
     # -------------------------------------------------------------------- sync
 
     def start(self, manager: Any, names: list[str], fill: Callable[[list[torch.Tensor]], None], contributes: bool,
-              quorum_seconds: float = 0.0, work: float = 0.0) -> PendingExchange:
+              quorum_seconds: float = 0.0, work: Work | None = None) -> PendingExchange:
         """Start averaging one fragment's Δ, which ``fill`` writes into the views it is given
         (one per tensor of the fragment, in ``names`` order).
 
@@ -220,14 +224,16 @@ class Exchange(Configurable):
         state) adds nothing to the average but still takes part in the collectives so every
         replica's buffers have the same size. ``quorum_seconds``: how long this replica's
         quorum took, sent along so each replica can tell its wait for the slowest apart.
-        ``work``: the tokens this replica trained since its last sync (its weight, with
-        ``weighting tokens``; unused otherwise).
+        ``work``: what this replica trained since its last sync, gathered
+        from every replica when the exchange keeps records (its weight, with ``weighting tokens``).
         """
         plan = self.plans.get(tuple(names))
         if plan is None:
             raise ValueError(f"exchange.allocate was not called for the fragment {names[0]}..{names[-1]}")
+        if self.records and work is None:
+            raise ValueError("this exchange gathers work records: start() needs this replica's work")
         return Sync(plan, manager, fill, contributes=contributes, quorum_seconds=quorum_seconds,
-                    work=float(work) if self.weighted else None)
+                    work=work if self.records else None, weighted=self.weighted)
 
     @property
     def weighted(self) -> bool:
@@ -245,7 +251,7 @@ class Exchange(Configurable):
         for stream, codec in self.codecs.items():
             for a, b in cut(layout_numel[stream], self.bucket_numel, codec.alignment):
                 phases += [dict(p) for p in self.strategy.bucket_phases(k, codec, b - a, rank)]
-        once = self.strategy.sync_bytes(k, rank, self.weighted)
+        once = self.strategy.sync_bytes(k, rank, self.records, self.weighted)
         if not phases:
             phases.append({"payload": 0.0, "sent": 0.0, "received": 0.0})
         for key, value in once.items():

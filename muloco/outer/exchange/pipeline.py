@@ -54,9 +54,23 @@ HEADER_BYTES = 5
 sender's quorum time in seconds (float32), from which the time spent waiting for the
 slowest replica is told apart from the quorum's own cost."""
 
-RECORD_BYTES = 16
-"""A weighted sync's work record, one per replica, gathered before any bucket: its flag and
-the work (tokens) it trained since its last sync, two float64."""
+RECORD_FIELDS = ("flag", "tokens", "steps", "seconds", "group")
+RECORD_BYTES = 8 * len(RECORD_FIELDS)
+"""A sync's work record, one per replica, gathered before any bucket (weighted syncs, and deadline
+rounds): its flag, and the tokens and inner steps its group trained since its last sync, the
+seconds they took and the group's id, float64 each."""
+
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a replica trained since its last sync, as it reports it in the sync's record."""
+
+    tokens: float
+    steps: int = 0
+    seconds: float = 0.0
+    group: int = 0
+
 
 WEIGHT_GRID = 2**16
 """Weights are multiples of 1/WEIGHT_GRID (see :func:`work_weights`)."""
@@ -149,6 +163,8 @@ class PendingExchange:
     """A weighted sync's work (tokens) per quorum rank, as each reported it."""
     rank: int = 0
     """This replica's quorum rank (its index in ``weights`` and ``works``)."""
+    records: list[list[float]] | None = None
+    """Every replica's work record (``RECORD_FIELDS``, by quorum rank), when the sync gathered them."""
 
     def wait(self) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -195,11 +211,14 @@ class Sync(PendingExchange):
     """One sync of one fragment, from Δ to the average (see the module docstring)."""
 
     def __init__(self, plan: Plan, manager: Any, fill: Callable[[list[torch.Tensor]], None], *,
-                 contributes: bool, quorum_seconds: float, work: float | None = None):
+                 contributes: bool, quorum_seconds: float, work: Work | None = None, weighted: bool = False):
         self.manager, self.plan, self.strategy, self.device = manager, plan, plan.strategy, plan.device
         self.contributes, self.quorum_seconds = contributes, quorum_seconds
         self.work = work
-        """Tokens this replica trained since its last sync, for a weighted average (None: plain mean)."""
+        """What this replica trained since its last sync, gathered from every
+        replica before the buckets when given (None: no records)."""
+        self.weighted = weighted and work is not None
+        """The average weighs each contributor by its tokens (``work_weights``)."""
         self.k, self.rank = collectives.group_size(manager), collectives.group_rank(manager)
         self.clock = plan.link.clock
         self.link = plan.link.session()
@@ -246,7 +265,7 @@ class Sync(PendingExchange):
         try:
             with self._streams.side(), torch.no_grad():  # grad mode is per thread: off here too
                 if self.work is not None:
-                    self._gather_work()
+                    self._gather_records()
                 self._schedule()
         except BaseException as err:  # noqa: BLE001 - re-raised by wait() on the caller's thread
             self._error = err
@@ -254,20 +273,23 @@ class Sync(PendingExchange):
             self._streams.record_done()
             self._worker_end = self.clock.now()
 
-    def _gather_work(self) -> None:
+    def _gather_records(self) -> None:
         """Every replica's work record, before any bucket (the weights are needed to encode an
         all-reduce's Δ); its bytes ride on the emulated link with the first bucket."""
-        mine = torch.tensor([1.0 if self.contributes else 0.0, float(self.work)], dtype=torch.float64,
-                            device=self.device)
-        gathered = torch.zeros(self.k, 2, dtype=torch.float64, device=self.device)
+        w = self.work
+        mine = torch.tensor([1.0 if self.contributes else 0.0, float(w.tokens), float(w.steps), float(w.seconds),
+                             float(w.group)], dtype=torch.float64, device=self.device)
+        gathered = torch.zeros(self.k, len(RECORD_FIELDS), dtype=torch.float64, device=self.device)
         with self.timer("collective"):
             collectives.all_gather(self.manager, gathered, mine).wait()
         self.count(payload=RECORD_BYTES, sent=(self.k - 1) * RECORD_BYTES, received=(self.k - 1) * RECORD_BYTES)
         if self.failed():
             return
+        self.records = gathered.cpu().tolist()
         flags, self.works = gathered[:, 0].tolist(), gathered[:, 1].tolist()
-        self.contributors = sum(1 for f in flags if f == 1)
-        self.weights = work_weights(flags, self.works)
+        if self.weighted:
+            self.contributors = sum(1 for f in flags if f == 1)
+            self.weights = work_weights(flags, self.works)
 
     def _schedule(self) -> None:
         """Each bucket's generator runs to its first collective; the oldest in flight is

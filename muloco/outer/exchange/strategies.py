@@ -77,9 +77,10 @@ class Strategy(Configurable):
                 total[key] += value
         return total
 
-    def sync_bytes(self, k: int, rank: int = 0, weighted: bool = False) -> dict[str, float]:
-        """What a sync carries once, beyond its buckets (``weighted``: the work records)."""
-        if weighted:
+    def sync_bytes(self, k: int, rank: int = 0, records: bool = False, weighted: bool = False) -> dict[str, float]:
+        """What a sync carries once, beyond its buckets (``records``: the work records; ``weighted``:
+        the average weighs them)."""
+        if records or weighted:
             return {"payload": RECORD_BYTES, "sent": (k - 1) * RECORD_BYTES, "received": (k - 1) * RECORD_BYTES}
         return {"payload": 0, "sent": 0, "received": 0}
 
@@ -103,7 +104,7 @@ class AllReduce(Strategy):
         them from its work records, and scales its own Δ by its weight before the sum (lossless
         codecs only: ``Exchange.Config`` refuses a lossy one)."""
         in_place = job.codec.lossless and job.feedback is None
-        weights = sync.weights if sync.work is not None else None
+        weights = sync.weights if sync.weighted else None
         with sync.timer("encode"):
             if in_place:
                 if not sync.contributes:  # a healed replica adds nothing
@@ -113,7 +114,7 @@ class AllReduce(Strategy):
                 buf = job.delta
             else:
                 buf = sync.tally.track(from_bytes(sync.encode(job, job.codec), job.codec.dtype))
-            counter = None if sync.work is not None else self._contributor_count(sync)
+            counter = None if sync.weighted else self._contributor_count(sync)
         work = collectives.all_reduce(sync.manager, buf)
         nbytes = buf.numel() * buf.element_size()
         ring = 2 * (sync.k - 1) / sync.k * nbytes
@@ -150,11 +151,12 @@ class AllReduce(Strategy):
         ring = 2 * (k - 1) / k * payload
         return [{"payload": payload, "sent": ring, "received": ring}]
 
-    def sync_bytes(self, k, rank=0, weighted=False):
+    def sync_bytes(self, k, rank=0, records=False, weighted=False):
+        once = super().sync_bytes(k, rank, records, weighted)
         if weighted:  # the work records count the contributors
-            return super().sync_bytes(k, rank, weighted)
+            return once
         ring = 2 * (k - 1) / k * 4
-        return {"payload": 4, "sent": ring, "received": ring}
+        return {key: value + {"payload": 4, "sent": ring, "received": ring}[key] for key, value in once.items()}
 
 
 class _Count:

@@ -17,7 +17,8 @@ Printed per case, mode and seed: the job's wall-clock (start-up included), the f
 loss, the job's tokens/s, the inner steps each group trained, and, against the same seed's lockstep
 run, timed from each job's first inner step (the start-up is the same in every mode): how long the
 mode took to reach lockstep's final loss (its first validation at or below it), the ratio to the
-time lockstep took, and the mode's loss at that time (its last validation by then). Then per case
+time lockstep took, the mode's loss at that time (its last validation by then), and lockstep's loss
+when the mode ended (its last validation by then: equal wall-clock the other way). Then per case
 the ratio's mean and spread over seeds against the targets: with one group 2x slower, deadline
 rounds reach lockstep's loss in at most 0.75x its time; with equal groups, no worse than lockstep
 (final loss within the seeds' spread).
@@ -148,7 +149,7 @@ def main() -> int:
 
 def report(results: dict[tuple, dict], cases: list[tuple[int, float]], seeds: int, modes: list[str]) -> None:
     print(f"\n{'case':<6}{'mode':<15}{'seed':>5}{'wall s':>9}{'final loss':>12}{'job tok/s':>11}  {'steps per group':<22}"
-          f"{'to lockstep loss s':>20}{'x lockstep':>12}{'loss then':>11}")
+          f"{'to lockstep loss s':>20}{'x lockstep':>12}{'loss then':>11}{'lockstep at its end':>21}")
     for k, factor in cases:
         ratios, gaps = {m: [] for m in modes[1:]}, {m: [] for m in modes[1:]}
         for seed in range(seeds):
@@ -159,6 +160,8 @@ def report(results: dict[tuple, dict], cases: list[tuple[int, float]], seeds: in
                 reach = time_to(r["validations"], base["final"])
                 ratio = reach / base_end if reach is not None else None
                 at_end = loss_at(r["validations"], base_end)
+                own_end = r["validations"][-1][0]  # equal wall-clock the other way: lockstep when this mode ended
+                lockstep_then = loss_at(base["validations"], own_end)
                 if mode != "lockstep":
                     ratios[mode] += [ratio] if ratio is not None else []
                     gaps[mode] += [r["final"] - base["final"]]
@@ -166,7 +169,8 @@ def report(results: dict[tuple, dict], cases: list[tuple[int, float]], seeds: in
                       f"{r['tokens'] / r['wall']:>11,.0f}  {','.join(map(str, r['steps'])):<22}"
                       f"{reach if reach is not None else float('nan'):>20.1f}"
                       f"{ratio if ratio is not None else float('nan'):>12.2f}"
-                      f"{at_end if at_end is not None else float('nan'):>11.4f}")
+                      f"{at_end if at_end is not None else float('nan'):>11.4f}"
+                      f"{lockstep_then if lockstep_then is not None else float('nan'):>21.4f}")
         target = ("<= 0.75x lockstep's wall-clock" if factor >= 2 else
                   "final loss no worse than lockstep (inside the seeds' spread)")
         for mode in modes[1:]:

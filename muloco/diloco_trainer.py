@@ -28,6 +28,7 @@ from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.tools.logging import logger
 
+from muloco.compat.lr_position import set_position
 from muloco.components.checkpoint import ReplicaCheckpointManager
 from muloco.outer import OuterLoop
 from muloco.outer.coordinator import CoordinationError, Coordinator, OutOfDateError
@@ -172,11 +173,7 @@ class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
         not at its own step count, so every group sweeps the run's schedule at the same pace."""
         position = self.outer.inner_position(self.step)
         for scheduler in self.lr_schedulers.schedulers:
-            scheduler.last_epoch = position
-            groups = scheduler.optimizer.param_groups
-            for group, base, factor in zip(groups, scheduler.base_lrs, scheduler.lr_lambdas):
-                group["lr"] = base * factor(position)
-            scheduler._last_lr = [group["lr"] for group in groups]
+            set_position(scheduler, position)
 
     def _steps_left(self) -> bool:
         """Deadline rounds end the run on the shared progress (groups train different step counts)."""

@@ -213,15 +213,15 @@ def _install(drill: Drill) -> None:
     elif drill.kind == "pace":
         import dataclasses
 
-        from muloco.outer.rounds import Rounds
+        from muloco.outer.rounds import DeadlineRounds
 
-        original_work = Rounds.work
+        original_work = DeadlineRounds.work
 
         def work(self, tokens, ended):
             real = original_work(self, tokens, ended)
             return dataclasses.replace(real, seconds=real.steps * drill.step / 1000)
 
-        Rounds.work = work
+        DeadlineRounds.work = work
     else:
         raise SystemExit(f"unknown drill kind {drill.kind!r}")
 

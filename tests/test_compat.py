@@ -704,3 +704,39 @@ def test_the_compat_package_itself_imports_no_torch():
     done = subprocess.run([sys.executable, "-c", "import sys, muloco.compat, muloco.compat.torchft_log_level; "
                            "print('torch' in sys.modules)"], capture_output=True, text=True, env=os.environ)
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-3000:]
+
+
+def test_set_position_matches_a_scheduler_stepped_there_without_warning():
+    """Deadline rounds jump the inner scheduler to a step: torchtitan's warmup-decay LambdaLR put
+    at step n holds the lrs (and reports the last lr) that one stepped n times holds, says
+    nothing, and goes on from there as that one does."""
+    import warnings
+
+    from torchtitan.components.optimizer.lr_scheduler import LRSchedulersContainer
+
+    from muloco.compat.lr_position import set_position
+
+    def schedulers():
+        optimizers = [torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.3)]
+        config = LRSchedulersContainer.Config(warmup_steps=3, decay_type="cosine", min_lr_factor=0.1)
+        return optimizers, config.build(optimizers=optimizers, training_steps=20)
+
+    stepped_opt, stepped = schedulers()
+    jumped_opt, jumped = schedulers()
+    for n in [7, 1, 15]:  # forward and back
+        stepped_opt, stepped = schedulers()
+        for _ in range(n):
+            stepped_opt[0].step()
+            stepped.step()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for scheduler in jumped.schedulers:
+                set_position(scheduler, n)
+        assert jumped.schedulers[0].last_epoch == n
+        assert jumped_opt[0].param_groups[0]["lr"] == stepped_opt[0].param_groups[0]["lr"] != 0.3
+        assert jumped.schedulers[0].get_last_lr() == stepped.schedulers[0].get_last_lr()
+    jumped_opt[0].step()
+    jumped.step()
+    stepped_opt[0].step()
+    stepped.step()
+    assert jumped_opt[0].param_groups[0]["lr"] == stepped_opt[0].param_groups[0]["lr"]

@@ -130,7 +130,7 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
     both groups end after the same round, and the inner lr follows the shared progress."""
     c = cluster(2, min_replicas=2)
     dump = tmp_path / "run"
-    extra = ("--outer.sync_every", "4", "--outer.round.mode", "deadline", "--outer.exchange.weighting", "tokens",
+    extra = ("--outer.sync_every", "4", "--outer.round", "deadline", "--outer.exchange.weighting", "tokens",
              "--outer.fingerprint", "--checkpoint.interval", "12", "--validator.freq", "12",
              "--lr_scheduler.warmup_steps", "4")
     env = {"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:20", "MULOCO_TEST_DRILL_DIR": str(tmp_path)}
@@ -163,7 +163,7 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
         assert saved == steps, (i, saved)
 
 
-PACED = ("--outer.sync_every", "4", "--outer.round.mode", "deadline", "--outer.exchange.weighting", "tokens",
+PACED = ("--outer.sync_every", "4", "--outer.round", "deadline", "--outer.exchange.weighting", "tokens",
          "--outer.fingerprint", "--checkpoint.interval", "12", "--validator.freq", "12")
 """Deadline rounds of H=4 in which replica 0 reports 10 ms per step and replica 1 20 ms (``pace``
 drills): after the first round replica 0 trains 8 steps per round, replica 1 4."""

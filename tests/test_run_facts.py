@@ -61,7 +61,7 @@ def test_overrides_change_the_facts_not_the_module_name():
     assert outer["codec"]["bits"] == 4 and outer["error_feedback"]["enabled"] is False
     assert outer["weighting"] == "tokens" and facts_of(load_config("diloco/diloco"))["outer"]["weighting"] == "equal"
     assert outer["round"]["mode"] == "lockstep"
-    _, config = parse_args(["--config", "diloco/muloco_2bit", "--outer.round.mode", "deadline",
+    _, config = parse_args(["--config", "diloco/muloco_2bit", "--outer.round", "deadline",
                             "--outer.round.max_steps", "90"])
     facts = facts_of(config, environment=False)
     assert facts["method"] == "muloco-2bit-deadline" and facts["outer"]["round"]["max_steps"] == 90

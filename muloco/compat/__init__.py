@@ -4,11 +4,12 @@ Every entry point calls :func:`apply` before it imports torchtitan: torchtitan c
 the device type into module globals at import time, so a later fix would be too late.
 Each adaptation is idempotent, leaves CUDA runs unchanged, and has a test in
 ``tests/test_compat.py``. Why each one exists is in its own module's docstring.
-Four adaptations are composed in where they apply rather than patched in here:
+Five adaptations are composed in where they apply rather than patched in here:
 ``fsdp_gloo`` wraps the model's parallelize function (:mod:`muloco.models`) and
 ``healing_transport`` is the checkpoint transport of the replica-group manager;
 ``torchrun_failures`` is installed by the replica-group agent (:mod:`muloco.launch.replica_group`);
-and ``lone_rank_sleep`` by :mod:`muloco.trainer`, which imports torchtitan's trainer. Hugging Face
+``lone_rank_sleep`` by :mod:`muloco.trainer`, which imports torchtitan's trainer; and
+``lr_position`` (a scheduler put at a step) is called by :mod:`muloco.diloco_trainer`. Hugging Face
 interop (the state-dict adapter, LLaDA, the tokenizer conversion) is not a patch: it lives in
 :mod:`muloco.hf`.
 """

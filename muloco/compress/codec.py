@@ -74,17 +74,25 @@ class Codec(Configurable):
         ``weights`` (one per row, see :func:`weighted`): Σ w_j·row_j / Σ w_j instead; all 1.0
         is the plain mean, bit for bit."""
         weights = weighted(weights)
+        self._sum_rows(out, rows, weights)
+        if weights is not None:
+            out.div_(sum(weights))
+        elif rows.shape[0] > 1:
+            out.div_(rows.shape[0])
+
+    @staticmethod
+    def _sum_rows(out: torch.Tensor, rows: torch.Tensor, weights: list[float] | None) -> None:
+        """``out`` ← Σ_j w_j·rows[j], added one row at a time in row order, so that every
+        replica gets the same bits whatever its bucket sizes (a reduction kernel would not
+        promise the order). ``weights`` None: the plain sum."""
         out.copy_(rows[0])
         if weights is None:
             for row in rows[1:]:
                 out.add_(row)
-            if rows.shape[0] > 1:
-                out.div_(rows.shape[0])
             return
         out.mul_(weights[0])
         for row, w in zip(rows[1:], weights[1:]):
             out.add_(row, alpha=w)
-        out.div_(sum(weights))
 
     def _kernel(self, fn):
         """``fn`` as this codec runs it: through ``torch.compile`` if ``compiled``, else as it is."""

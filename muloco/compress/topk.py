@@ -151,11 +151,7 @@ class TopK(Codec):
             raise ValueError(f"{self.describe()}: the mean over selectors needs the payloads (their indices)")
         weights = weighted(weights)
         count = self.selection_counts(payloads, rows.shape[-1], weights)
-        out.copy_(rows[0])
-        if weights is not None:
-            out.mul_(weights[0])
-        for j, row in enumerate(rows[1:], start=1):
-            out.add_(row, alpha=1.0 if weights is None else weights[j])
+        self._sum_rows(out, rows, weights)
         out.div_(count.masked_fill_(count == 0, 1.0))  # a coordinate no one selected sums to 0
 
     def selection_counts(self, payloads: torch.Tensor, numel: int, weights: list[float] | None = None) -> torch.Tensor:

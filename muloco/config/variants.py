@@ -15,6 +15,7 @@ type annotation itself: no registry to keep in step.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from collections.abc import Iterator
@@ -139,6 +140,10 @@ def misplaced_key_hint(config, key: str) -> str | None:
         owners = [n for n, cls in options.items()
                   if cls is not None and leaf in {f.name for f in dataclasses.fields(cls)}]
         if not owners:
+            known = {f.name for cls in options.values() if cls is not None for f in dataclasses.fields(cls)}
+            if where is not None and not difflib.get_close_matches(leaf, known):  # not a typo: --outer.round.mode
+                return (f"no {field_key} variant has a setting {leaf!r}; pick one with "
+                        f"--{field_key} {'|'.join(options)} (now: {chosen}).")
             continue
         if where is None:
             if chosen in owners:
@@ -148,8 +153,8 @@ def misplaced_key_hint(config, key: str) -> str | None:
         if chosen in owners:
             continue
         value = getattr(owner, name)
-        mine = ", ".join(f.name for f in dataclasses.fields(value)) if value is not None else "none"
-        return (f"{field_key} is {chosen}, which has no setting {leaf!r} (its settings: {mine}); "
+        mine = ", ".join(f.name for f in dataclasses.fields(value)) if value is not None else ""
+        return (f"{field_key} is {chosen}, which has no setting {leaf!r} ({f'its settings: {mine}' if mine else 'it has none'}); "
                 f"{leaf} belongs to {' or '.join(owners)}: pick it with --{field_key} {owners[0]}.")
     return None
 

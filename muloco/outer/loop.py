@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
+import tyro
 from torch.distributed.tensor import DTensor
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
@@ -48,8 +49,8 @@ from muloco.outer.exchange import PARTS, Exchange, PendingExchange
 from muloco.outer.exchange.link import Link
 from muloco.outer.exchange.pipeline import Work
 from muloco.outer.optimizer import OuterOptimizer
-from muloco.outer.rounds import Rounds
 from muloco.outer.placement import Placement, resolve_backup_device
+from muloco.outer.rounds import Lockstep, RoundConfig
 from muloco.outer.schedule import SyncSchedule, model_fragments
 from muloco.outer.step_schedule import StepSchedules
 
@@ -262,8 +263,9 @@ class OuterLoop(Configurable):
         link: Link.Config = field(default_factory=Link.Config)
         """An emulated slow link between the replica groups (off by default): each collective of
         the exchange is held for the time its bytes would take (``outer/exchange/link.py``)."""
-        round: Rounds.Config = field(default_factory=Rounds.Config)
-        """lockstep (default) or deadline rounds for replica groups of unequal speed (``outer/rounds.py``)."""
+        round: tyro.conf.AvoidSubcommands[RoundConfig] = field(default_factory=Lockstep.Config)
+        """lockstep (default) | deadline: rounds for replica groups of unequal speed, picked with
+        ``--outer.round NAME``; deadline's settings are ``--outer.round.SETTING`` (``outer/rounds.py``)."""
 
         def schedule(self) -> SyncSchedule:
             return SyncSchedule(self.sync_every, self.num_fragments, self.fragment_sync_delay)
@@ -280,7 +282,7 @@ class OuterLoop(Configurable):
             self.link.validate()
             self.round.validate()
             if self.round.deadline and (self.num_fragments != 1 or self.fragment_sync_delay != 0):
-                raise ValueError(f"outer.round.mode deadline syncs the whole model at each round's end: it needs "
+                raise ValueError(f"outer.round deadline syncs the whole model at each round's end: it needs "
                                  f"outer.num_fragments 1 and outer.fragment_sync_delay 0 (got {self.num_fragments} "
                                  f"and {self.fragment_sync_delay}); use lockstep rounds for streaming DiLoCo")
             if not 0.0 <= self.fragment_update_alpha <= 1.0:
@@ -322,7 +324,8 @@ class OuterLoop(Configurable):
         ]
         self.deadline = config.round.deadline
         self.rounds = config.round.build(sync_every=config.sync_every, total_steps=run_steps or total_steps
-                                         or config.sync_every, groups=groups, group=replica_id)
+                                         or config.sync_every, groups=groups, group=replica_id) if self.deadline else None
+        """Deadline rounds' agreed state (``outer/rounds.py``); None in lockstep rounds."""
         self.exchange = config.exchange.build(device=device, link=config.link.build(), records=self.deadline)
         for frag in self.fragments:
             self.exchange.allocate(frag.names, frag.locals())
@@ -799,7 +802,7 @@ class OuterLoop(Configurable):
             "link": self.config.link.describe() if self.config.link.enabled else None,
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,
             "outer_parameters": self.num_params,
-            "round": {"mode": self.config.round.mode, "rounds": int(self.rounds.rounds),
+            "round": {"mode": "deadline", "rounds": int(self.rounds.rounds),
                       "progress": float(self.rounds.progress), "steps": steps} if self.deadline
             else {"mode": "lockstep"},
         }

@@ -23,40 +23,49 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
 import torch
+import tyro
 from torchtitan.config import Configurable
 
 from muloco.outer.exchange.pipeline import RECORD_FIELDS, Work
 from muloco.utils import round_budget
 
-MODES = ("lockstep", "deadline")
 
-class Rounds(Configurable):
+class Lockstep(Configurable):
+    """Every group trains H inner steps, then the quorum waits for the slowest (the default). It has
+    no state: the outer loop counts a lockstep round in trainer steps (``SyncSchedule``)."""
+
+    name = "lockstep"
+
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
-        mode: str = "lockstep"
-        """lockstep (every group trains H steps, then the quorum waits for the slowest) | deadline
-        (each group trains the steps of its own pace that fit in the slowest group's H steps,
-        clamped to [min_steps, max_steps]; use with ``--outer.exchange.weighting tokens``)."""
-        quantile: float = 1.0
-        """Deadline: a round lasts H times this quantile of the groups' step times (1: the slowest's;
-        below 1, slower groups train fewer than H steps instead of holding up the round)."""
-        min_steps: int = 1
-        """Deadline: fewest inner steps a group trains in a round."""
-        max_steps: int = 0
-        """Deadline: most inner steps a group trains in a round (0: 2H)."""
-        pace_memory: float = 0.5
-        """Deadline: weight of a group's earlier pace against its newest round's (0: the newest only)."""
-
-        @property
-        def deadline(self) -> bool:
-            return self.mode == "deadline"
+        deadline: ClassVar[bool] = False
 
         def validate(self) -> None:
-            if self.mode not in MODES:
-                raise ValueError(f"outer.round.mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+            pass
+
+
+class DeadlineRounds(Configurable):
+    """Each group trains the inner steps of its own pace that fit in the round (the module docstring)."""
+
+    name = "deadline"
+
+    @dataclass(kw_only=True, slots=True)
+    class Config(Configurable.Config):
+        deadline: ClassVar[bool] = True
+        quantile: float = 1.0
+        """A round lasts H times this quantile of the groups' step times (1: the slowest's; below 1,
+        slower groups train fewer than H steps instead of holding up the round)."""
+        min_steps: int = 1
+        """Fewest inner steps a group trains in a round."""
+        max_steps: int = 0
+        """Most inner steps a group trains in a round (0: 2H)."""
+        pace_memory: float = 0.5
+        """Weight of a group's earlier pace against its newest round's (0: the newest only)."""
+
+        def validate(self) -> None:
             if not 0 < self.quantile <= 1:
                 raise ValueError(f"outer.round.quantile must be in (0, 1] (1: the slowest group's H steps); "
                                  f"got {self.quantile!r}")
@@ -173,3 +182,11 @@ class Rounds(Configurable):
         self.rounds.copy_(state["rounds"])
         self.budgets = {g: int(b) for g, b in enumerate(state["budgets"].tolist()) if b >= 0}
         self.start_round()
+
+
+RoundConfig = (
+    Annotated[Lockstep.Config, tyro.conf.subcommand(Lockstep.name)]
+    | Annotated[DeadlineRounds.Config, tyro.conf.subcommand(DeadlineRounds.name)]
+)
+"""``--outer.round lockstep|deadline`` (``muloco/config/variants.py``): a deadline setting is then
+``--outer.round.quantile`` and the like, and one given with lockstep rounds is an error."""

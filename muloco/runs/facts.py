@@ -86,7 +86,7 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "skip_pattern": exchange.skip_pattern,
         "tiles": exchange.tiles,
         "weighting": exchange.weighting,
-        "round": _settings(outer.round),
+        "round": {"mode": _variant_name(outer.round), **_settings(outer.round)},
         "link": _link_facts(getattr(outer, "link", None)),
     }
 

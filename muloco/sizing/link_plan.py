@@ -463,7 +463,7 @@ def _group_lines(p: Plan) -> list[str]:
         f"({i.gpus_per_group} GPU{'s' if i.gpus_per_group > 1 else ''} per group)",
         f"  the job's compute-only tokens/s: {lockstep:,.0f} in lockstep; {own:,.0f} if each group kept its own pace "
         f"(+{100 * (own / lockstep - 1):.1f}%, the most a round that does not wait could add)",
-        f"  deadline rounds (--outer.round.mode deadline, quantile {i.round_quantile:g}, {i.round_min_steps}-"
+        f"  deadline rounds (--outer.round deadline, quantile {i.round_quantile:g}, {i.round_min_steps}-"
         f"{i.round_max_steps_or_default} steps): the groups train {', '.join(map(str, p.deadline_steps))} steps per "
         f"round of {p.deadline_round_seconds:.2f} s; waiting {100 * p.deadline_idle_share:.1f}% of all groups' time",
         f"  the job's tokens/s with the link: {jobs['lockstep']:,.0f} in lockstep, {jobs['deadline']:,.0f} in deadline "

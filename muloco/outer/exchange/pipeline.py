@@ -61,6 +61,12 @@ rounds): its flag, and the tokens and inner steps its group trained since its la
 seconds they took and the group's id, float64 each."""
 
 
+def record_bytes(k: int) -> dict[str, float]:
+    """What gathering the work records costs one of ``k`` replicas: its record, sent to and
+    received from each of the others."""
+    return {"payload": RECORD_BYTES, "sent": (k - 1) * RECORD_BYTES, "received": (k - 1) * RECORD_BYTES}
+
+
 
 @dataclass(frozen=True)
 class Work:
@@ -217,8 +223,11 @@ class Sync(PendingExchange):
         self.work = work
         """What this replica trained since its last sync, gathered from every
         replica before the buckets when given (None: no records)."""
-        self.weighted = weighted and work is not None
-        """The average weighs each contributor by its tokens (``work_weights``)."""
+        self.weighted = weighted
+        """The average weighs each contributor by its tokens (``work_weights``): the exchange's
+        decision (its ``weighted``), which needs the work records."""
+        if weighted and work is None:
+            raise ValueError("a weighted sync needs this replica's work (its record carries the weight)")
         self.k, self.rank = collectives.group_size(manager), collectives.group_rank(manager)
         self.clock = plan.link.clock
         self.link = plan.link.session()
@@ -282,11 +291,12 @@ class Sync(PendingExchange):
         gathered = torch.zeros(self.k, len(RECORD_FIELDS), dtype=torch.float64, device=self.device)
         with self.timer("collective"):
             collectives.all_gather(self.manager, gathered, mine).wait()
-        self.count(payload=RECORD_BYTES, sent=(self.k - 1) * RECORD_BYTES, received=(self.k - 1) * RECORD_BYTES)
+        self.count(**record_bytes(self.k))
         if self.failed():
             return
-        self.records = gathered.cpu().tolist()
-        flags, self.works = gathered[:, 0].tolist(), gathered[:, 1].tolist()
+        self.records = gathered.cpu().tolist()  # one copy to the host: the rows are read on it
+        flags = [r[RECORD_FIELDS.index("flag")] for r in self.records]
+        self.works = [r[RECORD_FIELDS.index("tokens")] for r in self.records]
         if self.weighted:
             self.contributors = sum(1 for f in flags if f == 1)
             self.weights = work_weights(flags, self.works)

@@ -37,7 +37,7 @@ from muloco.compress import Codec, Dense
 from muloco.compress.packing import from_bytes
 from muloco.outer.exchange import collectives
 from muloco.outer.exchange.layout import ranges
-from muloco.outer.exchange.pipeline import HEADER_BYTES, RECORD_BYTES
+from muloco.outer.exchange.pipeline import HEADER_BYTES, record_bytes
 
 if TYPE_CHECKING:
     from muloco.outer.exchange.pipeline import Job, Sync
@@ -81,7 +81,7 @@ class Strategy(Configurable):
         """What a sync carries once, beyond its buckets (``records``: the work records; ``weighted``:
         the average weighs them)."""
         if records or weighted:
-            return {"payload": RECORD_BYTES, "sent": (k - 1) * RECORD_BYTES, "received": (k - 1) * RECORD_BYTES}
+            return record_bytes(k)
         return {"payload": 0, "sent": 0, "received": 0}
 
 

@@ -453,7 +453,7 @@ def test_time_waiting_for_the_slowest_is_told_apart_from_the_headers(tmp_path):
         (lambda: Exchange.Config(bucket_mb=0.0), "bucket_mb must be a positive number"),
         (lambda: Exchange.Config(kernels="fast"), "kernels must be one of"),
         (lambda: Exchange.Config(codec=Dense.Config(dtype="int8")), r"codec \(dense\): dtype must be one of"),
-        (lambda: Exchange.Config(weighting="steps"), "weighting must be one of equal, tokens"),
+        (lambda: Exchange.Config(weighting="steps"), "weighting must be one of auto, equal, tokens"),
         (lambda: Exchange.Config(codec=Dense.Config(dtype="bfloat16"), weighting="tokens"),
          r"weighting tokens scales each Δ .* lossless .* use --outer.exchange.strategy allgather"),
         (lambda: Exchange.Config(skip_pattern="norm", skip_dtype="bfloat16", weighting="tokens"),

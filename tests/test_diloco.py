@@ -13,6 +13,7 @@ from drill_train import release
 from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, until, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
+from muloco.tools.report import load_run, rounds_lines
 
 H = 10
 
@@ -130,7 +131,7 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
     both groups end after the same round, and the inner lr follows the shared progress."""
     c = cluster(2, min_replicas=2)
     dump = tmp_path / "run"
-    extra = ("--outer.sync_every", "4", "--outer.round", "deadline", "--outer.exchange.weighting", "tokens",
+    extra = ("--outer.sync_every", "4", "--outer.round", "deadline",  # weighting auto: tokens
              "--outer.fingerprint", "--checkpoint.interval", "12", "--validator.freq", "12",
              "--lr_scheduler.warmup_steps", "4")
     env = {"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:20", "MULOCO_TEST_DRILL_DIR": str(tmp_path)}
@@ -161,6 +162,17 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
     for i, steps in ((0, [20, 31]), (1, [12, 18])):
         saved = sorted(int(d.name.split("-")[1]) for d in (dump / f"replica_{i}" / "checkpoint").glob("step-*"))
         assert saved == steps, (i, saved)
+    # the report: each group's rounds, steps and tokens, and θ_g's validations on the run's progress
+    run = load_run(dump)
+    tokens = [sum(r["tokens"] for r in rows[i]) for i in range(2)]
+    assert run.rounds == {"progress": 24.5, "groups": [
+        {"group": 0, "rounds": 5, "steps": 31, "min_steps": 3, "max_steps": 8, "tokens": tokens[0]},
+        {"group": 1, "rounds": 5, "steps": 18, "min_steps": 2, "max_steps": 4, "tokens": tokens[1]}]}
+    assert run.val_steps.tolist() == [16.0, 24.5] and run.sync_steps.tolist() == [4.0, 10.0, 16.0, 22.0, 24.5]
+    assert 0 < run.train_steps[0] < run.train_steps[-1] <= 24.5
+    assert rounds_lines([run]) == [f"run: deadline rounds, 24.5 nominal steps; group 0: 31 steps in 5 rounds (3-8 per "
+                                   f"round), {tokens[0]:,} tokens; group 1: 18 steps in 5 rounds (2-4 per round), "
+                                   f"{tokens[1]:,} tokens"]
 
 
 PACED = ("--outer.sync_every", "4", "--outer.round", "deadline", "--outer.exchange.weighting", "tokens",

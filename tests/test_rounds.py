@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from muloco.compress import Dense
+from muloco.outer.exchange import Exchange
 from muloco.outer.loop import OuterLoop
 from muloco.config.cli import parse_args
 from muloco.config.loader import ConfigError
@@ -86,6 +88,9 @@ def test_the_state_round_trips_through_tensors():
     (lambda: DeadlineRounds.Config(quantile=0.0), r"outer.round.quantile must be in \(0, 1\]"),
     (lambda: DeadlineRounds.Config(min_steps=8, max_steps=4), "need 1 <= min_steps <= max_steps"),
     (lambda: DeadlineRounds.Config(pace_memory=1.0), r"pace_memory must be in \[0, 1\)"),
+    (lambda: OuterLoop.Config(round=DeadlineRounds.Config(), exchange=Exchange.Config(codec=Dense.Config(dtype="bfloat16"))),
+     r"deadline rounds weigh each group's Δ by its tokens \(outer.exchange.weighting auto; equal turns it off\), "
+     r"which scales each Δ .* lossless .* use --outer.exchange.strategy allgather"),
     (lambda: OuterLoop.Config(round=DeadlineRounds.Config(), num_fragments=2, sync_every=10),
      "needs outer.num_fragments 1 and outer.fragment_sync_delay 0"),
 ])
@@ -128,3 +133,10 @@ def test_a_round_is_timed_from_its_first_step_to_its_last_leaving_out_the_proces
     r.start_round()
     r.step_done(110.0), r.step_done(111.0), r.step_done(112.5)
     assert r.work(tokens=96, ended=113.0).seconds == 3.0  # warm now: every step timed
+
+
+def test_the_default_weighting_is_tokens_in_deadline_rounds_and_equal_in_lockstep_rounds():
+    assert Exchange.Config().build(records=True).weighted  # the outer loop keeps records for deadline rounds
+    assert not Exchange.Config().build().weighted
+    assert not Exchange.Config(weighting="equal").build(records=True).weighted
+    assert Exchange.Config(weighting="tokens").build().weighted

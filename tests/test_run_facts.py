@@ -65,6 +65,7 @@ def test_overrides_change_the_facts_not_the_module_name():
                             "--outer.round.max_steps", "90"])
     facts = facts_of(config, environment=False)
     assert facts["method"] == "muloco-2bit-deadline" and facts["outer"]["round"]["max_steps"] == 90
+    assert facts["outer"]["round"]["mode"] == "deadline" and facts["outer"]["weighting"] == "tokens"  # auto
     assert outer["replica_groups"] == 4 and outer["fragments"] == 3
 
 

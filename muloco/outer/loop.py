@@ -281,6 +281,9 @@ class OuterLoop(Configurable):
                                  "drop outer.step_schedule.lr/momentum, or use --outer.optimizer.name sgd")
             self.link.validate()
             self.round.validate()
+            if self.round.deadline and self.exchange.weighting == "auto":
+                self.exchange.check_weighted("deadline rounds weigh each group's Δ by its tokens "
+                                             "(outer.exchange.weighting auto; equal turns it off), which")
             if self.round.deadline and (self.num_fragments != 1 or self.fragment_sync_delay != 0):
                 raise ValueError(f"outer.round deadline syncs the whole model at each round's end: it needs "
                                  f"outer.num_fragments 1 and outer.fragment_sync_delay 0 (got {self.num_fragments} "

@@ -85,7 +85,7 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "strategy": _variant_name(exchange.resolved_strategy()),
         "skip_pattern": exchange.skip_pattern,
         "tiles": exchange.tiles,
-        "weighting": exchange.weighting,
+        "weighting": exchange.resolved_weighting(outer.round.deadline),
         "round": {"mode": _variant_name(outer.round), **_settings(outer.round)},
         "link": _link_facts(getattr(outer, "link", None)),
     }

@@ -25,6 +25,12 @@ going has no summary: no sync share, no wall time). Rows are sorted by method, o
 final loss; within a sweep the lowest final loss of each method (with at least two runs) is
 marked ``*``. ``--metric train`` ranks by the final train loss instead.
 
+A run in deadline rounds (``--outer.round deadline``: its groups train different numbers of steps
+per round) gets one more line under the table: its progress in nominal steps and each group's
+committed rounds, inner steps (in all, and the fewest and most in a round) and tokens, from the
+groups' sync records (``rounds`` in ``report.json``). Its curves are drawn against that progress,
+where every group's step means the same place in the run, instead of against a group's own step.
+
 Writes ``loss_vs_steps.png``, ``loss_vs_tokens.png``, ``loss_vs_bytes.png`` (train loss as lines,
 validation as dots, one colour per run), ``report.md`` and ``report.json`` into ``--out``
 (default ``<first path>/report/``), and nothing else. Bad input is exit status 2 with one line
@@ -97,6 +103,9 @@ class Run:
     sync_steps: np.ndarray = field(default_factory=lambda: np.zeros(0))
     sync_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """Cumulative bytes sent per replica after each sync (mean over replicas)."""
+    rounds: dict[str, Any] | None = None
+    """Deadline rounds (``--outer.round deadline``): the run's progress in nominal steps and each
+    group's rounds, steps and tokens (``_rounds``); the curves' steps are then that progress."""
 
     def final_loss(self, metric: str = "validation") -> float | None:
         return self.final_train_loss if metric == "train" else self.final_validation_loss
@@ -181,6 +190,9 @@ class _Replica:
     syncs: dict[tuple[int, int], tuple[float, float, float]]  # (step, fragment) -> bytes, payload, numel
     bits_per_byte: dict[int, float] = field(default_factory=dict)  # validation step -> bits per byte
     tuning: dict[int, float] = field(default_factory=dict)  # validation step -> loss on the tuning batches
+    rounds: dict[int, tuple[float, int, float, bool]] = field(default_factory=dict)
+    """Deadline rounds: sync step -> (the run's progress after it, this group's steps and tokens in
+    the round, committed)."""
 
 
 def _read_replica(folder: Path) -> _Replica:
@@ -209,6 +221,9 @@ def _add_record(replica: _Replica, r: dict[str, Any]) -> None:
         replica.bits_per_byte[step] = float(r["validation_bits_per_byte"])
     if r.get("tuning_loss") is not None:
         replica.tuning[step] = float(r["tuning_loss"])
+    if r.get("sync/progress") is not None:
+        replica.rounds[step] = (float(r["sync/progress"]), int(r.get("sync/round_steps") or 0),
+                                float(r.get("sync/tokens") or 0), bool(r.get("sync/committed")))
     if r.get("sync/bytes_sent") is not None:
         replica.syncs[(step, int(r.get("sync/fragment") or 0))] = (
             float(r["sync/bytes_sent"]), float(r.get("sync/payload_bytes") or 0), float(r.get("sync/numel") or 0))
@@ -257,23 +272,78 @@ def _mean(values: list[Any]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _deadline(reps: list[_Replica]) -> bool:
+    """Deadline rounds: the groups' step counts differ, so the run's progress is the common axis."""
+    return all(r.rounds for r in reps)
+
+
+def _progress_at(rep: _Replica, steps) -> np.ndarray:
+    """Deadline rounds: this group's steps as the run's progress in nominal steps, from its syncs'
+    (step, progress), linear within a round as its inner schedule is."""
+    keys = sorted(rep.rounds)
+    return np.interp(np.asarray(steps, dtype=float), np.r_[0.0, keys], np.r_[0.0, [rep.rounds[k][0] for k in keys]])
+
+
+def _on_progress(rep: _Replica) -> _Replica:
+    """The group's records keyed by the run's progress instead of its own step."""
+    def move(d):
+        return dict(zip(_progress_at(rep, list(d)).tolist(), d.values())) if d else {}
+    syncs = dict(zip([(p, f) for p, (_, f) in zip(_progress_at(rep, [s for s, _ in rep.syncs]).tolist(), rep.syncs)],
+                     rep.syncs.values()))
+    return _Replica(rep.summary, move(rep.train), move(rep.validation), syncs, move(rep.bits_per_byte),
+                    move(rep.tuning), rep.rounds)
+
+
+def _train_curve(reps: list[_Replica], on_progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x, mean loss and summed tokens: at the x every group logged (lockstep: steps); on
+    progress, the first group's points up to where every group got, the others interpolated."""
+    common = sorted(set.intersection(*(set(r.train) for r in reps)))
+    if len(reps) == 1 or not on_progress:
+        loss = np.array([[r.train[s][0] for s in common] for r in reps]).reshape(len(reps), -1)
+        tokens = np.array([[r.train[s][1] for s in common] for r in reps]).reshape(len(reps), -1)
+        return np.array(common, dtype=float), loss.mean(axis=0), tokens.sum(axis=0)
+    end = min(max(r.train) for r in reps if r.train) if all(r.train for r in reps) else -1.0
+    grid = np.array(sorted(x for x in reps[0].train if x <= end), dtype=float)
+    loss, tokens = [], []
+    for r in reps:
+        xs = np.array(sorted(r.train), dtype=float)
+        loss.append(np.interp(grid, xs, [r.train[x][0] for x in xs]))
+        tokens.append(np.interp(grid, xs, [r.train[x][1] for x in xs]))
+    return grid, np.mean(loss, axis=0), np.sum(tokens, axis=0)
+
+
 def _curves(reps: list[_Replica]) -> dict[str, np.ndarray]:
     """Train loss (mean over replicas) and tokens (sum) at the steps every replica logged,
-    validation points of θ_g, and cumulative bytes sent per replica at each sync step."""
-    common = sorted(set.intersection(*(set(r.train) for r in reps)))
-    loss = np.array([[r.train[s][0] for s in common] for r in reps]).reshape(len(reps), -1)
-    tokens = np.array([[r.train[s][1] for s in common] for r in reps]).reshape(len(reps), -1)
+    validation points of θ_g, and cumulative bytes sent per replica at each sync step. In
+    deadline rounds the x is the run's progress (nominal steps), not a group's own step."""
+    on_progress = _deadline(reps)
+    if on_progress:
+        reps = [_on_progress(r) for r in reps]
+    steps, loss, tokens = _train_curve(reps, on_progress)
     validation = {s: v for r in reps for s, v in r.validation.items()}
     sync_steps = np.array(sorted({s for r in reps for s, _ in r.syncs}), dtype=float)
     per_replica = [_cumulative_bytes(r, sync_steps) for r in reps if r.syncs]
     return {
-        "train_steps": np.array(common, dtype=float), "train_loss": loss.mean(axis=0),
-        "train_tokens": tokens.sum(axis=0),
+        "train_steps": steps, "train_loss": loss, "train_tokens": tokens,
         "val_steps": np.array(sorted(validation), dtype=float),
         "val_loss": np.array([validation[s] for s in sorted(validation)]),
         "sync_steps": sync_steps if per_replica else np.zeros(0),
         "sync_bytes": np.mean(per_replica, axis=0) if per_replica else np.zeros(0),
     }
+
+
+def _rounds(reps: list[_Replica]) -> dict[str, Any] | None:
+    """Deadline rounds: each group's committed rounds, its inner steps (in all, fewest and most in
+    a round) and its tokens, from its sync records; None for lockstep runs."""
+    if not _deadline(reps):
+        return None
+    groups = []
+    for i, r in enumerate(reps):
+        trained = [v for v in r.rounds.values() if v[3] and v[1] > 0]
+        steps = [v[1] for v in trained]
+        groups.append({"group": i, "rounds": len(trained), "steps": sum(steps), "min_steps": min(steps, default=0),
+                       "max_steps": max(steps, default=0), "tokens": sum(v[2] for v in trained)})
+    return {"progress": max(v[0] for r in reps for v in r.rounds.values()), "groups": groups}
 
 
 def _cumulative_bytes(rep: _Replica, at_steps: np.ndarray) -> np.ndarray:
@@ -355,7 +425,7 @@ def load_run(folder: Path | str) -> Run:
         facts = _facts(parts[0], run_json)
         return Run(folder=folder, name=folder.resolve().name, method=method_of(facts) if facts else "?",
                    objective=_objective(facts, summary), facts=facts, replicas=len(parts),
-                   evaluations=_evaluations(folder),
+                   evaluations=_evaluations(folder), rounds=_rounds(reps),
                    complete=all(r.summary is not None for r in reps), **_scalars(reps, curves), **curves)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise ReportError(f"{folder}: summary.json or run.json has a missing or mistyped field ({err!r}); "
@@ -536,6 +606,19 @@ def aligned(rows: list[list[str]], left: set[int]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
+def rounds_lines(runs: list[Run]) -> list[str]:
+    """One line per deadline-rounds run: its progress and each group's rounds, steps and tokens."""
+    lines = []
+    for run in runs:
+        if run.rounds is None:
+            continue
+        groups = "; ".join(f"group {g['group']}: {g['steps']} steps in {g['rounds']} rounds "
+                           f"({g['min_steps']}-{g['max_steps']} per round), {g['tokens']:,.0f} tokens"
+                           for g in run.rounds["groups"])
+        lines.append(f"{run.name}: deadline rounds, {run.rounds['progress']:g} nominal steps; {groups}")
+    return lines
+
+
 def markdown(runs: list[Run], metric: str = "validation") -> str:
     """The same table in Markdown."""
     header = _header(runs)
@@ -549,7 +632,7 @@ def rows_json(runs: list[Run], metric: str = "validation") -> list[dict[str, Any
     keys = ("name", "method", "objective", "replicas", "complete", "final_validation_loss",
             "final_validation_bits_per_byte", "final_train_loss",
             "steps", "tokens", "bits_per_parameter", "bytes_sent_per_replica", "sync_share", "wall_seconds",
-            "evaluations")
+            "evaluations", "rounds")
     return [{**{k: getattr(r, k) for k in keys}, "folder": str(r.folder), "sweep": str(r.sweep) if r.sweep else None,
              "best": id(r) in marks, "facts": r.facts} for r in ordered(runs, metric)]
 
@@ -593,7 +676,7 @@ def _plot(runs: list[Run], axis: str, path: Path, note: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {"steps": "inner steps", "tokens": "tokens (all replica groups)",
+    labels = {"steps": "inner steps (deadline rounds: the run's nominal steps)", "tokens": "tokens (all replica groups)",
               "bytes": "bytes sent per replica (cumulative)"}
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for i, run in enumerate(runs):
@@ -653,8 +736,10 @@ def _write_text(runs: list[Run], out: Path, metric: str) -> list[Path]:
     note = f"\n\n`loss_vs_bytes.png` leaves out runs without byte counts: {', '.join(r.name for r in skipped)}." \
         if skipped else ""
     plots = "\n".join(f"![{name}]({name})" for name in REPORT_FILES[:3])
+    rounds = "".join(f"\n- {line}" for line in rounds_lines(runs))
+    rounds = f"\n\nReplica groups in deadline rounds:\n{rounds}" if rounds else ""
     md = (f"# Runs\n\nFinal loss: {metric} (`*`: lowest of its method within a sweep).\n\n"
-          f"{markdown(runs, metric)}{note}\n\n{plots}\n")
+          f"{markdown(runs, metric)}{note}{rounds}\n\n{plots}\n")
     (out / "report.md").write_text(md)
     (out / "report.json").write_text(json.dumps({"metric": metric, "rows": rows_json(runs, metric)}, indent=2) + "\n")
     return [out / "report.md", out / "report.json"]
@@ -696,6 +781,8 @@ def main(argv: list[str] | None = None) -> int:
         if out.exists() and not out.is_dir():
             raise ReportError(f"{out}: exists and is not a folder; pass another --out")
         print(table(runs, args.metric))
+        for line in rounds_lines(runs):
+            print(line)
         written = [*write_plots(runs, out), *_write_text(runs, out, args.metric)]
     except ReportError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -51,7 +51,7 @@ from muloco.outer.exchange.pipeline import PendingExchange, Plan, Sync, Work
 from muloco.outer.exchange.strategies import STRATEGIES, AllGather, AllReduce, StrategyConfig
 
 MB = 2**20
-WEIGHTINGS = ("equal", "tokens")
+WEIGHTINGS = ("auto", "equal", "tokens")
 
 
 class Exchange(Configurable):
@@ -76,8 +76,9 @@ class Exchange(Configurable):
         kernels: str = "auto"
         """auto (compiled on CUDA, eager elsewhere) | eager | compiled (torch.compile; the
         same payloads byte for byte)."""
-        weighting: str = "equal"
-        """equal (every contributor's Δ counts the same) | tokens (each counts by the tokens its
+        weighting: str = "auto"
+        """auto (tokens in deadline rounds, equal in lockstep rounds) | equal (every contributor's
+        Δ counts the same) | tokens (each counts by the tokens its
         group trained since its last sync, agreed in one 40-byte record per replica and sync:
         ``pipeline.work_weights``). Groups that train the same number of steps get the plain
         mean bit for bit; groups that train different numbers of steps per round (replica
@@ -112,13 +113,8 @@ class Exchange(Configurable):
             if self.weighting not in WEIGHTINGS:
                 raise ValueError(f"outer.exchange.weighting must be one of {', '.join(WEIGHTINGS)}; "
                                  f"got {self.weighting!r}")
-            if self.weighting == "tokens" and isinstance(self.resolved_strategy(), AllReduce.Config):
-                carried = [self.codec] + ([Dense.Config(dtype=self.skip_dtype)] if self.skip_pattern else [])
-                lossy = [c.describe() for c in (c.build() for c in carried) if not c.lossless]
-                if lossy:
-                    raise ValueError(f"outer.exchange.weighting tokens scales each Δ by its weight before an "
-                                     f"all-reduce sums it, which only a lossless (float32) payload allows; with "
-                                     f"{lossy[0]} use --outer.exchange.strategy allgather")
+            if self.weighting == "tokens":
+                self.check_weighted()
             if self.tiles < 0:
                 raise ValueError(f"outer.exchange.tiles must be >= 0 (0: no tiles), got {self.tiles!r}")
             if self.tiles:
@@ -135,6 +131,24 @@ class Exchange(Configurable):
             except ValueError as err:
                 raise ValueError(f"outer.exchange.strategy {strategy.name}: {err}") from None
 
+        def resolved_weighting(self, deadline: bool) -> str:
+            """equal or tokens: ``auto`` is tokens in deadline rounds (a group's Δ from fewer steps
+            counts less; measured in RUNNING_JOBS.md, "Groups of unequal speed") and equal otherwise."""
+            if self.weighting != "auto":
+                return self.weighting
+            return "tokens" if deadline else "equal"
+
+        def check_weighted(self, why: str = "outer.exchange.weighting tokens") -> None:
+            """A weighted all-reduce scales each Δ before the sum: only lossless payloads allow it."""
+            if not isinstance(self.resolved_strategy(), AllReduce.Config):
+                return
+            carried = [self.codec] + ([Dense.Config(dtype=self.skip_dtype)] if self.skip_pattern else [])
+            lossy = [c.describe() for c in (c.build() for c in carried) if not c.lossless]
+            if lossy:
+                raise ValueError(f"{why} scales each Δ by its weight before an all-reduce sums it, which only a "
+                                 f"lossless (float32) payload allows; with {lossy[0]} use "
+                                 f"--outer.exchange.strategy allgather")
+
         def resolved_strategy(self):
             if self.strategy is not None:
                 return self.strategy
@@ -146,7 +160,9 @@ class Exchange(Configurable):
         whatever the weighting; a weighted exchange always does)."""
         config.validate()
         self.config = config
-        self.records = records or config.weighting == "tokens"
+        self.weighting = config.resolved_weighting(deadline=records)
+        """equal or tokens (``auto`` resolved: tokens where the records are kept for deadline rounds)."""
+        self.records = records or self.weighting == "tokens"
         self.device = device or torch.device("cpu")
         self.link = link or Link.Config().build()
         self.compiled = use_compiled(config.kernels, self.device)
@@ -237,7 +253,7 @@ class Exchange(Configurable):
 
     @property
     def weighted(self) -> bool:
-        return self.config.weighting == "tokens"
+        return self.weighting == "tokens"
 
     def wire_phases(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> list[dict[str, float]]:
         """Replica ``rank``'s collectives in one sync of a fragment with ``numel`` compressed and

@@ -208,6 +208,49 @@ def test_deadline_rounds_resume_from_a_round_checkpoint_exactly(cluster, tmp_pat
             summary(tmp_path / "straight", i)["diloco"]["final_global_sha256"]
 
 
+PACED3 = ("--outer.sync_every", "3", "--outer.round", "deadline", "--outer.fingerprint",
+          "--checkpoint.interval", "6", "--validator.freq", "6")
+"""Deadline rounds of H=3, K=3, replicas 0 and 1 at 10 ms per step and replica 2 at 30 ms (``pace``
+drills): after the first round (3 steps each) a round lasts the slow group's 3 steps (90 ms); the
+fast groups would fit 9 and are capped at 2H = 6, so each round moves (6 + 6 + 3) / 3 = 5 nominal
+steps: progress 3, 8, 13, 18 (the end)."""
+
+
+@pytest.mark.timeout(900)
+def test_deadline_rounds_k3_agree_and_resume_from_a_round_checkpoint_exactly(cluster, tmp_path):
+    """K=3, one group 3x slower: every replica holds the same θ_g after every round (token weights
+    1, 1 and 1/2); then all three are killed in round 4, after the checkpoint of round 3 (progress
+    13 passed 12: saved at the fast groups' step 15 and the slow group's step 9), and started again:
+    the run ends on the uninterrupted run's θ_g, bit for bit."""
+    def job(dump, drills, tag):
+        c = cluster(3, min_replicas=3)
+        env = {"MULOCO_TEST_DRILLS": drills, "MULOCO_TEST_DRILL_DIR": str(dump.parent / f"markers-{tag}")}
+        (dump.parent / f"markers-{tag}").mkdir(exist_ok=True)
+        for i in range(3):
+            c.start_replica(i, _args(dump, steps=18, extra=PACED3), entry=DRILL_ENTRY, env=env, tag=f"r{i}-{tag}")
+        codes = [c.wait(f"r{i}-{tag}", 2 * HANG_S) for i in range(3)]
+        c.close()
+        return codes
+
+    paced = "pace:0:10,pace:1:10,pace:2:30"
+    assert job(tmp_path / "straight", paced, "straight") == [0, 0, 0]
+    rows = [syncs(tmp_path / "straight", i) for i in range(3)]
+    assert [[r["round_steps"] for r in rs] for rs in rows] == [[3, 6, 6, 6], [3, 6, 6, 6], [3, 3, 3, 3]]
+    assert all([r["progress"] for r in rs] == [3.0, 8.0, 13.0, 18.0] for rs in rows)
+    assert all(r["committed"] and r["contributors"] == 3 for rs in rows for r in rs)
+    assert [[r[f"weight_{j}"] for j in range(3)] for r in rows[0]] == [[1.0, 1.0, 1.0]] + [[1.0, 1.0, 0.5]] * 3
+    assert [r["global_sha256"] for r in rows[0]] == [r["global_sha256"] for r in rows[1]] == \
+        [r["global_sha256"] for r in rows[2]]
+    assert job(tmp_path / "resumed", paced + ",mid:0:17,mid:1:17,mid:2:11", "killed") == [-9, -9, -9]
+    assert job(tmp_path / "resumed", paced, "resumed") == [0, 0, 0]
+    for i in range(3):
+        straight, resumed = syncs(tmp_path / "straight", i), syncs(tmp_path / "resumed", i)
+        assert [r["progress"] for r in resumed] == [3.0, 8.0, 13.0, 18.0]  # rounds 1-3, then round 4 again
+        assert [r["global_sha256"] for r in resumed] == [r["global_sha256"] for r in straight]
+        assert summary(tmp_path / "resumed", i)["diloco"]["final_global_sha256"] == \
+            summary(tmp_path / "straight", i)["diloco"]["final_global_sha256"]
+
+
 @pytest.mark.timeout(900)
 def test_deadline_rounds_a_killed_group_restarts_heals_and_the_rounds_go_on(tmp_path):
     """The launcher with --max-restarts, K=2, deadline rounds: replica 1 dies inside round 3's
@@ -235,6 +278,37 @@ def test_deadline_rounds_a_killed_group_restarts_heals_and_the_rounds_go_on(tmp_
     sums = [summary(dump, i) for i in range(2)]
     assert sums[0]["diloco"]["final_global_sha256"] == sums[1]["diloco"]["final_global_sha256"]
     assert [s["diloco"]["round"]["progress"] for s in sums] == [24.0, 24.0]
+
+
+@pytest.mark.timeout(900)
+def test_deadline_rounds_k3_the_slow_group_killed_restarts_heals_and_the_rounds_go_on(tmp_path):
+    """K=3 (``PACED3``), the launcher with --max-restarts and a quorum of all three: the slow group
+    dies inside round 3's exchange (its step 9), so round 3 commits nowhere (progress stays 8). The
+    fast groups train their next 6 steps and wait; the restarted slow group (no checkpoints) heals
+    from one of them, taking the rounds state with θ_g and its step (21), and adds nothing to that
+    sync: 8 + (6 + 6) / 2 = 14. The last round is scaled to the 4 steps left of a 5-step round
+    (6 -> 5, 3 -> 3, rounded up) and ends the run at 14 + 13/3 on one θ_g."""
+    dump = tmp_path / "run"
+    job = LocalJob(
+        config="diloco/diloco", replicas=3, min_replicas=3,
+        overrides=[*_args(dump, steps=18, extra=PACED3)[2:], "--checkpoint.no-enable"],
+        max_restarts=1, heartbeat_timeout_ms=1000, entry=DRILL_ENTRY,
+        env={"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:10,pace:2:30,exchange:2:9", "MULOCO_TEST_DRILL_DIR": str(tmp_path)},
+        console=open(tmp_path / "console.txt", "w"),
+    )
+    assert job.run() == 0, (tmp_path / "console.txt").read_text()[-3000:]
+    restarted = (dump / "logs" / "replica_2.log").read_text().split("=== restart 1 ===")[1]
+    assert re.search(r"healed from replica [01] in quorum \d+: step 0 -> 21", restarted), restarted[-3000:]
+    rows = [syncs(dump, i) for i in range(3)]
+    end = 14 + 13 / 3
+    for r in rows[:2]:
+        assert [(x["step"], x["committed"], x["progress"]) for x in r] == [
+            (3, True, 3.0), (9, True, 8.0), (15, False, 8.0), (21, True, 14.0), (26, True, end)]
+        assert [(x["contributors"], x["round_steps"]) for x in r[-2:]] == [(2, 6), (3, 5)]
+    assert [(x["step"], x["progress"], x["round_steps"]) for x in rows[2][-2:]] == [(21, 14.0, 0), (24, end, 3)]
+    sums = [summary(dump, i) for i in range(3)]
+    assert len({s["diloco"]["final_global_sha256"] for s in sums}) == 1
+    assert [s["diloco"]["round"]["progress"] for s in sums] == [end] * 3
 
 
 @pytest.mark.timeout(600)

@@ -1,7 +1,7 @@
 """Deadline rounds' state by hand (``muloco/outer/rounds.py``): the paces the quorum agrees, the
 progress, the budgets, the schedules' positions, and the state a checkpoint or a healing peer
-carries. The real jobs are in tests/test_diloco.py (deadline rounds, K=2) and
-tests/test_fault_drills.py (a kill, a heal and a resume in deadline rounds)."""
+carries. The real jobs are in tests/test_diloco.py: agreement, a resume from a round's checkpoint,
+and a killed group that restarts and heals, each at K=2 and K=3 with one slowed group."""
 
 from __future__ import annotations
 

@@ -8,17 +8,21 @@ from __future__ import annotations
 import pytest
 import torch
 
-from muloco.compress import Dense
-from muloco.outer.exchange import Exchange
-from muloco.outer.loop import OuterLoop
-from muloco.config.cli import parse_args
-from muloco.config.loader import ConfigError
-from muloco.outer.rounds import DeadlineRounds, Lockstep
+from muloco import compat
+
+compat.apply()  # before the config modules (torchtitan) are imported
+
+from muloco.compress import Dense  # noqa: E402
+from muloco.config.cli import parse_args  # noqa: E402
+from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.outer.exchange import Exchange  # noqa: E402
+from muloco.outer.loop import OuterLoop  # noqa: E402
+from muloco.outer.rounds import DeadlineRounds, Lockstep  # noqa: E402
 
 
 def _rounds(**settings) -> DeadlineRounds:
-    config = DeadlineRounds.Config(**{k: v for k, v in settings.items() if k in ("quantile", "min_steps",
-                                                                                            "max_steps", "pace_memory")})
+    config = DeadlineRounds.Config(**{k: v for k, v in settings.items()
+                                      if k in ("quantile", "min_steps", "max_steps", "pace_memory")})
     return config.build(sync_every=settings.get("h", 10), total_steps=settings.get("total", 100),
                         groups=settings.get("groups", 2), group=settings.get("group", 0))
 

@@ -46,6 +46,10 @@ class Lockstep(Configurable):
         def validate(self) -> None:
             pass
 
+    def __init__(self, config: Config, **_: Any):
+        """Nothing to keep (the outer loop builds deadline rounds only): ``build`` works on either variant."""
+        self.config = config
+
 
 class DeadlineRounds(Configurable):
     """Each group trains the inner steps of its own pace that fit in the round (the module docstring)."""

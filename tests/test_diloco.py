@@ -164,15 +164,15 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
         assert saved == steps, (i, saved)
     # the report: each group's rounds, steps and tokens, and θ_g's validations on the run's progress
     run = load_run(dump)
-    tokens = [sum(r["tokens"] for r in rows[i]) for i in range(2)]
+    tokens = [sum(r["tokens"] for r in rows[i]) for i in range(2)]  # one rank per group here
     assert run.rounds == {"progress": 24.5, "groups": [
-        {"group": 0, "rounds": 5, "steps": 31, "min_steps": 3, "max_steps": 8, "tokens": tokens[0]},
-        {"group": 1, "rounds": 5, "steps": 18, "min_steps": 2, "max_steps": 4, "tokens": tokens[1]}]}
+        {"group": 0, "rounds": 5, "steps": 31, "min_steps": 3, "max_steps": 8, "tokens_per_rank": tokens[0]},
+        {"group": 1, "rounds": 5, "steps": 18, "min_steps": 2, "max_steps": 4, "tokens_per_rank": tokens[1]}]}
     assert run.val_steps.tolist() == [16.0, 24.5] and run.sync_steps.tolist() == [4.0, 10.0, 16.0, 22.0, 24.5]
     assert 0 < run.train_steps[0] < run.train_steps[-1] <= 24.5
     assert rounds_lines([run]) == [f"run: deadline rounds, 24.5 nominal steps; group 0: 31 steps in 5 rounds (3-8 per "
-                                   f"round), {tokens[0]:,} tokens; group 1: 18 steps in 5 rounds (2-4 per round), "
-                                   f"{tokens[1]:,} tokens"]
+                                   f"round), {tokens[0]:,} tokens per rank; group 1: 18 steps in 5 rounds (2-4 per "
+                                   f"round), {tokens[1]:,} tokens per rank"]
 
 
 PACED = ("--outer.sync_every", "4", "--outer.round", "deadline", "--outer.exchange.weighting", "tokens",
@@ -249,6 +249,9 @@ def test_deadline_rounds_k3_agree_and_resume_from_a_round_checkpoint_exactly(clu
         assert [r["global_sha256"] for r in resumed] == [r["global_sha256"] for r in straight]
         assert summary(tmp_path / "resumed", i)["diloco"]["final_global_sha256"] == \
             summary(tmp_path / "straight", i)["diloco"]["final_global_sha256"]
+    # the report counts the rounds of the resumed run as of the uninterrupted one
+    assert load_run(tmp_path / "resumed").rounds == load_run(tmp_path / "straight").rounds
+    assert [g["steps"] for g in load_run(tmp_path / "straight").rounds["groups"]] == [21, 21, 12]
 
 
 @pytest.mark.timeout(900)
@@ -309,6 +312,11 @@ def test_deadline_rounds_k3_the_slow_group_killed_restarts_heals_and_the_rounds_
     sums = [summary(dump, i) for i in range(3)]
     assert len({s["diloco"]["final_global_sha256"] for s in sums}) == 1
     assert [s["diloco"]["round"]["progress"] for s in sums] == [end] * 3
+    # the report: the failed round and the heal count no steps; θ_g's validations at progress 8, 14 and the end
+    run = load_run(dump)
+    assert [(g["rounds"], g["steps"], g["min_steps"], g["max_steps"]) for g in run.rounds["groups"]] == [
+        (4, 20, 3, 6), (4, 20, 3, 6), (3, 9, 3, 3)]
+    assert run.rounds["progress"] == end and run.val_steps.tolist() == [8.0, 14.0, end]
 
 
 @pytest.mark.timeout(600)

@@ -285,3 +285,43 @@ def test_times_of_a_run_over_an_emulated_link_say_so():
     line_a = next(line for line in text.splitlines() if line.lstrip("* ").startswith("a "))
     line_b = next(line for line in text.splitlines() if line.lstrip("* ").startswith("b "))
     assert line_a.count("(emulated 100 Mbps link)") == 2 and "emulated" not in line_b
+
+
+def _deadline_sync(step: int, progress: float, steps: int, committed: bool = True, healed_from=None) -> dict:
+    return {"step": step, "sync/bytes_sent": 100, "sync/payload_bytes": 25, "sync/numel": 100, "sync/fragment": 0,
+            "sync/progress": progress, "sync/round_steps": steps, "sync/tokens": 10 * steps,
+            "sync/committed": committed, "sync/healed_from": healed_from}
+
+
+def test_deadline_rounds_are_counted_on_each_group_s_current_timeline(tmp_path):
+    """Deadline rounds, two groups, by hand. Group 0: a failed sync, then a restart from its step-4
+    checkpoint whose redone round ends at step 10, not 12 (the budgets follow paces measured again):
+    the abandoned step-12 round is not counted and the failed sync adds no step and no point of its
+    own. Group 1: killed, restarted without a checkpoint, and healed from a peer at its step 10; it
+    logged no train loss (the curves leave it out instead of failing)."""
+    job = tmp_path / "job"
+    records = [
+        [{"step": 0, "session_start": True}, {"step": 2, "loss": 5.0, "n_tokens_seen": 20}, _deadline_sync(4, 4.0, 4),
+         {"step": 8, "loss": 4.0, "n_tokens_seen": 80}, _deadline_sync(8, 4.0, 4, committed=False),
+         _deadline_sync(12, 8.0, 4), {"step": 4, "session_start": True}, {"step": 6, "loss": 4.5, "n_tokens_seen": 60},
+         {"step": 8, "loss": 4.2, "n_tokens_seen": 80}, _deadline_sync(10, 7.0, 6), _deadline_sync(16, 11.0, 6),
+         {"step": 16, "validation_loss": 3.0}],
+        [{"step": 0, "session_start": True}, _deadline_sync(4, 4.0, 4), {"step": 0, "session_start": True},
+         _deadline_sync(10, 7.0, 0, healed_from=0), _deadline_sync(12, 11.0, 2), {"step": 12, "validation_loss": 3.0}],
+    ]
+    for i, rows in enumerate(records):
+        (job / f"replica_{i}").mkdir(parents=True)
+        (job / f"replica_{i}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = report.load_run(job)
+    assert run.rounds == {"progress": 11.0, "groups": [
+        {"group": 0, "rounds": 3, "steps": 16, "min_steps": 4, "max_steps": 6, "tokens_per_rank": 160.0},
+        {"group": 1, "rounds": 2, "steps": 6, "min_steps": 2, "max_steps": 4, "tokens_per_rank": 60.0}]}
+    assert run.val_steps.tolist() == [11.0] and run.val_loss.tolist() == [3.0]
+    assert run.train_steps.tolist() == [2.0, 5.0, 6.0]  # group 0's steps 2, 6 and 8: 4 + 2/6 and 4/6 of 3
+    assert run.train_loss.tolist() == [5.0, 4.5, 4.2]  # the restarted process's step 8, not the first's
+    # every sync sent its bytes, the abandoned one at step 12 too (at group 0's progress 7 + 2/6 of 4)
+    assert run.sync_steps.tolist() == pytest.approx([4.0, 6.0, 7.0, 25 / 3, 11.0])
+    assert run.sync_bytes.tolist() == [100.0, 150.0, 250.0, 300.0, 400.0] and run.bytes_sent_per_replica == 400
+    assert report.rounds_lines([run]) == [
+        "job: deadline rounds, 11 nominal steps; group 0: 16 steps in 3 rounds (4-6 per round), 160 tokens per rank; "
+        "group 1: 6 steps in 2 rounds (2-4 per round), 60 tokens per rank"]

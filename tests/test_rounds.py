@@ -108,8 +108,8 @@ def test_bad_round_settings_are_one_clear_error(make, match):
     (["--outer.round.quantile", "0.5"], r"outer.round is lockstep, which has no setting 'quantile'.*"
                                         r"pick it with --outer.round deadline"),
     (["--outer.round", "lockstep", "--outer.round.max_steps", "8"], "outer.round is lockstep, which has no setting"),
-    (["--outer.round.mode", "deadline"], r"no outer.round variant has a setting 'mode'; pick one with "
-                                         r"--outer.round lockstep\|deadline \(now: lockstep\)"),
+    (["--outer.round.mode", "deadline"], r"no outer.round variant \(lockstep, deadline; now lockstep\) has a "
+                                         r"setting 'mode'; a variant is picked with --outer.round NAME"),
 ])
 def test_a_deadline_setting_with_lockstep_rounds_or_an_unknown_mode_is_one_clear_error(args, match):
     with pytest.raises(ConfigError, match=match):
@@ -140,7 +140,7 @@ def test_a_round_is_timed_from_its_first_step_to_its_last_leaving_out_the_proces
 
 
 def test_the_default_weighting_is_tokens_in_deadline_rounds_and_equal_in_lockstep_rounds():
-    assert Exchange.Config().build(records=True).weighted  # the outer loop keeps records for deadline rounds
+    assert Exchange.Config().build(deadline=True).weighted
     assert not Exchange.Config().build().weighted
-    assert not Exchange.Config(weighting="equal").build(records=True).weighted
+    assert not Exchange.Config(weighting="equal").build(deadline=True).weighted
     assert Exchange.Config(weighting="tokens").build().weighted

@@ -12,8 +12,10 @@ from __future__ import annotations
 from torch.optim.lr_scheduler import LRScheduler
 
 
-def set_position(scheduler: LRScheduler, position: int) -> None:
+def set_position(scheduler: LRScheduler, position: float) -> None:
     """The scheduler and its optimizer's lrs as if it had been stepped to ``position`` (for a
     closed-form rule such as torchtitan's LambdaLR, the same values a scheduler stepped
-    ``position`` times holds), without a warning and without counting a step."""
+    ``position`` times holds), without a warning and without counting a step. A fractional
+    position (a group part-way through a deadline round: P + j/H_i of its planned progress) is
+    the rule's value there, which torchtitan's warmup-decay lambda computes as it would at a step."""
     scheduler._update_lr(position)

@@ -141,9 +141,10 @@ def misplaced_key_hint(config, key: str) -> str | None:
                   if cls is not None and leaf in {f.name for f in dataclasses.fields(cls)}]
         if not owners:
             known = {f.name for cls in options.values() if cls is not None for f in dataclasses.fields(cls)}
-            if where is not None and not difflib.get_close_matches(leaf, known):  # not a typo: --outer.round.mode
-                return (f"no {field_key} variant has a setting {leaf!r}; pick one with "
-                        f"--{field_key} {'|'.join(options)} (now: {chosen}).")
+            if where is not None and "." not in leaf and not difflib.get_close_matches(leaf, known):
+                # not a typo of a variant's setting: --outer.round.mode, a spelling of picking one
+                return (f"no {field_key} variant ({', '.join(options)}; now {chosen}) has a setting {leaf!r}; "
+                        f"a variant is picked with --{field_key} NAME.")
             continue
         if where is None:
             if chosen in owners:

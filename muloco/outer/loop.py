@@ -50,7 +50,7 @@ from muloco.outer.exchange.link import Link
 from muloco.outer.exchange.pipeline import Work
 from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.placement import Placement, resolve_backup_device
-from muloco.outer.rounds import Lockstep, RoundConfig
+from muloco.outer.rounds import DeadlineRounds, Lockstep, RoundConfig
 from muloco.outer.schedule import SyncSchedule, model_fragments
 from muloco.outer.step_schedule import StepSchedules
 
@@ -163,7 +163,8 @@ class SyncRecord:
     tokens: int = 0
     """Tokens this replica trained between its previous sync's prepare and this one's."""
     weight: float | None = None
-    """This replica's weight in a weighted average (``outer.exchange.weighting tokens``)."""
+    """This replica's weight in a weighted average (``outer.exchange.weighting tokens``, or ``auto`` in
+    deadline rounds)."""
     weights: dict[int, float] = field(default_factory=dict)
     """A weighted average's weight per quorum rank."""
     round_steps: int | None = None
@@ -281,9 +282,7 @@ class OuterLoop(Configurable):
                                  "drop outer.step_schedule.lr/momentum, or use --outer.optimizer.name sgd")
             self.link.validate()
             self.round.validate()
-            if self.round.deadline and self.exchange.weighting == "auto":
-                self.exchange.check_weighted("deadline rounds weigh each group's Δ by its tokens "
-                                             "(outer.exchange.weighting auto; equal turns it off), which")
+            self.exchange.check_weighting(self.round.deadline)
             if self.round.deadline and (self.num_fragments != 1 or self.fragment_sync_delay != 0):
                 raise ValueError(f"outer.round deadline syncs the whole model at each round's end: it needs "
                                  f"outer.num_fragments 1 and outer.fragment_sync_delay 0 (got {self.num_fragments} "
@@ -329,7 +328,7 @@ class OuterLoop(Configurable):
         self.rounds = config.round.build(sync_every=config.sync_every, total_steps=run_steps or total_steps
                                          or config.sync_every, groups=groups, group=replica_id) if self.deadline else None
         """Deadline rounds' agreed state (``outer/rounds.py``); None in lockstep rounds."""
-        self.exchange = config.exchange.build(device=device, link=config.link.build(), records=self.deadline)
+        self.exchange = config.exchange.build(device=device, link=config.link.build(), deadline=self.deadline)
         for frag in self.fragments:
             self.exchange.allocate(frag.names, frag.locals())
         self.records: list[SyncRecord] = []
@@ -805,7 +804,7 @@ class OuterLoop(Configurable):
             "link": self.config.link.describe() if self.config.link.enabled else None,
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,
             "outer_parameters": self.num_params,
-            "round": {"mode": "deadline", "rounds": int(self.rounds.rounds),
+            "round": {"mode": DeadlineRounds.name, "rounds": int(self.rounds.rounds),
                       "progress": float(self.rounds.progress), "steps": steps} if self.deadline
-            else {"mode": "lockstep"},
+            else {"mode": Lockstep.name},
         }

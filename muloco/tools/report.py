@@ -191,8 +191,10 @@ class _Replica:
     bits_per_byte: dict[int, float] = field(default_factory=dict)  # validation step -> bits per byte
     tuning: dict[int, float] = field(default_factory=dict)  # validation step -> loss on the tuning batches
     rounds: dict[int, tuple[float, int, float, bool]] = field(default_factory=dict)
-    """Deadline rounds: sync step -> (the run's progress after it, this group's steps and tokens in
-    the round, committed)."""
+    """Deadline rounds: sync step -> (the run's progress after it, this group's steps and its rank's
+    tokens in the round, committed), of the group's current timeline only (``_file_round``)."""
+    restarted_at: int | None = None
+    """The step a new process of this group started training at, until its first sync is filed."""
 
 
 def _read_replica(folder: Path) -> _Replica:
@@ -221,12 +223,26 @@ def _add_record(replica: _Replica, r: dict[str, Any]) -> None:
         replica.bits_per_byte[step] = float(r["validation_bits_per_byte"])
     if r.get("tuning_loss") is not None:
         replica.tuning[step] = float(r["tuning_loss"])
+    if r.get("session_start"):
+        replica.restarted_at = step
     if r.get("sync/progress") is not None:
-        replica.rounds[step] = (float(r["sync/progress"]), int(r.get("sync/round_steps") or 0),
-                                float(r.get("sync/tokens") or 0), bool(r.get("sync/committed")))
+        _file_round(replica, step, r)
     if r.get("sync/bytes_sent") is not None:
         replica.syncs[(step, int(r.get("sync/fragment") or 0))] = (
             float(r["sync/bytes_sent"]), float(r.get("sync/payload_bytes") or 0), float(r.get("sync/numel") or 0))
+
+
+def _file_round(replica: _Replica, step: int, r: dict[str, Any]) -> None:
+    """A deadline round's sync record. The first one after a restart drops the rounds the group
+    will not stand on again: those after the checkpoint it resumed from (their budgets followed
+    paces measured again, so a redone round need not end at the same step), or, when that sync
+    healed it from a peer, those from the peer's step on (a healed group takes the peer's step)."""
+    if replica.restarted_at is not None:
+        cut = step - 1 if r.get("sync/healed_from") is not None else replica.restarted_at
+        replica.rounds = {s: v for s, v in replica.rounds.items() if s <= cut}
+        replica.restarted_at = None
+    replica.rounds[step] = (float(r["sync/progress"]), int(r.get("sync/round_steps") or 0),
+                            float(r.get("sync/tokens") or 0), bool(r.get("sync/committed")))
 
 
 EVAL_METRICS = ("acc_norm", "acc", "exact_match", "word_perplexity")
@@ -272,51 +288,62 @@ def _mean(values: list[Any]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _deadline(reps: list[_Replica]) -> bool:
-    """Deadline rounds: the groups' step counts differ, so the run's progress is the common axis."""
-    return all(r.rounds for r in reps)
+def _committed_rounds(rep: _Replica) -> tuple[list[int], list[float]]:
+    """This group's committed syncs' steps and the run's progress after each (both increasing)."""
+    steps = sorted(s for s, v in rep.rounds.items() if v[3])
+    return steps, [rep.rounds[s][0] for s in steps]
 
 
 def _progress_at(rep: _Replica, steps) -> np.ndarray:
-    """Deadline rounds: this group's steps as the run's progress in nominal steps, from its syncs'
-    (step, progress), linear within a round as its inner schedule is."""
-    keys = sorted(rep.rounds)
-    return np.interp(np.asarray(steps, dtype=float), np.r_[0.0, keys], np.r_[0.0, [rep.rounds[k][0] for k in keys]])
+    """Deadline rounds: this group's steps as the run's progress in nominal steps, from its committed
+    syncs' (step, progress), linear within a round as its inner schedule is."""
+    xs, ys = _committed_rounds(rep)
+    return np.interp(np.asarray(steps, dtype=float), np.r_[0.0, xs], np.r_[0.0, ys])
 
 
 def _on_progress(rep: _Replica) -> _Replica:
-    """The group's records keyed by the run's progress instead of its own step."""
+    """The group's records keyed by the run's progress instead of its own step; records after its
+    last committed sync (a run still going) have no place yet and are left out."""
+    xs, _ = _committed_rounds(rep)
+    last = xs[-1] if xs else -1
+
     def move(d):
-        return dict(zip(_progress_at(rep, list(d)).tolist(), d.values())) if d else {}
-    syncs = dict(zip([(p, f) for p, (_, f) in zip(_progress_at(rep, [s for s, _ in rep.syncs]).tolist(), rep.syncs)],
-                     rep.syncs.values()))
+        kept = {s: v for s, v in d.items() if s <= last}
+        return dict(zip(_progress_at(rep, list(kept)).tolist(), kept.values())) if kept else {}
+
+    kept = [k for k in rep.syncs if k[0] <= last]  # (progress, step): a failed sync shares its progress
+    syncs = {(p, k[0]): rep.syncs[k] for p, k in zip(_progress_at(rep, [k[0] for k in kept]).tolist(), kept)}
     return _Replica(rep.summary, move(rep.train), move(rep.validation), syncs, move(rep.bits_per_byte),
                     move(rep.tuning), rep.rounds)
 
 
 def _train_curve(reps: list[_Replica], on_progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """x, mean loss and summed tokens: at the x every group logged (lockstep: steps); on
-    progress, the first group's points up to where every group got, the others interpolated."""
-    common = sorted(set.intersection(*(set(r.train) for r in reps)))
+    progress, the first group's points up to where every group got, the others interpolated
+    (a group with no train records yet is left out)."""
     if len(reps) == 1 or not on_progress:
+        common = sorted(set.intersection(*(set(r.train) for r in reps)))
         loss = np.array([[r.train[s][0] for s in common] for r in reps]).reshape(len(reps), -1)
         tokens = np.array([[r.train[s][1] for s in common] for r in reps]).reshape(len(reps), -1)
         return np.array(common, dtype=float), loss.mean(axis=0), tokens.sum(axis=0)
-    end = min(max(r.train) for r in reps if r.train) if all(r.train for r in reps) else -1.0
-    grid = np.array(sorted(x for x in reps[0].train if x <= end), dtype=float)
+    logged = [r for r in reps if r.train]
+    if not logged:
+        return np.zeros(0), np.zeros(0), np.zeros(0)
+    end = min(max(r.train) for r in logged)
+    grid = np.array(sorted(x for x in logged[0].train if x <= end), dtype=float)
     loss, tokens = [], []
-    for r in reps:
+    for r in logged:
         xs = np.array(sorted(r.train), dtype=float)
         loss.append(np.interp(grid, xs, [r.train[x][0] for x in xs]))
         tokens.append(np.interp(grid, xs, [r.train[x][1] for x in xs]))
     return grid, np.mean(loss, axis=0), np.sum(tokens, axis=0)
 
 
-def _curves(reps: list[_Replica]) -> dict[str, np.ndarray]:
+def _curves(reps: list[_Replica], on_progress: bool = False) -> dict[str, np.ndarray]:
     """Train loss (mean over replicas) and tokens (sum) at the steps every replica logged,
     validation points of θ_g, and cumulative bytes sent per replica at each sync step. In
-    deadline rounds the x is the run's progress (nominal steps), not a group's own step."""
-    on_progress = _deadline(reps)
+    deadline rounds (``on_progress``) the x is the run's progress (nominal steps), not a group's
+    own step."""
     if on_progress:
         reps = [_on_progress(r) for r in reps]
     steps, loss, tokens = _train_curve(reps, on_progress)
@@ -332,18 +359,24 @@ def _curves(reps: list[_Replica]) -> dict[str, np.ndarray]:
     }
 
 
+def _deadline(facts: dict[str, Any] | None, reps: list[_Replica]) -> bool:
+    """Deadline rounds (the groups' step counts differ, so the run's progress is the common axis):
+    as run.json's facts say, else from the sync records."""
+    mode = (((facts or {}).get("outer") or {}).get("round") or {}).get("mode")
+    return mode == "deadline" if mode else bool(reps) and all(r.rounds for r in reps)
+
+
 def _rounds(reps: list[_Replica]) -> dict[str, Any] | None:
     """Deadline rounds: each group's committed rounds, its inner steps (in all, fewest and most in
-    a round) and its tokens, from its sync records; None for lockstep runs."""
-    if not _deadline(reps):
-        return None
+    a round) and its tokens (those of each of its ranks: the work record is a rank's), from its
+    sync records."""
     groups = []
     for i, r in enumerate(reps):
         trained = [v for v in r.rounds.values() if v[3] and v[1] > 0]
         steps = [v[1] for v in trained]
         groups.append({"group": i, "rounds": len(trained), "steps": sum(steps), "min_steps": min(steps, default=0),
-                       "max_steps": max(steps, default=0), "tokens": sum(v[2] for v in trained)})
-    return {"progress": max(v[0] for r in reps for v in r.rounds.values()), "groups": groups}
+                       "max_steps": max(steps, default=0), "tokens_per_rank": sum(v[2] for v in trained)})
+    return {"progress": max((v[0] for r in reps for v in r.rounds.values() if v[3]), default=0.0), "groups": groups}
 
 
 def _cumulative_bytes(rep: _Replica, at_steps: np.ndarray) -> np.ndarray:
@@ -420,12 +453,17 @@ def load_run(folder: Path | str) -> Run:
     reps = [_read_replica(p) for p in parts]
     run_json = _json_file(parts[0] / RUN_FILE)
     summary = next((r.summary for r in reps if r.summary is not None), None)
-    curves = _curves(reps)
     try:
         facts = _facts(parts[0], run_json)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ReportError(f"{folder}: run.json has a missing or mistyped field ({err!r}); rerun or delete the file") \
+            from None
+    deadline = _deadline(facts, reps)
+    curves = _curves(reps, on_progress=deadline)
+    try:
         return Run(folder=folder, name=folder.resolve().name, method=method_of(facts) if facts else "?",
                    objective=_objective(facts, summary), facts=facts, replicas=len(parts),
-                   evaluations=_evaluations(folder), rounds=_rounds(reps),
+                   evaluations=_evaluations(folder), rounds=_rounds(reps) if deadline else None,
                    complete=all(r.summary is not None for r in reps), **_scalars(reps, curves), **curves)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise ReportError(f"{folder}: summary.json or run.json has a missing or mistyped field ({err!r}); "
@@ -613,7 +651,7 @@ def rounds_lines(runs: list[Run]) -> list[str]:
         if run.rounds is None:
             continue
         groups = "; ".join(f"group {g['group']}: {g['steps']} steps in {g['rounds']} rounds "
-                           f"({g['min_steps']}-{g['max_steps']} per round), {g['tokens']:,.0f} tokens"
+                           f"({g['min_steps']}-{g['max_steps']} per round), {g['tokens_per_rank']:,.0f} tokens per rank"
                            for g in run.rounds["groups"])
         lines.append(f"{run.name}: deadline rounds, {run.rounds['progress']:g} nominal steps; {groups}")
     return lines

@@ -113,8 +113,7 @@ class Exchange(Configurable):
             if self.weighting not in WEIGHTINGS:
                 raise ValueError(f"outer.exchange.weighting must be one of {', '.join(WEIGHTINGS)}; "
                                  f"got {self.weighting!r}")
-            if self.weighting == "tokens":
-                self.check_weighted()
+            self.check_weighting(deadline=False)  # auto: the outer loop checks it with its round mode
             if self.tiles < 0:
                 raise ValueError(f"outer.exchange.tiles must be >= 0 (0: no tiles), got {self.tiles!r}")
             if self.tiles:
@@ -138,10 +137,14 @@ class Exchange(Configurable):
                 return self.weighting
             return "tokens" if deadline else "equal"
 
-        def check_weighted(self, why: str = "outer.exchange.weighting tokens") -> None:
+        def check_weighting(self, deadline: bool) -> None:
             """A weighted all-reduce scales each Δ before the sum: only lossless payloads allow it."""
-            if not isinstance(self.resolved_strategy(), AllReduce.Config):
+            if self.resolved_weighting(deadline) != "tokens" or not isinstance(self.resolved_strategy(),
+                                                                              AllReduce.Config):
                 return
+            why = ("outer.exchange.weighting tokens" if self.weighting == "tokens" else
+                   "deadline rounds weigh each group's Δ by its tokens (outer.exchange.weighting auto; equal "
+                   "turns it off), which")
             carried = [self.codec] + ([Dense.Config(dtype=self.skip_dtype)] if self.skip_pattern else [])
             lossy = [c.describe() for c in (c.build() for c in carried) if not c.lossless]
             if lossy:
@@ -155,14 +158,15 @@ class Exchange(Configurable):
             return AllReduce.Config() if isinstance(self.codec, Dense.Config) else AllGather.Config()
 
     def __init__(self, config: Config, *, device: torch.device | None = None, link: Link | None = None,
-                 records: bool = False):
-        """``records``: every sync gathers each replica's work record (deadline rounds need them
-        whatever the weighting; a weighted exchange always does)."""
+                 deadline: bool = False):
+        """``deadline``: the outer loop runs deadline rounds, so every sync gathers each replica's work
+        record whatever the weighting (a weighted exchange always does), and ``auto`` weighs by tokens."""
         config.validate()
         self.config = config
-        self.weighting = config.resolved_weighting(deadline=records)
-        """equal or tokens (``auto`` resolved: tokens where the records are kept for deadline rounds)."""
-        self.records = records or self.weighting == "tokens"
+        self.weighting = config.resolved_weighting(deadline)
+        """equal or tokens (``auto`` resolved: tokens in deadline rounds)."""
+        config.check_weighting(deadline)
+        self.records = deadline or self.weighting == "tokens"
         self.device = device or torch.device("cpu")
         self.link = link or Link.Config().build()
         self.compiled = use_compiled(config.kernels, self.device)
@@ -241,7 +245,7 @@ class Exchange(Configurable):
         replica's buffers have the same size. ``quorum_seconds``: how long this replica's
         quorum took, sent along so each replica can tell its wait for the slowest apart.
         ``work``: what this replica trained since its last sync, gathered
-        from every replica when the exchange keeps records (its weight, with ``weighting tokens``).
+        from every replica when the exchange keeps records (its weight, when the exchange is weighted).
         """
         plan = self.plans.get(tuple(names))
         if plan is None:

@@ -25,7 +25,7 @@ With an emulated link (``link.py``) each collective is held after it completes u
 emulated end; that hold is the part ``link``, and what τ inner steps overlap of it is hidden
 exactly as the real collective would be. Times come from the link's clock.
 
-Weighted syncs (``--outer.exchange.weighting tokens``): before any bucket every replica
+Weighted syncs (``--outer.exchange.weighting tokens``, or ``auto`` in deadline rounds): before any bucket every replica
 all-gathers its work record (flag, tokens trained since its last sync); each contributor's Δ
 then enters the average with the weight :func:`work_weights` gives it, the same numbers on
 every replica. Where every contributor did the same work the weights are all 1.0 and the
@@ -65,7 +65,6 @@ def record_bytes(k: int) -> dict[str, float]:
     """What gathering the work records costs one of ``k`` replicas: its record, sent to and
     received from each of the others."""
     return {"payload": RECORD_BYTES, "sent": (k - 1) * RECORD_BYTES, "received": (k - 1) * RECORD_BYTES}
-
 
 
 @dataclass(frozen=True)

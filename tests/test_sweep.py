@@ -155,3 +155,22 @@ def test_an_array_jobs_state_covers_every_task():
     assert combined_state(["PENDING", "COMPLETED"]) == "PENDING"
     assert combined_state(states_in("COMPLETED|\nTIMEOUT|\n")) == "TIMEOUT"  # sacct -P, one line per task
     assert combined_state([]) is None
+
+
+def test_the_smoke_copy_asks_for_the_gpus_and_cpus_its_run_asks_for(tmp_path):
+    """``--smoke-steps``: the short copy of the first run goes to the run's partition with the run's
+    request. It was rebuilt without the placed partition and asked for no GPU (a CPU job of one
+    rank on a GPU cluster)."""
+    from muloco.launch.cluster import NodeInfo
+    from muloco.launch.sweep import Sweep, smoke_script
+
+    nodes = [NodeInfo("gpu", f"n{i}", cpus=64, gpus=8) for i in range(2)]
+    sweep = Sweep("s", grid("groups", "diloco/muloco", replicas=2,
+                            fixed={"--model.flavor": "llama3-w64-d2-h2", "--training.steps": 30}))
+    (run,) = plan(sweep, str(tmp_path / "sweep"), lambda c, o: JobSpec(c, o, ClusterSettings()), [])
+    run.job.place(nodes, "gpu")
+    smoke, smoke_dir = smoke_script(run, 60, str(tmp_path / "sweep"))
+    for text in (run.job.scripts()[0].text, smoke.text):
+        assert "#SBATCH --gpus-per-node=8" in text and '#SBATCH --partition="gpu"' in text, text
+        assert "#SBATCH --cpus-per-task=" in text
+    assert "--training.steps 60" in smoke.text and smoke_dir in smoke.text

@@ -182,8 +182,8 @@ def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
     smoke = JobSpec(spec.config, [*spec.overrides, "--training.steps", str(steps), "--dump_folder", smoke_dir],
                     spec.cluster, job_name=f"{spec.name}-smoke"[:120], requeue=False, procs=spec.procs,
                     max_restarts=spec.max_restarts)
-    kind_cfg = p.job.cfg
-    job = build(p.entry.kind, kind_cfg, smoke)
+    job = build(p.entry.kind, p.job.cfg, smoke)
+    job.partition = p.job.partition  # the run's partition, placed and checked: the same GPUs and CPUs asked
     prepare_folder(smoke_dir)
     return job.scripts()[0], smoke_dir
 

@@ -296,7 +296,8 @@ def test_deadline_rounds_k3_the_slow_group_killed_restarts_heals_and_the_rounds_
         config="diloco/diloco", replicas=3, min_replicas=3,
         overrides=[*_args(dump, steps=18, extra=PACED3)[2:], "--checkpoint.no-enable"],
         max_restarts=1, heartbeat_timeout_ms=1000, entry=DRILL_ENTRY,
-        env={"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:10,pace:2:30,exchange:2:9", "MULOCO_TEST_DRILL_DIR": str(tmp_path)},
+        env={"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:10,pace:2:30,exchange:2:9",
+             "MULOCO_TEST_DRILL_DIR": str(tmp_path)},
         console=open(tmp_path / "console.txt", "w"),
     )
     assert job.run() == 0, (tmp_path / "console.txt").read_text()[-3000:]

@@ -92,7 +92,8 @@ def test_the_state_round_trips_through_tensors():
     (lambda: DeadlineRounds.Config(quantile=0.0), r"outer.round.quantile must be in \(0, 1\]"),
     (lambda: DeadlineRounds.Config(min_steps=8, max_steps=4), "need 1 <= min_steps <= max_steps"),
     (lambda: DeadlineRounds.Config(pace_memory=1.0), r"pace_memory must be in \[0, 1\)"),
-    (lambda: OuterLoop.Config(round=DeadlineRounds.Config(), exchange=Exchange.Config(codec=Dense.Config(dtype="bfloat16"))),
+    (lambda: OuterLoop.Config(round=DeadlineRounds.Config(),
+                              exchange=Exchange.Config(codec=Dense.Config(dtype="bfloat16"))),
      r"deadline rounds weigh each group's Δ by its tokens \(outer.exchange.weighting auto; equal turns it off\), "
      r"which scales each Δ .* lossless .* use --outer.exchange.strategy allgather"),
     (lambda: OuterLoop.Config(round=DeadlineRounds.Config(), num_fragments=2, sync_every=10),
@@ -117,7 +118,8 @@ def test_a_deadline_setting_with_lockstep_rounds_or_an_unknown_mode_is_one_clear
 
 
 def test_the_round_mode_is_picked_by_name_and_keeps_its_settings_in_any_order():
-    _, config = parse_args(["--config", "diloco/muloco_2bit", "--outer.round.max_steps", "9", "--outer.round", "deadline"])
+    _, config = parse_args(["--config", "diloco/muloco_2bit", "--outer.round.max_steps", "9",
+                            "--outer.round", "deadline"])
     assert isinstance(config.outer.round, DeadlineRounds.Config) and config.outer.round.max_steps == 9
     assert config.outer.round.deadline
     _, config = parse_args(["--config", "diloco/muloco_2bit"])

@@ -155,7 +155,8 @@ def misplaced_key_hint(config, key: str) -> str | None:
             continue
         value = getattr(owner, name)
         mine = ", ".join(f.name for f in dataclasses.fields(value)) if value is not None else ""
-        return (f"{field_key} is {chosen}, which has no setting {leaf!r} ({f'its settings: {mine}' if mine else 'it has none'}); "
+        mine = f"its settings: {mine}" if mine else "it has none"
+        return (f"{field_key} is {chosen}, which has no setting {leaf!r} ({mine}); "
                 f"{leaf} belongs to {' or '.join(owners)}: pick it with --{field_key} {owners[0]}.")
     return None
 

@@ -714,8 +714,8 @@ def _plot(runs: list[Run], axis: str, path: Path, note: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {"steps": "inner steps (deadline rounds: the run's nominal steps)", "tokens": "tokens (all replica groups)",
-              "bytes": "bytes sent per replica (cumulative)"}
+    labels = {"steps": "inner steps (deadline rounds: the run's nominal steps)",
+              "tokens": "tokens (all replica groups)", "bytes": "bytes sent per replica (cumulative)"}
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for i, run in enumerate(runs):
         color = f"C{i % 10}" if len(runs) <= 10 else plt.cm.tab20(i % 20)

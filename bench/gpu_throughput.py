@@ -1,7 +1,7 @@
 """GPU throughput: our trainer against stock torchtitan, and the K=2 sync by θ_g placement.
 
     python bench/gpu_throughput.py [--part all|throughput|sync] [--shapes 416m[,158m]]
-        [--compile on[,off]] [--objectives ar[,mdlm]] [--placements device[,cpu]]
+        [--compile on[,off]] [--objectives ar[,mdlm]] [--placements device[,cpu]] [--timings host[,device]]
         [--repeats 2] [--steps 40] [--warmup 10] [--batch 16] [--no-warmup-run]
         [--sync-steps 120] [--sync-batch 4] [--timeout 400] [--json PATH] [--smoke]
 
@@ -28,6 +28,10 @@ replica, first sync (process group set-up) left out; targets <= 3% (GPU) and <= 
 (pinned CPU)), the time of a sync by part (``sync_overhead.sync_parts``: quorum, waiting
 for the slowest, Δ, encode, collective, decode, commit, outer step, pull) and the largest
 peak of a sync's own buffers (the exchange's peak memory, as the trainer records it).
+``--timings host,device`` adds runs with ``--outer.exchange.timing device``: each part waits for
+the device work queued before it (``queued``) and for its own kernels, so the table says where
+a sync's time goes on the GPU (host timing puts a kernel's time where the host first waits for
+it); those runs serialise the sync, so their share is no verdict.
 
 On a machine without CUDA both parts run a tiny flavor in fp32 and say so: the figures
 then show the bench works, not what a GPU does. There, compile runs with torch.compile's
@@ -135,14 +139,15 @@ def _sync_settings(args, cuda: bool) -> tuple[str, dict[str, int]]:
         "metrics.log_freq": 30}
 
 
-def _sync_run(args, root: Path, placement: str, rep: int, flavor: str, overrides: list[str]) -> dict:
+def _sync_run(args, root: Path, placement: str, timing: str, rep: int, flavor: str, overrides: list[str]) -> dict:
     """One K=2 job with θ_g at ``placement``; the worse replica's figures and the replicas' records."""
-    job = sync_overhead.run_job(root, f"{placement}-{rep}", flavor, overrides + ["--outer.backup_device", placement],
+    job = sync_overhead.run_job(root, f"{placement}-{timing}-{rep}", flavor,
+                                overrides + ["--outer.backup_device", placement, "--outer.exchange.timing", timing],
                                 args.timeout, config="diloco/muloco_2bit")
     figures = [sync_overhead._replica_figures(r) for r in job["replicas"]]
     notes = sync_overhead._check_syncs(job)
     worse = max(figures, key=lambda f: f["share_rest"])
-    print(f"  run {rep + 1} θ_g on {placement:<6}: share w/o 1st sync {100 * worse['share_rest']:.2f}% "
+    print(f"  run {rep + 1} θ_g on {placement:<6} ({timing} timing): share w/o 1st sync {100 * worse['share_rest']:.2f}% "
           f"(with it {100 * worse['share']:.2f}%), per sync median w/o 1st "
           f"{1000 * worse['median_rest']:.0f} ms, step {1000 * worse['step_s']:.0f} ms, "
           f"{worse['bytes_per_sync'] / 1e6:.1f} MB sent per sync, "
@@ -151,9 +156,9 @@ def _sync_run(args, root: Path, placement: str, rep: int, flavor: str, overrides
     return {"worse": worse, "replicas": job["replicas"]}
 
 
-def _sync_row(args, placement: str, flavor: str, runs: list[dict]) -> dict:
+def _sync_row(args, placement: str, timing: str, flavor: str, runs: list[dict]) -> dict:
     """A placement's figures over its runs (emitted as soon as its last run is done)."""
-    row = {"part": "sync", "placement": placement, "flavor": flavor,
+    row = {"part": "sync", "placement": placement, "timing": timing, "flavor": flavor,
            **sync_overhead.sync_parts([r for run in runs for r in run["replicas"]]),
            "share": sync_overhead._med([run["worse"]["share_rest"] for run in runs]),
            "bytes_per_sync": runs[0]["worse"]["bytes_per_sync"]}
@@ -175,17 +180,19 @@ def part_sync(args, cuda: bool) -> list[dict]:
           f"{settings['training.steps']} steps ({'both replicas on one GPU' if cuda else 'CPU: tiny flavor'}) ==",
           flush=True)
     root = Path(tempfile.mkdtemp(prefix="muloco-gpu-bench-"))
-    runs: dict[str, list[dict]] = {p: [] for p in placements}
+    cases = [(p, t) for t in args.timings for p in placements]
+    runs: dict[tuple[str, str], list[dict]] = {c: [] for c in cases}
     rows = []
     try:
         for rep in range(args.repeats):  # placements alternate, so drift hits both
-            for placement in placements:
-                runs[placement].append(_sync_run(args, root, placement, rep, flavor, overrides))
+            for placement, timing in cases:
+                runs[placement, timing].append(_sync_run(args, root, placement, timing, rep, flavor, overrides))
                 if rep == args.repeats - 1:
-                    rows.append(_sync_row(args, placement, flavor, runs[placement]))
+                    rows.append(_sync_row(args, placement, timing, flavor, runs[placement, timing]))
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    sync_overhead.print_parts_table({f"θ_g on {row['placement']}": row for row in rows})
+    sync_overhead.print_parts_table({f"θ_g on {row['placement']}" + (", device timing" if row["timing"] == "device"
+                                                                    else ""): row for row in rows})
     return rows
 
 
@@ -204,6 +211,8 @@ def _parse(argv=None):
                    help="our trainer's objectives in the throughput part, from ar, mdlm (default ar)")
     p.add_argument("--placements", type=lambda v: v.split(","), default=["device", "cpu"],
                    help="θ_g placements of the sync part, from device, cpu (default both)")
+    p.add_argument("--timings", type=lambda v: v.split(","), default=["host"],
+                   help="sync part: how parts are timed, from host, device (--outer.exchange.timing; default host)")
     p.add_argument("--repeats", type=int, default=2, help="runs per side / placement (default 2)")
     p.add_argument("--steps", type=int, default=40,
                    help="steps per throughput run, a multiple of log_freq 20 so both trainers "
@@ -221,7 +230,7 @@ def _parse(argv=None):
     if args.smoke:
         args.repeats = 1
     for name, allowed in (("shapes", set(SHAPES)), ("objectives", {"ar", "mdlm"}),
-                          ("placements", {"device", "cpu"})):
+                          ("placements", {"device", "cpu"}), ("timings", {"host", "device"})):
         if set(getattr(args, name)) - allowed:
             p.error(f"--{name}: choose from {', '.join(sorted(allowed))}")
     return args
@@ -245,6 +254,10 @@ def _summary(throughput: list[dict], sync: list[dict], cuda: bool) -> None:
                       f"(target >= {TARGET_MFU:.0f}%: {'met' if fig['mfu_percent'] >= TARGET_MFU else 'MISSED'})")
     for row in sync:
         placement, share = row["placement"], row["share"]
+        if row.get("timing") == "device":
+            print(f"sync, θ_g on {placement}, device timing: {1000 * row['seconds']:.0f} ms per sync (serialised: "
+                  f"no verdict); by part: " + ", ".join(f"{k} {1000 * v:.1f} ms" for k, v in row["parts"].items() if v))
+            continue
         verdict = "met" if share <= TARGET_SHARE[placement] else "MISSED"
         where = ("the training device" if placement == "device" and not cuda else "GPU"
                  if placement == "device" else "pinned CPU")

@@ -68,7 +68,7 @@ class MulocoTrainerMixin:
             # the rows of one optimizer step: every rank's micro-batches, accumulation included
             rows_per_step=self.config.training.local_batch_size * dp_world * self.gradient_accumulation_steps,
         )
-        self.objective.use_loss(self.loss_fn)
+        self.objective.use_loss(self.loss_fn, self.config.compile)
         model = self.model_parts[0]
         if self.objective.skip_lm_head:
             model._skip_lm_head = True

@@ -542,17 +542,20 @@ def test_exact_statistics_keep_the_error_bounds(samples):
         assert all(rel_error(q, x) <= b for x, b in zip(samples, bounds)), bits
 
 
-def test_kernel_choice_follows_the_device():
-    """Compiled kernels by default on CUDA only; exact statistics wherever the kernels are
-    compiled or the device is not a CPU (CUDA's eager path is then the fused one's reference)."""
+def test_kernel_choice_follows_the_setting():
+    """Eager kernels unless compiled ones are asked for (auto is eager: faster on an H200 too);
+    exact statistics wherever the kernels are compiled or the device is not a CPU (CUDA's eager
+    path is then the fused one's reference)."""
     from muloco.compress.kernels import use_compiled
     from muloco.outer.exchange import Exchange
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert use_compiled("auto", cuda) and not use_compiled("auto", cpu)
+    assert not use_compiled("auto", cuda) and not use_compiled("auto", cpu)
     assert use_compiled("compiled", cpu) and not use_compiled("eager", cuda)
     on_gpu = Exchange.Config(codec=Quantizer.Config(bits=2)).build(device=cuda)
-    assert on_gpu.compiled and on_gpu.codec.compiled and on_gpu.codec.exact_statistics(cuda)
+    assert not on_gpu.compiled and not on_gpu.codec.compiled and on_gpu.codec.exact_statistics(cuda)
+    asked = Exchange.Config(codec=Quantizer.Config(bits=2), kernels="compiled").build(device=cuda)
+    assert asked.compiled and asked.codec.compiled and asked.codec.exact_statistics(cuda)
     on_cpu = Exchange.Config(codec=Quantizer.Config(bits=2)).build(device=cpu)
     assert not on_cpu.codec.compiled and not on_cpu.codec.exact_statistics(cpu)
     assert make_codec("quantize", bits=2).exact_statistics(cuda)  # eager on a GPU: the reference

@@ -387,3 +387,36 @@ def test_a_non_finite_average_is_not_committed_anywhere_and_the_replicas_go_on()
         assert all(torch.isfinite(v).all() for v in history[2].values())
         assert all(torch.isfinite(v).all() for v in final.values())
     assert all(torch.equal(out[0][0][2][n], out[1][0][2][n]) for n in out[0][0][2])
+
+
+def test_device_timing_waits_for_the_queued_work_before_a_part_and_for_the_parts_own():
+    """``--outer.exchange.timing device``: a part starts after the device work queued before it
+    (a ``queued`` interval) and ends when its own work has run; host timing does neither."""
+    from muloco.outer.exchange.link import Clock
+    from muloco.outer.exchange.pipeline import PartTimer
+
+    now = [0.0]
+
+    class Counter(Clock):
+        def now(self):
+            return now[0]
+
+    def settle():  # the device finishing what was queued: 5 s here
+        now[0] += 5
+
+    timer = PartTimer(Counter(), settle)
+    with timer("encode"):
+        now[0] += 1
+    assert timer.segments == [("queued", 0, 5), ("encode", 5, 11)]
+    assert timer.within(0, 11) == {"queued": 5, "encode": 6}
+    host = PartTimer(Counter())
+    with host("decode"):
+        now[0] += 1
+    assert host.segments == [("decode", 11, 12)] and "queued" in PARTS
+
+
+def test_an_unknown_sync_timing_is_refused_by_name():
+    from muloco.outer.exchange import Exchange
+
+    with pytest.raises(ValueError, match="outer.exchange.timing must be one of host, device; got 'gpu'"):
+        Exchange.Config(timing="gpu").validate()

@@ -62,7 +62,7 @@ centroids: the fastest on a CPU). ``exact`` sums integers: each element as a 30-
 point number scaled by its block's absolute maximum (a power of two, so the scaling is
 exact), accumulated in int64. Integer sums do not depend on the order of the additions,
 so the result is the same bit for bit on every device, in any kernel, with atomics or
-without: the compiled kernels (``compiled=True``, default on GPUs) reproduce the eager
+without: the compiled kernels (``compiled=True``) reproduce the eager
 payloads byte for byte, and a GPU's eager path (whose float ``index_add_`` is atomic, hence
 run-to-run different) becomes reproducible. The fixed point keeps 30 bits of Σx and 22 of
 Σx² relative to the block maximum, far below the grid's own resolution. ``auto`` takes

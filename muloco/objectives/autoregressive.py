@@ -25,7 +25,7 @@ class Autoregressive(Objective):
     and ``config.compile``, so a compiled run compiles the loss as stock torchtitan does (at a
     128K vocabulary the eager loss materialises the float32 logits: 0.79x stock on an H200)."""
 
-    def use_loss(self, loss_fn: BaseLoss) -> None:
+    def use_loss(self, loss_fn: BaseLoss, compile_config=None) -> None:
         self.loss_fn = loss_fn
 
     def prepare(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey | None = None) -> Prepared:

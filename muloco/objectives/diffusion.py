@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torchtitan.components.loss import IGNORE_INDEX
 
 from .gather import MaskedPositions, mask_capacity
+from .masked_loss import MaskedCrossEntropyLoss
 from .noise import (
     bernoulli_masks,
     cart_weights,
@@ -117,6 +118,13 @@ class MaskedDiffusion(Objective):
                 "the tokenizer has no mask token distinct from bos/eos, which the mdlm objective "
                 "needs; use a tokenizer with <|mask|> (muloco adds one to tokenizer.json files) "
                 "or --objective ar.")
+
+    scoring: MaskedCrossEntropyLoss = MaskedCrossEntropyLoss.Config().build()
+    """The weighted cross-entropy of the gathered logits (eager here); the trainer's compile
+    setting compiles it as torchtitan compiles its own loss (:meth:`use_loss`)."""
+
+    def use_loss(self, loss_fn, compile_config=None) -> None:
+        self.scoring = MaskedCrossEntropyLoss.Config().build(compile_config=compile_config)
 
     @property
     def skip_lm_head(self) -> bool:
@@ -203,11 +211,10 @@ class MaskedDiffusion(Objective):
 
     def loss(self, pred: torch.Tensor, batch: Prepared, global_valid_tokens=None) -> torch.Tensor:
         at: MaskedPositions = batch.extra["positions"]
-        ce = F.cross_entropy(self._logits(at.take(pred)), at.take(batch.labels), reduction="none")
-        total = (ce * at.weights(batch.extra["weight"])).sum()
-        if self.config.normaliser == "tokens" and global_valid_tokens is not None:
-            total = total / global_valid_tokens
-        return total
+        picked = at.take(pred)
+        normaliser = global_valid_tokens if self.config.normaliser == "tokens" else None
+        return self.scoring(self.lm_head(picked) if self.skip_lm_head else picked, at.take(batch.labels),
+                            normaliser, weights=at.weights(batch.extra["weight"]), mask_id=self.tokens.mask)[0]
 
     def logits_at(self, pred: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
         """float32 logits at the ``where`` positions (a boolean mask), the mask token's set to −∞."""

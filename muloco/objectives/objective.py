@@ -89,9 +89,10 @@ class Objective(Configurable):
 
     lm_head: torch.nn.Module | None = None
 
-    def use_loss(self, loss_fn) -> None:
-        """The trainer's torchtitan loss (built from ``config.loss``, compiled with the model):
-        an objective scoring with plain cross-entropy takes it; others keep their own."""
+    def use_loss(self, loss_fn, compile_config=None) -> None:
+        """The trainer's torchtitan loss (built from ``config.loss``, compiled with the model) and
+        its compile setting: an objective scoring with plain cross-entropy takes the loss; others
+        build their own scoring under the same setting."""
 
     def flops_per_token(self, model_flops: float, head_params: int) -> float:
         """Training FLOPs per loader token, from torchtitan's count for the model (6·N plus

@@ -112,7 +112,7 @@ def _parts(sync: "_Open", clock: _Clock, seconds: float) -> dict[str, float]:
     parts = dict.fromkeys(PARTS, 0.0)
     parts["wait_slowest"] = min(slowest or 0.0, sync.quorum_seconds)
     parts["quorum"] = sync.quorum_seconds - parts["wait_slowest"]
-    for name in ("pseudo_gradient", "encode", "collective", "link", "decode"):
+    for name in ("queued", "pseudo_gradient", "encode", "collective", "link", "decode"):
         parts[name] = exchange.get(name, 0.0)
     for name in ("commit", "outer_step", "pull"):
         parts[name] = clock.laps.get(name, 0.0)

@@ -47,7 +47,7 @@ from muloco.compress.dense import DTYPES
 from muloco.compress.kernels import KERNELS, use_compiled
 from muloco.outer.exchange.layout import COMPRESSED, DENSE, FragmentLayout, cut
 from muloco.outer.exchange.link import Link, Transfer
-from muloco.outer.exchange.pipeline import PendingExchange, Plan, Sync, Work
+from muloco.outer.exchange.pipeline import TIMINGS, PendingExchange, Plan, Sync, Work
 from muloco.outer.exchange.strategies import STRATEGIES, AllGather, AllReduce, StrategyConfig
 
 MB = 2**20
@@ -74,7 +74,7 @@ class Exchange(Configurable):
         pipeline_depth: int = 2
         """Buckets in flight (2: bucket b+1 is encoded while bucket b's collective runs)."""
         kernels: str = "auto"
-        """auto (compiled on CUDA, eager elsewhere) | eager | compiled (torch.compile; the
+        """auto (eager: the faster on an H200 too, docs/gpu.md) | eager | compiled (torch.compile; the
         same payloads byte for byte)."""
         weighting: str = "auto"
         """auto (tokens in deadline rounds, equal in lockstep rounds) | equal (every contributor's
@@ -83,6 +83,11 @@ class Exchange(Configurable):
         ``pipeline.work_weights``). Groups that train the same number of steps get the plain
         mean bit for bit; groups that train different numbers of steps per round (replica
         groups of unequal speed) enter by the work they did."""
+        timing: str = "host"
+        """How a sync's parts are timed: host (the time the host blocked in each part; on CUDA
+        a part absorbs the kernels queued before its first wait) or device (each part waits for
+        the device work queued before it, counted as ``queued``, and for its own kernels: where
+        a sync's time goes, at the cost of its overlap)."""
         tiles: int = 0
         """Top-k only: store each matrix as tiles of up to ``tiles`` × ``tiles`` (the largest
         divisors of its dimensions), so each top-k chunk of ``tiles²`` is one tile: SparseLoCo's
@@ -114,6 +119,8 @@ class Exchange(Configurable):
                 raise ValueError(f"outer.exchange.weighting must be one of {', '.join(WEIGHTINGS)}; "
                                  f"got {self.weighting!r}")
             self.check_weighting(deadline=False)  # auto: the outer loop checks it with its round mode
+            if self.timing not in TIMINGS:
+                raise ValueError(f"outer.exchange.timing must be one of {', '.join(TIMINGS)}; got {self.timing!r}")
             if self.tiles < 0:
                 raise ValueError(f"outer.exchange.tiles must be >= 0 (0: no tiles), got {self.tiles!r}")
             if self.tiles:
@@ -209,7 +216,7 @@ class Exchange(Configurable):
             logger.info(f"tile layout: {', '.join(irregular)} have dimensions {self.config.tiles} does not divide: "
                         f"their tiles are smaller, and a top-k chunk spans several of them")
         self.plans[tuple(names)] = Plan(layout, self.strategy, self.codecs, self.feedback, self.bucket_numel,
-                                        self.config.pipeline_depth, self.device, self.link)
+                                        self.config.pipeline_depth, self.device, self.link, self.config.timing)
         for stream, codec in self.codecs.items():
             if self.feedback.applies_to(codec) and layout.numel[stream]:
                 self.feedback.allocate(f"{layout.key}/{stream}", layout.numel[stream], tensors[0].device)

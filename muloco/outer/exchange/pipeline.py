@@ -80,11 +80,13 @@ class Work:
 WEIGHT_GRID = 2**16
 """Weights are multiples of 1/WEIGHT_GRID (see :func:`work_weights`)."""
 
-PARTS = ("quorum", "wait_slowest", "pseudo_gradient", "encode", "collective", "link", "decode", "commit",
-         "outer_step", "pull", "other")
+PARTS = ("quorum", "wait_slowest", "queued", "pseudo_gradient", "encode", "collective", "link", "decode",
+         "commit", "outer_step", "pull", "other")
 """The blocked time of a sync, part by part (``wait_slowest`` is the part of the quorum spent
 waiting for the last replica to arrive, where the strategy carries the headers to tell;
-``link`` the emulated link's hold, 0 without one)."""
+``link`` the emulated link's hold, 0 without one; ``queued`` the device work queued before each
+part, with device timing only)."""
+TIMINGS = ("host", "device")
 
 
 class Tally:
@@ -109,19 +111,36 @@ class Tally:
 
 
 class PartTimer:
-    """Intervals of named work on one thread; attributed later to a window of another."""
+    """Intervals of named work on one thread; attributed later to a window of another.
 
-    def __init__(self, clock: Clock | None = None):
+    With ``settle`` (device timing) each part first waits for the device work queued before it
+    (a ``queued`` interval) and ends when its own kernels have run: the parts then hold their
+    device time, not the time the host happened to block in them (on CUDA a host-timed part
+    absorbs every kernel queued before its first wait). Settling serialises the sync's
+    overlap, so it is for finding where a sync's time goes, not for timing training."""
+
+    def __init__(self, clock: Clock | None = None, settle: Callable[[], None] | None = None):
         self.clock = clock or Clock()
+        self.settle = settle
         self.segments: list[tuple[str, float, float]] = []
 
     @contextlib.contextmanager
     def __call__(self, part: str):
+        self.wait_queued()
         start = self.clock.now()
         try:
             yield
         finally:
+            if self.settle is not None:
+                self.settle()
             self.segments.append((part, start, self.clock.now()))
+
+    def wait_queued(self) -> None:
+        """With device timing: wait for the queued device work, as a ``queued`` interval."""
+        if self.settle is not None:
+            start = self.clock.now()
+            self.settle()
+            self.segments.append(("queued", start, self.clock.now()))
 
     def within(self, start: float, end: float) -> dict[str, float]:
         out: dict[str, float] = collections.defaultdict(float)
@@ -197,6 +216,9 @@ class Plan:
     device: torch.device
     link: Link
     """The emulated link (off by default: nothing is held)."""
+    timing: str = "host"
+    """host: parts are the host's blocked time; device: each part waits for its kernels
+    (:class:`PartTimer`)."""
 
 
 def work_weights(flags: list[float], work: list[float]) -> list[float]:
@@ -232,12 +254,17 @@ class Sync(PendingExchange):
         self.link = plan.link.session()
         self._unsent = [0.0, 0.0]
         """Bytes counted since the last collective was put on the link (sent, received)."""
-        self.tally, self.timer = Tally(), PartTimer(self.clock)
+        settle = (lambda: torch.cuda.synchronize(self.device)) if plan.timing == "device" \
+            and self.device.type == "cuda" else None
+        self.tally, self.timer = Tally(), PartTimer(self.clock, settle)
         self.times = {}
         self.peers_quorum_seconds: list[float] | None = None
         self.contributor_count = None
         """The all-reduce strategy's one count of contributors per sync (it sets it)."""
         self._error: BaseException | None = None
+        queued_from = self.clock.now()
+        if settle is not None:  # device timing: the last training step's kernels are not Δ's
+            settle()
         self._started = started = self.clock.now()
         self._worker_end = started
         self.deltas = {s: self.tally.track(b) for s, b in plan.layout.new_buffers(plan.device).items()}
@@ -246,6 +273,9 @@ class Sync(PendingExchange):
             plan.layout.to_tiles(self.deltas, plan.bucket_numel)  # SparseLoCo's tile layout, if asked
         self.jobs = self._jobs(plan.codecs, plan.feedback, plan.bucket_numel)
         self.dense_fp32_bytes = 2 * (self.k - 1) / self.k * 4 * sum(plan.layout.numel.values())
+        if settle is not None:
+            settle()
+            self.times["queued"] = started - queued_from
         self._streams = _SideStream.after_current(plan.device)
         self._thread = threading.Thread(target=self._work, name="muloco-exchange", daemon=True)
         self._thread.start()

@@ -175,6 +175,19 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
                                    f"round), {tokens[1]:,} tokens per rank"]
 
 
+def _paced_job(cluster, dump, k: int, steps: int, extra: tuple, drills: str, tag: str) -> list[int]:
+    """K drill replicas (all needed for a quorum) on ``dump`` with ``drills``; their exit codes."""
+    c = cluster(k, min_replicas=k)
+    markers = dump.parent / f"markers-{tag}"
+    markers.mkdir(exist_ok=True)
+    env = {"MULOCO_TEST_DRILLS": drills, "MULOCO_TEST_DRILL_DIR": str(markers)}
+    for i in range(k):
+        c.start_replica(i, _args(dump, steps=steps, extra=extra), entry=DRILL_ENTRY, env=env, tag=f"r{i}-{tag}")
+    codes = [c.wait(f"r{i}-{tag}", 2 * HANG_S) for i in range(k)]
+    c.close()
+    return codes
+
+
 PACED = ("--outer.sync_every", "4", "--outer.round", "deadline", "--outer.exchange.weighting", "tokens",
          "--outer.fingerprint", "--checkpoint.interval", "12", "--validator.freq", "12")
 """Deadline rounds of H=4 in which replica 0 reports 10 ms per step and replica 1 20 ms (``pace``
@@ -187,14 +200,7 @@ def test_deadline_rounds_resume_from_a_round_checkpoint_exactly(cluster, tmp_pat
     and replica 1's step 12) and started again: the rounds state (paces, progress, budgets) comes
     back with θ_g, and the run ends on the uninterrupted run's θ_g, bit for bit."""
     def job(dump, drills, tag):
-        c = cluster(2, min_replicas=2)
-        env = {"MULOCO_TEST_DRILLS": drills, "MULOCO_TEST_DRILL_DIR": str(dump.parent / f"markers-{tag}")}
-        (dump.parent / f"markers-{tag}").mkdir(exist_ok=True)
-        for i in range(2):
-            c.start_replica(i, _args(dump, steps=24, extra=PACED), entry=DRILL_ENTRY, env=env, tag=f"r{i}-{tag}")
-        codes = [c.wait(f"r{i}-{tag}", 2 * HANG_S) for i in range(2)]
-        c.close()
-        return codes
+        return _paced_job(cluster, dump, 2, 24, PACED, drills, tag)
 
     paced = "pace:0:10,pace:1:20"
     assert job(tmp_path / "straight", paced, "straight") == [0, 0]
@@ -223,14 +229,7 @@ def test_deadline_rounds_k3_agree_and_resume_from_a_round_checkpoint_exactly(clu
     13 passed 12: saved at the fast groups' step 15 and the slow group's step 9), and started again:
     the run ends on the uninterrupted run's θ_g, bit for bit."""
     def job(dump, drills, tag):
-        c = cluster(3, min_replicas=3)
-        env = {"MULOCO_TEST_DRILLS": drills, "MULOCO_TEST_DRILL_DIR": str(dump.parent / f"markers-{tag}")}
-        (dump.parent / f"markers-{tag}").mkdir(exist_ok=True)
-        for i in range(3):
-            c.start_replica(i, _args(dump, steps=18, extra=PACED3), entry=DRILL_ENTRY, env=env, tag=f"r{i}-{tag}")
-        codes = [c.wait(f"r{i}-{tag}", 2 * HANG_S) for i in range(3)]
-        c.close()
-        return codes
+        return _paced_job(cluster, dump, 3, 18, PACED3, drills, tag)
 
     paced = "pace:0:10,pace:1:10,pace:2:30"
     assert job(tmp_path / "straight", paced, "straight") == [0, 0, 0]

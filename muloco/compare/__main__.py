@@ -36,7 +36,7 @@ from muloco.compare.suites import AVERAGING, DATA, SUITES, Planned, SuiteError, 
 from muloco.utils.link_model import parse_rate
 from muloco.utils.command_line import UsageError, parse, run_main
 from muloco.launch.group import TrainerConfigError, load_trainer_config
-from muloco.launch.run_names import run_name
+from muloco.runs.names import run_name
 
 PROG = "python -m muloco.compare"
 
@@ -80,7 +80,7 @@ class CompareOptions:
 
 
 def _resolve(p: Planned) -> None:
-    """Parse the run's trainer config once: its folder name (``run_names.run_name`` and the seed),
+    """Parse the run's trainer config once: its folder name (``runs.names.run_name`` and the seed),
     its steps and local batch."""
 
     cfg = load_trainer_config(p.row.config, p.overrides, replicas=None if p.row.ddp else p.row.replicas,

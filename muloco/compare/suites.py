@@ -4,7 +4,7 @@ Every run of a suite trains the same model on the same tokens per replica group:
 flavor, sequence length, local batch, steps and schedule, set once in ``Shape``. The DDP
 baselines are one group with the global batch of the K=2 runs (twice the local batch), so
 they see as many tokens as a K=2 run. Rows are named for people (``MuLoCo 2-bit EF``); the
-folders are named from each run's resolved config (``run_names.run_name``: method, objective,
+folders are named from each run's resolved config (``runs.names.run_name``: method, objective,
 flavor, K, H, codec, error feedback, learning rates) plus the seed, so a folder says what
 trained in it and a finished folder is reused whatever the row is called.
 

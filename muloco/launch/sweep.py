@@ -43,7 +43,7 @@ import tyro
 
 from muloco.launch.cluster import ClusterError, ClusterOptions
 from muloco.launch.gpu_slices import visible_gpus
-from muloco.launch.run_names import run_name
+from muloco.runs.names import run_name
 from muloco.launch.slurm import (KINDS, SLURM_DIR, JobError, JobSpec, Kind, Script, array_script, build,
                                  cluster_nodes, place, prepare_folder, submit_scripts)
 from muloco.launch.slurm_commands import FAILED_STATES, SlurmCommandError, job_state, nodes_in_use

@@ -29,7 +29,7 @@ from muloco.data.loader import PackedTextDataLoader
 from muloco.data.tokenizer import MulocoTokenizer
 from muloco.components.metrics import MulocoMetrics
 from muloco.models import ModelConfig, build_model_spec
-from muloco.objectives import Autoregressive, NoiseKey, Objective, ObjectiveConfig, SpecialTokens
+from muloco.objectives import Autoregressive, NoiseKey, Objective, ObjectiveConfig, Prepared, SpecialTokens
 from muloco.optim import MulocoOptimizers
 from muloco.components.precision import MulocoTrainingConfig, resolve_precision
 from muloco.components.preemption import RunPreempted, StopRequest
@@ -109,11 +109,26 @@ class MulocoTrainerMixin:
             micro += 1
 
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
-        """torchtitan's step with the objective preparing the batch and scoring the output."""
+        """torchtitan's step with the objective preparing the batch and scoring the output.
+
+        A graph-safe objective (next-token) runs through torchtitan's ``fwd_bwd_fn``: on CUDA
+        its forward and backward are recorded once as a CUDA graph and replayed, unless
+        ``--training.disable_cuda_graphs``. Without the graph every kernel is launched from
+        Python each step, and at 158M on an H200 that host time is longer than the GPU's step
+        (docs/gpu.md). Masked diffusion runs eagerly."""
         if self.parallel_dims.pp_enabled:
             raise NotImplementedError("pipeline parallelism is not supported by muloco's objectives")
         inputs, labels, extra = self.post_dataloading_process(input_dict, labels)
         batch = self.objective.prepare(inputs, labels, self._noise_key())
+        if self.objective.graph_safe:
+            return self.fwd_bwd_fn(batch.inputs, batch.labels, global_valid_tokens, {**extra, **batch.model_kwargs})
+        return self._score(batch, extra, global_valid_tokens)
+
+    def _forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs):
+        """torchtitan's recorded body (``fwd_bwd_fn``) with the objective's loss."""
+        return self._score(Prepared(inputs, labels, extra_kwargs), {}, global_valid_tokens)
+
+    def _score(self, batch: Prepared, extra: dict, global_valid_tokens) -> torch.Tensor:
         with self.train_context():
             pred = self.model_parts[0](batch.inputs, **extra, **batch.model_kwargs)
             loss = self.objective.loss(pred, batch, global_valid_tokens)

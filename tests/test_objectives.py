@@ -330,7 +330,12 @@ trainer = MulocoTrainer(config)
 obj = trainer.objective
 x, labels = torch.randn(2, 8, 64), torch.randint(0, 64, (2, 8))
 eager = torch.nn.functional.cross_entropy(x.flatten(0, 1), labels.flatten(), reduction="sum") / 16
-print("RESULT " + json.dumps({"same": obj.loss_fn is trainer.loss_fn,
+calls, recorded = [], trainer.fwd_bwd_fn  # torchtitan's CUDA-graph wrapper on CUDA, the body itself here
+trainer.fwd_bwd_fn = lambda *a: calls.append(a[0].shape) or recorded(*a)
+tokens = torch.randint(0, 64, (1, 16))
+step = trainer.forward_backward_step(input_dict={"input": tokens}, labels=tokens, global_valid_tokens=torch.tensor(16.0))
+print("RESULT " + json.dumps({"same": obj.loss_fn is trainer.loss_fn, "recorded": [list(s) for s in calls],
+                              "step_loss": step.item(), "grads": all(p.grad is not None for p in trainer.model_parts[0].parameters()),
                               "compiled": obj.loss_fn.fn is not cross_entropy_loss,
                               "loss": obj.loss(x, Prepared(x, labels, {}), torch.tensor(16.0)).item(),
                               "eager": eager.item()}), flush=True)
@@ -341,7 +346,8 @@ os._exit(0)
 @pytest.mark.timeout(300)
 def test_next_token_scoring_uses_the_trainers_loss_compiled_as_stock_torchtitan_compiles_it(tmp_path):
     """Stock torchtitan compiles its loss with the model; the ar objective scores with the trainer's
-    loss (the same object), so a compiled run compiles it too, and it gives plain cross-entropy."""
+    loss (the same object), so a compiled run compiles it too, and it gives plain cross-entropy.
+    Its step runs through torchtitan's ``fwd_bwd_fn``, which CUDA records as a graph."""
     from conftest import TINY, run_gloo_ranks
 
     script = tmp_path / "compiled_loss.py"
@@ -353,6 +359,9 @@ def test_next_token_scoring_uses_the_trainers_loss_compiled_as_stock_torchtitan_
     got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
     assert got["same"] and got["compiled"], got
     assert got["loss"] == pytest.approx(got["eager"], rel=1e-5), got
+    # the step runs through torchtitan's fwd_bwd_fn (recorded as a CUDA graph on CUDA), and trains
+    assert got["recorded"] == [[1, 16]] and math.isfinite(got["step_loss"]) and got["grads"], got
+    assert Autoregressive.graph_safe and not MaskedDiffusion.graph_safe  # diffusion draws noise per step
     from torchtitan.components.loss import cross_entropy_loss
 
     assert Autoregressive.Config().build(tokens=TOKENS).loss_fn.fn is cross_entropy_loss  # eager off the trainer

@@ -64,6 +64,7 @@ class MaskedDiffusion(Objective):
     name = "mdlm"
     causal = False
     next_token = False
+    graph_safe = False  # per-step noise levels are host values, and a cut step changes the shapes
 
     @dataclass(kw_only=True, slots=True)
     class Config(Objective.Config):

@@ -57,6 +57,10 @@ class Objective(Configurable):
     """The attention direction the model is built with."""
     next_token: bool = True
     """Loader rows: labels are the next tokens (True) or the tokens themselves (False)."""
+    graph_safe: bool = False
+    """Its forward and backward can be recorded once as a CUDA graph and replayed every step, as
+    torchtitan does (``training.disable_cuda_graphs``): its inputs keep their shapes and its
+    loss draws nothing per step."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):

@@ -39,6 +39,15 @@ from muloco.components.validate import MulocoValidator
 lone_rank_sleep.apply()
 
 
+def _shapes(value) -> tuple:
+    """Shapes and dtypes of a dict of tensors (nested dicts, block masks by their shape)."""
+    if isinstance(value, dict):
+        return tuple((key, _shapes(v)) for key, v in sorted(value.items()))
+    if torch.is_tensor(value):
+        return tuple(value.shape), value.dtype
+    return type(value).__name__, tuple(getattr(value, "shape", ()))
+
+
 class MulocoTrainerMixin:
     """Behaviour shared by the plain and the fault-tolerant trainer."""
 
@@ -111,22 +120,34 @@ class MulocoTrainerMixin:
     def forward_backward_step(self, *, input_dict, labels, global_valid_tokens):
         """torchtitan's step with the objective preparing the batch and scoring the output.
 
-        A graph-safe objective (next-token) runs through torchtitan's ``fwd_bwd_fn``: on CUDA
-        its forward and backward are recorded once as a CUDA graph and replayed, unless
-        ``--training.disable_cuda_graphs``. Without the graph every kernel is launched from
-        Python each step, and at 158M on an H200 that host time is longer than the GPU's step
-        (docs/gpu.md). Masked diffusion runs eagerly."""
+        The forward and backward run through torchtitan's ``fwd_bwd_fn``: on CUDA it records
+        them once as a CUDA graph and replays it, unless ``--training.disable_cuda_graphs``.
+        Without the graph every kernel is launched from Python each step, and at 158M on an H200
+        that host time outlasted the GPU's step (docs/gpu.md). The objective's draws happen in
+        ``prepare``, outside the graph; what its loss reads goes in as tensors. A step whose
+        shapes differ from the recorded ones (a cut step of masked diffusion) runs eagerly."""
         if self.parallel_dims.pp_enabled:
             raise NotImplementedError("pipeline parallelism is not supported by muloco's objectives")
         inputs, labels, extra = self.post_dataloading_process(input_dict, labels)
         batch = self.objective.prepare(inputs, labels, self._noise_key())
-        if self.objective.graph_safe:
-            return self.fwd_bwd_fn(batch.inputs, batch.labels, global_valid_tokens, {**extra, **batch.model_kwargs})
+        loss_inputs = self.objective.loss_inputs(batch)
+        if loss_inputs is not None:
+            kwargs = {"model": {**extra, **batch.model_kwargs}, "loss": loss_inputs}
+            if self._recorded_shapes(batch, kwargs):
+                return self.fwd_bwd_fn(batch.inputs, batch.labels, global_valid_tokens, kwargs)
         return self._score(batch, extra, global_valid_tokens)
+
+    def _recorded_shapes(self, batch, kwargs) -> bool:
+        """Whether this step's tensors have the shapes of the first recorded step (torchtitan's
+        graph refuses others)."""
+        shapes = _shapes({"inputs": batch.inputs, "labels": batch.labels, **kwargs})
+        recorded = self.__dict__.setdefault("_graph_shapes", shapes)
+        return shapes == recorded
 
     def _forward_backward_body(self, inputs, labels, global_valid_tokens, extra_kwargs):
         """torchtitan's recorded body (``fwd_bwd_fn``) with the objective's loss."""
-        return self._score(Prepared(inputs, labels, extra_kwargs), {}, global_valid_tokens)
+        batch = self.objective.batch_from(inputs, labels, extra_kwargs["model"], extra_kwargs["loss"])
+        return self._score(batch, {}, global_valid_tokens)
 
     def _score(self, batch: Prepared, extra: dict, global_valid_tokens) -> torch.Tensor:
         with self.train_context():

@@ -361,7 +361,58 @@ def test_next_token_scoring_uses_the_trainers_loss_compiled_as_stock_torchtitan_
     assert got["loss"] == pytest.approx(got["eager"], rel=1e-5), got
     # the step runs through torchtitan's fwd_bwd_fn (recorded as a CUDA graph on CUDA), and trains
     assert got["recorded"] == [[1, 16]] and math.isfinite(got["step_loss"]) and got["grads"], got
-    assert Autoregressive.graph_safe and not MaskedDiffusion.graph_safe  # diffusion draws noise per step
+
+RECORDED_STEP = """
+import json, os, sys
+from muloco import compat
+compat.apply()
+import torch
+from muloco.config.cli import parse_args
+from muloco.trainer import MulocoTrainer
+
+dump, args = sys.argv[1], sys.argv[2:]
+_, config = parse_args(args + ["--dump_folder", dump])
+trainer = MulocoTrainer(config)
+calls, recorded = [], trainer.fwd_bwd_fn  # torchtitan's CUDA-graph wrapper on CUDA, the body itself here
+trainer.fwd_bwd_fn = lambda *a: calls.append(sorted(a[3]["loss"])) or recorded(*a)
+model = trainer.model_parts[0]
+tokens = torch.randint(0, 64, (2, 32))
+gvt = torch.tensor(64.0)
+steps = []
+for route in ("recorded", "eager"):
+    model.zero_grad()
+    trainer._micro = (None, 0)  # the same micro-batch key, so the same noise
+    if route == "recorded":
+        loss = trainer.forward_backward_step(input_dict={"input": tokens}, labels=tokens, global_valid_tokens=gvt)
+    else:  # the same step (same noise key) scored directly, as before the graph
+        inputs, labels, extra = trainer.post_dataloading_process({"input": tokens}, tokens)
+        loss = trainer._score(trainer.objective.prepare(inputs, labels, trainer._noise_key()), extra, gvt)
+    steps.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+(a, ga), (b, gb) = steps
+cut = tokens[:, :24]  # a cut step: other shapes than the recorded ones, so it runs eagerly
+trainer.forward_backward_step(input_dict={"input": cut}, labels=cut, global_valid_tokens=gvt)
+print("RESULT " + json.dumps({"calls": calls, "same_loss": a == b, "same_grads": all(torch.equal(x, y) for x, y in zip(ga, gb)),
+                              "loss": a}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_diffusion_step_runs_through_the_recorded_body_with_its_noise_as_inputs(tmp_path):
+    """Masked diffusion's step goes through torchtitan's ``fwd_bwd_fn`` (a CUDA graph on CUDA) with
+    the gather's positions and the weights as tensors, drawn outside it: the same loss and
+    gradients, bit for bit, as scoring the step directly; a cut step (other shapes) runs eagerly."""
+    from conftest import TINY, run_gloo_ranks
+
+    script = tmp_path / "recorded_step.py"
+    script.write_text(RECORDED_STEP)
+    args = ["--config", "ddp/adamw", "--objective", "mdlm", *TINY, "--training.steps", "1",
+            "--validator.no-enable", "--checkpoint.no-enable"]
+    (code, out), = run_gloo_ranks(script, 1, [str(tmp_path / "run"), *args], quiet_s=240)
+    assert code == 0, out[-3000:]
+    got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
+    assert got["calls"] == [["index", "weight"]], got  # once: the cut step did not go through it
+    assert got["same_loss"] and got["same_grads"] and math.isfinite(got["loss"]), got
     from torchtitan.components.loss import cross_entropy_loss
 
     assert Autoregressive.Config().build(tokens=TOKENS).loss_fn.fn is cross_entropy_loss  # eager off the trainer

@@ -14,7 +14,6 @@ class Autoregressive(Objective):
     name = "ar"
     causal = True
     next_token = True
-    graph_safe = True
 
     @dataclass(kw_only=True, slots=True)
     class Config(Objective.Config):
@@ -31,6 +30,9 @@ class Autoregressive(Objective):
 
     def prepare(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey | None = None) -> Prepared:
         return Prepared(inputs, labels, self.attention_kwargs(inputs))
+
+    def loss_inputs(self, batch: Prepared) -> dict[str, torch.Tensor]:
+        return {}
 
     def loss(self, pred, batch: Prepared, global_valid_tokens=None) -> torch.Tensor:
         return self.loss_fn(pred, batch.labels, global_valid_tokens)[0]

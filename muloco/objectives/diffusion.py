@@ -64,7 +64,6 @@ class MaskedDiffusion(Objective):
     name = "mdlm"
     causal = False
     next_token = False
-    graph_safe = False  # per-step noise levels are host values, and a cut step changes the shapes
 
     @dataclass(kw_only=True, slots=True)
     class Config(Objective.Config):
@@ -209,6 +208,16 @@ class MaskedDiffusion(Objective):
         if c.complementary_masks:
             w = w * 0.5  # the two halves are two estimates of the same loss
         return w
+
+    def loss_inputs(self, batch: Prepared) -> dict[str, torch.Tensor]:
+        """The gather's positions and the weights: the noise is drawn in :meth:`prepare`."""
+        at: MaskedPositions = batch.extra["positions"]
+        out = {"index": at.index, "weight": batch.extra["weight"]}
+        return out if at.valid is None else {**out, "valid": at.valid}
+
+    def batch_from(self, inputs, labels, model_kwargs, loss_inputs) -> Prepared:
+        positions = MaskedPositions(loss_inputs["index"], loss_inputs.get("valid"))
+        return Prepared(inputs, labels, model_kwargs, {"positions": positions, "weight": loss_inputs["weight"]})
 
     def loss(self, pred: torch.Tensor, batch: Prepared, global_valid_tokens=None) -> torch.Tensor:
         at: MaskedPositions = batch.extra["positions"]

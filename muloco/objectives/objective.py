@@ -57,10 +57,6 @@ class Objective(Configurable):
     """The attention direction the model is built with."""
     next_token: bool = True
     """Loader rows: labels are the next tokens (True) or the tokens themselves (False)."""
-    graph_safe: bool = False
-    """Its forward and backward can be recorded once as a CUDA graph and replayed every step, as
-    torchtitan does (``training.disable_cuda_graphs``): its inputs keep their shapes and its
-    loss draws nothing per step."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
@@ -129,6 +125,18 @@ class Objective(Configurable):
 
     def prepare(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey) -> Prepared:
         raise NotImplementedError
+
+    def loss_inputs(self, batch: Prepared) -> dict[str, torch.Tensor] | None:
+        """What :meth:`loss` reads besides the inputs and labels, as tensors, so that a step can
+        be recorded as a CUDA graph and replayed with each step's values (torchtitan's
+        ``fwd_bwd_fn``; the draws happen in :meth:`prepare`, outside it); None: this objective's
+        steps run eagerly."""
+        return None
+
+    def batch_from(self, inputs: torch.Tensor, labels: torch.Tensor, model_kwargs: dict[str, Any],
+                   loss_inputs: dict[str, torch.Tensor]) -> Prepared:
+        """The batch :meth:`loss_inputs` was taken from, rebuilt inside the recorded step."""
+        return Prepared(inputs, labels, model_kwargs)
 
     def loss(self, pred: torch.Tensor, batch: Prepared, global_valid_tokens: torch.Tensor | None) -> torch.Tensor:
         """This rank's summed loss over ``global_valid_tokens`` (None: the plain sum)."""

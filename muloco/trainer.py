@@ -131,6 +131,9 @@ class MulocoTrainerMixin:
         inputs, labels, extra = self.post_dataloading_process(input_dict, labels)
         batch = self.objective.prepare(inputs, labels, self._noise_key())
         loss_inputs = self.objective.loss_inputs(batch)
+        if extra.keys() & batch.model_kwargs.keys():
+            raise ValueError(f"the objective's model arguments {sorted(batch.model_kwargs)} overlap "
+                             f"torchtitan's {sorted(extra)}: one would silently replace the other")
         if loss_inputs is not None:
             kwargs = {"model": {**extra, **batch.model_kwargs}, "loss": loss_inputs}
             if self._recorded_shapes(batch, kwargs):

@@ -409,6 +409,10 @@ def test_device_timing_waits_for_the_queued_work_before_a_part_and_for_the_parts
         now[0] += 1
     assert timer.segments == [("queued", 0, 5), ("encode", 5, 11)]
     assert timer.within(0, 11) == {"queued": 5, "encode": 6}
+    with timer("collective"):  # no wait first: what is queued is the collective it waits for
+        pass
+    assert timer.segments[2:] == [("collective", 11, 16)]
+    now[0] = 11
     host = PartTimer(Counter())
     with host("decode"):
         now[0] += 1

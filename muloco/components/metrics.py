@@ -36,7 +36,8 @@ def _fmt_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-_PART_LABELS = {"quorum": "quorum", "wait_slowest": "waiting for the slowest", "pseudo_gradient": "Δ",
+_PART_LABELS = {"quorum": "quorum", "wait_slowest": "waiting for the slowest", "queued": "queued (device)",
+                "pseudo_gradient": "Δ",
                 "encode": "encode", "collective": "collective", "link": "link (emulated)",
                 "decode": "decode/average",
                 "commit": "commit", "outer_step": "outer step", "pull": "pull", "other": "other"}

@@ -74,7 +74,8 @@ class Exchange(Configurable):
         pipeline_depth: int = 2
         """Buckets in flight (2: bucket b+1 is encoded while bucket b's collective runs)."""
         kernels: str = "auto"
-        """auto (eager: the faster on an H200 too, docs/gpu.md) | eager | compiled (torch.compile; the
+        """auto (eager: on an H200 the faster for the default 2-bit codec and every decode,
+        docs/gpu.md) | eager | compiled (torch.compile; the
         same payloads byte for byte)."""
         weighting: str = "auto"
         """auto (tokens in deadline rounds, equal in lockstep rounds) | equal (every contributor's

@@ -52,7 +52,7 @@ from muloco.models import ModelConfig, init_model  # noqa: E402
 from muloco.objectives.sampling import DiffusionSampling, sample_diffusion_batch  # noqa: E402
 
 PROMPT_TOKENS = 16
-VARIANTS = ("threshold", "prefix", "prefix+threshold")
+VARIANTS = ("threshold", "prefix", "prefix+threshold", "dual")
 """The sampler's speed options, each timed against the plain sampler ("x": its speed-up)."""
 
 
@@ -124,7 +124,7 @@ def _timed(fn, device) -> tuple[float, object]:
 
 def _case(model, prompts, mask_id, length, block, threshold, repeats, device):
     """Median seconds of the reference and of the sampler plain, with a threshold, with the prefix
-    cache and with both; whether the plain sampler equals the reference; each variant's agreement
+    cache, with both and with the dual cache; whether the plain sampler equals the reference; each variant's agreement
     with the plain greedy output."""
     rows = [p.tolist() for p in prompts]
 
@@ -140,6 +140,7 @@ def _case(model, prompts, mask_id, length, block, threshold, repeats, device):
         "threshold": sampler(threshold=threshold),
         "prefix": sampler(cache="prefix"),
         "prefix+threshold": sampler(cache="prefix", threshold=threshold),
+        "dual": sampler(cache="dual"),
     }
     seconds = {name: [] for name in runs}
     outputs = {}

@@ -85,7 +85,7 @@ def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diff
     assert [s["tokens"] for s in other_seed] != [s["tokens"] for s in samples]
 
 
-@pytest.mark.parametrize("cache", ["none", "prefix"])
+@pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_run, cache):
     from muloco.tools.generate import generate, parse_args
 
@@ -245,6 +245,33 @@ def test_the_prefix_cache_gives_the_tail_the_logits_of_the_whole_canvas():
             pass
 
 
+def test_the_dual_cache_gives_the_block_the_logits_of_the_whole_canvas():
+    """Recorded from a canvas, the kept prefix and suffix plus a forward over the block alone at its
+    own positions give the block exactly the logits a whole-canvas forward gives it (left padding
+    masked out of attention too); a changed block token is seen, a changed suffix token is not
+    (the suffix is kept from the recording: Fast-dLLM's approximation)."""
+    from muloco.models.attention import prefix_cache
+    from muloco.objectives.sampling import _left_padded, _logits
+
+    model, cpu = _model(causal=False), torch.device("cpu")
+    x, start, kwargs = _left_padded([[29, 3, 4], [29, 5, 6, 7, 8]], MASK, 12, cpu)
+    first, stop = start + 4, start + 8
+    whole = _logits(model, x, 0, MASK, kwargs)
+    with prefix_cache(model) as cache:
+        cache.prefix, cache.suffix, cache.recording = first, stop, True
+        torch.testing.assert_close(_logits(model, x, 0, MASK, kwargs), whole, rtol=0, atol=0)
+        cache.recording = False
+        block = _logits(model, x, first, MASK, kwargs, None, stop)
+        assert block.shape[1] == stop - first
+        torch.testing.assert_close(block, whole[:, first:stop], rtol=1e-5, atol=1e-5)
+        y = x.clone()
+        y[:, first + 1] = 11  # a token of the block changes: the block's logits see it
+        assert (_logits(model, y, first, MASK, kwargs, None, stop) - block)[..., :MASK].abs().max() > 1e-3
+        z = x.clone()
+        z[:, stop + 1] = 11  # a token after the block: its kept keys stand in for it
+        torch.testing.assert_close(_logits(model, z, first, MASK, kwargs, None, stop), block, rtol=0, atol=0)
+
+
 def test_prefix_cache_sampling_fills_every_mask_and_the_default_is_unchanged():
     model, cpu = _model(causal=False), torch.device("cpu")
     prompts = [[29, 3, 4, 5], [29, 6]]
@@ -254,8 +281,11 @@ def test_prefix_cache_sampling_fills_every_mask_and_the_default_is_unchanged():
     assert all(len(t) == 12 and MASK not in t for t in a)
     assert sample_diffusion_batch(model, prompts, MASK, plain, torch.Generator(), cpu) == \
         [sample_diffusion(model, p, MASK, plain, torch.Generator(), cpu) for p in prompts]
-    with pytest.raises(ValueError, match="--cache must be one of none, prefix"):
-        DiffusionSampling(length=8, steps=8, block_length=8, cache="dual").check()
+    dual = DiffusionSampling(length=12, steps=12, block_length=4, cache="dual")
+    b = sample_diffusion_batch(model, prompts, MASK, dual, torch.Generator(), cpu)
+    assert all(len(t) == 12 and MASK not in t for t in b)
+    with pytest.raises(ValueError, match="--cache must be one of none, prefix, dual"):
+        DiffusionSampling(length=8, steps=8, block_length=8, cache="block").check()
 
 
 def test_autoregressive_sampler_stops_at_eos_and_repeats_with_a_seed():

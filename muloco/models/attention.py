@@ -33,31 +33,36 @@ MASKED_BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, S
 
 @dataclass
 class PrefixKV:
-    """Fast-dLLM's prefix cache for block-wise diffusion sampling: the keys and values of the
-    canvas's first ``prefix`` positions (the prompt and the finished blocks), per attention layer.
+    """Fast-dLLM's block caches for block-wise diffusion sampling, per attention layer: the keys
+    and values of the canvas's first ``prefix`` positions (the prompt and the finished blocks) and,
+    for the dual cache, of the positions from ``suffix`` on (the masked blocks still to come).
 
     While ``recording`` a forward over the whole canvas keeps them; afterwards a forward over the
-    canvas from ``prefix`` on (with its ``positions``) attends to the kept prefix and to itself,
-    so the finished part is not run again at every step of a block. The prefix's keys are those of
-    the block's first step: later tokens of the block are not seen by it (the approximation
-    Fast-dLLM makes)."""
+    canvas from ``prefix`` on (up to ``suffix`` with the dual cache; with its ``positions``)
+    attends to the kept parts and to itself, so they are not run again at every step of a block.
+    The kept keys are those of the block's first step: later tokens of the block are not seen by
+    them (the approximation Fast-dLLM makes)."""
 
     prefix: int = 0
+    suffix: int | None = None
+    """Where the kept suffix starts (the dual cache); None: no suffix kept (the prefix cache)."""
     recording: bool = False
-    kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    kept: dict[int, tuple[torch.Tensor, ...]] = field(default_factory=dict)
 
     def keys_values(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values this layer attends to (``B, L, N, H``)."""
+        """The keys and values this layer attends to (``B, L, N, H``), in canvas order."""
         if self.recording:
-            self.kept[layer] = (k[:, : self.prefix], v[:, : self.prefix])
+            tail = k.shape[1] if self.suffix is None else self.suffix
+            self.kept[layer] = (k[:, : self.prefix], v[:, : self.prefix], k[:, tail:], v[:, tail:])
             return k, v
-        cached_k, cached_v = self.kept[layer]
-        return torch.cat([cached_k, k], dim=1), torch.cat([cached_v, v], dim=1)
+        pk, pv, sk, sv = self.kept[layer]
+        return torch.cat([pk, k, sk], dim=1), torch.cat([pv, v, sv], dim=1)
 
 
 @contextlib.contextmanager
 def prefix_cache(model: torch.nn.Module) -> Iterator[PrefixKV]:
-    """A :class:`PrefixKV` installed in every attention layer of ``model`` for the ``with`` body."""
+    """A :class:`PrefixKV` (prefix or dual) installed in every attention layer of ``model`` for the
+    ``with`` body."""
     layers = [m for m in model.modules() if isinstance(m, SwitchableSDPA)]
     if not layers or any(m.is_causal for m in layers):
         raise ValueError("a prefix cache is for bidirectional (masked-diffusion) models built from muloco's "

@@ -47,7 +47,8 @@ class DiffusionSampling:
     per step) instead of the fixed schedule; None: the schedule (LLaDA)."""
     cache: str = "none"
     """prefix: Fast-dLLM's block-wise prefix cache (the finished part of the canvas runs once per
-    block, not at every step); none: every step runs the whole canvas."""
+    block, not at every step); dual: its dual cache (the masked blocks after the block too, so a
+    step runs the block alone); none: every step runs the whole canvas."""
 
     def check(self) -> None:
         if self.length < 1 or self.block_length < 1 or self.length % self.block_length:
@@ -137,7 +138,7 @@ def sample_diffusion_batch(model, prompts: list[list[int]], mask_id: int, how: D
     """The generated tokens after each prompt, sampled together (see the module docstring)."""
     how.check()
     x, start, kwargs = _left_padded(prompts, mask_id, how.length, device)
-    with prefix_cache(model) if how.cache == "prefix" else contextlib.nullcontext() as cache:
+    with prefix_cache(model) if how.cache != "none" else contextlib.nullcontext() as cache:
         for block_start in range(start, start + how.length, how.block_length):
             x = _fill_block(model, x, block_start, mask_id, how, generator, kwargs, cache)
     return [row[start:].tolist() for row in x]
@@ -148,7 +149,8 @@ def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: Dif
     """The canvas with the block at ``block_start`` filled: the schedule's steps (LLaDA's, zero-count
     steps included) or, with a threshold, as many as the block needs (at least one position per
     row each). With a prefix cache the block's first step runs the whole canvas and keeps the
-    prefix's keys and values; its other steps run the canvas from the block on.
+    prefix's keys and values; its other steps run the canvas from the block on (the dual cache
+    keeps the suffix's too, and the other steps run the block alone).
 
     Only the block's positions can be filled, so a greedy step (no random draw) applies the LM
     head and the softmax to the block alone; with random draws every logit of the canvas is
@@ -162,10 +164,12 @@ def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: Dif
         if how.threshold is not None and not open_.any():
             break
         first = 0 if cache is None or step == 0 else block_start
+        last = block.stop if how.cache == "dual" and step > 0 else x.shape[1]
         if cache is not None:
             cache.prefix, cache.recording = block_start, step == 0
+            cache.suffix = block.stop if how.cache == "dual" else None
         within = slice(block_start - first, block.stop - first)
-        logits = _logits(model, x, first, mask_id, kwargs, within if greedy else None)
+        logits = _logits(model, x, first, mask_id, kwargs, within if greedy else None, last)
         chosen = _pick(logits, how.temperature, generator)
         confidence = _confidence(logits, chosen, how.order, generator)
         if not greedy:
@@ -175,22 +179,23 @@ def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: Dif
 
 
 def _logits(model, x: torch.Tensor, first: int, mask_id: int, kwargs: dict,
-            columns: slice | None = None) -> torch.Tensor:
-    """float32 logits (the mask token's −∞) of the canvas from position ``first`` on, run at its own
-    positions (with a prefix cache, the kept prefix stands in for the rest); ``columns`` of
-    those only: the LM head runs on them alone."""
-    if first:
-        positions = torch.arange(first, x.shape[1], device=x.device).expand(x.shape[0], -1)
+            columns: slice | None = None, last: int | None = None) -> torch.Tensor:
+    """float32 logits (the mask token's −∞) of the canvas from position ``first`` up to ``last``,
+    run at their own positions (with a block cache, the kept parts stand in for the rest);
+    ``columns`` of those only: the LM head runs on them alone."""
+    last = x.shape[1] if last is None else last
+    if first or last < x.shape[1]:
+        positions = torch.arange(first, last, device=x.device).expand(x.shape[0], -1)
         kwargs = {**kwargs, "positions": positions}
         if "attention_masks" in kwargs:
-            kwargs["attention_masks"] = kwargs["attention_masks"][:, :, first:]
+            kwargs["attention_masks"] = kwargs["attention_masks"][:, :, first:last]
     head = getattr(model, "lm_head", None) if columns is not None else None
     if head is None:
-        logits = model(x[:, first:], **kwargs)[:, columns or slice(None)].float()
+        logits = model(x[:, first:last], **kwargs)[:, columns or slice(None)].float()
     else:
         skip, model._skip_lm_head = model._skip_lm_head, True
         try:
-            logits = head(model(x[:, first:], **kwargs)[:, columns]).float()
+            logits = head(model(x[:, first:last], **kwargs)[:, columns]).float()
         finally:
             model._skip_lm_head = skip
     logits[..., mask_id] = -math.inf

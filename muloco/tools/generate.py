@@ -4,7 +4,7 @@
 replica's folder, or a ``checkpoint/step-N`` folder, loaded by :mod:`muloco.tools.loading` (the
 newest complete checkpoint or ``--step``, verified, nothing unpickled). A DiLoCo run samples
 from θ_g, the global model the replicas agreed on. A masked-diffusion run samples by iterative unmasking (:mod:`muloco.objectives.sampling`:
-LLaDA's schedule, or ``--threshold`` parallel decoding, an optional ``--cache prefix``, and
+LLaDA's schedule, or ``--threshold`` parallel decoding, an optional ``--cache prefix|dual``, and
 ``--batch-size`` prompts at a time), an autoregressive one token by token. The same seed gives
 the same text. Options are checked against the run before anything is loaded: a value out of
 range or an option the run does not take (a diffusion option on an autoregressive run,
@@ -56,8 +56,8 @@ class GenerateOptions:
     """Diffusion: fill at once every masked position of the block whose token has at least this probability.
     Fast-dLLM's parallel decoding (default: the fixed schedule)."""
     cache: Annotated[Literal[CACHES] | None, tyro.conf.arg(metavar="{" + ",".join(CACHES) + "}")] = None
-    """Diffusion: prefix = Fast-dLLM's block-wise prefix cache (default: none).
-    The finished part of the canvas runs once per block; an approximation."""
+    """Diffusion: prefix = Fast-dLLM's block-wise prefix cache, dual = its dual cache (default: none).
+    The finished part of the canvas (dual: and the masked blocks after) runs once per block; an approximation."""
     batch_size: int | None = None
     """Diffusion: sample this many prompts together, left-padded (default 1)."""
     temperature: float = 0.0

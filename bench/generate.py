@@ -16,7 +16,8 @@ over ``--repeats`` rounds: the reference, muloco's sampler with the same setting
 must be the reference's token for token: "same" in the table), and the sampler with
 ``--threshold`` (Fast-dLLM's confidence-threshold parallel decoding: every masked position of
 the block at least that sure is filled in one step), with the prefix cache (Fast-dLLM's: the
-finished part of the canvas runs once per block) and with both. Each gets its speed-up over
+finished part of the canvas runs once per block), with both, and with the dual cache (the
+masked blocks after the block are kept too: a step runs the block alone). Each gets its speed-up over
 the plain sampler ("x") and its agreement with the plain greedy output (the share of generated
 tokens that are equal). Rows with ``--short`` tokens show the
 speed-up where Fast-dLLM users report it vanishes. Tokens/s count generated tokens of all rows

@@ -101,7 +101,8 @@ def test_replicas_train_and_hold_identical_global_params_after_every_sync(cluste
             assert [r["tokens"] for r in syncs(dump, i)] == [r["tokens"] for r in syncs(dump, 0)]
         for r in syncs(dump, i):  # the blocked time, part by part, adds up to it
             parts = [v for key, v in r.items() if key.startswith("time_")]
-            assert len(parts) == 11 and abs(sum(parts) - r["seconds"]) < 1e-6 and r["peak_extra_bytes"] > 0
+            assert sorted(key[5:] for key in r if key.startswith("time_")) == sorted(SYNC_PARTS)
+            assert abs(sum(parts) - r["seconds"]) < 1e-6 and r["peak_extra_bytes"] > 0
             # an emulated link (τ = 0): the sync is held at least as long as the model says its bytes take
             if "--outer.link.mbps" in extra:
                 modeled = r["bytes_sent"] * 8 / 20e6 + 2 * (k - 1) * 0.002
@@ -186,6 +187,11 @@ def _paced_job(cluster, dump, k: int, steps: int, extra: tuple, drills: str, tag
     codes = [c.wait(f"r{i}-{tag}", 2 * HANG_S) for i in range(k)]
     c.close()
     return codes
+
+
+SYNC_PARTS = ("quorum", "wait_slowest", "queued", "pseudo_gradient", "encode", "collective", "link", "decode",
+              "commit", "outer_step", "pull", "other")
+"""``muloco.outer.exchange.PARTS``, written out: this module imports nothing that loads torch."""
 
 
 PACED = ("--outer.sync_every", "4", "--outer.round", "deadline", "--outer.exchange.weighting", "tokens",

@@ -24,10 +24,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+import torchtitan.experiments.torchft.trainer as fault_tolerant_trainer
 from torchtitan.components.checkpoint import ModelWrapper
 from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.tools.logging import logger
 
+from muloco.compat import lone_rank_sleep
 from muloco.compat.lr_position import set_position
 from muloco.components.checkpoint import ReplicaCheckpointManager
 from muloco.outer import OuterLoop
@@ -35,6 +37,8 @@ from muloco.outer.coordinator import CoordinationError, Coordinator, OutOfDateEr
 from muloco.outer.loop import SyncRecord, SyncsKeepFailing
 from muloco.outer.manager import ReplicaGroupError, ReplicaGroupManager, ReplicaOutOfDate
 from muloco.trainer import MulocoTrainer, MulocoTrainerMixin
+
+lone_rank_sleep.apply(fault_tolerant_trainer)
 
 HEALING_KEY = "muloco"
 

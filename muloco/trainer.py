@@ -20,6 +20,7 @@ import torch
 import tyro
 from torchtitan.components.loss import BaseLoss, CrossEntropyLoss
 from torchtitan.tools.logging import logger
+import torchtitan.trainer
 from torchtitan.trainer import Trainer
 
 from muloco.components.checkpoint import MulocoCheckpointManager
@@ -36,7 +37,7 @@ from muloco.components.preemption import RunPreempted, StopRequest
 from muloco.runs.facts import facts_of, update_run_record
 from muloco.components.validate import MulocoValidator
 
-lone_rank_sleep.apply()
+lone_rank_sleep.apply(torchtitan.trainer)
 
 
 def _shapes(value) -> tuple:

@@ -615,17 +615,20 @@ def test_torchrun_failure_record_is_the_one_the_hook_reads():
         logger.removeFilter(f)
 
 
-def test_lone_rank_skips_torchtitans_end_of_training_sleep(monkeypatch, tmp_path):
-    """torchtitan's trainer sleeps 2 s at the end "for other ranks"; in a world of one it is
-    skipped, with more ranks (or no process group) it is the real sleep; the rest is ``time``."""
+@pytest.mark.parametrize("trainer_module", ["torchtitan.trainer", "torchtitan.experiments.torchft.trainer"])
+def test_lone_rank_skips_torchtitans_end_of_training_sleep(trainer_module, monkeypatch, tmp_path):
+    """torchtitan's trainers (the plain one, and the torchft experiment's under the DiLoCo trainer)
+    sleep 2 s at the end "for other ranks"; in a world of one it is skipped, with more ranks (or no
+    process group) it is the real sleep; the rest is ``time``."""
+    import importlib
     import time
 
     import torch.distributed as dist
 
-    import muloco.trainer  # noqa: F401  (applies it)
-    import torchtitan.trainer as titan
+    import muloco.diloco_trainer  # noqa: F401  (applies it to both)
     from muloco.compat import lone_rank_sleep
 
+    titan = importlib.import_module(trainer_module)
     slept = []
     monkeypatch.setattr(lone_rank_sleep._time, "sleep", slept.append)
     assert titan.time.perf_counter is time.perf_counter
@@ -636,7 +639,7 @@ def test_lone_rank_skips_torchtitans_end_of_training_sleep(monkeypatch, tmp_path
     finally:
         dist.destroy_process_group()
     assert slept == [2]
-    lone_rank_sleep.apply()  # idempotent
+    lone_rank_sleep.apply(titan)  # idempotent
     assert isinstance(titan.time, lone_rank_sleep._TimeSkippingLoneSleep)
 
 

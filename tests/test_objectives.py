@@ -94,20 +94,24 @@ def test_loss_equals_a_float64_reference_on_fixed_masks_and_levels(weight, norma
     assert got.item() == pytest.approx(want.item(), rel=1e-6)
 
 
+def _loss_and_grads(obj, model, x, labels, gvt) -> tuple[float, list[torch.Tensor]]:
+    """One training step's loss of ``obj`` on ``model`` and every parameter's gradient."""
+    obj.lm_head = model.lm_head
+    batch = obj.prepare(x, labels, _key())
+    model.zero_grad()
+    loss = obj.loss(model(batch.inputs), batch, gvt)
+    loss.backward()
+    return loss.item(), [p.grad.clone() for p in model.parameters()]
+
+
 def test_masked_only_head_gives_the_loss_and_gradients_of_the_full_head():
     x, labels = _rows()
     model = _tiny_model().float().train()
     gvt = torch.tensor(float((labels != IGNORE_INDEX).sum()))
     results = []
     for masked_only in (False, True):
-        obj = _objective(masked_only_head=masked_only)
         model._skip_lm_head = masked_only
-        obj.lm_head = model.lm_head
-        batch = obj.prepare(x, labels, _key())
-        model.zero_grad()
-        loss = obj.loss(model(batch.inputs), batch, gvt)
-        loss.backward()
-        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+        results.append(_loss_and_grads(_objective(masked_only_head=masked_only), model, x, labels, gvt))
     (full, g_full), (head, g_head) = results
     assert head == pytest.approx(full, rel=1e-6)
     for a, b in zip(g_full, g_head):
@@ -134,12 +138,7 @@ def test_compiled_scoring_gives_the_eager_loss_and_gradients(masked_only_head):
         if compiled:
             obj.use_loss(None, CompileConfig(enable=True))
         assert (obj.scoring.fn is masked_cross_entropy) is not compiled
-        obj.lm_head = model.lm_head
-        batch = obj.prepare(x, labels, _key())
-        model.zero_grad()
-        loss = obj.loss(model(batch.inputs), batch, gvt)
-        loss.backward()
-        results.append((loss.item(), [p.grad.clone() for p in model.parameters()]))
+        results.append(_loss_and_grads(obj, model, x, labels, gvt))
     (eager, g_eager), (comp, g_comp) = results
     assert comp == pytest.approx(eager, rel=1e-6)
     for a, b in zip(g_eager, g_comp):

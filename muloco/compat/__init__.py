@@ -8,7 +8,8 @@ Five adaptations are composed in where they apply rather than patched in here:
 ``fsdp_gloo`` wraps the model's parallelize function (:mod:`muloco.models`) and
 ``healing_transport`` is the checkpoint transport of the replica-group manager;
 ``torchrun_failures`` is installed by the replica-group agent (:mod:`muloco.launch.replica_group`);
-``lone_rank_sleep`` by :mod:`muloco.trainer`, which imports torchtitan's trainer; and
+``lone_rank_sleep`` by :mod:`muloco.trainer` and :mod:`muloco.diloco_trainer`, which import
+torchtitan's trainers; and
 ``lr_position`` (a scheduler put at a step) is called by :mod:`muloco.diloco_trainer`. Hugging Face
 interop (the state-dict adapter, LLaDA, the tokenizer conversion) is not a patch: it lives in
 :mod:`muloco.hf`.

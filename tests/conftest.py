@@ -5,6 +5,7 @@ time passes a cap: a loaded machine makes every line come later, a hang makes th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -173,14 +174,14 @@ def train_losses(folder: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in read_metrics(folder) if "loss" in r}
 
 
-SLURM_MODULES = {"test_slurm_cluster.py", "test_slurm_jobs.py"}
+SLURM_MODULES = {"test_slurm_cluster.py", "test_slurm_jobs.py", "test_slurm_scripts.py"}
 """The modules whose tests share the session's one local SLURM (the ``slurm`` fixture)."""
 LONG_FIRST = ["test_slurm_jobs.py", "test_slurm_cluster.py", "test_diloco.py", "test_diffusion.py",
               "test_export.py", "test_compare.py", "test_training.py", "test_smoke.py", "test_bench_smoke.py",
               "test_compressed_exchange.py", "test_evaluate.py", "test_import.py", "test_preemption.py",
               "test_report.py", "test_muon.py", "test_compress.py", "test_launch_orphans.py",
               "test_launch_dump_lock.py", "test_launch.py"]
-"""Modules that take longest start first, so the two workers finish together (the rest follow in
+"""Modules that take longest start first, so the workers finish together (the rest follow in
 their usual order). Only an order: a module missing here just starts later."""
 
 
@@ -189,16 +190,26 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
+@functools.cache
+def _has_module_fixture(module: str) -> bool:
+    """Whether a test module defines a fixture its tests share (``scope="module"``)."""
+    return 'scope="module"' in (REPO / module).read_text()
+
+
 def pytest_xdist_make_scheduler(config, log):
-    """The suite runs on two pytest-xdist workers (``-n 2``, pyproject's addopts): a module's
-    tests stay on one worker, so a module fixture starts its runs once, and the SLURM modules
-    share one worker, so the session's one local SLURM is started once; in collection order."""
+    """The suite runs on pytest-xdist workers (``-n``, pyproject's addopts). The tests of a module
+    with a module fixture stay on one worker, so the fixture starts its runs once; the SLURM
+    modules share one worker, so the session's one local SLURM is started once; every other test
+    goes to whichever worker is free (a module of long tests does not hold up the end). In
+    collection order."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ModulesWithSlurmTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "slurm" if Path(module).name in SLURM_MODULES else module
+            if Path(module).name in SLURM_MODULES:
+                return "slurm"
+            return module if _has_module_fixture(module) else nodeid
 
     config.option.loadscopereorder = False  # keep LONG_FIRST's order
     return ModulesWithSlurmTogether(config, log)

@@ -430,6 +430,19 @@ def test_bad_link_options_are_one_clear_error_before_anything_runs(bad, message,
     assert not (tmp_path / "s").exists()
 
 
+def test_a_runs_wall_time_is_its_slowest_groups_and_its_link_share_the_groups_mean(tmp_path):
+    """Replica 0 (whose clock times the target) may have started first and waited for the other
+    group: the run's wall time is the longest group's, so a time to target never exceeds it."""
+    from muloco.compare import timing
+
+    for replica, wall, link in ((0, 13.2, 3.3), (1, 12.0, 6.0)):
+        (tmp_path / f"replica_{replica}").mkdir()
+        (tmp_path / f"replica_{replica}" / "summary.json").write_text(json.dumps(
+            {"wall_seconds": wall, "diloco": {"sync_seconds_by_part": {"link": link}}}))
+    share, wall = timing.link_share(tmp_path)
+    assert wall == 13.2 and share == pytest.approx((3.3 / 13.2 + 6.0 / 12.0) / 2)
+
+
 def test_time_to_target_leaves_validation_out_and_refuses_to_time_a_resumed_run(tmp_path):
     from muloco.compare import timing
 

@@ -16,7 +16,7 @@ Per run and link, from its folder (replica 0's ``metrics.jsonl`` and every repli
   would include the downtime and the redone steps; rerun it whole;
 - **link share**: the emulated link's part of the sync time over the wall time (mean over the
   replica groups);
-- the wall time of the whole run.
+- the wall time of the whole run (its slowest replica group's).
 
 Every figure here includes the emulated link's waits and is labelled so.
 """
@@ -95,7 +95,9 @@ def time_to(c: Curve | None, target: float) -> float | None:
 
 
 def link_share(folder: Path) -> tuple[float | None, float | None]:
-    """(share of the wall time spent held by the emulated link, wall seconds), means over the replicas."""
+    """(share of the wall time spent held by the emulated link, the mean over the replica groups;
+    the run's wall seconds, its slowest group's: the run lasts until its last group ends, and a
+    group that started first and waited for the others has the longest clock)."""
     shares, walls = [], []
     for path in sorted(folder.glob("replica_*/summary.json")) or [folder / "summary.json"]:
         try:
@@ -109,7 +111,7 @@ def link_share(folder: Path) -> tuple[float | None, float | None]:
             if link is not None:
                 shares.append(float(link) / float(wall))
     mean = lambda v: sum(v) / len(v) if v else None  # noqa: E731
-    return mean(shares), mean(walls)
+    return mean(shares), max(walls, default=None)
 
 
 @dataclass

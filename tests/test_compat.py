@@ -17,6 +17,7 @@ import pickle
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 from datetime import timedelta
 from pathlib import Path
@@ -641,6 +642,35 @@ def test_lone_rank_skips_torchtitans_end_of_training_sleep(trainer_module, monke
     assert slept == [2]
     lone_rank_sleep.apply(titan)  # idempotent
     assert isinstance(titan.time, lone_rank_sleep._TimeSkippingLoneSleep)
+
+
+def test_torchtitans_hf_dataloader_imports_datasets_only_when_used():
+    """A process that imports torchtitan's trainer no longer imports the ``datasets`` package (and
+    pandas and pyarrow with it); torchtitan's text dataloader module still reaches the real one
+    through its names when used, and ``import datasets`` anywhere gets the real package."""
+    code = textwrap.dedent("""
+        import sys
+        from muloco import compat
+        compat.apply()  # as every entry point does first
+        import muloco.diloco_trainer  # torchtitan's trainers, validator and text dataloader module
+        from torchtitan.hf_datasets import text_datasets as td
+        assert "datasets" not in sys.modules and "pandas" not in sys.modules, "imported at start-up"
+        import datasets
+        from datasets.distributed import split_dataset_by_node
+        assert datasets.__file__ and td.Dataset is not datasets.Dataset  # the real package, td's stand-in
+        ds = td.load_dataset("json", data_files={"train": sys.argv[1]}, split="train")
+        assert isinstance(ds, td.Dataset) and isinstance(ds, datasets.Dataset)
+        assert not isinstance(object(), td.Dataset) and issubclass(datasets.Dataset, td.Dataset)
+        half = td.split_dataset_by_node(ds, rank=1, world_size=2)
+        assert len(half) == 2 and half["text"] == split_dataset_by_node(ds, rank=1, world_size=2)["text"]
+        print("ok")
+    """)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = Path(tmp) / "rows.jsonl"
+        rows.write_text("".join(json.dumps({"text": t}) + "\n" for t in "abcd"))
+        ran = subprocess.run([sys.executable, "-c", code, str(rows)], cwd=REPO, capture_output=True, text=True,
+                             env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(Path(tmp) / "hf")})
+    assert ran.returncode == 0 and ran.stdout.strip() == "ok", ran.stderr[-3000:]
 
 
 @pytest.mark.parametrize("user_level, quorum_lines", [(None, False), ("info", True)])

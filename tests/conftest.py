@@ -19,6 +19,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    # One thread per process, set before torch is first imported, and inherited by every process a
+    # test starts: each xdist worker and each run it starts then has its share of the cores instead
+    # of all of them. The suite's tiny models gain nothing from more, and on a busy 2-core machine
+    # torch's threads of two workers and their runs oversubscribe the cores: one in-process training
+    # test took 37 s of CPU with 2 threads and 7 s with 1, beside one other job. A value given in
+    # the environment is kept.
+    os.environ.setdefault(_var, "1")
+
 # Small enough that a run of tens of steps takes seconds on a 2-core CPU.
 TINY = [
     "--model.flavor", "llama3-w64-d2-h2",

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import QUIET_S, REPO, run_watched
+from slurm_cluster import pid_alive
 
 from muloco.compare.suites import ROWS, SUITES, SuiteError, data_overrides, plan
 from muloco.data import fetch
@@ -340,13 +341,6 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_sigterm_stops_the_running_run_with_the_suite(tmp_path):
     """A suite interrupted mid-run leaves no training behind (the launcher and its groups stop)."""
     out = tmp_path / "suite"
@@ -374,14 +368,14 @@ def test_sigterm_stops_the_running_run_with_the_suite(tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=QUIET_S) != 0
         stopping = time.monotonic()
-        while any(_alive(p) for p in below) and time.monotonic() - stopping < QUIET_S:
+        while any(pid_alive(p) for p in below) and time.monotonic() - stopping < QUIET_S:
             time.sleep(0.2)
-        assert not [p for p in below if _alive(p)]
+        assert not [p for p in below if pid_alive(p)]
         manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
         assert [m["state"] for m in manifest] == ["CANCELLED"]  # not finished: the next invocation resumes it
     finally:
         for pid in [proc.pid, *below]:
-            if _alive(pid):
+            if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
 

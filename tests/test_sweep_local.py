@@ -5,10 +5,16 @@ and --status."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
-from conftest import TINY
+from conftest import QUIET_S, REPO, TINY
+from slurm_cluster import pid_alive
 from muloco.launch.sweep import Sweep, grid, main
 
 pytestmark = pytest.mark.timeout(900)
@@ -37,3 +43,43 @@ def test_a_sweep_runs_here_with_local_and_reuses_its_finished_runs(tmp_path, cap
     assert "0 run(s) here, 1 at a time (2 finished before)" in capsys.readouterr().out
     assert main(SWEEP, ["--status", "--out", str(out)]) == 0
     assert capsys.readouterr().out.count("COMPLETED") == 2
+
+
+RUNNER = """
+import sys
+from muloco.compare.runner import stop_on_sigterm
+from muloco.launch.local_runs import LocalRuns
+stop_on_sigterm()
+runs = LocalRuns(sys.argv[1], 1, record=lambda event: print(event.state, flush=True), say=lambda _: None)
+runs.run([("sleeper", [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"])])
+"""
+
+
+def test_sigterm_stops_the_running_run_of_a_runner_started_with_sigint_ignored(tmp_path):
+    """A runner a script starts in the background (``cmd &``) inherits SIGINT ignored, and SIGINT
+    is how submitit cancels a local job: SIGTERM to the runner must still stop the running run
+    (``sweep --local`` and ``compare`` run their runs so), not leave it orphaned."""
+    log = tmp_path / "logs" / "sleeper.log"
+    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    sleeper = None
+    try:
+        last, seen = time.monotonic(), ""
+        while not (log.is_file() and log.read_text().strip()):  # the run's process is up
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() - last < QUIET_S, "the run did not start"
+            time.sleep(0.2)
+        sleeper = int(log.read_text().split()[0])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=QUIET_S) != 0
+        assert proc.stdout.read().split() == ["RUNNING", "CANCELLED"]
+        stopping = time.monotonic()
+        while pid_alive(sleeper) and time.monotonic() - stopping < QUIET_S:
+            time.sleep(0.1)
+        assert not pid_alive(sleeper), "the run outlived the runner"
+    finally:
+        for pid in (proc.pid, sleeper):
+            if pid is not None and pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(timeout=30)

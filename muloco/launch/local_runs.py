@@ -16,13 +16,15 @@ machine, runs share them, so N = 1 is the default.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import submitit
@@ -113,7 +115,8 @@ class LocalRuns:
             while waiting or running:
                 while waiting and len(running) < self.parallel:
                     name, cmd = waiting.pop(0)
-                    job = self.executor.submit(run_command, cmd, self.log(name), self.extra_env)
+                    with _cancellable_jobs():
+                        job = self.executor.submit(run_command, cmd, self.log(name), self.extra_env)
                     running[name] = (job, time.monotonic())
                     self.record(RunEvent(name, f"local:{job.job_id}", "RUNNING", 0.0))
                     self.say(f"started {name} (local job {job.job_id}; log {self.log(name)})")
@@ -140,6 +143,23 @@ class LocalRuns:
                 self.record(RunEvent(name, f"local:{job.job_id}", "CANCELLED", time.monotonic() - began))
             raise
         return ended
+
+
+@contextlib.contextmanager
+def _cancellable_jobs() -> Iterator[None]:
+    """submitit cancels a local job with SIGINT to its controller. A process a script starts in the
+    background (``cmd &``) inherits SIGINT ignored (bash does that so Ctrl-C spares it), and so
+    would the jobs it starts: a cancel would do nothing and the run go on, orphaned. While a job
+    is started, this process handles SIGINT (as Python does by default, with KeyboardInterrupt),
+    which a child receives as the default action; the ignoring is put back afterwards."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _same_gpus() -> dict:

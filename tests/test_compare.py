@@ -151,11 +151,18 @@ def test_two_run_suite_end_to_end_then_reused(tmp_path):
 # ------------------------------------------------------------------------------ tuning
 
 
-def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path):
+def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path, capsys, monkeypatch):
+    from muloco.compare.__main__ import main as compare_main
     from muloco.compare.suites import GRIDS
 
-    code, out, err = _compare(["--dry-run", "--tune", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF", "DDP Muon",
-                               "--out", str(tmp_path / "s")], REPO)
+    def dry_run(args: list[str]) -> tuple[int, str, str]:  # in this process: five dry runs, one start-up
+        code = compare_main(args)
+        return (code, *capsys.readouterr())
+
+    monkeypatch.chdir(REPO)
+
+    code, out, err = dry_run(["--dry-run", "--tune", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF", "DDP Muon",
+                               "--out", str(tmp_path / "s")])
     assert code == 0, err
     n = len(GRIDS["nesterov"]) + len(GRIDS["feedback"]) + 1
     assert out.strip().endswith(f"{n} runs; nothing started (--dry-run)")
@@ -169,17 +176,17 @@ def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path):
     assert "DDP Muon (seed 0)" in out and "DDP Muon @" not in out  # no outer step: not tuned
     assert all(f"_tune16_seed0" in line for line in out.splitlines() if "(seed 0): " in line)  # never an untuned folder
     # two seeds: the grid on seed 0, then one run per row on seed 1 (or the grid again if asked)
-    code, out, err = _compare(["--dry-run", "--tune", "--seeds", "2", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF",
-                               "DDP Muon", "--out", str(tmp_path / "s")], REPO)
+    code, out, err = dry_run(["--dry-run", "--tune", "--seeds", "2", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF",
+                               "DDP Muon", "--out", str(tmp_path / "s")])
     assert code == 0, err
     assert "then seeds 1 to 1: each tuned row at the point seed 0 chooses" in out and "(about 4 runs per seed)" in out
     assert out.strip().endswith(f"{n + 4} runs; nothing started (--dry-run)") and "(seed 1)" not in out
-    code, out, err = _compare(["--dry-run", "--tune", "--tune-every-seed", "--seeds", "2", "--only", "MuLoCo K=2",
-                               "--out", str(tmp_path / "s")], REPO)
+    code, out, err = dry_run(["--dry-run", "--tune", "--tune-every-seed", "--seeds", "2", "--only", "MuLoCo K=2",
+                               "--out", str(tmp_path / "s")])
     assert code == 0 and out.strip().endswith(f"{2 * len(GRIDS['nesterov'])} runs; nothing started (--dry-run)")
-    code, out, err = _compare(["--dry-run", "--tune-every-seed", "--out", str(tmp_path / "s")], REPO)
+    code, out, err = dry_run(["--dry-run", "--tune-every-seed", "--out", str(tmp_path / "s")])
     assert code == 2 and "give --tune too" in err
-    code, out, err = _compare(["--dry-run", "--tune", "--link", "1gbps", "--out", str(tmp_path / "s")], REPO)
+    code, out, err = dry_run(["--dry-run", "--tune", "--link", "1gbps", "--out", str(tmp_path / "s")])
     assert code == 2 and "--tune and --link" in err
 
 

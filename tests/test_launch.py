@@ -20,7 +20,8 @@ from conftest import run_watched
 
 from muloco.launch.lighthouse import LighthouseError, parse_bind, quorum_size, start_lighthouse
 from muloco.utils.command_line import UsageError
-from muloco.launch.local import LocalJob, free_ports, job_from_args, main
+from muloco.launch.local import LocalJob, job_from_args, main
+from muloco.utils.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_S = 240

@@ -49,7 +49,6 @@ from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, l
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, LighthouseError,
                                       below_majority_warning, join_timeout_for, majority, start_lighthouse)
-from muloco.utils.ports import free_ports  # noqa: F401 - re-exported for callers
 from muloco.launch.replica_group import TAG as GROUP_TAG
 from muloco.runs.facts import dump_folder_in
 

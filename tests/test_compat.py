@@ -17,7 +17,6 @@ import pickle
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 from datetime import timedelta
 from pathlib import Path
@@ -644,7 +643,7 @@ def test_lone_rank_skips_torchtitans_end_of_training_sleep(trainer_module, monke
     assert isinstance(titan.time, lone_rank_sleep._TimeSkippingLoneSleep)
 
 
-def test_torchtitans_hf_dataloader_imports_datasets_only_when_used():
+def test_torchtitans_hf_dataloader_imports_datasets_only_when_used(tmp_path):
     """A process that imports torchtitan's trainer no longer imports the ``datasets`` package (and
     pandas and pyarrow with it); torchtitan's text dataloader module still reaches the real one
     through its names when used, and ``import datasets`` anywhere gets the real package."""
@@ -665,11 +664,10 @@ def test_torchtitans_hf_dataloader_imports_datasets_only_when_used():
         assert len(half) == 2 and half["text"] == split_dataset_by_node(ds, rank=1, world_size=2)["text"]
         print("ok")
     """)
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = Path(tmp) / "rows.jsonl"
-        rows.write_text("".join(json.dumps({"text": t}) + "\n" for t in "abcd"))
-        ran = subprocess.run([sys.executable, "-c", code, str(rows)], cwd=REPO, capture_output=True, text=True,
-                             env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(Path(tmp) / "hf")})
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"text": t}) + "\n" for t in "abcd"))
+    ran = run_watched([sys.executable, "-c", code, str(rows)], cwd=REPO,
+                      env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
     assert ran.returncode == 0 and ran.stdout.strip() == "ok", ran.stderr[-3000:]
 
 

@@ -117,6 +117,30 @@ def test_stdlib_split_is_deterministic_disjoint_and_complete():
     assert not any("site-packages" in p or "__pycache__" in p for p in everything)
 
 
+def test_stdlib_file_list_skips_site_packages_and_caches_without_entering_them(tmp_path):
+    """The corpus's file list is what a glob of every ``.py`` file gives, less those under
+    site-packages and __pycache__, whose folders the walk never enters (an interpreter's own
+    site-packages can be most of the tree); the real stdlib root lists the same both ways."""
+    from pathlib import Path
+
+    from muloco.data.split import EXCLUDED_DIRS, stdlib_root, stdlib_sources
+
+    def by_glob(base: Path) -> list[str]:  # the definition, as the file list was first written
+        rels = (p.relative_to(base) for p in base.rglob("*.py") if p.is_file())
+        return sorted(r.as_posix() for r in rels if EXCLUDED_DIRS.isdisjoint(r.parts))
+
+    for rel in ("a.py", "pkg/__init__.py", "pkg/sub/b.py", "pkg/notes.txt", "site-packages/c.py",
+                "pkg/site-packages/d.py", "pkg/__pycache__/b.cpython-311.py", ".hidden/e.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    (tmp_path / "folder.py").mkdir()  # a folder, not a file
+    (tmp_path / "linked").symlink_to(tmp_path / "pkg", target_is_directory=True)  # not followed
+    (tmp_path / "link.py").symlink_to(tmp_path / "a.py")  # a file through a link: listed
+    expected = [".hidden/e.py", "a.py", "link.py", "pkg/__init__.py", "pkg/sub/b.py"]
+    assert stdlib_sources(tmp_path) == by_glob(tmp_path) == expected
+    assert stdlib_sources() == by_glob(stdlib_root())
+
+
 def test_jsonl_hash_split_is_deterministic_disjoint_and_complete(jsonl_dir):
     train = shard_texts(jsonl_source(jsonl_dir))
     val = shard_texts(jsonl_source(jsonl_dir, split="validation"))

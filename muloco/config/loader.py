@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+from muloco import compat
+
 CONFIG_FUNCTION = "config"
 
 
@@ -75,6 +77,7 @@ def _describe(err: BaseException) -> str:
 
 
 def _import_file(path: Path) -> ModuleType:
+    compat.apply()  # a config module imports torchtitan, which must be adapted first (idempotent)
     module_name = "muloco_config_" + "_".join(path.with_suffix("").parts[-3:]).replace("-", "_")
     spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None

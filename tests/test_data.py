@@ -12,6 +12,7 @@ import warnings
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -302,6 +303,27 @@ def test_state_dict_loads_with_weights_only(jsonl_dir):
     state = dl.state_dict()
     assert roundtrip(state) == state
     assert json.loads(state["dp_rank_0"]["position"])["doc_index"] > 0
+
+
+def test_the_packing_buffer_travels_as_bytes_and_a_list_saved_before_still_resumes(monkeypatch):
+    """The rest of the current document travels as int64 bytes (DCP walks a list token by token
+    at every save); a state saved as lists of ints, as checkpoints before 2026-11-27 hold it,
+    resumes to the same batches."""
+    monkeypatch.setattr(loader_module, "DOCS_PER_TOKENIZE_CALL", 2)
+    first = make_loader(seq_len=64, batch=4)
+    it = iter(first)
+    take(it, 3)
+    state = first.state_dict()
+    expected = take(it, 5)
+    saved = state["dp_rank_0"]
+    assert isinstance(saved["inputs"], bytes) and isinstance(saved["labels"], bytes) and saved["inputs"]
+    as_lists = {**state, "dp_rank_0": {**saved, "inputs": np.frombuffer(saved["inputs"], "<i8").tolist(),
+                                       "labels": np.frombuffer(saved["labels"], "<i8").tolist()}}
+    for resumed_from in (state, as_lists):
+        second = make_loader(seq_len=64, batch=4)
+        second.load_state_dict(roundtrip(resumed_from))
+        for (x1, y1), (x2, y2) in zip(expected, take(iter(second), 5), strict=True):
+            assert torch.equal(x1, x2) and torch.equal(y1, y2)
 
 
 def test_resume_through_distributed_checkpoint(hf_dir, tmp_path, monkeypatch):

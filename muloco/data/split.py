@@ -38,8 +38,9 @@ def stdlib_sources(root: str | os.PathLike[str] | None = None) -> list[str]:
     """Relative posix paths of the stdlib ``.py`` files, sorted for reproducibility.
 
     The walk does not enter the excluded folders: an interpreter's own site-packages may hold
-    ten times the stdlib's files (26,708 entries looked at for 1,723 documents here, 1.1 s per
-    walk in every process that reads the corpus). Symbolic links to folders are not followed."""
+    most of the tree (here a glob of the stdlib root yielded 26,708 paths for 1,790 sources and
+    took 0.51 s, twice in every process that read the corpus; this walk takes 0.017 s, once).
+    Symbolic links to folders are not followed."""
     base = Path(root) if root is not None else stdlib_root()
     return list(_sources_under(str(base)))
 

@@ -106,6 +106,9 @@ class Watched:
     def result(self) -> subprocess.CompletedProcess:
         for reader in self.readers:
             reader.join(timeout=30)
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
         return subprocess.CompletedProcess(self.cmd, self.proc.returncode, "".join(self.out), "".join(self.err))
 
     def hang_report(self) -> str:

@@ -31,6 +31,24 @@ DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROU
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)
 
 
+RECORDER = """#!/bin/sh
+for a in "$@"; do printf '%s\\0' "$a"; done > "$SMOKE_RECORD"
+"""
+"""Stands in for the Python a job script runs (``MULOCO_PYTHON``): records its command line, NUL-separated."""
+
+
+def recorded_python(cmd: list[str], env: dict[str, str], folder: Path) -> tuple[subprocess.CompletedProcess, list[str] | None]:
+    """Run the job script ``cmd`` with ``RECORDER`` as its Python: what the script did, and the
+    command line it gave Python (None when it never ran it)."""
+    from conftest import run_watched
+
+    recorder, record = folder / "record-python", folder / "record"
+    recorder.write_text(RECORDER)
+    recorder.chmod(0o755)
+    proc = run_watched(cmd, env={**env, "MULOCO_PYTHON": str(recorder), "SMOKE_RECORD": str(record)})
+    return proc, (record.read_text().split("\0")[:-1] if record.is_file() else None)
+
+
 def _exit_status(code: object) -> int:
     """``sys.exit(code)``'s status: None is 0, an int itself, anything else is printed and 1."""
     if code is None:

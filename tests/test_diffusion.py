@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, TINY, hand_bits_per_byte, read_metrics, run_gloo_ranks, run_train, run_watched, tiny_model
+from in_process import run_in_process
 
 from muloco import compat
 
@@ -61,9 +62,17 @@ def test_a_diffusion_run_reports_a_falling_elbo_and_its_bound(diffusion_run):
     assert s["final_tuning_loss"] == pytest.approx(tuning[-1])
 
 
-def _generate(dump, *args):
-    return run_watched([sys.executable, "-m", "muloco.generate", "--checkpoint", str(dump), "--json", *args],
-                       cwd=REPO)
+def _generate(dump, *args, capfd=None):
+    """``python -m muloco.generate --checkpoint DUMP --json ARGS``: a real process, or with
+    ``capfd`` its ``main`` in this process (``in_process.py``: a refusal costs 0.1 s, not ~5 s of
+    CPU importing torch and torchtitan)."""
+    argv = ["--checkpoint", str(dump), "--json", *args]
+    if capfd is None:
+        return run_watched([sys.executable, "-m", "muloco.generate", *argv], cwd=REPO)
+    from muloco.tools.generate import main
+    from muloco.utils.command_line import run_main
+
+    return run_in_process(lambda: run_main(main), capfd, argv0="muloco.generate", args=argv, cwd=REPO)
 
 
 def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diffusion_run):
@@ -105,26 +114,26 @@ def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_
     (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
     (["--score", " x", "--threshold", "0.9"], "--threshold: sampling options, and --score does not sample"),
 ])
-def test_generate_refuses_an_option_out_of_range_or_one_this_run_does_not_take(diffusion_run, args, message):
+def test_generate_refuses_an_option_out_of_range_or_one_this_run_does_not_take(diffusion_run, args, message, capfd):
     dump, _ = diffusion_run
-    proc = _generate(dump, "--prompt", "x", *args)
+    proc = _generate(dump, "--prompt", "x", *args, capfd=capfd)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout
 
 
-def test_generate_refuses_diffusion_options_on_an_autoregressive_run(tmp_path):
+def test_generate_refuses_diffusion_options_on_an_autoregressive_run(tmp_path, capfd):
     dump = tmp_path / "ar"
     proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "2", "--validator.no-enable",
                       "--dump_folder", str(dump)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    bad = _generate(dump, "--prompt", "x", "--steps", "8", "--order", "margin")
+    bad = _generate(dump, "--prompt", "x", "--steps", "8", "--order", "margin", capfd=capfd)
     assert bad.returncode == 2 and "--steps, --order: only for masked-diffusion runs" in bad.stderr, bad.stderr
-    good = _generate(dump, "--prompt", "x", "--length", "4")
+    good = _generate(dump, "--prompt", "x", "--length", "4", capfd=capfd)
     assert good.returncode == 0 and json.loads(good.stdout)["objective"] == "ar", good.stderr[-2000:]
 
 
-def test_generate_names_a_folder_that_is_not_a_run(tmp_path):
-    proc = _generate(tmp_path, "--prompt", "x")
+def test_generate_names_a_folder_that_is_not_a_run(tmp_path, capfd):
+    proc = _generate(tmp_path, "--prompt", "x", capfd=capfd)
     assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "run.json" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 

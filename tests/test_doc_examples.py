@@ -5,12 +5,20 @@ eight devices), a trainer command line parsed and pre-flight checked as ``muloco
 before it builds anything, the model map for real (its output shown in the docs must be what it
 prints), ``report``/``generate`` on the docs' run folders, which do not exist here (the command
 line must parse; the one error must be about the folder). What cannot run here is listed in
-``NOT_RUN`` with the reason, and a new example that fits no rule fails the test."""
+``NOT_RUN`` with the reason, and a new example that fits no rule fails the test.
+
+An example the docs themselves show as a dry run runs exactly as typed, as a real process, and so
+do the ``--help`` examples; the others run their command's ``main`` in the test's process
+(``in_process.py``; a job script runs with a recorder as its Python, and the command it would
+have run, runs here): each would otherwise spend ~5 s of CPU importing torch and torchtitan to
+print a plan."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
+import runpy
 import shlex
 import subprocess
 import sys
@@ -20,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, watch
+from in_process import recorded_python, run_in_process
 
 DOCS = ["README.md", "RUNNING_JOBS.md", "docs/using.md", "docs/compression.md", "docs/gpu.md", "bench/README.md"]
 FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
@@ -123,44 +132,85 @@ def _module_and_args(words: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
-def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+PREFLIGHT = ("import sys; from muloco.config.cli import parse_args; from muloco.config.checks import check_config; "
+             "check_config(parse_args(sys.argv[1:])[1]); print('pre-flight passed')")
+"""What ``muloco.train`` checks before it builds anything, as a program."""
+
+
+def _preflight() -> None:
+    from muloco.config.checks import check_config
+    from muloco.config.cli import parse_args
+
+    check_config(parse_args(sys.argv[1:])[1])
+    print("pre-flight passed")
+
+
+def _here(argv: list[str]):
+    """The function that runs ``argv`` (``python -m M``, ``python FILE.py``, the pre-flight) here."""
+    if argv[1:3] == ["-c", PREFLIGHT]:
+        return "muloco.train", argv[3:], _preflight
+    if argv[1] == "-m":
+        module = importlib.import_module(argv[2])
+        if not hasattr(module, "main"):  # a package: python -m runs its __main__
+            module = importlib.import_module(f"{argv[2]}.__main__")
+        from muloco.utils.command_line import run_main
+        return argv[2], argv[3:], lambda: run_main(module.main)
+    return argv[1], argv[2:], lambda: runpy.run_path(argv[1], run_name="__main__")
+
+
+def _run(argv: list[str], env: dict[str, str], capfd, tmp_path: Path, real: bool) -> subprocess.CompletedProcess:
     """``argv`` as on a machine that sees no cluster (the suite's own local SLURM, whose
-    SLURM_CONF the session exports, would answer with its CPU-only partition)."""
-    full = {**os.environ, "PYTHONPATH": str(REPO), "MULOCO_PYTHON": sys.executable, "SLURM_CONF": os.devnull, **env}
-    return watch([argv], [full])[0]
+    SLURM_CONF the session exports, would answer with its CPU-only partition): as a real process,
+    or here (a job script with a recorder as its Python, then what it would have run, here)."""
+    env = {"PYTHONPATH": str(REPO), "MULOCO_PYTHON": sys.executable, "SLURM_CONF": os.devnull, **env}
+    if real:
+        return watch([argv], [{**os.environ, **env}])[0]
+    if not argv[0].endswith(("python", "python3")) and argv[0] != sys.executable:
+        script, recorded = recorded_python(argv, {**os.environ, **env}, tmp_path)
+        if recorded is None:
+            return script
+        argv = [sys.executable, *recorded]
+    name, args, main = _here(argv)
+    return run_in_process(main, capfd, argv0=name, args=args, env=env)
 
 
-def _run_example(ex: Example) -> tuple[subprocess.CompletedProcess, str]:
-    """Run ``ex`` the cheap way; (what happened, what a success must show)."""
+def _command(ex: Example) -> tuple[list[str], dict[str, str], str]:
+    """How ``ex`` runs the cheap way: (command line, environment, what a success must show)."""
     env, words = _env_and_words(ex.text)
     if words[-1] in ("--help", "-h") and not (_module_and_args(words) or ("",))[0] == "muloco.train":
         argv = [sys.executable, *words[1:]] if words[0].endswith("python") else words
-        return _run(argv, env), "usage"
+        return argv, env, "usage"
     if words[0] in ("python", ".venv/bin/python") and words[1].startswith("jobs/sweeps/"):
         local = "--local" in words
         argv = [sys.executable, *words[1:]]
-        return _run(_with_options(argv, ["--dry-run", *([] if local else NODE_SHAPE)]), env), "dry run"
+        return _with_options(argv, ["--dry-run", *([] if local else NODE_SHAPE)]), env, "dry run"
     if words[0].startswith("jobs/slurm/"):
-        return _run(_with_options(words, ["--dry-run", *NODE_SHAPE]), env), "dry run"
+        return _with_options(words, ["--dry-run", *NODE_SHAPE]), env, "dry run"
     if words[0].startswith(("jobs/local/", "jobs/diloco/")):  # a GPU layout is shown on eight named devices
         gpus = EIGHT_GPUS if "gpu" in ex.text else {}
-        return _run(_with_options(words, ["--dry-run"]), {**gpus, **env}), "dry run"
+        return _with_options(words, ["--dry-run"]), {**gpus, **env}, "dry run"
     if words[0] == "jobs/ddp/run.sh" or (_module_and_args(words) or ("",))[0] == "muloco.train":
         config, overrides = _train_args(words)
-        code = ("import sys; from muloco.config.cli import parse_args; from muloco.config.checks import check_config; "
-                "check_config(parse_args(sys.argv[1:])[1]); print('pre-flight passed')")
-        return _run([sys.executable, "-c", code, "--config", config, *overrides], env), "pre-flight passed"
+        return [sys.executable, "-c", PREFLIGHT, "--config", config, *overrides], env, "pre-flight passed"
     module, args = _module_and_args(words)
     argv = [sys.executable, "-m", module, *args]
     if module == "muloco.launch.slurm":
-        return _run(_with_options(argv, ["--dry-run", *NODE_SHAPE]), env), "dry run"
+        return _with_options(argv, ["--dry-run", *NODE_SHAPE]), env, "dry run"
     if module in ("muloco.launch.local", "muloco.compare"):
-        return _run(_with_options(argv, ["--dry-run"]), env), "nothing started" if module == "muloco.compare" else "dry run"
+        return _with_options(argv, ["--dry-run"]), env, "nothing started" if module == "muloco.compare" else "dry run"
     if module == "muloco.model_map":
-        return _run(argv, env), ""
+        return argv, env, ""
     if module in ("muloco.report", "muloco.generate"):
-        return _run(argv, env), "MISSING FOLDER"
+        return argv, env, "MISSING FOLDER"
     raise AssertionError(f"{ex.doc}:{ex.line}: no rule runs `{ex.text}`; add one, or list it in NOT_RUN")
+
+
+def _run_example(ex: Example, capfd, tmp_path: Path) -> tuple[subprocess.CompletedProcess, str]:
+    """Run ``ex`` the cheap way; (what happened, what a success must show). A dry run the docs
+    show, and a ``--help``, run as typed in a real process; the rest here."""
+    argv, env, must_show = _command(ex)
+    real = must_show == "usage" or "--dry-run" in _env_and_words(ex.text)[1]
+    return _run(argv, env, capfd, tmp_path, real), must_show
 
 
 def _train_args(words: list[str]) -> tuple[str, list[str]]:
@@ -178,11 +228,11 @@ def test_the_docs_have_examples_and_each_skip_still_matches_one():
 
 
 @pytest.mark.parametrize("ex", EXAMPLES, ids=lambda e: f"{e.doc}:{e.line}")
-def test_doc_example_runs(ex):
+def test_doc_example_runs(ex, capfd, tmp_path):
     skipped = [why for key, why in NOT_RUN.items() if key in ex.text]
     if skipped:
         pytest.skip(skipped[0])
-    proc, must_show = _run_example(ex)
+    proc, must_show = _run_example(ex, capfd, tmp_path)
     said = proc.stdout + proc.stderr
     if must_show == "MISSING FOLDER":  # the docs' run folders: the only complaint is that they are not here
         lines = proc.stderr.strip().splitlines()

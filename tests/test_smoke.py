@@ -45,6 +45,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TINY, Watched, run_watched
+from in_process import RECORDER
 
 THIS = "tests/test_smoke.py"
 
@@ -368,10 +369,6 @@ case " $* " in
 esac
 """
 
-# Stands in for the Python a job script runs (MULOCO_PYTHON): records the command line, NUL-separated.
-RECORDER = """#!/bin/sh
-for a in "$@"; do printf '%s\\0' "$a"; done > "$SMOKE_RECORD"
-"""
 
 
 @pytest.fixture(scope="module")

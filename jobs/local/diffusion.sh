@@ -18,5 +18,5 @@ for arg in "$@"; do
 done
 MULOCO_DEFAULT_CONFIG=diffusion/muloco_2bit MULOCO_JOB_SCRIPT=diffusion.sh "$HERE/diloco.sh" "$@"
 echo "samples from θ_g of $dump:"
-"$REPO/.venv/bin/python" -m muloco.generate --checkpoint "$dump" --prompt "def " --prompt "import " \
+"${MULOCO_PYTHON:-$REPO/.venv/bin/python}" -m muloco.generate --checkpoint "$dump" --prompt "def " --prompt "import " \
     --length 48 --block-length 16 --steps 48 --temperature 1.0 --seed 1

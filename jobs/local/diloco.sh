@@ -26,7 +26,7 @@ Examples:
 
 Launcher options (python -m muloco.launch.local):
 USAGE
-    "$REPO/.venv/bin/python" -m muloco.launch.local --help | sed -n '/─ options ─/,$p'
+    "${MULOCO_PYTHON:-$REPO/.venv/bin/python}" -m muloco.launch.local --help | sed -n '/─ options ─/,$p'
 }
 
 for arg in "$@"; do
@@ -36,4 +36,4 @@ for arg in "$@"; do
     esac
 done
 
-exec "$REPO/.venv/bin/python" -m muloco.launch.local --config "$DEFAULT_CONFIG" "$@"
+exec "${MULOCO_PYTHON:-$REPO/.venv/bin/python}" -m muloco.launch.local --config "$DEFAULT_CONFIG" "$@"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -205,7 +206,7 @@ def pytest_collection_modifyitems(config, items):
 @functools.cache
 def _has_module_fixture(module: str) -> bool:
     """Whether a test module defines a fixture its tests share (``scope="module"``)."""
-    return 'scope="module"' in (REPO / module).read_text()
+    return re.search(r"""scope\s*=\s*["']module["']""", (REPO / module).read_text()) is not None
 
 
 def pytest_xdist_make_scheduler(config, log):

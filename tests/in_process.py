@@ -25,6 +25,8 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
+from conftest import run_watched
+
 DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHFT_LIGHTHOUSE")
 """What a test worker may carry that a fresh ``python -m`` on a login shell would not."""
@@ -40,8 +42,6 @@ for a in "$@"; do printf '%s\\0' "$a"; done > "$SMOKE_RECORD"
 def recorded_python(cmd: list[str], env: dict[str, str], folder: Path) -> tuple[subprocess.CompletedProcess, list[str] | None]:
     """Run the job script ``cmd`` with ``RECORDER`` as its Python: what the script did, and the
     command line it gave Python (None when it never ran it)."""
-    from conftest import run_watched
-
     recorder, record = folder / "record-python", folder / "record"
     recorder.write_text(RECORDER)
     recorder.chmod(0o755)
@@ -94,7 +94,8 @@ def run_in_process(main: Callable[[], int | None], capfd, *, argv0: str = "muloc
         sys.argv = saved_argv
         os.environ.clear()
         os.environ.update(saved_env)
-        root.handlers[:], _ = saved_logging[0], root.setLevel(saved_logging[1])
+        root.handlers[:] = saved_logging[0]
+        root.setLevel(saved_logging[1])
         for sig, handler in saved_signals.items():
             signal.signal(sig, handler)
     out, err = capfd.readouterr()

@@ -35,7 +35,7 @@ import torch.distributed.checkpoint.default_planner as default_planner  # noqa: 
 import torch.distributed.checkpoint.filesystem as dcp_filesystem  # noqa: E402
 from torch.distributed.checkpoint.api import CheckpointException  # noqa: E402
 
-from muloco.compat import checkpoint_safety, cpu_device, distributed, triton_stub  # noqa: E402
+from muloco.compat import checkpoint_safety, compile_on_first_call, cpu_device, distributed, triton_stub  # noqa: E402
 from muloco.compat.checkpoint_safety import UnsafeCheckpointError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -453,9 +453,10 @@ def test_apply_is_idempotent():
     before = _patched_state()
     compat.apply()
     # Each adaptation on its own, too (apply() itself only runs them once).
-    for module in (cpu_device, triton_stub, distributed, checkpoint_safety):
+    for module in (cpu_device, triton_stub, distributed, checkpoint_safety, compile_on_first_call):
         module.apply()
         module.apply()
+    assert sum(isinstance(f, compile_on_first_call._AttentionFinder) for f in sys.meta_path) <= 1
     after = _patched_state()
     assert after == before
     assert torch._utils._get_available_device_type() == cpu_device.device_type()
@@ -643,17 +644,26 @@ def test_lone_rank_skips_torchtitans_end_of_training_sleep(trainer_module, monke
     assert isinstance(titan.time, lone_rank_sleep._TimeSkippingLoneSleep)
 
 
-def test_torchtitans_hf_dataloader_imports_datasets_only_when_used(tmp_path):
+def test_a_trainer_process_imports_neither_datasets_nor_inductor_until_used(tmp_path):
     """A process that imports torchtitan's trainer no longer imports the ``datasets`` package (and
     pandas and pyarrow with it); torchtitan's text dataloader module still reaches the real one
-    through its names when used, and ``import datasets`` anywhere gets the real package."""
+    through its names when used, and ``import datasets`` anywhere gets the real package. Nor does
+    it import inductor's ``compile_fx`` for the two functions torchtitan's attention module compiles
+    at import: they compile on their first call, and ``torch.compile`` is the real one again."""
     code = textwrap.dedent("""
         import sys
+        import torch
+        real_compile = torch.compile
         from muloco import compat
         compat.apply()  # as every entry point does first
-        import muloco.diloco_trainer  # torchtitan's trainers, validator and text dataloader module
+        import muloco.diloco_trainer  # torchtitan's trainers, model, validator and text dataloader module
         from torchtitan.hf_datasets import text_datasets as td
+        from torchtitan.models.common import attention
         assert "datasets" not in sys.modules and "pandas" not in sys.modules, "imported at start-up"
+        assert "torch._inductor.compile_fx" not in sys.modules, "inductor imported at start-up"
+        assert torch.compile is real_compile
+        flex = attention.FlexAttention._compiled_flex_attn
+        assert flex.__name__ == "flex_attention" and flex.__code__.co_name == "compiles_on_first_call"
         import datasets
         from datasets.distributed import split_dataset_by_node
         assert datasets.__file__ and td.Dataset is not datasets.Dataset  # the real package, td's stand-in
@@ -669,6 +679,41 @@ def test_torchtitans_hf_dataloader_imports_datasets_only_when_used(tmp_path):
     ran = run_watched([sys.executable, "-c", code, str(rows)], cwd=REPO,
                       env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
     assert ran.returncode == 0 and ran.stdout.strip() == "ok", ran.stderr[-3000:]
+
+
+def test_a_deferred_compile_compiles_a_function_once_on_its_first_call_and_leaves_modules_alone():
+    from muloco.compat.compile_on_first_call import compile_on_first_call
+
+    calls = []
+
+    def counting_compile(*args, **kwargs):
+        calls.append(kwargs)
+        return torch.compile(*args, **kwargs)
+
+    def double(x):
+        return 2 * x
+
+    deferred = compile_on_first_call(counting_compile)
+    doubled = deferred(double, backend="eager")
+    assert calls == [] and doubled.__name__ == "double" and doubled.__wrapped__ is double
+    x = torch.arange(4.0)
+    assert torch.equal(doubled(x), 2 * x) and torch.equal(doubled(x + 1), 2 * x + 2)
+    assert calls == [{"backend": "eager"}]  # once, with the options it was given
+    module = deferred(torch.nn.Linear(2, 2), backend="eager")  # a module: compiled now, as torch.compile does
+    assert isinstance(module, torch._dynamo.eval_frame.OptimizedModule) and len(calls) == 2
+    assert callable(deferred(backend="eager")) and len(calls) == 3  # the decorator form
+
+
+def test_with_an_accelerator_torchtitans_import_time_compile_is_left_alone(monkeypatch):
+    finder = compile_on_first_call._AttentionFinder
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, finder)])
+    monkeypatch.delitem(sys.modules, compile_on_first_call.ATTENTION, raising=False)
+    monkeypatch.setattr(cpu_device, "has_accelerator", lambda: True)
+    compile_on_first_call.apply()
+    assert not any(isinstance(f, finder) for f in sys.meta_path)
+    monkeypatch.setattr(cpu_device, "has_accelerator", lambda: False)
+    compile_on_first_call.apply()
+    assert sum(isinstance(f, finder) for f in sys.meta_path) == 1
 
 
 @pytest.mark.parametrize("user_level, quorum_lines", [(None, False), ("info", True)])

@@ -30,14 +30,15 @@ def apply() -> None:
     # Imported here, not at the top: most of them import torch, and a torch-free process (the
     # lighthouse, the launchers) imports one of this folder's torch-free modules without paying
     # for the package's torch ones.
-    from muloco.compat import (checkpoint_safety, cpu_device, distributed, lazy_hf_datasets, torchft_log_level,
-                               triton_stub)
+    from muloco.compat import (checkpoint_safety, compile_on_first_call, cpu_device, distributed, lazy_hf_datasets,
+                               torchft_log_level, triton_stub)
 
     torchft_log_level.apply()
     cpu_device.apply()
     triton_stub.apply()
     distributed.apply()
     checkpoint_safety.apply()
+    compile_on_first_call.apply()  # a finder: torchtitan's attention module is imported when it was going to be
     lazy_hf_datasets.apply()  # last: it imports a torchtitan module, which the ones above must precede
     _applied = True
 

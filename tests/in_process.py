@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from conftest import run_watched
+from conftest import REPO, run_watched
 
 DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
                    "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHFT_LIGHTHOUSE")
@@ -39,13 +39,14 @@ for a in "$@"; do printf '%s\\0' "$a"; done > "$SMOKE_RECORD"
 """Stands in for the Python a job script runs (``MULOCO_PYTHON``): records its command line, NUL-separated."""
 
 
-def recorded_python(cmd: list[str], env: dict[str, str], folder: Path) -> tuple[subprocess.CompletedProcess, list[str] | None]:
-    """Run the job script ``cmd`` with ``RECORDER`` as its Python: what the script did, and the
-    command line it gave Python (None when it never ran it)."""
+def recorded_python(cmd: list[str], env: dict[str, str], folder: Path,
+                    cwd: Path = REPO) -> tuple[subprocess.CompletedProcess, list[str] | None]:
+    """Run the job script ``cmd`` (in ``cwd``) with ``RECORDER`` as its Python: what the script
+    did, and the command line it gave Python (None when it never ran it)."""
     recorder, record = folder / "record-python", folder / "record"
     recorder.write_text(RECORDER)
     recorder.chmod(0o755)
-    proc = run_watched(cmd, env={**env, "MULOCO_PYTHON": str(recorder), "SMOKE_RECORD": str(record)})
+    proc = run_watched(cmd, cwd=cwd, env={**env, "MULOCO_PYTHON": str(recorder), "SMOKE_RECORD": str(record)})
     return proc, (record.read_text().split("\0")[:-1] if record.is_file() else None)
 
 

@@ -132,22 +132,22 @@ def _module_and_args(words: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
-PREFLIGHT = ("import sys; from muloco.config.cli import parse_args; from muloco.config.checks import check_config; "
-             "check_config(parse_args(sys.argv[1:])[1]); print('pre-flight passed')")
-"""What ``muloco.train`` checks before it builds anything, as a program."""
+PREFLIGHT_PASSED = "pre-flight passed"
 
 
 def _preflight() -> None:
+    """What ``muloco.train`` checks before it builds anything: a trainer example runs only that."""
     from muloco.config.checks import check_config
     from muloco.config.cli import parse_args
 
     check_config(parse_args(sys.argv[1:])[1])
-    print("pre-flight passed")
+    print(PREFLIGHT_PASSED)
 
 
 def _here(argv: list[str]):
-    """The function that runs ``argv`` (``python -m M``, ``python FILE.py``, the pre-flight) here."""
-    if argv[1:3] == ["-c", PREFLIGHT]:
+    """The function that runs ``argv`` (``python -m M``, ``python FILE.py``; the trainer's pre-flight
+    for ``python -m muloco.train``) here."""
+    if argv[1:3] == ["-m", "muloco.train"]:
         return "muloco.train", argv[3:], _preflight
     if argv[1] == "-m":
         module = importlib.import_module(argv[2])
@@ -191,7 +191,7 @@ def _command(ex: Example) -> tuple[list[str], dict[str, str], str]:
         return _with_options(words, ["--dry-run"]), {**gpus, **env}, "dry run"
     if words[0] == "jobs/ddp/run.sh" or (_module_and_args(words) or ("",))[0] == "muloco.train":
         config, overrides = _train_args(words)
-        return [sys.executable, "-c", PREFLIGHT, "--config", config, *overrides], env, "pre-flight passed"
+        return [sys.executable, "-m", "muloco.train", "--config", config, *overrides], env, PREFLIGHT_PASSED
     module, args = _module_and_args(words)
     argv = [sys.executable, "-m", module, *args]
     if module == "muloco.launch.slurm":
@@ -209,7 +209,7 @@ def _run_example(ex: Example, capfd, tmp_path: Path) -> tuple[subprocess.Complet
     """Run ``ex`` the cheap way; (what happened, what a success must show). A dry run the docs
     show, and a ``--help``, run as typed in a real process; the rest here."""
     argv, env, must_show = _command(ex)
-    real = must_show == "usage" or "--dry-run" in _env_and_words(ex.text)[1]
+    real = must_show == "usage" or ("--dry-run" in _env_and_words(ex.text)[1] and must_show != PREFLIGHT_PASSED)
     return _run(argv, env, capfd, tmp_path, real), must_show
 
 

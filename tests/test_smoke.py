@@ -45,7 +45,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TINY, Watched, run_watched
-from in_process import RECORDER
+from in_process import RECORDER, recorded_python
 
 THIS = "tests/test_smoke.py"
 
@@ -386,12 +386,8 @@ def fake_cluster(tmp_path_factory) -> dict[str, str]:
 
 def _record(script: Path, args: list[str], folder: Path, env: dict[str, str]) -> Ran:
     """Run a job script with RECORDER as its Python; ``argv``: the command line it ran."""
-    recorder, record = folder / "record-python", folder / "record"
-    recorder.write_text(RECORDER)
-    recorder.chmod(0o755)
-    proc = run_watched([str(script), *args], cwd=folder, env=clean_env(**env, MULOCO_PYTHON=str(recorder), SMOKE_RECORD=str(record)))
-    argv = record.read_text().split("\0")[:-1] if record.is_file() else []
-    return Ran(proc.returncode, proc.stdout + proc.stderr, folder, argv)
+    proc, argv = recorded_python([str(script), *args], clean_env(**env), folder, cwd=folder)
+    return Ran(proc.returncode, proc.stdout + proc.stderr, folder, argv or [])
 
 
 TINY_RUN = [*TINY, "--training.steps", "2", "--outer.sync_every", "1", "--metrics.log_freq", "1"]

@@ -153,7 +153,7 @@ def test_two_run_suite_end_to_end_then_reused(tmp_path):
 
 def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path, capsys, monkeypatch):
     from muloco.compare.__main__ import main as compare_main
-    from muloco.compare.suites import GRIDS
+    from muloco.compare.suites import AVERAGING, GRIDS
 
     def dry_run(args: list[str]) -> tuple[int, str, str]:  # in this process: five dry runs, one start-up
         code = compare_main(args)
@@ -186,6 +186,20 @@ def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path, capsy
     assert code == 0 and out.strip().endswith(f"{2 * len(GRIDS['nesterov'])} runs; nothing started (--dry-run)")
     code, out, err = dry_run(["--dry-run", "--tune-every-seed", "--out", str(tmp_path / "s")])
     assert code == 2 and "give --tune too" in err
+    # --tune-points: only those points of each grid, on seed 0 and after it
+    two = [AVERAGING, "Nesterov η0.5 μ0.5"]
+    code, out, err = dry_run(["--dry-run", "--tune", "--seeds", "2", "--tune-points", *two, "--only", "DiLoCo K=4",
+                               "MuLoCo K=4", "DDP Muon", "--out", str(tmp_path / "s")])
+    assert code == 0, err
+    tuned = [line.split(" @ ")[1].split(" (seed")[0] for line in out.splitlines() if " @ " in line]
+    assert sorted(tuned) == sorted(two * 2) and "olr0.5-m0.5_tune16_seed0" in out and "olr1-m0_tune16_seed0" in out
+    assert "(about 5 runs per seed)" in out and out.strip().endswith("10 runs; nothing started (--dry-run)")
+    for bad, said in ((["--tune-points", AVERAGING], "give --tune too"),
+                      (["--tune", "--tune-points", "SGD η9 β0"], "not a point of the chosen rows' grids"),
+                      (["--tune", "--tune-points", AVERAGING, "--only", "MuLoCo K=2", "MuLoCo 2-bit EF"],
+                       "leaves no point for MuLoCo 2-bit EF")):
+        code, out, err = dry_run(["--dry-run", *bad, "--out", str(tmp_path / "s")])
+        assert code == 2 and said in err, err
     code, out, err = dry_run(["--dry-run", "--tune", "--link", "1gbps", "--out", str(tmp_path / "s")])
     assert code == 2 and "--tune and --link" in err
 

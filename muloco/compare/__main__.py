@@ -1,7 +1,8 @@
 """The paper's comparisons in one command.
 
     python -m muloco.compare --suite paper-mini [--objective ar|mdlm] [--data stdlib|shakespeare|PATH]
-                             [--seeds 2] [--device cpu|cuda] [--out DIR] [--dry-run] [--only LABEL ...] [--tune]
+                             [--seeds 2] [--device cpu|cuda] [--out DIR] [--dry-run] [--only LABEL ...]
+                             [--tune [--tune-points POINT ...]]
                              [--link 100mbps,1gbps [--link-latency-ms L] [--target LOSS]]
                              [-- trainer overrides for every run]
 
@@ -19,7 +20,8 @@ again over each emulated link and adds the wall-clock to the target loss (``timi
 ``--tune`` runs every row with an outer step at each point of its grid (``suites.GRIDS``), picks
 the point with the lowest θ_g loss on tuning batches held apart from the reported validation
 batches, shows the chosen step beside each row and measures gaps against the best tuned dense
-K=2 row; a target whose margin is inside the seed spread is reported as a tie.
+K=2 row; a target whose margin is inside the seed spread is reported as a tie. ``--tune-points``
+tries only the named points of each grid (a K=4 row costs twice a K=2 one: a cheaper first look).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from muloco.compare import runner, table, timing
-from muloco.compare.suites import AVERAGING, DATA, SUITES, Planned, SuiteError, over_links, plan
+from muloco.compare.suites import AVERAGING, DATA, GRIDS, SUITES, Planned, SuiteError, over_links, plan
 from muloco.utils.link_model import parse_rate
 from muloco.utils.command_line import UsageError, parse, run_main
 from muloco.launch.group import TrainerConfigError, load_trainer_config
@@ -65,6 +67,9 @@ class CompareOptions:
     """Tune each row's outer step on its grid (lr and momentum, or lr and error-feedback β), chosen by
     θ_g's loss on tuning batches apart from the reported validation ones: on seed 0, after which the
     other seeds run only the chosen point."""
+    tune_points: list[str] = field(default_factory=list)
+    """With --tune: try only these grid points (as the dry run prints them after '@', e.g.
+    "averaging (η1 μ0)" "Nesterov η0.5 μ0.5"); default: every point of each row's grid."""
     tune_every_seed: bool = False
     """With --tune and --seeds > 1: run the whole grid on every seed and choose by the mean over the
     seeds (each seed costs the grid instead of one run per row)."""
@@ -89,13 +94,15 @@ def _resolve(p: Planned) -> None:
     p.steps, p.local_batch = cfg.training.steps, cfg.training.local_batch_size
 
 
-def _later_seeds(suite, args: CompareOptions, extra: list[str], chosen: dict[str, set[str]] | None) -> list[Planned]:
+def _later_seeds(suite, args: CompareOptions, extra: list[str], chosen: dict[str, set[str]] | None,
+                 points: dict[str, set[str]] | None = None) -> list[Planned]:
     """Seeds 1 and up of a tuned suite: each tuned row at its points in ``chosen`` (``Line.later_points``:
     the chosen one, and averaging and the best with momentum on the Nesterov grid; a row seed 0
     could not score is left out), the rows without an outer step as they are; resolved.
-    ``chosen`` None (a dry run): each tuned row's first point and its averaging point stand in."""
+    ``chosen`` None (a dry run): each tuned row's first point (of ``points``, ``--tune-points``) and
+    its averaging point stand in."""
     later = plan(suite, objective=args.objective, data=args.data, seeds=args.seeds, steps=args.steps, extra=extra,
-                 only=args.only, tune=True, first_seed=1, chosen=chosen)
+                 only=args.only, tune=True, first_seed=1, chosen=chosen if chosen is not None else points)
     if chosen is None:
         firsts: dict[str, str] = {}
         for p in later:
@@ -124,6 +131,26 @@ def _check(args: CompareOptions) -> None:
         raise UsageError("--target is the loss the runs over --link are timed to: give --link too")
     if args.tune_every_seed and not args.tune:
         raise UsageError("--tune-every-seed says how --tune spends its seeds: give --tune too")
+    if args.tune_points and not args.tune:
+        raise UsageError("--tune-points narrows --tune's grids: give --tune too")
+
+
+def _tune_points(suite, args: CompareOptions) -> dict[str, set[str]] | None:
+    """``--tune-points`` as ``plan``'s ``chosen`` ({tuned row: points}); None: every point. Each
+    point must be on the grid of a chosen row, and each chosen row with a grid must keep one."""
+    if not args.tune_points:
+        return None
+    rows = [r for r in suite.rows if r.grid and (not args.only or r.label in args.only)]
+    known = {setting for r in rows for setting, _ in GRIDS[r.grid]}
+    unknown = [p for p in args.tune_points if p not in known]
+    if unknown:
+        raise UsageError(f"--tune-points {' '.join(map(shlex.quote, unknown))}: not a point of the chosen rows' grids; "
+                         "their points, quoted as --tune-points takes them: " + " ".join(map(shlex.quote, sorted(known))))
+    bare = [r.label for r in rows if not {s for s, _ in GRIDS[r.grid]} & set(args.tune_points)]
+    if bare:
+        raise UsageError(f"--tune-points leaves no point for {', '.join(bare)}: add one of its grid's points, or "
+                         "leave the row out of --only")
+    return {r.label: set(args.tune_points) for r in rows}
 
 
 def _links(values: list[str]) -> list[float]:
@@ -259,8 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         data_label = args.data if args.data in DATA else Path(args.data).stem
         folder = Path(args.out or f"outputs/compare/{suite.name}-{args.objective}-{data_label}")
         staged = args.tune and args.seeds > 1 and not args.tune_every_seed
+        points = _tune_points(suite, args)
         planned = plan(suite, objective=args.objective, data=args.data, seeds=1 if staged else args.seeds,
-                       steps=args.steps, extra=extra, only=args.only, tune=args.tune)
+                       steps=args.steps, extra=extra, only=args.only, tune=args.tune, chosen=points)
         if args.tune and args.link:
             raise UsageError("--tune and --link: tune first, then time the chosen settings over links "
                              "(give the chosen setting as trainer overrides after --)")
@@ -285,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in planned:
             command = runner.command(p, folder / p.name, share_gpus=share)
             print(f"{p.row.label} (seed {p.seed}): {folder / p.name}\n  {shlex.join(command)}")
-        later = _later_seeds(suite, args, extra, None) if staged else []
+        later = _later_seeds(suite, args, extra, None, points) if staged else []
         if later:
             rows = len(later) // (args.seeds - 1)
             print(f"then seeds 1 to {args.seeds - 1}: each tuned row at the point seed 0 chooses (a Nesterov row also "

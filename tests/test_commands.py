@@ -108,3 +108,21 @@ def test_output_cut_short_by_its_reader_ends_quietly(args):
         os.close(write)
     err = proc.communicate()[1]
     assert proc.returncode == 1 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_ctrl_c_ends_a_command_with_one_line_and_status_130(capsys, monkeypatch):
+    """Ctrl-C in a command run through ``run_main`` (every ``python -m`` path): one line naming the
+    command, exit 130 as a shell reports an interrupted program, no traceback."""
+    import types
+
+    from muloco.utils.command_line import INTERRUPTED, run_main
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(
+        name="muloco.compare.__main__")))
+    with pytest.raises(SystemExit) as stopped:
+        run_main(interrupted)
+    assert stopped.value.code == INTERRUPTED == 130
+    assert capsys.readouterr().err == "python -m muloco.compare: interrupted (Ctrl-C)\n"

@@ -394,6 +394,9 @@ def test_sigterm_stops_the_running_run_with_the_suite(tmp_path):
         assert not [p for p in below if pid_alive(p)]
         manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
         assert [m["state"] for m in manifest] == ["CANCELLED"]  # not finished: the next invocation resumes it
+        said = stderr.read_text()  # how to go on, and no traceback (submitit's controllers write to their own log)
+        assert "stopped after 0 of 1 runs; the same command again reuses the finished ones" in said, said[-3000:]
+        assert "Traceback" not in said and "KeyboardInterrupt" in (out / "submitit" / "controllers.log").read_text()
     finally:
         for pid in [proc.pid, *below]:
             if pid_alive(pid):

@@ -168,6 +168,12 @@ def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str
 
     if todo:
         runs = LocalRuns(str(suite_dir), 1, record, say=lambda _: None, extra_env=extra_env)
-        runs.run([(p.name, command(p, suite_dir / p.name, share_gpus=share_gpus)) for p in todo], watch=watch)
+        try:
+            runs.run([(p.name, command(p, suite_dir / p.name, share_gpus=share_gpus)) for p in todo], watch=watch)
+        except BaseException:  # Ctrl-C, SIGTERM: the running run was stopped where it stood
+            print(f"\nstopped after {sum(s == 'COMPLETED' for s in states.values())} of {len(planned)} runs; the same "
+                  "command again reuses the finished ones and resumes the stopped run from its last checkpoint",
+                  file=progress_out or sys.stderr)
+            raise
     write_manifest(str(suite_dir), manifest)
     return states

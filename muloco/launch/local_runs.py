@@ -8,7 +8,8 @@ for a DDP run (one group; torchrun with ``--procs`` ranks on CPU, or over every 
 Its output goes to ``<folder>/logs/<run>.log``. The caller keeps its manifest from the events
 each run sends (started, and how it ended) and may watch the running ones on every poll (a
 progress line). Ctrl-C or SIGTERM stops the running runs (their launchers stop their own
-processes) and leaves them resumable.
+processes) and leaves them resumable; submitit's own controller processes write to
+``<folder>/submitit/controllers.log``.
 
 Every run sees the GPUs this process sees (``CUDA_VISIBLE_DEVICES``); with N > 1 on a GPU
 machine, runs share them, so N = 1 is the default.
@@ -106,6 +107,10 @@ class LocalRuns:
     def log(self, name: str) -> str:
         return os.path.join(self.folder, "logs", f"{name}.log")
 
+    @property
+    def controller_log(self) -> str:
+        return os.path.join(self.folder, "submitit", "controllers.log")
+
     def run(self, runs: list[tuple[str, list[str]]],
             watch: Callable[[RunEvent], None] | None = None) -> dict[str, RunEvent]:
         """Each (name, command) to its end, ``watch`` told of the running ones on every poll; how
@@ -115,7 +120,7 @@ class LocalRuns:
             while waiting or running:
                 while waiting and len(running) < self.parallel:
                     name, cmd = waiting.pop(0)
-                    with _cancellable_jobs():
+                    with _cancellable_jobs(), _controller_output(self.controller_log):
                         job = self.executor.submit(run_command, cmd, self.log(name), self.extra_env)
                     running[name] = (job, time.monotonic())
                     self.record(RunEvent(name, f"local:{job.job_id}", "RUNNING", 0.0))
@@ -160,6 +165,25 @@ def _cancellable_jobs() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextlib.contextmanager
+def _controller_output(path: str) -> Iterator[None]:
+    """submitit starts one controller process per job (between this process and the run), which
+    writes to the stderr it inherits: a cancel (SIGINT) makes it print a KeyboardInterrupt
+    traceback of its own. Started while this process's stderr points at ``path``, it writes there
+    instead, and the terminal shows only the progress line and this process's own words."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    try:
+        os.dup2(log, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(log)
 
 
 def _same_gpus() -> dict:

@@ -125,10 +125,21 @@ def reader_gone() -> int:
     return 1
 
 
+INTERRUPTED = 130
+"""The exit status of a command stopped by Ctrl-C, as a shell reports one that SIGINT ended."""
+
+
 def run_main(main: Callable[[], int | None]) -> NoReturn:
-    """``sys.exit(main())`` for a module run as ``python -m``, quiet when its reader goes away."""
+    """``sys.exit(main())`` for a module run as ``python -m``, quiet when its reader goes away,
+    and one line, not a traceback, when Ctrl-C stops it (what it started has been stopped on the
+    way out: each command stops its own children in ``finally`` and ``except`` blocks)."""
     try:
         code = main()
     except BrokenPipeError:
         code = reader_gone()
+    except KeyboardInterrupt:
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        prog = f"python -m {spec.name.removesuffix('.__main__')}" if spec else "muloco"
+        print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr)
+        code = INTERRUPTED
     sys.exit(code)

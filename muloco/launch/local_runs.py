@@ -102,7 +102,8 @@ class LocalRuns:
         self.extra_env = extra_env
         self.executor = submitit.LocalExecutor(folder=os.path.join(folder, "submitit"))
         self.executor.update_parameters(timeout_min=NO_TIME_LIMIT_MIN, tasks_per_node=1, **_same_gpus())
-        os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
+        for sub in ("logs", "submitit"):
+            os.makedirs(os.path.join(folder, sub), exist_ok=True)
 
     def log(self, name: str) -> str:
         return os.path.join(self.folder, "logs", f"{name}.log")

@@ -3,7 +3,7 @@
 #
 #   scripts/suite_speed_matrix.sh ci         as CI does (.ci/run)
 #   scripts/suite_speed_matrix.sh one-core   pinned to one core (taskset -c 0)
-#   scripts/suite_speed_matrix.sh hog        next to a CPU hog on every core (stress-ng --cpu N)
+#   scripts/suite_speed_matrix.sh hog        next to 4 CPU hogs per core (stress-ng --cpu 4N; HOG_PER_CORE=4)
 #   scripts/suite_speed_matrix.sh twice      twice in a row, nothing cleaned up in between
 #   scripts/suite_speed_matrix.sh all        the four, one after the other
 #
@@ -46,7 +46,7 @@ mode_one_core() { ./setup.sh >/dev/null && run_one one-core taskset -c 0 "${pyte
 mode_hog() {
     need_stress_ng
     ./setup.sh >/dev/null || return 1
-    stress-ng --cpu "$(nproc)" --timeout 7200 --quiet &
+    stress-ng --cpu "$(( ${HOG_PER_CORE:-4} * $(nproc) ))" --timeout 14400 --quiet &
     local hog=$!
     run_one hog "${pytest_cmd[@]}"
     local status=$?

@@ -45,6 +45,21 @@ def test_a_sweep_runs_here_with_local_and_reuses_its_finished_runs(tmp_path, cap
     assert capsys.readouterr().out.count("COMPLETED") == 2
 
 
+def test_a_local_sweep_lets_groups_share_the_gpus_only_where_a_run_has_more_groups_than_gpus(capsys, monkeypatch,
+                                                                                             tmp_path):
+    """Two visible GPUs: a K=4 run's groups share them (as compare's runs do), a K=2 run's get one
+    each, and the sweep says so; a dry run shows the commands."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    sweep = Sweep("gpu_share", [*grid("groups", "diloco/muloco", replicas=4, fixed={"--outer.sync_every": 2}),
+                                *grid("groups", "diloco/muloco", replicas=2, fixed={"--outer.sync_every": 2})])
+    assert main(sweep, ["--local", "1", "--dry-run", "--out", str(tmp_path / "s"), "--", *SHORT]) == 0
+    out, err = capsys.readouterr()
+    k4, k2 = (line for line in out.splitlines() if line.startswith("run "))
+    assert "--replicas 4" in k4 and "--share-gpus" in k4
+    assert "--replicas 2" in k2 and "--share-gpus" not in k2
+    assert "note: 2 GPU(s) for up to 4 replica groups: the groups of 1 run(s) share GPUs" in err
+
+
 RUNNER = """
 import sys
 from muloco.compare.runner import stop_on_sigterm

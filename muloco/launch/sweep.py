@@ -407,9 +407,14 @@ def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]
         p.job.check()  # the layout, without a cluster to place it on
     gpus = len(visible_gpus())
     todo = [p for p in planned if not run_finished(p.entry.run_dir)]
-    runs = [(p.entry.name, local_command(p.entry.kind, p.entry.config, p.entry.overrides,
-                                         replicas=getattr(p.job, "replicas", 1), procs=args.procs, gpus=gpus))
+    groups = {p.entry.name: getattr(p.job, "replicas", 1) for p in todo}
+    shared = {name for name, k in groups.items() if 0 < gpus < k}  # as compare does: fewer GPUs than groups
+    runs = [(p.entry.name, local_command(p.entry.kind, p.entry.config, p.entry.overrides, replicas=groups[p.entry.name],
+                                         procs=args.procs, gpus=gpus, share_gpus=p.entry.name in shared))
             for p in todo]
+    if shared:
+        print(f"note: {gpus} GPU(s) for up to {max(groups.values())} replica groups: the groups of {len(shared)} run(s) "
+              f"share GPUs (--share-gpus), so their wall times include the sharing", file=sys.stderr)
     reused = len(planned) - len(todo)
     if args.dry_run:
         for name, cmd in runs:

@@ -46,8 +46,11 @@ def run_command(cmd: list[str], log: str, extra_env: dict[str, str] | None = Non
     appended to ``log``; a failure raises (submitit then records the job as failed)."""
     env = {**os.environ, **extra_env} if extra_env else None
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        with _interrupt_deferred() as interrupted:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
+            if interrupted:
+                raise KeyboardInterrupt
             code = proc.wait()
         except BaseException:  # submitit's cancel (SIGINT) or Ctrl-C: the launcher stops its children
             os.killpg(proc.pid, signal.SIGTERM)
@@ -149,6 +152,23 @@ class LocalRuns:
                 self.record(RunEvent(name, f"local:{job.job_id}", "CANCELLED", time.monotonic() - began))
             raise
         return ended
+
+
+@contextlib.contextmanager
+def _interrupt_deferred() -> Iterator[list[int]]:
+    """A cancel (SIGINT) that arrives while the run's launcher is being started is held until it
+    has started, then raised: raised inside ``Popen``, after the fork, it would leave the launcher
+    (in a session of its own) running with nobody to stop it. The list yielded is non-empty when
+    one arrived. Outside the main thread (no signal handler can be set there) nothing is held."""
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield held
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager

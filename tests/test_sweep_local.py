@@ -115,13 +115,14 @@ def test_a_cancel_while_a_runs_launcher_starts_is_held_until_it_has_started(tmp_
         return proc
 
     cmd = [sys.executable, "-c", f"import pathlib, time; pathlib.Path({str(started)!r}).write_text('x'); time.sleep(600)"]
+    before = signal.getsignal(signal.SIGINT)  # an xdist worker ignores SIGINT; a plain pytest raises
     local_runs.subprocess.Popen = popen_interrupted
     try:
         with pytest.raises(KeyboardInterrupt):
             local_runs.run_command(cmd, str(tmp_path / "log"))
     finally:
         local_runs.subprocess.Popen = real_popen
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+    assert signal.getsignal(signal.SIGINT) is before  # put back
     leftovers = [int(pid) for pid in subprocess.run(["pgrep", "-f", str(started)], capture_output=True,
                                                     text=True).stdout.split()]
     for pid in leftovers:  # by PID, so a failure here leaves nothing running either

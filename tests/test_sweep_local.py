@@ -100,13 +100,13 @@ def test_sigterm_stops_the_running_run_of_a_runner_started_with_sigint_ignored(t
         proc.wait(timeout=30)
 
 
-def test_a_cancel_while_a_runs_launcher_starts_is_held_until_it_has_started(tmp_path):
+def test_a_cancel_while_a_runs_launcher_starts_is_held_until_it_has_started(tmp_path, monkeypatch):
     """submitit cancels with SIGINT; one that arrives inside ``Popen`` would leave the launcher
     running (its own session) with no handle to stop it. ``run_command`` holds it until the
     launcher has started, then stops the launcher's session and re-raises."""
     from muloco.launch import local_runs
 
-    started = tmp_path / "started"
+    marker = str(tmp_path / "launcher")  # names the stand-in launcher on its command line, for pgrep
     real_popen = subprocess.Popen
 
     def popen_interrupted(*args, **kwargs):  # the cancel lands while the child is being started
@@ -114,16 +114,14 @@ def test_a_cancel_while_a_runs_launcher_starts_is_held_until_it_has_started(tmp_
         os.kill(os.getpid(), signal.SIGINT)
         return proc
 
-    cmd = [sys.executable, "-c", f"import pathlib, time; pathlib.Path({str(started)!r}).write_text('x'); time.sleep(600)"]
+    cmd = [sys.executable, "-c", f"import time; time.sleep(600)  # {marker}"]
     before = signal.getsignal(signal.SIGINT)  # an xdist worker ignores SIGINT; a plain pytest raises
-    local_runs.subprocess.Popen = popen_interrupted
-    try:
+    with monkeypatch.context() as patched:
+        patched.setattr(subprocess, "Popen", popen_interrupted)
         with pytest.raises(KeyboardInterrupt):
             local_runs.run_command(cmd, str(tmp_path / "log"))
-    finally:
-        local_runs.subprocess.Popen = real_popen
     assert signal.getsignal(signal.SIGINT) is before  # put back
-    leftovers = [int(pid) for pid in subprocess.run(["pgrep", "-f", str(started)], capture_output=True,
+    leftovers = [int(pid) for pid in subprocess.run(["pgrep", "-f", marker], capture_output=True,
                                                     text=True).stdout.split()]
     for pid in leftovers:  # by PID, so a failure here leaves nothing running either
         os.kill(pid, signal.SIGKILL)

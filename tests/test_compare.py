@@ -111,6 +111,23 @@ def test_data_sources(tmp_path, monkeypatch):
                                             "mine.jsonl"]
 
 
+def test_time_left_counts_only_the_steps_trained_since_a_resume():
+    """A run resumed at its step 400 of 900 that trained 100 steps in 60 s has about 4m00s
+    left (400 steps at 0.6 s), not 'about 0m..s' as if 500 steps had taken 60 s."""
+    import io
+
+    from muloco.compare.runner import Progress, _work
+    from muloco.compare.suites import Planned
+
+    p = Planned(row=ROWS[0], seed=0, name="r", steps=900, local_batch=8)
+    out = io.StringIO()
+    progress = Progress(1, _work(p), out)
+    progress.show(p, 500, 60.0, from_step=400)
+    assert out.getvalue().rstrip().endswith("step 500/900, about 4m00s left"), out.getvalue()
+    progress.finished(p, 300.0, "done", from_step=400)  # 500 steps trained in 300 s: 0.6 s a step
+    assert progress.measured_work * 900 == _work(p) * 500 and progress.measured_seconds == 300.0
+
+
 @pytest.mark.timeout(900)
 def test_two_run_suite_end_to_end_then_reused(tmp_path):
     out = tmp_path / "suite"

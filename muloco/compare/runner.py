@@ -13,7 +13,8 @@ folder, state) is rewritten atomically after every run, so ``python -m muloco.re
 
 The progress line (stderr; rewritten in place on a terminal, a line per tenth of a run
 otherwise) says runs done of total, the current run's step, and the time left, estimated
-from the seconds per sequence trained so far in this invocation.
+from the seconds per sequence trained so far in this invocation (a resumed run's steps from
+before the resume are not counted as trained in no time).
 """
 
 from __future__ import annotations
@@ -80,11 +81,14 @@ class Progress:
         seconds = remaining_work * measured_seconds / measured_work
         return f"about {int(seconds // 60)}m{int(seconds % 60):02d}s left"
 
-    def show(self, p: Planned, step: int, elapsed: float) -> None:
+    def show(self, p: Planned, step: int, elapsed: float, from_step: int = 0) -> None:
+        """``from_step``: where this invocation picked the run up (its last step logged before a
+        resume); only the steps after it were trained in ``elapsed``."""
         steps = p.steps
         work_now = _work(p) * step // max(steps, 1)
         left = self.total_work - self.done_work - work_now
-        eta = self._left(left, self.measured_work + work_now, self.measured_seconds + elapsed)
+        trained_now = _work(p) * max(step - from_step, 0) // max(steps, 1)
+        eta = self._left(left, self.measured_work + trained_now, self.measured_seconds + elapsed)
         line = (f"[{self.done_runs}/{self.total_runs} runs done] {p.row.label} seed {p.seed}: "
                 f"step {step}/{steps}, {eta}")
         if self.out.isatty():
@@ -97,11 +101,11 @@ class Progress:
             self.out.write(line + "\n")
         self.out.flush()
 
-    def finished(self, p: Planned, seconds: float | None, state: str) -> None:
+    def finished(self, p: Planned, seconds: float | None, state: str, from_step: int = 0) -> None:
         self.done_runs += 1
         self.done_work += _work(p)
         if seconds is not None:
-            self.measured_work += _work(p)
+            self.measured_work += _work(p) * max(p.steps - from_step, 0) // max(p.steps, 1)
             self.measured_seconds += seconds
         self._last_decile = -1
         prefix = "\r\033[K" if self.out.isatty() else ""
@@ -146,6 +150,7 @@ def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str
             continue
         todo.append(p)
     by_name = {p.name: p for p in todo}
+    picked_up_at = {p.name: current_step(suite_dir / p.name) for p in todo}  # > 0: a resume
 
     def record(event: RunEvent) -> None:
         p = by_name[event.name]
@@ -159,12 +164,13 @@ def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str
             states[p.name] = "COMPLETED" if ok else "FAILED"
             manifest[p.name] = _entry(p, folder, states[p.name])
             progress.finished(p, event.seconds if ok else None, "done" if ok else
-                              f"FAILED ({event.error or 'no summary written'}); see {suite_dir / 'logs' / f'{p.name}.log'}")
+                              f"FAILED ({event.error or 'no summary written'}); see {suite_dir / 'logs' / f'{p.name}.log'}",
+                              from_step=picked_up_at[p.name])
         write_manifest(str(suite_dir), manifest)
 
     def watch(event: RunEvent) -> None:
         p = by_name[event.name]
-        progress.show(p, current_step(suite_dir / p.name), event.seconds)
+        progress.show(p, current_step(suite_dir / p.name), event.seconds, from_step=picked_up_at[p.name])
 
     if todo:
         runs = LocalRuns(str(suite_dir), 1, record, say=lambda _: None, extra_env=extra_env)

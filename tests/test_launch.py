@@ -103,6 +103,29 @@ def test_lighthouse_cli_prints_url_line_and_stops_on_sigterm():
             proc.wait()
 
 
+def test_lighthouse_on_node_writes_its_url_file_over_a_stale_one(tmp_path):
+    """A SLURM job's lighthouse (``--bind node:0 --url_file F``): this node's address, the URL
+    in F (a URL left by an earlier start replaced), said on its line."""
+    from muloco.launch.lighthouse import node_address
+
+    url_file = tmp_path / "lighthouse-1.url"
+    url_file.write_text("http://stale:1\n")
+    proc = subprocess.Popen([sys.executable, "-m", "muloco.launch.lighthouse", "--bind", "node:0",
+                             "--replicas", "2", "--url_file", str(url_file)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline().strip()
+        url = url_file.read_text().strip()
+        assert url.startswith(f"http://{node_address()}:") and not url.endswith(":0")
+        assert line == f"lighthouse listening on {url} (status page: {url}/); URL in {url_file}"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=HANG_S) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.timeout(600)
 def test_lighthouse_cli_rejects_bad_bind_and_busy_port():
     bad = lighthouse_cli("--bind", "nonsense")

@@ -57,7 +57,7 @@ LOCAL_SCRIPTS = {  # jobs/local/<script> -> (its default config, objective)
     "diffusion.sh": ("diffusion/muloco_2bit", "mdlm"),
 }
 
-SLURM_GROUPS = ["muloco.launch.slurm_group", "muloco.launch.slurm_lighthouse"]
+SLURM_GROUPS = ["muloco.launch.slurm_group", "muloco.launch.lighthouse"]
 SLURM_SCRIPTS = {  # jobs/slurm/<script> -> (kind, config, extra arguments, the `-m` modules its jobs run)
     "ddp.sh": ("ddp", "gpu/ddp_muon", [], ["torch.distributed.run", "muloco.train"]),
     "diffusion.sh": ("groups", "diffusion/muloco_2bit", [], ["muloco.launch.local"]),
@@ -174,7 +174,8 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
                         f"{THIS}::test_local_job_script[diffusion.sh]",
                         "tests/test_diffusion.py::test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed"),
     "muloco.launch.lighthouse": (f"{THIS}::test_entry_point_help[muloco.launch.lighthouse]",
-                                 "tests/test_launch.py::test_lighthouse_cli_prints_url_line_and_stops_on_sigterm"),
+                                 "tests/test_launch.py::test_lighthouse_cli_prints_url_line_and_stops_on_sigterm",
+                                 SLURM_ARRAY),
     "muloco.export": (f"{THIS}::test_entry_point_help[muloco.export]",
                       "tests/test_export.py::test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens"),
     "muloco.evaluate": (f"{THIS}::test_entry_point_help[muloco.evaluate]",
@@ -194,7 +195,6 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
                             f"{THIS}::test_slurm_script_dry_run[submit.sh]",
                             "tests/test_slurm_jobs.py::test_k2_muloco_2bit_job_runs_to_completion_under_slurm"),
     "muloco.launch.slurm_group": (f"{THIS}::test_entry_point_help[muloco.launch.slurm_group]", SLURM_ARRAY),
-    "muloco.launch.slurm_lighthouse": (f"{THIS}::test_entry_point_help[muloco.launch.slurm_lighthouse]", SLURM_ARRAY),
     "muloco.model_map": (f"{THIS}::test_entry_point_help[muloco.model_map]",
                          "tests/test_model_map.py::test_the_table_as_users_print_it"),
     "muloco.report": (f"{THIS}::test_entry_point_help[muloco.report]",

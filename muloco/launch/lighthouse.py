@@ -3,30 +3,42 @@
 Run it once per job, before the replicas, telling it how many replica groups the job has::
 
     python -m muloco.launch.lighthouse --replicas 2                        # local: loopback only
-    python -m muloco.launch.lighthouse --replicas 4 --bind "$(hostname -i):29510"   # cluster node
+    python -m muloco.launch.lighthouse --replicas 4 --bind node:29510      # cluster node
+    python -m muloco.launch.lighthouse --replicas 4 --bind node:0 --url_file RUN/slurm/lighthouse-A.url \
+        --until_job A                                                      # inside a SLURM job
 
 A quorum is a majority of the K groups (⌊K/2⌋+1) unless ``--min_replicas`` says otherwise: two
 majorities always share a group, so two disjoint sets of replicas can never both commit a step
 (split brain). It prints one line,
 ``lighthouse listening on http://HOST:PORT (status page: http://HOST:PORT/)``, then serves
 until SIGINT/SIGTERM. Replicas find it through ``TORCHFT_LIGHTHOUSE=http://HOST:PORT``.
+
+``node`` as the host is this node's address as other nodes reach it. A SLURM job's lighthouse
+(its groups are array tasks or srun steps on other nodes) binds ``node:0``, writes its URL to
+``--url_file`` atomically (the groups wait for that file, so start order does not matter) and,
+with ``--until_job``, stops once SLURM no longer lists any task of that job (a requeued task is
+listed as pending, so the lighthouse stays up for it).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import socket
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from muloco.launch.slurm_commands import job_listed
 from muloco.outer.lighthouse_status import majority
+from muloco.utils.atomic_file import write_atomically
 from muloco.utils.command_line import UsageError, parse, run_main
 
 DEFAULT_BIND = "127.0.0.1:29510"
 # 90% of the trainer's default --fault_tolerance.quorum_timeout_seconds (300 s): see
-# join_timeout_for.
+# ReplicaGroupManager.Config.join_timeout_ms.
 DEFAULT_JOIN_TIMEOUT_MS = 270_000
 # IPv6 hosts must be bracketed ("[::1]:29510") so the port split is unambiguous.
 _BIND_RE = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>[0-9]{1,5})$")
@@ -47,15 +59,21 @@ def parse_bind(bind: str) -> tuple[str, int]:
     return m["host"], int(m["port"])
 
 
-def join_timeout_for(quorum_timeout_s: float) -> int:
-    """The join timeout (ms) for replicas that wait ``quorum_timeout_s`` for a quorum: 90% of it.
-
-    The lighthouse then waits for every heartbeating group that has not joined yet (starting,
-    healing, a slow step) almost as long as a replica itself waits, so slightly late healthy
-    groups are in the quorum instead of healing afterwards; a dead group stops heartbeating and
-    drops out after the heartbeat timeout, so it does not hold the others up that long.
-    """
-    return int(quorum_timeout_s * 900)
+def node_address() -> str:
+    """This node's address as other nodes reach it: the source address of its default route,
+    else what its hostname resolves to (loopback only as a last resort, with a warning)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # UDP connect sends nothing; it only picks a route
+            address = s.getsockname()[0]
+        if not address.startswith("127."):
+            return address
+    except OSError:
+        pass
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
 
 
 def below_majority_warning(option: str, min_replicas: int, replicas: int) -> str | None:
@@ -153,7 +171,7 @@ class LighthouseOptions:
 
     bind: str = DEFAULT_BIND
     """HOST:PORT to listen on (loopback only by default; on a cluster use the node's routable
-    address, e.g. "$(hostname -i):29510"; port 0 picks a free port)."""
+    address: node:29510; port 0 picks a free port)."""
     replicas: int | None = None
     """Replica groups in the job; the quorum is then a majority, K//2+1, so two disjoint sets of
     groups can never both commit (split brain)."""
@@ -170,6 +188,10 @@ class LighthouseOptions:
     """How often quorum state is re-evaluated."""
     heartbeat_timeout_ms: int = 5000
     """A group silent this long is dropped from the quorum."""
+    url_file: str | None = None
+    """Also write the URL to this file, atomically (a SLURM job's groups wait for it)."""
+    until_job: str | None = None
+    """Stop once SLURM lists no task of this job any more."""
 
 
 def stop_on_signal() -> threading.Event:
@@ -191,6 +213,26 @@ def serve(lh: Lighthouse, stop: threading.Event, poll_s: float = 0.5,
         lh.shutdown()
 
 
+def _bind_address(bind: str) -> str:
+    """``bind`` with the host ``node`` replaced by this node's address."""
+    host, port = parse_bind(bind)
+    if host != "node":
+        return bind
+    address = node_address()
+    if address.startswith("127."):
+        print(f"lighthouse: warning: this node's only address is {address}: groups on other nodes cannot "
+              f"reach it (pass --bind ADDRESS:PORT)", file=sys.stderr, flush=True)
+    return f"{address}:{port}"
+
+
+def _job_gone(job_id: str) -> bool:
+    """SLURM lists no task of ``job_id`` any more (said once, in the log)."""
+    if job_listed(job_id):
+        return False
+    print(f"lighthouse: job {job_id} has no task left; stopping", flush=True)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     prog = "python -m muloco.launch.lighthouse"
     try:
@@ -200,20 +242,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lighthouse: error: {e}", file=sys.stderr)
         return 2
     stop = stop_on_signal()
+    if args.url_file:  # a URL left by an earlier run (or an earlier start of this job) must not be read
+        try:
+            os.unlink(args.url_file)
+        except FileNotFoundError:
+            pass
     try:
-        parse_bind(args.bind)  # a typo in the address is reported before the quorum options
+        bind = _bind_address(args.bind)  # a typo in the address is reported before the quorum options
         min_replicas = quorum_size(args.replicas, args.min_replicas)
         if args.replicas is not None:
             warning = below_majority_warning("--min_replicas", min_replicas, args.replicas)
             if warning:
                 print(f"lighthouse: warning: {warning}", file=sys.stderr, flush=True)
-        lh = start_lighthouse(args.bind, min_replicas, args.join_timeout_ms,
+        lh = start_lighthouse(bind, min_replicas, args.join_timeout_ms,
                               args.quorum_tick_ms, args.heartbeat_timeout_ms)
     except LighthouseError as e:
         print(f"lighthouse: error: {e}", file=sys.stderr, flush=True)
         return 2
-    print(f"lighthouse listening on {lh.url} (status page: {lh.url}/)", flush=True)
-    serve(lh, stop)
+    if args.url_file:
+        write_atomically(args.url_file, lh.url + "\n")
+    written = f"; URL in {args.url_file}" if args.url_file else ""
+    print(f"lighthouse listening on {lh.url} (status page: {lh.url}/){written}", flush=True)
+    until = args.until_job
+    serve(lh, stop, 5.0 if until else 0.5, lambda: bool(until) and _job_gone(until))
     return 0
 
 

@@ -48,7 +48,7 @@ from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, l
                                  torchrun_group, trainer_command)
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, LighthouseError,
-                                      below_majority_warning, join_timeout_for, majority, start_lighthouse)
+                                      below_majority_warning, majority, start_lighthouse)
 from muloco.launch.replica_group import TAG as GROUP_TAG
 from muloco.runs.facts import dump_folder_in
 
@@ -231,8 +231,8 @@ class LocalJob(LaunchOptions):
         ``fault_tolerance.min_replica_size``, else a majority (no split brain)."""
         if self.min_replicas:
             return self.min_replicas
-        cfg = self.trainer_config
-        return (cfg.fault_tolerance.min_replica_size if cfg else 0) or majority(self.replicas)
+        return self.trainer_config.fault_tolerance.quorum_size(self.replicas) if self.trainer_config \
+            else majority(self.replicas)
 
     @cached_property
     def resolved_join_timeout_ms(self) -> int:
@@ -241,7 +241,7 @@ class LocalJob(LaunchOptions):
             return self.join_timeout_ms
         if self.trainer_config is None:
             return DEFAULT_JOIN_TIMEOUT_MS
-        return join_timeout_for(self.trainer_config.fault_tolerance.quorum_timeout_seconds)
+        return self.trainer_config.fault_tolerance.join_timeout_ms()
 
     def replica_command(self, i: int) -> list[str]:
         """The child command line: ``entry`` with the config, replica id, K, the overrides and

@@ -43,10 +43,8 @@ from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings
                                    SINFO_TIMEOUT_S, check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
                                    resolve_partition)
 from muloco.launch.group import TrainerConfigError, load_trainer_config
-from muloco.launch.lighthouse import join_timeout_for
 from muloco.launch.slurm_commands import SlurmCommandError, cancel, slurm
 from muloco.launch.templates import render
-from muloco.outer.lighthouse_status import majority
 
 SLURM_DIR = "slurm"
 LOG_DIR = "logs"
@@ -327,17 +325,17 @@ class _DilocoKind(Kind):
 
     @property
     def quorum(self) -> int:
-        return self.trainer.fault_tolerance.min_replica_size or majority(self.replicas)
+        return self.trainer.fault_tolerance.quorum_size(self.replicas)
 
     @property
     def join_timeout_ms(self) -> int:
-        return join_timeout_for(self.trainer.fault_tolerance.quorum_timeout_seconds)
+        return self.trainer.fault_tolerance.join_timeout_ms()
 
     def lighthouse_cmd(self, url_file: str, until_job: str | None) -> str:
-        until = f" --until-job {until_job}" if until_job else ""
-        return (f"\"$PYTHON\" -m muloco.launch.slurm_lighthouse --replicas {self.replicas} "
-                f"--min-replicas {self.quorum} --join-timeout-ms {self.join_timeout_ms} "
-                f"--url-file {url_file}{until}")
+        until = f" --until_job {until_job}" if until_job else ""
+        return (f"\"$PYTHON\" -m muloco.launch.lighthouse --replicas {self.replicas} "
+                f"--min_replicas {self.quorum} --join_timeout_ms {self.join_timeout_ms} "
+                f"--bind node:0 --url_file {url_file}{until}")
 
     def group_cmd(self, replica: str, url_file: str, lighthouse_moves: bool = True) -> str:
         """A group's ``slurm_group`` command; a lighthouse that cannot move (a step of the same

@@ -104,6 +104,15 @@ def job_state(job_id: str, finished: bool) -> str:
     return "COMPLETED" if finished else "LOST"
 
 
+def job_listed(job_id: str) -> bool:
+    """Whether squeue still lists a task of ``job_id`` (pending, running, requeued, completing).
+    A failing squeue (controller restarting) counts as listed: never stop on a hiccup."""
+    try:
+        return bool(slurm("squeue", "-h", "-j", job_id, "-o", "%i").strip())
+    except SlurmCommandError as e:
+        return "Invalid job id" not in e.stderr
+
+
 def nodes_in_use(user: str) -> int:
     """Nodes held or wanted by this user's running and pending jobs, every QOS and partition
     (array tasks counted one by one)."""

@@ -135,9 +135,19 @@ class ReplicaGroupManager(TorchFTManager):
             between tries, and its Python client bounds the whole call by the quorum timeout."""
             return math.ceil(self.lost_seconds() / self.connect_timeout_seconds) - 1
 
-        def quorum_size(self) -> int:
-            """Replica groups needed to commit a sync."""
-            return self.min_replica_size or majority(self.group_size)
+        def quorum_size(self, replicas: int | None = None) -> int:
+            """Replica groups needed to commit a sync, of ``replicas`` (default: group_size)."""
+            return self.min_replica_size or majority(replicas or self.group_size)
+
+        def join_timeout_ms(self) -> int:
+            """The lighthouse's join timeout for these replicas: 90% of their quorum timeout.
+
+            The lighthouse then waits for every heartbeating group that has not joined yet
+            (starting, healing, a slow step) almost as long as a replica itself waits, so slightly
+            late healthy groups are in the quorum instead of healing afterwards; a dead group stops
+            heartbeating and drops out after the heartbeat timeout, so it does not hold the others
+            up that long."""
+            return int(self.quorum_timeout_seconds * 900)
 
     def __init__(self, config: Config) -> None:
         self._manager = None

@@ -9,6 +9,7 @@ as root; see /work/shared/reference/local-slurm-facts.md for why each setting is
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import socket
@@ -226,6 +227,7 @@ class LocalSlurm:
         self.bin = self.root / "bin"
         self.munge_socket = self.root / "munge" / "munge.socket"
         self._pids: dict[str, int] = {}
+        self._reaper: subprocess.Popen | None = None
 
     # ---- environment and clients -------------------------------------------------------------
 
@@ -315,6 +317,7 @@ class LocalSlurm:
         self._check_can_start()
         self._prepare_dirs()
         self._write_files()
+        self._start_reaper()
         try:
             self._start_munged()
             self._start_daemon("slurmctld", [which("slurmctld")], self._ctld_up)
@@ -324,6 +327,16 @@ class LocalSlurm:
             logs = self.logs()
             self.stop()
             raise SlurmError(f"local slurm failed to start: {e}\n{logs}") from e
+
+    def _start_reaper(self) -> None:
+        """A watcher in its own session that stops this cluster once the process that started it
+        is gone without stopping it: a suite killed by SIGTERM or SIGKILL runs no fixture
+        finalizer, and the daemons, which fork themselves away, would run on."""
+        nodes = len(self.nodes) if self.node_ports else 1
+        with open(self.root / "log" / "reaper.log", "a") as log:
+            self._reaper = subprocess.Popen(
+                [sys.executable, __file__, "--stop-when-gone", str(os.getpid()), str(self.root), str(self.cpus),
+                 str(nodes)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _check_can_start(self) -> None:
         missing = [b for b in BINARIES if not which(b)]
@@ -439,6 +452,9 @@ class LocalSlurm:
                 self._terminate(pid)
         self._pids.clear()
         self._kill_leftovers()
+        if self._reaper is not None and self._reaper.poll() is None:
+            self._reaper.terminate()
+            self._reaper.wait()
 
     def job_ids(self, *, ended_too: bool = False) -> set[str]:
         """The ids of the jobs in the queue (each array task its own id); with ``ended_too``, also
@@ -532,3 +548,19 @@ def _real_memory_mb() -> int:
         return int(out.split("RealMemory=")[1].split()[0])
     except (OSError, IndexError, ValueError, TypeError, subprocess.TimeoutExpired):
         return 1024
+
+
+def stop_when_gone(owner: int, root: str, cpus: str, nodes: str) -> None:
+    """Wait for ``owner`` to exit (an event on its pidfd, no polling), then stop the cluster
+    under ``root`` as :meth:`LocalSlurm.stop` does: jobs, daemons, leftovers, all by PID."""
+    try:
+        fd = os.pidfd_open(owner)
+        select.select([fd], [], [])
+    except ProcessLookupError:
+        pass  # gone already
+    print(f"process {owner} is gone; stopping the cluster under {root}", flush=True)
+    LocalSlurm(Path(root), int(cpus), nodes=int(nodes)).stop()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--stop-when-gone"]:
+    stop_when_gone(*(int(sys.argv[2]), *sys.argv[3:6]))

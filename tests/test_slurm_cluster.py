@@ -6,7 +6,13 @@ every deadline is only a hang timeout (HANG_S).
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +72,41 @@ def _poll(check, timeout: float = HANG_S) -> bool:
             return False
         time.sleep(0.1)
     return True
+
+
+OWNER = """
+import json, signal, sys
+from pathlib import Path
+from slurm_cluster import LocalSlurm
+cluster = LocalSlurm(Path(sys.argv[1]), cpus=1)
+cluster.start()
+job = cluster.sbatch("--time=5", "--output=/dev/null", "--wrap", "sleep 300")
+cluster.wait_state(job, ["RUNNING"], timeout=120)
+print(json.dumps([*cluster._pids.values(), *cluster._leftover_pids()]), flush=True)
+signal.pause()
+"""
+
+
+def test_a_killed_owner_leaves_no_daemon_or_job_of_its_cluster_behind(tmp_path_factory):
+    """A suite killed by SIGKILL runs no fixture finalizer: the cluster's reaper stops its
+    daemons and its running job (the daemons fork themselves away from the suite)."""
+    from slurm_cluster import LocalSlurm, _wait_until, ensure_slurm_installed, pid_alive
+
+    reason = ensure_slurm_installed()
+    if reason:
+        pytest.skip(f"no local SLURM: {reason}")
+    root = tmp_path_factory.mktemp("reap")  # short: SLURM's socket paths under it have 108 bytes
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(root)], cwd=Path(__file__).parent,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(owner.stdout.readline() or "[]")
+        assert len(pids) >= 4, "munged, slurmctld, slurmd and the job's processes"
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        assert _wait_until(lambda: not any(pid_alive(p) for p in pids), HANG_S), (root / "log" / "reaper.log").read_text()
+        assert "stopping the cluster" in (root / "log" / "reaper.log").read_text()
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        LocalSlurm(root, cpus=1).stop()  # whatever the reaper missed, by PID

@@ -31,7 +31,7 @@ import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, make_dataclass, replace
 from typing import Annotated
 
 import tyro
@@ -288,7 +288,7 @@ class Kind:
 
 
 class DdpJob(Kind):
-    """One replica group over ``nodes`` nodes: torchrun per node, rendezvous on the first."""
+    """One replica group over --nodes nodes (torchrun on each, rendezvous on the first)."""
 
     @dataclass
     class Config:
@@ -347,7 +347,7 @@ class _DilocoKind(Kind):
 
 
 class GroupsJob(_DilocoKind):
-    """K replica groups on one node, one GPU slice each, lighthouse on loopback (local launcher)."""
+    """K DiLoCo replica groups on one node, one GPU slice each, the lighthouse on loopback."""
 
     @dataclass
     class Config:
@@ -377,7 +377,7 @@ class GroupsJob(_DilocoKind):
 
 
 class SpanningJob(_DilocoKind):
-    """K groups of N nodes each in one job; the lighthouse on the first node."""
+    """K replica groups of --nodes-per-replica nodes, one job; the lighthouse on the first node."""
 
     @dataclass
     class Config:
@@ -415,7 +415,7 @@ class SpanningJob(_DilocoKind):
 
 
 class ArrayJob(_DilocoKind):
-    """Each replica group one array task; the lighthouse a small job of its own."""
+    """Fault tolerant: each replica group its own array task, the lighthouse its own job."""
 
     @dataclass
     class Config:
@@ -673,36 +673,15 @@ class SubmitOptions:
                        max_restarts=self.max_restarts, procs=self.procs, dependency=self.dependency)
 
 
-@dataclass
-class DdpOptions(SubmitOptions):
-    """One replica group over --nodes nodes (torchrun on each)."""
-
-    layout: Annotated[DdpJob.Config, tyro.conf.OmitArgPrefixes] = field(default_factory=DdpJob.Config)
-
-
-@dataclass
-class GroupsOptions(SubmitOptions):
-    """K DiLoCo replica groups on one node, one GPU slice each."""
-
-    layout: Annotated[GroupsJob.Config, tyro.conf.OmitArgPrefixes] = field(default_factory=GroupsJob.Config)
+def _kind_options(kind: type[Kind]) -> type[SubmitOptions]:
+    """A kind's command line: what every kind takes, and its layout's options."""
+    layout = Annotated[kind.Config, tyro.conf.OmitArgPrefixes]
+    return make_dataclass(kind.__name__.replace("Job", "Options"),
+                          [("layout", layout, field(default_factory=kind.Config))], bases=(SubmitOptions,),
+                          namespace={"__doc__": kind.__doc__})
 
 
-@dataclass
-class SpanningOptions(SubmitOptions):
-    """K replica groups of --nodes-per-replica nodes, one job."""
-
-    layout: Annotated[SpanningJob.Config, tyro.conf.OmitArgPrefixes] = field(default_factory=SpanningJob.Config)
-
-
-@dataclass
-class ArrayOptions(SubmitOptions):
-    """Fault tolerant: each replica group its own array task, the lighthouse its own job."""
-
-    layout: Annotated[ArrayJob.Config, tyro.conf.OmitArgPrefixes] = field(default_factory=ArrayJob.Config)
-
-
-OPTIONS: dict[str, type[SubmitOptions]] = {"ddp": DdpOptions, "groups": GroupsOptions,
-                                           "spanning": SpanningOptions, "array": ArrayOptions}
+OPTIONS: dict[str, type[SubmitOptions]] = {name: _kind_options(kind) for name, kind in KINDS.items()}
 PROG = "python -m muloco.launch.slurm"
 USAGE = (f"usage: {PROG} KIND --config C [options] [-- trainer overrides]\n\nGenerate (and submit) a SLURM job "
          f"for a muloco config. Kinds (`{PROG} KIND --help` lists each one's options):\n"

@@ -45,6 +45,20 @@ def test_a_sweep_runs_here_with_local_and_reuses_its_finished_runs(tmp_path, cap
     assert capsys.readouterr().out.count("COMPLETED") == 2
 
 
+def test_a_sweep_folder_another_launcher_holds_is_one_error(tmp_path, capsys):
+    """Two launchers on one sweep folder would lose each other's job ids: the second is refused
+    with one line (exit 2) and starts nothing."""
+    from muloco.runs.lock import DumpFolderLock
+
+    out = tmp_path / "sweep"
+    with DumpFolderLock(str(out)):
+        assert main(SWEEP, ["--local", "1", "--out", str(out), "--", *SHORT]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"sweep tiny_local: error: the folder {out} is in use by ") and err.count("\n") == 1, err
+    assert err.rstrip().endswith("or pass another --out"), err
+    assert not (out / "logs").exists() and not (out / "manifest.jsonl").exists()
+
+
 def test_a_local_sweep_lets_groups_share_the_gpus_only_where_a_run_has_more_groups_than_gpus(capsys, monkeypatch,
                                                                                              tmp_path):
     """Two visible GPUs: a K=4 run's groups share them (as compare's runs do), a K=2 run's get one

@@ -29,7 +29,6 @@ A sweep file (``jobs/sweeps/*.py``) names its runs with ``grid`` and calls ``mai
 
 from __future__ import annotations
 
-import contextlib
 import getpass
 import itertools
 import os
@@ -324,7 +323,7 @@ def main(sweep: Sweep, argv: list[str] | None = None) -> int:
     args.out = args.out or os.path.join("outputs", "sweeps", sweep.name)
     try:
         return _run(sweep, args, extra)
-    except (JobError, ClusterError, ManifestError) as e:
+    except (JobError, ClusterError, ManifestError, DumpFolderBusy) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
 
@@ -354,22 +353,8 @@ def _run(sweep: Sweep, args, extra: list[str]) -> int:
     place([p.job for p in planned], cluster_nodes(args.dry_run, cluster))  # place: partitions, checked
     if args.dry_run:
         return _dry_run(planned, sweep, args)
-    with _sweep_folder(args.out):
+    with DumpFolderLock(args.out, option="--out"):  # one launcher per sweep folder: two would lose each other's job ids
         return _submit(sweep, args, runner, planned)
-
-
-@contextlib.contextmanager
-def _sweep_folder(out: str):
-    """One launcher (submitting or running here) per sweep folder: two would lose each other's
-    job ids and manifest lines."""
-    try:
-        lock = DumpFolderLock(out).acquire()
-    except DumpFolderBusy as e:
-        raise JobError(str(e)) from None
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _submit(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -> int:
@@ -421,7 +406,7 @@ def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]
             print(f"run {name}: {shlex.join(cmd)}")
         print(f"dry run: {len(runs)} run(s) to run here ({reused} finished before); nothing started")
         return 0
-    with _sweep_folder(args.out):
+    with DumpFolderLock(args.out, option="--out"):
         failed = _run_here(sweep, args, runner, planned, runs, reused, LocalRuns)
     if failed:
         print(f"sweep {sweep.name}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in "

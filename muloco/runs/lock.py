@@ -78,7 +78,7 @@ class LockHolder:
 class DumpFolderBusy(RuntimeError):
     """The folder is locked by a live process; the message says which and what to do."""
 
-    def __init__(self, folder: str, holder: LockHolder | None):
+    def __init__(self, folder: str, holder: LockHolder | None, option: str = "--dump_folder"):
         self.folder, self.holder = folder, holder
         if holder is None:  # an empty lock file: its holder is still writing, or not ours
             who, fix = "another process (its lock file does not say which)", "stop that run"
@@ -86,15 +86,16 @@ class DumpFolderBusy(RuntimeError):
             here = holder.host == socket.gethostname()
             who = holder.describe()
             fix = f"stop that run (kill {holder.pid}{'' if here else ' on ' + holder.host})"
-        super().__init__(f"dump folder {folder} is in use by {who}: {fix} or pass another "
-                         f"--dump_folder")
+        super().__init__(f"{'dump' if option == '--dump_folder' else 'the'} folder {folder} is in use by {who}: "
+                         f"{fix} or pass another {option}")
 
 
 class DumpFolderLock:
     """The lock of one dump folder; see the module docstring for what it guarantees."""
 
-    def __init__(self, folder: str | os.PathLike):
-        self.folder = os.fspath(folder)
+    def __init__(self, folder: str | os.PathLike, option: str = "--dump_folder"):
+        """``option``: the flag that chose the folder, named in the busy message's fix."""
+        self.folder, self.option = os.fspath(folder), option
         self.path = os.path.join(self.folder, LOCK_NAME)
         self.created_dirs: list[str] = []  # folders acquire() created (so a failed launch can undo)
         self.stale: LockHolder | None = None  # the dead holder whose lock file acquire() took over
@@ -117,7 +118,7 @@ class DumpFolderLock:
             except BlockingIOError:
                 holder = _read_holder(fd, wait_s=_HOLDER_WRITE_WAIT_S)
                 os.close(fd)
-                raise DumpFolderBusy(self.folder, holder) from None
+                raise DumpFolderBusy(self.folder, holder, self.option) from None
             except BaseException:
                 os.close(fd)
                 raise

@@ -111,6 +111,18 @@ def test_data_sources(tmp_path, monkeypatch):
                                             "mine.jsonl"]
 
 
+def test_a_suite_folder_another_compare_holds_is_one_error(tmp_path):
+    """A second compare on the same --out would train the same runs beside the first: refused
+    with one line, nothing started."""
+    from muloco.runs.lock import DumpFolderLock
+
+    out = tmp_path / "suite"
+    with DumpFolderLock(str(out)):
+        code, _, err = _compare(["--only", "MuLoCo K=2", "--steps", "2", "--out", str(out), "--", *TINY_SUITE], REPO)
+    assert code == 2 and err.count("\n") == 1 and f"the folder {out} is in use by " in err, err
+    assert err.rstrip().endswith("or pass another --out") and not (out / "logs").exists()
+
+
 def test_time_left_counts_only_the_steps_trained_since_a_resume():
     """A run resumed at its step 400 of 900 that trained 100 steps in 60 s has about 4m00s
     left (400 steps at 0.6 s), not 'about 0m..s' as if 500 steps had taken 60 s."""

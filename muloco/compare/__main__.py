@@ -39,6 +39,7 @@ from muloco.utils.link_model import parse_rate
 from muloco.utils.command_line import UsageError, parse, run_main
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 from muloco.runs.names import run_name
+from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 
 PROG = "python -m muloco.compare"
 
@@ -322,6 +323,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(planned) + len(later)} runs; nothing started (--dry-run)")
         return 0
     runner.stop_on_sigterm()
+    try:
+        with DumpFolderLock(str(folder), option="--out"):  # a second compare on the folder would train its runs twice
+            return _run_suite(suite, planned, folder, args, extra, device, staged)
+    except DumpFolderBusy as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+
+
+def _run_suite(suite, planned: list[Planned], folder: Path, args, extra: list[str], device: str, staged: bool) -> int:
+    """Train what is not finished, the later seeds at the points seed 0 chose, then the table."""
     env, share = _environment(device), _share_gpus(device, planned)
     states = runner.run_all(planned, folder, extra_env=env, share_gpus=share)
     if staged:  # the other seeds at the points seed 0 chose

@@ -231,6 +231,8 @@ class NodeInfo:
     """sinfo's short state (idle, mix, alloc, drain, down, ...; a trailing * means not responding)."""
     max_time_min: int | None = None
     """The partition's MaxTime in minutes; None: unlimited."""
+    default: bool = False
+    """The partition is the cluster's default (sinfo marks it with ``*``)."""
 
     @property
     def usable(self) -> bool:
@@ -344,7 +346,7 @@ def query_sinfo(env: dict[str, str] | None = None, timeout: float = SINFO_TIMEOU
         partition, name, cpus, gres, mem, state, limit = line.split("|")
         nodes.append(NodeInfo(partition.rstrip("*"), name, int(cpus), _gpus(gres),
                               int(mem.rstrip("+")) if mem.rstrip("+").isdigit() else None, state,
-                              slurm_minutes(limit)))
+                              slurm_minutes(limit), partition.endswith("*")))
     return nodes
 
 
@@ -378,12 +380,9 @@ def resolve_partition(settings: ClusterSettings, nodes: list[NodeInfo], default:
     return Partition(name, len({n.name for n in members}), cpus, gpus, tuple(members), members[0].max_time_min)
 
 
-def default_partition(env: dict[str, str] | None = None) -> str | None:
-    try:
-        out = slurm("sinfo", "-h", "-o", "%P", env=env, timeout=SINFO_TIMEOUT_S)
-    except SlurmCommandError:
-        return None
-    return next((p.rstrip("*") for p in out.split() if p.endswith("*")), None)
+def default_partition(nodes: list[NodeInfo]) -> str | None:
+    """The cluster's default partition, from the one sinfo query (None: it has none)."""
+    return next((n.partition for n in nodes if n.default), None)
 
 
 def check_request(partition: Partition, *, nodes: int, gpus_per_node: int, cpus_per_node: int,

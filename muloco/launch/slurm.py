@@ -630,7 +630,7 @@ def cluster_nodes(dry_run: bool, settings: ClusterSettings) -> list[NodeInfo] | 
 def place(jobs: list[Kind], nodes: list[NodeInfo] | None) -> None:
     """Send each job to its partition (the cluster's default when none is set) and check its
     request against the partition's nodes; without ``nodes``, the layout checks only."""
-    default = default_partition() if nodes is not None else None
+    default = default_partition(nodes) if nodes is not None else None
     for job in jobs:
         if nodes is None:
             job.check()

@@ -111,14 +111,17 @@ def test_data_sources(tmp_path, monkeypatch):
                                             "mine.jsonl"]
 
 
-def test_a_suite_folder_another_compare_holds_is_one_error(tmp_path):
+def test_a_suite_folder_another_compare_holds_is_one_error(tmp_path, capsys, monkeypatch):
     """A second compare on the same --out would train the same runs beside the first: refused
-    with one line, nothing started."""
+    with one line, nothing started (in this process: the refusal comes before any handler is set)."""
+    from muloco.compare.__main__ import main as compare_main
     from muloco.runs.lock import DumpFolderLock
 
+    monkeypatch.chdir(REPO)
     out = tmp_path / "suite"
     with DumpFolderLock(str(out)):
-        code, _, err = _compare(["--only", "MuLoCo K=2", "--steps", "2", "--out", str(out), "--", *TINY_SUITE], REPO)
+        code = compare_main(["--only", "MuLoCo K=2", "--steps", "2", "--out", str(out), "--", *TINY_SUITE])
+    err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"the folder {out} is in use by " in err, err
     assert err.rstrip().endswith("or pass another --out") and not (out / "logs").exists()
 

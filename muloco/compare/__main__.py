@@ -322,9 +322,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"per seed)")
         print(f"{len(planned) + len(later)} runs; nothing started (--dry-run)")
         return 0
-    runner.stop_on_sigterm()
     try:
         with DumpFolderLock(str(folder), option="--out"):  # a second compare on the folder would train its runs twice
+            runner.stop_on_sigterm()
             return _run_suite(suite, planned, folder, args, extra, device, staged)
     except DumpFolderBusy as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)

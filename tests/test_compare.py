@@ -170,6 +170,7 @@ def test_two_run_suite_end_to_end_then_reused(tmp_path):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert [m["state"] for m in manifest] == ["COMPLETED", "COMPLETED"]
+    assert all(m["jobs"][0].startswith("local:") for m in manifest)  # kept by LocalRuns, as a sweep's
     # python -m muloco.report reads the suite folder as a sweep
     report = run_watched([sys.executable, "-m", "muloco.report", str(out), "--out", str(tmp_path / "rep")],
                          cwd=REPO)

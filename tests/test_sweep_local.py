@@ -79,8 +79,10 @@ import sys
 from muloco.compare.runner import stop_on_sigterm
 from muloco.launch.local_runs import LocalRuns
 stop_on_sigterm()
-runs = LocalRuns(sys.argv[1], 1, record=lambda event: print(event.state, flush=True), say=lambda _: None)
-runs.run([("sleeper", [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"])])
+from muloco.runs.sweep_manifest import Entry
+runs = LocalRuns(sys.argv[1], 1, {}, record=lambda event: print(event.state, flush=True), say=lambda _: None)
+runs.run([(Entry("sleeper", "ddp", "c", [], {}, sys.argv[1] + "/sleeper"),
+           [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"])])
 """
 
 

@@ -115,11 +115,11 @@ class Progress:
         self.out.flush()
 
 
-def _entry(p: Planned, folder: Path, state: str) -> Entry:
+def _entry(p: Planned, folder: Path, state: str, jobs: list[str]) -> Entry:
     kind = "ddp" if p.row.ddp else "groups"
     return Entry(name=p.name, kind=kind, config=p.row.config, overrides=p.overrides,
                  options={"replicas": p.row.replicas, "label": p.row.label, "seed": p.seed}, run_dir=str(folder),
-                 state=state)
+                 jobs=jobs, state=state)
 
 
 def stop_on_sigterm() -> None:
@@ -141,41 +141,39 @@ def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str
     progress = Progress(len(planned), sum(_work(p) for p in planned), progress_out or sys.stderr)
     states: dict[str, str] = {}
     todo: list[Planned] = []
+    entries: dict[str, Entry] = {}
     for p in planned:
         folder = suite_dir / p.name
+        jobs = list(manifest[p.name].jobs) if p.name in manifest else []  # every earlier job of the run
         if run_finished(str(folder)):
             states[p.name] = "COMPLETED"
-            manifest[p.name] = _entry(p, folder, "COMPLETED")
+            manifest[p.name] = _entry(p, folder, "COMPLETED", jobs)
             progress.finished(p, None, "finished before, reused")
             continue
+        entries[p.name] = _entry(p, folder, "NEW", jobs)
         todo.append(p)
     by_name = {p.name: p for p in todo}
     picked_up_at = {p.name: current_step(suite_dir / p.name) for p in todo}  # > 0: a resume
 
-    def record(event: RunEvent) -> None:
+    def record(event: RunEvent) -> None:  # its manifest line is kept by LocalRuns
+        if event.state not in ("COMPLETED", "FAILED"):
+            return
         p = by_name[event.name]
-        folder = suite_dir / p.name
-        if event.state == "RUNNING":
-            manifest[p.name] = _entry(p, folder, "RUNNING")
-        elif event.state == "CANCELLED":
-            manifest[p.name] = _entry(p, folder, "CANCELLED")
-        else:
-            ok = event.state == "COMPLETED" and run_finished(str(folder))
-            states[p.name] = "COMPLETED" if ok else "FAILED"
-            manifest[p.name] = _entry(p, folder, states[p.name])
-            progress.finished(p, event.seconds if ok else None, "done" if ok else
-                              f"FAILED ({event.error or 'no summary written'}); see {suite_dir / 'logs' / f'{p.name}.log'}",
-                              from_step=picked_up_at[p.name])
-        write_manifest(str(suite_dir), manifest)
+        states[p.name] = event.state
+        ok = event.state == "COMPLETED"
+        progress.finished(p, event.seconds if ok else None, "done" if ok else
+                          f"FAILED ({event.error}); see {suite_dir / 'logs' / f'{p.name}.log'}",
+                          from_step=picked_up_at[p.name])
 
     def watch(event: RunEvent) -> None:
         p = by_name[event.name]
         progress.show(p, current_step(suite_dir / p.name), event.seconds, from_step=picked_up_at[p.name])
 
     if todo:
-        runs = LocalRuns(str(suite_dir), 1, record, say=lambda _: None, extra_env=extra_env)
+        runs = LocalRuns(str(suite_dir), 1, manifest, record, say=lambda _: None, extra_env=extra_env)
         try:
-            runs.run([(p.name, command(p, suite_dir / p.name, share_gpus=share_gpus)) for p in todo], watch=watch)
+            runs.run([(entries[p.name], command(p, suite_dir / p.name, share_gpus=share_gpus)) for p in todo],
+                     watch=watch)
         except BaseException:  # Ctrl-C, SIGTERM: the running run was stopped where it stood
             print(f"\nstopped after {sum(s == 'COMPLETED' for s in states.values())} of {len(planned)} runs; the same "
                   "command again reuses the finished ones and resumes the stopped run from its last checkpoint",

@@ -5,9 +5,11 @@ Each run is a job of submitit's ``LocalExecutor`` (its own process, its state, i
 project's own launcher, as on a cluster node (:func:`local_command`): ``python -m muloco.train``
 for a DDP run (one group; torchrun with ``--procs`` ranks on CPU, or over every visible GPU),
 ``python -m muloco.launch.local --replicas K`` for K replica groups (its lighthouse and groups).
-Its output goes to ``<folder>/logs/<run>.log``. The caller keeps its manifest from the events
-each run sends (started, and how it ended) and may watch the running ones on every poll (a
-progress line). Ctrl-C or SIGTERM stops the running runs (their launchers stop their own
+Its output goes to ``<folder>/logs/<run>.log``. Each run's line of the folder's manifest (the
+sweep's format, :mod:`muloco.runs.sweep_manifest`) is kept here, for sweeps and ``compare``
+alike: its local job id, RUNNING, then COMPLETED (a summary written), FAILED or CANCELLED, the
+manifest rewritten atomically at each. The caller hears the same events and may watch the
+running runs on every poll (a progress line). Ctrl-C or SIGTERM stops the running runs (their launchers stop their own
 processes) and leaves them resumable; submitit's own controller processes write to
 ``<folder>/submitit/controllers.log``.
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 import submitit
 
 from muloco.launch.gpu_slices import visible_gpus
+from muloco.runs.sweep_manifest import Entry, run_finished, write_manifest
 
 POLL_S = 1.0
 """How often finished jobs are looked for (a run lasts minutes to days)."""
@@ -96,17 +99,33 @@ class RunEvent:
 class LocalRuns:
     """Runs named commands through submitit's LocalExecutor, ``parallel`` at a time."""
 
-    def __init__(self, folder: str, parallel: int, record: Callable[[RunEvent], None], say=print,
-                 extra_env: dict[str, str] | None = None):
-        """``record`` hears each run start and end (the caller's manifest); ``extra_env``: variables
-        set for the runs on top of this process's environment. Only these are written into
-        submitit's job file, so no secret of the environment (a token) lands on disk."""
-        self.folder, self.parallel, self.record, self.say = folder, parallel, record, say
-        self.extra_env = extra_env
+    def __init__(self, folder: str, parallel: int, manifest: dict[str, Entry],
+                 record: Callable[[RunEvent], None] | None = None, say=print, extra_env: dict[str, str] | None = None):
+        """``manifest``: the folder's entries by run name (a run's own is put there as it starts,
+        kept there, and the whole written to the folder); ``record`` hears each run start and
+        end after its entry is kept; ``extra_env``: variables set for the runs on top of this process's environment.
+        Only these are written into submitit's job file, so no secret of the environment (a
+        token) lands on disk."""
+        self.folder, self.parallel, self.manifest, self.say = folder, parallel, manifest, say
+        self.record_hook, self.extra_env = record, extra_env
+        self._entries: dict[str, Entry] = {}
         self.executor = submitit.LocalExecutor(folder=os.path.join(folder, "submitit"))
         self.executor.update_parameters(timeout_min=NO_TIME_LIMIT_MIN, tasks_per_node=1, **_same_gpus())
         for sub in ("logs", "submitit"):
             os.makedirs(os.path.join(folder, sub), exist_ok=True)
+
+    def record(self, event: RunEvent) -> None:
+        """The run's manifest entry (a COMPLETED run without its summary is FAILED), then the
+        caller's hook."""
+        entry = self.manifest[event.name] = self._entries[event.name]
+        if event.state == "COMPLETED" and not run_finished(entry.run_dir):
+            event.state, event.error = "FAILED", "no summary written"
+        if event.job_id not in entry.jobs:
+            entry.jobs.append(event.job_id)
+        entry.state, entry.job_files = event.state, {"local": event.job_id}
+        write_manifest(self.folder, self.manifest)
+        if self.record_hook:
+            self.record_hook(event)
 
     def log(self, name: str) -> str:
         return os.path.join(self.folder, "logs", f"{name}.log")
@@ -115,11 +134,12 @@ class LocalRuns:
     def controller_log(self) -> str:
         return os.path.join(self.folder, "submitit", "controllers.log")
 
-    def run(self, runs: list[tuple[str, list[str]]],
+    def run(self, runs: list[tuple[Entry, list[str]]],
             watch: Callable[[RunEvent], None] | None = None) -> dict[str, RunEvent]:
-        """Each (name, command) to its end, ``watch`` told of the running ones on every poll; how
-        each ended."""
-        waiting, running, ended = list(runs), {}, {}
+        """Each (manifest entry, command) to its end, ``watch`` told of the running ones on every
+        poll; how each ended, by name."""
+        self._entries = {entry.name: entry for entry, _ in runs}
+        waiting, running, ended = [(entry.name, cmd) for entry, cmd in runs], {}, {}
         try:
             while waiting or running:
                 while waiting and len(running) < self.parallel:
@@ -141,8 +161,9 @@ class LocalRuns:
                     event.error = str(failure).strip().splitlines()[-1] if failure else ""
                     ended[name] = event
                     self.record(event)
-                    self.say(f"{'finished' if not failure else 'FAILED'} {name}"
-                             + (f": {event.error}; see {self.log(name)}" if failure else ""))
+                    failed = event.state == "FAILED"
+                    self.say(f"{'FAILED' if failed else 'finished'} {name}"
+                             + (f": {event.error}; see {self.log(name)}" if failed else ""))
                 time.sleep(POLL_S)
         except BaseException:
             for job, _ in running.values():

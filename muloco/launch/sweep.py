@@ -418,8 +418,8 @@ def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]
 
 def _run_here(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned], runs, reused: int,
               local_runs) -> list[str]:
-    """The manifest first (finished runs marked as such), then the runs, each recorded as it
-    starts and ends."""
+    """The manifest first (finished runs marked as such), then the runs, each entry kept by
+    ``local_runs`` as it starts and ends."""
     runner.entries = read_manifest(args.out)
     by_name = {p.entry.name: p.entry for p in planned}
     for p in planned:
@@ -430,17 +430,8 @@ def _run_here(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned],
             p.entry.state = "COMPLETED"
             runner.entries[p.entry.name] = p.entry
     write_manifest(args.out, runner.entries)
-
-    def record(event) -> None:
-        entry = by_name[event.name]
-        if event.job_id not in entry.jobs:
-            entry.jobs.append(event.job_id)
-        entry.state, entry.job_files = event.state, {"local": event.job_id}
-        runner.entries[event.name] = entry
-        write_manifest(args.out, runner.entries)
-
     print(f"sweep {sweep.name}: {len(runs)} run(s) here, {args.local} at a time ({reused} finished before)")
-    ended = local_runs(args.out, args.local, record).run(runs)
+    ended = local_runs(args.out, args.local, runner.entries).run([(by_name[name], cmd) for name, cmd in runs])
     return [name for name, event in ended.items() if event.state != "COMPLETED"]
 
 

@@ -61,60 +61,6 @@ def default_cluster_file() -> Path:
 
 
 @dataclass
-class ClusterSettings:
-    """What an sbatch header needs from the cluster. None: let SLURM (or sinfo) decide."""
-
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str = "04:00:00"
-    """Wall-clock limit, SLURM's format (``MM``, ``HH:MM:SS``, ``D-HH:MM:SS``)."""
-    gpus_per_node: int | None = None
-    """None: what the partition's nodes have (sinfo); 0 runs on CPUs."""
-    cpus_per_node: int | None = None
-    """None: what the partition's nodes have (sinfo)."""
-    mem: str | None = None
-    constraint: str | None = None
-    exclusive: bool = False
-    exclude: str | None = None
-    reservation: str | None = None
-    gres: str | None = None
-    mail_type: str | None = None
-    mail_user: str | None = None
-    socket_ifname: str | None = None
-    """The network interface gloo and NCCL open their sockets on (GLOO_SOCKET_IFNAME,
-    NCCL_SOCKET_IFNAME), e.g. ib0 or ^docker,lo; None: their own choice."""
-    lighthouse_partition: str | None = None
-    """The lighthouse job's partition (a CPU one: it needs one CPU); None: the groups'."""
-    lighthouse_qos: str | None = None
-    lighthouse_time: str | None = None
-    """The lighthouse job's limit (longer than the groups' keeps it from moving); None: the groups'."""
-    setup: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-
-    def validate(self) -> None:
-        for key in ("time", "lighthouse_time"):
-            value = getattr(self, key)
-            if value is not None and not _TIME.match(value):
-                raise ClusterError(f"{key} {value!r} is not a SLURM time: use MM, HH:MM:SS or D-HH:MM:SS")
-        if self.mem is not None:
-            mem_mb(self.mem)
-        for key in ("gpus_per_node", "cpus_per_node"):
-            value = getattr(self, key)
-            if value is not None and value < (0 if key == "gpus_per_node" else 1):
-                raise ClusterError(f"{key} must be {'>= 0' if key == 'gpus_per_node' else '>= 1'}, got {value}")
-        if self.socket_ifname is not None and not _IFNAME.match(self.socket_ifname):
-            raise ClusterError(f"socket_ifname {self.socket_ifname!r} is not a list of network interfaces: names (or "
-                               "prefixes) separated by commas, no spaces, optionally led by ^ (all but these, NCCL "
-                               "only) or = (exact names), e.g. ib0, eth0,eth1 or ^docker,lo")
-        secrets = sorted(k for k in self.env if _SECRET.search(k))
-        if secrets:
-            raise ClusterError(f"cluster env sets {', '.join(secrets)}: secrets are never written into job "
-                               f"files; export them in your shell before submitting (sbatch passes the "
-                               f"environment on) and drop them from the [env] table")
-
-
-@dataclass
 class ClusterOptions:
     """The cluster settings a command line may give (the last of the four sources); None: unset."""
 
@@ -161,6 +107,40 @@ class ClusterOptions:
         flags = dataclasses.asdict(self)
         flags["exclusive"] = flags["exclusive"] or None  # the flag only turns it on
         return load_cluster_settings(flags)
+
+
+@dataclass
+class ClusterSettings(ClusterOptions):
+    """The settings resolved (defaults, the user's file, MULOCO_SLURM_*, the flags): what an
+    sbatch header needs from the cluster. None: let SLURM (or sinfo) decide."""
+
+    time: str = "04:00:00"
+    """Wall-clock limit, SLURM's format (``MM``, ``HH:MM:SS``, ``D-HH:MM:SS``)."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run before the job; one failing stops it (the cluster file's ``setup``)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Exported in every job (the cluster file's ``[env]`` table)."""
+
+    def validate(self) -> None:
+        for key in ("time", "lighthouse_time"):
+            value = getattr(self, key)
+            if value is not None and not _TIME.match(value):
+                raise ClusterError(f"{key} {value!r} is not a SLURM time: use MM, HH:MM:SS or D-HH:MM:SS")
+        if self.mem is not None:
+            mem_mb(self.mem)
+        for key in ("gpus_per_node", "cpus_per_node"):
+            value = getattr(self, key)
+            if value is not None and value < (0 if key == "gpus_per_node" else 1):
+                raise ClusterError(f"{key} must be {'>= 0' if key == 'gpus_per_node' else '>= 1'}, got {value}")
+        if self.socket_ifname is not None and not _IFNAME.match(self.socket_ifname):
+            raise ClusterError(f"socket_ifname {self.socket_ifname!r} is not a list of network interfaces: names (or "
+                               "prefixes) separated by commas, no spaces, optionally led by ^ (all but these, NCCL "
+                               "only) or = (exact names), e.g. ib0, eth0,eth1 or ^docker,lo")
+        secrets = sorted(k for k in self.env if _SECRET.search(k))
+        if secrets:
+            raise ClusterError(f"cluster env sets {', '.join(secrets)}: secrets are never written into job "
+                               f"files; export them in your shell before submitting (sbatch passes the "
+                               f"environment on) and drop them from the [env] table")
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ClusterSettings)}

@@ -26,7 +26,6 @@ from typing import Any
 import torch
 import torchtitan.experiments.torchft.trainer as fault_tolerant_trainer
 from torchtitan.components.checkpoint import ModelWrapper
-from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 from torchtitan.tools.logging import logger
 
 from muloco.compat import lone_rank_sleep
@@ -55,7 +54,7 @@ def _tensor_bytes(obj: Any) -> int:
     return 0
 
 
-class DilocoTrainer(MulocoTrainerMixin, FaultTolerantTrainer):
+class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrainer):
     @dataclass(kw_only=True, slots=True)
     class Config(MulocoTrainer.Config):
         fault_tolerance: ReplicaGroupManager.Config = field(default_factory=ReplicaGroupManager.Config)

@@ -551,13 +551,16 @@ def _real_memory_mb() -> int:
 
 
 def stop_when_gone(owner: int, root: str, cpus: str, nodes: str) -> None:
-    """Wait for ``owner`` to exit (an event on its pidfd, no polling), then stop the cluster
+    """Wait for ``owner`` to exit (an event on its pidfd; polled where there is none), then stop the cluster
     under ``root`` as :meth:`LocalSlurm.stop` does: jobs, daemons, leftovers, all by PID."""
     try:
         fd = os.pidfd_open(owner)
         select.select([fd], [], [])
     except ProcessLookupError:
         pass  # gone already
+    except OSError:  # no pidfd here (an old kernel, a sandbox): ask once a second instead
+        while pid_alive(owner):
+            time.sleep(1.0)
     print(f"process {owner} is gone; stopping the cluster under {root}", flush=True)
     LocalSlurm(Path(root), int(cpus), nodes=int(nodes)).stop()
 

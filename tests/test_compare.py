@@ -143,6 +143,22 @@ def test_time_left_counts_only_the_steps_trained_since_a_resume():
     assert progress.measured_work * 900 == _work(p) * 500 and progress.measured_seconds == 300.0
 
 
+def test_a_run_resumes_from_its_groups_oldest_newest_complete_checkpoint(tmp_path):
+    """Where the time-left count starts: not the last step logged (steps after the checkpoint are
+    trained again), and 0 for a run that never completed a checkpoint."""
+    from muloco.compare.runner import resume_step
+    from muloco.runs.manifest import MANIFEST
+
+    run = tmp_path / "run"
+    assert resume_step(run) == 0
+    for group, steps in (("replica_0", (30, 60)), ("replica_1", (30, 60, 90))):
+        for step in steps:
+            (run / group / "checkpoint" / f"step-{step}").mkdir(parents=True)
+            (run / group / "checkpoint" / f"step-{step}" / MANIFEST).write_text("{}")
+    (run / "replica_0" / "checkpoint" / "step-90").mkdir()  # being written: no manifest yet
+    assert resume_step(run) == 60
+
+
 @pytest.mark.timeout(900)
 def test_two_run_suite_end_to_end_then_reused(tmp_path):
     out = tmp_path / "suite"

@@ -68,6 +68,13 @@ def test_lighthouse_in_process_serves_status_and_shuts_down():
             assert b"quorum" in r.read().lower()
     finally:
         lh.shutdown()
+    from muloco.launch.lighthouse import node_address
+
+    lh = start_lighthouse("node:0")  # as the local launcher's --lighthouse-bind may ask
+    try:
+        assert lh.host == node_address() and lh.port > 0
+    finally:
+        lh.shutdown()
 
 
 def test_lighthouse_validates_inputs_before_starting():

@@ -149,6 +149,8 @@ def test_a_mixed_partition_offers_its_gpu_nodes_and_counts_only_those():
     with pytest.raises(ClusterError, match="needs 3 node\\(s\\) but partition 'p' has 2 that hold"):
         check_request(part, nodes=3, gpus_per_node=8, cpus_per_node=96)
     check_request(part, nodes=3, gpus_per_node=0, cpus_per_node=64)  # CPU jobs may use all three
+    with pytest.raises(ClusterError, match="no default partition: set --partition .*\\(partitions: p\\)"):
+        resolve_partition(ClusterSettings(), nodes, None)  # none set and the cluster marks none
 
 
 def test_down_nodes_warn_instead_of_refusing_and_limits_are_checked():

@@ -59,7 +59,7 @@ class CompareOptions:
     device: str = ""
     """cpu | cuda (default: the suite's device; cpu hides the GPUs from the runs)."""
     out: str = ""
-    """Suite folder (default outputs/compare/<suite>-<objective>-<data>)."""
+    """Suite folder (default outputs/compare/<suite>-<objective>-<data>); one compare holds it at a time."""
     only: list[str] = field(default_factory=list)
     """Run only these rows (labels as the table prints them)."""
     steps: int | None = None

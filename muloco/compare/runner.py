@@ -7,9 +7,11 @@ starts the lighthouse and the groups), with ``--dump_folder <suite>/<name>``; it
 ``<suite>/logs/<name>.log``. A run whose folder holds its summaries is finished and reused; a
 run interrupted part-way is started again with the same command and resumes from its last
 checkpoint. Ctrl-C, SIGTERM or a closed terminal stops the current run with the suite (its
-launcher stops its own processes), so nothing keeps training behind an interrupted suite. The suite's ``manifest.jsonl`` (the sweep's format: name, config, overrides, run
-folder, state) is rewritten atomically after every run, so ``python -m muloco.report`` and
-``muloco.launch.sweep --status``-style readers see the same runs.
+launcher stops its own processes), so nothing keeps training behind an interrupted suite. The
+suite's ``manifest.jsonl`` (the sweep's format: name, config, overrides, run folder, local job
+ids, state) is kept by :class:`LocalRuns` as each run starts and ends, so ``python -m
+muloco.report`` and ``muloco.launch.sweep --status``-style readers see the same runs. One
+compare holds the suite folder at a time (its lock, as a run holds its dump folder).
 
 The progress line (stderr; rewritten in place on a terminal, a line per tenth of a run
 otherwise) says runs done of total, the current run's step, and the time left, estimated
@@ -28,6 +30,7 @@ from typing import TextIO
 
 from muloco.compare.suites import Planned
 from muloco.launch.local_runs import LocalRuns, RunEvent, local_command
+from muloco.runs.manifest import complete_steps
 from muloco.runs.sweep_manifest import Entry, read_manifest, run_finished, write_manifest
 
 
@@ -62,6 +65,14 @@ def current_step(folder: Path) -> int:
     return last
 
 
+def resume_step(folder: Path) -> int:
+    """The step a run picks up from when started again: the newest complete checkpoint (of a
+    DiLoCo run: the oldest of its groups' newest), 0 without one."""
+    groups = sorted(folder.glob("replica_*")) or [folder]
+    newest = [(complete_steps(str(g / "checkpoint")) or [0])[-1] for g in groups]
+    return min(newest)
+
+
 @dataclass
 class Progress:
     """The live line: runs done of total, the current run's step, the time left."""
@@ -82,8 +93,8 @@ class Progress:
         return f"about {int(seconds // 60)}m{int(seconds % 60):02d}s left"
 
     def show(self, p: Planned, step: int, elapsed: float, from_step: int = 0) -> None:
-        """``from_step``: where this invocation picked the run up (its last step logged before a
-        resume); only the steps after it were trained in ``elapsed``."""
+        """``from_step``: where this invocation picked the run up (its newest complete checkpoint
+        before a resume); only the steps after it were trained in ``elapsed``."""
         steps = p.steps
         work_now = _work(p) * step // max(steps, 1)
         left = self.total_work - self.done_work - work_now
@@ -153,7 +164,7 @@ def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str
         entries[p.name] = _entry(p, folder, "NEW", jobs)
         todo.append(p)
     by_name = {p.name: p for p in todo}
-    picked_up_at = {p.name: current_step(suite_dir / p.name) for p in todo}  # > 0: a resume
+    picked_up_at = {p.name: resume_step(suite_dir / p.name) for p in todo}  # > 0: a resume
 
     def record(event: RunEvent) -> None:  # its manifest line is kept by LocalRuns
         if event.state not in ("COMPLETED", "FAILED"):
@@ -162,7 +173,7 @@ def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str
         states[p.name] = event.state
         ok = event.state == "COMPLETED"
         progress.finished(p, event.seconds if ok else None, "done" if ok else
-                          f"FAILED ({event.error}); see {suite_dir / 'logs' / f'{p.name}.log'}",
+                          f"FAILED ({event.error or 'no summary written'}); see {suite_dir / 'logs' / f'{p.name}.log'}",
                           from_step=picked_up_at[p.name])
 
     def watch(event: RunEvent) -> None:

@@ -348,6 +348,9 @@ def resolve_partition(settings: ClusterSettings, nodes: list[NodeInfo], default:
     """The partition a job goes to (the cluster's default when none is set) and its usable nodes;
     defaults are those of its nodes with the most GPUs."""
     name = settings.partition or default
+    if name is None:
+        raise ClusterError(f"this cluster has no default partition: set --partition or partition in "
+                           f"{default_cluster_file()} (partitions: {', '.join(sorted({n.partition for n in nodes}))})")
     members = [n for n in nodes if n.partition == name]
     if not members:
         known = sorted({n.partition for n in nodes})

@@ -54,7 +54,8 @@ def parse_bind(bind: str) -> tuple[str, int]:
     if not m or int(m["port"]) > 65535:
         raise LighthouseError(
             f"invalid --bind {bind!r}: expected HOST:PORT with PORT in 0..65535, e.g. "
-            f"127.0.0.1:29510, \"$(hostname -i):29510\" or [::1]:29510 (port 0 picks a free port)"
+            f"127.0.0.1:29510, node:29510 (this node's address as other nodes reach it) or [::1]:29510 "
+            f"(port 0 picks a free port)"
         )
     return m["host"], int(m["port"])
 
@@ -125,6 +126,19 @@ class Lighthouse:
         self.server.shutdown()
 
 
+def resolve_bind(bind: str) -> str:
+    """``bind`` with the host ``node`` (a name reserved for this) replaced by this node's address
+    as other nodes reach it."""
+    host, port = parse_bind(bind)
+    if host != "node":
+        return bind
+    address = node_address()
+    if address.startswith("127."):
+        print(f"lighthouse: warning: this node's only address is {address}: groups on other nodes cannot "
+              f"reach it (pass --bind ADDRESS:PORT)", file=sys.stderr, flush=True)
+    return f"{address}:{port}"
+
+
 def start_lighthouse(
     bind: str = "127.0.0.1:0",
     min_replicas: int = 1,
@@ -137,6 +151,7 @@ def start_lighthouse(
     The caller picks the quorum (``majority(K)`` unless it knows better); the CLI refuses to
     start without being told K or the quorum size.
     """
+    bind = resolve_bind(bind)
     host, port = parse_bind(bind)
     _check_settings(min_replicas, join_timeout_ms=join_timeout_ms,
                     quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
@@ -167,11 +182,11 @@ def start_lighthouse(
 
 @dataclass
 class LighthouseOptions:
-    """Run the torchft lighthouse (quorum server) until SIGINT/SIGTERM."""
+    """Run the torchft lighthouse (quorum server) until SIGINT/SIGTERM, or --until_job is gone."""
 
     bind: str = DEFAULT_BIND
-    """HOST:PORT to listen on (loopback only by default; on a cluster use the node's routable
-    address: node:29510; port 0 picks a free port)."""
+    """HOST:PORT to listen on (loopback only by default; on a cluster the node's routable
+    address: node:29510, where the host node stands for it; port 0 picks a free port)."""
     replicas: int | None = None
     """Replica groups in the job; the quorum is then a majority, K//2+1, so two disjoint sets of
     groups can never both commit (split brain)."""
@@ -213,18 +228,6 @@ def serve(lh: Lighthouse, stop: threading.Event, poll_s: float = 0.5,
         lh.shutdown()
 
 
-def _bind_address(bind: str) -> str:
-    """``bind`` with the host ``node`` replaced by this node's address."""
-    host, port = parse_bind(bind)
-    if host != "node":
-        return bind
-    address = node_address()
-    if address.startswith("127."):
-        print(f"lighthouse: warning: this node's only address is {address}: groups on other nodes cannot "
-              f"reach it (pass --bind ADDRESS:PORT)", file=sys.stderr, flush=True)
-    return f"{address}:{port}"
-
-
 def _job_gone(job_id: str) -> bool:
     """SLURM lists no task of ``job_id`` any more (said once, in the log)."""
     if job_listed(job_id):
@@ -248,13 +251,13 @@ def main(argv: list[str] | None = None) -> int:
         except FileNotFoundError:
             pass
     try:
-        bind = _bind_address(args.bind)  # a typo in the address is reported before the quorum options
+        parse_bind(args.bind)  # a typo in the address is reported before the quorum options
         min_replicas = quorum_size(args.replicas, args.min_replicas)
         if args.replicas is not None:
             warning = below_majority_warning("--min_replicas", min_replicas, args.replicas)
             if warning:
                 print(f"lighthouse: warning: {warning}", file=sys.stderr, flush=True)
-        lh = start_lighthouse(bind, min_replicas, args.join_timeout_ms,
+        lh = start_lighthouse(args.bind, min_replicas, args.join_timeout_ms,
                               args.quorum_tick_ms, args.heartbeat_timeout_ms)
     except LighthouseError as e:
         print(f"lighthouse: error: {e}", file=sys.stderr, flush=True)

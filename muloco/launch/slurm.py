@@ -679,7 +679,7 @@ def _kind_options(kind: type[Kind]) -> type[SubmitOptions]:
     layout = Annotated[kind.Config, tyro.conf.OmitArgPrefixes]
     return make_dataclass(kind.__name__.replace("Job", "Options"),
                           [("layout", layout, field(default_factory=kind.Config))], bases=(SubmitOptions,),
-                          namespace={"__doc__": kind.__doc__})
+                          namespace={"__doc__": kind.__doc__, "__module__": __name__})
 
 
 OPTIONS: dict[str, type[SubmitOptions]] = {name: _kind_options(kind) for name, kind in KINDS.items()}

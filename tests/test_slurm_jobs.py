@@ -187,7 +187,9 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
     builds its trainer (a gate drill) until group 0, having committed syncs alone, holds after
     step ARRAY_HOLD (heartbeating, in no quorum); group 1 then starts behind, and group 0 is let
     go once group 1 says so: group 1 heals at group 0's next sync whatever the speed of training,
-    of SLURM's requeue, or of the moment the requeue lands (before or after a sync commits)."""
+    of SLURM's requeue, or of the moment the requeue lands (before or after a sync commits).
+    Group 1's first leg holds after step 5 until the requeue ends it: under load SLURM's requeue
+    took longer than both groups' 25 steps to group 0's hold, and no sync was alone."""
     run = jobs["root"] / "array"
     drills = jobs["root"] / "array-drills"
     ids = submitted(generate("array", "--config", "diloco/muloco_2bit", "--replicas", "2", *CPU,
@@ -195,7 +197,7 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
                              "--outer.sync_every", "5", "--fault_tolerance.min_replica_size", "1",
                              "--checkpoint.interval", "1000", "--metrics.log_freq", "5",
                              "--validator.freq", "1000", "--dump_folder", str(run), cwd=jobs["root"],
-                             env=_drill_env(drills, f"hold:0:{ARRAY_HOLD},gate:1:1")))
+                             env=_drill_env(drills, f"hold:0:{ARRAY_HOLD},hold:1:5,gate:1:1")))
     array, lighthouse = ids["groups.sh"], ids["lighthouse.sh"]
     deadline = time.monotonic() + JOB_TIMEOUT
     log1 = run / "logs" / "replica_1.log"
@@ -207,7 +209,9 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
             return 0
 
     try:
-        _wait_for("group 1 did not start training", lambda: steps(1) >= 5, deadline, slurm)
+        # group 1's first leg holds after step 5 until the requeue ends it (one-shot: its requeued
+        # leg does not hold), so group 0's next syncs come after it is gone, however slowly it goes
+        _wait_for("group 1 did not hold after step 5", lambda: (drills / "hold-r1-5").exists(), deadline, slurm)
         slurm.run(["scontrol", "requeue", f"{array}_1"])
         _wait_for("group 1's task was not requeued",
                   lambda: slurm.job_state(f"{array}_1") not in ("RUNNING", "COMPLETING"), deadline, slurm, 0.1)

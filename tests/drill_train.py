@@ -32,6 +32,8 @@ One drill sets a pace instead of measuring it, so that deadline rounds plan exac
 
 A drill fires once per run: it leaves ``<MULOCO_TEST_DRILL_DIR>/<kind>-r<id>-<step>`` behind,
 and a restarted process (same command, same environment) skips drills that already fired.
+``MULOCO_TEST_DRILL_DIR`` may name environment variables of the process (``.../task-$SLURM_ARRAY_TASK_ID``):
+each task of a job array, all replica 0 of its own run, then keeps its drills in its own folder.
 
 Processes the test does not start itself (a SLURM job's ranks) get the drills through
 ``tests/drill_site`` on ``PYTHONPATH``: its ``sitecustomize`` calls :func:`install_from_env`
@@ -229,7 +231,8 @@ def _install(drill: Drill) -> None:
 def install_from_env(argv: list[str]) -> None:
     """Install this replica's pending drills from ``MULOCO_TEST_DRILLS`` (``kind:replica:step,...``)."""
     me = _replica_id(argv)
-    folder = Path(os.environ.get("MULOCO_TEST_DRILL_DIR", "."))
+    folder = Path(os.path.expandvars(os.environ.get("MULOCO_TEST_DRILL_DIR", ".")))
+    folder.mkdir(parents=True, exist_ok=True)
     for spec in filter(None, os.environ.get("MULOCO_TEST_DRILLS", "").split(",")):
         kind, replica, step = spec.split(":")
         drill = Drill(kind, int(replica), int(step), folder)

@@ -303,9 +303,9 @@ def test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and
     assert url_file.read_text().strip().startswith("http://") and first.startswith("http://")
 
 
-def sweep(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+def sweep(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO / "jobs" / "sweeps" / "tiny_cpu.py"), *args], cwd=cwd,
-                          text=True, capture_output=True, timeout=timeout)
+                          text=True, capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def manifest(folder: Path) -> list[dict]:
@@ -313,14 +313,21 @@ def manifest(folder: Path) -> list[dict]:
 
 
 def test_two_run_sweep_runs_as_an_array_resubmits_its_failure_within_max_nodes_and_is_reported(slurm, tmp_path):
-    folder = tmp_path / "sweep"
+    folder, drills = tmp_path / "sweep", tmp_path / "drills"
+    # each array task holds after step 4 in its own drill folder; task 0's hold is released in advance,
+    # task 1 holds until it is cancelled: the cancel lands while run 1 trains, however fast it trains
+    (drills / "task-0").mkdir(parents=True)
+    release(drills / "task-0", 0, 4)
+    env = _drill_env(drills, "hold:0:4") | {"MULOCO_TEST_DRILL_DIR": f"{drills}/task-$SLURM_ARRAY_TASK_ID"}
     proc = sweep("--out", str(folder), *CPU, "--cpus-per-node", "1", "--parallel", "2", "--retries", "0",
-                 cwd=tmp_path)
+                 cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "as job array" in proc.stdout
     entries = manifest(folder)
     assert len(entries) == 2 and len({e["jobs"][0].split("_")[0] for e in entries}) == 1
+    until("run 1 holds after step 4", (drills / "task-1" / "hold-r0-4").exists, detail=slurm.logs)
     slurm.run(["scancel", entries[1]["jobs"][0]])  # one run fails (cancelled)
+    release(drills / "task-1", 0, 4)
     slurm.wait_jobs_done([e["jobs"][0] for e in entries], timeout=JOB_TIMEOUT)
     status = sweep("--out", str(folder), "--status", cwd=tmp_path)
     assert "COMPLETED" in status.stdout and "CANCELLED" in status.stdout, status.stdout

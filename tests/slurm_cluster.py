@@ -194,12 +194,14 @@ def proc_environ(pid: int) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
-def _wait_until(check, timeout: float, interval: float = 0.1) -> bool:
+def _wait_until(check, timeout: float, interval: float = 0.1, progress=None) -> bool:
+    """Poll ``check`` until true (True) or the wait is over (False): ``timeout`` seconds, or with
+    ``progress`` (``tests/progress.py``) once it says the runs stopped making progress."""
     deadline = time.monotonic() + timeout
     while True:
         if check():
             return True
-        if time.monotonic() >= deadline:
+        if progress.expired() if progress is not None else time.monotonic() >= deadline:
             return False
         time.sleep(interval)
 
@@ -282,8 +284,10 @@ class LocalSlurm:
                                + self.logs())
         return self.job_state(job_id)
 
-    def wait_jobs_done(self, job_ids: Iterable[str], timeout: float = 30) -> dict[str, str]:
-        """Poll until every record of every job is terminal; {job or task id: state}."""
+    def wait_jobs_done(self, job_ids: Iterable[str], timeout: float = 30, progress=None) -> dict[str, str]:
+        """Poll until every record of every job is terminal; {job or task id: state}. Jobs that
+        train are given their runs' ``progress`` (``tests/progress.py``): they are hung when it
+        stops, however long they take; ``timeout`` is for jobs that write nothing to watch."""
         ids = [str(j) for j in job_ids]
         seen: dict[str, str] = {}
 
@@ -293,9 +297,10 @@ class LocalSlurm:
                 seen.update(self.job_states(jid) or {jid: "UNKNOWN"})
             return all(s in TERMINAL for s in seen.values())
 
-        if not _wait_until(done, timeout, interval=0.2):
+        if not _wait_until(done, timeout, interval=0.2, progress=progress):
             queue = self.run(["squeue", "-t", "all", "--array"], check=False).stdout
-            raise TimeoutError(f"jobs not done after {timeout}s: {seen}\n{queue}\n{self.logs()}")
+            why = progress if progress is not None else f"after {timeout}s"
+            raise TimeoutError(f"jobs not done ({why}): {seen}\n{queue}\n{self.logs()}")
         return dict(seen)
 
     def logs(self, lines: int = 30) -> str:

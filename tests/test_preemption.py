@@ -9,11 +9,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, read_metrics
+from conftest import QUIET_S, REPO, TINY, read_metrics
+from progress import FolderProgress
 from replicas import summary, until
 
 pytestmark = pytest.mark.timeout(900)
@@ -27,8 +29,13 @@ def _start(cmd: list[str], stop_file: Path, log: Path) -> subprocess.Popen:
 
 
 def _finish(proc: subprocess.Popen, log: Path) -> int:
+    """The run's exit status; a run whose log stops growing for QUIET_S seconds is hung."""
+    progress = FolderProgress(QUIET_S, log)
     try:
-        return proc.wait(timeout=600)
+        while proc.poll() is None:
+            assert not progress.expired(), f"{progress}\n{log.read_text()[-3000:]}"
+            time.sleep(0.1)
+        return proc.returncode
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

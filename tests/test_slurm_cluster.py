@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from progress import FolderProgress
+
 pytestmark = pytest.mark.timeout(600)
 HANG_S = 120
 
@@ -47,6 +49,22 @@ def test_nonzero_exit_is_failed(slurm, tmp_path):
 def test_scancel_running_job(slurm, tmp_path):
     job = slurm.sbatch("--time=2", _out(tmp_path, "cancel.out"), "--wrap", "sleep 100")
     slurm.wait_state(job, ["RUNNING"], timeout=HANG_S)
+    slurm.run(["scancel", job])
+    assert slurm.wait_jobs_done([job], timeout=HANG_S) == {job: "CANCELLED"}
+
+
+def test_a_job_wait_fails_when_its_run_stops_writing_and_not_while_it_writes(slurm, tmp_path):
+    """The hang timeout of a training job's wait (tests/progress.py): a job that keeps writing
+    is waited for past the quiet time, a silent one fails once the quiet time has passed."""
+    writes, silent = tmp_path / "writes.out", tmp_path / "silent.out"
+    job = slurm.sbatch("--time=2", f"--output={writes}", "--wrap",
+                       "for i in $(seq 18); do echo line $i; sleep 0.5; done")  # 9 s, a line every 0.5 s
+    assert _poll(lambda: writes.exists() and "line 1" in writes.read_text())
+    assert slurm.wait_jobs_done([job], progress=FolderProgress(6, writes)) == {job: "COMPLETED"}
+    job = slurm.sbatch("--time=2", f"--output={silent}", "--wrap", "echo started; sleep 100")
+    assert _poll(lambda: silent.exists() and "started" in silent.read_text())
+    with pytest.raises(TimeoutError, match=r"nothing under .*silent\.out changed for 2 s"):
+        slurm.wait_jobs_done([job], progress=FolderProgress(2, silent))
     slurm.run(["scancel", job])
     assert slurm.wait_jobs_done([job], timeout=HANG_S) == {job: "CANCELLED"}
 

@@ -19,14 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TINY, read_metrics
+from conftest import REPO, TINY, read_metrics, watch
 from drill_train import open_gate, release
-from replicas import syncs, until
+from progress import JOB_QUIET_S, FolderProgress
+from replicas import syncs
 
 pytestmark = pytest.mark.timeout(1800)  # hang timeouts only: the suite may share the machine with others
 
 CPU = ["--gpus-per-node", "0", "--time", "15"]
-JOB_TIMEOUT = 900
 
 
 def generate(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -50,8 +50,9 @@ def final(folder: Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
 
 
-def wait_done(slurm, job: str, run: Path, timeout: float = JOB_TIMEOUT) -> str:
-    states = slurm.wait_jobs_done([job], timeout=timeout)
+def wait_done(slurm, job: str, run: Path) -> str:
+    """Wait for a job whose run writes under ``run``; a job that stops writing there is hung."""
+    states = slurm.wait_jobs_done([job], progress=FolderProgress(JOB_QUIET_S, run))
     state = states[job] if job in states else next(iter(states.values()))
     if state != "COMPLETED":
         logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(run.rglob("*.out")) +
@@ -141,15 +142,15 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_l
     job = submitted(generate("ddp", "--config", REQUEUE_CONFIG, *CPU, "--cpus-per-node", "1", "--",
                              *REQUEUE_RUN, "--dump_folder", str(run), cwd=jobs["root"],
                              env=_drill_env(drills, "hold:0:15")))["job.sh"]
-    deadline = time.monotonic() + JOB_TIMEOUT
+    progress = FolderProgress(JOB_QUIET_S, run, drills)
     while not ((drills / "hold-r0-15").exists() and _complete_checkpoints(run)):
-        assert time.monotonic() < deadline, f"the run did not reach step 15 in {run}\n{slurm.logs()}"
+        assert not progress.expired(), f"the run did not reach step 15 in {run} ({progress})\n{slurm.logs()}"
         assert slurm.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), slurm.job_state(job)
         time.sleep(0.2)
     assert _complete_checkpoints(run) == [10]  # held at 15: the step-10 checkpoint is the newest
     slurm.run(["scancel", "--signal=USR1", "--batch", job])
     _wait_for("the script to ask the run to stop", lambda: (run / "slurm" / f"stop-{job}").exists(),
-              time.monotonic() + JOB_TIMEOUT, slurm)
+              progress, slurm)
     release(drills, 0, 15)  # the held step ends; the run sees the request before step 16
     wait_done(slurm, job, run)
     out = next((run / "slurm").glob(f"*-{job}.out")).read_text()
@@ -175,8 +176,11 @@ def _drill_env(folder: Path, drills: str) -> dict:
     return {"PYTHONPATH": os.pathsep.join(path), "MULOCO_TEST_DRILLS": drills, "MULOCO_TEST_DRILL_DIR": str(folder)}
 
 
-def _wait_for(what: str, done, deadline: float, slurm, poll: float = 0.2) -> None:
-    until(what, done, timeout=deadline - time.monotonic(), poll=poll, detail=slurm.logs)
+def _wait_for(what: str, done, progress: FolderProgress, slurm, poll: float = 0.2) -> None:
+    """Wait for an event of a job's run; fail naming it once the run stops making ``progress``."""
+    while not done():
+        assert not progress.expired(), f"{what} ({progress})\n{slurm.logs()}"
+        time.sleep(poll)
 
 
 def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slurm, jobs):
@@ -199,7 +203,7 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
                              "--validator.freq", "1000", "--dump_folder", str(run), cwd=jobs["root"],
                              env=_drill_env(drills, f"hold:0:{ARRAY_HOLD},hold:1:5,gate:1:1")))
     array, lighthouse = ids["groups.sh"], ids["lighthouse.sh"]
-    deadline = time.monotonic() + JOB_TIMEOUT
+    progress = FolderProgress(JOB_QUIET_S, run, drills)
     log1 = run / "logs" / "replica_1.log"
 
     def steps(replica: int) -> int:
@@ -211,18 +215,18 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
     try:
         # group 1's first leg holds after step 5 until the requeue ends it (one-shot: its requeued
         # leg does not hold), so group 0's next syncs come after it is gone, however slowly it goes
-        _wait_for("group 1 did not hold after step 5", lambda: (drills / "hold-r1-5").exists(), deadline, slurm)
+        _wait_for("group 1 did not hold after step 5", lambda: (drills / "hold-r1-5").exists(), progress, slurm)
         slurm.run(["scontrol", "requeue", f"{array}_1"])
         _wait_for("group 1's task was not requeued",
-                  lambda: slurm.job_state(f"{array}_1") not in ("RUNNING", "COMPLETING"), deadline, slurm, 0.1)
+                  lambda: slurm.job_state(f"{array}_1") not in ("RUNNING", "COMPLETING"), progress, slurm, 0.1)
         first_leg = len(log1.read_text())
         _wait_for(f"group 0 did not reach its hold at step {ARRAY_HOLD}",
-                  lambda: (drills / f"hold-r0-{ARRAY_HOLD}").exists(), deadline, slurm)
+                  lambda: (drills / f"hold-r0-{ARRAY_HOLD}").exists(), progress, slurm)
         _wait_for("group 1's requeued task did not reach its gate",
-                  lambda: (drills / "gate-r1-1").exists(), deadline, slurm)
+                  lambda: (drills / "gate-r1-1").exists(), progress, slurm)
         open_gate(drills, 1, 1)
         _wait_for("group 1's requeued task did not come back behind its peer",
-                  lambda: "this replica group is behind" in log1.read_text()[first_leg:], deadline, slurm)
+                  lambda: "this replica group is behind" in log1.read_text()[first_leg:], progress, slurm)
     except BaseException:
         slurm.run(["scancel", array, lighthouse], check=False)  # group 0 would hold until the job's time limit
         raise
@@ -267,11 +271,11 @@ def test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and
                              env=_drill_env(drills, f"hold:0:{MOVE_HOLD},hold:1:{MOVE_HOLD}")))
     array, lighthouse = ids["groups.sh"], ids["lighthouse.sh"]
     url_file = run / "slurm" / f"lighthouse-{array}.url"
-    deadline = time.monotonic() + JOB_TIMEOUT
+    progress = FolderProgress(JOB_QUIET_S, run, drills)
     try:
         for r in (0, 1):
             _wait_for(f"group {r} did not reach its hold at step {MOVE_HOLD}",
-                      lambda r=r: (drills / f"hold-r{r}-{MOVE_HOLD}").exists(), deadline, slurm)
+                      lambda r=r: (drills / f"hold-r{r}-{MOVE_HOLD}").exists(), progress, slurm)
         first, first_file = url_file.read_text().strip(), _stamp(url_file)
         slurm.run(["scontrol", "requeue", lighthouse])
 
@@ -280,7 +284,7 @@ def test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and
                 return _stamp(url_file) != first_file and url_file.read_text().strip() != ""
             except FileNotFoundError:
                 return False
-        _wait_for("the requeued lighthouse did not come back with a new URL", moved, deadline, slurm)
+        _wait_for("the requeued lighthouse did not come back with a new URL", moved, progress, slurm)
     except BaseException:
         slurm.run(["scancel", array, lighthouse], check=False)  # the groups would hold until their time limit
         raise
@@ -325,10 +329,11 @@ def test_two_run_sweep_runs_as_an_array_resubmits_its_failure_within_max_nodes_a
     assert "as job array" in proc.stdout
     entries = manifest(folder)
     assert len(entries) == 2 and len({e["jobs"][0].split("_")[0] for e in entries}) == 1
-    until("run 1 holds after step 4", (drills / "task-1" / "hold-r0-4").exists, detail=slurm.logs)
+    progress = FolderProgress(JOB_QUIET_S, folder, drills)
+    _wait_for("run 1 did not hold after step 4", (drills / "task-1" / "hold-r0-4").exists, progress, slurm)
     slurm.run(["scancel", entries[1]["jobs"][0]])  # one run fails (cancelled)
     release(drills / "task-1", 0, 4)
-    slurm.wait_jobs_done([e["jobs"][0] for e in entries], timeout=JOB_TIMEOUT)
+    slurm.wait_jobs_done([e["jobs"][0] for e in entries], progress=progress)
     status = sweep("--out", str(folder), "--status", cwd=tmp_path)
     assert "COMPLETED" in status.stdout and "CANCELLED" in status.stdout, status.stdout
     again = sweep("--out", str(folder), *CPU, "--cpus-per-node", "1", cwd=tmp_path)  # resume: nothing to do
@@ -473,18 +478,12 @@ def test_interactive_node_scripts_run_inside_an_allocation(slurm, tmp_path):
                "diloco/muloco_2bit", "--", *TINY, "--training.steps", "5", "--outer.sync_every", "5",
                "--dump_folder", str(tmp_path / "k2")],
     }
-    procs = {k: subprocess.Popen(c, env={**os.environ, **slurm.env}, text=True, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT) for k, c in commands.items()}
-    try:
-        out = {k: p.communicate(timeout=300)[0] for k, p in procs.items()}
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=10)
-    assert procs["ddp"].returncode == 0, out["ddp"]
+    env = {**os.environ, **slurm.env}
+    ran = dict(zip(commands, watch(list(commands.values()), [env, env])))  # hung: silent for QUIET_S
+    out = {k: r.stdout + r.stderr for k, r in ran.items()}
+    assert ran["ddp"].returncode == 0, out["ddp"]
     assert "1 rank(s), config ddp/adamw" in out["ddp"] and final(tmp_path / "ddp")["steps"] == 4
-    assert procs["k2"].returncode == 0, out["k2"]
+    assert ran["k2"].returncode == 0, out["k2"]
     a, b = final(tmp_path / "k2" / "replica_0"), final(tmp_path / "k2" / "replica_1")
     assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY
+from progress import JOB_QUIET_S, FolderProgress
 from replicas import syncs
 
 pytestmark = pytest.mark.timeout(1200)
@@ -60,7 +61,7 @@ def test_two_replica_groups_of_two_nodes_each_train_and_agree(four_nodes, tmp_pa
     jobs = dict(line[len("submitted "):].split(" as job ")[::-1] for line in proc.stdout.splitlines()
                 if line.startswith("submitted "))
     array = next(job for job, path in jobs.items() if path.endswith("groups.sh"))
-    states = cluster.wait_jobs_done(jobs, timeout=900)
+    states = cluster.wait_jobs_done(jobs, progress=FolderProgress(JOB_QUIET_S, run))
     logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(run.rglob("*.log")))
     assert states.get(f"{array}_0") == states.get(f"{array}_1") == "COMPLETED", f"{states}\n{logs}\n{cluster.logs()}"
     script = (run / "slurm" / "groups.sh").read_text()
@@ -92,7 +93,7 @@ def test_the_spanning_kind_runs_its_groups_and_lighthouse_as_steps_of_one_job(fo
         cwd=tmp_path, text=True, capture_output=True, timeout=600, env={**os.environ, **cluster.env})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = next(line.rsplit(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("submitted "))
-    states = cluster.wait_jobs_done([job], timeout=900)
+    states = cluster.wait_jobs_done([job], progress=FolderProgress(JOB_QUIET_S, run))
     logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(run.rglob("*.log")))
     assert set(states.values()) == {"COMPLETED"}, f"{states}\n{logs}\n{cluster.logs()}"
     a, b = (json.loads((run / f"replica_{r}" / "summary.json").read_text()) for r in (0, 1))

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from drill_train import open_gate, release
+from progress import FolderProgress
 from replicas import DILOCO_TINY, DRILL_ENTRY, summary, syncs, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
@@ -55,7 +56,7 @@ HOLD = STEPS - H - H // 2
 one, so that the restart heals at sync HEAL_AT and trains the last interval with them."""
 HEAL_AT = STEPS - H
 PACE_TIMEOUT = 600.0
-"""Only a hang: how long the pacer waits for any one event."""
+"""Only a hang: how long the pacer waits for any one event while the job writes nothing."""
 HEAL_LINE = re.compile(r"healed from replica (\d+) in quorum \d+: step \d+ -> (\d+)")
 
 
@@ -347,12 +348,14 @@ class Pacer(threading.Thread):
                 self.job.stop(1)
 
     def _until(self, what: str, happened: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + PACE_TIMEOUT
+        """Wait for an event of the job; a job that writes nothing (logs, metrics, checkpoints,
+        drill markers) for PACE_TIMEOUT seconds is hung, however long it has run."""
+        progress = FolderProgress(PACE_TIMEOUT, self.dump, self.markers)
         while not happened():
             if self.done.is_set():
                 raise PacingError(f"the job ended first: {what}")
-            if time.monotonic() > deadline:
-                raise PacingError(f"{what} (waited {PACE_TIMEOUT:.0f} s)")
+            if progress.expired():
+                raise PacingError(f"{what} ({progress})")
             time.sleep(0.1)
 
     def _comeback(self, c: Comeback) -> None:

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from conftest import REPO, TINY
+from progress import FolderProgress
 
 from muloco.utils.ports import free_ports
 
@@ -142,12 +143,18 @@ class Cluster:
                 proc.wait(timeout=30)
 
 
-def until(what: str, happened, timeout: float = HANG_S, poll: float = 0.1, detail=lambda: "") -> None:
+def until(what: str, happened, timeout: float = HANG_S, poll: float = 0.1, detail=lambda: "",
+          progress: FolderProgress | None = None) -> None:
     """Wait for an event (``happened()`` true), polling; fail naming it (and ``detail()``) after a
-    hang timeout. The one way the tests wait: for an event, never for a time."""
+    hang timeout. The one way the tests wait: for an event, never for a time. An event that
+    training brings about is given the runs' ``progress``: the wait fails once they stop writing
+    (for its quiet time), however long they take; ``timeout`` is for events nothing writes toward."""
     deadline = time.monotonic() + timeout
     while not happened():
-        assert time.monotonic() < deadline, f"{what} (waited {timeout:.0f} s)\n{detail()}"
+        if progress is not None:
+            assert not progress.expired(), f"{what} ({progress})\n{detail()}"
+        else:
+            assert time.monotonic() < deadline, f"{what} (waited {timeout:.0f} s)\n{detail()}"
         time.sleep(poll)
 
 

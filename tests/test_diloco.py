@@ -10,6 +10,7 @@ import time
 import pytest
 from conftest import REPO, read_metrics, run_watched
 from drill_train import release
+from progress import FolderProgress
 from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, until, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
@@ -373,7 +374,8 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
     c.wait_for("r2", r"fault drill: killing", HANG_S)
     c.kill("r2")  # reaps it (the drill already killed it)
     until(f"the survivors did not hold after step {hold}:\n{c.tail('r0')}",
-           lambda: all((markers / f"hold-r{i}-{hold}").exists() for i in (0, 1)))
+          lambda: all((markers / f"hold-r{i}-{hold}").exists() for i in (0, 1)),
+          progress=FolderProgress(HANG_S, tmp_path))
     for i in range(2):  # they went on without the dead replica: a committed sync with 2 of 3
         assert any(r["committed"] and r["participants"] == 2 for r in syncs(dump, i)), c.tail(f"r{i}")
     c.start_replica(2, _args(dump, steps=steps, extra=extra), tag="r2b")  # no drill this time
@@ -579,7 +581,8 @@ def test_group_back_after_the_others_finished_heals_and_its_summary_counts_it(tm
             assert c.procs["r0"].poll() is None, c.tail("r0")  # it waits for group 1 at the end
             return any(r["step"] == steps for r in _rows(dump, 0) if "loss" in r)
 
-        until(f"group 0 did not train its last step:\n{c.tail('r0')}", trained_all)
+        until(f"group 0 did not train its last step:\n{c.tail('r0')}", trained_all,
+              progress=FolderProgress(HANG_S, tmp_path))
         c.start_replica(1, args)
         assert c.wait("r0", 2 * HANG_S) == 0, c.tail("r0")
         assert c.wait("r1", 2 * HANG_S) == 0, c.tail("r1")

@@ -51,7 +51,8 @@ def test_a_ddp_run_asked_to_stop_checkpoints_the_step_it_is_at_and_resumes_there
     cmd = [sys.executable, "-m", "muloco.train", "--config", "ddp/adamw", *RUN, "--training.steps", "400",
            "--dump_folder", str(run)]
     proc = _start(cmd, stop, log)
-    until("step 3", lambda: max(_logged_steps(run), default=0) >= 3 or proc.poll() is not None)
+    until("step 3", lambda: max(_logged_steps(run), default=0) >= 3 or proc.poll() is not None,
+          progress=FolderProgress(QUIET_S, log))
     stop.touch()
     assert _finish(proc, log) == 75, log.read_text()[-3000:]
     stopped_at = max(_logged_steps(run))
@@ -71,7 +72,8 @@ def test_diloco_groups_asked_to_stop_checkpoint_at_their_next_sync_and_resume(tm
     cmd = [sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2", "--",
            *RUN, "--outer.sync_every", "4", "--training.steps", "400", "--dump_folder", str(run)]
     proc = _start(cmd, stop, log)
-    until("step 5", lambda: max(_logged_steps(run / "replica_0"), default=0) >= 5 or proc.poll() is not None)
+    until("step 5", lambda: max(_logged_steps(run / "replica_0"), default=0) >= 5 or proc.poll() is not None,
+          progress=FolderProgress(QUIET_S, log))
     stop.touch()
     assert _finish(proc, log) == 75, log.read_text()[-3000:]
     assert "local job stopped on request" in log.read_text()

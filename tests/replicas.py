@@ -91,14 +91,10 @@ class Cluster:
     def _progress(self, name: str, quiet_s: float):
         """A check to call while waiting on ``name``: it fails once the process's log has not
         grown for ``quiet_s`` seconds (a hang), and never because the wait as a whole is long."""
-        log, size, since = self.logs[name], -1, time.monotonic()
+        log = FolderProgress(quiet_s, self.logs[name])
 
         def check(waiting_for: str) -> None:
-            nonlocal size, since
-            now = log.stat().st_size
-            if now != size:
-                size, since = now, time.monotonic()
-            elif time.monotonic() - since > quiet_s:
+            if log.expired():
                 raise AssertionError(f"{name}: no {waiting_for}, and nothing new in its log for {quiet_s:g} s "
                                      f"(hung):\n{self.tail(name)}")
         return check

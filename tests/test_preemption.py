@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -30,11 +29,9 @@ def _start(cmd: list[str], stop_file: Path, log: Path) -> subprocess.Popen:
 
 def _finish(proc: subprocess.Popen, log: Path) -> int:
     """The run's exit status; a run whose log stops growing for QUIET_S seconds is hung."""
-    progress = FolderProgress(QUIET_S, log)
     try:
-        while proc.poll() is None:
-            assert not progress.expired(), f"{progress}\n{log.read_text()[-3000:]}"
-            time.sleep(0.1)
+        until("the run did not exit", lambda: proc.poll() is not None, progress=FolderProgress(QUIET_S, log),
+              detail=lambda: log.read_text()[-3000:])
         return proc.returncode
     finally:
         if proc.poll() is None:

@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO, TINY, read_metrics, watch
 from drill_train import open_gate, release
 from progress import JOB_QUIET_S, FolderProgress
-from replicas import syncs
+from replicas import syncs, until
 
 pytestmark = pytest.mark.timeout(1800)  # hang timeouts only: the suite may share the machine with others
 
@@ -178,9 +178,7 @@ def _drill_env(folder: Path, drills: str) -> dict:
 
 def _wait_for(what: str, done, progress: FolderProgress, slurm, poll: float = 0.2) -> None:
     """Wait for an event of a job's run; fail naming it once the run stops making ``progress``."""
-    while not done():
-        assert not progress.expired(), f"{what} ({progress})\n{slurm.logs()}"
-        time.sleep(poll)
+    until(what, done, poll=poll, detail=slurm.logs, progress=progress)
 
 
 def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slurm, jobs):

@@ -42,8 +42,11 @@ def _hf_load(folder: Path, flavor: str, vocab: int) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("setup, expected", [
     ("missing", "holds no config.json"),
     ("small-vocab", "the tokenizer's ids need 2048 embedding rows and the folder's model has 256"),
-    ("rope-scaling", "RoPE has 'llama3' scaling"),
-    ("rope-scaling-beside-default-parameters", "RoPE has 'llama3' scaling"),
+    ("rope-scaling", "RoPE has 'yarn' scaling; muloco computes plain RoPE and Llama 3's"),
+    ("rope-scaling-beside-default-parameters", "RoPE has 'yarn' scaling"),
+    ("llama3-scaling-without-factor", "its llama3 RoPE scaling gives no factor"),
+    ("another-family", "model_type is 'gemma2': the folders that load are Llama 2/3/3.1/3.2/3.3 .*Qwen2/Qwen2.5"),
+    ("llama-attention-bias", "attention_bias is True there.*Qwen2's biases on q/k/v only load from a qwen2 folder"),
     ("heads-do-not-split-the-width", "hidden_size 64 is not a multiple of num_attention_heads 3"),
     ("kv-heads-do-not-group", "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
     ("llada-bias", "LLaDA option include_bias=True"),
@@ -58,7 +61,13 @@ def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path,
         config = {"model_type": "llama", "vocab_size": 256 if setup == "small-vocab" else 4096, "hidden_size": 64,
                   "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
         if setup.startswith("rope-scaling"):
-            config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0}
+            config["rope_scaling"] = {"rope_type": "yarn", "factor": 8.0}
+        if setup == "llama3-scaling-without-factor":
+            config["rope_scaling"] = {"rope_type": "llama3"}
+        if setup == "another-family":
+            config["model_type"] = "gemma2"
+        if setup == "llama-attention-bias":
+            config["attention_bias"] = True
         if setup == "rope-scaling-beside-default-parameters":
             config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
         if setup == "heads-do-not-split-the-width":

@@ -26,6 +26,8 @@ POST_NORMS = {"post_attention_norm": "attn_output_norm", "post_ffn_norm": "mlp_o
 ``modeling_muloco.py`` (transformers' ``post_attention_layernorm`` is the pre-FFN norm)."""
 POST_NORM = re.compile(r"layers\.(\d+)\.(post_attention_norm|post_ffn_norm)\.weight")
 HF_POST_NORM = re.compile(r"model\.layers\.(\d+)\.(attn_output_norm|mlp_output_norm)\.weight")
+QKV_BIAS = re.compile(r"layers\.(\d+)\.attention\.qkv_linear\.w([qkv])\.bias")
+HF_QKV_BIAS = re.compile(r"model\.layers\.(\d+)\.self_attn\.([qkv])_proj\.bias")
 
 
 class Llama3Adapter(Llama3StateDictAdapter):
@@ -34,23 +36,39 @@ class Llama3Adapter(Llama3StateDictAdapter):
     ``_pa``/``_pf`` flavors (:data:`POST_NORMS`): torchtitan's Llama 3 adapter has no entry for
     them and would drop them on export. A norm's weight scales one head's elements, so it takes the
     same reordering as the rows of one head of ``wq``/``wk`` (Hugging Face's half-split rotary
-    layout against torchtitan's interleaved one)."""
+    layout against torchtitan's interleaved one). Qwen2's q/k/v biases likewise: a bias adds to
+    its projection's rows, so those of q and k take the rows' reordering and v's none."""
 
     def __init__(self, model_config, hf_assets_path: str | None = None):
         super().__init__(model_config, None)
 
+    def _heads(self, which: str) -> int:
+        """How many heads the rows of ``which`` (q or k) projection hold."""
+        attention = self.model_config.layers[0].attention
+        return attention.n_heads if which == "q" else attention.n_kv_heads or attention.n_heads
+
+    def _bias_to_hf(self, which: str, bias):
+        return bias if which == "v" else self._permute(bias[:, None], self._heads(which))[:, 0]
+
+    def _bias_from_hf(self, which: str, bias):
+        return bias if which == "v" else self._reverse_permute(bias[:, None], self._heads(which))[:, 0]
+
     def to_hf(self, state_dict):
-        extra = {k: v for k, v in state_dict.items() if QK_NORM.fullmatch(k) or POST_NORM.fullmatch(k)}
+        patterns = (QK_NORM, POST_NORM, QKV_BIAS)
+        extra = {k: v for k, v in state_dict.items() if any(p.fullmatch(k) for p in patterns)}
         out = super().to_hf({k: v for k, v in state_dict.items() if k not in extra})
         for key, value in extra.items():
             if m := QK_NORM.fullmatch(key):
                 out[f"model.layers.{m[1]}.self_attn.{m[2]}_norm.weight"] = self._permute(value[:, None], 1)[:, 0]
             elif m := POST_NORM.fullmatch(key):
                 out[f"model.layers.{m[1]}.{POST_NORMS[m[2]]}.weight"] = value
+            elif m := QKV_BIAS.fullmatch(key):
+                out[f"model.layers.{m[1]}.self_attn.{m[2]}_proj.bias"] = self._bias_to_hf(m[2], value)
         return out
 
     def from_hf(self, hf_state_dict):
-        extra = {k: v for k, v in hf_state_dict.items() if HF_QK_NORM.fullmatch(k) or HF_POST_NORM.fullmatch(k)}
+        patterns = (HF_QK_NORM, HF_POST_NORM, HF_QKV_BIAS)
+        extra = {k: v for k, v in hf_state_dict.items() if any(p.fullmatch(k) for p in patterns)}
         out = super().from_hf({k: v for k, v in hf_state_dict.items() if k not in extra})
         ours = {v: k for k, v in POST_NORMS.items()}
         for key, value in extra.items():
@@ -58,6 +76,8 @@ class Llama3Adapter(Llama3StateDictAdapter):
                 out[f"layers.{m[1]}.attention.{m[2]}_norm.weight"] = self._reverse_permute(value[:, None], 1)[:, 0]
             elif m := HF_POST_NORM.fullmatch(key):
                 out[f"layers.{m[1]}.{ours[m[2]]}.weight"] = value
+            elif m := HF_QKV_BIAS.fullmatch(key):
+                out[f"layers.{m[1]}.attention.qkv_linear.w{m[2]}.bias"] = self._bias_from_hf(m[2], value)
         return out
 
 

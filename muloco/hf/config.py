@@ -18,22 +18,40 @@ SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_ke
 """What must agree for the weights to load, in the order a mismatch is reported."""
 
 
+def _rope_parameters(rope, theta: float) -> dict:
+    """``rope_parameters`` of torchtitan's RoPE config: plain, or Llama 3.x's scaling."""
+    if rope.scaling == "none":
+        return {"rope_type": "default", "rope_theta": theta}
+    if rope.scaling != "llama":
+        raise ValueError(f"RoPE scaling {rope.scaling!r} has no Hugging Face form here (only Llama 3's)")
+    return {"rope_type": "llama3", "factor": rope.scaling_factor, "low_freq_factor": rope.low_freq_factor,
+            "high_freq_factor": rope.high_freq_factor,
+            "original_max_position_embeddings": rope.original_max_position_embeddings, "rope_theta": theta}
+
+
 def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
     """``config.json`` of a ``LlamaForCausalLM`` with the shapes of torchtitan's ``model_config``
-    (a ``Qwen3ForCausalLM``, Llama with per-head QK norms, where the model has them; the shipped
-    ``MulocoForCausalLM`` where its blocks have output norms)."""
+    (a ``Qwen2ForCausalLM`` where the q/k/v projections have biases, a ``Qwen3ForCausalLM``, Llama
+    with per-head QK norms, where the model has them; the shipped ``MulocoForCausalLM`` where its
+    blocks have output norms or both QK norms and q/k/v biases). Llama 3.x's RoPE scaling is written
+    in ``rope_parameters`` as transformers reads it (``rope_type: llama3``)."""
     attention = model_config.layers[0].attention
     heads = attention.n_heads
     theta = attention.rope.theta
     block = model_config.layers[0]
     post = {"post_attention_norm": block.post_attention_norm is not None, "post_ffn_norm": block.post_ffn_norm is not None}
-    if any(post.values()):  # the shipped sandwich-block class
+    qk_norm = attention.qk_norm is not None
+    qkv_bias = bool(attention.qkv_linear.wq.bias)
+    if any(post.values()) or (qk_norm and qkv_bias):  # the shipped sandwich-block class
         variant = {"architectures": ["MulocoForCausalLM"], "model_type": "muloco", "use_sliding_window": False,
-                   "qk_norm": attention.qk_norm is not None, **post}
-    elif attention.qk_norm is not None:
+                   "qk_norm": qk_norm, "qkv_bias": qkv_bias, **post}
+    elif qk_norm:
         variant = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "use_sliding_window": False}
+    elif qkv_bias:
+        variant = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False}
     else:
         variant = {}
+    rope = _rope_parameters(attention.rope, theta)
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -47,8 +65,8 @@ def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
         "hidden_act": "silu",
         "rms_norm_eps": model_config.norm.eps,
         "rope_theta": theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": theta},
-        "max_position_embeddings": seq_len,
+        "rope_parameters": rope,
+        "max_position_embeddings": max(seq_len, rope.get("original_max_position_embeddings", 0)),
         "tie_word_embeddings": bool(model_config.enable_weight_tying),
         "attention_bias": False,
         "mlp_bias": False,
@@ -61,9 +79,15 @@ def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
 
 BIDIRECTIONAL = ("muloco_mdlm", "llada")
 """Model types whose attention is bidirectional (masked diffusion): muloco's export, LLaDA."""
-LLAMA_FAMILY = ("llama", "qwen3", "muloco", *BIDIRECTIONAL)
-"""Model types muloco's Llama model computes; ``qwen3`` is Llama with per-head QK norms, ``muloco``
-the shipped sandwich-block class (``muloco/hf/remote_code/modeling_muloco.py``)."""
+LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "muloco", *BIDIRECTIONAL)
+"""Model types muloco's Llama model computes (Llama 2/3.x, Qwen2/Qwen2.5, Qwen3, LLaDA): ``qwen2``
+is Llama with biases on q/k/v, ``qwen3`` Llama with per-head QK norms, ``muloco`` the shipped
+sandwich-block class (``muloco/hf/remote_code/modeling_muloco.py``)."""
+SUPPORTED = ("Llama 2/3/3.1/3.2/3.3 (llama), Qwen2/Qwen2.5 (qwen2), Qwen3 (qwen3), LLaDA (llada) and "
+             "muloco's own exports (muloco, muloco_mdlm)")
+"""What :data:`LLAMA_FAMILY` means to a user, for the error naming an unsupported folder."""
+ROPE_SCALINGS = ("default", "llama3")
+"""RoPE variants muloco computes: plain, and Llama 3.1's frequency scaling (torchtitan's)."""
 
 
 def bidirectional(theirs: dict) -> bool:
@@ -82,7 +106,8 @@ def _normalized(theirs: dict) -> dict:
     ropes = [theirs[key] for key in ("rope_parameters", "rope_scaling") if isinstance(theirs.get(key), dict)]
     types = [rope.get("rope_type") or rope.get("type") or "default" for rope in ropes]
     # a scaling in either key counts (transformers reads rope_scaling next to a default rope_parameters)
-    theirs["_rope_type"] = next((t for t in types if t != "default"), "default")
+    scaled = next(((t, rope) for t, rope in zip(types, ropes) if t != "default"), ("default", {}))
+    theirs["_rope_type"], theirs["_rope_scaling"] = scaled
     theta = next((rope["rope_theta"] for rope in ropes if "rope_theta" in rope), theirs.get("rope_theta", 10000.0))
     theirs["_rope_theta"] = float(theta)
     return theirs
@@ -105,21 +130,46 @@ def _inconsistent_heads(theirs: dict) -> str | None:
 def _unexpressible(theirs: dict) -> str | None:
     """What a normalized config asks for that muloco's Llama models do not compute (None: nothing)."""
     if theirs.get("model_type") not in LLAMA_FAMILY:
-        return (f"model_type is {theirs.get('model_type')!r}: only Llama-family folders load "
-                f"({', '.join(LLAMA_FAMILY)})")
+        return f"model_type is {theirs.get('model_type')!r}: the folders that load are {SUPPORTED}"
     if theirs.get("use_sliding_window"):
         return "it uses sliding-window attention, which muloco's models do not compute"
-    if theirs["_rope_type"] != "default":
-        return f"its RoPE has {theirs['_rope_type']!r} scaling, which muloco's flavors do not apply"
+    if theirs["_rope_type"] not in ROPE_SCALINGS:
+        return (f"its RoPE has {theirs['_rope_type']!r} scaling; muloco computes plain RoPE and Llama 3's "
+                f"('llama3') scaling")
+    if theirs["_rope_type"] == "llama3":
+        missing = [k for k in ("factor",) if not isinstance(theirs["_rope_scaling"].get(k), (int, float))]
+        if missing:
+            return f"its llama3 RoPE scaling gives no {missing[0]}"
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
         if theirs.get(key, want) != want:
-            return f"{key} is {theirs.get(key)} there; muloco's Llama models have {want}"
+            return (f"{key} is {theirs.get(key)} there; muloco's Llama models have {want} (Qwen2's biases on "
+                    "q/k/v only load from a qwen2 folder)" if key == "attention_bias" else
+                    f"{key} is {theirs.get(key)} there; muloco's Llama models have {want}")
     return None
 
 
+IMPLIED = {"qk_norm": "qwen3", "qkv_bias": "qwen2"}
+"""The model type whose blocks always have a feature (else a ``muloco`` config's flag says)."""
+
+
 def _has(config: dict, feature: str) -> bool:
-    """Whether a config's blocks have ``feature`` (``qk_norm``: Qwen3's attention, or the flag)."""
-    return bool(config.get(feature)) or (feature == "qk_norm" and config.get("model_type") == "qwen3")
+    """Whether a config's blocks have ``feature`` (``qk_norm``: Qwen3's attention, ``qkv_bias``:
+    Qwen2's, or the flag of muloco's own class)."""
+    return bool(config.get(feature)) or config.get("model_type") == IMPLIED.get(feature)
+
+
+def _rope_scaling(theirs: dict) -> dict | None:
+    """The fields of :class:`muloco.models.RopeScaling` a normalized config states (None: plain RoPE)."""
+    if theirs["_rope_type"] != "llama3":
+        return None
+    given = theirs["_rope_scaling"]
+    fields = dict(factor=float(given["factor"]), low_freq_factor=float(given.get("low_freq_factor", 1.0)),
+                  high_freq_factor=float(given.get("high_freq_factor", 4.0)),
+                  original_max_position_embeddings=int(given.get("original_max_position_embeddings", 8192)))
+    if fields["high_freq_factor"] <= fields["low_freq_factor"]:
+        raise ValueError(f"its llama3 RoPE scaling has high_freq_factor {fields['high_freq_factor']:g} <= "
+                         f"low_freq_factor {fields['low_freq_factor']:g}; the blend between them needs high > low")
+    return fields
 
 
 def read(folder: str | Path) -> dict:
@@ -158,7 +208,8 @@ def architecture_fields(theirs: dict) -> dict:
                 vocab_size=t["vocab_size"], norm_eps=float(t.get("rms_norm_eps", 1e-6)),
                 rope_theta=t["_rope_theta"], tied=bool(t.get("tie_word_embeddings", False)),
                 qk_norm=_has(t, "qk_norm"), post_attention_norm=_has(t, "post_attention_norm"),
-                post_ffn_norm=_has(t, "post_ffn_norm"))
+                post_ffn_norm=_has(t, "post_ffn_norm"), qkv_bias=_has(t, "qkv_bias"),
+                rope_scaling=_rope_scaling(t))
 
 
 def first_mismatch(folder: str | Path, ours: dict) -> str | None:
@@ -178,10 +229,13 @@ def first_mismatch(folder: str | Path, ours: dict) -> str | None:
     if why:
         return why
     for feature, name in (("qk_norm", "per-head QK norms"), ("post_attention_norm", "post-attention norms"),
-                          ("post_ffn_norm", "post-FFN norms")):
+                          ("post_ffn_norm", "post-FFN norms"), ("qkv_bias", "biases on q/k/v")):
         if _has(theirs, feature) != _has(ours, feature):
             return (f"it has {name} and this flavor does not" if _has(theirs, feature)
                     else f"this flavor has {name} and it does not")
     if theirs["_rope_theta"] != float(ours["rope_theta"]):
         return f"rope_theta is {theirs['_rope_theta']:g} there and {ours['rope_theta']:g} here"
+    mine = _normalized(ours)
+    if (_rope_scaling(theirs), theirs["_rope_type"]) != (_rope_scaling(mine), mine["_rope_type"]):
+        return f"its RoPE is {theirs['_rope_type']!r} {theirs['_rope_scaling'] or ''} and here {mine['_rope_type']!r}"
     return None

@@ -48,8 +48,8 @@ def hf_folder(flavor: str) -> str | None:
 class ModelConfig:
     flavor: str = "llama3-w128-d4-h2"
     """Model-map flavor: llama3-w{dim}-d{depth}-h{heads}[_qk_torch-rmsnorm][_pa][_pf]; or hf:DIR, the
-    shapes a Hugging Face Llama folder's config.json states (heads, KV heads, FFN size, RoPE base,
-    norm epsilon, tying, vocabulary). Its shapes only: to start from its weights add
+    shapes a Hugging Face folder's config.json states (Llama 2/3.x, Qwen2/2.5, Qwen3, LLaDA: heads,
+    KV heads, FFN size, RoPE base and Llama 3's scaling, q/k/v biases, norm epsilon, tying, vocabulary). Its shapes only: to start from its weights add
     --checkpoint.initial_load_path DIR --checkpoint.initial_load_in_hf."""
     vocab_multiple_of: int = 64
     """The embedding/head rows are padded to a multiple of this (GPU-friendly shapes)."""
@@ -62,6 +62,25 @@ class ModelConfig:
                 parse_flavor(self.flavor)
             except UnknownFlavorError as err:
                 raise ValueError(str(err)) from None
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (``rope_type: llama3``): frequencies of wavelength above
+    ``original_max_position_embeddings / low_freq_factor`` divided by ``factor``, those below
+    ``/ high_freq_factor`` kept, the band between blended. torchtitan's ``ComplexRoPE`` computes
+    it (``scaling="llama"``); these are its parameters as a Hugging Face config states them."""
+
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def rope_fields(self) -> dict:
+        """The arguments of torchtitan's ``RoPE.Config`` that apply this scaling."""
+        return dict(scaling="llama", scaling_factor=self.factor, low_freq_factor=self.low_freq_factor,
+                    high_freq_factor=self.high_freq_factor,
+                    original_max_position_embeddings=self.original_max_position_embeddings)
 
 
 @dataclass(frozen=True)
@@ -82,6 +101,10 @@ class Architecture:
     qk_norm: bool = False
     post_attention_norm: bool = False
     post_ffn_norm: bool = False
+    qkv_bias: bool = False
+    """A bias on the query, key and value projections (Qwen2/Qwen2.5), not on the output's."""
+    rope_scaling: RopeScaling | None = None
+    """Llama 3.x's frequency scaling (None: plain RoPE)."""
 
     @classmethod
     def of_flavor(cls, cfg: ModelConfig, vocab_size: int) -> "Architecture":
@@ -101,11 +124,33 @@ class Architecture:
     def from_hf(cls, theirs: dict) -> "Architecture":
         """A Hugging Face Llama ``config.json``'s architecture (:func:`muloco.hf.config.architecture_fields`:
         ValueError naming what muloco's models do not compute)."""
-        return cls(**hf_config.architecture_fields(theirs))
+        fields = hf_config.architecture_fields(theirs)
+        scaling = fields.pop("rope_scaling")
+        return cls(**fields, rope_scaling=RopeScaling(**scaling) if scaling else None)
 
 
 def _norm(dim: int, eps: float) -> RMSNorm.Config:
     return RMSNorm.Config(normalized_shape=dim, eps=eps, param_init=_NORM_INIT)
+
+
+def _attention(a: Architecture, layer_id: int, causal: bool):
+    """torchtitan's grouped-query attention with these shapes, RoPE scaling and q/k/v biases."""
+    scaling = a.rope_scaling.rope_fields() if a.rope_scaling else {}
+    config = make_gqa_config(
+        dim=a.dim,
+        n_heads=a.heads,
+        n_kv_heads=a.kv_heads if a.kv_heads != a.heads else None,
+        head_dim=a.head_dim if a.head_dim != a.dim // a.heads else None,
+        wqkv_param_init=_LINEAR_INIT,
+        wo_param_init=_depth_init(layer_id),
+        inner_attention=SwitchableSDPA.Config(is_causal=causal),
+        rope=ComplexRoPE.Config(dim=a.head_dim, max_seq_len=131072, theta=a.rope_theta, **scaling),
+        fuse_qkv=False,
+        qk_norm=_norm(a.head_dim, a.norm_eps) if a.qk_norm else None,
+    )
+    if a.qkv_bias:  # torchtitan's Linear takes a bias; its init zeroes it (_LINEAR_INIT)
+        config.qkv_linear.wq.bias = config.qkv_linear.wkv.bias = True
+    return config
 
 
 def _layer(a: Architecture, layer_id: int, causal: bool) -> SandwichBlock.Config:
@@ -114,20 +159,7 @@ def _layer(a: Architecture, layer_id: int, causal: bool) -> SandwichBlock.Config
         ffn_norm=_norm(a.dim, a.norm_eps),
         post_attention_norm=_norm(a.dim, a.norm_eps) if a.post_attention_norm else None,
         post_ffn_norm=_norm(a.dim, a.norm_eps) if a.post_ffn_norm else None,
-        attention=make_gqa_config(
-            dim=a.dim,
-            n_heads=a.heads,
-            n_kv_heads=a.kv_heads if a.kv_heads != a.heads else None,
-            head_dim=a.head_dim if a.head_dim != a.dim // a.heads else None,
-            wqkv_param_init=_LINEAR_INIT,
-            wo_param_init=_depth_init(layer_id),
-            inner_attention=SwitchableSDPA.Config(is_causal=causal),
-            rope=ComplexRoPE.Config(
-                dim=a.head_dim, max_seq_len=131072, theta=a.rope_theta, scaling="none"
-            ),
-            fuse_qkv=False,
-            qk_norm=_norm(a.head_dim, a.norm_eps) if a.qk_norm else None,
-        ),
+        attention=_attention(a, layer_id, causal),
         feed_forward=make_ffn_config(
             dim=a.dim,
             hidden_dim=a.ffn_dim,
@@ -197,5 +229,5 @@ def hf_adapter(cfg: ModelConfig):
     return Llama3Adapter
 
 
-__all__ = ["Architecture", "HF_FLAVOR", "ModelConfig", "hf_folder", "architecture_config", "build", "build_model_config", "build_model_spec",
+__all__ = ["Architecture", "RopeScaling", "HF_FLAVOR", "ModelConfig", "hf_folder", "architecture_config", "build", "build_model_config", "build_model_spec",
            "init_model"]

@@ -15,10 +15,11 @@ norms of the ``_qk_torch-rmsnorm`` flavors); masked-diffusion (``mdlm``) runs sh
 bidirectional model class (``modeling_muloco_mdlm.py``: transformers' Llama layers, no causal
 mask, the mask token in the config) loaded with ``trust_remote_code=True``. Flavors transformers
 has no class for (the sandwich block's output norms of ``_pa``/``_pf``, QK norms in a diffusion
-model) ship ``modeling_muloco.py`` instead. A tiktoken tokenizer (Llama 3's
-``tokenizer.model``) is converted to ``tokenizer.json`` with its special tokens where muloco put
-them. What this export cannot express yet (RoPE scaling) is one clear error naming it, and nothing
-is written.
+model, Qwen2's q/k/v biases in a diffusion model) ship ``modeling_muloco.py`` instead. Models
+started from a Qwen2/Qwen2.5 folder export as ``Qwen2ForCausalLM``; Llama 3.x's RoPE scaling is
+written as transformers reads it. A tiktoken tokenizer (Llama 3's ``tokenizer.model``) is
+converted to ``tokenizer.json`` with its special tokens where muloco put them. What this export
+cannot express is one clear error naming it, and nothing is written.
 
 ``--push-to-hub`` then uploads the folder to that Hub model repository (created if missing) in
 one commit, so the repository gets every file or none. The token is huggingface_hub's own lookup
@@ -65,8 +66,8 @@ def _unsupported(model_config, objective_name: str, tokenizer) -> str | None:
         return f"objective {objective_name!r}: only next-token (ar) and masked-diffusion (mdlm) runs are exported"
     if objective_name == "mdlm" and getattr(tokenizer, "mask_id", None) is None:
         return "a masked-diffusion run whose tokenizer has no mask token"
-    if attention.rope.scaling != "none":
-        return f"RoPE scaling {attention.rope.scaling!r}: only unscaled RoPE is exported so far"
+    if attention.rope.scaling not in ("none", "llama"):
+        return f"RoPE scaling {attention.rope.scaling!r}: only plain RoPE and Llama 3's scaling are exported"
     return None
 
 
@@ -100,6 +101,7 @@ def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar")
         block = model_config.layers[0]
         config.update(architectures=["MulocoForCausalLM"], model_type="muloco", use_sliding_window=False,
                       qk_norm=block.attention.qk_norm is not None,
+                      qkv_bias=bool(block.attention.qkv_linear.wq.bias),
                       post_attention_norm=block.post_attention_norm is not None,
                       post_ffn_norm=block.post_ffn_norm is not None, bidirectional=objective_name == "mdlm",
                       auto_map={"AutoConfig": f"{module}.MulocoConfig", "AutoModel": f"{module}.MulocoForCausalLM",

@@ -9,7 +9,8 @@ Shipped inside the exported folder and loaded with ``trust_remote_code=True``:
     model = AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True)   # masked diffusion
 
 ``h = x + N_pa(Attn(N(x)))``, ``out = h + N_pf(FFN(N(h)))``; without ``post_attention_norm`` and
-``post_ffn_norm`` it is Qwen3's block (with ``qk_norm``) or Llama's (without). For a masked-diffusion
+``post_ffn_norm`` it is Qwen3's block (with ``qk_norm``) or Llama's (without), with Qwen2's biases
+on q/k/v where ``qkv_bias`` says so. For a masked-diffusion
 model (``bidirectional``) every position attends to every other (padding excepted, from
 ``attention_mask``) and the logits at ``config.mask_token_id`` predict the hidden token.
 """
@@ -26,8 +27,9 @@ class MulocoConfig(Qwen3Config):
     model_type = "muloco"
 
     def __init__(self, qk_norm: bool = True, post_attention_norm: bool = False, post_ffn_norm: bool = False,
-                 bidirectional: bool = False, mask_token_id: int | None = None, **kwargs):
+                 bidirectional: bool = False, mask_token_id: int | None = None, qkv_bias: bool = False, **kwargs):
         self.qk_norm, self.bidirectional, self.mask_token_id = qk_norm, bidirectional, mask_token_id
+        self.qkv_bias = qkv_bias
         self.post_attention_norm, self.post_ffn_norm = post_attention_norm, post_ffn_norm
         super().__init__(**kwargs)
 
@@ -40,6 +42,10 @@ class MulocoDecoderLayer(Qwen3DecoderLayer):
             self.self_attn.k_norm = nn.Identity()
         if config.bidirectional:
             self.self_attn.is_causal = False
+        if config.qkv_bias:  # Qwen2's biases: on q, k and v, not on the output projection
+            for name in ("q_proj", "k_proj", "v_proj"):
+                plain = getattr(self.self_attn, name)
+                setattr(self.self_attn, name, nn.Linear(plain.in_features, plain.out_features, bias=True))
         self.attn_output_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps) \
             if config.post_attention_norm else None
         self.mlp_output_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if config.post_ffn_norm \

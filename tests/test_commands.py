@@ -52,7 +52,7 @@ PARSED = {  # command: (a misspelt option, the closest valid one, what its --hel
                                        "--replica", "--device", "--log-samples", "--seed", "--out"]),
     "generate": ("--stpe", "--step", ["--checkpoint", "--prompt", "--length", "--steps", "--block-length",
                                       "--order {confidence,margin,entropy,random}", "--threshold",
-                                      "--cache {none,prefix,dual}", "--batch-size", "--temperature", "--score",
+                                      "--cache {none,prefix,dual,block}", "--batch-size", "--temperature", "--score",
                                       "--mc-samples", "--json"]),
     "map": ("--link-mbp", "--link-mbps", ["--flavor", "--global-batch", "--seq-len", "--vocab", "--replicas", "--json",
                                           "link-planner options", "--link-mbps", "--sync-every", "--max-share"]),

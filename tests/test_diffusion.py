@@ -293,8 +293,8 @@ def test_prefix_cache_sampling_fills_every_mask_and_the_default_is_unchanged():
     dual = DiffusionSampling(length=12, steps=12, block_length=4, cache="dual")
     b = sample_diffusion_batch(model, prompts, MASK, dual, torch.Generator(), cpu)
     assert all(len(t) == 12 and MASK not in t for t in b)
-    with pytest.raises(ValueError, match="--cache must be one of none, prefix, dual"):
-        DiffusionSampling(length=8, steps=8, block_length=8, cache="block").check()
+    with pytest.raises(ValueError, match="--cache must be one of none, prefix, dual, block"):
+        DiffusionSampling(length=8, steps=8, block_length=8, cache="blocks").check()
 
 
 def test_autoregressive_sampler_stops_at_eos_and_repeats_with_a_seed():

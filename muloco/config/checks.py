@@ -21,7 +21,7 @@ from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.utils.created_dirs import make_dirs, missing_dirs, remove_dirs  # noqa: E402
 from muloco.config.cli import valid_keys  # noqa: E402
 from muloco.hf.adapter import adapter_for  # noqa: E402
-from muloco.hf.config import first_mismatch, llama_config, read  # noqa: E402
+from muloco.hf.config import bidirectional, first_mismatch, llama_config, read  # noqa: E402
 from muloco.models import Architecture, build_model_config, hf_adapter, hf_folder  # noqa: E402
 from muloco.sizing.flavors import parse_flavor  # noqa: E402
 
@@ -173,6 +173,28 @@ def _check_components(config) -> None:
             raise ConfigError(str(err)) from None
 
 
+def _check_recipe(config) -> None:
+    """A masked-diffusion recipe against the run: blocks that tile its rows, and the token shift
+    only from weights whose outputs predict the next token (an AR model, or none loaded)."""
+    recipe = getattr(config.objective, "recipe", None)
+    if recipe is None:
+        return
+    block = getattr(recipe, "block_size", None)
+    if block is not None and config.training.seq_len % block:
+        raise ConfigError(f"objective.recipe.block_size {block} does not divide training.seq_len "
+                          f"{config.training.seq_len}; pick a divisor (e.g. --objective.recipe.block_size "
+                          f"{math.gcd(block, config.training.seq_len)}) so every row is whole blocks.")
+    shifted = recipe._owner.name == "dream" or getattr(recipe, "shift", False)
+    ckpt = config.checkpoint
+    if shifted and ckpt.enable and ckpt.initial_load_path and ckpt.initial_load_in_hf:
+        folder = Path(ckpt.initial_load_path)
+        if (folder / "config.json").is_file() and bidirectional(read(folder)):
+            raise ConfigError(f"objective.recipe {recipe._owner.name} shifts predictions (the output at i-1 predicts "
+                              f"token i, as an AR model's head does), but {folder} is a masked-diffusion model whose "
+                              "output at i predicts token i: convert an autoregressive model, or train this one with "
+                              "--objective.recipe full.")
+
+
 def _check_lr_scheduler(config) -> None:
     if config.lr_scheduler.warmup_steps < 0:
         raise ConfigError("lr_scheduler.warmup_steps must be >= 0.")
@@ -188,6 +210,7 @@ def check_config(config) -> None:
     _check_objective_parallelism(config)
     _check_hf_model(config)
     _check_hf_initial_load(config)
+    _check_recipe(config)
     if hasattr(config, "outer"):
         _check_outer_fits_the_run(config)
 

@@ -29,7 +29,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from muloco.evaluate.source import EvaluationError, Source
 from muloco.objectives.likelihood import diffusion_nll
-from muloco.objectives.sampling import DiffusionSampling, sample_autoregressive, sample_diffusion_batch, until_eos
+from muloco.objectives.sampling import DiffusionSampling, sample_autoregressive, sample_model, sampling_for, until_eos
 
 DEFAULT_GEN_TOKENS = 256
 
@@ -103,9 +103,10 @@ class MulocoLM(TemplateLM):
         mask_id = self.source.mask_id
         nll = diffusion_nll(self.model, context, target, mask_id, samples=self.mc_samples,
                             batch=min(self.mc_samples, max(1, self.batch_size)), generator=self._generator(),
-                            device=self.device_)
+                            device=self.device_, readout=self.source.readout)
         x = torch.tensor([context + [mask_id] * len(target)], device=self.device_)
-        logits = self.model(x).float()[0, len(context):]
+        first = len(context) - 1 if self.source.readout.shift else len(context)  # the outputs that predict the target
+        logits = self.model(x).float()[0, first:first + len(target)]
         logits[:, mask_id] = -torch.inf
         greedy = bool((logits.argmax(-1) == torch.tensor(target, device=self.device_)).all())
         return -nll, greedy
@@ -144,13 +145,14 @@ class MulocoLM(TemplateLM):
             tokens = sample_autoregressive(self.model, ids, tokenizer.eos_id, length, temperature,
                                            self._generator(), self.device_)
         else:
-            if self.block_length and length % self.block_length:
-                raise EvaluationError(f"--block-length {self.block_length} does not divide the task's max_gen_toks "
-                                      f"{length}; choose a divisor of it")
-            block = self.block_length or length
-            how = DiffusionSampling(length=length, steps=length, block_length=block, temperature=temperature)
-            tokens = sample_diffusion_batch(self.model, [ids], self.source.mask_id, how, self._generator(),
-                                            self.device_)[0]
+            readout = self.source.readout
+            how = sampling_for(DiffusionSampling(length=length, steps=length, temperature=temperature), readout,
+                               self.block_length, None)
+            if length % how.block_length:
+                raise EvaluationError(f"block length {how.block_length} does not divide the task's max_gen_toks "
+                                      f"{length}; choose a divisor of it (--block-length)")
+            tokens = sample_model(self.model, [ids], self.source.mask_id, how, self._generator(), self.device_,
+                                  readout)[0]
         text = tokenizer.decode(until_eos(tokens, tokenizer.eos_id))
         for stop in until:
             text = text.split(stop)[0] if stop else text

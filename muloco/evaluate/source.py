@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from muloco.hf import config as hf_config
 from muloco.components.checkpoint import RUN_FILE
 from muloco.data.tokenizer import MulocoTokenizer
+from muloco.objectives.sampling_options import READOUT_KEY, Readout
 
 
 class SourceError(ValueError):
@@ -44,6 +45,8 @@ class Source:
     folders: θ_g is the same in each), or the Hugging Face folder."""
     facts: dict = field(default_factory=dict)
     """What was loaded (source, step, θ_g or not), written with every result."""
+    readout: Readout = Readout()
+    """How a diffusion model's outputs line up with the canvas (its recipe's)."""
 
     @property
     def mask_id(self) -> int:
@@ -70,7 +73,9 @@ def from_run(path: str, *, step: int | None, replica: int | None, device: torch.
     config = load_config(run, prog="python -m muloco.evaluate")
     model, tokenizer, objective, step, is_global = load_model(run, config, step, device)
     job = run.parent if run.name.startswith("replica_") and not (run.parent / RUN_FILE).is_file() else run
+    readout = objective.recipe.readout if hasattr(objective, "recipe") else Readout()
     return Source(model=model, tokenizer=tokenizer, causal=objective.causal, max_length=config.training.seq_len,
+                  readout=readout,
                   results_dir=job, facts={"source": "run", "objective": objective.name, "step": step,
                                           "weights": "θ_g" if is_global else "model"})
 
@@ -123,5 +128,10 @@ def from_hf_folder(folder: Path, device: torch.device) -> Source:
     from muloco.hf.llada import is_llada, llama_view  # the Hugging Face side, only for a folder
 
     length = (llama_view(theirs) if is_llada(theirs) else theirs).get("max_position_embeddings") or 2048
+    try:
+        readout = Readout.from_json(theirs.get(READOUT_KEY))
+    except ValueError as e:
+        raise SourceError(f"{folder}: {e}") from None
     return Source(model=model, tokenizer=tokenizer, causal=causal, max_length=int(length), results_dir=folder,
+                  readout=readout,
                   facts={"source": "huggingface", "objective": "ar" if causal else "mdlm", "weights": "folder"})

@@ -59,15 +59,39 @@ class PrefixKV:
         return torch.cat([pk, k, sk], dim=1), torch.cat([pv, v, sv], dim=1)
 
 
+@dataclass
+class BlockKV:
+    """The exact key/value cache of a block-wise diffusion model: the keys and values of the
+    finished (clean) blocks, per attention layer. A forward over the next positions attends to
+    them and to itself; with ``append`` its own keys and values join the cache (a finished block's
+    clean pass). Block-wise attention never lets a clean block see a later one, so what is kept is
+    what a full forward would compute (unlike :class:`PrefixKV`'s approximation)."""
+
+    append: bool = False
+    kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        """Positions kept."""
+        return next(iter(self.kept.values()))[0].shape[1] if self.kept else 0
+
+    def keys_values(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer in self.kept:
+            k, v = (torch.cat([old, new], dim=1) for old, new in zip(self.kept[layer], (k, v)))
+        if self.append:
+            self.kept[layer] = (k, v)
+        return k, v
+
+
 @contextlib.contextmanager
-def prefix_cache(model: torch.nn.Module) -> Iterator[PrefixKV]:
-    """A :class:`PrefixKV` (prefix or dual) installed in every attention layer of ``model`` for the
-    ``with`` body."""
+def prefix_cache(model: torch.nn.Module, cache: PrefixKV | BlockKV | None = None) -> Iterator[PrefixKV | BlockKV]:
+    """``cache`` (a new :class:`PrefixKV`: prefix or dual) installed in every attention layer of
+    ``model`` for the ``with`` body."""
     layers = [m for m in model.modules() if isinstance(m, SwitchableSDPA)]
     if not layers or any(m.is_causal for m in layers):
         raise ValueError("a prefix cache is for bidirectional (masked-diffusion) models built from muloco's "
                          "attention layers (SwitchableSDPA)")
-    cache = PrefixKV()
+    cache = PrefixKV() if cache is None else cache
     for m in layers:
         m.prefix_cache = cache
     try:
@@ -87,7 +111,7 @@ class SwitchableSDPA(ScaledDotProductAttention):
         super().__init__(config)
         self.is_causal = config.is_causal
 
-    prefix_cache: PrefixKV | None = None
+    prefix_cache: PrefixKV | BlockKV | None = None
     """Set by :func:`prefix_cache` while a sampler uses it."""
 
     def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs):

@@ -31,10 +31,11 @@ from the noise levels (:mod:`.gather`), so a step never waits on the device to c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+import tyro
 from torchtitan.components.loss import IGNORE_INDEX
 
 from .gather import MaskedPositions, mask_capacity
@@ -51,6 +52,7 @@ from .noise import (
     time_of,
 )
 from .objective import NoiseKey, Objective, Prepared, SpecialTokens
+from .recipes import Recipe, RecipeConfig
 
 WEIGHTS = ("elbo", "uniform", "cart")
 NORMALISERS = ("tokens", "sequence", "batch")
@@ -92,9 +94,17 @@ class MaskedDiffusion(Objective):
         """Noise levels per validation batch (stratified, fixed seeds) for the ELBO estimate."""
         seed: int = 0
         """Seed of the masks and noise levels (with replica, step, micro-batch and rank)."""
+        recipe: tyro.conf.AvoidSubcommands[RecipeConfig] = field(default_factory=Recipe.Config)
+        """full | dream | block: the attention and output alignment (AR-to-diffusion conversion,
+        :mod:`muloco.objectives.recipes`); pick with ``--objective.recipe NAME``, then set its own
+        settings as ``--objective.recipe.SETTING``."""
 
         def validate(self) -> None:
             super(MaskedDiffusion.Config, self).validate()
+            self.recipe.validate()
+            if getattr(self.recipe, "position_masking", 0.0) and self.complementary_masks:
+                raise ValueError("objective.recipe.position_masking draws each token's own probability; "
+                                 "--objective.complementary-masks pairs rows masked with p and 1 − p: use one")
             if not 0.0 < self.eps < 1.0:
                 raise ValueError(f"objective.eps is {self.eps!r}; it must be in (0, 1), e.g. 1e-3.")
             check_schedule(self.schedule, "objective.schedule")
@@ -118,6 +128,7 @@ class MaskedDiffusion(Objective):
                 "the tokenizer has no mask token distinct from bos/eos, which the mdlm objective "
                 "needs; use a tokenizer with <|mask|> (muloco adds one to tokenizer.json files) "
                 "or --objective ar.")
+        self.recipe: Recipe = config.recipe.build()
 
     scoring: MaskedCrossEntropyLoss = MaskedCrossEntropyLoss.Config().build()
     """The weighted cross-entropy of the gathered logits (eager here); the trainer's compile
@@ -138,9 +149,9 @@ class MaskedDiffusion(Objective):
     def flops_per_token(self, model_flops: float, head_params: int) -> float:
         """The head runs only at masked positions (about half of them for the linear schedule),
         and complementary masks run every row twice."""
-        flops = model_flops
+        flops = model_flops * self.recipe.cost()
         if self.config.masked_only_head:
-            flops -= 6 * head_params * (1.0 - self.expected_mask_fraction())
+            flops -= 6 * head_params * (self.recipe.cost() - self.expected_mask_fraction())
         return flops * (2 if self.config.complementary_masks else 1)
 
     # ------------------------------------------------------------------ training
@@ -163,23 +174,32 @@ class MaskedDiffusion(Objective):
         c, device = self.config, inputs.device
         shared = generator(torch.device("cpu"), c.seed, key.replica, key.step, key.micro)
         own = generator(device, c.seed, key.replica, key.step, key.micro, key.rank + 1)
-        x0, maskable = inputs, labels != IGNORE_INDEX
+        x0, maskable = inputs, self.recipe.maskable(labels != IGNORE_INDEX)
         rows = x0.shape[0]
         u0 = torch.rand((), generator=shared).item()
         t = noise_levels(key.rank * rows, rows, rows * key.world, c.eps, u0, own,
                          stratified=c.stratified, device=device)
         p = mask_probability(t, c.schedule)
-        masked = bernoulli_masks(maskable, p, own)
+        probs = self.recipe.token_probability(p, t, x0.shape[1])
+        masked = bernoulli_masks(maskable, probs, own)
         if c.complementary_masks:
             x0, maskable = torch.cat([x0, x0]), torch.cat([maskable, maskable])
             masked = torch.cat([masked, maskable[rows:] & ~masked])
             p = torch.cat([p, 1.0 - p])
             t = torch.cat([t, time_of(p[rows:], c.schedule).clamp_min(c.eps)])
         weight = self._token_weights(masked, maskable, t)
+        if probs.shape[1] > 1:  # each token's own probability: its weight scaled by p / p_j
+            weight = weight * (p[:, None] / probs)
         xt = x0.masked_fill(masked, self.tokens.mask)
         positions = MaskedPositions.of(masked, self._capacity(key, rows, x0.shape[1], u0))
-        return Prepared(xt, x0, self.attention_kwargs(xt),
+        reading = self._reading(xt, x0, key.step)
+        return Prepared(reading.inputs, x0, reading.kwargs,
                         {"masked": masked, "weight": weight, "t": t, "positions": positions})
+
+    def _reading(self, xt: torch.Tensor, x0: torch.Tensor, step: int | None):
+        """What the model reads for noised rows ``xt`` (the recipe's tokens, positions and mask)."""
+        return self.recipe.reading(xt, x0, bos=self.tokens.bos, documents=self.config.document_mask,
+                                   flex=self._flex(xt.device), step=step, seed=self.config.seed)
 
     def _capacity(self, key: NoiseKey, rows: int, length: int, u0: float) -> int:
         """How many masked positions the loss gathers (:mod:`.gather`), from host values only: the
@@ -221,7 +241,7 @@ class MaskedDiffusion(Objective):
 
     def loss(self, pred: torch.Tensor, batch: Prepared, global_valid_tokens=None) -> torch.Tensor:
         at: MaskedPositions = batch.extra["positions"]
-        picked = at.take(pred)
+        picked = at.take(self.recipe.outputs(pred, batch.labels.shape[1]))
         normaliser = global_valid_tokens if self.config.normaliser == "tokens" else None
         return self.scoring(self.lm_head(picked) if self.skip_lm_head else picked, at.take(batch.labels),
                             normaliser, weights=at.weights(batch.extra["weight"]), mask_id=self.tokens.mask)[0]
@@ -240,6 +260,20 @@ class MaskedDiffusion(Objective):
 
     # ---------------------------------------------------------------- evaluation
 
+    def _units(self, maskable: torch.Tensor) -> torch.Tensor:
+        """``(U, W)``: the rows whose tokens a bound masks together (the rows, or a block-wise
+        recipe's blocks, the last one padded with unmaskable positions)."""
+        block = self.recipe.block_size
+        if block is None:
+            return maskable
+        padded = F.pad(maskable, (0, -maskable.shape[1] % block), value=False)
+        return padded.reshape(-1, block)
+
+    @staticmethod
+    def _rows(units: torch.Tensor, rows: int, length: int) -> torch.Tensor:
+        """A ``(U, W)`` grid of :meth:`_units` back as ``(rows, length)``."""
+        return units.reshape(rows, -1)[:, :length]
+
     @torch.no_grad()
     def elbo_terms(self, model, x0: torch.Tensor, labels: torch.Tensor, batch_index: int) -> torch.Tensor:
         """float64 ``[Σ nelbo, targets, correct, masked]`` of one batch, ``eval_samples`` masks per row.
@@ -250,22 +284,26 @@ class MaskedDiffusion(Objective):
         bound). Each row draws its mask counts l = ⌈u·n⌉ with stratified u = (u₀ + k)/S, masks
         exactly l targets uniformly (LLaDA's ``get_log_likelihood``) and scores (n/l)·Σ_masked CE:
         an unbiased estimate, so Σ nelbo / targets bounds the NLL per token (in nats) in expectation.
+        A block-wise model's bound is the sum of its blocks' (each given the clean blocks before it,
+        as it samples): each block draws its own count.
         """
         device = x0.device
         own = generator(device, EVAL_SEED, self.config.seed, batch_index)
-        maskable = labels != IGNORE_INDEX
-        n = maskable.sum(dim=1)
+        rows, length = x0.shape
+        units = self._units(self.recipe.maskable(labels != IGNORE_INDEX))
+        n = units.sum(dim=1)
         S = self.config.eval_samples
-        u0 = torch.rand(x0.shape[0], generator=own, device=device, dtype=torch.float64)
+        u0 = torch.rand(units.shape[0], generator=own, device=device, dtype=torch.float64)
         out = torch.zeros(4, dtype=torch.float64, device=device)
         for k in range(S):
             counts = torch.minimum(torch.ceil((u0 + k) / S * n).long().clamp_min(1), n)
-            masked = exact_count_masks(maskable, counts, own)
+            masked = self._rows(exact_count_masks(units, counts, own), rows, length)
             xt = x0.masked_fill(masked, self.tokens.mask)
-            logits = self.logits_at(model(xt, **self.attention_kwargs(xt)), masked)
+            reading = self._reading(xt, x0, None)
+            logits = self.logits_at(self.recipe.outputs(model(reading.inputs, **reading.kwargs), length), masked)
             targets = x0[masked]
             ce = F.cross_entropy(logits, targets, reduction="none").double()
-            scale = (n / counts.clamp_min(1)).double()[:, None].expand(masked.shape)[masked]
+            scale = self._rows((n / counts.clamp_min(1)).double()[:, None].expand(units.shape), rows, length)[masked]
             out[0] += (ce * scale).sum() / S
             out[2] += (logits.argmax(dim=-1) == targets).sum()
             out[3] += targets.numel()

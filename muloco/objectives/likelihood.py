@@ -17,12 +17,20 @@ import torch
 import torch.nn.functional as F
 
 from .noise import exact_count_masks
+from .sampling_options import Readout
 
 
 @torch.no_grad()
 def diffusion_nll(model, prompt: list[int], target: list[int], mask_id: int, *, samples: int = 128,
-                  batch: int = 32, generator: torch.Generator, device: torch.device) -> float:
-    """Estimated negative ELBO (nats) of ``target`` given ``prompt``."""
+                  batch: int = 32, generator: torch.Generator, device: torch.device,
+                  readout: Readout = Readout()) -> float:
+    """Estimated negative ELBO (nats) of ``target`` given ``prompt`` (a shifted model's output at
+    i − 1 scoring token i)."""
+    if readout.block_size:
+        raise ValueError("scoring continuations of a block-wise model (--objective.recipe block) is not supported "
+                         "yet: its bound conditions each block on the clean ones before it; sample it instead")
+    if readout.shift and not prompt:
+        raise ValueError("a shifted (dream) model scores each token from the one before: give a non-empty prompt")
     T, P = len(target), len(prompt)
     if T == 0:
         return 0.0
@@ -37,6 +45,8 @@ def diffusion_nll(model, prompt: list[int], target: list[int], mask_id: int, *, 
         masked = exact_count_masks(region, counts, generator)
         rows = x.expand(b, -1).masked_fill(masked, mask_id)
         logits = model(rows).float()
+        if readout.shift:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         logits[..., mask_id] = -math.inf
         ce = F.cross_entropy(logits[masked], x.expand(b, -1)[masked], reduction="none")
         scale = (T / counts.double())[:, None].expand(masked.shape)[masked]  # T/l of each token's row

@@ -72,9 +72,10 @@ def noise_levels(first: int, count: int, total: int, eps: float, u0: float, own:
 
 
 def bernoulli_masks(maskable: torch.Tensor, p: torch.Tensor, own: torch.Generator) -> torch.Tensor:
-    """``(B, L)`` bool: each maskable token masked with its row's probability ``p`` (``(B,)``)."""
+    """``(B, L)`` bool: each maskable token masked with its row's probability ``p`` (``(B,)``), or
+    its own (``(B, L)``, or ``(B, 1)``)."""
     draw = torch.rand(maskable.shape, generator=own, device=maskable.device)
-    return maskable & (draw < p[:, None])
+    return maskable & (draw < (p if p.dim() == 2 else p[:, None]))
 
 
 def exact_count_masks(maskable: torch.Tensor, counts: torch.Tensor, own: torch.Generator) -> torch.Tensor:

@@ -23,13 +23,14 @@ each canvas is left-padded to the longest prompt, and the padding is masked out 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import torch
 
-from muloco.models.attention import PrefixKV, prefix_cache
-from muloco.objectives.sampling_options import CACHES, ORDERS  # the sampler's names, also without torch
+from muloco.models.attention import BlockKV, PrefixKV, prefix_cache
+from muloco.objectives.sampling_options import CACHES, ORDERS, Readout  # the sampler's names, also without torch
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,18 @@ class DiffusionSampling:
     cache: str = "none"
     """prefix: Fast-dLLM's block-wise prefix cache (the finished part of the canvas runs once per
     block, not at every step); dual: its dual cache (the masked blocks after the block too, so a
-    step runs the block alone); none: every step runs the whole canvas."""
+    step runs the block alone); block: the exact key/value cache of a block-wise model's finished
+    blocks (:func:`sample_block_diffusion`); none: every step runs the whole canvas."""
+
+    def check_block_model(self, block_size: int) -> None:
+        """The settings for a block-wise model of ``block_size``: its blocks are the sampler's."""
+        if self.block_length != block_size:
+            raise ValueError(f"--block-length {self.block_length}: this model was trained with blocks of {block_size} "
+                             f"(--objective.recipe.block_size); sample with --block-length {block_size} or leave it out")
+        if self.cache not in ("none", "block"):
+            raise ValueError(f"--cache {self.cache}: a block-wise model keeps its finished blocks exactly with --cache "
+                             "block (the default for it); none runs the whole canvas at every step")
+        DiffusionSampling.check(dataclasses.replace(self, cache="none"))
 
     def check(self) -> None:
         if self.length < 1 or self.block_length < 1 or self.length % self.block_length:
@@ -64,6 +76,10 @@ class DiffusionSampling:
             raise ValueError(f"--temperature must be a finite number >= 0; got {self.temperature}")
         if self.cache not in CACHES:
             raise ValueError(f"--cache must be one of {', '.join(CACHES)}; got {self.cache!r}")
+        if self.cache == "block":
+            raise ValueError("--cache block keeps the finished blocks of a block-wise model (one trained with "
+                             "--objective.recipe block); this model attends over the whole canvas: use --cache "
+                             "none, prefix or dual")
         if self.threshold is not None:
             if not 0.0 < self.threshold <= 1.0:
                 raise ValueError(f"--threshold must be in (0, 1] (a probability); got {self.threshold}")
@@ -134,18 +150,22 @@ def _chosen_positions(confidence: torch.Tensor, open_: torch.Tensor, k: int, thr
 
 @torch.no_grad()
 def sample_diffusion_batch(model, prompts: list[list[int]], mask_id: int, how: DiffusionSampling,
-                           generator: torch.Generator, device: torch.device) -> list[list[int]]:
-    """The generated tokens after each prompt, sampled together (see the module docstring)."""
+                           generator: torch.Generator, device: torch.device, *, shift: bool = False) -> list[list[int]]:
+    """The generated tokens after each prompt, sampled together (see the module docstring).
+    ``shift``: the model's output at i − 1 predicts token i (a ``dream`` model)."""
     how.check()
+    if shift and not all(prompts):
+        raise ValueError("a shifted (dream) model predicts each token from the one before: give a non-empty prompt "
+                         "(muloco's generate adds BOS)")
     x, start, kwargs = _left_padded(prompts, mask_id, how.length, device)
     with prefix_cache(model) if how.cache != "none" else contextlib.nullcontext() as cache:
         for block_start in range(start, start + how.length, how.block_length):
-            x = _fill_block(model, x, block_start, mask_id, how, generator, kwargs, cache)
+            x = _fill_block(model, x, block_start, mask_id, how, generator, kwargs, cache, shift)
     return [row[start:].tolist() for row in x]
 
 
 def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: DiffusionSampling,
-                generator: torch.Generator, kwargs: dict, cache: PrefixKV | None) -> torch.Tensor:
+                generator: torch.Generator, kwargs: dict, cache: PrefixKV | None, shift: bool = False) -> torch.Tensor:
     """The canvas with the block at ``block_start`` filled: the schedule's steps (LLaDA's, zero-count
     steps included) or, with a threshold, as many as the block needs (at least one position per
     row each). With a prefix cache the block's first step runs the whole canvas and keeps the
@@ -154,7 +174,9 @@ def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: Dif
 
     Only the block's positions can be filled, so a greedy step (no random draw) applies the LM
     head and the softmax to the block alone; with random draws every logit of the canvas is
-    drawn for, as LLaDA draws, so a seed gives LLaDA's trajectory."""
+    drawn for, as LLaDA draws, so a seed gives LLaDA's trajectory. A shifted model's block is
+    predicted by the outputs one position earlier, so with a cache the kept prefix ends one
+    position before the block."""
     block = slice(block_start, block_start + how.block_length)
     counts = transfer_counts(how.block_length, how.steps // (how.length // how.block_length)) \
         if how.threshold is None else [0] * how.block_length
@@ -163,13 +185,17 @@ def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: Dif
         open_ = x[:, block] == mask_id
         if how.threshold is not None and not open_.any():
             break
-        first = 0 if cache is None or step == 0 else block_start
+        kept = block_start - 1 if shift else block_start
+        first = 0 if cache is None or step == 0 else kept
         last = block.stop if how.cache == "dual" and step > 0 else x.shape[1]
         if cache is not None:
-            cache.prefix, cache.recording = block_start, step == 0
+            cache.prefix, cache.recording = kept, step == 0
             cache.suffix = block.stop if how.cache == "dual" else None
         within = slice(block_start - first, block.stop - first)
-        logits = _logits(model, x, first, mask_id, kwargs, within if greedy else None, last)
+        read = slice(within.start - 1, within.stop - 1) if shift else within  # the outputs that predict the block
+        logits = _logits(model, x, first, mask_id, kwargs, read if greedy else None, last)
+        if shift and not greedy:
+            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         chosen = _pick(logits, how.temperature, generator)
         confidence = _confidence(logits, chosen, how.order, generator)
         if not greedy:
@@ -200,6 +226,104 @@ def _logits(model, x: torch.Tensor, first: int, mask_id: int, kwargs: dict,
             model._skip_lm_head = skip
     logits[..., mask_id] = -math.inf
     return logits
+
+
+def sampling_for(how: DiffusionSampling, readout: Readout, block_length: int | None, cache: str | None):
+    """``how`` with the block length and cache a model of ``readout`` samples with by default
+    (a block-wise model: its block size and its exact cache), the user's where given."""
+    default_block = readout.block_size or how.length
+    return dataclasses.replace(how, block_length=block_length or default_block,
+                               cache=cache or ("block" if readout.block_size else "none"))
+
+
+def sample_model(model, prompts: list[list[int]], mask_id: int, how: DiffusionSampling, generator: torch.Generator,
+                 device: torch.device, readout: Readout = Readout()) -> list[list[int]]:
+    """The generated tokens after each prompt, by the sampler ``readout`` calls for."""
+    if readout.block_size:
+        return sample_block_diffusion(model, prompts, mask_id, how, generator, device, block_size=readout.block_size,
+                                      shift=readout.shift)
+    return sample_diffusion_batch(model, prompts, mask_id, how, generator, device, shift=readout.shift)
+
+
+@torch.no_grad()
+def sample_block_diffusion(model, prompts: list[list[int]], mask_id: int, how: DiffusionSampling,
+                           generator: torch.Generator, device: torch.device, *, block_size: int,
+                           shift: bool = False) -> list[list[int]]:
+    """The generated tokens after each prompt from a block-wise model (``--objective.recipe block``),
+    block by block as it was trained: blocks of ``block_size`` from position 0 (the prompt's last
+    block is the first one sampled, its prompt tokens visible), each block denoised in ``steps /
+    (length / block_size)`` steps (or by ``threshold``) while it attends to itself and to the
+    finished blocks before it, which are clean. With ``cache block`` the finished blocks' keys and
+    values are computed once (a clean pass when a block is finished) and a step runs the block
+    alone; with ``cache none`` every step runs the whole canvas under the block-causal mask, the
+    same function (the test checks they give the same text). Prompts are sampled one by one."""
+    how.check_block_model(block_size)
+    return [_sample_blocks(model, prompt, mask_id, how, generator, device, block_size, shift) for prompt in prompts]
+
+
+def _sample_blocks(model, prompt: list[int], mask_id: int, how: DiffusionSampling, generator: torch.Generator,
+                   device: torch.device, block: int, shift: bool) -> list[int]:
+    if not prompt:
+        raise ValueError("block-wise sampling conditions each block on the ones before: give a non-empty prompt "
+                         "(muloco's generate adds BOS)")
+    x = torch.tensor([prompt + [mask_id] * how.length], device=device)
+    total, first = x.shape[1], len(prompt) // block * block
+    steps = how.steps // (how.length // block)
+    cache = BlockKV() if how.cache == "block" else None
+    with prefix_cache(model, cache) if cache is not None else contextlib.nullcontext():
+        carry = _clean_pass(model, x, 0, first, cache, block) if cache is not None and first else None
+        for start in range(first, total, block):
+            stop = min(start + block, total)
+            open_ = x[:, start:stop] == mask_id
+            counts = transfer_counts(int(open_.sum()), steps) if how.threshold is None else [0] * (stop - start)
+            for k in counts:
+                open_ = x[:, start:stop] == mask_id
+                if not open_.any():
+                    break
+                logits = _block_logits(model, x, start, stop, mask_id, cache, carry, block, shift)
+                chosen = _pick(logits, how.temperature, generator)
+                confidence = _confidence(logits, chosen, how.order, generator)
+                picked = _chosen_positions(confidence, open_, k, how.threshold)
+                x[:, start:stop] = torch.where(picked, chosen, x[:, start:stop])
+            if cache is not None:
+                carry = _clean_pass(model, x, start, stop, cache, block)
+    return x[0, len(prompt):].tolist()
+
+
+def _block_causal(length: int, block: int, device: torch.device) -> torch.Tensor:
+    """``(1, 1, L, L)`` bool: a query attends to its own block and the blocks before it."""
+    blocks = torch.arange(length, device=device) // block
+    return (blocks[:, None] >= blocks[None, :])[None, None]
+
+
+def _clean_pass(model, x: torch.Tensor, start: int, stop: int, cache: BlockKV, block: int) -> torch.Tensor:
+    """Run the finished positions ``[start, stop)`` (whole blocks, or the last one) over the cache,
+    adding their keys and values to it; their last output (what predicts the next position of a
+    shifted model)."""
+    cache.append = True
+    try:
+        kwargs = {"positions": torch.arange(start, stop, device=x.device)[None]}
+        if stop - start > block:  # several blocks at once (the prompt's): block-causal among them
+            kwargs["attention_masks"] = _block_causal(stop - start, block, x.device)
+        return model(x[:, start:stop], **kwargs)[:, -1:].float()
+    finally:
+        cache.append = False
+
+
+def _block_logits(model, x: torch.Tensor, start: int, stop: int, mask_id: int, cache: BlockKV | None,
+                  carry: torch.Tensor | None, block: int, shift: bool) -> torch.Tensor:
+    """float32 logits predicting positions ``[start, stop)`` (the mask token's −∞)."""
+    if cache is None:
+        out = model(x, attention_masks=_block_causal(x.shape[1], block, x.device)).float()
+        if shift:  # position 0 (the prompt's) keeps its own output: it is never predicted
+            out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
+        out = out[:, start:stop]
+    else:
+        out = model(x[:, start:stop], positions=torch.arange(start, stop, device=x.device)[None]).float()
+        if shift:  # position start is predicted by the finished block's last output
+            out = torch.cat([carry if carry is not None else out[:, :1], out[:, :-1]], dim=1)
+    out[..., mask_id] = -math.inf
+    return out
 
 
 @torch.no_grad()

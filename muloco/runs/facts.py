@@ -118,6 +118,9 @@ def facts_of(config: Any, *, parameters: int | None = None, environment: bool = 
         "data": data_facts(config.dataloader),
         "seed": config.debug.seed,
     }
+    recipe = getattr(config.objective, "recipe", None)
+    if recipe is not None:  # masked diffusion: its conversion recipe (muloco.objectives.recipes)
+        facts["recipe"] = recipe.build().describe()
     if environment:
         facts.update(versions=package_versions(), commit=source_commit())
     facts["method"] = method_of(facts)

@@ -44,6 +44,7 @@ from muloco.utils import optional
 from muloco.utils.atomic_file import as_umask_says
 from muloco.hf.config import llama_config
 from muloco.hf.remote_code import FOLDER as REMOTE_CODE
+from muloco.objectives.sampling_options import READOUT_KEY
 from muloco.utils.command_line import UsageError, parse, tyro
 from muloco.launch.group import LAUNCHER_KEYS
 from muloco.runs.facts import RUN_FILE
@@ -154,7 +155,8 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
     k = getattr(ft, "group_size", 1) if ft is not None and getattr(ft, "enable", False) else 1
     diloco = summary.get("diloco") or {}
     name = config.objective._owner.name
-    what = "next-token prediction" if name == "ar" else "masked diffusion, bidirectional attention"
+    recipe = getattr(config.objective, "recipe", None)
+    what = "next-token prediction" if name == "ar" else f"masked diffusion, recipe {recipe.build().describe()}"
     lines = [*_front_matter(config, name, license), f"# {config.model.flavor}, trained with muloco", "",
              f"- objective: {what} (`{name}`)",
              f"- weights: {'θ_g, the global model of the run' if is_global else 'the model'} at step {step}",
@@ -169,7 +171,7 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
     lines += [f"- tokens seen (per replica group): {summary.get('tokens_seen', 'not recorded')}",
               f"- final validation loss: {summary.get('final_validation_loss', 'not recorded')} nats/token, "
               f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
-              "", *(_ar_usage(remote_code) if name == "ar" else _MDLM_USAGE), ""]
+              "", *(_ar_usage(remote_code) if name == "ar" else _mdlm_usage(recipe)), ""]
     return "\n".join(lines)
 
 
@@ -187,6 +189,22 @@ def _front_matter(config, objective: str, license: str | None = None) -> list[st
     if dataset:
         lines += ["datasets:", f"  - {dataset}"]
     return [*lines, "---", ""]
+
+
+def _mdlm_usage(recipe) -> list[str]:
+    """How to sample: the loop below for a full-attention model; a shifted or block-wise one needs
+    muloco's samplers, which read ``diffusion_readout`` from config.json."""
+    readout = recipe.build().readout
+    if readout.to_json() is None:
+        return _MDLM_USAGE
+    how = [f"This model's recipe changes how it is read (config.json's `{READOUT_KEY}`):"]
+    if readout.shift:
+        how.append("- the logits at position i - 1 predict token i (Dream's token shift);")
+    if readout.block_size:
+        how.append(f"- it attends block-wise: blocks of {readout.block_size} tokens, each seeing itself and the "
+                   "finished blocks before it; sample block by block.")
+    return how + ["", "`python -m muloco.generate --checkpoint RUN` and `python -m muloco.evaluate DIR` sample and "
+                  "score it as it was trained (block-wise models with an exact key/value cache)."]
 
 
 def _ar_usage(remote_code: bool) -> list[str]:
@@ -334,6 +352,9 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     try:
         _save_weights(hf_state, staging)
         written = hf_config(model.config, tokenizer, config.training.seq_len, objective.name)
+        readout = objective.recipe.readout.to_json() if hasattr(objective, "recipe") else None
+        if readout is not None:  # how the outputs line up: muloco's samplers and scorers read it back
+            written[READOUT_KEY] = readout
         (staging / "config.json").write_text(json.dumps(written, indent=2))
         code = _shipped_code(written)
         if code is not None:

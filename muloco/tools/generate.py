@@ -49,7 +49,7 @@ class GenerateOptions:
     steps: int | None = None
     """Diffusion: denoising steps (default: --length)."""
     block_length: int | None = None
-    """Diffusion: semi-AR block (default: --length)."""
+    """Diffusion: semi-AR block (default: --length; a block-wise model's own block size, the only one it takes)."""
     order: Annotated[Literal[ORDERS] | None, tyro.conf.arg(metavar="{" + ",".join(ORDERS) + "}")] = None
     """Diffusion: which masks to fill first (default confidence)."""
     threshold: float | None = None
@@ -57,7 +57,8 @@ class GenerateOptions:
     Fast-dLLM's parallel decoding (default: the fixed schedule)."""
     cache: Annotated[Literal[CACHES] | None, tyro.conf.arg(metavar="{" + ",".join(CACHES) + "}")] = None
     """Diffusion: prefix = Fast-dLLM's block-wise prefix cache, dual = its dual cache (default: none).
-    The finished part of the canvas (dual: and the masked blocks after) runs once per block; an approximation."""
+    The finished part of the canvas (dual: and the masked blocks after) runs once per block; an approximation.
+    block = the exact key/value cache of a block-wise model's finished blocks (its default)."""
     batch_size: int | None = None
     """Diffusion: sample this many prompts together, left-padded (default 1)."""
     temperature: float = 0.0
@@ -111,18 +112,21 @@ def generate(args: GenerateOptions) -> list[dict]:
     compat.apply()  # before torchtitan is imported (idempotent)
     import torch
 
-    from muloco.objectives.sampling import DiffusionSampling, sample_autoregressive, sample_diffusion_batch, until_eos
+    from muloco.objectives.sampling import (DiffusionSampling, Readout, sample_autoregressive, sample_model,
+                                            sampling_for, until_eos)
     from muloco.tools.loading import load_config, load_model, locate
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     run, step = locate(args.checkpoint, args.replica, args.step)
     config = load_config(run, prog=PROG)
     check_options(args, config.objective._owner.causal)
-    how = DiffusionSampling(length=args.length, steps=args.steps or args.length,
-                            block_length=args.block_length or args.length, temperature=args.temperature,
-                            order=args.order or "confidence", threshold=args.threshold, cache=args.cache or "none")
+    recipe = getattr(config.objective, "recipe", None)
+    readout = recipe.build().readout if recipe is not None else Readout()
+    how = sampling_for(DiffusionSampling(length=args.length, steps=args.steps or args.length,
+                                         temperature=args.temperature, order=args.order or "confidence",
+                                         threshold=args.threshold), readout, args.block_length, args.cache)
     if not config.objective._owner.causal:
-        how.check()
+        how.check_block_model(readout.block_size) if readout.block_size else how.check()
     model, tokenizer, objective, step, global_model = load_model(run, config, step, device)
     prompts = args.prompt or [""]
     facts = {"objective": objective.name, "step": step, "run": str(run)}
@@ -137,7 +141,7 @@ def generate(args: GenerateOptions) -> list[dict]:
             samples = [sample_autoregressive(model, ids[0], tokenizer.eos_id, args.length, args.temperature,
                                              generator, device)]
         else:
-            samples = sample_diffusion_batch(model, ids, tokenizer.mask_id, how, generator, device)
+            samples = sample_model(model, ids, tokenizer.mask_id, how, generator, device, readout)
         out += [{"prompt": prompt, "text": tokenizer.decode(until_eos(tokens, tokenizer.eos_id)), "tokens": tokens,
                  "weights": "θ_g" if global_model else "model"} | facts
                 for prompt, tokens in zip(prompts[first:first + batch], samples)]
@@ -160,7 +164,7 @@ def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, dev
     if objective.causal:
         return autoregressive_nll(model, prompt_ids, target, device)
     return diffusion_nll(model, prompt_ids, target, tokenizer.mask_id, samples=args.mc_samples,
-                         generator=generator, device=device)
+                         generator=generator, device=device, readout=objective.recipe.readout)
 
 
 def main(argv: list[str] | None = None) -> int:

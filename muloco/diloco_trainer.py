@@ -121,8 +121,11 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         return self.config.fault_tolerance.replica_id
 
     def _healing_state(self) -> dict[str, Any]:
+        """What a healing peer receives. Frozen parameters (a LoRA run's base model) stay: every
+        group loaded the same base and never changes it, and it never leaves a group."""
+        frozen = {n for m in self.model_parts for n, p in m.named_parameters() if not p.requires_grad}
         return {
-            "model": self._model_state.state_dict(),
+            "model": {k: v for k, v in self._model_state.state_dict().items() if k not in frozen},
             "optimizer": self.optimizers.state_dict(),
             "lr_scheduler": self.lr_schedulers.state_dict(),
             "train_state": self.state_dict(),

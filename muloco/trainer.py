@@ -163,10 +163,14 @@ class MulocoTrainerMixin:
 
     def _log_start(self) -> None:
         n = sum(p.numel() for m in self.model_parts for p in m.parameters())
+        trainable = sum(p.numel() for m in self.model_parts for p in m.parameters() if p.requires_grad)
         self._record_facts(n)
+        lora = self.config.model.lora
+        adapters = (f"; LoRA r={lora.rank} alpha={lora.alpha:g} on {', '.join(lora.target_modules)}: {trainable:,} "
+                    f"trainable ({trainable / n:.2%}), the rest frozen" if lora.rank else "")
         logger.info(
             f"model {self.config.model.flavor}: {n:,} parameters "
-            f"({'causal' if self.objective.causal else 'bidirectional'} attention)"
+            f"({'causal' if self.objective.causal else 'bidirectional'} attention{adapters})"
         )
         logger.info(f"objective: {self.objective.name} {self.config.objective}")
         t = self.config.training

@@ -63,6 +63,9 @@ class EvaluateOptions:
     """A run's checkpoint step (default: the newest complete)."""
     replica: int | None = None
     """A DiLoCo run's replica folder (default 0)."""
+    adapter: str | None = None
+    """A peft LoRA adapter folder to apply to the Hugging Face folder (a LoRA run's export writes one in
+    adapter/); one muloco exported must go onto the base it was trained on."""
     device: str = "auto"
     """auto (cuda if available), cpu, cuda, cuda:N."""
     log_samples: bool = False
@@ -214,7 +217,7 @@ def evaluate(args: EvaluateOptions) -> tuple[dict, list[Path]]:
     manager = _task_manager(args.include_path, tasks)
     _check_block_length(manager, tasks, args.block_length)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
-    source = load(args.source, step=args.step, replica=args.replica, device=device)
+    source = load(args.source, step=args.step, replica=args.replica, device=device, adapter=args.adapter)
     if args.max_length is not None:
         source.max_length = min(source.max_length, args.max_length)
     _writable(results_folder(source, args))

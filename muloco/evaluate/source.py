@@ -57,12 +57,16 @@ def is_hf_folder(path: Path) -> bool:
     return (path / "config.json").is_file() and not (path / RUN_FILE).is_file()
 
 
-def load(path: str, *, step: int | None, replica: int | None, device: torch.device) -> Source:
+def load(path: str, *, step: int | None, replica: int | None, device: torch.device,
+         adapter: str | None = None) -> Source:
     folder = Path(path)
     if is_hf_folder(folder):
         if step is not None or replica is not None:
             raise SourceError(f"--step/--replica choose a checkpoint of a run; {path} is a Hugging Face folder")
-        return from_hf_folder(folder, device)
+        return from_hf_folder(folder, device, adapter=Path(adapter) if adapter else None)
+    if adapter is not None:
+        raise SourceError(f"--adapter applies a LoRA adapter to a Hugging Face folder; {path} is a run, which "
+                          "loads its own adapters")
     return from_run(path, step=step, replica=replica, device=device)
 
 
@@ -97,7 +101,19 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def from_hf_folder(folder: Path, device: torch.device) -> Source:
+def _apply_adapter(model: torch.nn.Module, folder: Path) -> None:
+    """``model`` with the peft LoRA adapter of ``folder`` (SourceError naming what does not fit)."""
+    from muloco.hf.peft import adapter_config, load_adapter
+    from muloco.models.lora import apply_lora
+
+    try:
+        apply_lora(model, adapter_config(folder))
+        load_adapter(model, folder)
+    except ValueError as e:
+        raise SourceError(f"--adapter {folder}: {e}") from None
+
+
+def from_hf_folder(folder: Path, device: torch.device, adapter: Path | None = None) -> Source:
     # the Hugging Face side, only for a folder (a run's evaluation never loads it)
     from muloco.hf.adapter import adapter_for
     from muloco.models import Architecture, architecture_config, build
@@ -120,6 +136,8 @@ def from_hf_folder(folder: Path, device: torch.device) -> Source:
     if missing or unexpected:
         what = f"lacks {missing[0]}" if missing else f"has {unexpected[0]}, which the config does not describe"
         raise SourceError(f"{folder}'s weights do not fit its config.json: it {what}")
+    if adapter is not None:
+        _apply_adapter(model, adapter)
     model.eval()
     tokenizer = MulocoTokenizer(MulocoTokenizer.Config(path=str(folder)))
     if not causal and theirs.get("mask_token_id") not in (None, tokenizer.mask_id):

@@ -8,7 +8,7 @@ parallelisation and the parameter/FLOP count come from torchtitan's llama3 model
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
@@ -29,6 +29,7 @@ from muloco.hf.adapter import Llama3Adapter, adapter_for
 from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.models.attention import SwitchableSDPA
 from muloco.models.block import SandwichBlock
+from muloco.models.lora import LoraConfig, apply_lora, with_lora
 from muloco.sizing.flavors import UnknownFlavorError, padded_vocab, parse_flavor
 
 ROPE_THETA = 500_000.0
@@ -53,10 +54,14 @@ class ModelConfig:
     --checkpoint.initial_load_path DIR --checkpoint.initial_load_in_hf."""
     vocab_multiple_of: int = 64
     """The embedding/head rows are padded to a multiple of this (GPU-friendly shapes)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (--model.lora.rank 8): only they train (the rest is frozen), and under
+    DiLoCo/MuLoCo only their pseudo-gradients are exchanged; rank 0 trains every parameter."""
 
     def validate(self) -> None:
         """A model-map flavor names a shape (an ``hf:DIR`` folder is checked with its tokenizer,
-        in the pre-flight)."""
+        in the pre-flight); LoRA settings are in range."""
+        self.lora.validate()
         if hf_folder(self.flavor) is None:
             try:
                 parse_flavor(self.flavor)
@@ -202,8 +207,11 @@ def build(config: Llama3Model.Config, device="cpu") -> Llama3Model:
 
 
 def init_model(cfg: ModelConfig, vocab_size: int, causal: bool = True, device="cpu") -> Llama3Model:
-    """The model as torchtitan's trainer makes it, outside a trainer (sampling, benchmarks, tests)."""
-    return build(build_model_config(cfg, vocab_size, causal), device)
+    """The model as torchtitan's trainer makes it, outside a trainer (sampling, benchmarks, tests),
+    with its LoRA adapters (a LoRA run's checkpoint holds them)."""
+    model = build(build_model_config(cfg, vocab_size, causal), device)
+    apply_lora(model, cfg.lora)
+    return model
 
 
 def build_model_spec(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> ModelSpec:
@@ -211,7 +219,7 @@ def build_model_spec(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> 
         name="llama3",
         flavor=cfg.flavor,
         model=build_model_config(cfg, vocab_size, causal),
-        parallelize_fn=gloo_safe_parallelize(parallelize_llama),
+        parallelize_fn=with_lora(gloo_safe_parallelize(parallelize_llama), cfg.lora),
         pipelining_fn=None,
         post_optimizer_build_fn=None,
         state_dict_adapter=hf_adapter(cfg),

@@ -129,7 +129,8 @@ def global_fingerprint(model: torch.nn.Module) -> str:
 
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        if p.requires_grad:  # the outer loop holds trainable parameters only (a LoRA run's adapters)
+            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -319,8 +320,29 @@ def _save_weights(state: dict[str, torch.Tensor], out: Path) -> None:
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
 
 
+ADAPTER_FOLDER = "adapter"
+"""A LoRA run's export keeps its adapter alone here, as a peft folder."""
+
+
+def _export_lora(model, config, lora_base: bool, target: Path, staging: Path) -> None:
+    """A LoRA run's adapter written alone as a peft folder (:mod:`muloco.hf.peft`) under
+    :data:`ADAPTER_FOLDER`, then merged into the weights unless ``lora_base`` keeps the frozen base."""
+    from muloco.hf.peft import save_adapter
+    from muloco.models.lora import lora_modules, merge_lora
+
+    if not lora_modules(model):
+        if lora_base:
+            raise ExportError("--lora-base exports the frozen base of a LoRA run; this run trained every parameter")
+        return
+    ckpt = config.checkpoint
+    base = ckpt.initial_load_path if ckpt.initial_load_path and ckpt.initial_load_in_hf else str(target)
+    save_adapter(model, model.config, config.model.lora, staging / ADAPTER_FOLDER, base_model_name_or_path=base)
+    if not lora_base:
+        merge_lora(model)
+
+
 def export(checkpoint: str, out: str, *, step: int | None = None, replica: int | None = None,
-           force: bool = False, license: str | None = None) -> Path:
+           force: bool = False, license: str | None = None, lora_base: bool = False) -> Path:
     """Write the Hugging Face folder ``out`` (atomically: a failed export leaves nothing)."""
     target = Path(out).resolve()
     if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents:
@@ -344,13 +366,13 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         raise ExportError(f"cannot export {run}: {why}")
     summary = _summary(run)
     fingerprint = _check_global(model, summary, step) if is_global else None
-    adapter = Llama3Adapter(model.config)
-    hf_state = adapter.to_hf({k: v.float() for k, v in model.state_dict().items()})
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     as_umask_says(staging, folder=True)  # the export is a normal folder: teammates read it as the umask says
     try:
-        _save_weights(hf_state, staging)
+        _export_lora(model, config, lora_base, target, staging)
+        state = {k: v.float() for k, v in model.state_dict().items() if ".lora_" not in k}  # --lora-base: the base
+        _save_weights(Llama3Adapter(model.config).to_hf(state), staging)
         written = hf_config(model.config, tokenizer, config.training.seq_len, objective.name)
         readout = objective.recipe.readout.to_json() if hasattr(objective, "recipe") else None
         if readout is not None:  # how the outputs line up: muloco's samplers and scorers read it back
@@ -364,8 +386,8 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         _write_tokenizer(tokenizer, staging, config.training.seq_len)
         (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint,
                                                  remote_code=code is not None, license=license))
-        for path in staging.iterdir():  # safetensors writes its files 0600
-            as_umask_says(path)
+        for path in staging.rglob("*"):  # safetensors writes its files 0600
+            as_umask_says(path, folder=path.is_dir())
         old = None
         if target.exists():  # --force: the old folder goes only once the new one is in place
             old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
@@ -447,6 +469,9 @@ class ExportOptions:
     """With --push-to-hub: create the repository private."""
     license: str | None = None
     """The card's license, a Hub license id: apache-2.0, mit, other... (default: none; your data's terms apply)."""
+    lora_base: bool = False
+    """A LoRA run: write its frozen base, not the merged model (the adapter goes to OUT/adapter either way;
+    peft.PeftModel.from_pretrained(model of OUT, OUT/adapter) is then the merged model)."""
 
 
 def _check(args: ExportOptions) -> None:
@@ -478,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.push_to_hub:
             _hub_token(args.push_to_hub)
         out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force,
-                     license=args.license)
+                     lora_base=args.lora_base, license=args.license)
     except (ExportError, RunLoadError, CheckpointLoadError, ConfigError, TokenizerError, ValueError,
             optional.MissingExtra) as e:
         print(f"muloco.tools.export: error: {e}", file=sys.stderr)
@@ -487,6 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     auto = "AutoModelForMaskedLM" if config.get("mask_token_id") is not None else "AutoModelForCausalLM"
     how = f"{auto}.from_pretrained({str(out)!r}{', trust_remote_code=True' if 'auto_map' in config else ''})"
     print(f"exported to {out}: load it with transformers.{how}; its README.md says how it was trained")
+    if (out / ADAPTER_FOLDER).is_dir():
+        print(f"its LoRA adapter alone: {out / ADAPTER_FOLDER} (peft.PeftModel.from_pretrained(<the base model>, "
+              f"'{out / ADAPTER_FOLDER}'))")
     if args.push_to_hub:
         try:
             url = push_to_hub(out, args.push_to_hub, private=args.private)

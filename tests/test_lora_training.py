@@ -1,0 +1,137 @@
+"""LoRA in runs (``--model.lora.rank``): a K=2 MuLoCo run from a Hugging Face folder trains and
+exchanges only the adapters (the frozen base is bit for bit the folder's at the end and never on
+the wire), both replicas end on one θ_g, and the export holds the merged model plus the adapter
+alone, which peft loads onto the base the run started from with the merged model's logits; an
+adapter is refused on another base."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY, run_watched
+from test_hf_families import IDS, relative_gap, save_family
+
+from muloco import compat
+
+compat.apply()
+
+from muloco.tools.export import main as export_main  # noqa: E402
+
+pytestmark = pytest.mark.timeout(900)
+RANK = 4
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory) -> tuple[Path, Path]:
+    """(a Qwen2.5-style folder, a K=2 MuLoCo 2-bit LoRA run of 4 steps started from it)."""
+    root = tmp_path_factory.mktemp("lora")
+    folder, run = root / "qwen", root / "run"
+    save_family("qwen2.5", folder)
+    proc = run_watched([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco_2bit", "--replicas", "2",
+                        "--", *TINY, "--training.steps", "4", "--outer.sync_every", "2", "--validator.no-enable",
+                        "--checkpoint.interval", "4", "--model.flavor", f"hf:{folder}", "--tokenizer.path", str(folder),
+                        "--model.lora.rank", str(RANK), "--checkpoint.initial_load_path", str(folder),
+                        "--checkpoint.initial_load_in_hf", "--checkpoint.initial_load_model_only",
+                        "--dump_folder", str(run)])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return folder, run
+
+
+def _adapter_elements() -> int:
+    """r·(in + out) over the seven projections of both layers of the tiny Qwen (64 wide, 4 heads of
+    16, 2 KV heads, FFN 96)."""
+    shapes = [(64, 64), (64, 32), (64, 32), (64, 64), (64, 96), (64, 96), (96, 64)]
+    return 2 * sum(RANK * (i + o) for i, o in shapes)
+
+
+def test_a_lora_muloco_run_exchanges_only_the_adapters_and_keeps_the_base_bit_for_bit(lora_run):
+    from safetensors.torch import load_file
+
+    from muloco.tools.loading import load_config, load_model
+
+    folder, run = lora_run
+    summaries = [json.loads((run / f"replica_{r}" / "summary.json").read_text())["diloco"] for r in (0, 1)]
+    assert all(s["syncs_committed"] == 2 for s in summaries)
+    assert summaries[0]["final_global_sha256"] == summaries[1]["final_global_sha256"]
+    # 2 bits per element of the adapters (plus the codec's scales): nowhere near the 0.4M-parameter base
+    sent = summaries[0]["bytes_sent"]
+    assert 2 * _adapter_elements() * 2 / 8 <= sent < 2 * _adapter_elements() * 4, sent
+    config = load_config(run / "replica_0")
+    model, *_ = load_model(run / "replica_0", config, None, torch.device("cpu"))
+    from muloco.hf.adapter import adapter_for
+
+    base = adapter_for(str(folder))(model.config).from_hf(load_file(str(folder / "model.safetensors")))
+    state = model.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in base.items())  # the frozen base: the folder's, bit for bit
+    assert any(v.abs().sum() > 0 for k, v in state.items() if ".lora_B." in k)  # the adapters trained
+
+
+def test_a_lora_export_is_the_merged_model_and_its_adapter_loads_onto_the_base_with_peft(lora_run, tmp_path, capsys):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from muloco.evaluate.source import SourceError, from_hf_folder
+    from muloco.tools.loading import load_config, load_model
+
+    folder, run = lora_run
+    out = tmp_path / "export"
+    assert export_main([str(run), "--out", str(out)]) == 0, capsys.readouterr().err
+    model, *_ = load_model(run / "replica_0", load_config(run / "replica_0"), None, torch.device("cpu"))
+    merged = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    with torch.no_grad():
+        ours, plain = model(IDS), base(IDS).logits
+        with_adapter = PeftModel.from_pretrained(base, str(out / "adapter")).eval()(IDS).logits
+        assert relative_gap(merged(IDS).logits, ours) <= 1e-5
+        assert relative_gap(with_adapter, ours) <= 1e-5
+    assert relative_gap(plain, ours) > 1e-4  # the adapters changed the function
+    assert from_hf_folder(folder, torch.device("cpu"), adapter=out / "adapter").model is not None
+    other = tmp_path / "other"
+    save_family("qwen2.5", other, seed=5)
+    with pytest.raises(SourceError, match="was trained on a base whose weights hash to .* load it onto"):
+        from_hf_folder(other, torch.device("cpu"), adapter=out / "adapter")
+
+
+def test_a_lora_base_export_with_its_adapter_is_the_merged_model(lora_run, tmp_path, capsys):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    _, run = lora_run
+    merged_dir, base_dir = tmp_path / "merged", tmp_path / "base"
+    assert export_main([str(run), "--out", str(merged_dir)]) == 0
+    assert export_main([str(run), "--out", str(base_dir), "--lora-base"]) == 0, capsys.readouterr().err
+    merged = AutoModelForCausalLM.from_pretrained(str(merged_dir), dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert relative_gap(PeftModel.from_pretrained(base, str(base_dir / "adapter"))(IDS).logits,
+                            merged(IDS).logits) <= 1e-5
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--model.lora.rank", "4", "--model.lora.target_modules", "q_proj,qkv"],
+     "model.lora.target_modules ['q_proj', 'qkv'] must name some of"),
+    (["--model.lora.rank", "-1"], "model.lora.rank -1 is negative"),
+    (["--model.lora.rank", "4", "--model.lora.dropout", "1.0"], "model.lora.dropout 1.0 is not in [0, 1)"),
+])
+def test_a_bad_lora_setting_is_one_error_before_anything_runs(tmp_path, flags, expected):
+    from conftest import run_train
+
+    proc = run_train(["--config", "ddp/adamw", *TINY, *flags, "--dump_folder", str(tmp_path / "r")])
+    assert proc.returncode != 0 and expected in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "r").exists()
+
+
+def test_lora_base_on_a_run_without_adapters_is_one_error(tmp_path, capsys):
+    from conftest import run_train
+
+    run = tmp_path / "run"
+    proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "2", "--checkpoint.interval", "2",
+                      "--validator.no-enable", "--dump_folder", str(run)])
+    assert proc.returncode == 0
+    assert export_main([str(run), "--out", str(tmp_path / "x"), "--lora-base"]) == 2
+    assert "--lora-base exports the frozen base of a LoRA run" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -80,6 +80,13 @@ TABLES = {
                           rf"the waiting it causes is -?{NUM}% of all groups' time \(measured\); the planner's formula",
                           rf"own pace would train {NUM}x the lockstep job's",
                           r"θ_g after the last sync bit for bit the equal run's: yes"],
+    "block_sampler.py": [r"length +whole canvas tok/s +block cache tok/s +speed-up +same text",
+                         rf"(?m)^ +64 +{NUM} +{NUM} +{NUM}x +yes$"],
+    "conversion.py": [r"validation NELBO \(nats/token\), mean over seeds",
+                      rf"(?m)^scratch +{NUM} ±{NUM}", rf"(?m)^block +{NUM} ±{NUM}",
+                      r"scratch's final NELBO .* first step reaching it",
+                      r"run +val loss \(mean ± half range\) +bytes/sync +bytes ratio +loss gap",
+                      rf"(?m)^lora-adamw +{NUM} ±{NUM} +{NUM} +{NUM}x"],
     "trainer_overhead.py": [r"run# +side +tokens/s", rf"(?m)^ +1 +ours +{NUM} +{NUM}",
                             rf"(?m)^ +2 +stock +{NUM}", rf"ratio ours/stock = {NUM}"],
 }

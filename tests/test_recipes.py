@@ -287,8 +287,9 @@ def test_dream_from_a_diffusion_models_folder_is_refused(tmp_path):
                                     ["--objective.recipe", "block", "--objective.recipe.block_size", "16",
                                      "--objective.recipe.shift", "--objective.recipe.position_masking", "0.1"],
                                     ["--objective.recipe", "full", "--objective.recipe.anneal_steps", "3"]])
-def test_each_recipe_trains_validates_records_itself_and_samples(tmp_path, recipe):
+def test_each_recipe_trains_validates_records_itself_samples_and_exports_its_readout(tmp_path, recipe):
     from muloco.tools.generate import main as generate
+    from muloco.tools.loading import load_config
 
     run = tmp_path / "run"
     proc = run_train(["--config", "ddp/adamw", *TINY, "--objective", "mdlm", *recipe, "--training.steps", "4",
@@ -299,3 +300,14 @@ def test_each_recipe_trains_validates_records_itself_and_samples(tmp_path, recip
     facts = json.loads((run / "run.json").read_text())["facts"]
     assert facts["recipe"].startswith(recipe[1])
     assert generate(["--checkpoint", str(run), "--prompt", "def ", "--length", "32", "--json"]) == 0
+    from muloco.evaluate.source import from_hf_folder, from_run
+    from muloco.objectives.recipes import readout_of
+    from muloco.tools.export import main as export
+
+    readout = readout_of(load_config(run).objective)
+    assert readout.shift == (recipe[1] == "dream" or "--objective.recipe.shift" in recipe)
+    assert from_run(str(run), step=None, replica=None, device=torch.device("cpu")).readout == readout
+    assert export([str(run), "--out", str(tmp_path / "hf")]) == 0
+    assert from_hf_folder(tmp_path / "hf", torch.device("cpu")).readout == readout
+    if not readout.block_size:  # scoring: the shifted bound for dream (block-wise scoring is refused)
+        assert generate(["--checkpoint", str(run), "--prompt", "def ", "--score", "f(x):", "--mc-samples", "4"]) == 0

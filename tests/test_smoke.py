@@ -122,6 +122,8 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "jobs/local/diloco.sh": f"{THIS}::test_local_job_script[diloco.sh]",
     "jobs/local/muloco.sh": f"{THIS}::test_local_job_script[muloco.sh]",
     "jobs/local/diffusion.sh": f"{THIS}::test_local_job_script[diffusion.sh]",
+    "jobs/local/convert.sh":
+        "tests/test_convert_job.py::test_the_convert_script_turns_its_ar_export_into_a_lora_diffusion_model_under_k2_muloco",
     "jobs/ddp/run.sh": SLURM_REAL,  # under srun in a real local SLURM
     "jobs/diloco/workers.sh": SLURM_REAL,
     "jobs/diloco/8workers_x1gpu.sh": f"{THIS}::test_eight_gpu_node_script_dry_run",

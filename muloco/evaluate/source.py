@@ -77,7 +77,9 @@ def from_run(path: str, *, step: int | None, replica: int | None, device: torch.
     config = load_config(run, prog="python -m muloco.evaluate")
     model, tokenizer, objective, step, is_global = load_model(run, config, step, device)
     job = run.parent if run.name.startswith("replica_") and not (run.parent / RUN_FILE).is_file() else run
-    readout = objective.recipe.readout if hasattr(objective, "recipe") else Readout()
+    from muloco.objectives.recipes import readout_of  # a run's objective config, only for a run
+
+    readout = readout_of(config.objective)
     return Source(model=model, tokenizer=tokenizer, causal=objective.causal, max_length=config.training.seq_len,
                   readout=readout,
                   results_dir=job, facts={"source": "run", "objective": objective.name, "step": step,

@@ -284,6 +284,12 @@ def block_diffusion_mask(length: int, block: int, noised_doc: torch.Tensor | Non
     return mask_mod
 
 
+def readout_of(objective_config) -> Readout:
+    """The readout of a run's objective config (a next-token objective has the default one)."""
+    recipe = getattr(objective_config, "recipe", None)
+    return recipe.build().readout if recipe is not None else Readout()
+
+
 RecipeConfig = (
     Annotated[Recipe.Config, tyro.conf.subcommand(Recipe.name)]
     | Annotated[Dream.Config, tyro.conf.subcommand(Dream.name)]

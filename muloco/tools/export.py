@@ -356,6 +356,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
     import torch
 
     from muloco.hf.adapter import Llama3Adapter
+    from muloco.objectives.recipes import readout_of
     from muloco.tools.loading import load_config, load_model, locate
 
     run, step = locate(checkpoint, replica, step)
@@ -374,7 +375,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         state = {k: v.float() for k, v in model.state_dict().items() if ".lora_" not in k}  # --lora-base: the base
         _save_weights(Llama3Adapter(model.config).to_hf(state), staging)
         written = hf_config(model.config, tokenizer, config.training.seq_len, objective.name)
-        readout = objective.recipe.readout.to_json() if hasattr(objective, "recipe") else None
+        readout = readout_of(config.objective).to_json()
         if readout is not None:  # how the outputs line up: muloco's samplers and scorers read it back
             written[READOUT_KEY] = readout
         (staging / "config.json").write_text(json.dumps(written, indent=2))

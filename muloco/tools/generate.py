@@ -112,16 +112,16 @@ def generate(args: GenerateOptions) -> list[dict]:
     compat.apply()  # before torchtitan is imported (idempotent)
     import torch
 
-    from muloco.objectives.sampling import (DiffusionSampling, Readout, sample_autoregressive, sample_model,
-                                            sampling_for, until_eos)
+    from muloco.objectives.recipes import readout_of
+    from muloco.objectives.sampling import (DiffusionSampling, sample_autoregressive, sample_model, sampling_for,
+                                            until_eos)
     from muloco.tools.loading import load_config, load_model, locate
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     run, step = locate(args.checkpoint, args.replica, args.step)
     config = load_config(run, prog=PROG)
     check_options(args, config.objective._owner.causal)
-    recipe = getattr(config.objective, "recipe", None)
-    readout = recipe.build().readout if recipe is not None else Readout()
+    readout = readout_of(config.objective)
     how = sampling_for(DiffusionSampling(length=args.length, steps=args.steps or args.length,
                                          temperature=args.temperature, order=args.order or "confidence",
                                          threshold=args.threshold), readout, args.block_length, args.cache)
@@ -131,7 +131,8 @@ def generate(args: GenerateOptions) -> list[dict]:
     prompts = args.prompt or [""]
     facts = {"objective": objective.name, "step": step, "run": str(run)}
     if args.score:
-        return [_scores(model, objective, tokenizer, prompt, args, i, device) | facts for i, prompt in enumerate(prompts)]
+        return [_scores(model, objective, tokenizer, prompt, args, i, device, readout) | facts
+                for i, prompt in enumerate(prompts)]
     out = []
     batch = 1 if objective.causal else args.batch_size or 1
     for first in range(0, len(prompts), batch):
@@ -148,23 +149,23 @@ def generate(args: GenerateOptions) -> list[dict]:
     return out
 
 
-def _scores(model, objective, tokenizer, prompt: str, args, index: int, device) -> dict:
+def _scores(model, objective, tokenizer, prompt: str, args, index: int, device, readout) -> dict:
     import torch
 
     generator = torch.Generator(device=device).manual_seed(args.seed + index)
     ids = tokenizer.encode(prompt, add_bos=True)
-    scores = {c: _score(model, objective, tokenizer, ids, c, args, generator, device) for c in args.score}
+    scores = {c: _score(model, objective, tokenizer, ids, c, args, generator, device, readout) for c in args.score}
     return {"prompt": prompt, "scores": scores, "best": min(scores, key=scores.get)}
 
 
-def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, device) -> float:
+def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, device, readout) -> float:
     from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # only when --score asks
 
     target = tokenizer.encode(choice)
     if objective.causal:
         return autoregressive_nll(model, prompt_ids, target, device)
     return diffusion_nll(model, prompt_ids, target, tokenizer.mask_id, samples=args.mc_samples,
-                         generator=generator, device=device, readout=objective.recipe.readout)
+                         generator=generator, device=device, readout=readout)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -262,3 +262,33 @@ def test_a_qk_norm_run_exports_as_qwen3_and_a_qwen3_folder_reads_back_as_the_sam
         diff = (ours(ids) - hf(ids).logits).abs().max().item()
     print(f"max |logit difference| muloco vs transformers, Qwen3 folder: {diff:.3g}")
     assert diff <= 1e-4
+
+
+def test_a_full_vocabulary_takes_one_of_its_reserved_tokens_as_the_mask(tmp_path):
+    """Llama 3's tokenizer fills its embedding (128,256 ids, reserved special tokens among them):
+    an added <|mask|> has no row, so a masked-diffusion run names a reserved token as its mask."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    from muloco.config.checks import check_config
+    from muloco.config.loader import ConfigError
+    from muloco.data.tokenizer import MulocoTokenizer, TokenizerError
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    tok = Tokenizer(models.WordLevel({"<s>": 0, "</s>": 1, **{chr(97 + i): 2 + i for i in range(26)}}, unk_token="a"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    tok.add_special_tokens([AddedToken("<|reserved_special_token_0|>", special=True)])
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 29, "hidden_size": 64,
+                                                    "intermediate_size": 96, "num_hidden_layers": 2,
+                                                    "num_attention_heads": 4}))
+    flags = ["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{folder}", "--tokenizer.path", str(folder),
+             "--objective", "mdlm"]
+    _, c = parse_args(flags)
+    with pytest.raises(ConfigError, match=r"need 30 embedding rows .* --tokenizer.mask_token"):
+        check_config(c)
+    _, c = parse_args([*flags, "--tokenizer.mask_token", "<|reserved_special_token_0|>"])
+    check_config(c)
+    assert MulocoTokenizer(MulocoTokenizer.Config(path=str(folder), mask_token="<|reserved_special_token_0|>")).mask_id == 28
+    with pytest.raises(TokenizerError, match=r"mask_token '<\|mask_me\|>' is not in .*reserved_special_token_0"):
+        MulocoTokenizer(MulocoTokenizer.Config(path=str(folder), mask_token="<|mask_me|>"))

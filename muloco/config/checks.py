@@ -78,8 +78,11 @@ def _check_hf_vocabulary(config, tokenizer, rows: int) -> None:
     if causal and tokenizer.mask_id == needed - 1:  # a mask id added after the folder's vocabulary: never fed
         needed -= 1
     if needed > rows:
+        unused = "" if causal else (" (a masked-diffusion run: if the mask token was added after a full vocabulary, "
+                                    "name an unused one of its special tokens with --tokenizer.mask_token, e.g. Llama "
+                                    "3's <|reserved_special_token_0|>)")
         raise ConfigError(f"model.flavor {config.model.flavor}: the tokenizer's ids need {needed} embedding rows and "
-                          f"the folder's model has {rows}; use the folder's tokenizer (--tokenizer.path {folder})")
+                          f"the folder's model has {rows}; use the folder's tokenizer (--tokenizer.path {folder}){unused}")
     trained_mask = read(folder).get("mask_token_id")
     if not causal and trained_mask is not None and trained_mask != tokenizer.mask_id:
         raise ConfigError(f"model.flavor {config.model.flavor}: its config.json masks with id {trained_mask} and the "

@@ -236,7 +236,7 @@ def _split_long_runs(text: str) -> Iterator[str]:
 class _HuggingFaceBackend:
     """A ``tokenizers`` tokenizer.json, with bos/eos/mask found or added."""
 
-    def __init__(self, file: Path):
+    def __init__(self, file: Path, mask_token: str = ""):
         text = _read_bytes(file, "tokenizer.json")
         try:
             tok = Tokenizer.from_str(text.decode("utf-8"))
@@ -250,7 +250,8 @@ class _HuggingFaceBackend:
             # must stay distinguishable from document ends.
             logger.info(f"{file}: bos == eos; adding a dedicated {BOS_TOKEN}")
             self.bos_id = _add_special(tok, BOS_TOKEN)
-        self.mask_id = _find_token(tok, file, hf_config, "mask_token", HF_MASK_NAMES, required=False)
+        self.mask_id = _chosen_mask(tok, file, mask_token) if mask_token else \
+            _find_token(tok, file, hf_config, "mask_token", HF_MASK_NAMES, required=False)
         if self.mask_id is None:
             self.mask_id = _add_special(tok, MASK_TOKEN)
         if len({self.bos_id, self.eos_id, self.mask_id}) != 3:
@@ -326,6 +327,18 @@ def _find_token(
     return None
 
 
+def _chosen_mask(tok: Tokenizer, file: Path, name: str) -> int:
+    """The id of ``--tokenizer.mask_token`` (an unused special token of a full vocabulary, such as
+    Llama 3's reserved ones), which must be in the vocabulary."""
+    token_id = tok.token_to_id(name)
+    if token_id is None:
+        reserved = sorted(t.content for t in tok.get_added_tokens_decoder().values() if "reserved" in t.content)[:2]
+        hint = f" (its reserved tokens include {', '.join(reserved)})" if reserved else ""
+        raise TokenizerError(f"--tokenizer.mask_token {name!r} is not in {file}{hint}; name one of its tokens, or "
+                             "leave it empty to use the tokenizer's mask token or add <|mask|>")
+    return token_id
+
+
 def _add_special(tok: Tokenizer, content: str) -> int:
     tok.add_special_tokens([AddedToken(content, special=True, normalized=False)])
     return tok.token_to_id(content)
@@ -347,7 +360,7 @@ def _corrupt(file: Path, what: str, problem: str) -> TokenizerError:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_backend(file: str, kind: str, stamp: tuple) -> _TiktokenBackend | _HuggingFaceBackend:
+def _load_backend(file: str, kind: str, stamp: tuple, mask_token: str = "") -> _TiktokenBackend | _HuggingFaceBackend:
     """Loaded backends, shared: trainer, dataloader and eval each build a tokenizer,
     and re-parsing a 128k-rank file (~0.2 s) for each is wasted work.
 
@@ -355,8 +368,12 @@ def _load_backend(file: str, kind: str, stamp: tuple) -> _TiktokenBackend | _Hug
     the key so an edited file is reloaded; backends are never mutated after
     construction, so sharing them between tokenizer instances is safe.
     """
-    cls = _TiktokenBackend if kind == "tiktoken" else _HuggingFaceBackend
-    return cls(Path(file))
+    if kind == "tiktoken":
+        if mask_token:
+            raise TokenizerError(f"--tokenizer.mask_token names a token of a tokenizer.json; {file} is a tiktoken "
+                                 "BPE, whose mask muloco adds after its ranks: leave it empty")
+        return _TiktokenBackend(Path(file))
+    return _HuggingFaceBackend(Path(file), mask_token)
 
 
 # --------------------------------------------------------------------------- public class
@@ -382,6 +399,12 @@ class MulocoTokenizer(BaseTokenizer):
         """auto: a ``.json`` file or a directory with tokenizer.json is
         huggingface, anything else tiktoken."""
 
+        mask_token: str = ""
+        """The masked-diffusion mask token of a tokenizer.json: empty takes the one its
+        tokenizer_config.json names (or a known name such as <|mask|>), else adds <|mask|> after
+        the vocabulary; a name (e.g. Llama 3's <|reserved_special_token_0|>) uses that token, for a
+        model whose embedding has no row left for an added one."""
+
         def validate(self) -> None:
             if self.path and not os.path.exists(self.path):
                 raise ValueError(f"tokenizer.path '{self.path}' does not exist; give a tiktoken BPE file, a "
@@ -393,7 +416,7 @@ class MulocoTokenizer(BaseTokenizer):
         self.config = config if config is not None else self.Config()
         file, kind = _resolve(self.config.path, self.config.kind)
         stamp = (_stamp(file), _config_stamp(file) if kind == "huggingface" else None)
-        self._backend = _load_backend(str(file), kind, stamp)
+        self._backend = _load_backend(str(file), kind, stamp, self.config.mask_token)
         self.path, self.kind = str(file), kind
         self.bos_id: int = self._backend.bos_id
         self.eos_id: int = self._backend.eos_id

@@ -135,3 +135,25 @@ def test_lora_base_on_a_run_without_adapters_is_one_error(tmp_path, capsys):
     assert export_main([str(run), "--out", str(tmp_path / "x"), "--lora-base"]) == 2
     assert "--lora-base exports the frozen base of a LoRA run" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_streaming_fragments_split_the_blocks_that_train(tmp_path):
+    """With LoRA the embedding and the head train nothing: fragments split the blocks only, and
+    more fragments than blocks is one error naming the most there can be."""
+    from conftest import run_train
+
+    proc = run_train(["--config", "diloco/muloco_streaming", *TINY, "--model.lora.rank", "4", "--training.steps", "30",
+                      "--dump_folder", str(tmp_path / "r")])
+    assert proc.returncode != 0 and "outer.num_fragments is 3, more than the 2 layer units of" in proc.stderr
+    assert "with LoRA only the blocks train); use at most --outer.num_fragments 2" in proc.stderr
+
+
+def test_fragments_of_a_lora_model_hold_only_adapters_and_none_is_empty():
+    from muloco.models import ModelConfig, init_model
+    from muloco.models.lora import LoraConfig
+    from muloco.outer.schedule import model_fragments
+
+    model = init_model(ModelConfig(flavor="llama3-w64-d2-h2", lora=LoraConfig(rank=4)), 2048)
+    fragments = model_fragments(model, 2)
+    assert all(fragments) and all(".lora_" in name for frag in fragments for name, _ in frag)
+    assert sum(len(f) for f in fragments) == 2 * 7 * 2  # two layers, seven projections, A and B

@@ -90,14 +90,14 @@ def _check_hf_vocabulary(config, tokenizer, rows: int) -> None:
                           f"(--tokenizer.path {folder})")
 
 
-def model_units(flavor: str) -> int:
+def model_units(flavor: str, lora: bool = False) -> int:
     """Layer-sized units the outer loop splits into fragments: the embedding, each
     transformer block, and the final norm with the output head together (see
-    ``_units`` in :mod:`muloco.outer.schedule`; a test checks this against built models)."""
+    ``_units`` in :mod:`muloco.outer.schedule`; a test checks this against built models);
+    with LoRA only the blocks, which hold the adapters."""
     folder = hf_folder(flavor)
-    if folder is not None:
-        return Architecture.from_hf(read(folder)).depth + 2
-    return parse_flavor(flavor).shape.depth + 2
+    depth = Architecture.from_hf(read(folder)).depth if folder is not None else parse_flavor(flavor).shape.depth
+    return depth if lora else depth + 2
 
 
 def _check_hf_initial_load(config) -> None:
@@ -130,12 +130,13 @@ def _check_hf_initial_load(config) -> None:
 
 def _check_outer_fits_the_run(config) -> None:
     """The outer loop against the model (fragments), the run's length and its checkpoints."""
-    units, fragments = model_units(config.model.flavor), config.outer.num_fragments
+    lora = config.model.lora.rank > 0
+    units, fragments = model_units(config.model.flavor, lora), config.outer.num_fragments
     if fragments > units:
+        what = "(with LoRA only the blocks train)" if lora else "(the embedding, each block, and the head)"
         raise ConfigError(
             f"outer.num_fragments is {fragments}, more than the {units} layer units of "
-            f"model.flavor {config.model.flavor} (the embedding, each block, and the head); "
-            f"use at most --outer.num_fragments {units}."
+            f"model.flavor {config.model.flavor} {what}; use at most --outer.num_fragments {units}."
         )
     interval = config.outer.schedule().interval
     steps = config.training.steps

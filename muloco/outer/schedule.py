@@ -98,13 +98,14 @@ def model_fragments(model: nn.Module, num_fragments: int) -> list[list[tuple[str
 
     The units are divided as evenly as possible; earlier fragments take the
     remainder. Parameters held directly by the root module join the last fragment.
-    Returns, per fragment, (fully qualified name, parameter) pairs in model order.
+    Returns, per fragment, (fully qualified name, parameter) pairs in model order. Units with
+    nothing to train (a LoRA run's embedding and head) are left out, so no fragment is empty.
     """
-    units = _units(model)
+    units = [(name, m) for name, m in _units(model) if any(p.requires_grad for p in m.parameters())]
     if num_fragments > len(units):
         raise ScheduleError(
             f"outer.num_fragments={num_fragments} is more than the model's {len(units)} "
-            "layer units (embedding, each block, head); lower it"
+            "layer units (embedding, each block, head; with LoRA only the blocks train); lower it"
         )
     base, extra = divmod(len(units), num_fragments)
     owner: dict[int, int] = {}

@@ -24,8 +24,8 @@ compat.apply()
 
 from muloco.data.tokenizer import MulocoTokenizer  # noqa: E402
 from muloco.evaluate.source import from_hf_folder  # noqa: E402
-from muloco.hf.peft import adapter_config, load_adapter, save_adapter  # noqa: E402
-from muloco.models.lora import (TARGETS, LoraConfig, apply_lora, lora_modules, lora_state, merge_lora,  # noqa: E402
+from muloco.hf.peft import TARGETS, adapter_settings, load_adapter, save_adapter  # noqa: E402
+from muloco.models.lora import (LoraConfig, apply_lora, lora_modules, lora_state, merge_lora,  # noqa: E402
                                 trainable_names)
 
 RELATIVE_TOLERANCE = 1e-5
@@ -137,9 +137,9 @@ def test_a_saved_adapter_gives_peft_the_logits_of_muloco_and_loads_back(tmp_path
     assert gap <= RELATIVE_TOLERANCE
     assert relative_gap(plain, want) > 1e-3  # the adapters are there to be checked
 
-    assert adapter_config(adapter) == LORA
+    assert LoraConfig(**adapter_settings(adapter)) == LORA
     fresh = from_hf_folder(base, torch.device("cpu")).model
-    apply_lora(fresh, adapter_config(adapter))
+    apply_lora(fresh, LoraConfig(**adapter_settings(adapter)))
     load_adapter(fresh, adapter)
     ours, back = lora_state(model), lora_state(fresh)
     assert set(back) == set(ours) and all(torch.equal(back[k], v) for k, v in ours.items())
@@ -158,7 +158,7 @@ def test_an_adapter_peft_saved_loads_into_muloco_with_its_logits(tmp_path, famil
     randomise(theirs)
     theirs.save_pretrained(str(adapter))
     model = from_hf_folder(base, torch.device("cpu")).model
-    assert apply_lora(model, adapter_config(adapter))
+    assert apply_lora(model, LoraConfig(**adapter_settings(adapter)))
     load_adapter(model, adapter)
     with torch.no_grad():
         want = theirs.eval()(HF_IDS).logits

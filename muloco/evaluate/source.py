@@ -105,11 +105,11 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def _apply_adapter(model: torch.nn.Module, folder: Path) -> None:
     """``model`` with the peft LoRA adapter of ``folder`` (SourceError naming what does not fit)."""
-    from muloco.hf.peft import adapter_config, load_adapter
-    from muloco.models.lora import apply_lora
+    from muloco.hf.peft import adapter_settings, load_adapter
+    from muloco.models.lora import LoraConfig, apply_lora
 
     try:
-        apply_lora(model, adapter_config(folder))
+        apply_lora(model, LoraConfig(**adapter_settings(folder)))
         load_adapter(model, folder)
     except ValueError as e:
         raise SourceError(f"--adapter {folder}: {e}") from None

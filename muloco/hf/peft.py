@@ -22,8 +22,38 @@ from safetensors.torch import load_file, save
 from torch.distributed.tensor import DTensor
 
 from muloco.hf.adapter import Llama3Adapter
-from muloco.models.lora import TARGETS, LoraConfig, lora_modules, lora_state, site
 from muloco.utils.atomic_file import write_atomically
+
+TARGETS = {
+    "q_proj": "attention.qkv_linear.wq",
+    "k_proj": "attention.qkv_linear.wk",
+    "v_proj": "attention.qkv_linear.wv",
+    "o_proj": "attention.wo",
+    "gate_proj": "feed_forward.w1",
+    "up_proj": "feed_forward.w3",
+    "down_proj": "feed_forward.w2",
+}
+"""peft's name of each projection → its path inside a layer of muloco's model (the names LoRA
+targets are given by, :mod:`muloco.models.lora`)."""
+_SITE = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:.*\.)?(" + "|".join(map(re.escape, TARGETS.values())) + ")")
+"""A targetable module's name; wrapper infixes (``_checkpoint_wrapped_module.``, ``_orig_mod.``)
+allowed, since adapters are saved from a model parallelised for training."""
+_TARGET_OF = {path: name for name, path in TARGETS.items()}
+
+
+def site(name: str) -> tuple[int, str] | None:
+    """The (layer index, peft target name) of a module's name; None for a module no target names."""
+    m = _SITE.fullmatch(name)
+    return (int(m[1]), _TARGET_OF[m[2]]) if m else None
+
+
+def _adapted(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The projections that carry an adapter (``muloco.models.lora.LoraLinear``)."""
+    return {name: m for name, m in model.named_modules() if hasattr(m, "lora_A")}
+
+
+def _adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in model.state_dict().items() if ".lora_" in k}
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 BASE_FILE = "muloco_base.json"
@@ -64,12 +94,13 @@ def base_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def save_adapter(model: torch.nn.Module, model_config, lora_config: LoraConfig, folder: str | Path,
+def save_adapter(model: torch.nn.Module, model_config, lora_config, folder: str | Path,
                  base_model_name_or_path: str) -> None:
-    """Write ``model``'s adapters (``model_config`` gives the heads the rotary order needs) as a
-    peft adapter folder for the Hugging Face model ``base_model_name_or_path``, with the frozen
-    base's fingerprint (:data:`BASE_FILE`)."""
-    adapter, state = Llama3Adapter(model_config), lora_state(model)
+    """Write ``model``'s adapters (``model_config`` gives the heads the rotary order needs;
+    ``lora_config`` their settings, a :class:`muloco.models.lora.LoraConfig`) as a peft adapter
+    folder for the Hugging Face model ``base_model_name_or_path``, with the frozen base's
+    fingerprint (:data:`BASE_FILE`)."""
+    adapter, state = Llama3Adapter(model_config), _adapter_state(model)
     if not state:
         raise ValueError("the model has no LoRA adapters to save")
     tensors = {}
@@ -92,9 +123,10 @@ def save_adapter(model: torch.nn.Module, model_config, lora_config: LoraConfig, 
                                                      "base_model_name_or_path": base_model_name_or_path}) + "\n")
 
 
-def adapter_config(folder: str | Path) -> LoraConfig:
-    """The LoRA settings of a peft adapter folder (to wrap a model with before :func:`load_adapter`);
-    ValueError for an adapter muloco's :class:`~muloco.models.lora.LoraLinear` does not compute."""
+def adapter_settings(folder: str | Path) -> dict:
+    """The LoRA settings of a peft adapter folder, as :class:`muloco.models.lora.LoraConfig`'s
+    fields (to wrap a model with before :func:`load_adapter`); ValueError for an adapter muloco's
+    LoRA does not compute."""
     path = Path(folder) / CONFIG_FILE
     try:
         theirs = json.loads(path.read_text())
@@ -108,20 +140,21 @@ def adapter_config(folder: str | Path) -> LoraConfig:
     targets = theirs.get("target_modules")
     if not isinstance(targets, list):
         raise ValueError(f"{path}: target_modules {targets!r} is not a list of projection names")
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown or not targets:
+        raise ValueError(f"{path}: target_modules {targets} must name some of {list(TARGETS)}")
     try:
-        config = LoraConfig(rank=int(theirs["r"]), alpha=float(theirs["lora_alpha"]),
-                            dropout=float(theirs.get("lora_dropout", 0.0)), target_modules=targets)
-        config.validate()
+        return dict(rank=int(theirs["r"]), alpha=float(theirs["lora_alpha"]),
+                    dropout=float(theirs.get("lora_dropout", 0.0)), target_modules=list(targets))
     except KeyError as e:
         raise ValueError(f"{path} lacks {e}") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path}: {e}") from None
-    return config
 
 
 def _model_lora(model: torch.nn.Module) -> tuple[int, float, list[str]]:
     """(rank, alpha, targets) of the adapters ``model`` carries."""
-    modules = lora_modules(model)
+    modules = _adapted(model)
     if not modules:
         raise ValueError("the model has no LoRA adapters to load into (apply_lora first)")
     m = next(iter(modules.values()))
@@ -150,10 +183,10 @@ def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
     folder's rank, alpha and targets (ValueError naming the difference otherwise). The heads the
     rotary order needs come from the model's own config (torchtitan models keep it as ``config``).
     Load before sharding: the tensors go in through ``load_state_dict``."""
-    theirs, (rank, alpha, targets) = adapter_config(folder), _model_lora(model)
+    theirs, (rank, alpha, targets) = adapter_settings(folder), _model_lora(model)
     _check_base(model, Path(folder))
-    for what, folder_value, ours in (("rank", theirs.rank, rank), ("lora_alpha", theirs.alpha, alpha),
-                                     ("target_modules", sorted(theirs.target_modules), targets)):
+    for what, folder_value, ours in (("rank", theirs["rank"], rank), ("lora_alpha", theirs["alpha"], alpha),
+                                     ("target_modules", sorted(theirs["target_modules"]), targets)):
         if folder_value != ours:
             raise ValueError(f"{folder}: the adapter's {what} is {folder_value}, the model's adapters have {ours}")
     path = Path(folder) / WEIGHTS_FILE
@@ -161,7 +194,7 @@ def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
         tensors = load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for truncated or foreign files
         raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
-    adapter, state = Llama3Adapter(model.config), lora_state(model)
+    adapter, state = Llama3Adapter(model.config), _adapter_state(model)
     names = _ours_to_hf(state)
     expected = {hf_key for hf_key, _, _ in names.values()}
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
@@ -179,4 +212,4 @@ def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
     model.load_state_dict(new, strict=False)
 
 
-__all__ = ["adapter_config", "base_fingerprint", "load_adapter", "save_adapter"]
+__all__ = ["TARGETS", "adapter_settings", "base_fingerprint", "load_adapter", "save_adapter", "site"]

@@ -31,21 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from torchtitan.models.common import Linear
 
-TARGETS = {
-    "q_proj": "attention.qkv_linear.wq",
-    "k_proj": "attention.qkv_linear.wk",
-    "v_proj": "attention.qkv_linear.wv",
-    "o_proj": "attention.wo",
-    "gate_proj": "feed_forward.w1",
-    "up_proj": "feed_forward.w3",
-    "down_proj": "feed_forward.w2",
-}
-"""peft's name of each projection → its path inside a layer of muloco's model."""
+from muloco.hf.peft import TARGETS, site
 
-_SITE = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:.*\.)?(" + "|".join(map(re.escape, TARGETS.values())) + ")")
-"""A targetable module's name; wrapper infixes (``_checkpoint_wrapped_module.``, ``_orig_mod.``)
-allowed, since adapters are saved from a model parallelised for training."""
-_TARGET_OF = {path: name for name, path in TARGETS.items()}
 A_INIT = {"weight": functools.partial(nn.init.kaiming_uniform_, a=math.sqrt(5))}
 B_INIT = {"weight": nn.init.zeros_}
 
@@ -100,12 +87,6 @@ def _adapter(in_features: int, out_features: int, init: dict, like: torch.Tensor
         linear = Linear.Config(in_features=in_features, out_features=out_features, param_init=init).build()
     linear.to(like.dtype).init_states()
     return linear
-
-
-def site(name: str) -> tuple[int, str] | None:
-    """The (layer index, peft target name) of a module's name; None for a module no target names."""
-    m = _SITE.fullmatch(name)
-    return (int(m[1]), _TARGET_OF[m[2]]) if m else None
 
 
 def lora_modules(model: nn.Module) -> dict[str, LoraLinear]:
@@ -172,5 +153,5 @@ def with_lora(parallelize_fn, config: LoraConfig):
     return parallelize
 
 
-__all__ = ["LoraConfig", "LoraLinear", "TARGETS", "apply_lora", "lora_modules", "lora_state", "merge_lora", "site",
-           "trainable_names", "with_lora"]
+__all__ = ["LoraConfig", "LoraLinear", "apply_lora", "lora_modules", "lora_state", "merge_lora", "trainable_names",
+           "with_lora"]

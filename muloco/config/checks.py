@@ -183,14 +183,14 @@ def _check_recipe(config) -> None:
     recipe = getattr(config.objective, "recipe", None)
     if recipe is None:
         return
-    block = getattr(recipe, "block_size", None)
+    readout = recipe.build().readout
+    block = readout.block_size
     if block is not None and config.training.seq_len % block:
         raise ConfigError(f"objective.recipe.block_size {block} does not divide training.seq_len "
                           f"{config.training.seq_len}; pick a divisor (e.g. --objective.recipe.block_size "
                           f"{math.gcd(block, config.training.seq_len)}) so every row is whole blocks.")
-    shifted = recipe._owner.name == "dream" or getattr(recipe, "shift", False)
     ckpt = config.checkpoint
-    if shifted and ckpt.enable and ckpt.initial_load_path and ckpt.initial_load_in_hf:
+    if readout.shift and ckpt.enable and ckpt.initial_load_path and ckpt.initial_load_in_hf:
         folder = Path(ckpt.initial_load_path)
         if (folder / "config.json").is_file() and bidirectional(read(folder)):
             raise ConfigError(f"objective.recipe {recipe._owner.name} shifts predictions (the output at i-1 predicts "

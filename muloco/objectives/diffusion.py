@@ -102,7 +102,7 @@ class MaskedDiffusion(Objective):
         def validate(self) -> None:
             super(MaskedDiffusion.Config, self).validate()
             self.recipe.validate()
-            if getattr(self.recipe, "position_masking", 0.0) and self.complementary_masks:
+            if self.recipe.per_token() and self.complementary_masks:
                 raise ValueError("objective.recipe.position_masking draws each token's own probability; "
                                  "--objective.complementary-masks pairs rows masked with p and 1 − p: use one")
             if not 0.0 < self.eps < 1.0:

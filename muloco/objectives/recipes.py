@@ -87,6 +87,10 @@ class Recipe(Configurable):
         """Anneal from causal to full attention over this many steps (0: full from the start).
         At step s each key after its query is opened with probability s / anneal_steps."""
 
+        def per_token(self) -> bool:
+            """Whether each token draws its own mask probability (rows are then not complementary)."""
+            return False
+
         def validate(self) -> None:
             if self.anneal_steps < 0:
                 raise ValueError(f"objective.recipe.anneal_steps is {self.anneal_steps}; it must be >= 0 "
@@ -194,11 +198,14 @@ class BlockWise(Recipe):
         shift: bool = False
         """Also Dream's token shift (Fast-dLLM v2 trains with it)."""
         position_masking: float = 0.0
-        """Efficient-DLM's position-dependent masking: 0 off, else λ in (0, 1), the ratio of a
-        block's first token's masking weight to its last one's at t → 0 (the paper's choice is
-        about 0.1). Token j of a block gets weight w_j = exp(β·(1 − t)·j), β = −ln λ / block_size,
-        so later tokens are masked more, as left-to-right sampling leaves them; see
+        """Efficient-DLM's position-dependent masking: 0 off, else λ = exp(−β·block_size) in (0, 1),
+        about the ratio of a block's first token's masking weight to its last one's at t → 0 (the
+        paper picks λ ≈ 0.1). Token j of a block gets weight w_j = exp(β·(1 − t)·j), so later
+        tokens are masked more, as left-to-right sampling leaves them; see
         :meth:`BlockWise.token_probability`."""
+
+        def per_token(self) -> bool:
+            return self.position_masking > 0
 
         def validate(self) -> None:
             if not 0.0 <= self.position_masking < 1.0:

@@ -3,6 +3,8 @@
     .venv/bin/python bench/conversion.py [--out DIR] [--seeds 0,1] [--ar-steps 600] [--steps 400]
         [--eval-every 50] [--recipes full,dream,block] [--sft-steps 120] [--skip-sft] [--json PATH] [--smoke]
 
+(``--out`` defaults to outputs/bench-conversion; runs already finished there are reused.)
+
 1. Conversion. A tiny AR model is trained with muloco (``ddp/adamw``) and exported to a Hugging
    Face folder; masked-diffusion runs (``diffusion/ddp_adamw``, same shapes: ``--model.flavor
    hf:EXPORT``) then start from it with each recipe (``--objective.recipe full|dream|block``) and,
@@ -34,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import sysconfig
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,7 +180,7 @@ def lora_sft(args, out: Path, shape: list[str], export: Path) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="outputs/bench-conversion")
+    p.add_argument("--out", default=None, help="default outputs/bench-conversion (--smoke: a temporary folder)")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--ar-steps", type=int, default=600)
     p.add_argument("--steps", type=int, default=400)
@@ -196,7 +199,13 @@ def main() -> None:
         shape = ["--training.seq_len", "64", "--training.local_batch_size", "2", "--validator.steps", "2",
                  "--lr_scheduler.warmup_steps", "1"]
     args.ar_flavor = ["--model.flavor", "llama3-w64-d2-h2"] if args.smoke else []
-    out = Path(args.out).resolve()
+    if args.out is None and args.smoke:  # a smoke run leaves nothing behind
+        with tempfile.TemporaryDirectory(prefix="bench-conversion-") as folder:
+            return _run(args, Path(folder), shape)
+    return _run(args, Path(args.out or "outputs/bench-conversion").resolve(), shape)
+
+
+def _run(args, out: Path, shape: list[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     export, curves = conversion(args, out, shape)
     results = {"conversion": conversion_table(curves, args.steps)}

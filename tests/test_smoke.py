@@ -207,7 +207,9 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "torchft_lighthouse": f"{THIS}::test_torchft_lighthouse_script_serves_and_stops",
     "setup.sh": ".ci/run",  # CI runs it before the tests
     # benchmarks (their own smoke test)
+    "bench/block_sampler.py": f"{BENCH_TEST}[block_sampler.py]",
     "bench/codecs.py": f"{BENCH_TEST}[codecs.py]",
+    "bench/conversion.py": f"{BENCH_TEST}[conversion.py]",
     "bench/diffusion.py": f"{BENCH_TEST}[diffusion.py]",
     "bench/exchange_memory.py": f"{BENCH_TEST}[exchange_memory.py]",
     "bench/generate.py": f"{BENCH_TEST}[generate.py]",

@@ -68,6 +68,7 @@ def main() -> None:
     args = p.parse_args()
     if args.smoke:
         args.flavor, args.lengths, args.block, args.repeats = "llama3-w64-d2-h2", "32,64", 16, 1
+        args.threads = args.threads or 1
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -157,3 +157,48 @@ def test_fragments_of_a_lora_model_hold_only_adapters_and_none_is_empty():
     fragments = model_fragments(model, 2)
     assert all(fragments) and all(".lora_" in name for frag in fragments for name, _ in frag)
     assert sum(len(f) for f in fragments) == 2 * 7 * 2  # two layers, seven projections, A and B
+
+
+def test_a_group_that_heals_in_a_lora_run_receives_the_adapters_not_the_frozen_base(tmp_path):
+    """Group 1 starts once group 0 has trained its last step and heals to the final state: what
+    it receives (model, optimizer, θ_g and the rest) is a fraction of the frozen base alone, and
+    both groups end on one θ_g."""
+    from progress import FolderProgress
+    from replicas import DILOCO_TINY, HANG_S, Cluster, summary, until
+
+    from conftest import read_metrics
+
+    c = Cluster(tmp_path, 2, min_replicas=1)
+    try:
+        c.start_lighthouse()
+        dump, steps = tmp_path / "run", 20
+        args = ["--config", "diloco/diloco", *DILOCO_TINY, "--training.steps", str(steps), "--outer.sync_every", "10",
+                "--model.lora.rank", str(RANK), "--validator.no-enable", "--checkpoint.no-enable",
+                "--fault_tolerance.min_replica_size", "1", "--fault_tolerance.start_wait_seconds", "0",
+                "--fault_tolerance.end_wait_seconds", "600", "--fault_tolerance.quorum_timeout_seconds", str(HANG_S),
+                "--fault_tolerance.process_group_timeout_ms", str(HANG_S * 1000), "--dump_folder", str(dump)]
+        c.start_replica(0, args)
+
+        def trained_all() -> bool:
+            assert c.procs["r0"].poll() is None, c.tail("r0")  # it waits for group 1 at the end
+            try:
+                return any(r["step"] == steps for r in read_metrics(dump / "replica_0") if "loss" in r)
+            except (FileNotFoundError, ValueError):
+                return False
+
+        until(f"group 0 did not train its last step:\n{c.tail('r0')}", trained_all,
+              progress=FolderProgress(HANG_S, tmp_path))
+        c.start_replica(1, args)
+        assert c.wait("r0", 2 * HANG_S) == 0, c.tail("r0")
+        assert c.wait("r1", 2 * HANG_S) == 0, c.tail("r1")
+        a, b = summary(dump, 0)["diloco"], summary(dump, 1)["diloco"]
+        assert a["final_global_sha256"] == b["final_global_sha256"] and b["healed_from"] == [0]
+        from muloco.models import ModelConfig, init_model
+        from muloco.models.lora import LoraConfig
+
+        model = init_model(ModelConfig(flavor="llama3-w64-d2-h2", lora=LoraConfig(rank=RANK)), 2048)
+        base = sum(p.numel() * 4 for p in model.parameters() if not p.requires_grad)
+        received = b["heal_log"][0]["bytes_received"]
+        assert 0 < received < base / 4, (received, base)
+    finally:
+        c.close()

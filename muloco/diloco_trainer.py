@@ -31,6 +31,7 @@ from torchtitan.tools.logging import logger
 from muloco.compat import lone_rank_sleep
 from muloco.compat.lr_position import set_position
 from muloco.components.checkpoint import ReplicaCheckpointManager
+from muloco.models.lora import frozen_keys
 from muloco.outer import OuterLoop
 from muloco.outer.coordinator import CoordinationError, Coordinator, OutOfDateError
 from muloco.outer.loop import SyncRecord, SyncsKeepFailing
@@ -123,7 +124,7 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
     def _healing_state(self) -> dict[str, Any]:
         """What a healing peer receives. Frozen parameters (a LoRA run's base model) stay: every
         group loaded the same base and never changes it, and it never leaves a group."""
-        frozen = {n for m in self.model_parts for n, p in m.named_parameters() if not p.requires_grad}
+        frozen = frozen_keys(self.model_parts)
         return {
             "model": {k: v for k, v in self._model_state.state_dict().items() if k not in frozen},
             "optimizer": self.optimizers.state_dict(),

@@ -233,14 +233,14 @@ def test_the_prefix_cache_gives_the_tail_the_logits_of_the_whole_canvas():
     """Recorded from a canvas, the cached prefix's keys and values plus a forward over the tail at
     its own positions give the tail exactly the logits a whole-canvas forward gives it (left
     padding masked out of attention too), and a changed tail token is seen."""
-    from muloco.models.attention import prefix_cache
+    from muloco.models.attention import kv_cache
     from muloco.objectives.sampling import _left_padded, _logits
 
     model, cpu = _model(causal=False), torch.device("cpu")
     x, start, kwargs = _left_padded([[29, 3, 4], [29, 5, 6, 7, 8]], MASK, 12, cpu)
     first = start + 4
     whole = _logits(model, x, 0, MASK, kwargs)
-    with prefix_cache(model) as cache:
+    with kv_cache(model) as cache:
         cache.prefix, cache.recording = first, True
         torch.testing.assert_close(_logits(model, x, 0, MASK, kwargs), whole, rtol=0, atol=0)
         cache.recording = False
@@ -250,7 +250,7 @@ def test_the_prefix_cache_gives_the_tail_the_logits_of_the_whole_canvas():
         assert (_logits(model, y, first, MASK, kwargs) - whole[:, first:])[..., :MASK].abs().max() > 1e-3
     assert all(m.prefix_cache is None for m in model.modules() if hasattr(m, "prefix_cache"))
     with pytest.raises(ValueError, match="bidirectional"):
-        with prefix_cache(_model(causal=True)):
+        with kv_cache(_model(causal=True)):
             pass
 
 
@@ -259,14 +259,14 @@ def test_the_dual_cache_gives_the_block_the_logits_of_the_whole_canvas():
     own positions give the block exactly the logits a whole-canvas forward gives it (left padding
     masked out of attention too); a changed block token is seen, a changed suffix token is not
     (the suffix is kept from the recording: Fast-dLLM's approximation)."""
-    from muloco.models.attention import prefix_cache
+    from muloco.models.attention import kv_cache
     from muloco.objectives.sampling import _left_padded, _logits
 
     model, cpu = _model(causal=False), torch.device("cpu")
     x, start, kwargs = _left_padded([[29, 3, 4], [29, 5, 6, 7, 8]], MASK, 12, cpu)
     first, stop = start + 4, start + 8
     whole = _logits(model, x, 0, MASK, kwargs)
-    with prefix_cache(model) as cache:
+    with kv_cache(model) as cache:
         cache.prefix, cache.suffix, cache.recording = first, stop, True
         torch.testing.assert_close(_logits(model, x, 0, MASK, kwargs), whole, rtol=0, atol=0)
         cache.recording = False

@@ -153,7 +153,9 @@ def test_a_run_from_a_family_folder_exports_a_folder_transformers_loads_with_its
     assert export_main([str(run), "--out", str(out)]) == 0, capsys.readouterr().err
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [architecture]
-    assert config["rope_parameters"] == json.loads((folder / "config.json").read_text())["rope_parameters"]
+    source = json.loads((folder / "config.json").read_text())
+    assert config["rope_parameters"] == source["rope_parameters"]
+    assert config["max_position_embeddings"] == source["max_position_embeddings"] == 131072  # its context kept
     auto = AutoModelForCausalLM if objective == "ar" else AutoModelForMaskedLM
     hf = auto.from_pretrained(str(out), dtype=torch.float32, trust_remote_code=objective != "ar").eval()
     model, *_ = load_model(run, load_config(run), None, torch.device("cpu"))

@@ -290,5 +290,7 @@ def test_a_full_vocabulary_takes_one_of_its_reserved_tokens_as_the_mask(tmp_path
     _, c = parse_args([*flags, "--tokenizer.mask_token", "<|reserved_special_token_0|>"])
     check_config(c)
     assert MulocoTokenizer(MulocoTokenizer.Config(path=str(folder), mask_token="<|reserved_special_token_0|>")).mask_id == 28
-    with pytest.raises(TokenizerError, match=r"mask_token '<\|mask_me\|>' is not in .*reserved_special_token_0"):
+    with pytest.raises(TokenizerError, match=r"mask_token '<\|mask_me\|>' is not a special .*reserved_special_token_0"):
         MulocoTokenizer(MulocoTokenizer.Config(path=str(folder), mask_token="<|mask_me|>"))
+    with pytest.raises(TokenizerError, match=r"mask_token 'a' is not a special \(added\) token"):
+        MulocoTokenizer(MulocoTokenizer.Config(path=str(folder), mask_token="a"))

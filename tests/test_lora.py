@@ -185,3 +185,21 @@ def test_an_adapter_of_another_rank_or_targets_does_not_load(tmp_path):
         apply_lora(fresh, other)
         with pytest.raises(ValueError, match=what):
             load_adapter(fresh, tmp_path / "a")
+
+
+def test_frozen_keys_are_the_state_dicts_under_activation_checkpointing():
+    """A healing peer gets the state dict minus the frozen base: its keys must be the state
+    dict's, which activation checkpointing's wrapper does not rename (named_parameters does)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    from muloco.models import ModelConfig, init_model
+    from muloco.models.lora import frozen_keys
+
+    model = init_model(ModelConfig(flavor="llama3-w64-d2-h2", lora=LORA), 2048)
+    plain = frozen_keys([model])
+    for name, layer in list(model.layers.named_children()):
+        model.layers.register_module(name, checkpoint_wrapper(layer))
+    assert any("_checkpoint_wrapped_module" in n for n, _ in model.named_parameters())
+    keys = set(model.state_dict())
+    assert frozen_keys([model]) == plain and plain <= keys
+    assert keys - plain == {k for k in keys if ".lora_" in k}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,7 +105,8 @@ def test_the_block_mask_is_bd3lm_and_reads_as_drawn_for_two_blocks_of_two():
 def test_block_loss_is_bd3lm_on_the_noised_half_of_x_t_and_x_0(shift):
     """dllm's BD3LMTrainer: the model reads cat(x_t, x_0) at positions (0..L−1, 0..L−1) under
     BD3-LM's mask; CE of the first L outputs at the masked positions, weighted 1/t (and with
-    ``shift``, Fast-dLLM v2's: the output at i − 1 scores token i)."""
+    ``shift``, Fast-dLLM v2's: the output at i − 1 scores token i, except that a block's first
+    token is scored by the clean copy's output before it, as the sampler reads it)."""
     model, x = _model(), _rows(length=32)
     objective = _objective(BlockWise.Config(block_size=8, shift=shift), masked_only_head=False)
     batch = objective.prepare(x, x.clone(), KEY)
@@ -114,15 +116,34 @@ def test_block_loss_is_bd3lm_on_the_noised_half_of_x_t_and_x_0(shift):
         ours = objective.loss(model(batch.inputs, **batch.model_kwargs), batch, normaliser)
         xt = x.masked_fill(masked, TOKENS.mask)
         positions = torch.arange(32).repeat(2)[None]
-        logits = model(torch.cat([xt, x], 1), positions=positions,
-                       attention_masks=_bd3lm_mask(32, 8)[None, None]).float()[:, :32]
-    logits[..., TOKENS.mask] = -math.inf
-    if shift:
+        both = model(torch.cat([xt, x], 1), positions=positions,
+                     attention_masks=_bd3lm_mask(32, 8)[None, None]).float()
+    both[..., TOKENS.mask] = -math.inf
+    logits = both[:, :32]
+    if shift:  # token i from the noised output at i − 1; a block's first from the clean block before it
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+        for start in (8, 16, 24):
+            logits[:, start] = both[:, 32 + start - 1]
     reference = (F.cross_entropy(logits[masked], x[masked], reduction="none")
                  * (1 / t)[:, None].expand(masked.shape)[masked]).sum() / normaliser
     assert torch.allclose(ours, reference, rtol=1e-5)
     assert not shift or not masked[:, 0].any()
+
+
+def test_a_shifted_block_models_training_logits_at_a_block_start_are_the_samplers():
+    """The first token of a block is predicted from the finished (clean) block before it: training
+    reads the same logits there as the block sampler's exact cache does."""
+    from muloco.models.attention import BlockKV, kv_cache
+
+    model, x = _model(), _rows(rows=1, length=32)
+    objective = _objective(BlockWise.Config(block_size=8, shift=True), masked_only_head=False)
+    xt = x.masked_fill(torch.arange(32) >= 8, TOKENS.mask)  # block 0 finished, the rest masked
+    with torch.no_grad():
+        reading = objective._reading(xt, x, None)
+        trained = objective.recipe.outputs(model(reading.inputs, **reading.kwargs), 32)[:, 8]
+        with kv_cache(model, BlockKV(append=True)):
+            sampled = model(x[:, :8], positions=torch.arange(8)[None])[:, -1]
+    assert torch.allclose(trained, sampled, atol=1e-5)
 
 
 def test_a_noised_block_reads_the_same_clean_context_whether_or_not_a_boundary_in_it_is_masked():
@@ -311,3 +332,10 @@ def test_each_recipe_trains_validates_records_itself_samples_and_exports_its_rea
     assert from_hf_folder(tmp_path / "hf", torch.device("cpu")).readout == readout
     if not readout.block_size:  # scoring: the shifted bound for dream (block-wise scoring is refused)
         assert generate(["--checkpoint", str(run), "--prompt", "def ", "--score", "f(x):", "--mc-samples", "4"]) == 0
+    else:  # a block model: multiple choice refused before any task runs, generation evaluated
+        from muloco.evaluate.__main__ import main as evaluate
+
+        tasks = ["--include-path", str(Path(__file__).parent / "data" / "lm_eval"), "--limit", "2"]
+        assert evaluate([str(tmp_path / "hf"), "--tasks", "muloco_tiny_mc", *tasks]) == 2
+        assert not (tmp_path / "hf" / "eval").exists()
+        assert evaluate([str(tmp_path / "hf"), "--tasks", "muloco_tiny_gen", *tasks]) == 0

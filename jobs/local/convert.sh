@@ -61,11 +61,11 @@ if [ -z "$from" ]; then
     fi
 fi
 echo "convert: $from -> a diffusion LM (recipe $recipe, LoRA rank $rank) under K=2 MuLoCo in $out/diffusion"
-"$PY" -m muloco.launch.local --config diffusion/muloco_2bit --replicas 2 "${launcher[@]}" -- \
+"$PY" -m muloco.launch.local --config diffusion/muloco_2bit --replicas 2 ${launcher[@]+"${launcher[@]}"} -- \
     --model.flavor "hf:$from" --tokenizer.path "$from" --checkpoint.initial_load_path "$from" \
     --checkpoint.initial_load_in_hf --checkpoint.initial_load_model_only \
-    --objective.recipe "$recipe" "${recipe_flags[@]}" --model.lora.rank "$rank" \
-    --dump_folder "$out/diffusion" "${overrides[@]}"
+    --objective.recipe "$recipe" ${recipe_flags[@]+"${recipe_flags[@]}"} --model.lora.rank "$rank" \
+    --dump_folder "$out/diffusion" ${overrides[@]+"${overrides[@]}"}
 "$PY" -m muloco.export "$out/diffusion" --out "$out/diffusion-hf" --force
 echo "samples from θ_g of $out/diffusion:"
 "$PY" -m muloco.generate --checkpoint "$out/diffusion" --prompt "def " --prompt "import " --length 32 --steps 32 \

@@ -330,12 +330,13 @@ def _find_token(
 def _chosen_mask(tok: Tokenizer, file: Path, name: str) -> int:
     """The id of ``--tokenizer.mask_token`` (an unused special token of a full vocabulary, such as
     Llama 3's reserved ones), which must be in the vocabulary."""
-    token_id = tok.token_to_id(name)
-    if token_id is None:
+    special = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+    token_id = special.get(name)
+    if token_id is None:  # an ordinary word would be masked wherever the text has it
         reserved = sorted(t.content for t in tok.get_added_tokens_decoder().values() if "reserved" in t.content)[:2]
         hint = f" (its reserved tokens include {', '.join(reserved)})" if reserved else ""
-        raise TokenizerError(f"--tokenizer.mask_token {name!r} is not in {file}{hint}; name one of its tokens, or "
-                             "leave it empty to use the tokenizer's mask token or add <|mask|>")
+        raise TokenizerError(f"--tokenizer.mask_token {name!r} is not a special (added) token of {file}{hint}; name "
+                             "one of them, or leave it empty to use the tokenizer's mask token or add <|mask|>")
     return token_id
 
 

@@ -124,6 +124,18 @@ def _check_block_length(manager, tasks: list[str], block_length: int | None) -> 
                              f"choose a divisor of it")
 
 
+def _check_block_model(manager, tasks: list[str], source) -> None:
+    """A block-wise diffusion model generates but does not score continuations yet: its
+    log-likelihood tasks are refused before any task runs."""
+    if not source.readout.block_size:
+        return
+    for name, task in manager.load(tasks)["tasks"].items():
+        if task.get_config("output_type") != "generate_until":
+            raise UsageError(f"task {name} scores continuations ({task.get_config('output_type')}); "
+                             f"{source.results_dir} is a block-wise diffusion model (--objective.recipe block), whose bound muloco does not "
+                             "score yet: evaluate it on generation tasks")
+
+
 def _writable(folder: Path) -> None:
     """Fail before the evaluation, not after it, when its results could not be written; the
     folders the probe made are removed again (a failed evaluation leaves no empty ``eval/``)."""
@@ -218,6 +230,7 @@ def evaluate(args: EvaluateOptions) -> tuple[dict, list[Path]]:
     _check_block_length(manager, tasks, args.block_length)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     source = load(args.source, step=args.step, replica=args.replica, device=device, adapter=args.adapter)
+    _check_block_model(manager, tasks, source)
     if args.max_length is not None:
         source.max_length = min(source.max_length, args.max_length)
     _writable(results_folder(source, args))

@@ -148,7 +148,7 @@ class MulocoLM(TemplateLM):
             readout = self.source.readout
             how = sampling_for(DiffusionSampling(length=length, steps=length, temperature=temperature), readout,
                                self.block_length, None)
-            if length % how.block_length:
+            if not readout.block_size and length % how.block_length:
                 raise EvaluationError(f"block length {how.block_length} does not divide the task's max_gen_toks "
                                       f"{length}; choose a divisor of it (--block-length)")
             tokens = sample_model(self.model, [ids], self.source.mask_id, how, self._generator(), self.device_,

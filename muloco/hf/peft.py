@@ -110,7 +110,7 @@ def save_adapter(model: torch.nn.Module, model_config, lora_config, folder: str 
             value = adapter._permute(value, adapter._heads(ROTARY[target]))
         tensors[hf_key] = value.detach().cpu().contiguous()
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path,
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path or None,
         "r": lora_config.rank, "lora_alpha": lora_config.alpha, "lora_dropout": lora_config.dropout,
         "target_modules": [t for t in TARGETS if t in lora_config.target_modules], "bias": "none",
         "inference_mode": True, "init_lora_weights": True, **UNSUPPORTED,
@@ -169,7 +169,9 @@ def _check_base(model: torch.nn.Module, folder: Path) -> None:
         return  # an adapter from elsewhere (peft's own): its base is the user's word
     try:
         recorded = json.loads(path.read_text())
-        want, name = recorded["base_sha256"], recorded.get("base_model_name_or_path") or "its base"
+        want = recorded["base_sha256"]
+        name = recorded.get("base_model_name_or_path") or \
+            "its base (export the run with --lora-base to write the base beside the adapter)"
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} is not a readable muloco base record ({e})") from None
     have = base_fingerprint(model)

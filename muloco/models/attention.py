@@ -70,11 +70,6 @@ class BlockKV:
     append: bool = False
     kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
-    @property
-    def length(self) -> int:
-        """Positions kept."""
-        return next(iter(self.kept.values()))[0].shape[1] if self.kept else 0
-
     def keys_values(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if layer in self.kept:
             k, v = (torch.cat([old, new], dim=1) for old, new in zip(self.kept[layer], (k, v)))
@@ -84,12 +79,12 @@ class BlockKV:
 
 
 @contextlib.contextmanager
-def prefix_cache(model: torch.nn.Module, cache: PrefixKV | BlockKV | None = None) -> Iterator[PrefixKV | BlockKV]:
-    """``cache`` (a new :class:`PrefixKV`: prefix or dual) installed in every attention layer of
-    ``model`` for the ``with`` body."""
+def kv_cache(model: torch.nn.Module, cache: PrefixKV | BlockKV | None = None) -> Iterator[PrefixKV | BlockKV]:
+    """``cache`` (a new :class:`PrefixKV`, prefix or dual, by default; a :class:`BlockKV` for a
+    block-wise model) installed in every attention layer of ``model`` for the ``with`` body."""
     layers = [m for m in model.modules() if isinstance(m, SwitchableSDPA)]
     if not layers or any(m.is_causal for m in layers):
-        raise ValueError("a prefix cache is for bidirectional (masked-diffusion) models built from muloco's "
+        raise ValueError("a sampling cache is for bidirectional (masked-diffusion) models built from muloco's "
                          "attention layers (SwitchableSDPA)")
     cache = PrefixKV() if cache is None else cache
     for m in layers:
@@ -112,7 +107,7 @@ class SwitchableSDPA(ScaledDotProductAttention):
         self.is_causal = config.is_causal
 
     prefix_cache: PrefixKV | BlockKV | None = None
-    """Set by :func:`prefix_cache` while a sampler uses it."""
+    """Set by :func:`kv_cache` while a sampler uses it."""
 
     def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks=None, scale=None, enable_gqa=False, **kwargs):
         if self.prefix_cache is not None:

@@ -124,6 +124,14 @@ def lora_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if ".lora_" in k}
 
 
+def frozen_keys(model_parts: list[nn.Module]) -> set[str]:
+    """The state-dict keys of the frozen parameters (a LoRA model's base), as the state dict
+    names them: activation checkpointing's wrapper inserts ``_checkpoint_wrapped_module.`` into
+    ``named_parameters()`` but not into the state dict's keys."""
+    return {k for m in model_parts for k, v in m.state_dict(keep_vars=True).items()
+            if isinstance(v, nn.Parameter) and not v.requires_grad}
+
+
 def trainable_names(model: nn.Module) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
@@ -153,5 +161,5 @@ def with_lora(parallelize_fn, config: LoraConfig):
     return parallelize
 
 
-__all__ = ["LoraConfig", "LoraLinear", "apply_lora", "lora_modules", "lora_state", "merge_lora", "trainable_names",
+__all__ = ["LoraConfig", "LoraLinear", "apply_lora", "frozen_keys", "lora_modules", "lora_state", "merge_lora", "trainable_names",
            "with_lora"]

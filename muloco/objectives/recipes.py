@@ -16,7 +16,8 @@ picked by name like a codec (``--objective.recipe dream``):
   blocks before it, a clean block to itself and the clean blocks before it. Training thus sees
   what block-by-block sampling sees (earlier blocks finished), which is what lets a sampler keep
   the finished blocks' keys and values (an exact KV cache). The loss is on the noised copy.
-  ``shift`` adds Dream's token shift (Fast-dLLM v2 trains with both).
+  ``shift`` adds Dream's token shift (Fast-dLLM v2 trains with both), each block's first token
+  read from the clean block before it.
 
 ``full`` and ``dream`` may anneal from causal to full attention over the first
 ``anneal_steps`` steps (DiffuLLaMA's attention-mask annealing, :func:`annealed_causal`).
@@ -50,7 +51,8 @@ ANNEAL_STREAM = 15485863
 
 @dataclass(frozen=True)
 class Reading:
-    """What the model reads for a noised row and where its outputs for the row are."""
+    """What the model reads for a noised row: its tokens and keyword arguments (attention mask,
+    positions); :meth:`Recipe.outputs` finds the row's outputs in what it returns."""
 
     inputs: torch.Tensor
     kwargs: dict[str, Any]
@@ -260,8 +262,16 @@ class BlockWise(Recipe):
         return Reading(torch.cat([xt, x0], dim=1), {"attention_masks": mask, "positions": positions})
 
     def outputs(self, pred: torch.Tensor, length: int) -> torch.Tensor:
+        """The noised copy's outputs; with ``shift``, token i is read from position i − 1, and a
+        block's first token from the clean copy's last position of the block before (it predicts
+        the next token from the finished blocks, as the sampler and its cache read it; Fast-dLLM
+        v2's code reads it from the noised copy, which sampling never sees)."""
         noised = pred[:, :length]
-        return _shifted(noised) if self.shift else noised
+        if not self.shift:
+            return noised
+        out = _shifted(noised)
+        starts = torch.arange(self.block_size, length, self.block_size, device=pred.device)
+        return out.index_copy(1, starts, pred[:, length + starts - 1])
 
 
 def block_diffusion_mask(length: int, block: int, noised_doc: torch.Tensor | None,

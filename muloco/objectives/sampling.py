@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from muloco.models.attention import BlockKV, PrefixKV, prefix_cache
+from muloco.models.attention import BlockKV, PrefixKV, kv_cache
 from muloco.objectives.sampling_options import CACHES, ORDERS, Readout  # the sampler's names, also without torch
 
 
@@ -60,7 +60,10 @@ class DiffusionSampling:
         if self.cache not in ("none", "block"):
             raise ValueError(f"--cache {self.cache}: a block-wise model keeps its finished blocks exactly with --cache "
                              "block (the default for it); none runs the whole canvas at every step")
-        DiffusionSampling.check(dataclasses.replace(self, cache="none"))
+        # any length: the blocks are the model's, from position 0, the last one as long as the canvas
+        whole = -(-self.length // block_size) * block_size
+        DiffusionSampling.check(dataclasses.replace(self, cache="none", length=whole,
+                                                    steps=max(self.steps, whole // block_size)))
 
     def check(self) -> None:
         if self.length < 1 or self.block_length < 1 or self.length % self.block_length:
@@ -158,7 +161,7 @@ def sample_diffusion_batch(model, prompts: list[list[int]], mask_id: int, how: D
         raise ValueError("a shifted (dream) model predicts each token from the one before: give a non-empty prompt "
                          "(muloco's generate adds BOS)")
     x, start, kwargs = _left_padded(prompts, mask_id, how.length, device)
-    with prefix_cache(model) if how.cache != "none" else contextlib.nullcontext() as cache:
+    with kv_cache(model) if how.cache != "none" else contextlib.nullcontext() as cache:
         for block_start in range(start, start + how.length, how.block_length):
             x = _fill_block(model, x, block_start, mask_id, how, generator, kwargs, cache, shift)
     return [row[start:].tolist() for row in x]
@@ -251,9 +254,10 @@ def sample_block_diffusion(model, prompts: list[list[int]], mask_id: int, how: D
                            shift: bool = False) -> list[list[int]]:
     """The generated tokens after each prompt from a block-wise model (``--objective.recipe block``),
     block by block as it was trained: blocks of ``block_size`` from position 0 (the prompt's last
-    block is the first one sampled, its prompt tokens visible), each block denoised in ``steps /
-    (length / block_size)`` steps (or by ``threshold``) while it attends to itself and to the
-    finished blocks before it, which are clean. With ``cache block`` the finished blocks' keys and
+    block is the first one sampled, its prompt tokens visible; any length, the last block cut at
+    the canvas's end), each block denoised in ``steps`` / (blocks sampled) steps, at least one (or
+    by ``threshold``), while it attends to itself and to the finished blocks before it, which are
+    clean. With ``cache block`` the finished blocks' keys and
     values are computed once (a clean pass when a block is finished) and a step runs the block
     alone; with ``cache none`` every step runs the whole canvas under the block-causal mask, the
     same function (the test checks they give the same text). Prompts are sampled one by one."""
@@ -268,9 +272,9 @@ def _sample_blocks(model, prompt: list[int], mask_id: int, how: DiffusionSamplin
                          "(muloco's generate adds BOS)")
     x = torch.tensor([prompt + [mask_id] * how.length], device=device)
     total, first = x.shape[1], len(prompt) // block * block
-    steps = how.steps // (how.length // block)
+    steps = max(1, how.steps // -(-(total - first) // block))  # the steps spread over the blocks sampled
     cache = BlockKV() if how.cache == "block" else None
-    with prefix_cache(model, cache) if cache is not None else contextlib.nullcontext():
+    with kv_cache(model, cache) if cache is not None else contextlib.nullcontext():
         carry = _clean_pass(model, x, 0, first, cache, block) if cache is not None and first else None
         for start in range(first, total, block):
             stop = min(start + block, total)

@@ -28,8 +28,10 @@ class Readout:
         """The readout a ``config.json`` records (none: the default); ValueError if malformed."""
         if value is None:
             return cls()
-        if not isinstance(value, dict) or not isinstance(value.get("shift", False), bool) or not (
-                value.get("block_size") is None or (isinstance(value["block_size"], int) and value["block_size"] > 0)):
+        block = value.get("block_size") if isinstance(value, dict) else None
+        if not isinstance(value, dict) or set(value) - {"shift", "block_size"} or \
+                not isinstance(value.get("shift", False), bool) or not (
+                block is None or (type(block) is int and block > 0)):
             raise ValueError(f"config.json's {READOUT_KEY} {value!r} is not {{'shift': bool, 'block_size': int or null}}")
         return cls(shift=value.get("shift", False), block_size=value.get("block_size"))
 

@@ -113,6 +113,17 @@ def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar")
     return config
 
 
+def _longest_context(config, ours: int) -> int:
+    """The context a model started from an ``hf:DIR`` folder keeps: the folder's
+    ``max_position_embeddings`` (Llama 3.1's 131,072), where longer than the run's own."""
+    from muloco.hf.config import read
+    from muloco.models import hf_folder
+
+    folder = hf_folder(config.model.flavor)
+    theirs = read(folder).get("max_position_embeddings") if folder is not None else None
+    return max(ours, theirs) if isinstance(theirs, int) else ours
+
+
 def _shipped_code(config: dict) -> Path | None:
     """The model class file a folder with this config needs (None: transformers has the class)."""
     return {"muloco_mdlm": MDLM_CODE, "muloco": MULOCO_CODE}.get(config.get("model_type"))
@@ -335,7 +346,10 @@ def _export_lora(model, config, lora_base: bool, target: Path, staging: Path) ->
             raise ExportError("--lora-base exports the frozen base of a LoRA run; this run trained every parameter")
         return
     ckpt = config.checkpoint
-    base = ckpt.initial_load_path if ckpt.initial_load_path and ckpt.initial_load_in_hf else str(target)
+    if ckpt.initial_load_path and ckpt.initial_load_in_hf:
+        base = ckpt.initial_load_path  # the folder the run started from: the adapter goes onto it
+    else:  # OUT itself only when it holds the base; a merged OUT would take the update twice
+        base = str(target) if lora_base else ""
     save_adapter(model, model.config, config.model.lora, staging / ADAPTER_FOLDER, base_model_name_or_path=base)
     if not lora_base:
         merge_lora(model)
@@ -375,6 +389,7 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         state = {k: v.float() for k, v in model.state_dict().items() if ".lora_" not in k}  # --lora-base: the base
         _save_weights(Llama3Adapter(model.config).to_hf(state), staging)
         written = hf_config(model.config, tokenizer, config.training.seq_len, objective.name)
+        written["max_position_embeddings"] = _longest_context(config, written["max_position_embeddings"])
         readout = readout_of(config.objective).to_json()
         if readout is not None:  # how the outputs line up: muloco's samplers and scorers read it back
             written[READOUT_KEY] = readout

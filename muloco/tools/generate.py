@@ -125,8 +125,10 @@ def generate(args: GenerateOptions) -> list[dict]:
     how = sampling_for(DiffusionSampling(length=args.length, steps=args.steps or args.length,
                                          temperature=args.temperature, order=args.order or "confidence",
                                          threshold=args.threshold), readout, args.block_length, args.cache)
-    if not config.objective._owner.causal:
-        how.check_block_model(readout.block_size) if readout.block_size else how.check()
+    if readout.block_size:
+        how.check_block_model(readout.block_size)
+    elif not config.objective._owner.causal:
+        how.check()
     model, tokenizer, objective, step, global_model = load_model(run, config, step, device)
     prompts = args.prompt or [""]
     facts = {"objective": objective.name, "step": step, "run": str(run)}

@@ -22,7 +22,8 @@ compat.apply()
 from muloco.models import ModelConfig, init_model  # noqa: E402
 from muloco.objectives.diffusion import MaskedDiffusion  # noqa: E402
 from muloco.objectives.objective import NoiseKey, SpecialTokens  # noqa: E402
-from muloco.objectives.recipes import BlockWise, Dream, Recipe, block_diffusion_mask, evaluate_mask  # noqa: E402
+from muloco.objectives.documents import evaluate_mask  # noqa: E402
+from muloco.objectives.recipes import BlockWise, Dream, Recipe, block_diffusion_mask  # noqa: E402
 from muloco.objectives.sampling import DiffusionSampling, sample_block_diffusion, sample_diffusion_batch  # noqa: E402
 
 TOKENS = SpecialTokens(bos=2045, eos=2046, mask=2047)

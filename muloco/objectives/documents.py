@@ -34,15 +34,24 @@ def document_mask(doc: torch.Tensor, causal: bool) -> torch.Tensor:
 
 
 def document_block_mask(doc: torch.Tensor, causal: bool) -> BlockMask:
-    """The mask of :func:`document_mask` as a FlexAttention ``BlockMask`` (heads broadcast).
-
-    On CUDA it is built by torchtitan's compiled ``create_block_mask`` (what its trainer uses
-    per batch), elsewhere eagerly."""
+    """The mask of :func:`document_mask` as a FlexAttention ``BlockMask`` (heads broadcast)."""
 
     def same_document(b, h, q, kv):
         same = doc[b, q] == doc[b, kv]
         return same & (kv <= q) if causal else same
 
     rows, length = doc.shape
-    build = create_attention_mask if doc.device.type == "cuda" else create_block_mask
-    return build(same_document, rows, None, length, length, device=doc.device)
+    return evaluate_mask(same_document, rows, length, length, doc.device, flex=True)
+
+
+def evaluate_mask(mask_mod, rows: int, queries: int, keys: int, device: torch.device, flex: bool):
+    """``mask_mod(b, h, q, kv)`` as SDPA's dense ``(B, 1, Lq, Lk)`` boolean (``flex`` False) or as a
+    FlexAttention ``BlockMask``: on CUDA built by torchtitan's compiled ``create_block_mask`` (what
+    its trainer uses per batch), elsewhere eagerly."""
+    if flex:
+        build = create_attention_mask if device.type == "cuda" else create_block_mask
+        return build(mask_mod, rows, None, queries, keys, device=device)
+    b = torch.arange(rows, device=device)[:, None, None]
+    q = torch.arange(queries, device=device)[None, :, None]
+    kv = torch.arange(keys, device=device)[None, None, :]
+    return mask_mod(b, None, q, kv)[:, None]

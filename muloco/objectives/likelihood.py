@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .noise import exact_count_masks
+from .recipes import shifted
 from .sampling_options import Readout
 
 
@@ -46,7 +47,7 @@ def diffusion_nll(model, prompt: list[int], target: list[int], mask_id: int, *, 
         rows = x.expand(b, -1).masked_fill(masked, mask_id)
         logits = model(rows).float()
         if readout.shift:
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+            logits = shifted(logits)
         logits[..., mask_id] = -math.inf
         ce = F.cross_entropy(logits[masked], x.expand(b, -1)[masked], reduction="none")
         scale = (T / counts.double())[:, None].expand(masked.shape)[masked]  # T/l of each token's row

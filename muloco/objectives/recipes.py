@@ -36,11 +36,9 @@ from typing import Annotated, Any, Callable
 
 import torch
 import tyro
-from torch.nn.attention.flex_attention import create_block_mask
 from torchtitan.config import Configurable
-from torchtitan.models.common.attention import create_attention_mask
 
-from .documents import document_block_mask, document_ids, document_mask
+from .documents import document_block_mask, document_ids, document_mask, evaluate_mask
 from .noise import generator
 from .sampling_options import Readout
 
@@ -56,18 +54,6 @@ class Reading:
 
     inputs: torch.Tensor
     kwargs: dict[str, Any]
-
-
-def evaluate_mask(mask_mod: MaskMod, rows: int, queries: int, keys: int, device: torch.device,
-                  flex: bool) -> torch.Tensor | Any:
-    """``mask_mod`` as SDPA's dense ``(B, 1, Lq, Lk)`` boolean or FlexAttention's ``BlockMask``."""
-    if flex:
-        build = create_attention_mask if device.type == "cuda" else create_block_mask
-        return build(mask_mod, rows, None, queries, keys, device=device)
-    b = torch.arange(rows, device=device)[:, None, None]
-    q = torch.arange(queries, device=device)[None, :, None]
-    kv = torch.arange(keys, device=device)[None, None, :]
-    return mask_mod(b, None, q, kv)[:, None]
 
 
 def annealed_causal(length: int, fraction: float, gen: torch.Generator, device: torch.device) -> torch.Tensor:
@@ -165,12 +151,13 @@ class Recipe(Configurable):
 
     def outputs(self, pred: torch.Tensor, length: int) -> torch.Tensor:
         """The model's outputs aligned with the row: ``[:, i]`` predicts token i."""
-        return _shifted(pred) if self.shift else pred
+        return shifted(pred) if self.shift else pred
 
 
-def _shifted(pred: torch.Tensor) -> torch.Tensor:
-    """``[:, i]`` ← ``pred[:, i − 1]`` (position 0 keeps its own output; it is never scored)."""
-    return torch.cat([pred[:, :1], pred[:, :-1]], dim=1)
+def shifted(pred: torch.Tensor, first: torch.Tensor | None = None) -> torch.Tensor:
+    """A shifted model's outputs aligned with the canvas: ``[:, i]`` ← ``pred[:, i − 1]``, position 0
+    ``first`` (the output before the window, where there is one) or its own (never scored)."""
+    return torch.cat([pred[:, :1] if first is None else first, pred[:, :-1]], dim=1)
 
 
 class Dream(Recipe):
@@ -269,7 +256,7 @@ class BlockWise(Recipe):
         noised = pred[:, :length]
         if not self.shift:
             return noised
-        out = _shifted(noised)
+        out = shifted(noised)
         starts = torch.arange(self.block_size, length, self.block_size, device=pred.device)
         return out.index_copy(1, starts, pred[:, length + starts - 1])
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from muloco.models.attention import BlockKV, PrefixKV, kv_cache
+from muloco.objectives.recipes import shifted
 from muloco.objectives.sampling_options import CACHES, ORDERS, Readout  # the sampler's names, also without torch
 
 
@@ -198,7 +199,7 @@ def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: Dif
         read = slice(within.start - 1, within.stop - 1) if shift else within  # the outputs that predict the block
         logits = _logits(model, x, first, mask_id, kwargs, read if greedy else None, last)
         if shift and not greedy:
-            logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
+            logits = shifted(logits)
         chosen = _pick(logits, how.temperature, generator)
         confidence = _confidence(logits, chosen, how.order, generator)
         if not greedy:
@@ -320,12 +321,12 @@ def _block_logits(model, x: torch.Tensor, start: int, stop: int, mask_id: int, c
     if cache is None:
         out = model(x, attention_masks=_block_causal(x.shape[1], block, x.device)).float()
         if shift:  # position 0 (the prompt's) keeps its own output: it is never predicted
-            out = torch.cat([out[:, :1], out[:, :-1]], dim=1)
+            out = shifted(out)
         out = out[:, start:stop]
     else:
         out = model(x[:, start:stop], positions=torch.arange(start, stop, device=x.device)[None]).float()
         if shift:  # position start is predicted by the finished block's last output
-            out = torch.cat([carry if carry is not None else out[:, :1], out[:, :-1]], dim=1)
+            out = shifted(out, carry)
     out[..., mask_id] = -math.inf
     return out
 

@@ -645,6 +645,8 @@ def test_config_trains(trained, name):
     assert s["steps"] == steps and s["precision"] == "float32" and math.isfinite(s["final_train_loss"])
     assert json.loads((folder / "run.json").read_text())["config"] == str(REPO / "config" / f"{name}.py")
     assert s["objective"] == objective
+    if name == "diffusion/sft":
+        assert "training.epochs 0.1: 2 steps (" in section and "metrics.log_freq 0.5 of 2 steps: every 1" in section
     if result["outer"]:
         assert s["diloco"]["syncs_committed"] == s["diloco"]["syncs"] == syncs
 
@@ -678,8 +680,12 @@ def _train_configs(root: Path, names: list[str]) -> None:
                 "--metrics.log_freq", "1", "--checkpoint.no-enable", "--validator.no-enable",
                 "--training.global_batch_size", "-1", "--compile.no-enable",  # a GPU preset's, on CPU
                 "--dump_folder", str(root / name.replace("/", "-"))]
-        if name == "diffusion/sft":
-            args += ["--dataloader.source.dataset_path", str(sft)]
+        if name == "diffusion/sft":  # and Transformer Lab's controls: the length in epochs (0.1 of about 61
+            # rows at 4 a step: 2 steps), the log interval as a fraction of the run, Dream's per-batch cut
+            at = args.index("--training.steps")
+            args[at:at + 2] = ["--training.epochs", "0.1"]
+            args[args.index("--metrics.log_freq") + 1] = "0.5"
+            args += ["--dataloader.source.dataset_path", str(sft), "--dataloader.source.per_batch_cutoff"]
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         lighthouse, outer, code, folder = None, False, None, ""

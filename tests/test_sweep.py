@@ -174,3 +174,16 @@ def test_the_smoke_copy_asks_for_the_gpus_and_cpus_its_run_asks_for(tmp_path):
         assert "#SBATCH --gpus-per-node=8" in text and '#SBATCH --partition="gpu"' in text, text
         assert "#SBATCH --cpus-per-task=" in text
     assert "--training.steps 60" in smoke.text and smoke_dir in smoke.text
+
+
+def test_the_smoke_copy_of_a_run_given_in_epochs_trains_the_smoke_steps(tmp_path):
+    """A run whose length is ``--training.epochs`` would refuse the smoke's ``--training.steps``
+    beside it (both set the length): the smoke copy leaves the epochs out."""
+    from muloco.launch.sweep import Sweep, smoke_script
+
+    sweep = Sweep("s", grid("groups", "diloco/muloco", replicas=2,
+                            fixed={"--model.flavor": "llama3-w64-d2-h2", "--training.epochs": 2}))
+    (run,) = plan(sweep, str(tmp_path / "sweep"), lambda c, o: JobSpec(c, o, ClusterSettings()), [])
+    smoke, _ = smoke_script(run, 60, str(tmp_path / "sweep"))
+    assert "--training.epochs 2" in run.job.scripts()[0].text
+    assert "--training.epochs" not in smoke.text and "--training.steps 60" in smoke.text

@@ -7,7 +7,10 @@ padding unscored mask tokens, the loss normalised per response. Give the data an
         --checkpoint.initial_load_model_only
 
 Lines: {"prompt": ..., "response": ...} or {"messages": [{"role": ..., "content": ...}, ...]}
-(fields: --dataloader.source.prompt_field, response_field, messages_field).
+(fields: --dataloader.source.prompt_field, response_field, messages_field). Dream's response cuts
+(--dataloader.source.per_batch_cutoff, --dataloader.source.response_cutoff_ratio), the length in
+epochs (--training.epochs 3) and intervals as fractions of the run (--validator.freq 0.1): see
+docs/using.md, "Fine-tuning controls".
 """
 
 from muloco.config import load_config

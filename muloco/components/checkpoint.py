@@ -24,7 +24,7 @@ from torchtitan.tools.logging import logger
 
 from muloco.runs import manifest
 from muloco.runs.facts import RUN_FILE  # noqa: F401 - where a run folder's command and facts are
-from muloco.utils.values import require_positive
+from muloco.utils.values import require_steps_or_fraction
 
 
 class CheckpointLoadError(RuntimeError):
@@ -177,13 +177,26 @@ class MulocoCheckpointManager(CheckpointManager):
     class Config(CheckpointManager.Config):
         initial_load_model_only: bool = False
         """Load only model weights from checkpoint.initial_load_path (fine-tuning)."""
+        interval: int | float = 500
+        """Steps between checkpoints, or a fraction of training.steps (0.1: every tenth of the run;
+        a DiLoCo run rounds it to a whole number of syncs)."""
+
+        def __post_init__(self) -> None:
+            """torchtitan's checks but the interval's: a fraction of the run becomes steps before the
+            run (:mod:`muloco.config.run_length`), and a bad value is ``validate()``'s one error."""
+            interval = self.interval
+            self.interval = 1
+            try:
+                CheckpointManager.Config.__post_init__(self)
+            finally:
+                self.interval = interval
 
         def validate(self) -> None:
             """Local folders (every checkpoint's manifest is verified before it loads), a positive
             interval, pinned-memory staging only where there is CUDA."""
             if not self.enable:
                 return
-            require_positive("checkpoint.interval", self.interval, "a positive integer")
+            require_steps_or_fraction("checkpoint.interval", self.interval)
             if "://" in self.folder or "://" in (self.initial_load_path or ""):
                 raise ValueError("checkpoint.folder and checkpoint.initial_load_path must be local folders: muloco "
                                  "verifies a checksum manifest of every checkpoint before loading it; mount the "

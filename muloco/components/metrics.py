@@ -24,7 +24,7 @@ from torchtitan.components.metrics import MetricsProcessor
 
 from muloco.utils import optional
 from muloco.utils.atomic_file import write_atomically
-from muloco.utils.values import require_positive
+from muloco.utils.values import require_steps_or_fraction
 from muloco.runs.manifest import complete_steps
 from torchtitan.tools.logging import logger
 
@@ -82,9 +82,11 @@ class MulocoMetrics(MetricsProcessor):
     class Config(MetricsProcessor.Config):
         jsonl_file: str = "metrics.jsonl"
         """Per-run JSONL record of every logged step, relative to dump_folder ('' = off)."""
+        log_freq: int | float = 10
+        """Steps between logged steps, or a fraction of training.steps (0.05: twenty lines a run)."""
 
         def validate(self) -> None:
-            require_positive("metrics.log_freq", self.log_freq, "a positive integer")
+            require_steps_or_fraction("metrics.log_freq", self.log_freq)
             if self.enable_wandb:
                 try:
                     optional.require("wandb", "metrics.enable_wandb")

@@ -28,6 +28,10 @@ PRECISIONS = ("auto", "bfloat16", "float32")
 class MulocoTrainingConfig(TrainingConfig):
     mixed_precision_param: Literal["auto", "bfloat16", "float32"] = "auto"
     """auto: bfloat16 on CUDA (fp32 master weights and reductions), float32 on CPU; or force one."""
+    epochs: float = 0.0
+    """Passes over the training split, instead of training.steps (0: train training.steps). The
+    rows are counted before the run; K replica groups read disjoint shards, so together they pass
+    over the split once per epoch."""
     batch_over_groups: int = 0
     """Sequences per step summed over the K replica groups (the GPU presets: 512): with
     global_batch_size -1 each group takes this / K, K from --fault_tolerance.group_size (0: off)."""
@@ -36,6 +40,9 @@ class MulocoTrainingConfig(TrainingConfig):
         require_positive("training.seq_len", self.seq_len, "a positive integer")
         require_positive("training.local_batch_size", self.local_batch_size, "a positive integer")
         require_positive("training.steps", self.steps, "a positive integer")
+        if self.epochs:
+            require_positive("training.epochs", self.epochs, "a positive number of passes over the training "
+                                                            "split (0: train training.steps)")
         if self.global_batch_size != -1:
             require_positive("training.global_batch_size", self.global_batch_size, "a positive integer or -1")
             if self.global_batch_size % self.local_batch_size:

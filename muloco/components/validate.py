@@ -37,14 +37,16 @@ from torchtitan.components.validate import Validator
 
 from muloco.data.loader import PackedTextDataLoader
 from muloco.objectives import MaskedDiffusion, Objective
-from muloco.utils.values import require_positive
+from muloco.utils.values import require_steps_or_fraction
 
 
 class MulocoValidator(Validator):
     @dataclass(kw_only=True, slots=True)
     class Config(Validator.Config):
         enable: bool = True
-        freq: int = 50
+        freq: int | float = 50
+        """Steps between validations, or a fraction of training.steps (0.25: four a run; DiLoCo
+        validates θ_g at the first sync at or after each due step)."""
         steps: int = 8
         """Batches per validation; the same batches every time, so losses compare."""
         tuning_steps: int = 0
@@ -60,7 +62,7 @@ class MulocoValidator(Validator):
             """Its own settings, and ``dataloader`` read only with ``follow_training_data`` off: a
             value set there while validation follows the training data would be dropped without a word."""
             if self.enable:
-                require_positive("validator.freq", self.freq, "a positive integer")
+                require_steps_or_fraction("validator.freq", self.freq)
                 if self.tuning_steps < 0:
                     raise ValueError(f"validator.tuning_steps is {self.tuning_steps}; it must be >= 0 (0: no tuning "
                                      "batches).")

@@ -19,6 +19,7 @@ compat.apply()  # before muloco.models imports torchtitan (a pre-flight may be t
 
 from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.utils.created_dirs import make_dirs, missing_dirs, remove_dirs  # noqa: E402
+from muloco.utils.values import is_fraction  # noqa: E402
 from muloco.config.cli import valid_keys  # noqa: E402
 from muloco.hf.adapter import adapter_for  # noqa: E402
 from muloco.hf.config import bidirectional, first_mismatch, llama_config, read  # noqa: E402
@@ -140,14 +141,14 @@ def _check_outer_fits_the_run(config) -> None:
         )
     interval = config.outer.schedule().interval
     steps = config.training.steps
-    if steps % interval:
+    if steps % interval and not config.training.epochs:  # epochs resolve to whole syncs
         raise ConfigError(
             f"training.steps ({steps}) must be a multiple of the sync interval "
             f"outer.sync_every / outer.num_fragments = {interval}, so the run ends on a sync; "
             f"try --training.steps {steps + interval - steps % interval}."
         )
     ckpt = config.checkpoint
-    if ckpt.enable and ckpt.interval % interval:
+    if ckpt.enable and not is_fraction(ckpt.interval) and ckpt.interval % interval:
         raise ConfigError(
             f"checkpoint.interval ({ckpt.interval}) must be a multiple of the sync interval "
             f"({interval}) so no exchange is in flight when a checkpoint is taken."

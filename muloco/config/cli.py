@@ -133,7 +133,18 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m muloco.trai
         split_batch_over_groups(config)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    _steps_or_epochs(config, rest)
     return name, config
+
+
+def _steps_or_epochs(config, overrides: list[str]) -> None:
+    """The run's length from one of ``training.steps`` and ``training.epochs``: both on the command
+    line is an error; steps on the command line win over epochs a config module set."""
+    given = {arg.split("=", 1)[0].replace("-", "_") for arg in overrides if arg.startswith("--")}
+    if "__training.steps" in given and "__training.epochs" in given:
+        raise ConfigError("--training.steps and --training.epochs both set the run's length; give one of them.")
+    if "__training.steps" in given:
+        config.training.epochs = 0.0
 
 
 _tyro_rules_registered = False

@@ -29,6 +29,9 @@ from muloco.data.sources import EmbeddedStdlib, JsonlFiles, SourceConfig
 # small enough that the pending-token buffer in a checkpoint stays small.
 DOCS_PER_TOKENIZE_CALL = 16
 
+BATCHES_KEY = "muloco_batches"
+"""Key of the loader's batch count inside a saved source position."""
+
 
 def _packed(tokens: list[int]) -> bytes:
     """A token buffer as a checkpoint keeps it: little-endian int64."""
@@ -129,6 +132,11 @@ class PackedTextDataLoader(BaseDataLoader):
         self._labels: list[int] = []
         self.skipped = 0
         """SFT examples whose prompt alone fills a row."""
+        self._batches = 0
+        """Batches handed out so far (all epochs): with the seed and rank, what a random response
+        cut draws from, so a resumed run cuts its batches as an uninterrupted one would."""
+        cutoff = getattr(config.source, "cutoff", None)
+        self._cutoff = cutoff() if cutoff is not None and config.split == "train" else None
 
     def describe(self) -> str:
         layout = "one SFT example per row" if self.config.source.one_example_per_row else "packed documents"
@@ -156,6 +164,11 @@ class PackedTextDataLoader(BaseDataLoader):
         inputs = torch.tensor(self._inputs[:taken], dtype=torch.long).view(rows, self.seq_len)
         labels = torch.tensor(self._labels[:taken], dtype=torch.long).view(rows, self.seq_len)
         del self._inputs[:taken], self._labels[:taken]
+        if self._cutoff is not None and self._cutoff.enabled:
+            pad = self.tokenizer.eos_id if self.config.next_token else self.tokenizer.mask_id
+            rng = np.random.default_rng([self.config.seed, self.dp_rank, self._batches])
+            self._cutoff.apply(inputs, labels, pad, rng)
+        self._batches += 1
         return {"input": inputs}, labels
 
     def _read_more(self) -> bool:
@@ -244,7 +257,9 @@ class PackedTextDataLoader(BaseDataLoader):
                 "split": self.config.split,
                 "next_token": self.config.next_token,
                 "epoch": self._epoch,
-                "position": json.dumps(position, sort_keys=True),
+                # the batch count rides in the position's JSON: a new key in the state would be missing
+                # from every older checkpoint, and DCP refuses a load that lacks one
+                "position": json.dumps({**position, BATCHES_KEY: self._batches}, sort_keys=True),
                 "inputs": _packed(self._inputs),
                 "labels": _packed(self._labels),
             },
@@ -261,6 +276,7 @@ class PackedTextDataLoader(BaseDataLoader):
         self._reader = self._documents = None
         self._epoch = int(state["epoch"])
         self._start_position = json.loads(state["position"])
+        self._batches = int(self._start_position.pop(BATCHES_KEY, 0))  # absent before 2026-11-28
         self._inputs = _unpacked(state["inputs"])
         self._labels = _unpacked(state["labels"])
 

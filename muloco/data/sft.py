@@ -16,6 +16,11 @@ real EOS is a target. Normalise per response with ``--objective.normaliser seque
 next-token prediction the row is shifted and the padding ignored. A response that does not
 fit is cut (and has no EOS); an example whose prompt fills the row is skipped (counted in
 the data description).
+
+Dream's SFT (and dllm's and Transformer Lab's Dream trainers after it) also cuts responses at
+random, so that a model does not learn the answer lengths of its data: ``ResponseCutoff``
+trims the responses of a training batch in place (the cut tail becomes unscored padding, so
+rows keep their length and compiled shapes stay put).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+import torch
 from torchtitan.components.loss import IGNORE_INDEX
 
 from muloco.data.corpus import DataError, decode_jsonl_line
@@ -90,3 +97,50 @@ def sft_row(prompt: list[int], response: list[int], seq_len: int, tokens, next_t
     labels = [IGNORE_INDEX] * (len(head) - 1) + labels[len(head) - 1:]
     pad = seq_len - len(inputs)
     return inputs + [tokens.eos_id] * pad, labels + [IGNORE_INDEX] * pad
+
+
+@dataclass(frozen=True)
+class ResponseCutoff:
+    """Dream's two random response cuts, per training batch (``DreamSFTCollator`` in dllm).
+
+    ``per_batch`` (Dream's ``perbatch_cutoff``): draw one row of the batch and cut every
+    response to that row's response length. Else, with probability ``ratio`` (Dream's
+    ``resp_cutoff_ratio``) per batch: draw ``c`` uniformly from ``[1, shortest response)`` and
+    end every row ``c`` tokens before the batch's longest one ends. Prompts are never cut. The
+    two are exclusive, as in Dream (its ratio is read only without the per-batch cut).
+    """
+
+    per_batch: bool = False
+    ratio: float = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.per_batch or self.ratio > 0
+
+    def keep_until(self, start: torch.Tensor, length: torch.Tensor, rng: np.random.Generator
+                   ) -> torch.Tensor | None:
+        """Per row, the first position to cut (None: this batch stays whole). ``start``: each
+        row's first scored position; ``length``: how many it scores (its response, EOS included)."""
+        if self.per_batch:
+            kept = length[int(rng.integers(len(length)))]
+            return start + torch.minimum(length, kept)
+        if rng.random() >= self.ratio:
+            return None
+        shortest = int(length.min())
+        if shortest <= 1:
+            return None
+        end = start + length
+        return torch.minimum(end, end.max() - int(rng.integers(1, shortest)))
+
+    def apply(self, inputs: torch.Tensor, labels: torch.Tensor, pad_id: int, rng: np.random.Generator) -> None:
+        """Cut the responses of a batch of SFT rows in place: past each row's cut, inputs become
+        ``pad_id`` and labels ``IGNORE_INDEX``, the row's own padding."""
+        scored = labels != IGNORE_INDEX
+        length = scored.sum(dim=1)  # >= 1: a row always scores its response's first token or EOS
+        start = scored.int().argmax(dim=1)
+        cut_from = self.keep_until(start, length, rng)
+        if cut_from is None:
+            return
+        cut = torch.arange(labels.shape[1]).unsqueeze(0) >= cut_from.unsqueeze(1)
+        inputs.masked_fill_(cut, pad_id)
+        labels.masked_fill_(cut, IGNORE_INDEX)

@@ -23,7 +23,7 @@ from typing import Annotated, ClassVar
 import tyro
 
 from muloco.data.corpus import DocumentSource, HuggingFaceSource, JsonlSource, StdlibSource
-from muloco.data.sft import SftFields, parse_sft_line
+from muloco.data.sft import ResponseCutoff, SftFields, parse_sft_line
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,6 +97,24 @@ class SftRows(JsonlFiles):
     """Field of the response."""
     messages_field: str = "messages"
     """Field of a chat (a list of {role, content}; the last one answers)."""
+    per_batch_cutoff: bool = False
+    """Dream's ``perbatch_cutoff``: cut every response of a training batch to the response length
+    of one of its rows, drawn at random (validation batches are never cut)."""
+    response_cutoff_ratio: float = 0.0
+    """Dream's ``resp_cutoff_ratio``: the probability that a training batch's rows all end a random
+    1 .. shortest-response-1 tokens before its longest one (without ``per_batch_cutoff`` only)."""
+
+    def validate(self, key: str = "dataloader.source") -> None:
+        JsonlFiles.validate(self, key)
+        if not 0.0 <= self.response_cutoff_ratio <= 1.0:
+            raise ValueError(f"{key}.response_cutoff_ratio is {self.response_cutoff_ratio}; it is a probability "
+                             "per batch, between 0 and 1 (Dream's trainers use 0.0 to 0.2).")
+        if self.per_batch_cutoff and self.response_cutoff_ratio > 0:
+            raise ValueError(f"{key}.per_batch_cutoff and {key}.response_cutoff_ratio are exclusive (Dream reads "
+                             "the ratio only without the per-batch cut, and would ignore it here); drop one.")
+
+    def cutoff(self) -> ResponseCutoff:
+        return ResponseCutoff(per_batch=self.per_batch_cutoff, ratio=self.response_cutoff_ratio)
 
     def _parse_line(self):
         fields = SftFields(self.prompt_field, self.response_field, self.messages_field)

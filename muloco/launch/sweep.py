@@ -171,6 +171,19 @@ def render(planned: list[Planned], sweep: Sweep, folder: str, args) -> list[Subm
     return [Submission(p.job.scripts(), [p], os.path.join(p.job.run_dir, SLURM_DIR)) for p in planned]
 
 
+def _without(overrides: list[str], option: str) -> list[str]:
+    """``overrides`` less ``option`` and its value (``--option V`` or ``--option=V``)."""
+    kept, skip = [], False
+    for arg in overrides:
+        if skip:
+            skip = False
+        elif arg == option:
+            skip = True
+        elif not arg.startswith(option + "="):
+            kept.append(arg)
+    return kept
+
+
 def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
     """A short copy of run ``p`` in its own folder; the sweep waits for it to succeed."""
     spec = p.job.spec
@@ -178,7 +191,8 @@ def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
         raise JobError("--smoke-steps is not available for array-kind sweeps (its lighthouse is a job of "
                        "its own); smoke-test one run with python -m muloco.launch.slurm array first")
     smoke_dir = os.path.join(folder, "smoke-" + time.strftime("%Y%m%d-%H%M%S"))  # never reuse a checkpoint
-    smoke = JobSpec(spec.config, [*spec.overrides, "--training.steps", str(steps), "--dump_folder", smoke_dir],
+    overrides = _without(spec.overrides, "--training.epochs")  # its length is the steps asked
+    smoke = JobSpec(spec.config, [*overrides, "--training.steps", str(steps), "--dump_folder", smoke_dir],
                     spec.cluster, job_name=f"{spec.name}-smoke"[:120], requeue=False, procs=spec.procs,
                     max_restarts=spec.max_restarts)
     job = build(p.entry.kind, p.job.cfg, smoke)

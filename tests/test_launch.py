@@ -433,3 +433,18 @@ def test_muloco_job_script_defaults_to_2bit_muloco():
     assert out.returncode == 0, out.stderr
     assert "Usage: jobs/local/muloco.sh" in out.stdout
     assert "Defaults: --config diloco/muloco_2bit --replicas 2" in out.stdout
+
+
+def test_netns_is_refused_with_one_message_where_namespaces_cannot_be_made(tmp_path, monkeypatch):
+    import muloco.launch.local as local
+
+    monkeypatch.setattr(local, "unavailable", lambda: "network namespaces need root (ip netns add); run as root, "
+                                                      "or drop --netns")
+    lines = refused(tmp_path, netns=True, overrides=["--dump_folder", str(tmp_path / "run")])
+    assert lines == ["local job failed: --netns: network namespaces need root (ip netns add); run as root, or "
+                     "drop --netns"]
+    lines = refused(tmp_path, link="100mbit", overrides=["--dump_folder", str(tmp_path / "run")])
+    assert lines == ["local job failed: --link and --link-queue-ms shape the links of --netns; add --netns (or use "
+                     "the emulated link: compare --link)"]
+    lines = refused(tmp_path, netns=True, link="100mbps", overrides=["--dump_folder", str(tmp_path / "run")])
+    assert lines[-1] == "local job failed: --link: link rate '100mbps' is not a tc rate; give e.g. 100mbit or 1gbit"

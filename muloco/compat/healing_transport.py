@@ -27,7 +27,18 @@ from torchft.checkpointing.http_transport import HTTPTransport
 
 
 class SafeHTTPTransport(HTTPTransport):
-    """HTTPTransport that snapshots on send and loads with ``weights_only=True``."""
+    """HTTPTransport that snapshots on send, loads with ``weights_only=True``, and gives peers the
+    group's advertised address (torchft's gives the hostname; its server listens on every
+    interface)."""
+
+    def __init__(self, *args, advertise: str | None = None, **kwargs) -> None:
+        self._advertise = advertise  # before torchft's constructor, which logs address()
+        super().__init__(*args, **kwargs)
+
+    def address(self) -> str:
+        if not self._advertise:
+            return super().address()
+        return f"http://{self._advertise}:{self._server.socket.getsockname()[1]}/checkpoint/"
 
     def send_checkpoint(self, dst_ranks, step, state_dict, timeout):
         snapshot = tree_map_only(torch.Tensor, lambda t: t.detach().clone(), state_dict)
@@ -39,5 +50,5 @@ class SafeHTTPTransport(HTTPTransport):
             return _streaming_load(f, weights_only=True)
 
 
-def build(timeout: timedelta) -> SafeHTTPTransport:
-    return SafeHTTPTransport(timeout=timeout, num_chunks=0)
+def build(timeout: timedelta, advertise: str | None = None) -> SafeHTTPTransport:
+    return SafeHTTPTransport(timeout=timeout, num_chunks=0, advertise=advertise)

@@ -53,17 +53,20 @@ def trainer_command(config: str, i: int, replicas: int, overrides: list[str], qu
 
 def torchrun_args(replica: int | str, *, procs: int, max_restarts: int, hosts: list[str] | None = None,
                   port: int = 0, rdzv_id: str | None = None, tee_dir: str | None = None,
-                  is_host: bool | None = None) -> list[str]:
+                  is_host: bool | None = None, address: str = "127.0.0.1") -> list[str]:
     """torchrun's options for a group of ``procs`` ranks per node: on one node a c10d rendezvous
-    on a free loopback port; over ``hosts`` (several nodes) on the first host's ``port``.
-    ``tee_dir``: torchrun tees each rank's output, prefixed, and keeps per-attempt copies there."""
+    on a free port of ``address`` (loopback; a testbed host's own address); over ``hosts``
+    (several nodes) on the first host's ``port``. ``tee_dir``: torchrun tees each rank's output,
+    prefixed, and keeps per-attempt copies there."""
     nodes = len(hosts) if hosts else 1
-    endpoint = f"{hosts[0]}:{port}" if nodes > 1 else "127.0.0.1:0"
+    endpoint = f"{hosts[0]}:{port}" if nodes > 1 else f"{address}:0"
     args = ["--nnodes", str(nodes), "--nproc-per-node", str(procs), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", endpoint, *(["--rdzv-id", rdzv_id] if rdzv_id else []),
             "--max-restarts", str(max_restarts), "--role", f"replica_{replica}"]
     if nodes == 1:
-        args += ["--local-addr", "127.0.0.1"]
+        args += ["--local-addr", address]
+        if address != "127.0.0.1":  # torchrun's guess (is the address this machine's name?) misses a namespace's
+            args += ["--rdzv-conf", "is_host=1"]
     elif is_host is not None:  # say which node serves the rendezvous store: torchrun's own guess
         args += ["--rdzv-conf", f"is_host={int(is_host)}"]  # (is the address mine?) fails for a second NIC
     if tee_dir and procs > 1:

@@ -49,10 +49,12 @@ from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, l
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, LighthouseError,
                                       below_majority_warning, majority, start_lighthouse)
+from muloco.launch.netns import Link, Testbed, TestbedError, unavailable
 from muloco.launch.replica_group import TAG as GROUP_TAG
 from muloco.runs.facts import dump_folder_in
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"
+LIGHTHOUSE_PORT = 29510  # inside the testbed's own namespace (--netns), where no other service listens
 _RANK_PREFIX = re.compile(r"^\[rank(\d+)\] ")  # torchrun's tee, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE
 _RESTART = re.compile(r"exited with (.+); restart (\d+)/\d+$")
 _FAILED_RANK = re.compile(r"^rank (\d+) ")
@@ -75,12 +77,14 @@ class GroupOutput:
     console; the agent's ``[muloco]`` failure lines go to ``on_failure`` (not the console)."""
 
     def __init__(self, index: int, log_paths: list[str], console: Console,
-                 on_failure: Callable[[str], None]):
+                 on_failure: Callable[[str], None], prefix: str | None = None):
         self.index, self.ranks = index, len(log_paths)
-        self._console, self._on_failure = console, on_failure
+        self._console, self._on_failure, self._prefix = console, on_failure, prefix
         self._logs = [open(path, "ab") for path in log_paths]
 
     def prefix(self, rank: int | None) -> str:
+        if self._prefix is not None:
+            return self._prefix
         return f"[r{self.index}]" if rank is None or self.ranks == 1 else f"[r{self.index}.{rank}]"
 
     def write(self, raw: bytes) -> None:
@@ -160,6 +164,15 @@ class LaunchOptions:
     """Lighthouse HOST:PORT (loopback and a free port by default)."""
     threads: int | None = None
     """OMP_NUM_THREADS per process (default: the cores shared out over every rank)."""
+    netns: bool = False
+    """Several hosts on this machine: the lighthouse and each replica group in a network namespace
+    of its own (198.18.0.x on one bridge; needs root and iproute2), to rehearse a multi-site run.
+    Cut a group's link from another shell: python -m muloco.launch.netns cut <log dir> r1 --seconds 15."""
+    link: str = ""
+    """With --netns, each replica group's link: RATE both ways or UP/DOWN, as tc writes rates
+    (100mbit, 1gbit/100mbit); empty: unshaped."""
+    link_queue_ms: int = 50
+    """With --netns and --link, the shaper's queue (tbf latency): the most a packet waits in it."""
 
 
 @dataclass
@@ -198,6 +211,8 @@ class LocalJob(LaunchOptions):
         self._reaper: GroupReaper | None = None
         self._created_dirs: list[str] = []  # what this launch wrote, undone if it is refused
         self._created_files: list[str] = []
+        self.testbed: Testbed | None = None  # --netns: built when the job starts
+        self._lighthouse_process: ManagedProcess | None = None
 
     # -- public helpers -------------------------------------------------------------------
 
@@ -248,16 +263,33 @@ class LocalJob(LaunchOptions):
         the quorum size last (so trainers and lighthouse agree), or ``command`` as given."""
         if self.command is not None:
             return list(self.command)
-        return trainer_command(self.config, i, self.replicas, self.overrides, self.quorum_size, self.entry)
+        command = trainer_command(self.config, i, self.replicas, self.overrides, self.quorum_size, self.entry)
+        if self.netns:  # its peers reach it at its namespace's address, not at this machine's name
+            command += ["--fault_tolerance.advertise_address", self._testbed().address(f"r{i}")]
+        return command
 
     def group_command(self, i: int) -> list[str]:
         """Group ``i``'s torchrun: N ranks, restarts, a rendezvous store on a free loopback
         port; each rank runs ``replica_command(i)`` through ``rank_process`` (it dies with
         its agent). With N > 1 torchrun tees each rank's output, prefixed with its rank, and
         keeps its own per-attempt copies under ``<log_dir>/torchrun/replica_<i>``."""
+        address = self._testbed().address(f"r{i}") if self.netns else "127.0.0.1"
         torchrun = torchrun_args(i, procs=self.procs_per_replica, max_restarts=self.max_restarts,
-                                 tee_dir=os.path.join(self.resolved_log_dir, "torchrun", f"replica_{i}"))
-        return torchrun_group(torchrun, self.replica_command(i))
+                                 tee_dir=os.path.join(self.resolved_log_dir, "torchrun", f"replica_{i}"),
+                                 address=address)
+        inside = self._testbed().exec_prefix(f"r{i}") if self.netns else []
+        return [*inside, *torchrun_group(torchrun, self.replica_command(i))]
+
+    def _testbed(self) -> Testbed:
+        """The hosts of ``--netns``: the lighthouse, then r0..r(K-1), each group with ``--link``."""
+        if self.testbed is None:
+            try:
+                link = Link.parse(self.link, self.link_queue_ms)
+            except TestbedError as e:
+                raise LaunchError(f"--link: {e}", 2) from None
+            groups = [f"r{i}" for i in range(self.replicas)]
+            self.testbed = Testbed(["lighthouse", *groups], links={g: link for g in groups})
+        return self.testbed
 
     def group_env(self, i: int) -> dict[str, str]:
         """Group ``i``'s environment (torchrun adds each rank's RANK, LOCAL_RANK, WORLD_SIZE,
@@ -303,6 +335,14 @@ class LocalJob(LaunchOptions):
             raise LaunchError(f"--join-timeout-ms must be >= 0, got {self.join_timeout_ms}", 2)
         if self.threads is not None and self.threads < 1:
             raise LaunchError("--threads must be at least 1", 2)
+        if (self.link or self.link_queue_ms != 50) and not self.netns:
+            raise LaunchError("--link and --link-queue-ms shape the links of --netns; add --netns (or use the "
+                              "emulated link: compare --link)", 2)
+        if self.netns:
+            self._testbed()  # --link's own check first: bad input whatever the machine
+            why = unavailable()
+            if why:
+                raise LaunchError(f"--netns: {why}", 2)
 
     def _slice_gpus(self) -> None:
         """Give each group its GPUs, and as many ranks as it has GPUs."""
@@ -431,6 +471,8 @@ class LocalJob(LaunchOptions):
                               f"{e.strerror or e}", 2) from None
         self._reaper = GroupReaper()
         clear_stop_request()  # a request that stopped the last launch must not stop this one
+        if self.netns:
+            self._build_testbed()
         self._start_lighthouse()
         self._out.line(f"local job: logs in {os.path.abspath(self.resolved_log_dir)}")
         self._out.line(f"local job: {self.replicas} replica group(s) x {self.procs_per_replica} "
@@ -448,10 +490,25 @@ class LocalJob(LaunchOptions):
                 f"{self.quorum_size}, join_timeout_ms {self.resolved_join_timeout_ms}, quorum_tick_ms "
                 f"{self.quorum_tick_ms}, heartbeat_timeout_ms {self.heartbeat_timeout_ms}")
 
+    def _build_testbed(self) -> None:
+        tb = self._testbed()
+        try:
+            tb.build()
+        except TestbedError as e:
+            raise LaunchError(f"--netns: {e}", 2) from None
+        state = tb.write_state(self.resolved_log_dir)
+        self._created_files.append(state)
+        shaped = f", links {self.link} (queue {self.link_queue_ms} ms)" if self.link else ", links unshaped"
+        self._out.line(f"local job: hosts in network namespaces {tb.prefix}-*: " + ", ".join(
+            f"{h} {tb.address(h)}" for h in tb.hosts) + f"{shaped}; recorded in {state}")
+
     def _start_lighthouse(self) -> None:
         """The lighthouse runs in this process (torchft's server is a thread): its address is
         known when it returns, and it cannot outlive the launcher. ``lighthouse.log`` says where
-        it listened, for each launch."""
+        it listened, for each launch. With ``--netns`` it is a child inside its own namespace."""
+        if self.netns:
+            self._start_lighthouse_host()
+            return
         try:
             self._lighthouse = start_lighthouse(self.lighthouse_bind, self.quorum_size, self.resolved_join_timeout_ms,
                                                 self.quorum_tick_ms, self.heartbeat_timeout_ms)
@@ -464,6 +521,35 @@ class LocalJob(LaunchOptions):
                    f"(status page: {self.lighthouse_url}/)")
         self._out.line(f"local job: lighthouse {self.lighthouse_url} (in this process; status page: "
                        f"{self.lighthouse_url}/)")
+
+    def _start_lighthouse_host(self) -> None:
+        """``python -m muloco.launch.lighthouse`` on the testbed's lighthouse host; up once it
+        wrote its URL file (it dies with the launcher, as the groups do)."""
+        tb = self._testbed()
+        url_file = os.path.join(self.resolved_log_dir, "lighthouse.url")
+        log = os.path.join(self.resolved_log_dir, "lighthouse.log")
+        self._mark([log], f"=== launch {datetime.now().isoformat(timespec='seconds')} ===\n"
+                          f"{self._lighthouse_settings()}")
+        command = [*tb.exec_prefix("lighthouse"), sys.executable, "-m", "muloco.launch.lighthouse",
+                   "--bind", f"{tb.address('lighthouse')}:{LIGHTHOUSE_PORT}", "--min_replicas", str(self.quorum_size),
+                   "--join_timeout_ms", str(self.resolved_join_timeout_ms), "--quorum_tick_ms",
+                   str(self.quorum_tick_ms), "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms),
+                   "--url_file", url_file]
+        output = GroupOutput(-1, [log], self._out, lambda text: None, prefix="[lh]")
+        self._lighthouse_process = ManagedProcess(command, dict(os.environ), output, self._reaper, name="lh")
+        self.pids.append(self._lighthouse_process.pid)
+        while not os.path.exists(url_file):
+            rc = self._lighthouse_process.poll()
+            if rc is not None:
+                self._lighthouse_process.join_pump()
+                raise LaunchError(f"the lighthouse exited with {describe_exit(rc)} before it listened (log: {log})",
+                                  2)
+            time.sleep(0.05)
+        self._created_files.append(url_file)
+        with open(url_file) as f:
+            self.lighthouse_url = f.read().strip()
+        self._out.line(f"local job: lighthouse {self.lighthouse_url} (host 'lighthouse', pid "
+                       f"{self._lighthouse_process.pid}; status page: {self.lighthouse_url}/ from inside the testbed)")
 
     def _group_logs(self, g: ReplicaGroup) -> list[str]:
         return [self.log_path(g.index, r) for r in range(self.procs_per_replica)]
@@ -551,6 +637,11 @@ class LocalJob(LaunchOptions):
         if self._lighthouse:
             self._lighthouse.shutdown()
             self._lighthouse = None
+        if self._lighthouse_process is not None:
+            stop_processes([self._lighthouse_process], self.term_grace_s, self._hurry)
+            self._lighthouse_process = None
+        if self.testbed is not None:
+            self.testbed.close()  # its namespaces, veths and addresses
 
     def _release(self, undo: bool) -> None:
         """After teardown: dismiss the watchdog, then unlock the dump folder; with ``undo``

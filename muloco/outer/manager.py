@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import urllib.parse
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -29,6 +30,7 @@ from torchtitan.tools.logging import logger
 
 from muloco.compat import healing_transport
 from muloco.outer.lighthouse_status import majority
+from muloco.utils.interfaces import interface_of, is_ipv4, route_address
 from muloco.utils.values import require_at_least_zero, require_positive
 from muloco.outer.lighthouse_status import REPLICA_ID_PREFIX, LighthouseUnreachable, check_url, fetch_status
 
@@ -84,6 +86,13 @@ class ReplicaGroupManager(TorchFTManager):
         min_replica_size: int = 0
         """Replica groups a quorum needs to commit (0 = a majority of group_size, which rules
         out split brain; lower values allow it and are warned about)."""
+        advertise_address: str = ""
+        """The IPv4 address the other groups reach this one at: its torchft manager, healing
+        server and cross-group store, and the interface its cross-group gloo/NCCL use. Empty:
+        torchft's own choice, this host's name (socket.gethostname()); 'route': the address of
+        the interface that reaches the lighthouse. Set it where the hostname resolves to another
+        interface than the peers reach (several NICs, a network namespace); it must be an
+        address of this host."""
 
         def validate(self) -> None:
             """The replica groups of a DiLoCo run: muloco's outer loop, not torchtitan's, and
@@ -108,6 +117,10 @@ class ReplicaGroupManager(TorchFTManager):
                                  "could never commit).")
             for key in ("start_wait_seconds", "end_wait_seconds"):
                 require_at_least_zero(f"fault_tolerance.{key}", getattr(self, key))
+            if self.advertise_address not in ("", "route") and not is_ipv4(self.advertise_address):
+                raise ValueError(f"fault_tolerance.advertise_address is {self.advertise_address!r}; give an IPv4 "
+                                 "address of this host, 'route' (the interface that reaches the lighthouse), or "
+                                 "leave it empty (torchft's choice: the hostname).")
             if self.max_commit_failures < -1:
                 raise ValueError(f"fault_tolerance.max_commit_failures is {self.max_commit_failures}; it must be "
                                  ">= 0, or -1 for no limit.")
@@ -161,6 +174,7 @@ class ReplicaGroupManager(TorchFTManager):
         wait_until_reachable(url, config.replica_id, config.connect_timeout_seconds)
         self.quorum_size = config.quorum_size()
         _announce_quorum_rule(self.quorum_size, config.group_size)
+        address = advertised_address(config.advertise_address, url, config.replica_id)
         try:
             self._manager = torchft.Manager(
                 pg=_process_group(config.process_group, timedelta(milliseconds=config.process_group_timeout_ms)),
@@ -175,17 +189,38 @@ class ReplicaGroupManager(TorchFTManager):
                 lighthouse_addr=url,
                 replica_id=f"{REPLICA_ID_PREFIX}{config.replica_id}",
                 heartbeat_interval=timedelta(milliseconds=config.heartbeat_interval_ms),
-                checkpoint_transport=healing_transport.build(timeout),
+                checkpoint_transport=healing_transport.build(timeout, address),
+                **({"hostname": address, "store_addr": address} if address else {}),
                 init_sync=False,
                 max_retries=None,  # the outer loop counts failed syncs and says why they failed
             )
-        except Exception as err:  # the Rust client raises plain RuntimeError/TimeoutError
+        except (RuntimeError, TimeoutError) as err:  # what the Rust client raises when it cannot connect
             raise ReplicaGroupError(
                 f"replica {config.replica_id} cannot reach the torchft lighthouse at {url} "
                 f"within {config.connect_timeout_seconds:g}s ({str(err).strip().splitlines()[0]}). "
                 "Is it running? Start it with ./torchft_lighthouse, check the address and port, "
                 "or raise --fault_tolerance.connect_timeout_seconds."
             ) from err
+
+
+def advertised_address(setting: str, lighthouse_url: str, replica_id: int) -> str | None:
+    """The address this group gives its peers (None: torchft's, the hostname), checked to be one of
+    this host's; its interface then carries the cross-group collectives (gloo's and NCCL's
+    bootstrap), unless the environment already names one."""
+    if not setting:
+        return None
+    if setting == "route":
+        parsed = urllib.parse.urlsplit(lighthouse_url)
+        setting = route_address(parsed.hostname or "127.0.0.1", parsed.port or 80)
+    interface = interface_of(setting)
+    if interface is None:
+        raise ReplicaGroupError(f"replica {replica_id}: fault_tolerance.advertise_address {setting} is not an "
+                                "address of this host (no interface holds it); give one of this host's "
+                                "addresses (ip -4 addr), or 'route' for the one that reaches the lighthouse.")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
+    logger.info(f"replica {replica_id}: peers reach this group at {setting} (interface {interface})")
+    return setting
 
 
 def wait_until_reachable(url: str, replica_id: int, connect_timeout: float) -> None:

@@ -236,10 +236,13 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
     def _quorum_failure(self, err: BaseException) -> str:
         ft = self.config.fault_tolerance
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        if "lighthouse at" in first:  # the watcher saw the lighthouse go away
-            return (f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}. "
-                    "Restart the lighthouse and the job; it resumes from the last checkpoints "
-                    "(--fault_tolerance.lighthouse_lost_seconds waits longer for a lighthouse that moves).")
+        if "lighthouse at" in first:  # the watcher saw the lighthouse go away, or this group was cut off
+            return (f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}, after "
+                    f"{ft.lost_seconds():g}s (--fault_tolerance.lighthouse_lost_seconds; 0 = connect_timeout_seconds). "
+                    "This group cannot tell a lighthouse that is down from a link that is: if the other groups still "
+                    "train, restart only this group with its own command (the local launcher restarts it with "
+                    "--max-restarts; SLURM requeues its task) and it heals from its peers; if the lighthouse is down, "
+                    "restart it and every group: they resume from their last checkpoints.")
         return (
             f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}. "
             f"No quorum of {self.ft_manager.quorum_size} of {ft.group_size} replica groups formed within "
@@ -267,7 +270,8 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         mb = 1e6
         sent = d["bytes_sent"]
         logger.info(
-            f"DiLoCo replica {d['replica_id']}: syncs committed {d['syncs_committed']}/{d['syncs']}, "
+            f"DiLoCo replica {d['replica_id']}: syncs committed {d['syncs_committed']}/{d['syncs']}"
+            + (f" (missed {d['syncs_missed']} the others committed without it)" if d.get("syncs_missed") else "") + ", "
             f"sync time {d['sync_seconds_total']:.1f}s ({100 * (d['sync_share_of_wall_time'] or 0):.1f}% of wall"
             + (f"; includes the {d['link']}" if d.get("link") else "") + "), "
             f"bytes sent {sent / mb:,.1f}MB received {d['bytes_received'] / mb:,.1f}MB"

@@ -190,7 +190,7 @@ def _paced_job(cluster, dump, k: int, steps: int, extra: tuple, drills: str, tag
     return codes
 
 
-SYNC_PARTS = ("quorum", "wait_slowest", "queued", "pseudo_gradient", "encode", "collective", "link", "decode",
+SYNC_PARTS = ("quorum", "cut_off", "wait_slowest", "queued", "pseudo_gradient", "encode", "collective", "link", "decode",
               "commit", "outer_step", "pull", "other")
 """``muloco.outer.exchange.PARTS``, written out: this module imports nothing that loads torch."""
 

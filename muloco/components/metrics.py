@@ -36,7 +36,7 @@ def _fmt_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-_PART_LABELS = {"quorum": "quorum", "wait_slowest": "waiting for the slowest", "queued": "queued (device)",
+_PART_LABELS = {"quorum": "quorum", "cut_off": "cut off (lighthouse unreachable)", "wait_slowest": "waiting for the slowest", "queued": "queued (device)",
                 "pseudo_gradient": "Δ",
                 "encode": "encode", "collective": "collective", "link": "link (emulated)",
                 "decode": "decode/average",

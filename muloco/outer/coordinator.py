@@ -35,6 +35,16 @@ from muloco.compat.quorum_record import record_quorums
 from muloco.outer.lighthouse_status import LighthouseStatus, LighthouseUnreachable, fetch_status, group_of, majority
 
 PROGRESS_EVERY_S = 15.0
+CUT_OFF_FIRST_S = 5.0
+"""A group whose lighthouse stops answering says so after this long, then every PROGRESS_EVERY_S."""
+
+
+def _due(said: float | None, unreachable_since: float) -> bool:
+    """Whether to say (again) that the lighthouse does not answer: first after CUT_OFF_FIRST_S of
+    silence, then every PROGRESS_EVERY_S."""
+    now = time.monotonic()
+    return now - (unreachable_since if said is None else said) >= (CUT_OFF_FIRST_S if said is None
+                                                                  else PROGRESS_EVERY_S)
 POLL_S = 0.5
 
 
@@ -110,19 +120,44 @@ class Coordinator:
         self.quorum_timeout = quorum_timeout
         self.device = device
         self._recorder = record_quorums(manager)
+        self.cut_off_seconds = 0.0
+        """Seconds the lighthouse did not answer while this group waited for it (``take_cut_off``)."""
 
     # ------------------------------------------------------------ lighthouse
     def status(self) -> LighthouseStatus:
         """The lighthouse's status; CoordinationError if it does not answer within the connect timeout."""
         assert self.url is not None
-        deadline = time.monotonic() + self.lost_timeout
-        while True:
-            try:
-                return fetch_status(self.url, timeout=min(5.0, self.lost_timeout))
-            except LighthouseUnreachable as err:
-                if time.monotonic() >= deadline:
-                    raise CoordinationError(f"{err} (for {self.lost_timeout:g}s)") from err
-                time.sleep(POLL_S)
+        started = time.monotonic()
+        said: float | None = None
+        failing_since: float | None = None
+        try:
+            while True:
+                try:
+                    return fetch_status(self.url, timeout=min(5.0, self.lost_timeout))
+                except LighthouseUnreachable as err:
+                    failing_since = failing_since or started
+                    if time.monotonic() - started >= self.lost_timeout:
+                        raise CoordinationError(f"{err} (for {self.lost_timeout:g}s)") from err
+                    if _due(said, started):
+                        self._say_unreachable(started, started)
+                        said = time.monotonic()
+                    time.sleep(POLL_S)
+        finally:
+            if failing_since is not None:
+                self.cut_off_seconds += time.monotonic() - failing_since
+
+    def take_cut_off(self) -> float:
+        """The seconds cut off from the lighthouse since the last call (a sync books them apart
+        from its wait for slower peers)."""
+        seconds, self.cut_off_seconds = self.cut_off_seconds, 0.0
+        return seconds
+
+    def _say_unreachable(self, waiting_since: float, unreachable_since: float) -> None:
+        """A cut-off group says so while it waits: how long, and the setting that ends the wait."""
+        now = time.monotonic()
+        logger.warning(f"waiting {now - waiting_since:.0f}s for a quorum; the lighthouse at {self.url} has not "
+                       f"answered for {now - unreachable_since:.0f}s (this group may be cut off from it and its "
+                       f"peers); it gives up after {self.lost_timeout:g}s (--fault_tolerance.lighthouse_lost_seconds)")
 
     def wait_for_groups(self, expected: int, timeout: float, what: str) -> set[int]:
         """Block until ``expected`` replica groups heartbeat (or ``timeout``); the groups seen."""
@@ -156,26 +191,35 @@ class Coordinator:
         worker.start()
         unreachable_since: float | None = None
         last_report = started
+        said_cut_off: float | None = None
         limit = timeout or self.quorum_timeout
         while worker.is_alive():
             worker.join(POLL_S)
             if not worker.is_alive():
                 break
+            started_poll = time.monotonic()
             if limit and time.monotonic() - started > limit + self.lost_timeout:
                 raise CoordinationError(f"no quorum formed within {limit:g}s")
             try:
                 status = fetch_status(self.url, timeout=min(5.0, self.lost_timeout))
-                unreachable_since = None
+                if unreachable_since is not None:
+                    self.cut_off_seconds += time.monotonic() - unreachable_since
+                unreachable_since = said_cut_off = None
             except LighthouseUnreachable as err:
-                unreachable_since = unreachable_since or time.monotonic()
+                unreachable_since = unreachable_since or started_poll
                 if time.monotonic() - unreachable_since >= self.lost_timeout:
                     raise CoordinationError(f"{err} (for {self.lost_timeout:g}s, while waiting for a quorum)") from err
+                if _due(said_cut_off, unreachable_since):  # a cut-off group says so as it waits
+                    self._say_unreachable(started, unreachable_since)
+                    said_cut_off = last_report = time.monotonic()
                 continue
             if time.monotonic() - last_report >= PROGRESS_EVERY_S:
                 alive = sorted(status.alive_groups())
                 logger.info(f"waiting {time.monotonic() - started:.0f}s for a quorum; replica groups alive: "
                             f"{alive}; lighthouse: {status.next_quorum}")
                 last_report = time.monotonic()
+        if unreachable_since is not None:
+            self.cut_off_seconds += time.monotonic() - unreachable_since
         if failure:
             raise CoordinationError(str(failure[0]) or type(failure[0]).__name__) from failure[0]
         return self.last_quorum()

@@ -110,8 +110,9 @@ def _parts(sync: "_Open", clock: _Clock, seconds: float) -> dict[str, float]:
     exchange = sync.exchange.times
     slowest = sync.exchange.wait_for_slowest()
     parts = dict.fromkeys(PARTS, 0.0)
-    parts["wait_slowest"] = min(slowest or 0.0, sync.quorum_seconds)
-    parts["quorum"] = sync.quorum_seconds - parts["wait_slowest"]
+    parts["cut_off"] = min(sync.cut_off_seconds, sync.quorum_seconds)  # not waiting for peers: cut off from them
+    parts["wait_slowest"] = min(slowest or 0.0, sync.quorum_seconds - parts["cut_off"])
+    parts["quorum"] = sync.quorum_seconds - parts["cut_off"] - parts["wait_slowest"]
     for name in ("queued", "pseudo_gradient", "encode", "collective", "link", "decode"):
         parts[name] = exchange.get(name, 0.0)
     for name in ("commit", "outer_step", "pull"):
@@ -194,6 +195,9 @@ class HealRecord:
     """Bytes of the tensors in the state it received from the peer."""
     failure: str | None = None
     """Why the heal failed (None: it happened): the group stayed where it was."""
+    missed: int = 0
+    """Syncs the others committed without this group, which the heal jumped over (the sync the
+    heal itself joins, with or without an exchange, counts as one this group took part in)."""
 
 
 @dataclass
@@ -203,6 +207,8 @@ class _Open:
     seconds: float
     quorum: QuorumView
     quorum_seconds: float
+    cut_off_seconds: float = 0.0
+    """Of the quorum's wait, the part the lighthouse did not answer (this group cut off)."""
     catching_up: bool = False
     tokens: int = 0
     round_steps: int | None = None
@@ -341,6 +347,7 @@ class OuterLoop(Configurable):
         it is 0 with τ = 0)."""
         self._healed_to: int | None = None
         self._heal_bytes = 0
+        self._cut_off = 0.0  # of the last quorum: seconds the lighthouse did not answer
         self._meeting = "train"
         """The phase of the quorum this group is in (start, sync, end): a peer healing from it learns
         whether the quorum has an exchange (``end`` has none)."""
@@ -412,10 +419,13 @@ class OuterLoop(Configurable):
         recorded with ``phase`` (start, sync or end), so the summary counts it wherever it was."""
         self._healed_to = None
         self._meeting = phase
+        sync_from = self.manager.current_step()
+        self.coordinator.take_cut_off()  # only this quorum's
         try:
             view = self.coordinator.quorum(timeout)
         finally:
             self._meeting = "train"
+            self._cut_off = self.coordinator.take_cut_off()
         if self._healed_to is None and view.healed_from is not None:  # torchft started a heal that failed
             err = self.manager.errored()
             cause = _first_line(err) if err is not None else "the peer's state never arrived"
@@ -427,13 +437,17 @@ class OuterLoop(Configurable):
                            f"sync {heal.sync}")
             view = dataclasses.replace(view, healed_from=None)
         if self._healed_to is not None:
+            sync = self.manager.current_step()
+            joins_an_exchange = phase != "end" and self._source_phase != "end"  # else the heal is its sync
             heal = HealRecord(phase=phase, peer=view.healed_from, quorum_id=view.quorum_id, step_from=step,
-                              step_to=self._healed_to, sync=self.manager.current_step(),
-                              bytes_received=self._heal_bytes)
+                              step_to=self._healed_to, sync=sync, bytes_received=self._heal_bytes,
+                              missed=max(0, sync - sync_from - (0 if joins_an_exchange else 1)))
             self.heals.append(heal)
+            missed = (f"; it missed {heal.missed} sync(s) the others committed without it (syncs "
+                      f"{sync_from + 1}..{sync_from + heal.missed})" if heal.missed else "")
             logger.info(
                 f"healed from replica {heal.peer if heal.peer is not None else '?'} in quorum "
-                f"{view.quorum_id}: step {step} -> {heal.step_to}, sync {heal.sync} ({phase})"
+                f"{view.quorum_id}: step {step} -> {heal.step_to}, sync {heal.sync} ({phase}){missed}"
             )
             step = self._healed_to
         return view, step
@@ -442,6 +456,12 @@ class OuterLoop(Configurable):
     def _prepare(self, step: int) -> int:
         started = time.perf_counter()
         view, step = self._meet(step, "sync")
+        if self._healed_to is not None and self._source_phase == "end":
+            # its peers finished while it was away (cut off, slow) and served the heal from their
+            # end-of-run agreement, which has no exchange: their final state is this group's now
+            logger.info(f"the other groups have finished: this group took their final state (sync "
+                        f"{self.manager.current_step()}, step {step}); no exchange")
+            return step
         # a replica that just healed holds a copy of its peer's state: it adds nothing
         self._start_exchange(view, started, step, contributes=self._healed_to is None, catching_up=False)
         return step
@@ -467,7 +487,8 @@ class OuterLoop(Configurable):
         pending = self.exchange.start(self.manager, frag.names, pseudo_gradient, contributes, quorum_seconds,
                                       work=work)
         self._open = _Open(fragment=index, exchange=pending, seconds=time.perf_counter() - started,
-                           quorum=view, quorum_seconds=quorum_seconds, catching_up=catching_up, tokens=tokens,
+                           quorum=view, quorum_seconds=quorum_seconds, cut_off_seconds=self._cut_off,
+                           catching_up=catching_up, tokens=tokens,
                            round_steps=work.steps if self.deadline else None)
 
     @torch.no_grad()
@@ -782,6 +803,7 @@ class OuterLoop(Configurable):
             "syncs": len(recs) + len(heals_alone),
             "syncs_committed": len(committed) + len(heals_alone),
             "syncs_failed": len(recs) - len(committed),
+            "syncs_missed": sum(h.missed for h in self.heals),
             "final_sync": self.manager.current_step(),
             "heals": sum(h.failure is None for h in self.heals),
             "heals_failed": sum(h.failure is not None for h in self.heals),

@@ -80,9 +80,10 @@ class Work:
 WEIGHT_GRID = 2**16
 """Weights are multiples of 1/WEIGHT_GRID (see :func:`work_weights`)."""
 
-PARTS = ("quorum", "wait_slowest", "queued", "pseudo_gradient", "encode", "collective", "link", "decode",
+PARTS = ("quorum", "cut_off", "wait_slowest", "queued", "pseudo_gradient", "encode", "collective", "link", "decode",
          "commit", "outer_step", "pull", "other")
-"""The blocked time of a sync, part by part (``wait_slowest`` is the part of the quorum spent
+"""The blocked time of a sync, part by part (``cut_off`` is the part of the quorum this group could
+not reach the lighthouse: cut off, not waiting; ``wait_slowest`` the part spent
 waiting for the last replica to arrive, where the strategy carries the headers to tell;
 ``link`` the emulated link's hold, 0 without one; ``queued`` the device work queued before each
 part, with device timing only)."""

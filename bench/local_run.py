@@ -49,19 +49,22 @@ def tail(path: Path, n: int = 30) -> str:
 
 def run_local_job(work: Path, config: str, replicas: int, overrides: list[str], timeout: float, *,
                   env: dict[str, str] | None = None, join_timeout_ms: int = 20000, validate: bool = False,
-                  watch: Callable[[LocalJob], Callable[[], None]] | None = None) -> FinishedJob:
+                  watch: Callable[[LocalJob], Callable[[], None]] | None = None,
+                  launch: dict | None = None) -> FinishedJob:
     """Run the job in ``work`` (made here) until it ends or ``timeout`` seconds pass (then it is
     stopped and this raises). ``env`` goes to every group's processes; ``validate`` keeps the
     config's validation on; ``watch(job)`` starts something beside the running job and returns
-    what ends it."""
+    what ends it; ``launch`` replaces the launcher's settings (e.g. ``netns``, ``max_restarts``,
+    ``min_replicas``: None for a majority)."""
     off = [flag for flag in OFF if not (validate and flag == "--validator.no-enable")]
     work.mkdir(parents=True)
     dump, logs = work / "dump", work / "logs"
     with open(work / "launcher.log", "w") as console:
-        job = LocalJob(config=config, replicas=replicas, min_replicas=replicas, join_timeout_ms=join_timeout_ms,
-                       threads=1, visible_gpus=visible_gpus()[:1], share_gpus=True,  # on a GPU host: all on its first GPU
+        settings = {"min_replicas": replicas, "join_timeout_ms": join_timeout_ms, **(launch or {})}
+        job = LocalJob(config=config, replicas=replicas, threads=1, visible_gpus=visible_gpus()[:1],
+                       share_gpus=True,  # on a GPU host: all on its first GPU
                        log_dir=str(logs), console=console, env=dict(env or {}),
-                       overrides=[*overrides, *off, "--dump_folder", str(dump)])
+                       overrides=[*overrides, *off, "--dump_folder", str(dump)], **settings)
         stop_watching = watch(job) if watch is not None else None
         hung = threading.Timer(timeout, job.stop, args=(124,))
         hung.start()

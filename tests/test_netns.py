@@ -114,3 +114,21 @@ def test_bad_links_and_hosts_are_one_clear_error():
         Link.parse("100mbps")
     with pytest.raises(TestbedError, match="no host 'r9' in this testbed"):
         Testbed(["r0"]).address("r9")
+
+
+def test_the_drill_command_cuts_and_restores_a_recorded_testbed(testbed, tmp_path):
+    """``python -m muloco.launch.netns cut LOG_DIR r1 --seconds S``, as a drill run beside a job does:
+    it finds the testbed the job recorded, cuts the link, says when, and restores it."""
+    tb = testbed
+    tb.write_state(str(tmp_path))
+    command = [sys.executable, "-m", "muloco.launch.netns"]
+    cut = subprocess.Popen([*command, "cut", str(tmp_path), "r1", "--seconds", "3"], stdout=subprocess.PIPE, text=True)
+    assert cut.stdout.readline().strip().endswith("netns: cut r1")
+    assert _send(tb, "r1", "r0", 1000)[0] == "unreachable"
+    assert cut.stdout.readline().strip().endswith("netns: restore r1 after 3 s")
+    assert cut.wait() == 0
+    assert _send(tb, "r1", "r0", 1000)[0] == "1000"
+    shown = subprocess.run([*command, "show", str(tmp_path)], capture_output=True, text=True, check=True).stdout
+    assert '"address": "198.18.0.3"' in shown
+    bad = subprocess.run([*command, "cut", str(tmp_path / "nothing"), "r1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "no testbed recorded in" in bad.stderr and "is a --netns job running there?" in bad.stderr

@@ -178,6 +178,8 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "muloco.launch.lighthouse": (f"{THIS}::test_entry_point_help[muloco.launch.lighthouse]",
                                  "tests/test_launch.py::test_lighthouse_cli_prints_url_line_and_stops_on_sigterm",
                                  SLURM_ARRAY),
+    "muloco.launch.netns": (f"{THIS}::test_entry_point_help[muloco.launch.netns]",
+                            "tests/test_netns.py::test_the_drill_command_cuts_and_restores_a_recorded_testbed"),
     "muloco.export": (f"{THIS}::test_entry_point_help[muloco.export]",
                       "tests/test_export.py::test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens"),
     "muloco.evaluate": (f"{THIS}::test_entry_point_help[muloco.evaluate]",
@@ -223,6 +225,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "bench/round_modes.py": f"{BENCH_TEST}[round_modes.py]",
     "bench/startup.py": f"{BENCH_TEST}[startup.py]",
     "bench/sync_overhead.py": f"{BENCH_TEST}[sync_overhead.py]",
+    "bench/partition_drills.py": f"{BENCH_TEST}[partition_drills.py]",
     "bench/trainer_overhead.py": f"{BENCH_TEST}[trainer_overhead.py]",
     "bench/unequal_groups.py": f"{BENCH_TEST}[unequal_groups.py]",
 }

@@ -130,6 +130,10 @@ def test_sigkilled_launcher_takes_every_process_with_it(tmp_path):
         print(f"\nlauncher SIGKILLed: all {len(job.run_pids)} processes of the run gone "
               f"after {waited * 1000:.0f} ms")
         assert not left, {p: state(p) for p in left}
+        for log in ("replica_0.log", "replica_1.log", "lighthouse.log"):  # the run's logs say why they stop
+            last = (tmp_path / "logs" / log).read_text().splitlines()[-1]
+            assert f"the launcher (pid {job.proc.pid}) died without stopping the run" in last, (log, last)
+            assert "its watchdog kills the 2 process group(s) still running" in last
     finally:
         job.cleanup()
 

@@ -5,6 +5,7 @@ stopped with their process groups, and never outliving the launcher (see ``Group
 from __future__ import annotations
 
 import os
+from datetime import datetime
 import signal
 import subprocess
 import sys
@@ -51,6 +52,12 @@ class GroupReaper:
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}")
 
+    def note_log(self, path: str) -> None:
+        """A log of the run: if the launcher dies, the watchdog's last line goes there too, so the
+        run's logs say why they stop."""
+        if "\n" not in path:
+            self._send(f"!{os.path.abspath(path)}")
+
     def forget(self, pgid: int) -> None:
         """Called once a group is reaped, so a reused process-group id is never killed."""
         self._send(f"-{pgid}")
@@ -71,11 +78,14 @@ class GroupReaper:
 
 
 def reap_groups_on_eof(stream: IO[str] | None = None) -> None:
-    """The ``GroupReaper`` process: read ``+PGID``, ``-PGID`` and ``bye`` lines; at end of
-    input without ``bye`` (the launcher died), SIGKILL every group still listed."""
+    """The ``GroupReaper`` process: read ``+PGID``, ``-PGID``, ``!LOG`` and ``bye`` lines; at end
+    of input without ``bye`` (the launcher died), SIGKILL every group still listed and say so, as
+    the last line of every log it was told of."""
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    launcher = os.getppid()
     groups: set[int] = set()
+    logs: list[str] = []
     for line in stream or sys.stdin:
         line = line.strip()
         if line == "bye":
@@ -84,6 +94,18 @@ def reap_groups_on_eof(stream: IO[str] | None = None) -> None:
             groups.add(int(line[1:]))
         elif line[:1] == "-":
             groups.discard(int(line[1:]))
+        elif line[:1] == "!":
+            logs.append(line[1:])
+    said = (f"=== {datetime.now().isoformat(timespec='seconds')} the launcher (pid {launcher}) died without "
+            f"stopping the run (SIGKILL, out of memory, or a crash: see the system log, e.g. dmesg); its watchdog "
+            f"kills the {len(groups)} process group(s) still running. Rerun the same command to resume from the "
+            "checkpoints. ===\n")
+    for path in logs:  # first, so the line is there once the processes are gone
+        try:
+            with open(path, "a") as f:
+                f.write(said)
+        except OSError:
+            pass
     for pgid in groups:
         try:
             os.killpg(pgid, signal.SIGKILL)

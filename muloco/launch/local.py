@@ -470,6 +470,7 @@ class LocalJob(LaunchOptions):
             raise LaunchError(f"cannot create the log folder {self.resolved_log_dir}: "
                               f"{e.strerror or e}", 2) from None
         self._reaper = GroupReaper()
+        self._reaper.note_log(os.path.join(self.resolved_log_dir, "lighthouse.log"))  # if this launcher dies: why
         clear_stop_request()  # a request that stopped the last launch must not stop this one
         if self.netns:
             self._build_testbed()
@@ -569,6 +570,8 @@ class LocalJob(LaunchOptions):
         """Start group ``g``'s torchrun; its output is split by rank into the group's logs."""
         logs = self._group_logs(g)
         self._mark(logs, f"=== launch {datetime.now().isoformat(timespec='seconds')} ===")
+        for log in logs:
+            self._reaper.note_log(log)
         output = GroupOutput(g.index, logs, self._out, lambda text: self._on_failure(g, output, text))
         g.agent = ManagedProcess(self.group_command(g.index), self.group_env(g.index), output,
                                  self._reaper, name=f"r{g.index}")

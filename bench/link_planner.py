@@ -16,6 +16,12 @@ ratio measured / projected. The target: within 10% (0.90–1.10) at two link spe
 sync also holds the quorum, encoding, decoding and the outer step, which the planner leaves
 out, so at fast links (where they are not small beside the link) the ratio grows above 1.
 
+``--shaped`` (root and iproute2) runs each job a second time on the network testbed instead of
+the emulated link (``muloco.launch.local --netns --link RATE``: each group on a host of its own, its
+link shaped by ``tc tbf`` both ways, no ``--outer.link``) and prints that sync time, its bytes/s
+and the job's wall-clock beside the emulated one's, with the ratios shaped / projected and
+shaped / emulated (target: within 15%).
+
 ``--smoke`` (what CI runs): ``llama3-w64-d2-h2``, seq 64, batch 2, 6 steps, H=2, one config,
 one link (20 Mbps). Outputs go to a temporary folder removed at the end (``--keep`` leaves it).
 Nothing here asserts on timing.
@@ -38,10 +44,12 @@ from muloco.sizing.flavors import count_parameters, parse_flavor
 K = 2
 
 
-def run_job(root: Path, name: str, config: str, overrides: list[str], timeout: float) -> list[dict]:
-    """One local job to completion; per replica its summary and sync rows."""
-    job = run_local_job(root / name, config, K, overrides, timeout)
-    return [{"summary": r["summary"], "syncs": sorted((x for x in r["rows"] if "sync/step" in x), key=lambda x: x["sync/step"])}
+def run_job(root: Path, name: str, config: str, overrides: list[str], timeout: float,
+            launch: dict | None = None) -> list[dict]:
+    """One local job to completion; per replica its summary, sync rows and the job's wall-clock."""
+    job = run_local_job(root / name, config, K, overrides, timeout, launch=launch)
+    return [{"summary": r["summary"], "wall": job.wall_s,
+             "syncs": sorted((x for x in r["rows"] if "sync/step" in x), key=lambda x: x["sync/step"])}
             for r in job.replicas]
 
 
@@ -60,7 +68,9 @@ def measure(replicas: list[dict]) -> dict:
     last = [min(rows, key=lambda r: r["sync/seconds"]) for rows in by_step]
     return {"syncs": len(last), "seconds": statistics.median(r["sync/seconds"] for r in last),
             "link": statistics.median(r.get("sync/time_link", 0.0) for r in last),
-            "committed": all(r["sync/committed"] for rows in by_step for r in rows)}
+            "bytes": statistics.median(r.get("sync/bytes_sent", 0) for r in last),
+            "committed": all(r["sync/committed"] for rows in by_step for r in rows),
+            "wall": replicas[0]["wall"]}
 
 
 def project(config_name: str, flavor: str, vocab: int, mbps: float, latency_ms: float, sync_every: int) -> float:
@@ -82,6 +92,7 @@ def main() -> int:
     p.add_argument("--links", default="10mbps,100mbps")
     p.add_argument("--configs", default="diloco/diloco,diloco/muloco_2bit,diloco/sparseloco")
     p.add_argument("--latency-ms", type=float, default=0.0)
+    p.add_argument("--shaped", action="store_true", help="also on the network testbed's tbf-shaped links (root)")
     add_job_options(p, timeout=600)
     args = p.parse_args()
     try:
@@ -97,7 +108,12 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="link_planner_"))
     print(f"machine load average at start: {loadavg()}; K={K}, {flavor}, {args.steps} steps, H={args.sync_every}, "
           f"latency {args.latency_ms:g} ms per round")
-    rows = []
+    rows, shaped = [], {}
+    if args.shaped:
+        from muloco.launch.netns import unavailable
+
+        if unavailable():
+            p.error(f"--shaped: {unavailable()}")
     try:
         for config in configs:
             for mbps in links:
@@ -109,6 +125,11 @@ def main() -> int:
                 vocab = vocabulary(flavor, replicas[0]["summary"]["diloco"]["outer_parameters"])
                 planned = project(config, flavor, vocab, mbps, args.latency_ms, args.sync_every)
                 rows.append((config, mbps, planned, measure(replicas)))
+                if args.shaped:
+                    common = ["--model.flavor", flavor, *shape, "--training.steps", str(args.steps),
+                              "--outer.sync_every", str(args.sync_every)]
+                    shaped[(config, mbps)] = measure(run_job(root, name + "-shaped", config, common, args.timeout,
+                                                             launch={"netns": True, "link": f"{mbps:g}mbit"}))
     finally:
         if args.keep:
             print(f"kept {root}")
@@ -121,6 +142,16 @@ def main() -> int:
         print(f"{config:<22}{format_rate(mbps):>16}{planned:>13.3f}{m['seconds']:>12.3f}{m['link']:>13.3f}"
               f"{m['syncs']:>7}{ratio:>8.3f}  {'yes' if abs(ratio - 1) <= 0.10 else 'no'}"
               + ("" if m["committed"] else "  (a sync did not commit)"))
+    if shaped:
+        print(f"\n{'config':<22}{'link':>10}{'projected s':>13}{'emulated s':>12}{'shaped s':>10}{'shaped MB/s':>13}"
+              f"{'wall emu s':>12}{'wall shaped s':>15}{'shaped/proj':>13}{'shaped/emu':>12}  within 15%")
+        for config, mbps, planned, m in rows:
+            t = shaped[(config, mbps)]
+            rate = t["bytes"] / t["seconds"] / 1e6 if t["seconds"] else 0.0
+            vs_plan, vs_emu = t["seconds"] / planned, t["seconds"] / m["seconds"]
+            print(f"{config:<22}{format_rate(mbps):>10}{planned:>13.3f}{m['seconds']:>12.3f}{t['seconds']:>10.3f}"
+                  f"{rate:>13.2f}{m['wall']:>12.1f}{t['wall']:>15.1f}{vs_plan:>13.3f}{vs_emu:>12.3f}  "
+                  f"{'yes' if abs(vs_plan - 1) <= 0.15 else 'no'}" + ("" if t["committed"] else "  (a sync did not commit)"))
     print(f"\nmachine load average at the end: {loadavg()}; measured: per sync the replica that arrived last, "
           "median over the syncs after the first; projected: the planner (bytes / bandwidth + rounds x latency)")
     return 0

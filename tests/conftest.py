@@ -282,3 +282,23 @@ def hand_bits_per_byte(loss: float, *, next_token: bool, seq_len: int, batch: in
     special = {tok.bos_id, tok.eos_id, tok.mask_id}
     text = tok.decode([t for t in targets if t not in special])
     return loss * len(targets) / len(text.encode("utf-8")) / math.log(2)
+
+
+def _interrupt_on_sigterm(signum, frame) -> None:
+    """SIGTERM (a CI time limit, ``kill`` of the run) ends the suite as Ctrl-C does: the running
+    tests unwind (their ``finally`` blocks and fixtures stop the processes they started, by PID)
+    instead of the interpreter dying with them still running. It is passed on first to this
+    process's own children (the controller's are its xdist workers, which only it was sent to; a
+    worker's, the launchers and jobs its test started, which stop as they do on SIGTERM)."""
+    import psutil
+
+    for child in psutil.Process().children():
+        try:
+            child.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    raise KeyboardInterrupt(f"terminated by signal {signum}")
+
+
+def pytest_configure(config):
+    signal.signal(signal.SIGTERM, _interrupt_on_sigterm)

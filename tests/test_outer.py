@@ -9,6 +9,7 @@ float64 reference written out by hand can follow every round.
 from __future__ import annotations
 
 import math
+import os
 import threading
 from datetime import timedelta
 
@@ -424,3 +425,19 @@ def test_an_unknown_sync_timing_is_refused_by_name():
 
     with pytest.raises(ValueError, match="outer.exchange.timing must be one of host, device; got 'gpu'"):
         Exchange.Config(timing="gpu").validate()
+
+
+def test_the_advertised_address_is_checked_and_route_finds_the_interface_to_the_lighthouse(monkeypatch):
+    """``fault_tolerance.advertise_address``: 'route' is the address this host reaches the lighthouse
+    from (loopback here) and names its interface for gloo/NCCL; an address no interface holds is one
+    error naming the setting; empty keeps torchft's choice (the hostname)."""
+    from muloco.outer.manager import ReplicaGroupError, advertised_address
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    assert advertised_address("", "http://127.0.0.1:29510", 0) is None
+    assert advertised_address("route", "http://127.0.0.1:29510", 0) == "127.0.0.1"
+    assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+    with pytest.raises(ReplicaGroupError, match=r"replica 1: fault_tolerance.advertise_address 198.51.100.7 is not "
+                                                r"an address of this host"):
+        advertised_address("198.51.100.7", "http://127.0.0.1:29510", 1)

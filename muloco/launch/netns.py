@@ -29,6 +29,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import IO
 
 PREFIX = "mlc"
@@ -39,10 +40,10 @@ _RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit)$")
 
 
 class TestbedError(Exception):
-    __test__ = False  # not a pytest class (its name starts with Test)
-
     """The testbed cannot be built here, or a request names what does not exist; the message
     says why and what to do."""
+
+    __test__ = False  # not a pytest class (its name starts with Test)
 
 
 def unavailable() -> str | None:
@@ -113,8 +114,9 @@ class Link:
 
 @dataclass
 class Testbed:
-    __test__ = False
     """Hosts in namespaces on one bridge; ``with Testbed(["lighthouse", "r0", "r1"]) as tb:``."""
+
+    __test__ = False  # not a pytest class
 
     hosts: list[str]
     links: dict[str, Link] = field(default_factory=dict)
@@ -293,38 +295,44 @@ def delete_on_eof(stream: IO[str] | None = None) -> None:
         subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
 
 
+ACTIONS = {  # action: (how many hosts it names, what it does, what ends it after --seconds)
+    "cut": (1, lambda tb, hosts: tb.cut(*hosts), "restore"),
+    "restore": (1, lambda tb, hosts: tb.restore(*hosts), None),
+    "block": (2, lambda tb, hosts: tb.block(*hosts), "unblock"),
+    "unblock": (2, lambda tb, hosts: tb.unblock(*hosts), None),
+}
+
+
 def _drill(args) -> int:
-    """``cut`` / ``block`` a running job's testbed (for ``--seconds``, then restore), ``restore``,
-    ``unblock``, or ``show`` its hosts; one line per change, timestamped, for the drill's record."""
+    """One change to a running job's testbed, ended ``--seconds`` later (also when interrupted:
+    a drill never leaves a link down behind it); a timestamped line per change, for the record."""
     import time
     from datetime import datetime
 
+    if args.action == "show":
+        Testbed.attach(args.log_dir)  # the error if there is none
+        print(Path(args.log_dir, STATE_FILE).read_text().strip())
+        return 0
     tb = Testbed.attach(args.log_dir)
+    count, act, end = ACTIONS[args.action]
+    if len(args.hosts) != count:
+        raise TestbedError(f"{args.action} takes {count} host(s) (e.g. {'r1' if count == 1 else 'lighthouse r1'}), "
+                           f"got {args.hosts}")
+    target = " and ".join(args.hosts)
 
     def say(what: str) -> None:
         print(f"{datetime.now().isoformat(timespec='milliseconds')} netns: {what}", flush=True)
 
-    if args.action == "show":
-        print(json.dumps(tb.describe(), indent=1))
-        return 0
-    if args.action in ("cut", "restore"):
-        if len(args.hosts) != 1:
-            raise TestbedError(f"{args.action} takes one host (e.g. r1), got {args.hosts}")
-        act, undo = (tb.cut, tb.restore) if args.action == "cut" else (tb.restore, None)
-        target = args.hosts[0]
-    else:
-        if len(args.hosts) != 2:
-            raise TestbedError(f"{args.action} takes two hosts (e.g. lighthouse r1), got {args.hosts}")
-        pair = args.hosts
-        act = (lambda _: tb.block(*pair)) if args.action == "block" else (lambda _: tb.unblock(*pair))
-        undo = (lambda _: tb.unblock(*pair)) if args.action == "block" else None
-        target = " and ".join(pair)
-    act(target if args.action in ("cut", "restore") else None)
+    act(tb, args.hosts)
     say(f"{args.action} {target}")
-    if args.seconds and undo is not None:
+    if not args.seconds or end is None:
+        return 0
+    started = time.monotonic()
+    try:
         time.sleep(args.seconds)
-        undo(target if args.action == "cut" else None)
-        say(f"{'restore' if args.action == 'cut' else 'unblock'} {target} after {args.seconds:g} s")
+    finally:
+        ACTIONS[end][1](tb, args.hosts)
+        say(f"{end} {target} after {time.monotonic() - started:.3g} s")
     return 0
 
 

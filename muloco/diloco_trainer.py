@@ -271,7 +271,8 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         sent = d["bytes_sent"]
         logger.info(
             f"DiLoCo replica {d['replica_id']}: syncs committed {d['syncs_committed']}/{d['syncs']}"
-            + (f" (missed {d['syncs_missed']} the others committed without it)" if d.get("syncs_missed") else "") + ", "
+            + (f" (missed {d['syncs_missed']} the others committed without it)" if d.get("syncs_missed") else "")
+            + (f", cut off from the lighthouse {d['cut_off_seconds']:.1f}s" if d.get("cut_off_seconds") else "") + ", "
             f"sync time {d['sync_seconds_total']:.1f}s ({100 * (d['sync_share_of_wall_time'] or 0):.1f}% of wall"
             + (f"; includes the {d['link']}" if d.get("link") else "") + "), "
             f"bytes sent {sent / mb:,.1f}MB received {d['bytes_received'] / mb:,.1f}MB"

@@ -348,6 +348,9 @@ class OuterLoop(Configurable):
         self._healed_to: int | None = None
         self._heal_bytes = 0
         self._cut_off = 0.0  # of the last quorum: seconds the lighthouse did not answer
+        self.cut_off_seconds = 0.0
+        """All quorums' seconds cut off from the lighthouse, those of a sync without a record (a heal
+        from peers that had finished) too."""
         self._meeting = "train"
         """The phase of the quorum this group is in (start, sync, end): a peer healing from it learns
         whether the quorum has an exchange (``end`` has none)."""
@@ -426,6 +429,7 @@ class OuterLoop(Configurable):
         finally:
             self._meeting = "train"
             self._cut_off = self.coordinator.take_cut_off()
+            self.cut_off_seconds += self._cut_off
         if self._healed_to is None and view.healed_from is not None:  # torchft started a heal that failed
             err = self.manager.errored()
             cause = _first_line(err) if err is not None else "the peer's state never arrived"
@@ -812,6 +816,7 @@ class OuterLoop(Configurable):
             "sync_seconds_total": sum(seconds),
             "sync_seconds_mean": sum(seconds) / len(seconds) if seconds else None,
             "sync_seconds_by_part": {part: sum(r.parts.get(part, 0.0) for r in recs) for part in PARTS},
+            "cut_off_seconds": self.cut_off_seconds,
             "sync_peak_extra_bytes": max((r.peak_extra_bytes for r in recs), default=0),
             "bytes_sent": sum(r.bytes_sent for r in recs),
             "bytes_received": sum(r.bytes_received for r in recs),

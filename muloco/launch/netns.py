@@ -56,6 +56,15 @@ def unavailable() -> str | None:
     return None
 
 
+def bits_per_second(rate: str) -> float:
+    """A tc rate (100mbit, 1gbit) in bits per second."""
+    m = _RATE.match(rate)
+    if m is None:
+        raise TestbedError(f"link rate {rate!r} is not a tc rate; give e.g. 100mbit or 1gbit")
+    unit = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}[m.group(2)]
+    return float(rate[: -len(m.group(2))]) * unit
+
+
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     done = subprocess.run(list(args), capture_output=True, text=True)
     if check and done.returncode:
@@ -197,10 +206,14 @@ class Testbed:
 
     @staticmethod
     def _shape(ns: str, dev: str, rate: str | None, queue_ms: int) -> None:
+        """tbf at ``rate``; its bucket holds 10 ms of the rate (at least 32 KiB): a bucket smaller than
+        what the rate sends per kernel tick (rate / HZ) caps the link below its rate (a 64 KiB bucket
+        held a 1 Gbit link to ~0.6 Gbit)."""
         if rate is None:
             return
+        burst = max(32 * 1024, int(bits_per_second(rate) / 8 / 100))
         _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-             "burst", "64kb", "latency", f"{queue_ms}ms")
+             "burst", str(burst), "latency", f"{queue_ms}ms")
 
     def close(self) -> None:
         """Delete every namespace (their veths and addresses with them); then stop the watchdog."""

@@ -6,7 +6,8 @@ cut or a lighthouse blocked while the job runs, and what it cost.
 
 Each drill is one real job (the launcher users run, every group and the lighthouse in a network
 namespace of its own, ``muloco/launch/netns.py``) of the tiny model (``llama3-w128-d4-h2``, seq 256,
-batch 8). When the victim group's log shows inner step H + H/2 (mid-round), its fault starts:
+batch 8). When the victim group's log shows inner step H + H/2 (mid-round; or its last step, for the
+drills of the final sync), its fault starts:
 ``cut`` sets its link down (it reaches nobody), ``lighthouse`` blocks it and the lighthouse from each
 other (its peers still reach both); ``seconds`` later the fault ends. A group that gives up (exit 4
 after ``--fault_tolerance.lighthouse_lost_seconds``, 30 s) is restarted by the launcher
@@ -51,6 +52,9 @@ class Drill:
     seconds: float
     mode: str = "lockstep"
     extra: tuple[str, ...] = ()
+    at: str = "mid"
+    """``mid``: the fault starts at the victim's step H + H/2 (mid-round); ``final``: at its last
+    step, so it lands in the final sync."""
 
 
 DRILLS = [
@@ -62,6 +66,8 @@ DRILLS = [
     Drill("k3-lighthouse-50s-quorum-40s", 3, "lighthouse", 50, extra=("--fault_tolerance.quorum_timeout_seconds", "40")),
     Drill("k2-cut-15s-deadline", 2, "cut", 15, "deadline"),
     Drill("k3-cut-15s-deadline", 3, "cut", 15, "deadline"),
+    Drill("k3-cut-15s-final-sync", 3, "cut", 15, at="final"),
+    Drill("k2-lighthouse-50s-quorum-40s", 2, "lighthouse", 50, extra=("--fault_tolerance.quorum_timeout_seconds", "40")),
 ]
 SMOKE = Drill("k2-cut-3s", 2, "cut", 3)
 SHAPE = ["--model.flavor", "llama3-w128-d4-h2", "--training.seq_len", "256", "--training.local_batch_size", "8"]
@@ -119,7 +125,7 @@ def run_drill(drill: Drill, work: Path, args, shape: list[str]) -> dict:
     overrides = [*shape, "--training.steps", str(args.steps), "--outer.sync_every", str(h), "--metrics.log_freq", "1",
                  *(["--outer.round", "deadline"] if drill.mode == "deadline" else []), *drill.extra]
     job = run_local_job(work / drill.name, "diloco/diloco", drill.replicas, overrides, args.timeout,
-                        watch=fault_thread(drill, h + h // 2, said),
+                        watch=fault_thread(drill, args.steps if drill.at == "final" else h + h // 2, said),
                         launch={"netns": True, "max_restarts": 3, "min_replicas": None, "join_timeout_ms": None})
     sums = [r["summary"]["diloco"] for r in job.replicas]
     twice = [sum(n - 1 for n in Counter(row["step"] for row in r["rows"] if "loss" in row).values() if n > 1)

@@ -33,6 +33,7 @@ from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa
 from muloco.utils.command_line import run_main  # noqa: E402
 from muloco.runs.facts import RUN_FILE, facts_of, update_run_record  # noqa: E402
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
+from muloco.utils.interfaces import is_ipv4  # noqa: E402
 from muloco.utils.ports import free_port  # noqa: E402
 
 EXIT_BAD_INPUT = 2
@@ -40,8 +41,9 @@ EXIT_BAD_CHECKPOINT = 3
 EXIT_REPLICA_GROUP = 4  # ReplicaGroupError.exit_status; ReplicaOutOfDate: 5
 
 
-def ensure_single_process_env() -> None:
-    """A plain `python -m muloco.train` is a world of one, bound to loopback."""
+def ensure_single_process_env(address: str = "127.0.0.1") -> None:
+    """A plain `python -m muloco.train` is a world of one, its store on loopback, or on the address
+    the group advertises (the other groups' collectives meet at the store of one of them)."""
     if "RANK" in os.environ or "WORLD_SIZE" in os.environ:
         return
     os.environ.update(
@@ -49,7 +51,7 @@ def ensure_single_process_env() -> None:
         LOCAL_RANK="0",
         WORLD_SIZE="1",
         LOCAL_WORLD_SIZE="1",
-        MASTER_ADDR="127.0.0.1",
+        MASTER_ADDR=address,
         MASTER_PORT=str(free_port()),
     )
 
@@ -158,7 +160,8 @@ def run(argv: list[str] | None = None) -> dict:
     preflight(config)
     lock = _lock_run_folder(config)
     _record_command(name, split_config_arg(argv)[1], config)
-    ensure_single_process_env()
+    advertised = getattr(getattr(config, "fault_tolerance", None), "advertise_address", "")
+    ensure_single_process_env(advertised if is_ipv4(advertised) else "127.0.0.1")
     trainer = None
     try:
         trainer = config.build()

@@ -193,7 +193,7 @@ LONG_FIRST = ["test_slurm_jobs.py", "test_slurm_cluster.py", "test_diloco.py", "
               "test_export.py", "test_compare.py", "test_training.py", "test_smoke.py", "test_bench_smoke.py",
               "test_compressed_exchange.py", "test_evaluate.py", "test_import.py", "test_preemption.py",
               "test_report.py", "test_muon.py", "test_compress.py", "test_launch_orphans.py",
-              "test_launch_dump_lock.py", "test_launch.py"]
+              "test_launch_dump_lock.py", "test_launch.py", "test_partition_drills.py", "test_netns.py"]
 """Modules that take longest start first, so the workers finish together (the rest follow in
 their usual order). Only an order: a module missing here just starts later."""
 

@@ -433,11 +433,15 @@ def test_the_advertised_address_is_checked_and_route_finds_the_interface_to_the_
     error naming the setting; empty keeps torchft's choice (the hostname)."""
     from muloco.outer.manager import ReplicaGroupError, advertised_address
 
-    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    monkeypatch.delenv("NCCL_SOCKET_IFNAME", raising=False)
+    environ = {k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}
+    monkeypatch.setattr(os, "environ", environ)  # what the function sets stays in this test (it set
+    # GLOO_SOCKET_IFNAME=lo for every later test of its worker, which broke gloo across namespaces)
     assert advertised_address("", "http://127.0.0.1:29510", 0) is None
     assert advertised_address("route", "http://127.0.0.1:29510", 0) == "127.0.0.1"
-    assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"] == "lo"
+    assert environ["GLOO_SOCKET_IFNAME"] == environ["NCCL_SOCKET_IFNAME"] == "lo"
+    environ["GLOO_SOCKET_IFNAME"] = "eth9"  # one that does not hold the address: replaced, said
+    assert advertised_address("127.0.0.1", "http://127.0.0.1:29510", 0) == "127.0.0.1"
+    assert environ["GLOO_SOCKET_IFNAME"] == "lo"
     with pytest.raises(ReplicaGroupError, match=r"replica 1: fault_tolerance.advertise_address 198.51.100.7 is not "
                                                 r"an address of this host"):
         advertised_address("198.51.100.7", "http://127.0.0.1:29510", 1)

@@ -49,7 +49,7 @@ from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, l
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
 from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, LighthouseError,
                                       below_majority_warning, majority, start_lighthouse)
-from muloco.launch.netns import Link, Testbed, TestbedError, unavailable
+from muloco.launch.netns import STATE_FILE, Link, Testbed, TestbedError, unavailable
 from muloco.launch.replica_group import TAG as GROUP_TAG
 from muloco.runs.facts import dump_folder_in
 
@@ -645,6 +645,10 @@ class LocalJob(LaunchOptions):
             self._lighthouse_process = None
         if self.testbed is not None:
             self.testbed.close()  # its namespaces, veths and addresses
+            try:  # and its record: a drill against a finished job is told there is none
+                os.unlink(os.path.join(self.resolved_log_dir, STATE_FILE))
+            except OSError:
+                pass
 
     def _release(self, undo: bool) -> None:
         """After teardown: dismiss the watchdog, then unlock the dump folder; with ``undo``

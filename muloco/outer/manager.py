@@ -190,7 +190,7 @@ class ReplicaGroupManager(TorchFTManager):
                 replica_id=f"{REPLICA_ID_PREFIX}{config.replica_id}",
                 heartbeat_interval=timedelta(milliseconds=config.heartbeat_interval_ms),
                 checkpoint_transport=healing_transport.build(timeout, address),
-                **({"hostname": address, "store_addr": address} if address else {}),
+                **({"hostname": address} if address else {}),  # the store: MASTER_ADDR (torchrun's --local-addr)
                 init_sync=False,
                 max_retries=None,  # the outer loop counts failed syncs and says why they failed
             )
@@ -217,8 +217,12 @@ def advertised_address(setting: str, lighthouse_url: str, replica_id: int) -> st
         raise ReplicaGroupError(f"replica {replica_id}: fault_tolerance.advertise_address {setting} is not an "
                                 "address of this host (no interface holds it); give one of this host's "
                                 "addresses (ip -4 addr), or 'route' for the one that reaches the lighthouse.")
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", interface)
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)
+    given = os.environ.get("GLOO_SOCKET_IFNAME")
+    if given and given != interface:  # gloo would listen where no peer can reach it
+        logger.warning(f"replica {replica_id}: GLOO_SOCKET_IFNAME={given} does not hold the advertised address "
+                       f"{setting}; the cross-group gloo uses {interface}")
+    os.environ["GLOO_SOCKET_IFNAME"] = interface
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)  # NCCL's own syntax (^docker,lo) is kept as given
     logger.info(f"replica {replica_id}: peers reach this group at {setting} (interface {interface})")
     return setting
 

@@ -140,10 +140,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m muloco.trai
 def _steps_or_epochs(config, overrides: list[str]) -> None:
     """The run's length from one of ``training.steps`` and ``training.epochs``: both on the command
     line is an error; steps on the command line win over epochs a config module set."""
-    given = {arg.split("=", 1)[0].replace("-", "_") for arg in overrides if arg.startswith("--")}
-    if "__training.steps" in given and "__training.epochs" in given:
+    given = {arg[2:].split("=", 1)[0] for arg in overrides if arg.startswith("--")}
+    if {"training.steps", "training.epochs"} <= given:
         raise ConfigError("--training.steps and --training.epochs both set the run's length; give one of them.")
-    if "__training.steps" in given:
+    if "training.steps" in given:
         config.training.epochs = 0.0
 
 

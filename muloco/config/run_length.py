@@ -19,6 +19,7 @@ import math
 import os
 from dataclasses import replace
 
+from torchtitan.distributed.parallel_dims import ParallelDims
 from torchtitan.tools.logging import logger
 
 from muloco.config.loader import ConfigError
@@ -41,13 +42,10 @@ def groups(config) -> int:
 
 
 def batch_degree(config, world_size: int) -> int:
-    """Data-parallel ranks of one replica group, as torchtitan's ParallelDims counts them."""
-    p = config.parallelism
-    replicate = max(1, p.data_parallel_replicate_degree)
-    if p.data_parallel_shard_degree != -1:
-        return replicate * p.data_parallel_shard_degree
-    others = replicate * p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree
-    return replicate * max(1, world_size // max(1, others))
+    """Data-parallel ranks of one replica group: torchtitan's ParallelDims resolves the degrees (a
+    shard degree of -1 included) without building a mesh."""
+    dims = ParallelDims.from_config(config.parallelism, world_size)
+    return dims.dp_replicate * dims.dp_shard
 
 
 def rows_per_step(config, world_size: int) -> int:

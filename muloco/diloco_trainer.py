@@ -36,6 +36,7 @@ from muloco.outer import OuterLoop
 from muloco.outer.coordinator import CoordinationError, Coordinator, OutOfDateError
 from muloco.outer.loop import SyncRecord, SyncsKeepFailing
 from muloco.outer.manager import ReplicaGroupError, ReplicaGroupManager, ReplicaOutOfDate
+from muloco.runs.lives import Lives
 from muloco.trainer import MulocoTrainer, MulocoTrainerMixin
 
 lone_rank_sleep.apply(fault_tolerant_trainer)
@@ -65,6 +66,8 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         checkpoint: ReplicaCheckpointManager.Config = field(default_factory=ReplicaCheckpointManager.Config)
 
     outer: OuterLoop
+    lives: Lives | None = None
+    """This group's lives across restarts (``runs/lives.py``), on the rank that writes its summary."""
 
     def __init__(self, config: Config):
         self._resolve(config)
@@ -80,7 +83,7 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
                                   device=self.device)
         self.outer = config.outer.build(
             model=self.model_parts[0], manager=manager, device=self.device, replica_id=ft.replica_id,
-            coordinator=coordinator, max_commit_failures=ft.max_commit_failures,
+            coordinator=coordinator, max_commit_failures=ft.max_commit_failures, sync_retries=ft.sync_retries,
             total_steps=config.lr_scheduler.total_steps or config.training.steps,
             inner_lr_factor=self.lr_schedulers.schedulers[0].lr_lambdas[0],
             run_steps=config.training.steps, groups=ft.group_size,
@@ -143,6 +146,9 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
     # ----------------------------------------------------------------- loop
     def _on_loop_start(self) -> None:
         super()._on_loop_start()
+        if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            self.lives = Lives.begin(self.config.dump_folder, step=self.step,
+                                     restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         if self.step == 0:  # after torchtitan's checkpoint load: an initial load changed the model
             self.outer.start_from_model()
         ft = self.config.fault_tolerance
@@ -157,11 +163,10 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
                                    f"{ft.start_wait_seconds:g}s; starting anyway (the others heal from a peer "
                                    "when they arrive)")
             before = self.step
-            self.step, records = self.outer.catch_up(self.step, wait_seconds=max(ft.start_wait_seconds, 1.0))
+            with self._logging_syncs():
+                self.step, _ = self.outer.catch_up(self.step, wait_seconds=max(ft.start_wait_seconds, 1.0))
         if self.step != before:
             self.metrics_processor.begin(start_step=self.step, total_steps=self.config.training.steps)
-        for record in records:
-            self._log_sync(record)
         if self.outer.deadline:  # a heal above may have moved the run: its first step's lr, and pace, start here
             self._follow_round_schedule()
             self.outer.rounds.start_round()
@@ -169,9 +174,10 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
     def train_step(self, data_iterator):
         before, started = self.ntokens_seen, time.perf_counter()  # its group's pace (deadline rounds)
         super().train_step(data_iterator)
-        with self._coordination_errors():
-            record = self.outer.after_inner_step(self.step, tokens=self.ntokens_seen - before, started=started)
-        self._log_sync(record)
+        if self.lives is not None:
+            self.lives.trained(self.step, self.ntokens_seen - before)
+        with self._logging_syncs(), self._coordination_errors():
+            self.outer.after_inner_step(self.step, tokens=self.ntokens_seen - before, started=started)
         if self.outer.deadline:
             self._follow_round_schedule()
 
@@ -207,19 +213,44 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         """Stay until every replica group stands at the same sync; re-validate and re-save if
         this group had to heal (its last sync failed, or it came back after the others ended)."""
         ft = self.config.fault_tolerance
-        with self._coordination_errors():
+        with self._logging_syncs(), self._coordination_errors():
             healed = self.outer.finish(wait_seconds=ft.end_wait_seconds, step=self.step)
         if healed:
             self.metrics_processor.last_validation_step = None  # θ_g changed: validate it again
             self.checkpointer.save(self.step, last_step=True)
 
-    def _log_sync(self, record: SyncRecord | None) -> None:
-        if record is not None:
-            fields = asdict(record)
-            parts, weights = fields.pop("parts"), fields.pop("weights")  # flat rows: one number per key
-            self.metrics_processor.log_sync({**fields, "bits_per_parameter": record.bits_per_parameter,
-                                             **{f"time_{part}": v for part, v in parts.items()},
-                                             **{f"weight_{rank}": w for rank, w in weights.items()}}, record.step)
+    @contextlib.contextmanager
+    def _logging_syncs(self):
+        """Log every sync record the outer loop made meanwhile (a sync tried again makes one per
+        try), also when it then fails: the tries before a lost quorum are in the metrics."""
+        first, heals = len(self.outer.records), len(self.outer.heals)
+        try:
+            yield
+        finally:
+            records = self.outer.records[first:]
+            for record in records:
+                self._log_sync(record)
+            self._count_in_lives(records, self.outer.heals[heals:])
+
+    def _count_in_lives(self, records: list[SyncRecord], heals: list) -> None:
+        """File the syncs' outcomes (their last tries) and the heals outside a sync in the ledger."""
+        if self.lives is None:
+            return
+        for record in records:
+            if not record.retried:
+                self.lives.synced(sync=record.sync, step=record.step, committed=record.committed,
+                                  contributed=record.contributed, healed=record.healed_from is not None)
+        in_a_sync = {r.quorum_id for r in records}
+        for heal in heals:
+            if heal.failure is None and heal.quorum_id not in in_a_sync:
+                self.lives.healed(heal.step_to)
+
+    def _log_sync(self, record: SyncRecord) -> None:
+        fields = asdict(record)
+        parts, weights = fields.pop("parts"), fields.pop("weights")  # flat rows: one number per key
+        self.metrics_processor.log_sync({**fields, "bits_per_parameter": record.bits_per_parameter,
+                                         **{f"time_{part}": v for part, v in parts.items()},
+                                         **{f"weight_{rank}": w for rank, w in weights.items()}}, record.step)
 
     @contextlib.contextmanager
     def _coordination_errors(self):
@@ -253,6 +284,12 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
     def train(self):
         try:
             super().train()
+        except BaseException as err:  # the ledger says how this life ended (a SIGKILL cannot)
+            if self.lives is not None:
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                self.lives.end(f"stopped at step {self.step} (asked to; it resumes)" if self.preempted
+                               else f"failed at step {self.step}: {first}")
+            raise
         finally:
             self.ft_manager.manager.shutdown(wait=False)
 
@@ -260,6 +297,9 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         summary = super()._summarize(wall_seconds)
         outer = self.outer.summary(self.step)
         outer["replica_id"] = self.config.fault_tolerance.replica_id
+        if self.lives is not None:
+            self.lives.end("finished")
+            outer["over_lives"] = self.lives.totals()
         outer["sync_share_of_wall_time"] = outer["sync_seconds_total"] / wall_seconds if wall_seconds else None
         summary["diloco"] = outer
         return summary
@@ -271,6 +311,7 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         sent = d["bytes_sent"]
         logger.info(
             f"DiLoCo replica {d['replica_id']}: syncs committed {d['syncs_committed']}/{d['syncs']}"
+            + (f" ({d['syncs_retried']} tried again in a fresh quorum)" if d.get("syncs_retried") else "")
             + (f" (missed {d['syncs_missed']} the others committed without it)" if d.get("syncs_missed") else "")
             + (f", cut off from the lighthouse {d['cut_off_seconds']:.1f}s" if d.get("cut_off_seconds") else "") + ", "
             f"sync time {d['sync_seconds_total']:.1f}s ({100 * (d['sync_share_of_wall_time'] or 0):.1f}% of wall"
@@ -285,6 +326,8 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
                               for part, sec in d["sync_seconds_by_part"].items() if sec / total >= 0.005)
             logger.info(f"DiLoCo replica {d['replica_id']}: sync time by part: {parts}; peak extra memory of a "
                         f"sync {d['sync_peak_extra_bytes'] / mb:,.1f}MB")
+        if d.get("over_lives") and self.lives is not None:
+            logger.info(f"DiLoCo replica {d['replica_id']}: {self.lives.describe()}")
         heals = ", ".join(f"{h['phase']}: from replica {h['peer']} to step {h['step_to']} (sync {h['sync']}, "
                           f"{h['bytes_received'] / mb:,.1f}MB)" for h in d["heal_log"] if not h.get("failure"))
         failed = ", ".join(f"{h['phase']}: {h['failure']}" for h in d["heal_log"] if h.get("failure"))

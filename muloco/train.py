@@ -32,6 +32,7 @@ from muloco.data.tokenizer import TokenizerError  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa: E402
 from muloco.utils.command_line import run_main  # noqa: E402
 from muloco.runs.facts import RUN_FILE, facts_of, update_run_record  # noqa: E402
+from muloco.runs.lives import Lives  # noqa: E402
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
 from muloco.utils.interfaces import is_ipv4  # noqa: E402
 from muloco.utils.ports import free_port  # noqa: E402
@@ -67,7 +68,17 @@ def preflight(config) -> None:
     step = check_loadable(config)
     if step >= 0:
         _check_same_run(config, step)
+    _check_lives(config)
     _check_lighthouse(config)  # last: it may wait for a lighthouse that starts after this replica
+
+
+def _check_lives(config) -> None:
+    """A replica group's ledger of its lives (``runs/lives.py``) must read before a new life joins it."""
+    if hasattr(config, "outer"):
+        try:
+            Lives.read(run_folder(config))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
 
 
 SAME_RUN_FACTS = (("model.flavor", ("model", "flavor")), ("objective", ("objective",)),

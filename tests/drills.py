@@ -149,6 +149,9 @@ class Drill:
     config: str = "diloco/muloco_2bit"
     no_retrain: bool = False
     """Assert that no group trained a step twice (a restart heals before it trains)."""
+    spares_peers: bool = False
+    """Assert that the replicas never killed roll back no sync: each one a kill made fail was tried
+    again without the dead replica and committed (``--fault_tolerance.sync_retries``)."""
 
 
 DRILLS = {d.name: d for d in [
@@ -164,19 +167,21 @@ DRILLS = {d.name: d for d in [
           lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"),
           ("--outer.exchange.codec", "quantize", "--outer.exchange.codec.bits", "2",
            "--outer.exchange.strategy", "reduce_scatter")),
-    # its first restart joins the quorum of sync 60 and is killed while downloading; the
-    # second joins that of HEAL_AT and heals
+    # its first restart joins the quorum of sync 60 and is killed while downloading: its peers
+    # try that sync again without it and commit it; the second restart joins the quorum of
+    # HEAL_AT and heals
     Drill("healing", "killed mid-interval, then killed again while downloading a peer's state",
           lambda r: Plan([f"mid:1:{_mid_step(r, 21, 49)}", "healing:1:0"],
                          [Comeback(((1, 1),), (0, 2), 55), Comeback(((1, 2),), (0, 2), HOLD)],
-                         {(1, "restart 2"): (0, HEAL_AT)})),
+                         {(1, "restart 2"): (0, HEAL_AT)}), spares_peers=True),
     # replica 1's restart heals from replica 0 in the quorum of sync 60, which is killed while
-    # serving it; replica 0's restart and replica 1 (its heal failed: it waits in the next
-    # quorum instead of training) both heal from replica 2 in the quorum of sync 70
+    # serving it; replica 2 tries sync 60 again without replica 0, and replica 1 (its heal
+    # failed: it joins the next quorum instead of training) heals from replica 2 there; replica
+    # 0's restart heals from replica 1 (the first group up to date) in the quorum of sync 70
     Drill("heal-source", "a healthy peer killed while serving a healing replica",
           lambda r: Plan([f"mid:1:{_mid_step(r, 21, 49)}", "heal-source:0:0"],
                          [Comeback(((1, 1),), (0, 2), 55), Comeback(((0, 1),), (2,), 65, behind=2)],
-                         {(0, "restart 1"): (2, 70), (1, "restart 1"): (2, 70)}), no_retrain=True),
+                         {(0, "restart 1"): (1, 70), (1, "restart 1"): (2, 60)}), no_retrain=True),
     Drill("exchange-sparseloco", "inside a SparseLoCo exchange (top-k with 2-bit values, all-gather)",
           lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"), config="diloco/sparseloco"),
     Drill("checkpoint-save", "while saving a checkpoint: data written, metadata not",
@@ -203,9 +208,10 @@ DRILLS = {d.name: d for d in [
                          {(1, "restart 1"): (0, 50), (2, "restart 1"): (0, HEAL_AT)})),
 ]}
 
-CI_DRILLS: list[str] = ["final-sync", "one-sync-behind"]
-"""What tests/test_fault_drills.py runs, one seed each (about 50 s each on two quiet cores): the
-two orderings issue 38 fixed. The others run from scripts/fault_drills.py. CI covers nearby cases elsewhere: a kill inside a compressed exchange
+CI_DRILLS: list[str] = ["final-sync", "one-sync-behind", "healing"]
+"""What tests/test_fault_drills.py runs, one seed each (about 15-25 s each on two quiet cores): the
+two orderings issue 38 fixed, and a replica that dies while it is being healed, whose peers try that
+sync again without it and commit it (issue 58). The others run from scripts/fault_drills.py. CI covers nearby cases elsewhere: a kill inside a compressed exchange
 (tests/test_diloco.py::test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on),
 a killed replica that heals (test_k2_survivor_pauses_until_the_launcher_restarts_the_dead_replica_which_heals),
 a save killed before its manifest (tests/test_bad_inputs.py::test_resume_skips_an_incomplete_checkpoint),
@@ -231,6 +237,8 @@ class DrillResult:
     """Syncs committed, summed over the groups."""
     rolled_back: list[str] = field(default_factory=list)
     """'replica R step S: why' of every sync not committed."""
+    retried: list[str] = field(default_factory=list)
+    """'replica R step S: why' of every failed try of a sync that was tried again in a fresh quorum."""
     trained_twice: int = 0
     """Steps trained more than once, summed over the groups."""
     problems: list[str] = field(default_factory=list)
@@ -279,7 +287,9 @@ def check(dump: Path, result: DrillResult, plan: Plan, drill: "Drill") -> None:
         records = syncs(dump, i)
         result.committed += sum(1 for r in records if r["committed"])
         for r in records:
-            if not r["committed"]:
+            if r.get("retried"):  # tried again in a fresh quorum: the next record is the sync's outcome
+                result.retried.append(f"replica {i} step {r['step']}: {r.get('failure')}")
+            elif not r["committed"]:
                 result.rolled_back.append(f"replica {i} step {r['step']}: {r.get('failure')}")
                 if not plan.may_roll_back(i, r["step"]):
                     p.append(f"replica {i}'s sync at step {r['step']} was rolled back where no kill of the drill "
@@ -288,6 +298,13 @@ def check(dump: Path, result: DrillResult, plan: Plan, drill: "Drill") -> None:
         if not healed_to_end and not any(r["step"] == STEPS and r["committed"] for r in records):
             p.append(f"replica {i}'s last sync (step {STEPS}) did not commit (nor did it heal to the final state)")
         result.trained_twice += _trained_twice(dump, i)
+    if drill.spares_peers:
+        killed = {int(k.split(":")[1]) for k in plan.kills}
+        spared = [r for r in result.rolled_back if int(r.split()[1]) not in killed]
+        if spared:
+            p.append(f"replicas never killed rolled back syncs they could have committed without the dead one: {spared}")
+        if not any(int(r.split()[1]) not in killed for r in result.retried):
+            p.append("no replica tried a sync again: the kill did not fail a sync of its peers")
     if drill.no_retrain and result.trained_twice:
         p.append(f"{result.trained_twice} step(s) trained twice: a restart trained before it healed")
     result.final_hashes = [s["diloco"]["final_global_sha256"] for s in sums]
@@ -439,7 +456,7 @@ def describe(result: DrillResult) -> str:
         "drill": result.drill, "seed": result.seed, "drills": result.specs, "status": result.status,
         "seconds": round(result.seconds, 1), "final_sha256": sorted({h[:12] for h in result.final_hashes if h}),
         "final_losses": result.final_losses, "healed": result.healed, "committed": result.committed,
-        "rolled_back": result.rolled_back, "trained_twice": result.trained_twice, "problems": result.problems,
+        "rolled_back": result.rolled_back, "retried": result.retried, "trained_twice": result.trained_twice, "problems": result.problems,
     })
 
 

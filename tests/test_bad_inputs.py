@@ -113,6 +113,8 @@ BAD_INPUTS = [
     Case("objective-eps-outside-0-1", ["--config", "ddp/adamw", "--objective", "mdlm", "--objective.eps", "1"],
          "objective.eps is 1.0; it must be in (0, 1)"),
     # 2. more fragments than layer units (d2: embedding, 2 blocks, head = 4)
+    Case("lives-ledger-garbled", ["--config", "diloco/diloco", *TINY],
+         "{dir}/out/replica_0/lives.json is not a lives ledger", files={"out/replica_0/lives.json": "{not json"}),
     Case("fragments-over-layer-units", ["--config", "diloco/diloco", *TINY, "--outer.num_fragments", "5"],
          "outer.num_fragments is 5, more than the 4 layer units"),
     # 3. regular expressions

@@ -14,6 +14,7 @@ from progress import FolderProgress
 from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, until, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
+from muloco.runs.lives import UNSAID
 from muloco.tools.report import load_run, rounds_lines
 
 H = 10
@@ -262,8 +263,9 @@ def test_deadline_rounds_k3_agree_and_resume_from_a_round_checkpoint_exactly(clu
 
 @pytest.mark.timeout(900)
 def test_deadline_rounds_a_killed_group_restarts_heals_and_the_rounds_go_on(tmp_path):
-    """The launcher with --max-restarts, K=2, deadline rounds: replica 1 dies inside round 3's
-    exchange (its step 12). Replica 0's round-3 sync fails (progress stays at 10), it trains its
+    """The launcher with --max-restarts, K=2, deadline rounds, a failed sync rolled back at once
+    (``--fault_tolerance.sync_retries 0``; the K=3 test below tries it again): replica 1 dies inside
+    round 3's exchange (its step 12). Replica 0's round-3 sync fails (progress stays at 10), it trains its
     next 8 steps and waits; the restarted replica 1 (no checkpoints: behind) heals from it before
     training, taking its rounds state with θ_g and its step (28), and adds nothing to that sync
     (progress 10 + 8 from replica 0 alone). Then one more round of 8 and 4 ends the run at 24 on
@@ -271,7 +273,8 @@ def test_deadline_rounds_a_killed_group_restarts_heals_and_the_rounds_go_on(tmp_
     dump = tmp_path / "run"
     job = LocalJob(
         config="diloco/diloco", replicas=2,
-        overrides=[*_args(dump, steps=24, extra=PACED)[2:], "--checkpoint.no-enable"],
+        overrides=[*_args(dump, steps=24, extra=PACED)[2:], "--checkpoint.no-enable",
+                   "--fault_tolerance.sync_retries", "0"],
         max_restarts=1, heartbeat_timeout_ms=1000, entry=DRILL_ENTRY,
         env={"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:20,exchange:1:12", "MULOCO_TEST_DRILL_DIR": str(tmp_path)},
         console=open(tmp_path / "console.txt", "w"),
@@ -292,11 +295,13 @@ def test_deadline_rounds_a_killed_group_restarts_heals_and_the_rounds_go_on(tmp_
 @pytest.mark.timeout(900)
 def test_deadline_rounds_k3_the_slow_group_killed_restarts_heals_and_the_rounds_go_on(tmp_path):
     """K=3 (``PACED3``), the launcher with --max-restarts and a quorum of all three: the slow group
-    dies inside round 3's exchange (its step 9), so round 3 commits nowhere (progress stays 8). The
-    fast groups train their next 6 steps and wait; the restarted slow group (no checkpoints) heals
-    from one of them, taking the rounds state with θ_g and its step (21), and adds nothing to that
-    sync: 8 + (6 + 6) / 2 = 14. The last round is scaled to the 4 steps left of a 5-step round
-    (6 -> 5, 3 -> 3, rounded up) and ends the run at 14 + 13/3 on one θ_g."""
+    dies inside round 3's exchange (its step 9), so round 3's first try fails on the fast groups
+    (progress stays 8). They try it again in a fresh quorum (``--fault_tolerance.sync_retries``),
+    which waits for the restarted slow group (no checkpoints): it heals from one of them, taking the
+    rounds state with θ_g and their step (15), and adds nothing to that sync, which commits the fast
+    groups' round: 8 + (6 + 6) / 2 = 14, no step of theirs thrown away. The last round is scaled to
+    the 4 steps left of a 5-step round (6 -> 5, 3 -> 3, rounded up) and ends the run at 14 + 13/3 on
+    one θ_g."""
     dump = tmp_path / "run"
     job = LocalJob(
         config="diloco/diloco", replicas=3, min_replicas=3,
@@ -308,14 +313,15 @@ def test_deadline_rounds_k3_the_slow_group_killed_restarts_heals_and_the_rounds_
     )
     assert job.run() == 0, (tmp_path / "console.txt").read_text()[-3000:]
     restarted = (dump / "logs" / "replica_2.log").read_text().split("=== restart 1 ===")[1]
-    assert re.search(r"healed from replica [01] in quorum \d+: step 0 -> 21", restarted), restarted[-3000:]
+    assert re.search(r"healed from replica [01] in quorum \d+: step 0 -> 15", restarted), restarted[-3000:]
     rows = [syncs(dump, i) for i in range(3)]
     end = 14 + 13 / 3
     for r in rows[:2]:
-        assert [(x["step"], x["committed"], x["progress"]) for x in r] == [
-            (3, True, 3.0), (9, True, 8.0), (15, False, 8.0), (21, True, 14.0), (26, True, end)]
+        assert [(x["step"], x["committed"], x["retried"], x["progress"]) for x in r] == [
+            (3, True, False, 3.0), (9, True, False, 8.0), (15, False, True, 8.0), (15, True, False, 14.0),
+            (20, True, False, end)]
         assert [(x["contributors"], x["round_steps"]) for x in r[-2:]] == [(2, 6), (3, 5)]
-    assert [(x["step"], x["progress"], x["round_steps"]) for x in rows[2][-2:]] == [(21, 14.0, 0), (24, end, 3)]
+    assert [(x["step"], x["progress"], x["round_steps"]) for x in rows[2][-2:]] == [(15, 14.0, 0), (18, end, 3)]
     sums = [summary(dump, i) for i in range(3)]
     assert len({s["diloco"]["final_global_sha256"] for s in sums}) == 1
     assert [s["diloco"]["round"]["progress"] for s in sums] == [end] * 3
@@ -491,10 +497,11 @@ def test_lighthouse_killed_mid_run_fails_within_the_connect_timeout(cluster, tmp
 @pytest.mark.timeout(900)
 def test_k2_survivor_pauses_until_the_launcher_restarts_the_dead_replica_which_heals(tmp_path):
     """The README's launcher, with --max-restarts, K=2: replica 1 dies inside an exchange.
-    A quorum needs a majority (2 of 2), so replica 0 commits nothing alone: it waits at its
-    next sync (step 40; for as long as the restart takes: the quorum timeout is only a hang
-    timeout) until the restarted replica 1 (no checkpoints: it starts from step 0, behind)
-    has healed from it before training, and both finish on the same θ_g."""
+    A quorum needs a majority (2 of 2), so replica 0 commits nothing alone: it tries that sync
+    (step 30) again in a fresh quorum, which waits (for as long as the restart takes: the quorum
+    timeout is only a hang timeout) until the restarted replica 1 (no checkpoints: it starts from
+    step 0, behind) joins it and heals from it before training; replica 0's round commits with its
+    Δ alone, and both finish on the same θ_g."""
     dump = tmp_path / "run"
     job = LocalJob(
         config="diloco/diloco",
@@ -512,15 +519,27 @@ def test_k2_survivor_pauses_until_the_launcher_restarts_the_dead_replica_which_h
     restarted = log.split("=== restart 1 ===")[1]
     assert "is behind" in restarted and "healed from replica 0" in restarted
     before, after = map(int, re.search(r"healed from replica 0 in quorum \d+: step (\d+) -> (\d+)", restarted).groups())
-    assert (before, after) == (0, 40)  # the step of replica 0's quorum it joined, not the one it had
+    assert (before, after) == (0, 30)  # the step of replica 0's quorum it joined, not the one it had
     assert "healed from replica" not in (dump / "logs" / "replica_0.log").read_text()
     r0 = syncs(dump, 0)
     assert all(r["participants"] == 2 for r in r0 if r["committed"])  # never committed alone
-    assert not {r["step"]: r for r in r0}[30]["committed"]  # the sync replica 1 died in
+    # the sync replica 1 died in failed, and was tried again with the restart, which healed in it
+    at_30 = [(r["committed"], r["retried"], r["contributors"]) for r in r0 if r["step"] == 30]
+    assert at_30 == [(False, True, None), (True, False, 1)], at_30
     sums = [summary(dump, i) for i in range(2)]
     assert sums[0]["steps"] == sums[1]["steps"] == 100
     assert sums[0]["diloco"]["final_global_sha256"] == sums[1]["diloco"]["final_global_sha256"]
     assert sums[0]["final_validation_loss"] == sums[1]["final_validation_loss"]
+    # counted over its two lives: every sync once, its Δ in all but the one it healed in, and the
+    # interval it died in lost (runs/lives.py)
+    syncs_run = sums[0]["diloco"]["final_sync"]
+    lives = [s["diloco"]["over_lives"] for s in sums]
+    assert lives[0]["lives"] == 1 and lives[0]["syncs_contributed"] == syncs_run and lives[0]["steps_contributed"] == 100
+    assert lives[1]["lives"] == 2 and lives[1]["restarts"] == [
+        {"life": 2, "started_at_step": 0, "previous_ended": UNSAID}], lives[1]
+    assert (lives[1]["syncs_committed"], lives[1]["syncs_contributed"], lives[1]["steps_contributed"]) == (
+        syncs_run, syncs_run - 1, 100 - H), lives[1]
+    assert re.search(r"DiLoCo replica 1: over 2 lives \(life 2 from step 0 after a death without a word\)", restarted)
     console = (tmp_path / "console.txt").read_text()
     assert "[r0]" in console and "[r1]" in console and "local job finished: 2 replicas ok" in console
 

@@ -4,8 +4,9 @@ points and restarted; the test sets where each killed replica comes back and hea
 
 CI runs :data:`drills.CI_DRILLS` with one seed each: ``final-sync`` (a restart that heals inside
 its peers' final sync takes part in it, so that sync commits everywhere: ``pytest -k final_sync``)
-and ``one-sync-behind`` (K=2: a restart one sync behind heals before it trains, no step trained
-twice). ``scripts/fault_drills.py`` runs every drill of :data:`drills.DRILLS` with several seeds
+``one-sync-behind`` (K=2: a restart one sync behind heals before it trains, no step trained
+twice) and ``healing`` (K=3: a restart killed while it downloads a peer's state; its peers try that
+sync again without it and commit it, nothing rolled back on them). ``scripts/fault_drills.py`` runs every drill of :data:`drills.DRILLS` with several seeds
 and prints the table.
 """
 

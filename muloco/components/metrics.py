@@ -225,8 +225,9 @@ class MulocoMetrics(MetricsProcessor):
                 f"{record.get('bits_per_parameter', 32.0):.2f} bits/parameter; {_breakdown(record)}"
             )
             return
+        outcome = "tried again" if record.get("retried") else "rolled back"
         logger.warning(
-            f"sync at step {step} (fragment {record['fragment']}): NOT committed, rolled back: "
+            f"sync at step {step} (fragment {record['fragment']}): NOT committed, {outcome}: "
             f"{record.get('failure') or 'unknown reason'}; {record['participants']} replicas in quorum "
             f"{record['quorum_id']}{healed}, {record['seconds'] * 1000:,.0f}ms, "
             f"{record['bytes_sent'] / mb:,.2f}MB handed to the collectives were discarded"

@@ -147,6 +147,14 @@ class SyncRecord:
     """What a dense fp32 ring all-reduce of this Δ would have sent."""
     failure: str | None = None
     """Why the sync was not committed."""
+    sync: int = 0
+    """torchft's step after it: the sync's number when committed (the last committed one else)."""
+    contributed: bool = True
+    """This replica offered its Δ (not one that just healed, or is catching up: it adds nothing)."""
+    retried: bool = False
+    """This failed attempt was tried again in a fresh quorum (``--fault_tolerance.sync_retries``; a
+    peer that died or dropped out is not in it): the next record says how the sync ended. Its bytes
+    and seconds were spent and are counted; it is not a sync of its own."""
     healed_from: int | None = None
     """The replica group this group healed from in this sync's quorum (only a heal that happened)."""
     heal_failure: str | None = None
@@ -212,6 +220,7 @@ class _Open:
     catching_up: bool = False
     tokens: int = 0
     round_steps: int | None = None
+    contributes: bool = True
 
 
 class _Fragment:
@@ -313,17 +322,20 @@ class OuterLoop(Configurable):
         inner_lr_factor: Callable[[int], float] | None = None,
         run_steps: int = 0,
         groups: int = 1,
+        sync_retries: int = 0,
     ):
         """``total_steps``: the run's length the schedules' shares refer to (the inner schedule's
         total); ``inner_lr_factor``: the inner lr's factor at a step, for schedules tied to it;
         ``run_steps``: the run's length in inner steps (deadline rounds end it on progress);
-        ``groups``: the job's replica groups."""
+        ``groups``: the job's replica groups; ``sync_retries``: fresh quorums a sync whose exchange failed
+        is tried in again (:meth:`_perform`)."""
         config.validate()
         self.replica_id = replica_id
         self.config = config
         self.manager = manager
         self.coordinator = coordinator or Coordinator(manager)
         self.max_commit_failures = max_commit_failures
+        self.sync_retries = sync_retries
         self.schedule = config.schedule()
         self.device = device
         self.placement = Placement(resolve_backup_device(config.backup_device, device), device)
@@ -386,7 +398,7 @@ class OuterLoop(Configurable):
         if self.schedule.prepare_due(step):
             step = self._prepare(step)
         if self.schedule.perform_due(step) and self._open is not None:
-            return self._perform(step)
+            return self._settle(step)[0]
         return None
 
     def _after_deadline_step(self, step: int, started: float) -> SyncRecord | None:
@@ -398,7 +410,9 @@ class OuterLoop(Configurable):
         self._round_end = time.perf_counter()
         before = float(self.rounds.progress)
         step = self._prepare(step)
-        record = self._perform(step) if self._open is not None else None
+        record = None
+        if self._open is not None:
+            record, step = self._settle(step)
         self.rounds.start_round()
         self._round_ended = (step, before, float(self.rounds.progress))
         return record
@@ -470,6 +484,33 @@ class OuterLoop(Configurable):
         self._start_exchange(view, started, step, contributes=self._healed_to is None, catching_up=False)
         return step
 
+    def _settle(self, step: int) -> tuple[SyncRecord, int]:
+        """Perform the open sync; one whose exchange failed (a peer died or dropped out of it, or a
+        heal in its quorum failed) is tried again in a fresh quorum, up to ``sync_retries`` times,
+        instead of throwing the round away: the lighthouse leaves the lost peer out (or this group
+        heals there, when its peers committed without it). Only with τ = 0, where the Δ is made
+        again from the same θ_local (its error feedback was put back). Returns the last attempt's
+        record and this group's trainer step after it (a heal moves it)."""
+        for attempt in range(1, self.sync_retries + 2):
+            sync = self._open
+            may_retry = attempt <= self.sync_retries and self.schedule.delay == 0 and not sync.catching_up
+            record = self._perform(step, may_retry=may_retry)
+            if not record.retried:
+                return record, step
+            logger.warning(f"sync at step {step} was not committed ({record.failure}); trying it again in a fresh "
+                           f"quorum, without any group that dropped out (try {attempt + 1} of "
+                           f"{self.sync_retries + 1}, --fault_tolerance.sync_retries {self.sync_retries})")
+            started = time.perf_counter()
+            view, step = self._meet(step, "sync")
+            if self._healed_to is not None and self._source_phase == "end":
+                logger.info(f"the other groups have finished: this group took their final state (sync "
+                            f"{self.manager.current_step()}, step {step}); no exchange")
+                return record, step
+            self._round_tokens += sync.tokens  # the same work, offered again
+            self._start_exchange(view, started, step, contributes=sync.contributes and self._healed_to is None,
+                                 catching_up=False)
+        raise AssertionError("unreachable: the last try is never retried")
+
     def _start_exchange(self, view: QuorumView, started: float, step: int, *, contributes: bool,
                         catching_up: bool) -> None:
         """Start the exchange of the fragment due now (after inner step ``step``, which sets the
@@ -493,17 +534,19 @@ class OuterLoop(Configurable):
         self._open = _Open(fragment=index, exchange=pending, seconds=time.perf_counter() - started,
                            quorum=view, quorum_seconds=quorum_seconds, cut_off_seconds=self._cut_off,
                            catching_up=catching_up, tokens=tokens,
-                           round_steps=work.steps if self.deadline else None)
+                           round_steps=work.steps if self.deadline else None, contributes=contributes)
 
     @torch.no_grad()
-    def _perform(self, step: int) -> SyncRecord:
+    def _perform(self, step: int, *, may_retry: bool = False) -> SyncRecord:
+        """Wait for the open sync's average and commit it, or roll it back; ``may_retry``: a sync
+        whose exchange failed keeps θ_local (the Δ is made again in the next try, ``_settle``)."""
         assert self._open is not None, "perform without prepare"
         sync, self._open = self._open, None
         frag = self.fragments[sync.fragment]
         clock = _Clock()
         averaged = sync.exchange.wait()
         exchange_failed = self.manager.errored() is not None
-        failure = None if exchange_failed else self._veto(sync.exchange, averaged)
+        vetoed = failure = None if exchange_failed else self._veto(sync.exchange, averaged)
         clock.lap("exchange")
         with coordination():
             committed = self.manager.should_commit()
@@ -521,10 +564,11 @@ class OuterLoop(Configurable):
             frag.optimizer.step(self.placement.to_backup(averaged))
             clock.lap("outer_step")
             self._pull(frag.globals, locals_, self.config.fragment_update_alpha)
-        else:
+        retry = not committed and may_retry and vetoed is None and self.manager.errored() is not None
+        if not committed:
             sync.exchange.rollback()  # e.g. error-feedback residuals of the dropped Δ
             clock.lap("outer_step")
-            if not sync.catching_up:  # a catch-up round computed nothing locally: nothing to drop
+            if not (sync.catching_up or retry):  # a catch-up round computed nothing locally: nothing to drop
                 self._pull(frag.globals, locals_, 0.0)
         clock.lap("pull")
         seconds = sync.seconds + clock.total()
@@ -542,6 +586,9 @@ class OuterLoop(Configurable):
             numel=sum(g.numel() for g in frag.globals),
             dense_fp32_bytes=sync.exchange.dense_fp32_bytes,
             failure=None if committed else failure,
+            sync=self.manager.current_step(),
+            contributed=sync.contributes,
+            retried=retry,
             healed_from=sync.quorum.healed_from,
             heal_failure=self._heal_failure_in(sync.quorum.quorum_id),
             peak_extra_bytes=sync.exchange.peak_extra_bytes,
@@ -583,6 +630,8 @@ class OuterLoop(Configurable):
         return reason
 
     def _count_failures(self, record: SyncRecord) -> None:
+        if record.retried:  # not a sync of its own: the next try counts
+            return
         if record.committed:
             self._failures_in_a_row.clear()
             return
@@ -798,15 +847,17 @@ class OuterLoop(Configurable):
         """What this replica group took part in. A heal outside an exchange (before training,
         when its peers had finished, or in the end-of-run agreement) counts as a committed sync:
         the group took that sync's θ_g from a peer in a quorum, as a late member of it."""
-        recs = self.records
-        committed = [r for r in recs if r.committed]
+        recs = self.records  # every attempt: their bytes and seconds were spent
+        syncs = [r for r in recs if not r.retried]
+        committed = [r for r in syncs if r.committed]
         in_a_sync = {r.quorum_id for r in recs}
         heals_alone = [h for h in self.heals if h.quorum_id not in in_a_sync and h.failure is None]
         seconds = [r.seconds for r in recs]
         return {
-            "syncs": len(recs) + len(heals_alone),
+            "syncs": len(syncs) + len(heals_alone),
             "syncs_committed": len(committed) + len(heals_alone),
-            "syncs_failed": len(recs) - len(committed),
+            "syncs_failed": len(syncs) - len(committed),
+            "syncs_retried": len(recs) - len(syncs),
             "syncs_missed": sum(h.missed for h in self.heals),
             "final_sync": self.manager.current_step(),
             "heals": sum(h.failure is None for h in self.heals),
@@ -814,7 +865,7 @@ class OuterLoop(Configurable):
             "heal_log": [asdict(h) for h in self.heals],
             "heal_bytes_received": sum(h.bytes_received for h in self.heals),
             "sync_seconds_total": sum(seconds),
-            "sync_seconds_mean": sum(seconds) / len(seconds) if seconds else None,
+            "sync_seconds_mean": sum(seconds) / len(syncs) if syncs else None,  # a sync's tries are its time
             "sync_seconds_by_part": {part: sum(r.parts.get(part, 0.0) for r in recs) for part in PARTS},
             "cut_off_seconds": self.cut_off_seconds,
             "sync_peak_extra_bytes": max((r.peak_extra_bytes for r in recs), default=0),

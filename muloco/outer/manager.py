@@ -75,6 +75,12 @@ class ReplicaGroupManager(TorchFTManager):
         heartbeat_interval_ms: int = 100
         max_commit_failures: int = 20
         """Consecutive failed commits before the replica gives up (-1 = never)."""
+        sync_retries: int = 1
+        """Fresh quorums a sync whose exchange failed (a peer died or was cut off inside it, or a
+        heal in its quorum failed) is tried in again before it is rolled back: the lighthouse leaves
+        the lost group out, so the others commit the round without it (0: roll back at once). Each
+        try waits for its quorum like a sync does. Needs outer.fragment_sync_delay 0 (with τ > 0 the
+        Δ is gone by then)."""
         start_wait_seconds: float = 60.0
         """Before the first step, wait up to this long until all group_size replica groups
         are up (0 = don't): otherwise a group that starts first syncs alone. A group that
@@ -121,6 +127,7 @@ class ReplicaGroupManager(TorchFTManager):
                 raise ValueError(f"fault_tolerance.advertise_address is {self.advertise_address!r}; give an IPv4 "
                                  "address of this host, 'route' (the interface that reaches the lighthouse), or "
                                  "leave it empty (torchft's choice: the hostname).")
+            require_at_least_zero("fault_tolerance.sync_retries", self.sync_retries)
             if self.max_commit_failures < -1:
                 raise ValueError(f"fault_tolerance.max_commit_failures is {self.max_commit_failures}; it must be "
                                  ">= 0, or -1 for no limit.")

@@ -120,6 +120,10 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         else:
             self.validator.dp_world_size, self.validator.dp_rank = 1, 0
 
+    def _batch_ranks(self) -> int:
+        """The group's data-parallel ranks: each trains a batch of its own."""
+        return self.parallel_dims.get_mesh("batch").size() if self.parallel_dims.dp_enabled else 1
+
     # -------------------------------------------------------------- healing
     def _replica_index(self) -> int:
         return self.config.fault_tolerance.replica_id
@@ -174,8 +178,8 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
     def train_step(self, data_iterator):
         before, started = self.ntokens_seen, time.perf_counter()  # its group's pace (deadline rounds)
         super().train_step(data_iterator)
-        if self.lives is not None:
-            self.lives.trained(self.step, self.ntokens_seen - before)
+        if self.lives is not None:  # the group's tokens: this rank's times the data-parallel ranks
+            self.lives.trained(self.step, (self.ntokens_seen - before) * self._batch_ranks())
         with self._logging_syncs(), self._coordination_errors():
             self.outer.after_inner_step(self.step, tokens=self.ntokens_seen - before, started=started)
         if self.outer.deadline:

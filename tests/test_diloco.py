@@ -14,8 +14,8 @@ from progress import FolderProgress
 from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, until, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
-from muloco.runs.lives import UNSAID
-from muloco.tools.report import load_run, rounds_lines
+from muloco.runs.lives import UNSAID, describe as describe_lives
+from muloco.tools.report import lives_lines, load_run, rounds_lines
 
 H = 10
 
@@ -540,6 +540,10 @@ def test_k2_survivor_pauses_until_the_launcher_restarts_the_dead_replica_which_h
     assert (lives[1]["syncs_committed"], lives[1]["syncs_contributed"], lives[1]["steps_contributed"]) == (
         syncs_run, syncs_run - 1, 100 - H), lives[1]
     assert re.search(r"DiLoCo replica 1: over 2 lives \(life 2 from step 0 after a death without a word\)", restarted)
+    run = load_run(dump)  # the report counts the same: tokens each group trained, not a healed group's peer's counter
+    assert run.lives == lives and run.tokens == lives[0]["tokens_trained"] + lives[1]["tokens_trained"]
+    assert lives[1]["tokens_trained"] < lives[0]["tokens_trained"] == sums[0]["tokens_seen"]
+    assert lives_lines([run]) == [f"run: replica group 1 {describe_lives(lives[1])}"]
     console = (tmp_path / "console.txt").read_text()
     assert "[r0]" in console and "[r1]" in console and "local job finished: 2 replicas ok" in console
 

@@ -47,6 +47,8 @@ class Life:
     """The last trainer step it stood at (a heal moves it to the peer's)."""
     steps_trained: int = 0
     """Inner steps this process trained, also those a failed sync or a heal threw away."""
+    tokens_trained: int = 0
+    """Their tokens, the whole group's (every data-parallel rank's)."""
     syncs: int = 0
     """Syncs it took part in (a sync tried again is one)."""
     heals: int = 0
@@ -97,8 +99,9 @@ class Lives:
         return self.lives[-1]
 
     def trained(self, step: int, tokens: int) -> None:
-        """One inner step of this life, now at ``step``, ``tokens`` trained in it."""
+        """One inner step of this life, now at ``step``, ``tokens`` trained in it by the group."""
         self.current.steps_trained += 1
+        self.current.tokens_trained += tokens
         self.current.step = step
         self._pending[0] += 1
         self._pending[1] += tokens
@@ -149,6 +152,7 @@ class Lives:
             "syncs_committed": len(committed),
             "syncs_contributed": len(contributed),
             "steps_trained": sum(life.steps_trained for life in self.lives),
+            "tokens_trained": sum(life.tokens_trained for life in self.lives),
             "steps_contributed": sum(v[0] for v in contributed.values()),
             "tokens_contributed": sum(v[1] for v in contributed.values()),
             "heals": sum(life.heals for life in self.lives),
@@ -156,13 +160,18 @@ class Lives:
 
     def describe(self) -> str:
         """One line for the console summary."""
-        t = self.totals()
-        restarts = "; ".join(f"life {r['life']} from step {r['started_at_step']} after {_short(r['previous_ended'])}"
-                             for r in t["restarts"])
-        return (f"over {t['lives']} li{'fe' if t['lives'] == 1 else 'ves'}"
-                + (f" ({restarts})" if restarts else "") + f": syncs committed {t['syncs_committed']} "
-                f"(its Δ in {t['syncs_contributed']}), steps trained {t['steps_trained']} (in committed syncs "
-                f"{t['steps_contributed']}), tokens contributed {t['tokens_contributed']:,}, heals {t['heals']}")
+        return describe(self.totals())
+
+
+def describe(t: dict[str, Any]) -> str:
+    """A ledger's totals (:meth:`Lives.totals`) in one line."""
+    restarts = "; ".join(f"life {r['life']} from step {r['started_at_step']} after {_short(r['previous_ended'])}"
+                         for r in t["restarts"])
+    return (f"over {t['lives']} li{'fe' if t['lives'] == 1 else 'ves'}"
+            + (f" ({restarts})" if restarts else "") + f": syncs committed {t['syncs_committed']} "
+            f"(its Δ in {t['syncs_contributed']}), steps trained {t['steps_trained']} (in committed syncs "
+            f"{t['steps_contributed']}), tokens trained {t['tokens_trained']:,} (in committed syncs "
+            f"{t['tokens_contributed']:,}), heals {t['heals']}")
 
 
 def _short(ended: str | None) -> str:

@@ -19,7 +19,8 @@ name; a run without facts shows ``?`` and a warning naming what is unknown), the
 validation loss of θ_g (the NELBO for ``mdlm``) and its bits per byte of the held-out text (the
 one figure that compares ``ar`` with ``mdlm`` runs and runs with different tokenizers), the
 final train loss, steps, tokens (all replica
-groups together), bits per parameter and bytes sent per replica (DiLoCo only), the share of wall
+groups together; a DiLoCo group's over every process it ran as, from its ``lives.json``, since a
+heal hands a group its peer's counter), bits per parameter and bytes sent per replica (DiLoCo only), the share of wall
 time spent in syncs and the wall time; ``-`` where the run did not record the value (a run still
 going has no summary: no sync share, no wall time). Rows are sorted by method, objective, then
 final loss; within a sweep the lowest final loss of each method (with at least two runs) is
@@ -30,6 +31,10 @@ per round) gets one more line under the table: its progress in nominal steps and
 committed rounds, inner steps (in all, and the fewest and most in a round) and tokens, from the
 groups' sync records (``rounds`` in ``report.json``). Its curves are drawn against that progress,
 where every group's step means the same place in the run, instead of against a group's own step.
+
+A replica group that restarted or healed gets a line too: its lives (each restart, and how the
+life before it ended), the syncs it took part in and those its Δ is in, and the steps and tokens it
+trained and those in committed syncs (``muloco/runs/lives.py``; ``lives`` in ``report.json``).
 
 Writes ``loss_vs_steps.png``, ``loss_vs_tokens.png``, ``loss_vs_bytes.png`` (train loss as lines,
 validation as dots, one colour per run), ``report.md`` and ``report.json`` into ``--out``
@@ -55,6 +60,7 @@ from muloco.utils import optional
 from muloco.utils.command_line import UsageError, parse, tyro
 from muloco.utils.link_model import format_rate
 from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
+from muloco.runs.lives import describe as describe_lives, Lives
 
 EXIT_BAD_INPUT = 2
 RUN_FILES = ("summary.json", "metrics.jsonl")
@@ -106,6 +112,8 @@ class Run:
     rounds: dict[str, Any] | None = None
     """Deadline rounds (``--outer.round deadline``): the run's progress in nominal steps and each
     group's rounds, steps and tokens (``_rounds``); the curves' steps are then that progress."""
+    lives: list[dict[str, Any] | None] = field(default_factory=list)
+    """Per replica group: its ledger's totals over its lives (``runs/lives.py``), None without one."""
 
     def final_loss(self, metric: str = "validation") -> float | None:
         return self.final_train_loss if metric == "train" else self.final_validation_loss
@@ -195,6 +203,8 @@ class _Replica:
     tokens in the round, committed), of the group's current timeline only (``_file_round``)."""
     restarted_at: int | None = None
     """The step a new process of this group started training at, until its first sync is filed."""
+    lives: dict[str, Any] | None = None
+    """Its ledger's totals over every process it ran as (``runs/lives.py``; None: no ledger)."""
 
 
 def _read_replica(folder: Path) -> _Replica:
@@ -203,6 +213,11 @@ def _read_replica(folder: Path) -> _Replica:
     metrics = folder / "metrics.jsonl"
     records = _json_lines(metrics, tolerate_partial_tail=True) if metrics.is_file() else []
     replica = _Replica(summary, {}, {}, {})
+    try:
+        ledger = Lives.read(folder)
+    except ValueError as err:
+        raise ReportError(str(err)) from None
+    replica.lives = ledger.totals() if ledger is not None else None
     for number, record in records:
         try:
             _add_record(replica, record)
@@ -410,10 +425,14 @@ def _scalars(reps: list[_Replica], curves: dict[str, np.ndarray]) -> dict[str, A
 
 
 def _tokens(reps: list[_Replica]) -> int | None:
-    """Tokens trained by all replica groups: each group's last ``n_tokens_seen`` (summed over
-    its ranks, where the summary's ``tokens_seen`` is rank 0's alone), else its summary."""
+    """Tokens trained by all replica groups: each group's over its lives from its ledger (a heal
+    hands a group its peer's counter), else its last ``n_tokens_seen`` (summed over its ranks,
+    where the summary's ``tokens_seen`` is rank 0's alone), else its summary."""
     per_group = []
     for r in reps:
+        if r.lives is not None:
+            per_group.append(r.lives["tokens_trained"])
+            continue
         logged = r.train[max(r.train)][1] if r.train else math.nan
         per_group.append(logged if not math.isnan(logged) else (r.summary or {}).get("tokens_seen"))
     return int(sum(per_group)) if all(t is not None for t in per_group) else None
@@ -464,6 +483,7 @@ def load_run(folder: Path | str) -> Run:
         return Run(folder=folder, name=folder.resolve().name, method=method_of(facts) if facts else "?",
                    objective=_objective(facts, summary), facts=facts, replicas=len(parts),
                    evaluations=_evaluations(folder), rounds=_rounds(reps) if deadline else None,
+                   lives=[r.lives for r in reps],
                    complete=all(r.summary is not None for r in reps), **_scalars(reps, curves), **curves)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise ReportError(f"{folder}: summary.json or run.json has a missing or mistyped field ({err!r}); "
@@ -657,6 +677,12 @@ def rounds_lines(runs: list[Run]) -> list[str]:
     return lines
 
 
+def lives_lines(runs: list[Run]) -> list[str]:
+    """One line per replica group that restarted or healed: what it did over its lives."""
+    return [f"{run.name}: replica group {i} {describe_lives(t)}" for run in runs for i, t in enumerate(run.lives)
+            if t is not None and (t["lives"] > 1 or t["heals"])]
+
+
 def markdown(runs: list[Run], metric: str = "validation") -> str:
     """The same table in Markdown."""
     header = _header(runs)
@@ -670,7 +696,7 @@ def rows_json(runs: list[Run], metric: str = "validation") -> list[dict[str, Any
     keys = ("name", "method", "objective", "replicas", "complete", "final_validation_loss",
             "final_validation_bits_per_byte", "final_train_loss",
             "steps", "tokens", "bits_per_parameter", "bytes_sent_per_replica", "sync_share", "wall_seconds",
-            "evaluations", "rounds")
+            "evaluations", "rounds", "lives")
     return [{**{k: getattr(r, k) for k in keys}, "folder": str(r.folder), "sweep": str(r.sweep) if r.sweep else None,
              "best": id(r) in marks, "facts": r.facts} for r in ordered(runs, metric)]
 
@@ -776,6 +802,8 @@ def _write_text(runs: list[Run], out: Path, metric: str) -> list[Path]:
     plots = "\n".join(f"![{name}]({name})" for name in REPORT_FILES[:3])
     rounds = "".join(f"\n- {line}" for line in rounds_lines(runs))
     rounds = f"\n\nReplica groups in deadline rounds:\n{rounds}" if rounds else ""
+    lives = "".join(f"\n- {line}" for line in lives_lines(runs))
+    rounds += f"\n\nReplica groups that restarted or healed:\n{lives}" if lives else ""
     md = (f"# Runs\n\nFinal loss: {metric} (`*`: lowest of its method within a sweep).\n\n"
           f"{markdown(runs, metric)}{note}{rounds}\n\n{plots}\n")
     (out / "report.md").write_text(md)
@@ -819,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
         if out.exists() and not out.is_dir():
             raise ReportError(f"{out}: exists and is not a folder; pass another --out")
         print(table(runs, args.metric))
-        for line in rounds_lines(runs):
+        for line in (*rounds_lines(runs), *lives_lines(runs)):
             print(line)
         written = [*write_plots(runs, out), *_write_text(runs, out, args.metric)]
     except ReportError as err:

@@ -54,7 +54,11 @@ class Drill:
     extra: tuple[str, ...] = ()
     at: str = "mid"
     """``mid``: the fault starts at the victim's step H + H/2 (mid-round); ``final``: at its last
-    step, so it lands in the final sync."""
+    step, so it lands in the final sync; ``healed`` and ``serving``: the victim is first cut off for
+    ``seconds`` mid-round (its peers commit without it), and when it heals back the second fault
+    cuts it while it downloads its peer's state (``healed``) or cuts the peer serving it (``serving``),
+    for ``seconds`` again. These run on ``--link`` links (20 Mbit/s) so a heal takes a few seconds."""
+    link: str = ""
 
 
 DRILLS = [
@@ -68,11 +72,14 @@ DRILLS = [
     Drill("k3-cut-15s-deadline", 3, "cut", 15, "deadline"),
     Drill("k3-cut-15s-final-sync", 3, "cut", 15, at="final"),
     Drill("k2-lighthouse-50s-quorum-40s", 2, "lighthouse", 50, extra=("--fault_tolerance.quorum_timeout_seconds", "40")),
+    Drill("k3-cut-15s-being-healed", 3, "cut", 15, at="healed", link="20mbit"),
+    Drill("k3-cut-15s-serving-a-heal", 3, "cut", 15, at="serving", link="20mbit"),
 ]
 SMOKE = Drill("k2-cut-3s", 2, "cut", 3)
 SHAPE = ["--model.flavor", "llama3-w128-d4-h2", "--training.seq_len", "256", "--training.local_batch_size", "8"]
 SMOKE_SHAPE = ["--model.flavor", "llama3-w64-d2-h2", "--training.seq_len", "64", "--training.local_batch_size", "2"]
 _STEP = re.compile(r"step +(\d+)/")
+_HEAL_STARTS = {"healed": "healing: downloading a peer's state", "serving": "serving this group's state"}
 _EVENT = re.compile(r"\[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*(sync at step \d+ .*: committed|healed from)")
 
 
@@ -99,11 +106,32 @@ def fault_thread(drill: Drill, at_step: int, said: dict):
             stop.wait(drill.seconds)
             tb.restore(victim) if drill.fault == "cut" else tb.unblock("lighthouse", victim)
             said["ended"] = datetime.now()
+            if drill.at in _HEAL_STARTS:
+                _cut_at_the_heal(job, drill, stop, said)
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         return lambda: (stop.set(), thread.join(30))
     return watch
+
+
+def _cut_at_the_heal(job, drill: Drill, stop: threading.Event, said: dict) -> None:
+    """The second fault of a heal drill: once a log says the heal began (the victim's when it downloads,
+    any group's when it serves), cut that group for ``drill.seconds``."""
+    logs = Path(job.resolved_log_dir)
+    hosts = [f"r{drill.replicas - 1}"] if drill.at == "healed" else [f"r{i}" for i in range(drill.replicas - 1)]
+    marker = _HEAL_STARTS[drill.at]
+    while not stop.is_set():
+        for host in hosts:
+            log = logs / f"replica_{host[1:]}.log"
+            if log.exists() and marker in log.read_text(errors="replace"):
+                job.testbed.cut(host)
+                said["heal_cut"] = host
+                stop.wait(drill.seconds)
+                job.testbed.restore(host)
+                said["ended"] = datetime.now()
+                return
+        time.sleep(0.02)
 
 
 def recovery_s(log: Path, ended: datetime | None) -> float | None:
@@ -126,7 +154,8 @@ def run_drill(drill: Drill, work: Path, args, shape: list[str]) -> dict:
                  *(["--outer.round", "deadline"] if drill.mode == "deadline" else []), *drill.extra]
     job = run_local_job(work / drill.name, "diloco/diloco", drill.replicas, overrides, args.timeout,
                         watch=fault_thread(drill, args.steps if drill.at == "final" else h + h // 2, said),
-                        launch={"netns": True, "max_restarts": 3, "min_replicas": None, "join_timeout_ms": None})
+                        launch={"netns": True, "max_restarts": 3, "min_replicas": None, "join_timeout_ms": None,
+                                **({"link": drill.link} if drill.link else {})})
     sums = [r["summary"]["diloco"] for r in job.replicas]
     twice = [sum(n - 1 for n in Counter(row["step"] for row in r["rows"] if "loss" in row).values() if n > 1)
              for r in job.replicas]
@@ -134,7 +163,7 @@ def run_drill(drill: Drill, work: Path, args, shape: list[str]) -> dict:
     return {"drill": drill, "wall": job.wall_s, "agree": len({s["final_global_sha256"] for s in sums}) == 1,
             "syncs": " ".join(f"{s['syncs_committed']}/{s['syncs_failed']}/{s.get('syncs_missed', 0)}" for s in sums),
             "twice": sum(twice), "recover": recovery_s(victim_log, said.get("ended")),
-            "faulted": "started" in said}
+            "faulted": "started" in said and (drill.at not in _HEAL_STARTS or "heal_cut" in said)}
 
 
 def main() -> int:
@@ -161,7 +190,7 @@ def main() -> int:
             r = run_drill(drill, work, args, shape)
             recover = "n/a" if r["recover"] is None else f"{r['recover']:.1f}"
             if not r["faulted"]:
-                recover = "no fault (the run ended first)"
+                recover = "no fault (the run ended first)" if drill.at not in _HEAL_STARTS else "no heal was cut"
             print(f"{drill.name:30} {drill.replicas:>2} {drill.mode:9} {'yes' if r['agree'] else 'NO':5} "
                   f"{r['syncs']:40} {r['twice']:>5} {recover:>9} {r['wall']:>7.1f}", flush=True)
     finally:

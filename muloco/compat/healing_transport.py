@@ -22,6 +22,7 @@ from datetime import timedelta
 
 import torch
 from torch.utils._pytree import tree_map_only
+from torchtitan.tools.logging import logger
 from torchft.checkpointing._serialization import _streaming_load
 from torchft.checkpointing.http_transport import HTTPTransport
 
@@ -43,9 +44,12 @@ class SafeHTTPTransport(HTTPTransport):
     def send_checkpoint(self, dst_ranks, step, state_dict, timeout):
         snapshot = tree_map_only(torch.Tensor, lambda t: t.detach().clone(), state_dict)
         super().send_checkpoint(dst_ranks, step, snapshot, timeout)
+        logger.info(f"serving this group's state at sync {step} to healing replica rank(s) {list(dst_ranks)}")
 
     @classmethod
     def _load_from_address(cls, address: str, timeout: timedelta) -> object:
+        # a heal over a slow link takes a while: say it started (and from whom) before it blocks
+        logger.info(f"healing: downloading a peer's state from {address}")
         with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
             return _streaming_load(f, weights_only=True)
 

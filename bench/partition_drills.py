@@ -11,7 +11,9 @@ drills of the final sync), its fault starts:
 ``cut`` sets its link down (it reaches nobody), ``lighthouse`` blocks it and the lighthouse from each
 other (its peers still reach both); ``seconds`` later the fault ends. A group that gives up (exit 4
 after ``--fault_tolerance.lighthouse_lost_seconds``, 30 s) is restarted by the launcher
-(``--max-restarts 3``) and heals. Printed per drill:
+(``--max-restarts 3``) and heals. The heal drills (``being-healed``, ``serving-a-heal``, on 20 Mbit/s
+links) cut the victim for 15 s, then, when it heals back, cut it again while it downloads its
+peer's state, or cut the peer serving it (``Drill.at``). Printed per drill:
 
 - agreement: every group's final θ_g has the same SHA-256;
 - syncs committed / rolled back / missed, per group (missed: committed by the others without it);
@@ -55,9 +57,9 @@ class Drill:
     at: str = "mid"
     """``mid``: the fault starts at the victim's step H + H/2 (mid-round); ``final``: at its last
     step, so it lands in the final sync; ``healed`` and ``serving``: the victim is first cut off for
-    ``seconds`` mid-round (its peers commit without it), and when it heals back the second fault
-    cuts it while it downloads its peer's state (``healed``) or cuts the peer serving it (``serving``),
-    for ``seconds`` again. These run on ``--link`` links (20 Mbit/s) so a heal takes a few seconds."""
+    15 s mid-round (its peers commit without it), and when it heals back the second fault cuts it
+    while it downloads its peer's state (``healed``) or cuts the peer serving it (``serving``), for
+    ``seconds``. These run on ``--link`` links (20 Mbit/s) so a heal takes a few seconds."""
     link: str = ""
 
 
@@ -74,6 +76,8 @@ DRILLS = [
     Drill("k2-lighthouse-50s-quorum-40s", 2, "lighthouse", 50, extra=("--fault_tolerance.quorum_timeout_seconds", "40")),
     Drill("k3-cut-15s-being-healed", 3, "cut", 15, at="healed", link="20mbit"),
     Drill("k3-cut-15s-serving-a-heal", 3, "cut", 15, at="serving", link="20mbit"),
+    Drill("k3-cut-60s-being-healed", 3, "cut", 60, at="healed", link="20mbit"),
+    Drill("k3-cut-60s-serving-a-heal", 3, "cut", 60, at="serving", link="20mbit"),
 ]
 SMOKE = Drill("k2-cut-3s", 2, "cut", 3)
 SHAPE = ["--model.flavor", "llama3-w128-d4-h2", "--training.seq_len", "256", "--training.local_batch_size", "8"]
@@ -103,7 +107,7 @@ def fault_thread(drill: Drill, at_step: int, said: dict):
             tb = job.testbed
             tb.cut(victim) if drill.fault == "cut" else tb.block("lighthouse", victim)
             said["started"] = datetime.now()
-            stop.wait(drill.seconds)
+            stop.wait(min(drill.seconds, 15.0) if drill.at in _HEAL_STARTS else drill.seconds)
             tb.restore(victim) if drill.fault == "cut" else tb.unblock("lighthouse", victim)
             said["ended"] = datetime.now()
             if drill.at in _HEAL_STARTS:

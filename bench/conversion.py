@@ -23,7 +23,8 @@
    the ratio to the full fine-tune's.
 
 Every run is a real job (``muloco.train``, ``muloco.launch.local`` for K=2) in ``--out``; the
-commands are printed. ``--smoke``: the tiny flavor, a few steps, one seed. Nothing is asserted.
+commands are printed. ``--smoke``: the tiny flavor, a few steps, one seed, the last recipe given (each
+recipe's own smoke is tests/test_recipes.py). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -199,6 +200,7 @@ def main() -> None:
     shape = ["--training.seq_len", "256", "--training.local_batch_size", "8", "--validator.steps", "8"]
     if args.smoke:
         args.seeds, args.ar_steps, args.steps, args.eval_every, args.sft_steps = [0], 4, 4, 2, 4
+        args.recipes = args.recipes[-1:]  # the pipeline once; tests/test_recipes.py runs every recipe
         shape = ["--training.seq_len", "64", "--training.local_batch_size", "2", "--validator.steps", "2",
                  "--lr_scheduler.warmup_steps", "1"]
     args.ar_flavor = ["--model.flavor", "llama3-w64-d2-h2"] if args.smoke else []

@@ -302,3 +302,40 @@ def _interrupt_on_sigterm(signum, frame) -> None:
 
 def pytest_configure(config):
     signal.signal(signal.SIGTERM, _interrupt_on_sigterm)
+
+
+CHECKOUT_NOISE = ("__pycache__/", ".pytest_cache/", "muloco.egg-info/", ".venv")
+"""What running Python and pytest in a checkout always leaves (and what setup made)."""
+
+
+def _checkout_files() -> set[str] | None:
+    """Untracked and ignored paths in the checkout (None: not a git checkout, or no git)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    paths = {line[3:] for line in out.stdout.splitlines() if line.startswith(("??", "!!"))}
+    return {p for p in paths if not any(noise in p for noise in CHECKOUT_NOISE)}
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):  # the controller: what the checkout held before the tests
+        session.config._checkout_before = _checkout_files()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The suite leaves the checkout as it found it (a user's own runs in it stay theirs): a file a
+    test wrote there fails the run, named."""
+    before = getattr(session.config, "_checkout_before", None)
+    after = _checkout_files() if before is not None else None
+    if before is None or after is None or exitstatus not in (0, 1):
+        return
+    added = sorted(after - before)
+    if added:
+        sys.stderr.write("\nthe tests wrote into the checkout (they must write under tmp_path): "
+                         + ", ".join(added[:20]) + ("" if len(added) <= 20 else f" and {len(added) - 20} more")
+                         + "\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -15,6 +15,8 @@ print a plan."""
 
 from __future__ import annotations
 
+import contextlib
+
 import importlib
 import os
 import re
@@ -210,6 +212,9 @@ def _run_example(ex: Example, capfd, tmp_path: Path) -> tuple[subprocess.Complet
     show, and a ``--help``, run as typed in a real process; the rest here."""
     argv, env, must_show = _command(ex)
     real = must_show == "usage" or ("--dry-run" in _env_and_words(ex.text)[1] and must_show != PREFLIGHT_PASSED)
+    if must_show == "MISSING FOLDER":  # the docs' run folders, relative to an empty folder: never the user's own
+        with contextlib.chdir(tmp_path):
+            return _run(argv, env, capfd, tmp_path, real), must_show
     return _run(argv, env, capfd, tmp_path, real), must_show
 
 

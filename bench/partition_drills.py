@@ -6,7 +6,7 @@ cut or a lighthouse blocked while the job runs, and what it cost.
 
 Each drill is one real job (the launcher users run, every group and the lighthouse in a network
 namespace of its own, ``muloco/launch/netns.py``) of the tiny model (``llama3-w128-d4-h2``, seq 256,
-batch 8). When the victim group's log shows inner step H + H/2 (mid-round; or its last step, for the
+batch 8). When the victim group's log shows inner step H + H/2 (mid-round; or the step before its last, for the
 drills of the final sync), its fault starts:
 ``cut`` sets its link down (it reaches nobody), ``lighthouse`` blocks it and the lighthouse from each
 other (its peers still reach both); ``seconds`` later the fault ends. A group that gives up (exit 4
@@ -55,8 +55,9 @@ class Drill:
     mode: str = "lockstep"
     extra: tuple[str, ...] = ()
     at: str = "mid"
-    """``mid``: the fault starts at the victim's step H + H/2 (mid-round); ``final``: at its last
-    step, so it lands in the final sync; ``healed`` and ``serving``: the victim is first cut off for
+    """``mid``: the fault starts at the victim's step H + H/2 (mid-round); ``final``: at the step before
+    its last, so it lands in the final sync whatever the speed (at the last step's line the final
+    sync may already be over); ``healed`` and ``serving``: the victim is first cut off for
     15 s mid-round (its peers commit without it), and when it heals back the second fault cuts it
     while it downloads its peer's state (``healed``) or cuts the peer serving it (``serving``), for
     ``seconds``. These run on ``--link`` links (20 Mbit/s) so a heal takes a few seconds."""
@@ -157,7 +158,7 @@ def run_drill(drill: Drill, work: Path, args, shape: list[str]) -> dict:
     overrides = [*shape, "--training.steps", str(args.steps), "--outer.sync_every", str(h), "--metrics.log_freq", "1",
                  *(["--outer.round", "deadline"] if drill.mode == "deadline" else []), *drill.extra]
     job = run_local_job(work / drill.name, "diloco/diloco", drill.replicas, overrides, args.timeout,
-                        watch=fault_thread(drill, args.steps if drill.at == "final" else h + h // 2, said),
+                        watch=fault_thread(drill, args.steps - 1 if drill.at == "final" else h + h // 2, said),
                         launch={"netns": True, "max_restarts": 3, "min_replicas": None, "join_timeout_ms": None,
                                 **({"link": drill.link} if drill.link else {})})
     sums = [r["summary"]["diloco"] for r in job.replicas]

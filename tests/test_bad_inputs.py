@@ -113,6 +113,9 @@ BAD_INPUTS = [
     Case("objective-eps-outside-0-1", ["--config", "ddp/adamw", "--objective", "mdlm", "--objective.eps", "1"],
          "objective.eps is 1.0; it must be in (0, 1)"),
     # 2. more fragments than layer units (d2: embedding, 2 blocks, head = 4)
+    Case("feedback-beta-schedule-on-a-lossless-exchange",
+         ["--config", "diloco/diloco", "--outer.step_schedule.feedback_beta.decay", "linear"],
+         "outer.step_schedule.feedback_beta schedules the error-feedback β, but this exchange keeps no error feedback"),
     Case("lives-ledger-garbled", ["--config", "diloco/diloco", *TINY],
          "{dir}/out/replica_0/lives.json is not a lives ledger", files={"out/replica_0/lives.json": "{not json"}),
     Case("fragments-over-layer-units", ["--config", "diloco/diloco", *TINY, "--outer.num_fragments", "5"],

@@ -48,6 +48,8 @@ def _hf_load(folder: Path, flavor: str, vocab: int) -> dict[str, torch.Tensor]:
     ("another-family", "model_type is 'gemma2': the folders that load are Llama 2/3/3.1/3.2/3.3 .*Qwen2/Qwen2.5"),
     ("llama-attention-bias", "attention_bias is True there.*Qwen2's biases on q/k/v only load from a qwen2 folder"),
     ("heads-do-not-split-the-width", "hidden_size 64 is not a multiple of num_attention_heads 3"),
+    ("heads-do-not-split-the-width-head-dim-given", "hidden_size 128 is not a multiple of num_attention_heads 3: "
+                                                   "transformers refuses such a config .* never be exported"),
     ("kv-heads-do-not-group", "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
     ("llada-bias", "LLaDA option include_bias=True"),
 ])
@@ -72,6 +74,8 @@ def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path,
             config["rope_parameters"] = {"rope_type": "default", "rope_theta": 500000.0}
         if setup == "heads-do-not-split-the-width":
             config["num_attention_heads"] = 3
+        if setup == "heads-do-not-split-the-width-head-dim-given":  # transformers' LlamaConfig refuses it too
+            config.update(hidden_size=128, num_attention_heads=3, num_key_value_heads=3, head_dim=64)
         if setup == "kv-heads-do-not-group":
             config["num_key_value_heads"] = 3
         if setup == "llada-bias":

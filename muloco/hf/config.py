@@ -100,7 +100,6 @@ def _normalized(theirs: dict) -> dict:
 
     theirs = llama_view(theirs) if is_llada(theirs) else dict(theirs)
     theirs.setdefault("num_key_value_heads", theirs.get("num_attention_heads"))
-    theirs["_head_dim_given"] = bool(theirs.get("head_dim"))
     if not theirs.get("head_dim") and theirs.get("hidden_size") and theirs.get("num_attention_heads"):
         theirs["head_dim"] = theirs["hidden_size"] // theirs["num_attention_heads"]
     ropes = [theirs[key] for key in ("rope_parameters", "rope_scaling") if isinstance(theirs.get(key), dict)]
@@ -115,15 +114,16 @@ def _normalized(theirs: dict) -> dict:
 
 def _inconsistent_heads(theirs: dict) -> str | None:
     """Head counts transformers' Llama cannot build (None: they fit): the width must split into the
-    heads unless head_dim is given, and the query heads into groups of the key/value heads."""
+    heads (transformers checks it even where head_dim sets the heads' own width), and the query heads
+    into groups of the key/value heads."""
     heads, kv_heads, hidden = (theirs.get(k) for k in ("num_attention_heads", "num_key_value_heads", "hidden_size"))
     if not all(isinstance(v, int) and v > 0 for v in (heads, kv_heads, hidden)):
         return None  # a missing or non-integer shape is named by the caller
     if heads % kv_heads:
         return f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
-    if hidden % heads and not theirs.get("_head_dim_given"):
-        return (f"hidden_size {hidden} is not a multiple of num_attention_heads {heads} (and no head_dim is "
-                "given): transformers refuses it")
+    if hidden % heads:  # also with head_dim given: transformers' config validation refuses it
+        return (f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}: transformers refuses "
+                "such a config (head_dim given or not), so a run from it could never be exported")
     return None
 
 

@@ -72,6 +72,11 @@ def _first_line(err: Any) -> str:
     return text[0] if text else type(err).__name__
 
 
+def _codec_label(codec: Any) -> str:
+    """A codec config as the user names it (``--outer.exchange.codec NAME``)."""
+    return getattr(codec.build(), "name", type(codec).__qualname__)
+
+
 def _local(p: torch.Tensor) -> torch.Tensor:
     """The tensor this rank holds (its shard under FSDP): replicas exchange shards rank by rank."""
     return p.to_local() if isinstance(p, DTensor) else p
@@ -295,6 +300,11 @@ class OuterLoop(Configurable):
                                                       and self.step_schedule.momentum.constant):
                 raise ValueError("outer.optimizer.name none averages the models (no lr, no momentum): "
                                  "drop outer.step_schedule.lr/momentum, or use --outer.optimizer.name sgd")
+            if not self.step_schedule.feedback_beta.constant and not self.exchange.carries_feedback():
+                raise ValueError("outer.step_schedule.feedback_beta schedules the error-feedback β, but this exchange "
+                                 f"keeps no error feedback (its codec {_codec_label(self.exchange.codec)} is lossless, "
+                                 "or outer.exchange.error_feedback.enabled is off): drop "
+                                 "outer.step_schedule.feedback_beta.*")
             self.link.validate()
             self.round.validate()
             self.exchange.check_weighting(self.round.deadline)

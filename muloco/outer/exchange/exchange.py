@@ -160,6 +160,13 @@ class Exchange(Configurable):
                                  f"lossless (float32) payload allows; with {lossy[0]} use "
                                  f"--outer.exchange.strategy allgather")
 
+        def carries_feedback(self) -> bool:
+            """Whether any stream of this exchange keeps an error-feedback residual (a lossy codec with
+            feedback on)."""
+            feedback = self.error_feedback.build()
+            carried = [self.codec] + ([Dense.Config(dtype=self.skip_dtype)] if self.skip_pattern else [])
+            return any(feedback.applies_to(c.build()) for c in carried)
+
         def resolved_strategy(self):
             if self.strategy is not None:
                 return self.strategy

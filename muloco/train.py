@@ -68,8 +68,28 @@ def preflight(config) -> None:
     step = check_loadable(config)
     if step >= 0:
         _check_same_run(config, step)
+    _check_same_kind(config)
     _check_lives(config)
     _check_lighthouse(config)  # last: it may wait for a lighthouse that starts after this replica
+
+
+def _check_same_kind(config) -> None:
+    """A DiLoCo job writes one ``replica_<i>/`` folder per group under its dump folder, a DDP run its
+    files straight into it: one pointed at the other's folder would mix two runs and resume neither."""
+    import json
+
+    folder = Path(config.dump_folder)
+    if hasattr(config, "outer"):
+        try:
+            theirs = json.loads((folder / RUN_FILE).read_text()).get("facts")
+        except (OSError, ValueError, AttributeError):
+            return
+        if isinstance(theirs, dict) and theirs.get("outer", "?") is None:
+            raise ConfigError(f"{folder} holds a DDP run ({theirs.get('method', 'no outer loop')}), and this "
+                              "DiLoCo job would write its replica groups' folders into it: give a new --dump_folder")
+    elif any(p.is_dir() and (p / RUN_FILE).is_file() for p in folder.glob("replica_*")):
+        raise ConfigError(f"{folder} holds a DiLoCo job (replica_<i>/ folders), and this DDP run would write "
+                          "beside them: give a new --dump_folder")
 
 
 def _check_lives(config) -> None:

@@ -77,6 +77,14 @@ def _codec_label(codec: Any) -> str:
     return getattr(codec.build(), "name", type(codec).__qualname__)
 
 
+def _named(err: Any) -> str:
+    """The setting behind a collective's timeout (gloo says only "Timed out waiting 10000ms")."""
+    if "timed out" not in _first_line(err).lower():
+        return ""
+    return ("; a collective waited past --fault_tolerance.process_group_timeout_ms (a peer cut off, dead, or "
+            "still downloading its heal over a slow link)")
+
+
 def _local(p: torch.Tensor) -> torch.Tensor:
     """The tensor this rank holds (its shard under FSDP): replicas exchange shards rank by rank."""
     return p.to_local() if isinstance(p, DTensor) else p
@@ -307,6 +315,10 @@ class OuterLoop(Configurable):
                                  "outer.step_schedule.feedback_beta.*")
             self.link.validate()
             self.round.validate()
+            if self.round.deadline and self.round.min_steps > (self.round.max_steps or 2 * self.sync_every):
+                raise ValueError(f"outer.round.min_steps {self.round.min_steps} is more than a round's most steps, "
+                                 f"{2 * self.sync_every} (outer.round.max_steps 0: twice outer.sync_every "
+                                 f"{self.sync_every}): lower min_steps, or raise outer.round.max_steps")
             self.exchange.check_weighting(self.round.deadline)
             if self.round.deadline and (self.num_fragments != 1 or self.fragment_sync_delay != 0):
                 raise ValueError(f"outer.round deadline syncs the whole model at each round's end: it needs "
@@ -563,8 +575,8 @@ class OuterLoop(Configurable):
         clock.lap("commit")
         if failure is None and not committed:
             err = self.manager.errored()
-            failure = f"a replica failed in the exchange or the commit vote ({_first_line(err)})" if err else \
-                "fewer replica groups in the quorum than needed to commit"
+            failure = f"a replica failed in the exchange or the commit vote ({_first_line(err)}){_named(err)}" \
+                if err else "fewer replica groups in the quorum than needed to commit"
         locals_ = frag.locals()
         lr, momentum = self._outer_step_values(self._position(step))
         if committed and self.deadline:

@@ -158,7 +158,11 @@ BAD_INPUTS = [
          "has no document in its validation split", files={"few.jsonl": _jsonl(*_docs(5))}),
     Case("validation-source-not-followed", ["--config", "ddp/adamw", "--validator.dataloader.source", "jsonl",
                                             "--validator.dataloader.source.dataset_path", "{dir}/empty.jsonl"],
-         "validator.dataloader is set but not read", files={"empty.jsonl": ""}),
+         "validator.dataloader is set but not read: validation follows the training data's held-out split "
+         "(validator.follow_training_data). Add --validator.no-follow-training-data", files={"empty.jsonl": ""}),
+    Case("outer-loop-key-on-a-ddp-config", ["--config", "ddp/adamw", "--outer.sync_every", "10"],
+         "unknown config key '--outer.sync_every': ddp/adamw has no outer loop (it trains one data-parallel group); "
+         "the outer-loop settings belong to a DiLoCo config such as --config diloco/diloco"),
     # 5. dump folder
     Case("dump-folder-unwritable", ["--config", "ddp/adamw"], "cannot be created or written", dump=UNWRITABLE),
     Case("dump-folder-is-a-file", ["--config", "ddp/adamw"], "is a file", files={"a-file": "x"},

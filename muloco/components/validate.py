@@ -74,7 +74,7 @@ class MulocoValidator(Validator):
             if self.follow_training_data and self.dataloader != type(self.dataloader)(split="validation"):
                 raise ValueError("validator.dataloader is set but not read: validation follows the training data's "
                                  "held-out split (validator.follow_training_data). Add "
-                                 "--validator.follow_training_data False to validate on validator.dataloader, or "
+                                 "--validator.no-follow-training-data to validate on validator.dataloader, or "
                                  "drop its settings.")
 
         def data_config(self, training_data: PackedTextDataLoader.Config) -> PackedTextDataLoader.Config:

@@ -56,7 +56,11 @@ def _normalise(flag: str) -> str:
     return flag[2:].split("=", 1)[0].replace("-", "_")
 
 
-def check_keys(config, args: list[str]) -> None:
+DILOCO_SECTIONS = ("outer", "fault_tolerance")
+"""Sections only a DiLoCo config has."""
+
+
+def check_keys(config, args: list[str], config_name: str | None = None) -> None:
     keys = valid_keys(config)
     for arg in args:
         if not arg.startswith("--") or arg in ("--help", "-h"):
@@ -69,6 +73,11 @@ def check_keys(config, args: list[str]) -> None:
         retired = RETIRED_KEYS.get(negated if leaf.startswith("no_") else key)
         if retired:
             raise ConfigError(f"unknown config key '--{key}': {retired}")
+        section_root = key.split(".", 1)[0]
+        if section_root in DILOCO_SECTIONS and not any(k.startswith(section_root + ".") for k in keys):
+            raise ConfigError(f"unknown config key '--{key}': {config_name or 'this config'} has no outer loop (it "
+                              "trains one data-parallel group); the outer-loop settings belong to a DiLoCo config "
+                              "such as --config diloco/diloco")
         misplaced = misplaced_key_hint(config, key)
         if misplaced:
             raise ConfigError(f"unknown config key '--{key}': {misplaced}")
@@ -119,7 +128,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m muloco.trai
     name, rest = split_config_arg(argv)
     loaded = load_config(name)
     rest = apply_choices(loaded, rest)
-    check_keys(loaded, rest)
+    check_keys(loaded, rest, name)
     _ensure_tyro_rules()
     config = tyro.cli(
         type(loaded),

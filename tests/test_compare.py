@@ -497,6 +497,15 @@ def test_bad_link_options_are_one_clear_error_before_anything_runs(bad, message,
     assert not (tmp_path / "s").exists()
 
 
+def test_steps_off_the_sync_interval_are_fixed_with_compares_own_flag(capsys, tmp_path):
+    from muloco.compare.__main__ import main as compare_main
+
+    assert compare_main(["--steps", "25", "--out", str(tmp_path / "s"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "training.steps (25) must be a multiple of the sync interval" in err and "try --steps 30" in err, err
+    assert "--training.steps" not in err and not (tmp_path / "s").exists()
+
+
 def test_a_runs_wall_time_is_its_slowest_groups_and_its_link_share_the_groups_mean(tmp_path):
     """Replica 0 (whose clock times the target) may have started first and waited for the other
     group: the run's wall time is the longest group's, so a time to target never exceeds it."""

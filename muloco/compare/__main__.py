@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import sys
 from dataclasses import dataclass, field
@@ -83,6 +84,13 @@ class CompareOptions:
     """Latency per collective round of the emulated links, in milliseconds."""
     target: float | None = None
     """The loss the time-to-target is measured to (default: the dense DiLoCo K=2 run's final loss)."""
+
+
+def _in_compare_terms(message: str) -> str:
+    """A trainer's message with compare's own flag for what compare sets: ``--steps`` sets every run's
+    ``training.steps``."""
+    return re.sub(r"try --training\.steps (\d+)", r"try --steps \1 (compare's --steps sets every run's training.steps)",
+                  message)
 
 
 def _resolve(p: Planned) -> None:
@@ -307,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except TrainerConfigError as err:  # a run's trainer config does not parse (tyro said why)
         if err.status:
-            print(f"{PROG}: error: {err}", file=sys.stderr)
+            print(f"{PROG}: error: {_in_compare_terms(str(err))}", file=sys.stderr)
         return err.status
     if args.dry_run:
         share = _share_gpus(device, planned) if device == "cuda" and _cuda_available() else False

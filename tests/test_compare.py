@@ -497,6 +497,17 @@ def test_bad_link_options_are_one_clear_error_before_anything_runs(bad, message,
     assert not (tmp_path / "s").exists()
 
 
+def test_an_out_that_cannot_be_a_folder_is_one_error_even_in_a_dry_run(capsys, tmp_path):
+    from muloco.compare.__main__ import main as compare_main
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for out, says in ((a_file, "is a file"), (a_file / "below", "is under"), ("/proc/muloco-compare", "cannot be created")):
+        assert compare_main(["--out", str(out), "--dry-run"]) == 2
+        err = capsys.readouterr().err
+        assert f"--out '{out}' {says}" in err and err.count("error:") == 1, err
+
+
 def test_steps_off_the_sync_interval_are_fixed_with_compares_own_flag(capsys, tmp_path):
     from muloco.compare.__main__ import main as compare_main
 

@@ -112,6 +112,12 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
     (busy / "keep.txt").write_text("mine")
     assert main([str(ar_run), "--out", str(busy)]) == 2
     assert "is not empty" in capsys.readouterr().err and [p.name for p in busy.iterdir()] == ["keep.txt"]
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for out, says in ((a_file, "is a file"), (a_file / "below", "is under"), ("/proc/muloco-export", "cannot be created")):
+        assert main([str(ar_run), "--out", str(out)]) == 2  # before the checkpoint is converted
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and err.count("error:") == 1, err
     assert main([str(ar_run), "--out", str(tmp_path / "out"), "--license", "Apache 2.0"]) == 2
     assert "--license 'Apache 2.0' is not a license id" in capsys.readouterr().err
     assert main([str(ar_run), "--step", "999", "--out", str(tmp_path / "out")]) == 2

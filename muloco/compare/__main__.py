@@ -86,6 +86,18 @@ class CompareOptions:
     """The loss the time-to-target is measured to (default: the dense DiLoCo K=2 run's final loss)."""
 
 
+def _check_out(folder: Path) -> None:
+    """The suite's folder can be made and written (a file, /proc, a path below a file: one line now,
+    not a traceback from the first run)."""
+    from muloco.config.checks import check_dump_folder
+    from muloco.config.loader import ConfigError
+
+    try:
+        check_dump_folder(str(folder), flag="--out")
+    except ConfigError as err:
+        raise UsageError(str(err)) from None
+
+
 def _in_compare_terms(message: str) -> str:
     """A trainer's message with compare's own flag for what compare sets: ``--steps`` sets every run's
     ``training.steps``."""
@@ -294,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
             _check_device(device, suite.name)
         data_label = args.data if args.data in DATA else Path(args.data).stem
         folder = Path(args.out or f"outputs/compare/{suite.name}-{args.objective}-{data_label}")
+        _check_out(folder)
         staged = args.tune and args.seeds > 1 and not args.tune_every_seed
         points = _tune_points(suite, args)
         planned = plan(suite, objective=args.objective, data=args.data, seeds=1 if staged else args.seeds,

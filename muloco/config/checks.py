@@ -230,7 +230,12 @@ def _probe_once(folder: str) -> None:
         remove_dirs(created)
 
 
-def _check_not_under_a_file(folder: str) -> None:
+def _label(flag: str) -> str:
+    """How a message names the folder: the trainer's config key, another command's option."""
+    return "dump_folder" if flag == "--dump_folder" else flag
+
+
+def _check_not_under_a_file(folder: str, flag: str = "--dump_folder") -> None:
     """The deepest existing part of ``folder``'s path must be a folder. A path that vanishes
     between the two looks (a peer rank's probe just removed the folder it made) is looked at
     again, not taken for a file."""
@@ -241,15 +246,15 @@ def _check_not_under_a_file(folder: str) -> None:
             return
         if os.path.lexists(existing):
             what = "is a file" if existing == os.path.abspath(folder) else f"is under {existing}, which is a file"
-            raise ConfigError(f"dump_folder '{folder}' {what}; pass --dump_folder with a folder path.")
+            raise ConfigError(f"{_label(flag)} '{folder}' {what}; pass {flag} with a folder path.")
 
 
-def check_dump_folder(folder: str) -> None:
+def check_dump_folder(folder: str, flag: str = "--dump_folder") -> None:
     """The dump folder can be created and written to: tried for real (as root every
     ``os.access`` says yes, and a read-only filesystem says no only when written), and
     whatever the probe created is removed again, so a run that fails later in preflight
-    leaves nothing behind."""
-    _check_not_under_a_file(folder)
+    leaves nothing behind. ``flag``: the command's option that names the folder."""
+    _check_not_under_a_file(folder, flag)
     for _ in range(3):
         try:
             _probe_once(folder)
@@ -260,6 +265,6 @@ def check_dump_folder(folder: str) -> None:
             failure = err
             break
     raise ConfigError(
-        f"dump_folder '{folder}' cannot be created or written ({failure.filename}: {failure.strerror}); "
-        "pass --dump_folder with a folder you can write to."
+        f"{_label(flag)} '{folder}' cannot be created or written ({failure.filename}: {failure.strerror}); "
+        f"pass {flag} with a folder you can write to."
     )

@@ -355,14 +355,29 @@ def _export_lora(model, config, lora_base: bool, target: Path, staging: Path) ->
         merge_lora(model)
 
 
+def _check_writable(out: str) -> None:
+    """Before the checkpoint is converted: the folder can be made there (not below a file, not in
+    /proc); the probe leaves nothing."""
+    from muloco.config.checks import check_dump_folder
+    from muloco.config.loader import ConfigError
+
+    try:
+        check_dump_folder(out, flag="--out")
+    except ConfigError as err:
+        raise ExportError(str(err)) from None
+
+
 def export(checkpoint: str, out: str, *, step: int | None = None, replica: int | None = None,
            force: bool = False, license: str | None = None, lora_base: bool = False) -> Path:
     """Write the Hugging Face folder ``out`` (atomically: a failed export leaves nothing)."""
     target = Path(out).resolve()
     if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents:
         raise ExportError(f"--out {out} is the current folder or holds it; choose a folder of its own")
+    if target.exists() and not target.is_dir():
+        raise ExportError(f"--out {out} is a file; choose a folder")
     if target.exists() and any(target.iterdir()) and not force:
         raise ExportError(f"--out {out} exists and is not empty; choose another folder or pass --force")
+    _check_writable(out)
     # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 

@@ -143,6 +143,10 @@ def test_an_unknown_task_a_bad_option_and_a_missing_harness_are_one_error(ar_run
                  "--out", str(out)]) == 2  # refused on the task's config, before the model loads
     assert "--block-length 5 does not divide task muloco_tiny_gen's max_gen_toks 12" in capsys.readouterr().err
     assert not (ar_run / "elsewhere").exists()
+    monkeypatch.setattr("muloco.evaluate.__main__._task_manager", None)  # an --out it cannot write is refused first
+    assert main([str(ar_run), "--tasks", TASK, "--out", "/proc/muloco-eval"]) == 2
+    assert "cannot write the results to /proc/muloco-eval" in capsys.readouterr().err
+    monkeypatch.undo()
     monkeypatch.setitem(__import__("sys").modules, "lm_eval", None)  # as if the optional extra were not installed
     assert main([str(ar_run), "--tasks", TASK]) == 2
     assert "pip install 'muloco[eval]'" in capsys.readouterr().err

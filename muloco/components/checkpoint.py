@@ -97,14 +97,15 @@ def resolve_step(folder: str, step: int, *, warn: bool = True, flag: str = "--ch
     return newest
 
 
-def verify_step(step_dir: str) -> None:
-    """CheckpointLoadError naming the file when the folder differs from its manifest."""
+def verify_step(step_dir: str, fix: str = FIX) -> None:
+    """CheckpointLoadError naming the file when the folder differs from its manifest; ``fix``: the
+    caller's own way out (the trainer's by default)."""
     try:
         manifest.verify(step_dir)
     except manifest.CorruptCheckpoint as err:
-        raise CheckpointLoadError(f"checkpoint {step_dir} is corrupt: {err}. {FIX}") from None
+        raise CheckpointLoadError(f"checkpoint {step_dir} is corrupt: {err}. {fix}") from None
     except OSError as err:
-        raise CheckpointLoadError(f"checkpoint {step_dir} cannot be read: {err}. {FIX}") from None
+        raise CheckpointLoadError(f"checkpoint {step_dir} cannot be read: {err}. {fix}") from None
 
 
 def check_metadata(checkpoint_id: str, fix: str = FIX) -> None:

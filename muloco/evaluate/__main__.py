@@ -212,6 +212,8 @@ def _summary(written: list[Path]) -> str:
 
 def evaluate(args: EvaluateOptions) -> tuple[dict, list[Path]]:
     tasks = _check(args)
+    if args.out:  # before lm-eval indexes its tasks and the model loads (minutes under load)
+        _writable(Path(args.out))
     try:
         from lm_eval import simple_evaluate
     except ImportError:

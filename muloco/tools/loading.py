@@ -22,6 +22,7 @@ compat.apply()
 import torch  # noqa: E402
 
 from muloco.components.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step  # noqa: E402
+from muloco.runs.manifest import complete_steps  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.models import HF_FLAVOR, hf_folder, init_model  # noqa: E402
 
@@ -76,8 +77,11 @@ def load_model(run: Path, config, step: int | None, device: torch.device):
         raise RunLoadError(f"{folder} holds no complete checkpoint; train with checkpoints on "
                            "(--checkpoint.enable, the default) or wait for the run's first save.")
     step_dir = str(folder / f"step-{step}")
-    verify_step(step_dir)
-    check_metadata(step_dir)
+    others = [s for s in complete_steps(str(folder)) if s != step]
+    fix = (f"Pick an intact step with --step N (steps present: {', '.join(map(str, others))})" if others else
+           "The run has no other complete checkpoint: resume its training to write a new one")
+    verify_step(step_dir, fix)
+    check_metadata(step_dir, fix)
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     objective = config.objective._owner
     model = init_model(config.model, tokenizer.get_vocab_size(), objective.causal, device)

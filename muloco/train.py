@@ -102,7 +102,8 @@ def _check_lives(config) -> None:
 
 
 SAME_RUN_FACTS = (("model.flavor", ("model", "flavor")), ("objective", ("objective",)),
-                  ("optimizer.name", ("inner_optimizer", "name")), ("method", ("method",)))
+                  ("optimizer.name", ("inner_optimizer", "name")), ("method", ("method",)),
+                  ("dataloader.source", ("data", "source")))
 """What a resumed folder's ``run.json`` and this command must agree on for its checkpoint to load."""
 
 
@@ -127,7 +128,8 @@ def _check_same_run(config, step: int) -> None:
         if there is not None and str(there).lower() != str(here).lower():
             raise ConfigError(f"{folder} holds a run of another config ({label} {there} there, {here} here), "
                               f"and this command would resume its checkpoint step-{step}: resume it with the "
-                              f"settings in its {RUN_FILE}, or give a new --dump_folder")
+                              f"settings in its {RUN_FILE}, or give a new --dump_folder (to start from its weights: "
+                              f"--checkpoint.initial_load_path {folder}/{config.checkpoint.folder}/step-{step})")
 
 
 def _check_lighthouse(config) -> None:

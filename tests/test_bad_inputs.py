@@ -201,6 +201,12 @@ BAD_CHECKPOINTS = [
     Case("resume-another-config", [*RESUME[:1], "ddp/muon", *RESUME[2:]],
          "{dir}/out holds a run of another config (optimizer.name AdamW there, Muon here)",
          corrupt=lambda step: None),
+    Case("resume-another-data-source", [*RESUME, "--dataloader.source", "jsonl", "--dataloader.source.dataset_path",
+                                        "{dir}/docs.jsonl"],
+         "{dir}/out holds a run of another config (dataloader.source stdlib there, jsonl here), and this command would "
+         "resume its checkpoint step-7: resume it with the settings in its run.json, or give a new --dump_folder (to "
+         "start from its weights: --checkpoint.initial_load_path {dir}/out/checkpoint/step-7)",
+         files={"docs.jsonl": _jsonl(*_docs(40))}, corrupt=lambda step: None),
     Case("explicit-step-missing", [*RESUME, "--checkpoint.load_step", "5"],
          "checkpoint step 5 does not exist in {dir}/out/checkpoint; steps present: 6, 7", code=3,
          corrupt=lambda step: None),

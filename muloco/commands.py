@@ -13,7 +13,7 @@ import importlib
 import runpy
 import sys
 
-from muloco.utils.command_line import reader_gone
+from muloco.utils.command_line import reader_gone, error_line
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("muloco.train:command", "train one replica group, or a DDP run"),
@@ -53,7 +53,7 @@ def _sweep(argv: list[str]) -> int:
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except FileNotFoundError:
-        print(f"{PROG} sweep: error: no sweep file {argv[0]!r}", file=sys.stderr)
+        print(error_line("sweep", f"no sweep file {argv[0]!r}"), file=sys.stderr)
         return 2
     return 0
 

@@ -30,7 +30,7 @@ from muloco.data.corpus import DataError  # noqa: E402
 from muloco.data.loader import check_readable  # noqa: E402
 from muloco.data.tokenizer import TokenizerError  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa: E402
-from muloco.utils.command_line import run_main  # noqa: E402
+from muloco.utils.command_line import error_line, run_main  # noqa: E402
 from muloco.runs.facts import RUN_FILE, facts_of, update_run_record  # noqa: E402
 from muloco.runs.lives import Lives  # noqa: E402
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
@@ -225,13 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(argv)
     except _bad_input_errors() as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        print(error_line("train", err), file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     except CheckpointLoadError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        print(error_line("train", err), file=sys.stderr, flush=True)
         return EXIT_BAD_CHECKPOINT
     except ReplicaGroupError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
+        print(error_line("train", err), file=sys.stderr, flush=True)
         _exit_now(err.exit_status)  # 4: lighthouse or quorum lost; 5: ended out of date
     except RunPreempted as err:
         print(f"muloco: {err}", file=sys.stderr, flush=True)

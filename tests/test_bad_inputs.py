@@ -303,7 +303,7 @@ def _assert_one_clear_line(case: Case, outcome: Outcome) -> None:
     proc = outcome.proc
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == case.code, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert len(lines) == 1 and lines[0].startswith("muloco train: error: "), proc.stderr
     assert case.fill(case.says, outcome.folder) in lines[0], lines[0]
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "weights_only" not in lines[0]

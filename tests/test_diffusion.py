@@ -117,7 +117,7 @@ def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_
 def test_generate_refuses_an_option_out_of_range_or_one_this_run_does_not_take(diffusion_run, args, message, capfd):
     dump, _ = diffusion_run
     proc = _generate(dump, "--prompt", "x", *args, capfd=capfd)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and message in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("muloco generate: error: ") and message in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout
 
 
@@ -134,7 +134,7 @@ def test_generate_refuses_diffusion_options_on_an_autoregressive_run(tmp_path, c
 
 def test_generate_names_a_folder_that_is_not_a_run(tmp_path, capfd):
     proc = _generate(tmp_path, "--prompt", "x", capfd=capfd)
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ") and "run.json" in proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("muloco generate: error: ") and "run.json" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

@@ -131,7 +131,7 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
     data.write_bytes(data.read_bytes()[:-16] + b"\0" * 16)
     assert main([str(broken), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err  # export's (and generate's) own way out, not the trainer's
-    assert "muloco.tools.export: error:" in err and "is corrupt" in err and "--step N" in err, err
+    assert "muloco export: error:" in err and "is corrupt" in err and "only complete checkpoint" in err, err
     assert "load_step" not in err and "Delete that step folder" not in err, err
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.*"))
 

@@ -145,7 +145,7 @@ def test_lighthouse_cli_rejects_bad_bind_and_busy_port():
         port = busy.getsockname()[1]
         res = lighthouse_cli("--bind", f"127.0.0.1:{port}", "--min_replicas", "1")
     assert res.returncode == 2
-    err = [ln for ln in res.stderr.splitlines() if ln.startswith("lighthouse: error")]
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("muloco lighthouse: error")]
     assert len(err) == 1 and f"port {port}" in err[0] and "already in use" in err[0]
 
 
@@ -163,7 +163,7 @@ def test_lighthouse_cli_needs_the_replica_count_and_explains_its_join_timeout():
     res = lighthouse_cli()
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.splitlines() == [
-        "lighthouse: error: give --replicas K (the number of replica groups; a quorum is then "
+        "muloco lighthouse: error: give --replicas K (the number of replica groups; a quorum is then "
         "a majority, K//2+1) or --min_replicas N (the replica groups a quorum needs)"]
     help_text = " ".join(lighthouse_cli("--help").stdout.split())
     assert "(default: 270000)" in help_text and "--fault_tolerance.quorum_timeout_seconds" in help_text
@@ -179,8 +179,8 @@ def test_lighthouse_cli_warns_about_a_quorum_below_a_majority():
         assert proc.stdout.readline().startswith("lighthouse listening on http://127.0.0.1:")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=HANG_S)
-        assert [ln for ln in err.splitlines() if ln.startswith("lighthouse:")] == [
-            "lighthouse: warning: --min_replicas 1 is below a majority of 3: two disjoint groups "
+        assert [ln for ln in err.splitlines() if ln.startswith("muloco lighthouse:")] == [
+            "muloco lighthouse: warning: --min_replicas 1 is below a majority of 3: two disjoint groups "
             "of replicas could both commit (split brain)"]
     finally:
         if proc.poll() is None:
@@ -235,7 +235,7 @@ def test_cli_arguments_split_into_options_and_overrides(tmp_path, capsys):
     with pytest.raises(UsageError, match=r"unknown option '--training.steps'.*trainer overrides go after `--`"):
         job_from_args(["--replicas", "3", "--training.steps", "60"])  # a trainer override before `--`
     assert main(["--max-restart", "1"]) == 2
-    assert capsys.readouterr().err == ("python -m muloco.launch.local: error: unknown option '--max-restart'. "
+    assert capsys.readouterr().err == ("muloco local: error: unknown option '--max-restart'. "
                                        "Closest valid options: --max-restarts, --min-replicas. See python -m "
                                        "muloco.launch.local --help; trainer overrides go after `--`.\n")
 

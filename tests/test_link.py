@@ -408,7 +408,7 @@ def test_bad_planner_inputs_are_one_clear_error(argv, match, capsys):
     base = ["--flavor", "llama3-w1024-d12-h8", "--replicas", "8"]
     assert model_map_main(base + argv) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and match in err and "Traceback" not in err
+    assert err.startswith("muloco map: error: ") and match in err and "Traceback" not in err
 
 
 def test_the_planner_command_prints_the_projection():

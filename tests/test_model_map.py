@@ -93,7 +93,7 @@ def test_the_table_as_users_print_it():
 def test_bad_arguments_are_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("muloco map: error: ") and message in err and len(err.strip().splitlines()) == 1
 
 
 def test_the_map_is_read_without_torch():

@@ -130,14 +130,14 @@ def test_outputs_are_the_report_files_only(sweep, printed):
 def test_missing_path_and_folder_without_runs_are_exit_2(tmp_path, capsys):
     assert report.main([]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: give one or more run or sweep folders") and "\n" not in err
+    assert err.startswith("muloco report: error: give one or more run or sweep folders") and "\n" not in err
     assert report.main([str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {tmp_path / 'nope'}: no such file or folder") and "\n" not in err
+    assert err.startswith(f"muloco report: error: {tmp_path / 'nope'}: no such file or folder") and "\n" not in err
     (tmp_path / "empty" / "sub").mkdir(parents=True)
     assert report.main([str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith(f"error: {tmp_path / 'empty'}: no runs found") and "--dump_folder" in err
+    assert err.startswith(f"muloco report: error: {tmp_path / 'empty'}: no runs found") and "--dump_folder" in err
     assert not (tmp_path / "empty" / "report").exists()
 
 

@@ -54,7 +54,7 @@ def test_a_sweep_folder_another_launcher_holds_is_one_error(tmp_path, capsys):
     with DumpFolderLock(str(out)):
         assert main(SWEEP, ["--local", "1", "--out", str(out), "--", *SHORT]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"sweep tiny_local: error: the folder {out} is in use by ") and err.count("\n") == 1, err
+    assert err.startswith(f"muloco sweep: error: tiny_local: the folder {out} is in use by ") and err.count("\n") == 1, err
     assert err.rstrip().endswith("or pass another --out"), err
     assert not (out / "logs").exists() and not (out / "manifest.jsonl").exists()
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from muloco.compare import runner, table, timing
 from muloco.compare.suites import AVERAGING, DATA, GRIDS, SUITES, Planned, SuiteError, over_links, plan
 from muloco.utils.link_model import parse_rate
-from muloco.utils.command_line import UsageError, parse, run_main
+from muloco.utils.command_line import UsageError, parse, run_main, error_line
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 from muloco.runs.names import run_name
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
@@ -324,11 +324,11 @@ def main(argv: list[str] | None = None) -> int:
         for p in planned:
             _resolve(p)
     except (UsageError, SuiteError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(error_line("compare", err), file=sys.stderr)
         return 2
     except TrainerConfigError as err:  # a run's trainer config does not parse (tyro said why)
         if err.status:
-            print(f"{PROG}: error: {_in_compare_terms(str(err))}", file=sys.stderr)
+            print(error_line("compare", _in_compare_terms(str(err))), file=sys.stderr)
         return err.status
     if args.dry_run:
         share = _share_gpus(device, planned) if device == "cuda" and _cuda_available() else False
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             runner.stop_on_sigterm()
             return _run_suite(suite, planned, folder, args, extra, device, staged)
     except DumpFolderBusy as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(error_line("compare", err), file=sys.stderr)
         return 2
 
 
@@ -366,7 +366,7 @@ def _run_suite(suite, planned: list[Planned], folder: Path, args, extra: list[st
     try:
         _finish(suite, planned, folder, args)
     except UsageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(error_line("compare", err), file=sys.stderr)
         return 2
     failed = [name for name, state in states.items() if state != "COMPLETED"]
     if failed:

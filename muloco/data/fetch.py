@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 from muloco.utils.atomic_file import write_atomically
-from muloco.utils.command_line import UsageError, parse, run_main, tyro
+from muloco.utils.command_line import UsageError, parse, run_main, tyro, error_line
 
 DOC_CHARS = 4000
 """Target length of one document (a few hundred tokens)."""
@@ -169,13 +169,13 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parse(FetchOptions, list(sys.argv[1:] if argv is None else argv), prog="python -m muloco.data.fetch",
                         description=__doc__.split("\n\n")[0], overrides=False)
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line("fetch", err), file=sys.stderr)
         return EXIT_FAILED
     out = args.out or Path("data") / args.corpus
     try:
         counts = fetch(args.corpus, out, args.archive)
     except FetchError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line("fetch", err), file=sys.stderr)
         return EXIT_FAILED
     print(f"wrote {counts['train']} train and {counts['validation']} validation documents to {out}/ "
           f"({', '.join(FILES)})")

@@ -28,7 +28,7 @@ from typing import Annotated
 
 from muloco.utils.atomic_file import write_atomically
 from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, parse, run_main, tyro
+from muloco.utils.command_line import UsageError, parse, run_main, tyro, error_line
 
 # torch, torchtitan and lm-eval are imported once the command line is parsed (in ``main`` and
 # ``evaluate``): ``--help`` and a usage error answer without them.
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parse(EvaluateOptions, list(sys.argv[1:] if argv is None else argv), prog=PROG,
                         description=__doc__.split("\n\n")[0], overrides=False)
     except UsageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(error_line("evaluate", err), file=sys.stderr)
         return 2
     # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
@@ -267,10 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results, written = evaluate(args)
     except (UsageError, SourceError, RunLoadError, EvaluationError, ConfigError, TokenizerError, ValueError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(error_line("evaluate", err), file=sys.stderr)
         return 2
     except CheckpointLoadError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(error_line("evaluate", err), file=sys.stderr)
         return 3
     print(_summary(written))
     print(f"wrote {', '.join(str(p) for p in written)}")

@@ -34,7 +34,7 @@ from typing import Any, Callable
 from muloco.launch.slurm_commands import job_listed
 from muloco.outer.lighthouse_status import majority
 from muloco.utils.atomic_file import write_atomically
-from muloco.utils.command_line import UsageError, parse, run_main
+from muloco.utils.command_line import UsageError, parse, run_main, error_line
 
 DEFAULT_BIND = "127.0.0.1:29510"
 # 90% of the trainer's default --fault_tolerance.quorum_timeout_seconds (300 s): see
@@ -134,7 +134,7 @@ def resolve_bind(bind: str) -> str:
         return bind
     address = node_address()
     if address.startswith("127."):
-        print(f"lighthouse: warning: this node's only address is {address}: groups on other nodes cannot "
+        print(f"muloco lighthouse: warning: this node's only address is {address}: groups on other nodes cannot "
               f"reach it (pass --bind ADDRESS:PORT)", file=sys.stderr, flush=True)
     return f"{address}:{port}"
 
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parse(LighthouseOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
                         description=LighthouseOptions.__doc__, underscores=True, overrides=False)
     except UsageError as e:
-        print(f"lighthouse: error: {e}", file=sys.stderr)
+        print(error_line("lighthouse", e), file=sys.stderr)
         return 2
     stop = stop_on_signal()
     if args.url_file:  # a URL left by an earlier run (or an earlier start of this job) must not be read
@@ -256,11 +256,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.replicas is not None:
             warning = below_majority_warning("--min_replicas", min_replicas, args.replicas)
             if warning:
-                print(f"lighthouse: warning: {warning}", file=sys.stderr, flush=True)
+                print(f"muloco lighthouse: warning: {warning}", file=sys.stderr, flush=True)
         lh = start_lighthouse(args.bind, min_replicas, args.join_timeout_ms,
                               args.quorum_tick_ms, args.heartbeat_timeout_ms)
     except LighthouseError as e:
-        print(f"lighthouse: error: {e}", file=sys.stderr, flush=True)
+        print(error_line("lighthouse", e), file=sys.stderr, flush=True)
         return 2
     if args.url_file:
         write_atomically(args.url_file, lh.url + "\n")

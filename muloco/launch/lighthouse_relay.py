@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from muloco.utils.command_line import UsageError, parse
+from muloco.utils.command_line import UsageError, parse, error_line
 
 CONNECT_TIMEOUT_S = 5.0
 POLL_S = 0.5
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parse(RelayOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
                         description=RelayOptions.__doc__, overrides=False)
     except UsageError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(error_line("slurm", f"lighthouse relay: {e}"), file=sys.stderr)
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)

@@ -39,7 +39,7 @@ from datetime import datetime
 from typing import IO, Callable
 
 from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, parse, run_main
+from muloco.utils.command_line import UsageError, parse, run_main, error_line
 from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.components.stop_request import EXIT_PREEMPTED, clear_stop_request
@@ -679,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = job_from_args(sys.argv[1:] if argv is None else argv)
     except UsageError as e:
-        print(f"python -m muloco.launch.local: error: {e}", file=sys.stderr)
+        print(error_line("local", e), file=sys.stderr)
         return 2
     return job.show_launch() if job.dry_run else job.run()
 

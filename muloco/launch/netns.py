@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
+from muloco.utils.command_line import error_line
+
 PREFIX = "mlc"
 SUBNET = "198.18.0"
 STATE_FILE = "testbed.json"
@@ -363,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _drill(args)
     except TestbedError as e:
-        print(f"python -m muloco.launch.netns: error: {e}", file=sys.stderr)
+        print(error_line("netns", e), file=sys.stderr)
         return 2
 
 

@@ -37,7 +37,7 @@ from typing import Annotated
 import tyro
 
 from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, parse, run_main
+from muloco.utils.command_line import UsageError, parse, run_main, error_line
 from muloco.components.stop_request import EXIT_PREEMPTED
 from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
                                    SINFO_TIMEOUT_S, check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
@@ -715,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kind, options, overrides = parse_command(list(sys.argv[1:] if argv is None else argv))
     except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
+        print(error_line("slurm", e), file=sys.stderr)
         return 2
     try:
         spec = options.spec(overrides)
@@ -736,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
             remove_dirs(created)  # nothing half-written: the scripts are gone, so are these
             raise
     except (JobError, ClusterError) as e:
-        print(f"muloco.launch.slurm: error: {e}", file=sys.stderr)
+        print(error_line("slurm", e), file=sys.stderr)
         return 2
     except OSError as e:
         print(f"muloco.launch.slurm: error: cannot write the job into {job.run_dir}: {e.strerror or e}; "

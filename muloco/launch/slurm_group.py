@@ -18,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from muloco.utils.command_line import UsageError, parse
+from muloco.utils.command_line import UsageError, parse, error_line
 from muloco.launch.group import group_variables, torchrun_args, torchrun_group, trainer_command
 from muloco.launch.gpu_slices import visible_gpus
 from muloco.launch.parent_death import die_with_launcher
@@ -141,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         args, overrides = parse(GroupOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
                                 description=GroupOptions.__doc__)
     except UsageError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(error_line("slurm", e), file=sys.stderr)
         return 2
     try:
         url = wait_for_url(args.lighthouse_file, args.lighthouse_wait_s)
         hosts = step_hosts()
     except GroupStartError as e:
-        print(f"replica group {args.replica}: error: {e}", file=sys.stderr, flush=True)
+        print(error_line("slurm", f"replica group {args.replica}: {e}"), file=sys.stderr, flush=True)
         return 2
     moves = args.lighthouse_lost_s > 0
     lost = ["--fault_tolerance.lighthouse_lost_seconds", f"{args.lighthouse_lost_s:g}"] if moves else []
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         reach = start_relay(args.lighthouse_file, args.lighthouse_lost_s) if moves else url
     except GroupStartError as e:
-        print(f"replica group {args.replica}: error: {e}", file=sys.stderr, flush=True)
+        print(error_line("slurm", f"replica group {args.replica}: {e}"), file=sys.stderr, flush=True)
         return 2
     env = {**os.environ, **group_variables(reach, args.replica, args.replicas)}
     env.setdefault("RUST_LOG", "warn")

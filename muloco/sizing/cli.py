@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-from muloco.utils.command_line import UsageError, parse, tyro
+from muloco.utils.command_line import UsageError, parse, tyro, error_line
 from muloco.sizing.flavors import (LLAMA3_VOCAB, SHAPES, SOURCES, VOCAB_MULTIPLE, WD_REFERENCE_BATCH, UnknownFlavorError,
                                    default_vocab, embedded_vocab, padded_vocab, parse_flavor, sizing)
 
@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(sizing(f, global_batch=args.global_batch, vocab_size=vocab, seq_len=args.seq_len,
                                replicas=args.replicas or 1, vocab_source=source))
     except (UsageError, ValueError, UnknownFlavorError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line("map", err), file=sys.stderr)
         return 2
     if args.json:
         for r in rows:

@@ -45,7 +45,7 @@ from muloco.utils.atomic_file import as_umask_says
 from muloco.hf.config import llama_config
 from muloco.hf.remote_code import FOLDER as REMOTE_CODE
 from muloco.objectives.sampling_options import READOUT_KEY
-from muloco.utils.command_line import UsageError, parse, tyro
+from muloco.utils.command_line import UsageError, parse, tyro, error_line
 from muloco.launch.group import LAUNCHER_KEYS
 from muloco.runs.facts import RUN_FILE
 
@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
                         description=__doc__.split("\n\n")[0], overrides=False)
         _check(args)
     except UsageError as e:
-        print(f"muloco.tools.export: error: {e}", file=sys.stderr)
+        print(error_line("export", e), file=sys.stderr)
         return 2
     # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
@@ -537,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
                      lora_base=args.lora_base, license=args.license)
     except (ExportError, RunLoadError, CheckpointLoadError, ConfigError, TokenizerError, ValueError,
             optional.MissingExtra) as e:
-        print(f"muloco.tools.export: error: {e}", file=sys.stderr)
+        print(error_line("export", e), file=sys.stderr)
         return 2
     config = json.loads((out / "config.json").read_text())
     auto = "AutoModelForMaskedLM" if config.get("mask_token_id") is not None else "AutoModelForCausalLM"
@@ -550,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = push_to_hub(out, args.push_to_hub, private=args.private)
         except ExportError as e:
-            print(f"muloco.tools.export: error: {e}", file=sys.stderr)
+            print(error_line("export", e), file=sys.stderr)
             return 2
         print(f"pushed to the Hub as {args.push_to_hub}: {url}")
     return 0

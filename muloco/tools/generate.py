@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from muloco.utils.command_line import UsageError, parse, tyro
+from muloco.utils.command_line import UsageError, parse, tyro, error_line
 from muloco.objectives.sampling_options import CACHES, ORDERS
 
 # torch and torchtitan are imported once the command line is parsed (``_load``): ``--help`` and a
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(list(sys.argv[1:] if argv is None else argv))
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line("generate", err), file=sys.stderr)
         return 2
     # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
@@ -187,10 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         samples = generate(args)
     except (GenerateError, RunLoadError, ConfigError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line("generate", err), file=sys.stderr)
         return 2
     except CheckpointLoadError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line("generate", err), file=sys.stderr)
         return 3
     for s in samples:
         if args.json:

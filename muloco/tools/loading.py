@@ -79,7 +79,8 @@ def load_model(run: Path, config, step: int | None, device: torch.device):
     step_dir = str(folder / f"step-{step}")
     others = [s for s in complete_steps(str(folder)) if s != step]
     fix = (f"Pick an intact step with --step N (steps present: {', '.join(map(str, others))})" if others else
-           "The run has no other complete checkpoint: resume its training to write a new one")
+           "It is the run's only complete checkpoint: delete that step folder and resume the run with its own "
+           "command to write a new one")
     verify_step(step_dir, fix)
     check_metadata(step_dir, fix)
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)

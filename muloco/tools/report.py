@@ -57,7 +57,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 
 from muloco.utils import optional
-from muloco.utils.command_line import UsageError, parse, tyro
+from muloco.utils.command_line import UsageError, parse, tyro, error_line
 from muloco.utils.link_model import format_rate
 from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
 from muloco.runs.lives import describe as describe_lives, Lives
@@ -839,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(list(sys.argv[1:] if argv is None else argv))
     except UsageError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line("report", err), file=sys.stderr)
         return EXIT_BAD_INPUT
     out = args.out or args.paths[0] / "report"
     try:
@@ -851,7 +851,7 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         written = [*write_plots(runs, out), *_write_text(runs, out, args.metric)]
     except ReportError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(error_line("report", err), file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"wrote {', '.join(p.name for p in written)} to {out}")
     return 0

@@ -29,6 +29,12 @@ class UsageError(ValueError):
     """A command line the launcher cannot take; printed as one ``error:`` line, exit 2."""
 
 
+def error_line(command: str, err: object) -> str:
+    """The one form every command reports an error in, however it was started (``muloco COMMAND``
+    or ``python -m muloco....``): ``muloco COMMAND: error: ...``."""
+    return f"muloco {command}: error: {err}"
+
+
 class _Tyro:
     """Stands for ``tyro`` in the options' annotations (``tyro.conf.Positional[...]``): they are
     strings (``from __future__ import annotations``) read only by ``parse``, so this imports tyro

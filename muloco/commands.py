@@ -18,7 +18,7 @@ from muloco.utils.command_line import reader_gone, error_line
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("muloco.train:command", "train one replica group, or a DDP run"),
     "local": ("muloco.launch.local", "K replica groups and a torchft lighthouse on this machine"),
-    "slurm": ("muloco.launch.slurm", "write and submit SLURM jobs (ddp, groups, array, multinode)"),
+    "slurm": ("muloco.launch.slurm", "write and submit SLURM jobs (kinds: ddp, groups, spanning, array)"),
     "sweep": ("", "run a sweep file (jobs/sweeps/*.py) on SLURM or here"),
     "compare": ("muloco.compare.__main__", "the paper's comparison suites and their table"),
     "report": ("muloco.tools.report", "tables and plots of runs and sweeps"),

@@ -308,6 +308,10 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         summary["diloco"] = outer
         return summary
 
+    def _train_loss_note(self) -> str:
+        return ("; this group's own data and local model, so groups differ: the validation loss, of θ_g, "
+                "is the one they share")
+
     def _report(self, s: dict[str, Any]) -> None:
         super()._report(s)
         d = s["diloco"]
@@ -321,8 +325,9 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
             f"sync time {d['sync_seconds_total']:.1f}s ({100 * (d['sync_share_of_wall_time'] or 0):.1f}% of wall"
             + (f"; includes the {d['link']}" if d.get("link") else "") + "), "
             f"bytes sent {sent / mb:,.1f}MB received {d['bytes_received'] / mb:,.1f}MB"
-            + (f"; a per-step fp32 all-reduce would have sent {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB "
-               f"({d['per_step_fp32_allreduce_bytes'] / sent:,.0f}x more)" if sent else " (one replica group: nothing to send)")
+            + (f"; against DDP (an fp32 all-reduce of every step, {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB): "
+               f"{d['per_step_fp32_allreduce_bytes'] / sent:,.0f}x fewer bytes" if sent else
+               " (one replica group: nothing to send)")
         )
         total = d["sync_seconds_total"] or 0.0
         if total:
@@ -341,6 +346,6 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         logger.info(
             f"DiLoCo replica {d['replica_id']}: exchange {d['exchange']}: "
             f"{d['payload_bits_per_parameter']:.2f} bits per parameter (dense fp32: 32); "
-            + (f"{d['reduction_vs_dense_fp32']:,.1f}x fewer bytes sent than a dense fp32 exchange "
-               f"({d['dense_fp32_exchange_bytes'] / mb:,.1f}MB)" if d["reduction_vs_dense_fp32"] else "nothing sent (K=1)")
+            + (f"against the same syncs sent dense in fp32 ({d['dense_fp32_exchange_bytes'] / mb:,.1f}MB): "
+               f"{d['reduction_vs_dense_fp32']:,.1f}x fewer bytes" if d["reduction_vs_dense_fp32"] else "nothing sent (K=1)")
         )

@@ -289,6 +289,10 @@ class MulocoTrainerMixin:
             summary["final_masked_accuracy"] = mp.last_validation_extra["validation_masked_accuracy"]
         return summary
 
+    def _train_loss_note(self) -> str:
+        """What the summary's train loss is of, where that is not the whole run's model."""
+        return ""
+
     def _report(self, s: dict[str, Any]) -> None:
         if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
             return
@@ -307,7 +311,8 @@ class MulocoTrainerMixin:
             f"  steps                 {s['steps']}",
             f"  precision             {s['precision']}",
             f"  tokens seen           {s['tokens_seen']:,}",
-            f"  final train loss      {num(s['final_train_loss'], '.4f')}  (ppl {num(s['final_train_ppl'], ',.2f')})",
+            f"  final train loss      {num(s['final_train_loss'], '.4f')}  (ppl {num(s['final_train_ppl'], ',.2f')})"
+            + self._train_loss_note(),
             self._validation_line(s, num),
             f"  tokens/s              {num(s['tokens_per_second'], ',.0f')}{emulated}",
             f"  wall time             {s['wall_seconds']:.1f}s{emulated}",

@@ -222,6 +222,22 @@ def test_in_process_torchtitan_uses_cpu():
 
 
 @NO_CUDA
+def test_a_cpu_run_skips_the_gpu_peak_flops_lookup_and_the_nccl_overwrite_warning(monkeypatch, caplog):
+    """torchtitan would run lspci and warn twice ("Error running lspci", "fallback to A100"), then warn
+    that torchrun's TORCH_NCCL_ASYNC_ERROR_HANDLING is overwritten: none of it applies to a CPU run."""
+    import logging
+    import math
+
+    from torchtitan.tools import utils as tt_utils
+
+    monkeypatch.setattr(os, "environ", {**os.environ, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"})
+    cpu_device.apply()
+    with caplog.at_level(logging.WARNING):
+        assert math.isnan(tt_utils.get_peak_flops("Intel(R) Xeon(R) CPU"))
+    assert not caplog.records and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ
+
+
+@NO_CUDA
 def test_device_memory_monitor_reports_peak_rss():
     from torchtitan.components.metrics import DeviceMemoryMonitor, build_device_memory_monitor
 

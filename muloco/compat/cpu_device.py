@@ -6,6 +6,10 @@ Reporting "cpu" instead makes ``init_distributed`` choose gloo on its own. The
 device memory monitor (``components/metrics.py:38``) then calls CUDA-style memory
 functions on ``torch.cpu``; we give ``torch.cpu`` equivalents backed by the
 process's peak resident set size, so memory figures in the logs stay meaningful.
+Two of torchtitan's warnings say nothing about a CPU run and are left out there: its lookup of
+the GPU's peak FLOPS for MFU (``tools/utils.py``: "Error running lspci", "Peak flops undefined
+... fallback to A100"; muloco reports no MFU on CPU), and its overwrite of torchrun's default
+``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` ("will be overridden to 3"; no NCCL runs on CPU).
 When an accelerator is present nothing here changes anything.
 """
 
@@ -103,6 +107,20 @@ def _report_cpu_when_no_accelerator() -> None:
     torch._utils._get_available_device_type = available_device_type
 
 
+def no_peak_flops(device_name: str) -> float:
+    """MFU is not reported on CPU: there is no peak to look up (NaN)."""
+    return float("nan")
+
+
+def _quiet_gpu_only_warnings() -> None:
+    import os
+
+    import torchtitan.tools.utils as titan_utils  # after the device type is patched: it reads it at import
+
+    titan_utils.get_peak_flops = no_peak_flops  # trainers call it through the module
+    os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)  # torchrun's default; NCCL does not run here
+
+
 def apply() -> None:
     if has_accelerator():
         return
@@ -110,3 +128,4 @@ def apply() -> None:
     for name, fn in _CPU_MEMORY_API.items():
         if not hasattr(torch.cpu, name):
             setattr(torch.cpu, name, fn)
+    _quiet_gpu_only_warnings()

@@ -220,7 +220,7 @@ class MulocoMetrics(MetricsProcessor):
             logger.info(
                 f"sync at step {step} (fragment {record['fragment']}): committed, "
                 f"{record['contributors']}/{record['participants']} replicas contributed, "
-                f"quorum {record['quorum_id']}{healed}, {record['seconds'] * 1000:,.0f}ms, "
+                f"quorum #{record['quorum_id']}{healed}, {record['seconds'] * 1000:,.0f}ms, "
                 f"sent {record['bytes_sent'] / mb:,.2f}MB received {record['bytes_received'] / mb:,.2f}MB, "
                 f"{record.get('bits_per_parameter', 32.0):.2f} bits/parameter; {_breakdown(record)}"
             )
@@ -229,7 +229,7 @@ class MulocoMetrics(MetricsProcessor):
         logger.warning(
             f"sync at step {step} (fragment {record['fragment']}): NOT committed, {outcome}: "
             f"{record.get('failure') or 'unknown reason'}; {record['participants']} replicas in quorum "
-            f"{record['quorum_id']}{healed}, {record['seconds'] * 1000:,.0f}ms, "
+            f"#{record['quorum_id']}{healed}, {record['seconds'] * 1000:,.0f}ms, "
             f"{record['bytes_sent'] / mb:,.2f}MB handed to the collectives were discarded"
         )
 

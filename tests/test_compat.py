@@ -231,10 +231,23 @@ def test_a_cpu_run_skips_the_gpu_peak_flops_lookup_and_the_nccl_overwrite_warnin
     from torchtitan.tools import utils as tt_utils
 
     monkeypatch.setattr(os, "environ", {**os.environ, "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"})
-    cpu_device.apply()
+    cpu_device.quiet_gpu_only_warnings()
     with caplog.at_level(logging.WARNING):
         assert math.isnan(tt_utils.get_peak_flops("Intel(R) Xeon(R) CPU"))
     assert not caplog.records and "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in os.environ
+
+
+def test_the_fault_tolerant_trainers_model_config_is_one_line():
+    import logging
+
+    from muloco.compat.model_config_log import OneLineModelConfig
+
+    record = logging.LogRecord("root", logging.INFO, __file__, 1, 'Building llama3 tiny with {\n  "dim": 64\n}', None, None)
+    assert OneLineModelConfig().filter(record) and "\n" not in record.getMessage()
+    assert record.getMessage().startswith("Building llama3 tiny (its settings:")
+    other = logging.LogRecord("root", logging.INFO, __file__, 1, "Building the dataloader", None, None)
+    assert OneLineModelConfig().filter(other) and other.getMessage() == "Building the dataloader"
+    assert any(isinstance(f, OneLineModelConfig) for f in logging.getLogger().filters)  # compat.apply put it there
 
 
 @NO_CUDA

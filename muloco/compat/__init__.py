@@ -31,15 +31,17 @@ def apply() -> None:
     # lighthouse, the launchers) imports one of this folder's torch-free modules without paying
     # for the package's torch ones.
     from muloco.compat import (checkpoint_safety, compile_on_first_call, cpu_device, distributed, lazy_hf_datasets,
-                               torchft_log_level, triton_stub)
+                               model_config_log, torchft_log_level, triton_stub)
 
     torchft_log_level.apply()
+    model_config_log.apply()
     cpu_device.apply()
     triton_stub.apply()
     distributed.apply()
     checkpoint_safety.apply()
     compile_on_first_call.apply()  # a finder: torchtitan's attention module is imported when it was going to be
-    lazy_hf_datasets.apply()  # last: it imports a torchtitan module, which the ones above must precede
+    lazy_hf_datasets.apply()  # it imports a torchtitan module, which the ones above must precede
+    cpu_device.quiet_gpu_only_warnings()  # so does this one
     _applied = True
 
 

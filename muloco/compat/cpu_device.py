@@ -112,9 +112,12 @@ def no_peak_flops(device_name: str) -> float:
     return float("nan")
 
 
-def _quiet_gpu_only_warnings() -> None:
+def quiet_gpu_only_warnings() -> None:
+    """Called by ``compat.apply`` after the adaptations that must precede torchtitan's import."""
     import os
 
+    if has_accelerator():
+        return
     import torchtitan.tools.utils as titan_utils  # after the device type is patched: it reads it at import
 
     titan_utils.get_peak_flops = no_peak_flops  # trainers call it through the module
@@ -128,4 +131,3 @@ def apply() -> None:
     for name, fn in _CPU_MEMORY_API.items():
         if not hasattr(torch.cpu, name):
             setattr(torch.cpu, name, fn)
-    _quiet_gpu_only_warnings()

@@ -497,6 +497,15 @@ def test_bad_link_options_are_one_clear_error_before_anything_runs(bad, message,
     assert not (tmp_path / "s").exists()
 
 
+def test_the_help_names_every_suite(capsys):
+    from muloco.compare.__main__ import main as compare_main
+
+    with pytest.raises(SystemExit):
+        compare_main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert all(name in shown for name in SUITES), shown
+
+
 def test_an_out_that_cannot_be_a_folder_is_one_error_even_in_a_dry_run(capsys, tmp_path):
     from muloco.compare.__main__ import main as compare_main
 

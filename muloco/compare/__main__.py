@@ -1,6 +1,6 @@
 """The paper's comparisons in one command.
 
-    python -m muloco.compare --suite paper-mini [--objective ar|mdlm] [--data stdlib|shakespeare|PATH]
+    python -m muloco.compare [--suite paper-mini|paper-long|outer-steps|paper-158m] [--objective ar|mdlm] [--data stdlib|shakespeare|PATH]
                              [--seeds 2] [--device cpu|cuda] [--out DIR] [--dry-run] [--only LABEL ...]
                              [--tune [--tune-points POINT ...]]
                              [--link 100mbps,1gbps [--link-latency-ms L] [--target LOSS]]
@@ -50,7 +50,9 @@ class CompareOptions:
     """Run a comparison suite on this machine and print its table."""
 
     suite: str = "paper-mini"
-    """paper-mini (tiny model, sized for a 2-core CPU) | paper-158m (one GPU per replica group)."""
+    """paper-mini (tiny model, sized for a 2-core CPU) | paper-long (the same model, 900 steps, H=15) |
+    outer-steps (paper-long's shape: outer optimizers and steps, no targets) | paper-158m (one GPU
+    per replica group)."""
     objective: str = "ar"
     """ar (autoregressive) | mdlm (masked diffusion; the table shows the NELBO)."""
     data: str = "stdlib"

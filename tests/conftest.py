@@ -201,6 +201,9 @@ their usual order). Only an order: a module missing here just starts later."""
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+    for item in items:  # -m 'not slurm': a machine where the suite must not install or start SLURM
+        if item.path.name in SLURM_MODULES | {"test_slurm_multinode.py"}:
+            item.add_marker(pytest.mark.slurm)
 
 
 @functools.cache

@@ -47,11 +47,11 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 stamp="$venv/.muloco-setup"
 want="$variant $(cat "$here/pyproject.toml" "$here/constraints.txt" | sha256sum | cut -c1-16)"
-have="$(cat "$stamp" 2>/dev/null || true)"
+have="$(head -n 1 "$stamp" 2>/dev/null || true)"  # line 2 says which torch build was installed
 # a --test setup has everything a plain one installs
 if { [ "$have" = "$want $extras" ] || [ "$have" = "$want plots,test" ]; } \
    && "$venv/bin/python" -c "import torch, torchtitan, torchft, muloco; assert torch.__version__.startswith('$TORCH_VERSION')" 2>/dev/null; then
-  say "already set up ($variant, torch $TORCH_VERSION, extras ${have##* }); nothing to do"
+  say "already set up ($variant requested, $(sed -n 2p "$stamp" 2>/dev/null || echo "torch $TORCH_VERSION"), extras ${have##* }); nothing to do"
   exit 0
 fi
 
@@ -63,18 +63,22 @@ if [ "$variant" = "cuda" ]; then
     "${pip[@]}" install "torch==$TORCH_VERSION" || die "torch CUDA install failed"
   fi
 else
-  if ! "${pip[@]}" install "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX" --timeout 20 --retries 1 2>/dev/null; then
-    say "PyTorch's CPU wheels ($TORCH_CPU_INDEX) cannot be reached; installing torch $TORCH_VERSION from your pip's index"
+  pip_err="$(mktemp)"
+  if ! "${pip[@]}" install "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX" --timeout 20 --retries 1 2>"$pip_err"; then
+    why="$( { grep -v '^\s*$' "$pip_err" || true; } | tail -n 2 | tr '\n' ' ')"
+    say "PyTorch's CPU wheels ($TORCH_CPU_INDEX) cannot be reached (pip: ${why:-no reason given}); installing torch $TORCH_VERSION from your pip's index"
     "${pip[@]}" install "torch==$TORCH_VERSION" \
       || die "torch $TORCH_VERSION could not be installed from $TORCH_CPU_INDEX nor from your pip's index; set TORCH_CPU_INDEX to a reachable mirror of PyTorch's CPU wheels"
   fi
-  "$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" \
-    || say "note: this is torch's CUDA build (what PyPI offers); it runs on this CPU and is only larger (about 3 GB more). For the CPU build: TORCH_CPU_INDEX=<a reachable mirror of $TORCH_CPU_INDEX> ./setup.sh"
+  rm -f "$pip_err"
+  "$venv/bin/python" -W ignore -c "import torch, sys; sys.exit(0 if torch.version.cuda is None else 1)" \
+    || say "note: this is torch's CUDA build (what PyPI offers); it runs on this CPU and is only larger (about 3.8 GB more). For the CPU build: TORCH_CPU_INDEX=<a reachable mirror of $TORCH_CPU_INDEX> ./setup.sh"
 fi
 
 say "installing muloco (editable, extras: $extras) with the versions CI tests (constraints.txt)"
 "${pip[@]}" install -c "$here/constraints.txt" -e "$here[$extras]" || die "installing muloco failed"
 
 "$venv/bin/python" -c "import torch, torchtitan, torchft, muloco; print('[setup] torch', torch.__version__, '| cuda:', torch.version.cuda, '| torchtitan', torchtitan.__version__)"
-echo "$want $extras" > "$stamp"
+build="$("$venv/bin/python" -W ignore -c "import torch; print(f'torch {torch.__version__}, ' + ('CUDA ' + torch.version.cuda + ' build' if torch.version.cuda else 'CPU build'))")"
+printf '%s\n%s\n' "$want $extras" "$build" > "$stamp"
 say "done"

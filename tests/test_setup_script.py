@@ -31,6 +31,7 @@ STAND_IN = r"""#!/usr/bin/env bash
 # A stand-in for .venv/bin/python: logs its arguments and plays pip for $SITUATION.
 echo "$*" >> "$STAND_IN_LOG"
 state="$STAND_IN_STATE"
+if [ "$1" = "-W" ]; then shift 2; fi  # setup.sh's checks run with -W ignore (no numpy warning)
 if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
   args="$*"
   case "$args" in
@@ -53,6 +54,7 @@ if [ "$1" = "-c" ]; then
   case "$2" in
     *"assert torch.__version__"*) exit 1 ;;  # not set up yet
     *"torch.version.cuda is None"*) [ "$(cat "$state" 2>/dev/null)" = cpu ] && exit 0; exit 1 ;;
+    *"CPU build"*) [ "$(cat "$state")" = cpu ] && echo "torch 2.13.0, CPU build" || echo "torch 2.13.0, CUDA 13.0 build"; exit 0 ;;
     *) echo "[setup] torch 2.13.0 | cuda: $(cat "$state")"; exit 0 ;;
   esac
 fi
@@ -101,9 +103,12 @@ def test_with_only_the_cuda_build_reachable_setup_falls_back_says_so_and_finishe
     done, installs = _setup(tmp_path, "cuda-only")
     assert done.returncode == 0, done.stderr
     assert f"--index-url {CPU_INDEX}" in installs[0] and "--index-url" not in installs[1]
-    assert "cannot be reached; installing torch 2.13.0 from your pip's index" in done.stdout
+    assert "cannot be reached (pip: ERROR: Could not find a version that satisfies the requirement" in done.stdout
+    assert "; installing torch 2.13.0 from your pip's index" in done.stdout
     assert "note: this is torch's CUDA build" in done.stdout and "TORCH_CPU_INDEX" in done.stdout
     assert "[setup] done" in done.stdout
+    stamp = (tmp_path / "repo" / ".venv" / ".muloco-setup").read_text().splitlines()
+    assert stamp[0].startswith("cpu ") and stamp[1] == "torch 2.13.0, CUDA 13.0 build"  # asked for, and what came
 
 
 def test_a_cpu_index_of_ones_own_is_used(tmp_path):

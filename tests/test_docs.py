@@ -51,3 +51,16 @@ def test_the_configs_and_paths_the_examples_name_exist(doc):
                if not (REPO / "config" / f"{name}.py").is_file()]
     missing += [path for path in sorted(set(PATH.findall(text))) if "*" not in path and not (REPO / path).exists()]
     assert not missing, f"{doc.name} names what does not exist: {', '.join(missing)}"
+
+
+def test_the_core_rows_the_docs_name_are_the_suites_core():
+    """docs/compression.md's paper-long command lists the core rows the text counts (``CORE``)."""
+    import shlex
+
+    from muloco.compare.suites import CORE
+
+    text = (REPO / "docs" / "compression.md").read_text()
+    start = text.index("python -m muloco.compare --suite paper-long")
+    words = shlex.split(text[start:text.index("\n\n", start)].replace("\\\n", " "))
+    assert words[words.index("--only") + 1:] == list(CORE)
+    assert len(CORE) == 9 and "its nine core rows" in text  # the count the text gives

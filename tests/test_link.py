@@ -327,7 +327,10 @@ def test_round_budgets_by_hand():
     assert round_budget.round_seconds([20, 10], [1.0, 3.0]) == 30.0
     assert round_budget.idle_seconds([20, 10], [1.0, 3.0]) == 10.0  # the fast group, clamped at 20 steps
     assert round_budget.last_round([20, 10], 90.0, 100) == [14, 7]  # 10 left of a 15-step round: ⌈13.3⌉, ⌈6.7⌉
-    assert round_budget.last_round([20, 10], 80.0, 100) == [20, 10]  # a full round fits
+    assert round_budget.last_round([20, 10], 70.0, 100) == [20, 10]  # a full round fits, and half of one after it
+    # a full round would leave 5 steps, a third of a round: this round takes them ([26.7], [13.3] rounded up)
+    assert round_budget.last_round([20, 10], 80.0, 100) == [27, 14]
+    assert round_budget.last_round([10, 10], 14.0, 24) == [10, 10]  # ends the run exactly: no 0-step round
     assert round_budget.progress(round_budget.last_round([20, 10], 90.0, 100)) >= 10
 
 
@@ -350,6 +353,15 @@ def test_the_planner_projects_deadline_rounds_beside_lockstep():
     assert f"({jobs['deadline'] / jobs['lockstep']:.2f}x)" in text
     got = link_plan.as_dict(p)["groups"]
     assert got["deadline"]["steps"] == [45, 45, 45, 30] and got["job_tokens_per_second"] == pytest.approx(jobs)
+    # a quantile below 1 shortens the round: the link's share is of that round, not of the lockstep one
+    short = link_plan.plan(_inputs(bits=2, replicas=4, group_slowdowns=(1, 1, 1, 4), round_quantile=0.5))
+    assert short.deadline_link_share == pytest.approx(short.round.exposed / short.deadline_round_seconds)
+    assert short.deadline_link_share > 2 * short.round.share
+    assert f"link share of such a round {100 * short.deadline_link_share:.1f}%" in link_plan.text(short)
+    # streaming fragments (or τ > 0) and deadline rounds do not go together in the trainer: not planned
+    streaming = link_plan.plan(_inputs(bits=2, replicas=4, group_slowdowns=(1, 1, 1, 1.5), fragments=3, overlap=2))
+    assert "deadline rounds: not with --streaming-fragments 3 / --overlap 2" in link_plan.text(streaming)
+    assert link_plan.as_dict(streaming)["groups"]["deadline"] is None
 
 
 def test_the_planner_agrees_with_the_exchanges_own_byte_count():

@@ -362,9 +362,20 @@ class Plan:
                                     i.round_min_steps, i.round_max_steps_or_default)
 
     @property
+    def deadline_possible(self) -> bool:
+        """Deadline rounds sync the whole model at a round's end with nothing overlapped (the trainer
+        refuses streaming fragments and τ > 0 with them)."""
+        return self.inputs.fragments == 1 and self.inputs.overlap == 0
+
+    @property
     def deadline_round_seconds(self) -> float:
         """A deadline round: the last group to finish its budget, then the sync's exposed link time."""
         return round_budget.round_seconds(self.deadline_steps, list(self.group_step_seconds)) + self.round.exposed
+
+    @property
+    def deadline_link_share(self) -> float:
+        """The link's share of a deadline round (shorter than a lockstep one when its quantile is below 1)."""
+        return self.round.exposed / self.deadline_round_seconds
 
     @property
     def deadline_idle_share(self) -> float:
@@ -453,7 +464,6 @@ def _group_lines(p: Plan) -> list[str]:
         return []
     steps = ", ".join(f"{s:.3f}" for s in p.group_step_seconds)
     lockstep = i.replicas * p.compute_tokens_per_second
-    jobs = p.job_tokens_per_second
     own = p.own_pace_compute_tokens_per_second
     return [
         f"  groups' steps: {steps} s (--group-slowdowns {' '.join(f'{f:g}' for f in i.group_slowdowns)}); a lockstep "
@@ -463,9 +473,18 @@ def _group_lines(p: Plan) -> list[str]:
         f"({i.gpus_per_group} GPU{'s' if i.gpus_per_group > 1 else ''} per group)",
         f"  the job's compute-only tokens/s: {lockstep:,.0f} in lockstep; {own:,.0f} if each group kept its own pace "
         f"(+{100 * (own / lockstep - 1):.1f}%, the most a round that does not wait could add)",
+    ] + (_deadline_lines(p) if p.deadline_possible else [
+        f"  deadline rounds: not with --streaming-fragments {i.fragments} / --overlap {i.overlap} (a deadline round "
+        "syncs the whole model at its end, nothing overlapped); plan them with --streaming-fragments 1 --overlap 0"])
+
+
+def _deadline_lines(p: Plan) -> list[str]:
+    i, jobs = p.inputs, p.job_tokens_per_second
+    return [
         f"  deadline rounds (--outer.round deadline, quantile {i.round_quantile:g}, {i.round_min_steps}-"
         f"{i.round_max_steps_or_default} steps): the groups train {', '.join(map(str, p.deadline_steps))} steps per "
-        f"round of {p.deadline_round_seconds:.2f} s; waiting {100 * p.deadline_idle_share:.1f}% of all groups' time",
+        f"round of {p.deadline_round_seconds:.2f} s; waiting {100 * p.deadline_idle_share:.1f}% of all groups' time; "
+        f"link share of such a round {100 * p.deadline_link_share:.1f}%",
         f"  the job's tokens/s with the link: {jobs['lockstep']:,.0f} in lockstep, {jobs['deadline']:,.0f} in deadline "
         f"rounds ({jobs['deadline'] / jobs['lockstep']:.2f}x)",
     ]
@@ -494,9 +513,10 @@ def as_dict(p: Plan) -> dict:
             "idle_gpu_seconds_per_round": p.idle_seconds_per_round * p.inputs.gpus_per_group,
             "lockstep_compute_tokens_per_second": p.inputs.replicas * p.compute_tokens_per_second,
             "own_pace_compute_tokens_per_second": p.own_pace_compute_tokens_per_second,
-            "job_tokens_per_second": p.job_tokens_per_second,
+            "job_tokens_per_second": p.job_tokens_per_second if p.deadline_possible else None,
             "deadline": {"steps": p.deadline_steps, "round_seconds": p.deadline_round_seconds,
-                         "idle_share": p.deadline_idle_share}},
+                         "idle_share": p.deadline_idle_share, "link_share": p.deadline_link_share}
+            if p.deadline_possible else None},
         "chosen": _sync_dict(p.round.sync, p.round, p.h_for_share),
         "bits_for_share": p.bits_for_share.label if p.bits_for_share else None,
         "alternatives": [_sync_dict(sync, rnd, h) for sync, rnd, h in p.candidates],

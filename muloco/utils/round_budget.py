@@ -53,12 +53,18 @@ def idle_seconds(steps: list[int], step_seconds: list[float]) -> float:
     return sum(end - h * s for h, s in zip(steps, step_seconds))
 
 
+LAST_ROUND_AT_LEAST = 0.5
+"""The shortest last round, in full rounds: a shorter one is merged into the round before it (a
+whole exchange for a few inner steps costs more than it adds)."""
+
+
 def last_round(steps: list[int], done: float, total: int) -> list[int]:
-    """The budgets scaled down (rounded up, each group at least 1 step) so that this round ends
-    the run, reaching ``total`` nominal steps, when a full round would go past it; unchanged
-    otherwise."""
+    """The budgets scaled (rounded up, each group at least 1 step) so that this round ends the
+    run, reaching ``total`` nominal steps, when a full round would go past it, or when it would
+    leave less than ``LAST_ROUND_AT_LEAST`` of a round after it (this round then takes those
+    steps too); unchanged otherwise."""
     left = total - done
     full = progress(steps)
-    if full <= left:
+    if full + LAST_ROUND_AT_LEAST * full <= left + EXACT:
         return list(steps)
     return [max(1, math.ceil(h * left / full - EXACT)) for h in steps]

@@ -25,6 +25,7 @@ from muloco.components.preemption import EXIT_PREEMPTED, RunPreempted  # noqa: E
 from muloco.config.checks import check_config, check_dump_folder  # noqa: E402
 from muloco.config.cli import parse_args, split_config_arg  # noqa: E402
 from muloco.config.loader import ConfigError, resolve_config_path  # noqa: E402
+from muloco.config.held_out import check_held_out_rows  # noqa: E402
 from muloco.config.run_length import resolve_run_length  # noqa: E402
 from muloco.data.corpus import DataError  # noqa: E402
 from muloco.data.loader import check_readable  # noqa: E402
@@ -65,6 +66,7 @@ def preflight(config) -> None:
     _check_tokenizer(config)
     _check_data(config)
     resolve_run_length(config)
+    check_held_out_rows(config, int(os.environ.get("WORLD_SIZE", "1")))
     step = check_loadable(config)
     if step >= 0:
         _check_same_run(config, step)

@@ -125,6 +125,9 @@ BAD_INPUTS = [
     Case("deadline-min-steps-over-the-rounds-most", ["--config", "diloco/diloco", "--outer.round", "deadline",
                                                     "--outer.sync_every", "10", "--outer.round.min_steps", "50"],
          "outer.round.min_steps 50 is more than a round's most steps, 20 (outer.round.max_steps 0: twice"),
+    Case("tuning-batches-past-the-held-out-split", ["--config", "ddp/adamw", *TINY, "--validator.tuning_steps", "100000"],
+         "validator.steps 2 + validator.tuning_steps 100000 batches of 4 rows on 1 rank(s) need 400008: the tuning "
+         "batches would wrap around into the reported ones. Give at most --validator.tuning_steps"),
     Case("lives-ledger-garbled", ["--config", "diloco/diloco", *TINY],
          "{dir}/out/replica_0/lives.json is not a lives ledger", files={"out/replica_0/lives.json": "{not json"}),
     Case("fragments-over-layer-units", ["--config", "diloco/diloco", *TINY, "--outer.num_fragments", "5"],

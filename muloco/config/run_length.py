@@ -56,17 +56,18 @@ def rows_per_step(config, world_size: int) -> int:
     return per_group * groups(config)
 
 
-def count_rows(config) -> int:
-    """Rows in one pass over the training split, read by the loader itself (one shard of one)."""
-    data = config.dataloader
+def count_rows(config, data: PackedTextDataLoader.Config | None = None, why: str = "training.epochs") -> int:
+    """Rows in one pass over a split (the training split by default), read by the loader itself
+    (one shard of one); ``why`` names the setting that needs the count."""
+    data = data or replace(config.dataloader, split="train")
     if isinstance(data.source, HuggingFaceDataset):
-        raise ConfigError("training.epochs needs a training split that can be counted before the run, and a "
-                          "huggingface source is streamed: give --training.steps, or save the split as JSON lines "
-                          "and read it with --dataloader.source jsonl (or sft).")
+        raise ConfigError(f"{why} needs a split that can be counted before the run, and a huggingface source is "
+                          "streamed: give --training.steps, or save the split as JSON lines and read it with "
+                          "--dataloader.source jsonl (or sft).")
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
-    loader = PackedTextDataLoader(replace(data, split="train", infinite=False), dp_world_size=1, dp_rank=0,
+    loader = PackedTextDataLoader(replace(data, infinite=False), dp_world_size=1, dp_rank=0,
                                   tokenizer=tokenizer, seq_len=config.training.seq_len, local_batch_size=64)
-    logger.info(f"training.epochs: counting the training rows of {loader.source.describe()} ...")
+    logger.info(f"{why}: counting the {data.split} rows of {loader.source.describe()} ...")
     return sum(len(labels) for _, labels in loader)
 
 

@@ -1,0 +1,34 @@
+"""The held-out split must hold the tuning batches apart from the reported ones.
+
+``validator.tuning_steps`` scores θ_g on the held-out batches *after* the ``validator.steps``
+reported ones (``components/validate.py``), and ``compare --tune`` picks outer steps by that score
+so that no reported loss is one a setting was chosen on. The validation loader is infinite: on a
+split too short for both, the tuning batches wrap around into the reported documents and the
+separation silently goes. So the split is counted before the run (the loader's own rows, as
+``training.epochs`` counts the training split) and a short one is refused with its sizes.
+"""
+
+from __future__ import annotations
+
+from muloco.config.loader import ConfigError
+from muloco.config.run_length import batch_degree, count_rows
+
+
+def check_held_out_rows(config, world_size: int) -> None:
+    """ConfigError when one pass over the held-out split is fewer rows than the reported and the
+    tuning batches of every data-parallel rank of a group take (all groups read the same ones)."""
+    v = config.validator
+    if not v.enable or v.tuning_steps <= 0:
+        return
+    ranks = batch_degree(config, world_size)
+    batch = config.training.local_batch_size
+    needed = (v.steps + v.tuning_steps) * batch * ranks
+    rows = count_rows(config, v.data_config(config.dataloader), why="validator.tuning_steps")
+    if rows < needed:
+        fits = rows // (batch * ranks) - v.steps
+        fix = (f"at most --validator.tuning_steps {fits}" if fits > 0 else
+               "fewer --validator.steps and --validator.tuning_steps")
+        raise ConfigError(f"the held-out split makes {rows} rows of {config.training.seq_len} tokens, and "
+                          f"validator.steps {v.steps} + validator.tuning_steps {v.tuning_steps} batches of {batch} rows "
+                          f"on {ranks} rank(s) need {needed}: the tuning batches would wrap around into the reported "
+                          f"ones. Give {fix}, or more held-out data.")

@@ -129,9 +129,10 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
     """Deadline rounds, K=2: replica 0 reports 10 ms per step and replica 1 20 ms (drills, so the
     budgets are exact). Round 1 knows no pace: 4 steps each. Then the round lasts the slower
     group's 4 steps (80 ms): replica 0 trains 8 (2H, the cap), replica 1 trains 4, and the run
-    moves 6 nominal steps per round; the last round is scaled to end the run (2 steps left of 6:
-    3 and 2). The tokens weigh the merge (1 and 1/2), θ_g is bitwise the same after every sync,
-    both groups end after the same round, and the inner lr follows the shared progress."""
+    moves 6 nominal steps per round; round 4 would leave 2 steps, a third of a round, so it takes
+    them: 8 steps left of 6, 11 and 6 (rounded up; no whole exchange for 2.5 steps). The tokens
+    weigh the merge (1 and 1/2), θ_g is bitwise the same after every sync, both groups end after
+    the same round, and the inner lr follows the shared progress."""
     c = cluster(2, min_replicas=2)
     dump = tmp_path / "run"
     extra = ("--outer.sync_every", "4", "--outer.round", "deadline",  # weighting auto: tokens
@@ -143,23 +144,25 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
     for i in range(2):
         assert c.wait(f"r{i}", 2 * HANG_S) == 0, c.tail(f"r{i}")
     rows = [syncs(dump, i) for i in range(2)]
-    assert [r["round_steps"] for r in rows[0]] == [4, 8, 8, 8, 3]
-    assert [r["round_steps"] for r in rows[1]] == [4, 4, 4, 4, 2]
-    assert [r["progress"] for r in rows[0]] == [4.0, 10.0, 16.0, 22.0, 24.5] == [r["progress"] for r in rows[1]]
-    assert [r["step"] for r in rows[0]] == [4, 12, 20, 28, 31] and [r["step"] for r in rows[1]] == [4, 8, 12, 16, 18]
+    assert [r["round_steps"] for r in rows[0]] == [4, 8, 8, 11]
+    assert [r["round_steps"] for r in rows[1]] == [4, 4, 4, 6]
+    assert [r["progress"] for r in rows[0]] == [4.0, 10.0, 16.0, 24.5] == [r["progress"] for r in rows[1]]
+    assert [r["step"] for r in rows[0]] == [4, 12, 20, 31] and [r["step"] for r in rows[1]] == [4, 8, 12, 18]
     assert all(r["committed"] and r["contributors"] == 2 for rs in rows for r in rs)
-    assert [[r["weight_0"], r["weight_1"]] for r in rows[0]] == [[1.0, 1.0]] + [[1.0, 0.5]] * 3 + [[1.0, 43691 / 65536]]
+    weights = [[r["weight_0"], r["weight_1"]] for r in rows[0]]
+    assert weights[:3] == [[1.0, 1.0]] + [[1.0, 0.5]] * 2 and weights[3][0] == 1.0
+    assert weights[3][1] == pytest.approx(6 / 11, abs=1 / 65536)
     assert [r["global_sha256"] for r in rows[0]] == [r["global_sha256"] for r in rows[1]]
     ends = [summary(dump, i) for i in range(2)]
     assert ends[0]["diloco"]["final_global_sha256"] == ends[1]["diloco"]["final_global_sha256"]
     assert ends[0]["final_validation_loss"] == ends[1]["final_validation_loss"] is not None
     assert [e["diloco"]["round"] for e in ends] == [
-        {"mode": "deadline", "rounds": 5, "progress": 24.5, "steps": 31},
-        {"mode": "deadline", "rounds": 5, "progress": 24.5, "steps": 18}]
+        {"mode": "deadline", "rounds": 4, "progress": 24.5, "steps": 31},
+        {"mode": "deadline", "rounds": 4, "progress": 24.5, "steps": 18}]
     # the inner lr follows the progress, not the step count: replica 0's step 15 and replica 1's step 10
-    # both come after 1/4 of round 3 (10 + 1.5 nominal steps), its 25 and 15 after 1/2 of round 4 (19)
+    # both come after 1/4 of round 3 (10 + 1.5 nominal steps)
     lrs = [{m["step"]: m["lr"] for m in read_metrics(dump / f"replica_{i}") if m.get("lr") is not None} for i in range(2)]
-    assert lrs[0][15] == pytest.approx(lrs[1][10]) and lrs[0][25] == pytest.approx(lrs[1][15])
+    assert lrs[0][15] == pytest.approx(lrs[1][10])
     assert lrs[0][15] > 2 * lrs[1][15]  # the same step number is a different place in the run
     # checkpoints at the rounds whose progress passed a multiple of 12: 16 (round 3) and 24.5 (the end)
     for i, steps in ((0, [20, 31]), (1, [12, 18])):
@@ -169,12 +172,12 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
     run = load_run(dump)
     tokens = [sum(r["tokens"] for r in rows[i]) for i in range(2)]  # one rank per group here
     assert run.rounds == {"progress": 24.5, "groups": [
-        {"group": 0, "rounds": 5, "steps": 31, "min_steps": 3, "max_steps": 8, "tokens_per_rank": tokens[0]},
-        {"group": 1, "rounds": 5, "steps": 18, "min_steps": 2, "max_steps": 4, "tokens_per_rank": tokens[1]}]}
-    assert run.val_steps.tolist() == [16.0, 24.5] and run.sync_steps.tolist() == [4.0, 10.0, 16.0, 22.0, 24.5]
+        {"group": 0, "rounds": 4, "steps": 31, "min_steps": 4, "max_steps": 11, "tokens_per_rank": tokens[0]},
+        {"group": 1, "rounds": 4, "steps": 18, "min_steps": 4, "max_steps": 6, "tokens_per_rank": tokens[1]}]}
+    assert run.val_steps.tolist() == [16.0, 24.5] and run.sync_steps.tolist() == [4.0, 10.0, 16.0, 24.5]
     assert 0 < run.train_steps[0] < run.train_steps[-1] <= 24.5
-    assert rounds_lines([run]) == [f"run: deadline rounds, 24.5 nominal steps; group 0: 31 steps in 5 rounds (3-8 per "
-                                   f"round), {tokens[0]:,} tokens per rank; group 1: 18 steps in 5 rounds (2-4 per "
+    assert rounds_lines([run]) == [f"run: deadline rounds, 24.5 nominal steps; group 0: 31 steps in 4 rounds (4-11 per "
+                                   f"round), {tokens[0]:,} tokens per rank; group 1: 18 steps in 4 rounds (4-6 per "
                                    f"round), {tokens[1]:,} tokens per rank"]
 
 
@@ -216,7 +219,7 @@ def test_deadline_rounds_resume_from_a_round_checkpoint_exactly(cluster, tmp_pat
     assert job(tmp_path / "resumed", paced, "resumed") == [0, 0]
     for i in range(2):
         straight, resumed = syncs(tmp_path / "straight", i), syncs(tmp_path / "resumed", i)
-        assert [r["progress"] for r in resumed] == [4.0, 10.0, 16.0, 22.0, 24.5]  # rounds 1-3, then 4-5 again
+        assert [r["progress"] for r in resumed] == [4.0, 10.0, 16.0, 24.5]  # rounds 1-3, then round 4 again
         assert [r["global_sha256"] for r in resumed] == [r["global_sha256"] for r in straight]
         assert summary(tmp_path / "resumed", i)["diloco"]["final_global_sha256"] == \
             summary(tmp_path / "straight", i)["diloco"]["final_global_sha256"]

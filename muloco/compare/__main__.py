@@ -269,10 +269,14 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
 
     linked = [p for p in planned if p.link_mbps is not None]
     planned = [p for p in planned if p.link_mbps is None]
-    found = table.lines(suite, planned, folder)
+    tuning_seeds = {0} if args is not None and args.tune and not args.tune_every_seed else None
+    found = table.lines(suite, planned, folder, tuning_seeds)
     values = table.rows(suite, found)
     checks = table.targets(suite, values)
     text = table.text(values)
+    tuned = table.tuning_note(found, tuning_seeds)
+    if tuned:
+        text += f"\n{tuned}"
     targets = table.targets_text(checks)
     print(text)
     if suite.shape.note:
@@ -359,7 +363,7 @@ def _run_suite(suite, planned: list[Planned], folder: Path, args, extra: list[st
     env, share = _environment(device), _share_gpus(device, planned)
     states = runner.run_all(planned, folder, extra_env=env, share_gpus=share)
     if staged:  # the other seeds at the points seed 0 chose
-        found = [line for line in table.lines(suite, planned, folder) if line.setting]
+        found = [line for line in table.lines(suite, planned, folder, {0}) if line.setting]
         print("tuned on seed 0: " + "; ".join(f"{line.label}: {line.setting}" for line in found), file=sys.stderr)
         chosen = {line.label: line.later_points() for line in found}
         later = _later_seeds(suite, args, extra, chosen)

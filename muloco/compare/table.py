@@ -40,6 +40,9 @@ class Line:
     """``--tune``: each grid point's mean tuning loss (None: not scored)."""
     points: dict[str, list[Run]] = field(default_factory=dict)
     """``--tune``: each grid point's runs (every seed it ran)."""
+    tuning_runs: list[Run] = field(default_factory=list)
+    """``--tune`` on a tuning seed: the chosen point's runs on it, kept apart from ``runs`` (the
+    confirmation seeds, whose losses no choice saw) when there are any."""
 
     def best_nesterov(self) -> str | None:
         """The grid's best point with momentum (lowest tuning loss, averaging left out)."""
@@ -74,9 +77,10 @@ class Line:
         return sum(counts) / len(counts) if counts else None
 
 
-def lines(suite: Suite, planned: list[Planned], suite_dir) -> list[Line]:
+def lines(suite: Suite, planned: list[Planned], suite_dir, tuning_seeds: set[int] | None = None) -> list[Line]:
     """Each row that has at least one finished or partial run, in the suite's order; a tuned
-    row as its grid point with the lowest mean tuning loss."""
+    row as its grid point with the lowest mean tuning loss: of the ``tuning_seeds`` only (then its
+    reported runs are the other seeds'), or over the seeds every point ran (None: each seed tuned)."""
     by_label: dict[str, list[Run]] = {}
     points: dict[str, dict[str, str]] = {}  # tuned row -> {grid point label: setting}
     for p in planned:
@@ -93,7 +97,7 @@ def lines(suite: Suite, planned: list[Planned], suite_dir) -> list[Line]:
     out = []
     for row in suite.rows:
         if row.label in points:
-            line = _choose(row.label, points[row.label], by_label)
+            line = _choose(row.label, points[row.label], by_label, tuning_seeds)
             if line is not None:
                 out.append(line)
         elif by_label.get(row.label):
@@ -107,11 +111,20 @@ def _tuning_losses(runs: list[Run]) -> dict[int, float]:
             if r.final_tuning_loss is not None}
 
 
-def _choose(label: str, points: dict[str, str], by_label: dict[str, list[Run]]) -> Line | None:
-    """The grid point of ``label`` with the lowest mean tuning loss over the seeds that every
-    scored point ran (tuned on the first seed, later seeds run only the chosen point: the choice
-    stays the first seed's); a point without a tuning loss is not chosen."""
+def _seed(run: Run) -> int:
+    return run.facts.get("seed", 0) if run.facts else 0
+
+
+def _choose(label: str, points: dict[str, str], by_label: dict[str, list[Run]],
+            tuning_seeds: set[int] | None = None) -> Line | None:
+    """The grid point of ``label`` with the lowest mean tuning loss: on the ``tuning_seeds`` only
+    (whatever other seeds ran, as ``--tune-points`` may make them run every point), else over the
+    seeds that every scored point ran; a point without a tuning loss is not chosen. With tuning
+    seeds, the line reports the chosen point's other seeds (confirmation) and keeps the tuning
+    seeds' runs apart."""
     scores = {p: _tuning_losses(by_label.get(p, [])) for p in points}
+    if tuning_seeds is not None:
+        scores = {p: {s: v for s, v in got.items() if s in tuning_seeds} for p, got in scores.items()}
     scored = [p for p in points if scores[p]]
     if not scored:
         return None
@@ -126,8 +139,11 @@ def _choose(label: str, points: dict[str, str], by_label: dict[str, list[Run]]) 
     grid = {points[p]: mean(p) for p in points}
     best = min((p for p in scored if grid[points[p]] is not None), key=lambda p: grid[points[p]])
     runs = by_label[best]
-    return Line(label, runs[0].method, runs, setting=points[best], grid=grid,
-                points={points[p]: by_label[p] for p in points if by_label.get(p)})
+    tuning = [r for r in runs if tuning_seeds is not None and _seed(r) in tuning_seeds]
+    confirming = [r for r in runs if r not in tuning]
+    return Line(label, runs[0].method, confirming or tuning, setting=points[best], grid=grid,
+                points={points[p]: by_label[p] for p in points if by_label.get(p)},
+                tuning_runs=tuning if confirming else [])
 
 
 def _gap(loss: float | None, base: float | None) -> float | None:
@@ -169,6 +185,7 @@ def rows(suite: Suite, found: list[Line]) -> list[dict[str, Any]]:
             "bits_per_parameter": line.mean("bits_per_parameter"),
             "bytes_sent_per_replica": line.mean("bytes_sent_per_replica"), "syncs": line.syncs,
             "wall_seconds": line.mean("wall_seconds"), "seeds": len(line.runs), "spread": line.spread,
+            "tuning_seed_loss": Line(line.label, line.method, line.tuning_runs).loss if line.tuning_runs else None,
             "complete": all(r.complete for r in line.runs),
         })
     return out
@@ -186,6 +203,23 @@ def text(table_rows: list[dict[str, Any]]) -> str:
                       format_bytes(r["bytes_sent_per_replica"]), format_number(r["syncs"], ".0f"),
                       format_duration(r["wall_seconds"]), str(r["seeds"]), format_number(r["spread"], ".4f")])
     return aligned(cells, left={0, 1, 2})
+
+
+def tuning_note(found: list[Line], tuning_seeds: set[int] | None) -> str | None:
+    """Which seeds a tuned row's outer step was chosen on and which its loss is of (None: nothing tuned)."""
+    tuned = [line for line in found if line.setting]
+    if not tuned:
+        return None
+    if tuning_seeds is None:
+        return ("tuned rows: each outer step chosen by the mean tuning loss over all seeds, which the reported losses "
+                "share their training noise with (every seed is a tuning seed: --tune-every-seed)")
+    seeds = ", ".join(map(str, sorted(tuning_seeds)))
+    if all(line.tuning_runs for line in tuned):
+        return (f"tuned rows: each outer step chosen on seed {seeds}'s tuning batches; their final loss, spread and "
+                f"seeds are the other seeds' (confirmation runs: no choice saw them); seed {seeds}'s own loss is "
+                "tuning_seed_loss in compare.json")
+    return (f"tuned rows: each outer step chosen on seed {seeds}'s tuning batches, and the final loss shown is of that "
+            "same seed (no confirmation seed: the choice's luck is in it; --seeds 2 adds one)")
 
 
 Verdict = bool | str | None

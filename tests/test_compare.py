@@ -292,6 +292,12 @@ def test_tune_chooses_on_the_seeds_every_point_ran():
     line = table._choose("A", points, {**by_label, "A @ a": [run(0, 3.10), run(1, 3.10)]})
     assert line.setting == "a" and line.grid["b"] == pytest.approx(3.125) and len(line.runs) == 2
     assert table._choose("A", points, {"A @ c": [run(0, None)]}) is None
+    # tuned on seed 0 (--tune without --tune-every-seed): the same choice whatever seed 1 ran (as
+    # --tune-points can make it run every point), and the row reports seed 1, seed 0 kept apart
+    both = {**by_label, "A @ a": [run(0, 3.10), run(1, 2.00, loss=2.9)]}
+    line = table._choose("A", points, both, tuning_seeds={0})
+    assert line.setting == "b" and line.grid == {"a": 3.10, "b": 3.05, "c": None}
+    assert [r.facts["seed"] for r in line.runs] == [1] and [r.facts["seed"] for r in line.tuning_runs] == [0]
 
 
 def test_tuned_nesterov_grid_judges_its_best_momentum_point_against_its_averaging_point():

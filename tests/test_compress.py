@@ -413,6 +413,59 @@ def test_error_feedback_decay_and_disabled():
     assert torch.equal(off.compress("w", delta, codec), codec.encode(delta)) and len(off) == 0
 
 
+def test_error_feedback_can_fold_the_outer_lr_as_sparselocos_code_does():
+    """``fold_outer_lr``: e ← β·e + η·Δ (the outer step then applies η again, as SparseLoCo's
+    reference code); at η = 1 the payload is bitwise the unfolded one."""
+    codec = make_codec("quantize", bits=2, scheme="statistical")
+    folded = feedback(beta=0.95, fold_outer_lr=True)
+    folded.delta_scale, e = 0.7, torch.zeros(3000)
+    for r in range(3):
+        delta = gaussian(3000, seed=r)
+        e = 0.95 * e + 0.7 * delta
+        e = e - codec.decode(codec.encode(e), 3000)
+        folded.compress("w", delta, codec)
+    assert torch.allclose(folded.residual("w"), e, atol=1e-5)
+    plain, at_one = feedback(beta=0.95), feedback(beta=0.95, fold_outer_lr=True)
+    delta = gaussian(3000, seed=5)
+    assert torch.equal(plain.compress("w", delta, codec), at_one.compress("w", delta, codec))
+
+
+def _sparseloco_values(kept: torch.Tensor, n_bins: int = 4, range_sigmas: float = 6.0):
+    """SparseLoCo's reference quantizer (tplr ``_quantize`` / ``_dequantize``, as the paper's code
+    and Templar's ``compress.py`` write it) on one tensor's kept values: mean shift, σ over N − 1,
+    s = R·σ/n, code = round(c/s + n/2) clamped, each bin decoded to the mean of its members."""
+    shift = kept.double().mean()
+    centred = kept.double() - shift
+    scale = range_sigmas * centred.norm() / (centred.numel() - 1) ** 0.5 / n_bins
+    codes = (centred / scale + n_bins // 2).round().clamp(0, n_bins - 1).long()
+    sums = torch.zeros(n_bins, dtype=torch.float64).scatter_add_(0, codes, centred)
+    counts = torch.zeros(n_bins, dtype=torch.float64).scatter_add_(0, codes, torch.ones_like(centred))
+    return (torch.where(counts > 0, sums / counts.clamp_min(1), 0.0)[codes] + shift).float(), codes
+
+
+@pytest.mark.parametrize("statistics", ["float", "exact"])
+@pytest.mark.parametrize("tails", ["gaussian", "student-t"])
+def test_centred_values_with_sample_sigma_are_sparselocos_own(statistics, tails):
+    """``mean_at centre`` and ``sample_sigma`` (``diloco/sparseloco_published``'s values) send the
+    values SparseLoCo's formula gives, code for code, on one tensor's kept values (top-64 of each
+    64×64 tile of a 256×512 tensor, one table); muloco's own grid (the mean a bin edge) does not."""
+    g = torch.Generator().manual_seed(3)
+    e = torch.randn(256, 512, generator=g)
+    if tails == "student-t":  # 3 degrees of freedom: z / sqrt(χ²₃ / 3), from the same generator
+        e = e / (torch.randn(3, 256, 512, generator=g).square().sum(0) / 3).sqrt()
+    tiles = e.reshape(4, 64, 8, 64).permute(0, 2, 1, 3).reshape(32, 4096)
+    kept = tiles.gather(1, tiles.abs().topk(64, dim=1).indices).reshape(-1)
+    want, codes = _sparseloco_values(kept)
+    ours = make_codec("quantize", bits=2, scheme="statistical", block_size=kept.numel(), range_sigmas=6.0,
+                      statistics=statistics, mean_at="centre", sample_sigma=True)
+    got = ours.decode(ours.encode(kept), kept.numel())
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    levels = torch.unique(want)  # the same code everywhere: each value decodes to its own bin's level
+    assert torch.equal(torch.bucketize(got, (levels[1:] + levels[:-1]) / 2), torch.bucketize(want, (levels[1:] + levels[:-1]) / 2))
+    edge = make_codec("quantize", bits=2, scheme="statistical", block_size=kept.numel(), range_sigmas=6.0)
+    assert not torch.allclose(edge.decode(edge.encode(kept), kept.numel()), want, rtol=1e-3)
+
+
 def test_error_feedback_state_dict_round_trip_and_reset():
     codec = make_codec("topk", fraction=0.05)
     ef = feedback()

@@ -12,7 +12,9 @@ is then the outer momentum (SparseLoCo's design), which measured better than Nes
 stacked on top of it, and than EF21 or residuals rescaled by the learning rate
 (``docs/compression.md``). The outer learning rate is not folded into e: the pseudo-gradient Δ goes in as it
 is and the outer optimizer applies its learning rate once, to the decoded average
-(MuLoCo's reference applies it to e and again in the outer step).
+(MuLoCo's reference applies it to e and again in the outer step). ``fold_outer_lr`` does what
+SparseLoCo's reference code does, for reproducing it: e ← β·e + η·Δ, and the outer step applies η
+again (at η = 1, its published setting, nothing differs).
 
 The exchange compresses a stream piece by piece (``offset``: a bucket's place in the
 stream). A sync that does not commit must take its update back; instead of cloning every
@@ -43,6 +45,9 @@ class ErrorFeedback(Configurable):
         """Keep what a lossy codec dropped and add it to the next Δ."""
         beta: float = 0.9
         """β, the decay of the residual (e ← β·e + Δ), in [0, 1]."""
+        fold_outer_lr: bool = False
+        """e ← β·e + η·Δ with η the outer lr, which the outer step then applies again (SparseLoCo's
+        reference code; ``diloco/sparseloco_published``). Off: η is applied once, to the average."""
 
         def validate(self) -> None:
             if not 0.0 <= self.beta <= 1.0:  # also rejects NaN
@@ -54,6 +59,8 @@ class ErrorFeedback(Configurable):
         self.config = config
         self.beta = float(config.beta)
         self.enabled = bool(config.enabled)
+        self.delta_scale = 1.0
+        """η with ``fold_outer_lr`` (the outer loop sets it each sync), else 1."""
         self._residuals: dict[str, torch.Tensor] = {}
 
     def applies_to(self, codec: Codec) -> bool:
@@ -76,7 +83,10 @@ class ErrorFeedback(Configurable):
         if not self.enabled:
             return codec.encode(flat)
         e = self._residual(key, offset + flat.numel(), flat.device)[offset:offset + flat.numel()]
-        target = torch.add(flat, e, alpha=self.beta)  # β·e + Δ in one pass
+        if self.delta_scale == 1.0:
+            target = torch.add(flat, e, alpha=self.beta)  # β·e + Δ in one pass
+        else:
+            target = torch.mul(e, self.beta).add_(flat, alpha=self.delta_scale)  # β·e + η·Δ
         payload = codec.encode(target)
         if keep is not None:
             keep.view(-1).copy_(e)

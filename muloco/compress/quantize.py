@@ -86,6 +86,7 @@ from .packing import as_bytes, check_bits, from_bytes, pack, pack_columns, packe
 
 SCHEMES = ("statistical", "absmax", "minmax")
 STATISTICS = ("auto", "exact", "float")
+MEAN_AT = ("edge", "centre")
 DEFAULT_RANGE_SIGMAS = {1: 4.0 * math.sqrt(2.0 / math.pi), 2: 3.93, 4: 5.12, 8: 7.57}
 DEFAULT_BLOCK_SIZE = {
     "statistical": {1: 4096, 2: 4096, 4: 16384, 8: 65536},
@@ -115,6 +116,12 @@ class Quantizer(Codec):
         """statistical: auto | exact (integer sums: bitwise the same on every device and
         kernel) | float (float32 sums: fastest on a CPU). auto = float for eager kernels on
         a CPU, exact otherwise."""
+        mean_at: str = "edge"
+        """statistical: where the block's mean sits on the grid: edge (symmetric bins about it,
+        q = floor((x − μ)/s + n/2): muloco's) | centre (a bin's centre, q = round((x − μ)/s + n/2):
+        SparseLoCo's reference code)."""
+        sample_sigma: bool = False
+        """statistical: σ over N − 1 (torch.std's, SparseLoCo's) instead of N."""
 
         def validate(self) -> None:
             check_bits(self.bits)
@@ -126,6 +133,8 @@ class Quantizer(Codec):
                 raise ValueError(f"range_sigmas must be > 0 (0: the default), got {self.range_sigmas!r}")
             if self.statistics not in STATISTICS:
                 raise ValueError(f"statistics must be one of {STATISTICS}, got {self.statistics!r}")
+            if self.mean_at not in MEAN_AT:
+                raise ValueError(f"mean_at must be one of {MEAN_AT}, got {self.mean_at!r}")
 
     def __init__(self, config: Config, *, compiled: bool = False):
         super().__init__(config, compiled=compiled)
@@ -138,6 +147,7 @@ class Quantizer(Codec):
         self.range_sigmas = config.range_sigmas or DEFAULT_RANGE_SIGMAS[config.bits]
         self.n_bins = 2**config.bits
         self.meta_floats = METADATA_FLOATS[config.scheme] or self.n_bins
+        self.centred = config.mean_at == "centre"
 
     # ------------------------------------------------------------------ layout
 
@@ -158,6 +168,9 @@ class Quantizer(Codec):
 
     def describe(self) -> str:
         extra = f", R {self.range_sigmas:.2f}σ" if self.scheme == "statistical" else ""
+        if self.scheme == "statistical":
+            extra += (", mean at a bin's centre" if self.centred else "") + (", σ over N−1" if
+                                                                            self.config.sample_sigma else "")
         return f"quantize({self.scheme}, {self.bits}b, block {self.block_size}{extra})"
 
     def exact_statistics(self, device: torch.device) -> bool:
@@ -190,11 +203,16 @@ class Quantizer(Codec):
 
     def _encode_float(self, xb: torch.Tensor, out: torch.Tensor, numel: int):
         """float32 statistics, packed straight into ``out`` (the eager CPU path)."""
-        mu, step = _float_moments(xb, self.range_sigmas / self.n_bins)
-        codes = _codes(xb, *_statistical_grid(mu, step, self.n_bins), self.n_bins)
+        mu, step = _float_moments(xb, self._width_per_sigma(xb.shape[1]))
+        codes = _codes(xb, *_statistical_grid(mu, step, self.n_bins, self.centred), self.n_bins)
         packed = pack(codes.view(-1)[:numel], self.bits, out=out)  # padding is not sent
         sums, counts = _bin_sums(xb, codes, packed, self.bits)
-        return _centroids(sums, counts, mu, step, self.n_bins), None
+        return _centroids(sums, counts, mu, step, self.n_bins, centred=self.centred), None
+
+    def _width_per_sigma(self, block: int) -> float:
+        """A bin's width in σ of the block (with ``sample_sigma``, σ over N − 1)."""
+        width = self.range_sigmas / self.n_bins
+        return width * math.sqrt(block / (block - 1)) if self.config.sample_sigma and block > 1 else width
 
     def _encode_exact(self, xb: torch.Tensor, numel: int):
         """Integer statistics (see the module docstring): two kernels around a little
@@ -206,11 +224,11 @@ class Quantizer(Codec):
         mu64 = sum_q.double() * unit / block
         mean_square = sum_sq.double() * (unit * 2.0**shift).square() / block
         sigma = (mean_square - mu64 * mu64).clamp_min(0).sqrt()
-        mu, step = mu64.float(), (sigma * (self.range_sigmas / self.n_bins)).float()
-        edge, inv = _statistical_grid(mu, step, self.n_bins)
+        mu, step = mu64.float(), (sigma * self._width_per_sigma(block)).float()
+        edge, inv = _statistical_grid(mu, step, self.n_bins, self.centred)
         packed, sums, counts = self._kernel(_codes_and_bin_sums)(xb, edge, inv, exponent, self.bits, numel)
         means = (sums.double() * unit / counts.clamp_min(1)).float()
-        return _centroids(means, counts, mu, step, self.n_bins, already_means=True), packed
+        return _centroids(means, counts, mu, step, self.n_bins, already_means=True, centred=self.centred), packed
 
     def _encode_extremes(self, xb: torch.Tensor, out: torch.Tensor, numel: int):
         """absmax / minmax: exact maxima and minima, so one path serves every kernel (eager
@@ -279,14 +297,18 @@ def _float_moments(xb: torch.Tensor, width_per_sigma: float) -> tuple[torch.Tens
     return mu, var.clamp_min_(0).sqrt_().mul_(width_per_sigma)
 
 
-def _statistical_grid(mu: torch.Tensor, step: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per block (lowest bin edge μ − R·σ/2, 1 / bin width): bin = floor((x − edge) / width)."""
-    return mu - step * (n / 2), _reciprocal(step)
+def _statistical_grid(mu: torch.Tensor, step: torch.Tensor, n: int,
+                      centred: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per block (lowest bin edge, 1 / bin width): bin = floor((x − edge) / width). The edge is
+    μ − R·σ/2 (μ a bin edge), or half a bin lower with ``centred`` (μ a bin's centre: floor of
+    (x − μ)/s + n/2 + 1/2, which is round((x − μ)/s + n/2))."""
+    return mu - step * (n / 2 + (0.5 if centred else 0.0)), _reciprocal(step)
 
 
-def _centroids(sums, counts, mu, step, n: int, already_means: bool = False) -> torch.Tensor:
+def _centroids(sums, counts, mu, step, n: int, already_means: bool = False, centred: bool = False) -> torch.Tensor:
     """Each bin's mean (``sums / counts``), or its centre where it is empty: ``(nb, n)`` float32."""
-    centres = torch.addcmul(mu, step, torch.arange(n, dtype=torch.float32, device=mu.device) + (0.5 - n / 2))
+    offset = (0.0 if centred else 0.5) - n / 2
+    centres = torch.addcmul(mu, step, torch.arange(n, dtype=torch.float32, device=mu.device) + offset)
     means = sums if already_means else sums / counts.clamp_min(1)
     return torch.where(counts > 0, means, centres)
 

@@ -60,6 +60,11 @@ class TopK(Codec):
         value_range_sigmas: float = 0.0
         """The statistical value quantizer's bin range in σ (0: its default for the bits, near
         Lloyd–Max; SparseLoCo's reference code uses 6)."""
+        value_mean_at: str = "edge"
+        """The statistical value quantizer's grid: edge (the mean a bin edge) | centre (a bin's
+        centre: SparseLoCo's rounding)."""
+        value_sample_sigma: bool = False
+        """The statistical value quantizer's σ over N − 1 (SparseLoCo's) instead of N."""
         index_bits: int = 16
         """Bits per chunk-local index: 16, or 12 for chunks of at most 4096 elements."""
         mean_over_selectors: bool = False
@@ -77,6 +82,8 @@ class TopK(Codec):
                                  f"got {self.value_bits!r}")
             if self.value_scheme not in VALUE_SCHEMES:
                 raise ValueError(f"value_scheme must be one of {VALUE_SCHEMES}, got {self.value_scheme!r}")
+            if self.value_mean_at not in ("edge", "centre"):
+                raise ValueError(f"value_mean_at must be edge or centre, got {self.value_mean_at!r}")
             if self.value_block_chunks < 1 or self.value_block_chunks != int(self.value_block_chunks):
                 raise ValueError(f"value_block_chunks must be an integer >= 1, got {self.value_block_chunks!r}")
             if not (self.value_range_sigmas >= 0 and self.value_range_sigmas < float("inf")):
@@ -116,7 +123,8 @@ class TopK(Codec):
             return None
         return Quantizer.Config(bits=self.value_bits, scheme=self.config.value_scheme,
                                 block_size=max(k, 1) * self.block_chunks,
-                                range_sigmas=self.config.value_range_sigmas).build(compiled=self.compiled)
+                                range_sigmas=self.config.value_range_sigmas, mean_at=self.config.value_mean_at,
+                                sample_sigma=self.config.value_sample_sigma).build(compiled=self.compiled)
 
     def _value_bytes(self, nc: int, k: int) -> int:
         quantizer = self._values_codec(k)
@@ -133,6 +141,7 @@ class TopK(Codec):
         if self.value_bits:
             values = f"{self.value_bits}b {self.config.value_scheme}"
             values += f" ±{self.config.value_range_sigmas / 2:g}σ" if self.config.value_range_sigmas else ""
+            values += " centred" if self.config.value_mean_at == "centre" else ""
             values += f" per {self.block_chunks} chunks" if self.block_chunks > 1 else ""
         mean = ", mean over selectors" if self.mean_over_selectors else ""
         return f"topk({self.fraction:g}, chunk {self.chunk_size}, {values}, {self.index_bits}-bit indices{mean})"

@@ -540,6 +540,7 @@ class OuterLoop(Configurable):
         quorum_seconds = time.perf_counter() - started
         self.exchange.set_feedback_beta(self.config.exchange.error_feedback.beta
                                         * self.beta_schedule.factor(self._position(step)))
+        self.exchange.set_outer_lr(self._outer_step_values(self._position(step))[0])
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
         locals_ = frag.locals()

@@ -213,6 +213,11 @@ class Exchange(Configurable):
         """β for the syncs from now on (the outer loop's schedule sets it at each prepare)."""
         self.feedback.beta = float(beta)
 
+    def set_outer_lr(self, lr: float) -> None:
+        """The outer lr of the sync about to start: folded into the residual with
+        ``error_feedback.fold_outer_lr`` (SparseLoCo's reference code), unused otherwise."""
+        self.feedback.delta_scale = float(lr) if self.config.error_feedback.fold_outer_lr else 1.0
+
     # ------------------------------------------------------------------- state
 
     def allocate(self, names: list[str], tensors: list[torch.Tensor]) -> None:

@@ -141,6 +141,40 @@ def test_any_shape_is_sized_and_builds():
     assert parse_flavor("llama3-w8192-d80-h64").shape.max_local_batch == 1  # beyond the largest row
 
 
+HF_CONFIGS = {
+    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 96, "vocab_size": 256,
+              "tie_word_embeddings": True},
+    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256},
+    "llama": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+              "num_key_value_heads": 1, "intermediate_size": 160, "vocab_size": 320, "tie_word_embeddings": False},
+}
+
+
+@pytest.mark.parametrize("family", sorted(HF_CONFIGS))
+def test_a_hugging_face_folder_is_sized_as_the_model_it_builds(tmp_path, family):
+    """``muloco map --flavor hf:DIR``: grouped-query heads, a head size of its own, q/k/v biases
+    (Qwen2), QK norms (Qwen3), tying and the folder's vocabulary, counted as the trainer builds them."""
+    import json as json_
+
+    import torch
+
+    from muloco.models import ModelConfig, build_model_config
+
+    folder = tmp_path / family
+    folder.mkdir()
+    (folder / "config.json").write_text(json_.dumps(HF_CONFIGS[family]))
+    flavor = f"hf:{folder}"
+    vocab = HF_CONFIGS[family]["vocab_size"]
+    row = sizing(flavor, global_batch=8, vocab_size=vocab, seq_len=64)
+    with torch.device("meta"):
+        model = build_model_config(ModelConfig(flavor=flavor, vocab_multiple_of=1), vocab_size=vocab).build()
+    assert row.parameters == sum(p.numel() for p in model.parameters())
+    proc = run_watched([sys.executable, "-m", "muloco.model_map", "--flavor", flavor], cwd=REPO)
+    assert proc.returncode == 0 and flavor in proc.stdout and "the folder's" in proc.stdout, proc.stdout + proc.stderr
+
+
 def test_a_shape_outside_the_map_is_marked_in_the_table():
     proc = run_watched([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w960-d12-h8"], cwd=REPO)
     assert proc.returncode == 0, proc.stderr

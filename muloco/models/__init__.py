@@ -30,14 +30,10 @@ from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.models.attention import SwitchableSDPA
 from muloco.models.block import SandwichBlock
 from muloco.models.lora import LoraConfig, apply_lora, with_lora
-from muloco.sizing.flavors import UnknownFlavorError, padded_vocab, parse_flavor
+from muloco.sizing.flavors import HF_FLAVOR, UnknownFlavorError, padded_vocab, parse_flavor
 
 ROPE_THETA = 500_000.0
 NORM_EPS = 1e-6
-
-
-HF_FLAVOR = "hf:"
-"""``--model.flavor hf:DIR``: the shapes of a Hugging Face folder's config.json."""
 
 
 def hf_folder(flavor: str) -> str | None:

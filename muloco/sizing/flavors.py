@@ -22,6 +22,11 @@ a shape that is not a row has no tuned values, and its micro-batch is the next l
 ``vocab_size``; the table's default (``--vocab auto``) is the tokenizer each shape is trained
 with by the shipped configs: the embedded standard-library BPE below width 512 (the CPU
 flavors), Llama 3's from there on, padded as the model pads it (to a multiple of 64).
+
+``hf:DIR`` sizes a Hugging Face folder (Llama 2/3.x, Qwen2/2.5, Qwen3, LLaDA) from its
+``config.json`` as ``--model.flavor hf:DIR`` builds it: its grouped-query heads, head size, FFN
+size, q/k/v biases, QK norms, tying and vocabulary (no tuned values; the micro-batch of the map's
+next larger row).
 """
 
 from __future__ import annotations
@@ -69,14 +74,29 @@ class Shape:
     """Tuned decoupled weight decay at global batch 512 (MuLoCo's OPTIMAL_WD_MAP)."""
     tuned_lr: dict[str, float] = field(default_factory=dict)
     """Tuned inner learning rates from MuLoCo's launchers, keyed by method."""
+    kv_heads: int | None = None
+    """Grouped-query attention's key/value heads (None: ``heads``, MuLoCo's shapes)."""
+    head_size: int | None = None
+    """Each head's width (None: dim / heads)."""
+    ffn: int | None = None
+    """The SwiGLU hidden size (None: int(2.75 · dim))."""
+    qkv_bias: bool = False
+    tied: bool = False
+    """The head shares the embedding's weights."""
+    vocab: int | None = None
+    """A Hugging Face folder's own vocabulary (None: the tokenizer's, ``default_vocab``)."""
 
     @property
     def ffn_dim(self) -> int:
-        return int(FFN_MULTIPLIER * self.dim)
+        return self.ffn or int(FFN_MULTIPLIER * self.dim)
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.heads
+        return self.head_size or self.dim // self.heads
+
+    @property
+    def key_value_heads(self) -> int:
+        return self.kv_heads or self.heads
 
 
 @dataclass(frozen=True)
@@ -138,12 +158,15 @@ def _layer_parameters(shape: Shape) -> int:
     return 4 * shape.dim * shape.dim + 3 * shape.dim * shape.ffn_dim
 
 
-def _shape_outside_the_map(name: str, dim: int, depth: int, heads: int) -> Shape:
+def _shape_outside_the_map(name: str, dim: int, depth: int, heads: int, head_dim: int | None = None) -> Shape:
     """A shape the map has no row for: no tuned values, and the micro-batch of the smallest row at
-    least as large (by parameters without the embedding), or 1 beyond the largest."""
+    least as large (by parameters without the embedding), or 1 beyond the largest. ``head_dim``:
+    a Hugging Face folder's own (checked there)."""
     problems = [f"{what} must be at least 1" for what, v in (("width", dim), ("depth", depth), ("heads", heads))
                 if v < 1]
-    if not problems and dim % heads:
+    if head_dim is not None:
+        problems = []  # hf/config.py checked the folder's shapes
+    elif not problems and dim % heads:
         problems.append(f"width {dim} is not a multiple of the {heads} heads")
     elif not problems and (dim // heads) % 2:
         problems.append(f"the head dimension {dim}/{heads} = {dim // heads} is odd (rotary embeddings pair "
@@ -160,8 +183,31 @@ def _shape_outside_the_map(name: str, dim: int, depth: int, heads: int) -> Shape
     return dataclasses.replace(shape, max_local_batch=micro)
 
 
+HF_FLAVOR = "hf:"
+"""``--model.flavor hf:DIR``: the shapes of a Hugging Face folder's config.json."""
+
+
+def _hf_flavor(name: str) -> Flavor:
+    """A Hugging Face folder's shapes, read from its config.json as the trainer reads them."""
+    from muloco.hf import config as hf_config  # JSON only, no torch
+
+    folder = name[len(HF_FLAVOR):]
+    try:
+        a = hf_config.architecture_fields(hf_config.read(folder))
+    except ValueError as err:
+        raise UnknownFlavorError(f"model.flavor '{name}': {err}") from None
+    shape = _shape_outside_the_map(name, a["dim"], a["depth"], a["heads"], head_dim=a["head_dim"])
+    shape = dataclasses.replace(shape, kv_heads=a["kv_heads"], head_size=a["head_dim"], ffn=a["ffn_dim"],
+                                qkv_bias=a["qkv_bias"], tied=a["tied"], vocab=a["vocab_size"])
+    return Flavor(name=name, shape=shape, qk_norm=a["qk_norm"], post_attention_norm=a["post_attention_norm"],
+                  post_ffn_norm=a["post_ffn_norm"])
+
+
 def parse_flavor(name: str) -> Flavor:
-    """The map's row, or any ``llama3-w{dim}-d{depth}-h{heads}`` shape (see the module's docstring)."""
+    """The map's row, any ``llama3-w{dim}-d{depth}-h{heads}`` shape, or ``hf:DIR`` (see the
+    module's docstring)."""
+    if name.startswith(HF_FLAVOR):
+        return _hf_flavor(name)
     match = _SUFFIX.match(name)
     if match is None:
         close = difflib.get_close_matches(name, known_flavors(), n=3, cutoff=0.6)
@@ -195,8 +241,11 @@ def embedded_vocab() -> int:
 
 
 def default_vocab(flavor: str | Flavor) -> tuple[int, str]:
-    """(embedding rows, which tokenizer) the shipped configs train this flavor with."""
+    """(embedding rows, which tokenizer) the shipped configs train this flavor with (a Hugging Face
+    folder: its own)."""
     f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
+    if f.shape.vocab:
+        return f.shape.vocab, "the folder's"
     if f.shape.dim < CPU_WIDTH_BELOW:
         return padded_vocab(embedded_vocab(), VOCAB_MULTIPLE), "embedded"
     return padded_vocab(LLAMA3_VOCAB, VOCAB_MULTIPLE), "llama3"
@@ -209,20 +258,24 @@ def padded_vocab(vocab_size: int, multiple_of: int) -> int:
 def count_parameters(flavor: str | Flavor, vocab_size: int) -> int:
     """Closed-form parameter count; the tests check it against built models."""
     f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
+    return count_embedding_parameters(f, vocab_size) + f.shape.depth * block_parameters(f) + f.shape.dim  # + final norm
+
+
+def block_parameters(flavor: str | Flavor) -> int:
+    """One transformer block's parameters: attention (grouped-query heads, q/k/v biases), SwiGLU,
+    norms (QK norms too)."""
+    f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
     s = f.shape
-    norms_per_layer = 2 + int(f.post_attention_norm) + int(f.post_ffn_norm)
-    per_layer = (
-        4 * s.dim * s.dim  # wq, wk, wv, wo (no GQA)
-        + 3 * s.dim * s.ffn_dim  # SwiGLU w1, w2, w3
-        + norms_per_layer * s.dim
-        + (2 * s.head_dim if f.qk_norm else 0)
-    )
-    return 2 * vocab_size * s.dim + s.depth * per_layer + s.dim  # + final norm
+    q, kv = s.heads * s.head_dim, s.key_value_heads * s.head_dim
+    attention = s.dim * (q + 2 * kv) + q * s.dim + ((q + 2 * kv) if s.qkv_bias else 0)  # wq, wk, wv (+b), wo
+    norms = (2 + int(f.post_attention_norm) + int(f.post_ffn_norm)) * s.dim + (2 * s.head_dim if f.qk_norm else 0)
+    return attention + 3 * s.dim * s.ffn_dim + norms  # + SwiGLU w1, w2, w3
 
 
 def count_embedding_parameters(flavor: str | Flavor, vocab_size: int) -> int:
+    """The embedding and the head (one matrix when they are tied)."""
     f = parse_flavor(flavor) if isinstance(flavor, str) else flavor
-    return 2 * vocab_size * f.shape.dim
+    return (1 if f.shape.tied else 2) * vocab_size * f.shape.dim
 
 
 def token_budget(flavor: str, vocab_size: int = LLAMA3_VOCAB) -> int:

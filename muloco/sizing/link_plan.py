@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 from muloco.utils import round_budget
 from muloco.utils.link_model import format_rate, transfer_seconds
-from muloco.sizing.flavors import LLAMA3_VOCAB, count_embedding_parameters, count_parameters, parse_flavor
+from muloco.sizing.flavors import LLAMA3_VOCAB, block_parameters, count_embedding_parameters, count_parameters, parse_flavor
 
 GPU_PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0, "a100": 312.0, "b200": 2250.0, "l40s": 362.0}
 """Dense bf16 peak TFLOPS by GPU (vendors' datasheets, SXM parts; no sparsity). ``--gpu`` also
@@ -159,7 +159,7 @@ def flops_per_token(flavor: str, vocab: int, seq_len: int) -> float:
     """torchtitan's count (``get_nparams_and_flops``): 6 × the parameters but the embedding table,
     plus 12 · layers · dim · seq_len for attention."""
     shape = parse_flavor(flavor).shape
-    dense = count_parameters(flavor, vocab) - count_embedding_parameters(flavor, vocab) // 2
+    dense = count_parameters(flavor, vocab) - vocab * shape.dim  # all but the input embedding table
     return 6 * dense + 12 * shape.depth * shape.dim * seq_len
 
 
@@ -230,8 +230,8 @@ def fragment_sizes(flavor: str, vocab: int, n: int) -> list[tuple[int, int]]:
     f = parse_flavor(flavor)
     s = f.shape
     block_norms = (2 + int(f.post_attention_norm) + int(f.post_ffn_norm)) * s.dim + (2 * s.head_dim if f.qk_norm else 0)
-    block = (count_parameters(flavor, vocab) - 2 * vocab * s.dim - s.dim) // s.depth
-    units = [(vocab * s.dim, 0)] + [(block, block_norms)] * s.depth + [(vocab * s.dim + s.dim, s.dim)]
+    head = 0 if s.tied else vocab * s.dim  # a tied head is the embedding's matrix
+    units = [(vocab * s.dim, 0)] + [(block_parameters(f), block_norms)] * s.depth + [(head + s.dim, s.dim)]
     if n > len(units):
         raise PlanError(f"--streaming-fragments {n} is more than the model's {len(units)} layer units")
     base, extra = divmod(len(units), n)

@@ -51,7 +51,8 @@ have="$(head -n 1 "$stamp" 2>/dev/null || true)"  # line 2 says which torch buil
 # a --test setup has everything a plain one installs
 if { [ "$have" = "$want $extras" ] || [ "$have" = "$want plots,test" ]; } \
    && "$venv/bin/python" -c "import torch, torchtitan, torchft, muloco; assert torch.__version__.startswith('$TORCH_VERSION')" 2>/dev/null; then
-  say "already set up ($variant requested, $(sed -n 2p "$stamp" 2>/dev/null || echo "torch $TORCH_VERSION"), extras ${have##* }); nothing to do"
+  built="$(sed -n 2p "$stamp" 2>/dev/null || true)"  # a stamp from before it recorded the build has one line
+  say "already set up ($variant requested, ${built:-torch $TORCH_VERSION}, extras ${have##* }); nothing to do"
   exit 0
 fi
 
@@ -64,6 +65,7 @@ if [ "$variant" = "cuda" ]; then
   fi
 else
   pip_err="$(mktemp)"
+  trap 'rm -f "$pip_err"' EXIT
   if ! "${pip[@]}" install "torch==$TORCH_VERSION" --index-url "$TORCH_CPU_INDEX" --timeout 20 --retries 1 2>"$pip_err"; then
     why="$( { grep -v '^\s*$' "$pip_err" || true; } | tail -n 2 | tr '\n' ' ')"
     say "PyTorch's CPU wheels ($TORCH_CPU_INDEX) cannot be reached (pip: ${why:-no reason given}); installing torch $TORCH_VERSION from your pip's index"

@@ -237,17 +237,17 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
             self._count_in_lives(records, self.outer.heals[heals:])
 
     def _count_in_lives(self, records: list[SyncRecord], heals: list) -> None:
-        """File the syncs' outcomes (their last tries) and the heals outside a sync in the ledger."""
+        """File the heals (each one once, wherever it happened: they come before the syncs they
+        joined) and the syncs' outcomes (their last tries) in the ledger."""
         if self.lives is None:
             return
+        for heal in heals:
+            if heal.failure is None:
+                self.lives.healed(heal.step_to)
         for record in records:
             if not record.retried:
                 self.lives.synced(sync=record.sync, step=record.step, committed=record.committed,
-                                  contributed=record.contributed, healed=record.healed_from is not None)
-        in_a_sync = {r.quorum_id for r in records}
-        for heal in heals:
-            if heal.failure is None and heal.quorum_id not in in_a_sync:
-                self.lives.healed(heal.step_to)
+                                  contributed=record.contributed)
 
     def _log_sync(self, record: SyncRecord) -> None:
         fields = asdict(record)

@@ -147,8 +147,8 @@ def _install(drill: Drill) -> None:
     elif drill.kind == "boundary":
         original_perform = OuterLoop._perform
 
-        def _perform(self, step):
-            record = original_perform(self, step)
+        def _perform(self, step, **kwargs):
+            record = original_perform(self, step, **kwargs)
             if step == drill.step and drill.pending:
                 drill.fire(f"right after the sync at step {step} ({'committed' if record.committed else 'failed'})")
             return record

@@ -214,12 +214,16 @@ def tuning_note(found: list[Line], tuning_seeds: set[int] | None) -> str | None:
         return ("tuned rows: each outer step chosen by the mean tuning loss over all seeds, which the reported losses "
                 "share their training noise with (every seed is a tuning seed: --tune-every-seed)")
     seeds = ", ".join(map(str, sorted(tuning_seeds)))
-    if all(line.tuning_runs for line in tuned):
-        return (f"tuned rows: each outer step chosen on seed {seeds}'s tuning batches; their final loss, spread and "
-                f"seeds are the other seeds' (confirmation runs: no choice saw them); seed {seeds}'s own loss is "
-                "tuning_seed_loss in compare.json")
-    return (f"tuned rows: each outer step chosen on seed {seeds}'s tuning batches, and the final loss shown is of that "
-            "same seed (no confirmation seed: the choice's luck is in it; --seeds 2 adds one)")
+    confirmed = [line.label for line in tuned if line.tuning_runs]
+    chosen = f"tuned rows: each outer step chosen on seed {seeds}'s tuning batches"
+    if len(confirmed) == len(tuned):
+        return (f"{chosen}; their final loss, spread and seeds are the other seeds' (confirmation runs: no choice saw "
+                f"them); seed {seeds}'s own loss is tuning_seed_loss in compare.json")
+    if not confirmed:
+        return (f"{chosen}, and the final loss shown is of that same seed (no confirmation seed: the choice's luck is "
+                "in it; --seeds 2 adds one)")
+    return (f"{chosen}; {', '.join(confirmed)} report their confirmation seeds (no choice saw them), the other tuned "
+            f"rows seed {seeds}'s own loss (no confirmation run yet: the choice's luck is in it)")
 
 
 Verdict = bool | str | None

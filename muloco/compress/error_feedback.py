@@ -47,7 +47,9 @@ class ErrorFeedback(Configurable):
         """β, the decay of the residual (e ← β·e + Δ), in [0, 1]."""
         fold_outer_lr: bool = False
         """e ← β·e + η·Δ with η the outer lr, which the outer step then applies again (SparseLoCo's
-        reference code; ``diloco/sparseloco_published``). Off: η is applied once, to the average."""
+        reference code; ``diloco/sparseloco_published``). Off: η is applied once, to the average.
+        Streams without a residual (lossless ones: fp32 norms sent whole) are not scaled: at η ≠ 1
+        their step is η·Δ, not the reference's η²·Δ."""
 
         def validate(self) -> None:
             if not 0.0 <= self.beta <= 1.0:  # also rejects NaN

@@ -10,8 +10,11 @@ separation silently goes. So the split is counted before the run (the loader's o
 
 from __future__ import annotations
 
+from torchtitan.tools.logging import logger
+
 from muloco.config.loader import ConfigError
 from muloco.config.run_length import batch_degree, count_rows
+from muloco.data.sources import HuggingFaceDataset
 
 
 def check_held_out_rows(config, world_size: int) -> None:
@@ -20,10 +23,16 @@ def check_held_out_rows(config, world_size: int) -> None:
     v = config.validator
     if not v.enable or v.tuning_steps <= 0:
         return
+    data = v.data_config(config.dataloader)
+    if isinstance(data.source, HuggingFaceDataset):  # streamed: it cannot be counted before the run
+        logger.warning("validator.tuning_steps: a huggingface held-out split is streamed and not counted before "
+                       "the run; if it is shorter than validator.steps + validator.tuning_steps batches, the tuning "
+                       "batches wrap around into the reported ones")
+        return
     ranks = batch_degree(config, world_size)
     batch = config.training.local_batch_size
     needed = (v.steps + v.tuning_steps) * batch * ranks
-    rows = count_rows(config, v.data_config(config.dataloader), why="validator.tuning_steps")
+    rows = count_rows(config, data, why="validator.tuning_steps")
     if rows < needed:
         fits = rows // (batch * ranks) - v.steps
         fix = (f"at most --validator.tuning_steps {fits}" if fits > 0 else

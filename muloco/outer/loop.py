@@ -587,7 +587,7 @@ class OuterLoop(Configurable):
             frag.optimizer.step(self.placement.to_backup(averaged))
             clock.lap("outer_step")
             self._pull(frag.globals, locals_, self.config.fragment_update_alpha)
-        retry = not committed and may_retry and vetoed is None and self.manager.errored() is not None
+        retry = not committed and may_retry and self._group_agrees(vetoed is None and self.manager.errored() is not None)
         if not committed:
             sync.exchange.rollback()  # e.g. error-feedback residuals of the dropped Δ
             clock.lap("outer_step")
@@ -631,6 +631,18 @@ class OuterLoop(Configurable):
         self.records.append(record)
         self._count_failures(record)
         return record
+
+    def _group_agrees(self, wants: bool) -> bool:
+        """Whether any rank of this replica group wants it (all its ranks then do it): torchft agrees
+        on "not committed" across a group's ranks, not on why, and each rank exchanges its own shard,
+        so one rank's collective may have failed while another's finished. Called on every rank alike
+        (every rank of a group sees the same commit decision)."""
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return wants
+        flag = torch.tensor([int(wants)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def _heal_failure_in(self, quorum_id: int) -> str | None:
         return next((h.failure for h in self.heals if h.quorum_id == quorum_id and h.failure), None)
@@ -888,7 +900,7 @@ class OuterLoop(Configurable):
             "heal_log": [asdict(h) for h in self.heals],
             "heal_bytes_received": sum(h.bytes_received for h in self.heals),
             "sync_seconds_total": sum(seconds),
-            "sync_seconds_mean": sum(seconds) / len(syncs) if syncs else None,  # a sync's tries are its time
+            "sync_seconds_mean": sum(seconds) / (len(syncs) or len(recs)) if recs else None,  # a sync's tries are its time
             "sync_seconds_by_part": {part: sum(r.parts.get(part, 0.0) for r in recs) for part in PARTS},
             "cut_off_seconds": self.cut_off_seconds,
             "sync_peak_extra_bytes": max((r.peak_extra_bytes for r in recs), default=0),

@@ -12,7 +12,12 @@ of them.
   sync contributed nothing anyway: no sync took their Δ.
 - A sync counts for the group once, by its number (torchft's step after the commit): a later life
   that commits the same sync again (a whole job resumed from an older checkpoint redoes it) replaces
-  the earlier one.
+  the earlier one. Syncs of an earlier life past a rewind that the new life never commits again stay
+  counted (one group restarting must keep them: its peers did commit them; the ledger cannot tell a
+  whole job's rewind from that).
+- A ledger that begins mid-run (a checkpoint from before ledgers, or a deleted ``lives.json``) knows
+  nothing of the steps before its first life (``first_started_at_step``); the report then counts
+  tokens as before.
 - *Contributed* means the group's Δ is in the committed average: steps and tokens trained since its
   previous sync. A sync it joined right after healing, or catching up, is committed but not
   contributed; a failed sync's steps are lost.
@@ -106,12 +111,11 @@ class Lives:
         self._pending[0] += 1
         self._pending[1] += tokens
 
-    def synced(self, *, sync: int, step: int, committed: bool, contributed: bool, healed: bool) -> None:
+    def synced(self, *, sync: int, step: int, committed: bool, contributed: bool) -> None:
         """A sync's outcome (its last try): the steps since the previous sync go with this group's Δ
         into sync number ``sync`` when it committed with it, and are lost otherwise."""
         life = self.current
         life.syncs += 1
-        life.heals += healed
         life.step = step
         if committed:
             life.committed.append(sync)
@@ -121,8 +125,8 @@ class Lives:
         self.save()
 
     def healed(self, step: int) -> None:
-        """A heal outside a sync (before training or at the end): the peer's state replaced the
-        steps trained since the last sync."""
+        """A heal from a peer, wherever it happened (before training, in a sync's quorum or a retry's,
+        at the end): the peer's state replaced the steps trained since the last sync."""
         self.current.heals += 1
         self.current.step = step
         self._pending = [0, 0]
@@ -147,6 +151,7 @@ class Lives:
             contributed.update(life.contributed)
         return {
             "lives": len(self.lives),
+            "first_started_at_step": self.lives[0].started_at_step if self.lives else 0,
             "restarts": [{"life": life.number, "started_at_step": life.started_at_step,
                           "previous_ended": self.lives[life.number - 2].ended} for life in self.lives[1:]],
             "syncs_committed": len(committed),

@@ -159,7 +159,8 @@ def flops_per_token(flavor: str, vocab: int, seq_len: int) -> float:
     """torchtitan's count (``get_nparams_and_flops``): 6 × the parameters but the embedding table,
     plus 12 · layers · dim · seq_len for attention."""
     shape = parse_flavor(flavor).shape
-    dense = count_parameters(flavor, vocab) - vocab * shape.dim  # all but the input embedding table
+    # all but the input embedding table (a tied one is also the head, which multiplies: torchtitan keeps it)
+    dense = count_parameters(flavor, vocab) - (0 if shape.tied else vocab * shape.dim)
     return 6 * dense + 12 * shape.depth * shape.dim * seq_len
 
 

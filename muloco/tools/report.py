@@ -195,7 +195,7 @@ class _Replica:
     summary: dict[str, Any] | None
     train: dict[int, tuple[float, float]]  # step -> (loss, tokens so far in this group)
     validation: dict[int, float]
-    syncs: dict[tuple[int, int], tuple[float, float, float]]  # (step, fragment) -> bytes, payload, numel
+    syncs: dict[tuple[int, int], tuple[float, float, float]]  # (step, fragment) -> bytes, payload, numel (all tries)
     bits_per_byte: dict[int, float] = field(default_factory=dict)  # validation step -> bits per byte
     tuning: dict[int, float] = field(default_factory=dict)  # validation step -> loss on the tuning batches
     rounds: dict[int, tuple[float, int, float, bool]] = field(default_factory=dict)
@@ -205,6 +205,8 @@ class _Replica:
     """The step a new process of this group started training at, until its first sync is filed."""
     lives: dict[str, Any] | None = None
     """Its ledger's totals over every process it ran as (``runs/lives.py``; None: no ledger)."""
+    tried: set[tuple[int, int]] = field(default_factory=set)
+    """Syncs whose last record was a failed try that was tried again (its bytes join the next one's)."""
 
 
 def _read_replica(folder: Path) -> _Replica:
@@ -243,8 +245,12 @@ def _add_record(replica: _Replica, r: dict[str, Any]) -> None:
     if r.get("sync/progress") is not None:
         _file_round(replica, step, r)
     if r.get("sync/bytes_sent") is not None:
-        replica.syncs[(step, int(r.get("sync/fragment") or 0))] = (
-            float(r["sync/bytes_sent"]), float(r.get("sync/payload_bytes") or 0), float(r.get("sync/numel") or 0))
+        key = (step, int(r.get("sync/fragment") or 0))
+        sent = (float(r["sync/bytes_sent"]), float(r.get("sync/payload_bytes") or 0), float(r.get("sync/numel") or 0))
+        if key in replica.tried:  # the sync's earlier try sent its bytes too: they count with it
+            sent = tuple(a + b for a, b in zip(sent, replica.syncs[key]))
+        replica.syncs[key] = sent
+        (replica.tried.add if r.get("sync/retried") else replica.tried.discard)(key)
 
 
 def _file_round(replica: _Replica, step: int, r: dict[str, Any]) -> None:
@@ -430,7 +436,7 @@ def _tokens(reps: list[_Replica]) -> int | None:
     where the summary's ``tokens_seen`` is rank 0's alone), else its summary."""
     per_group = []
     for r in reps:
-        if r.lives is not None:
+        if r.lives is not None and not r.lives.get("first_started_at_step"):  # a ledger from the run's start
             per_group.append(r.lives["tokens_trained"])
             continue
         logged = r.train[max(r.train)][1] if r.train else math.nan

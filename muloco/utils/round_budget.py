@@ -62,7 +62,8 @@ def last_round(steps: list[int], done: float, total: int) -> list[int]:
     """The budgets scaled (rounded up, each group at least 1 step) so that this round ends the
     run, reaching ``total`` nominal steps, when a full round would go past it, or when it would
     leave less than ``LAST_ROUND_AT_LEAST`` of a round after it (this round then takes those
-    steps too); unchanged otherwise."""
+    steps too, up to 1.5x its budgets, past ``max_steps`` if need be: it is the run's last); unchanged
+    otherwise."""
     left = total - done
     full = progress(steps)
     if full + LAST_ROUND_AT_LEAST * full <= left + EXACT:

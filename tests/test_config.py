@@ -141,7 +141,8 @@ def test_codec_and_strategy_are_picked_by_name_and_set_by_their_own_keys():
 @pytest.mark.parametrize("args,message", [
     (["--outer.exchange.codec.fraction", "0.1"],
      "outer.exchange.codec is quantize, which has no setting 'fraction' (its settings: bits, scheme, "
-     "block_size, range_sigmas, statistics); fraction belongs to topk: pick it with --outer.exchange.codec topk."),
+     "block_size, range_sigmas, statistics, mean_at, sample_sigma); fraction belongs to topk: pick it with "
+     "--outer.exchange.codec topk."),
     (["--outer.exchange.bits", "4"], "did you mean --outer.exchange.codec.bits (a setting of outer.exchange.codec quantize)?"),
     (["--outer.exchange.strategy", "ring"], "--outer.exchange.strategy must be one of allreduce, allgather, "
                                             "reduce_scatter, auto; got 'ring'."),

@@ -44,6 +44,12 @@ lone_rank_sleep.apply(fault_tolerant_trainer)
 HEALING_KEY = "muloco"
 
 
+def _first_line(err: BaseException) -> str:
+    """An error's first line (its type's name when it says nothing)."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def _tensor_bytes(obj: Any) -> int:
     """Bytes of every tensor in a nested state dict (what a heal brought over)."""
     if isinstance(obj, torch.Tensor):
@@ -270,7 +276,7 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
 
     def _quorum_failure(self, err: BaseException) -> str:
         ft = self.config.fault_tolerance
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = _first_line(err)
         if "lighthouse at" in first:  # the watcher saw the lighthouse go away, or this group was cut off
             return (f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}, after "
                     f"{ft.lost_seconds():g}s (--fault_tolerance.lighthouse_lost_seconds; 0 = connect_timeout_seconds). "
@@ -290,9 +296,8 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
             super().train()
         except BaseException as err:  # the ledger says how this life ended (a SIGKILL cannot)
             if self.lives is not None:
-                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
                 self.lives.end(f"stopped at step {self.step} (asked to; it resumes)" if self.preempted
-                               else f"failed at step {self.step}: {first}")
+                               else f"failed at step {self.step}: {_first_line(err)}")
             raise
         finally:
             self.ft_manager.manager.shutdown(wait=False)

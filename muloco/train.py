@@ -75,18 +75,24 @@ def preflight(config) -> None:
     _check_lighthouse(config)  # last: it may wait for a lighthouse that starts after this replica
 
 
+def _recorded_facts(folder: str | Path) -> dict | None:
+    """The facts a folder's ``run.json`` recorded (None: no readable record of them)."""
+    import json
+
+    try:
+        facts = json.loads((Path(folder) / RUN_FILE).read_text()).get("facts")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return facts if isinstance(facts, dict) else None
+
+
 def _check_same_kind(config) -> None:
     """A DiLoCo job writes one ``replica_<i>/`` folder per group under its dump folder, a DDP run its
     files straight into it: one pointed at the other's folder would mix two runs and resume neither."""
-    import json
-
     folder = Path(config.dump_folder)
     if hasattr(config, "outer"):
-        try:
-            theirs = json.loads((folder / RUN_FILE).read_text()).get("facts")
-        except (OSError, ValueError, AttributeError):
-            return
-        if isinstance(theirs, dict) and theirs.get("outer", "?") is None:
+        theirs = _recorded_facts(folder)
+        if theirs is not None and theirs.get("outer", "?") is None:
             raise ConfigError(f"{folder} holds a DDP run ({theirs.get('method', 'no outer loop')}), and this "
                               "DiLoCo job would write its replica groups' folders into it: give a new --dump_folder")
     elif any(p.is_dir() and (p / RUN_FILE).is_file() for p in folder.glob("replica_*")):
@@ -112,15 +118,10 @@ SAME_RUN_FACTS = (("model.flavor", ("model", "flavor")), ("objective", ("objecti
 def _check_same_run(config, step: int) -> None:
     """A folder resumed from its checkpoint must hold a run of this config: another flavor or
     method would fail deep in the load ("size mismatch", "missing key momentum_buffer")."""
-    import json
-
     folder = run_folder(config)
-    try:
-        theirs = json.loads((Path(folder) / RUN_FILE).read_text()).get("facts")
-    except (OSError, ValueError, AttributeError):
+    theirs = _recorded_facts(folder)
+    if theirs is None:
         return  # no readable record: the checkpoint's own load says what does not fit
-    if not isinstance(theirs, dict):
-        return
     ours = facts_of(config, environment=False)
     for label, path in SAME_RUN_FACTS:
         there, here = theirs, ours

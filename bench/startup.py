@@ -11,6 +11,12 @@ dry run (answered by a stand-in ``sinfo`` that reports one 8-GPU node) within 2x
 the sizing table and ``report`` (commands that need no model) within 1x. The load average is
 printed: on a loaded machine every figure grows, the ratios less.
 
+The floor: a command that reads a trainer config (``train --help``, a SLURM dry run, ``compare
+--dry-run``) must import torchtitan's ``trainer`` module, where every trainer config's class lives
+(adapted by ``muloco.compat`` first, as every muloco process does: plain, it fails on a machine
+without triton). That import alone is timed too, and those commands print their ratio to it
+(``x floor``): what they cost above it is muloco's; the floor itself is torchtitan's.
+
 ``--smoke`` (what CI runs): one repeat of ``muloco --help``, the sizing table and ``report --help``.
 Nothing here asserts on timing.
 """
@@ -40,27 +46,31 @@ class Command:
     args: list[str]
     target: float
     """Largest ratio to ``import torch`` the issue accepts."""
+    reads_config: bool = False
+    """It loads a trainer config, so it cannot start faster than the floor."""
 
 
 COMMANDS = [
     Command("muloco --help", ["--help"], 1.0),
-    Command("train --help", ["train", "--help"], 2.0),
+    Command("train --help", ["train", "--help"], 2.0, True),
     Command("local --help", ["local", "--help"], 2.0),
     Command("slurm ddp --help", ["slurm", "ddp", "--help"], 2.0),
     Command("sweep --help", ["sweep", "--help"], 2.0),
     Command("compare --help", ["compare", "--help"], 2.0),
-    Command("compare --dry-run", ["compare", "--dry-run"], 2.0),
+    Command("compare --dry-run", ["compare", "--dry-run"], 2.0, True),
     Command("export --help", ["export", "--help"], 2.0),
     Command("evaluate --help", ["evaluate", "--help"], 2.0),
     Command("generate --help", ["generate", "--help"], 2.0),
     Command("fetch --help", ["fetch", "--help"], 2.0),
     Command("lighthouse --help", ["lighthouse", "--help"], 2.0),
-    Command("slurm dry run", ["slurm", "groups", "--config", "diloco/muloco", "--replicas", "2", "--dry-run"], 2.0),
+    Command("slurm dry run", ["slurm", "groups", "--config", "diloco/muloco", "--replicas", "2", "--dry-run"], 2.0, True),
     Command("report --help", ["report", "--help"], 1.0),
     Command("map (sizing table)", ["map"], 1.0),
     Command("map (link planner)", ["map", *PLANNER], 1.0),
 ]
 SMOKE = ("muloco --help", "map (sizing table)", "report --help")
+FLOOR = ["-c", "from muloco import compat; compat.apply(); import torchtitan.trainer"]
+"""torchtitan's trainer module, adapted as every muloco process adapts it."""
 
 
 def fake_sinfo(folder: Path) -> dict[str, str]:
@@ -102,19 +112,30 @@ def main() -> int:
     print(f"start-up, {args.repeats} repeat(s) each, median; load average before: {loadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="muloco-startup-") as tmp:
         env = fake_sinfo(Path(tmp))
-        torch_times, times = [], {c.name: [] for c in chosen}
+        floored = any(c.reads_config for c in chosen)
+        torch_times, floor_times, times = [], [], {c.name: [] for c in chosen}
         for _ in range(args.repeats):
+            if floored:
+                floor_times.append(seconds([sys.executable, *FLOOR], env))
             for command in chosen:  # import torch between commands: both see the same load
                 torch_times.append(seconds([sys.executable, "-c", "import torch"], env))
                 times[command.name].append(seconds([sys.executable, "-m", "muloco", *command.args], env))
     base = statistics.median(torch_times)
-    print(f"\n{'command':<22}{'seconds':>9}{'x torch':>9}{'target':>8}  met")
+    floor = statistics.median(floor_times) if floored else None
+    print(f"\n{'command':<22}{'seconds':>9}{'x torch':>9}{'target':>8}  met  x floor")
     print(f"{'import torch':<22}{base:>9.2f}{1:>9.2f}{'':>8}")
+    if floor is not None:
+        print(f"{'floor (torchtitan)':<22}{floor:>9.2f}{floor / base:>9.2f}{'':>8}{'':>7}{1:>7.2f}")
     for command in chosen:
         took = statistics.median(times[command.name])
         ratio = took / base
+        above = f"{took / floor:>7.2f}" if command.reads_config and floor else ""
         print(f"{command.name:<22}{took:>9.2f}{ratio:>9.2f}{command.target:>7.0f}x  "
-              f"{'yes' if ratio <= command.target else 'no'}")
+              f"{'yes' if ratio <= command.target else 'no ':<5}{above}".rstrip())
+    if floor is not None:
+        print(f"\nfloor: python {' '.join(FLOOR[:1])} '{FLOOR[1]}' (torchtitan's trainer module, where every "
+              f"trainer config's class lives); at {floor / base:.2f}x torch, a command that reads a config "
+              "cannot meet a target below it without changing torchtitan")
     print(f"\nload average after: {loadavg()}")
     return 0
 

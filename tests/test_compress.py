@@ -466,6 +466,62 @@ def test_centred_values_with_sample_sigma_are_sparselocos_own(statistics, tails)
     assert not torch.allclose(edge.decode(edge.encode(kept), kept.numel()), want, rtol=1e-3)
 
 
+PUBLISHED_VALUES = dict(fraction=64 / 4096, chunk_size=4096, value_bits=2, value_scheme="statistical",
+                        value_block_chunks=0, value_range_sigmas=6.0, value_mean_at="centre", value_sample_sigma=True,
+                        index_bits=12, mean_over_selectors=True)
+"""``diloco/sparseloco_published``'s codec: top-64 of each 4,096-element tile, one 2-bit table per tensor."""
+
+
+def test_one_table_per_tensor_sends_sparselocos_values_tensor_by_tensor():
+    """Two matrices of different scales in one bucket, stored tile by tile (64×64, as the exchange's
+    ``tiles`` 64 lays them out): encoded tensor by tensor (``Pieces``, as the exchange encodes a
+    per-tensor codec's bucket), each tensor's kept values decode to SparseLoCo's formula with that
+    tensor's own table; one table over both (a fixed-size value block spanning them) would not."""
+    from muloco.compress import Pieces
+    from muloco.config import load_config
+
+    assert load_config("diloco/sparseloco_published").outer.exchange.codec == TopK.Config(**PUBLISHED_VALUES)
+    g = torch.Generator().manual_seed(5)
+    small, large = torch.randn(128, 256, generator=g) * 0.01, torch.randn(256, 128, generator=g)
+    tiled = [t.reshape(t.shape[0] // 64, 64, t.shape[1] // 64, 64).permute(0, 2, 1, 3).reshape(-1, 4096)
+             for t in (small, large)]
+    codec = make_codec("topk", **PUBLISHED_VALUES)
+    assert codec.per_tensor and "per tensor" in codec.describe()
+    bucket = torch.cat([t.reshape(-1) for t in tiled])
+    pieces = Pieces(codec, [(0, small.numel()), (small.numel(), bucket.numel())])
+    got = pieces.decode(pieces.encode(bucket), bucket.numel())
+    for t, (a, b) in zip(tiled, pieces.bounds):
+        index = t.abs().topk(64, dim=1).indices
+        want, _ = _sparseloco_values(t.gather(1, index).reshape(-1))
+        sent = got[a:b].reshape(-1, 4096).gather(1, index).reshape(-1)
+        assert torch.allclose(sent, want, rtol=1e-5, atol=1e-7)
+        assert torch.count_nonzero(got[a:b]) <= index.numel()  # nothing but the kept coordinates
+    shared = codec.decode(codec.encode(bucket), bucket.numel())  # the whole bucket as one tensor: one table
+    assert not torch.allclose(shared[:small.numel()], got[:small.numel()], rtol=1e-3)
+    assert pieces.payload_bytes(bucket.numel()) == sum(codec.payload_bytes(b - a) for a, b in pieces.bounds)
+
+
+def test_pieces_average_each_tensor_over_its_own_selectors():
+    """The mean over selectors of a ``Pieces`` bucket is, tensor by tensor, the base codec's mean."""
+    from muloco.compress import Pieces
+
+    codec = make_codec("topk", **{**PUBLISHED_VALUES, "chunk_size": 64, "fraction": 0.25, "index_bits": 12})
+    bounds = [(0, 192), (192, 320)]
+    pieces = Pieces(codec, bounds)
+    rows = torch.stack([gaussian(320, seed=s) for s in range(3)])
+    payloads = torch.stack([pieces.encode(r) for r in rows])
+    decoded = pieces.decode(payloads, 320)
+    out = torch.empty(320)
+    pieces.mean_into(out, decoded, payloads)
+    for a, b in bounds:
+        want = torch.empty(b - a)
+        part = torch.stack([codec.encode(r[a:b]) for r in rows])
+        codec.mean_into(want, codec.decode(part, b - a), part)
+        assert torch.equal(out[a:b], want)
+    with pytest.raises(ValueError, match="covers 320 elements"):
+        pieces.payload_bytes(321)
+
+
 def test_error_feedback_state_dict_round_trip_and_reset():
     codec = make_codec("topk", fraction=0.05)
     ef = feedback()
@@ -526,7 +582,7 @@ def test_error_feedback_piece_by_piece_equals_whole_and_restores_exactly():
     (lambda: TopK.Config(value_dtype="int8"), "value_dtype"),
     (lambda: TopK.Config(value_bits=1), "value_bits"),
     (lambda: TopK.Config(value_bits=2, value_scheme="minmax"), "value_scheme"),
-    (lambda: TopK.Config(value_block_chunks=0), "value_block_chunks"),
+    (lambda: TopK.Config(value_block_chunks=-1), "value_block_chunks"),
     (lambda: TopK.Config(index_bits=8), "index_bits"),
     (lambda: TopK.Config(chunk_size=8192, index_bits=12), "index_bits"),
     (lambda: Dense.Config(dtype="float64"), "dtype"),

@@ -28,9 +28,9 @@ compat.apply()
 from torchft.coordination import LighthouseServer  # noqa: E402
 
 from conftest import run_together  # noqa: E402
-from muloco.compress import Dense, ErrorFeedback, Quantizer, TopK  # noqa: E402
+from muloco.compress import Dense, ErrorFeedback, Pieces, Quantizer, TopK  # noqa: E402
 from muloco.outer.exchange import Exchange  # noqa: E402
-from muloco.outer.exchange.layout import ranges  # noqa: E402
+from muloco.outer.exchange.layout import ranges, whole_tensors  # noqa: E402
 from muloco.outer.exchange.pipeline import HEADER_BYTES, RECORD_BYTES  # noqa: E402
 from muloco.outer.exchange.strategies import AllGather, AllReduce, ReduceScatter  # noqa: E402
 
@@ -187,8 +187,10 @@ def _join(comp, dense, skip: bool, tiles: int = 0) -> list[torch.Tensor]:
 def _reference(spec: dict, k: int, idle: list | None = None) -> list[list[torch.Tensor]]:
     """Per round: the average every replica must receive (one bucket; no pipeline)."""
     cfg = exchange_config(spec)  # noqa: F821 - defined by exec(BUILD)
-    codec = cfg.codec.build()
+    codec = mean_codec = cfg.codec.build()
     skip = bool(cfg.skip_pattern)
+    if codec.per_tensor:  # tensor by tensor, each with its own table
+        codec = Pieces(codec, _bounds(_compressed_sizes(skip)))
     strategy = cfg.resolved_strategy()
     feedback = [ErrorFeedback(cfg.error_feedback) for _ in range(k)]
     history = []
@@ -215,10 +217,19 @@ def _reference(spec: dict, k: int, idle: list | None = None) -> list[list[torch.
             comp = Ranged().decode(Ranged().encode(mean), n)  # each owner re-encodes its range
         else:
             decoded = [codec.decode(feedback[r].compress("c", streams[r][0], codec), n) for r in contributing]
-            comp = _mean(decoded, codec, weights)
+            comp = _mean(decoded, mean_codec, weights)
         dense = _mean([streams[r][1] for r in contributing], None, weights)
         history.append(_join(comp, dense, skip, cfg.tiles))
     return history
+
+
+def _compressed_sizes(skip: bool) -> list[int]:
+    return [torch.Size(s).numel() for n, s in zip(NAMES, SHAPES) if not (skip and "norm" in n)]
+
+
+def _bounds(sizes: list[int]) -> list[tuple[int, int]]:
+    ends = torch.tensor(sizes).cumsum(0).tolist()
+    return [(e - n, e) for n, e in zip(sizes, ends)]
 
 
 def _weights(spec: dict, k: int, contributing: list[int]) -> list[float] | None:
@@ -258,6 +269,14 @@ CASES = {
                                                        "value_block_chunks": 1, "value_range_sigmas": 6.0}],
                                        strategy="allgather", error_feedback=dict(beta=0.95), tiles=4,
                                        skip_pattern=r"norm\.weight$"),
+    # as published: one 2-bit table per tensor (value_block_chunks 0), buckets of whole tensors (of
+    # 1,101 elements here: the embedding and wq share one, the output has its own; the bucketing
+    # must change nothing)
+    "allgather-sparseloco-per-tensor": dict(codec=["topk", {**SPARSELOCO, "chunk_size": 16, "value_block_chunks": 0,
+                                                            "value_range_sigmas": 6.0, "value_mean_at": "centre",
+                                                            "value_sample_sigma": True}],
+                                            strategy="allgather", error_feedback=dict(beta=0.95, fold_outer_lr=True),
+                                            tiles=4, skip_pattern=r"norm\.weight$", bucket_mb=0.0042),
 }
 
 
@@ -286,7 +305,7 @@ def _check_bytes(spec: dict, got: list[list[dict]]) -> None:
     codec, k = exchange.codec, len(got)
     for r in range(k):
         res = got[r][0]
-        formula = exchange.wire_bytes(k, comp_n, dense_n, rank=res["rank"])
+        formula = exchange.wire_bytes(k, comp_n, dense_n, rank=res["rank"], sizes=_compressed_sizes(skip))
         assert formula == {"payload": res["payload"], "sent": res["sent"], "received": res["received"]}
         if exchange.weighted:  # the work records, then the buckets alone
             record = RECORD_BYTES * (k - 1)
@@ -300,6 +319,12 @@ def _check_bytes(spec: dict, got: list[list[dict]]) -> None:
         if isinstance(exchange.strategy, AllReduce):  # the buffer, and the contributor count once
             ring = 2 * (k - 1) / k * 4 * comp_n + 2 * (k - 1) / k * 4
             assert res["payload"] == 4 * (comp_n + 1) and res["sent"] == res["received"] == pytest.approx(ring)
+        elif codec.per_tensor:  # buckets of whole tensors: a header each, then each tensor's own payload
+            buckets = whole_tensors(_compressed_sizes(skip), exchange.bucket_numel)
+            assert [len(pieces) for _, _, pieces in buckets] == [2, 1]
+            payload = sum(HEADER_BYTES + sum(codec.payload_bytes(b - a) for a, b in pieces) for _, _, pieces in buckets)
+            payload += HEADER_BYTES + 4 * dense_n if dense_n else 0
+            assert res["payload"] == payload and res["sent"] == res["received"] == (k - 1) * payload
         elif isinstance(exchange.strategy, AllGather):
             payload = HEADER_BYTES + codec.payload_bytes(comp_n) + (HEADER_BYTES + 4 * dense_n if dense_n else 0)
             assert res["payload"] == payload and res["sent"] == res["received"] == (k - 1) * payload

@@ -16,6 +16,7 @@ from .codec import Codec
 from .dense import Dense
 from .error_feedback import ErrorFeedback
 from .packing import pack, packed_bytes, unpack
+from .pieces import Pieces
 from .quantize import Quantizer
 from .topk import TopK, sparseloco_codec
 
@@ -28,5 +29,5 @@ CodecConfig = (
 )
 """One codec's config; the command line picks it by name (``--outer.exchange.codec quantize``)."""
 
-__all__ = ["CODECS", "Codec", "CodecConfig", "Dense", "ErrorFeedback", "Quantizer", "TopK", "pack",
+__all__ = ["CODECS", "Codec", "CodecConfig", "Dense", "ErrorFeedback", "Pieces", "Quantizer", "TopK", "pack",
            "packed_bytes", "sparseloco_codec", "unpack"]

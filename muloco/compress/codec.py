@@ -18,6 +18,7 @@ kernels through ``torch.compile``; payloads are byte-identical to the eager ones
 ``alignment`` is the element granularity of the codec's layout (a quantization block, a
 top-k chunk): a tensor cut at multiples of it and encoded piece by piece gives exactly
 the values of encoding it whole, which is what lets the exchange work in buckets.
+A codec that is ``per_tensor`` is cut only between tensors instead.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class Codec(Configurable):
     sparse: bool = False
     """A payload carries a chosen subset of the coordinates (top-k): re-encoding an average of
     several payloads drops coordinates, which the reduce-scatter strategy cannot feed back."""
+    per_tensor: bool = False
+    """Its blocks are whole parameter tensors (one table per tensor, as SparseLoCo's authors
+    quantize): the exchange hands it buckets of whole tensors, encoded tensor by tensor
+    (``pieces.Pieces``), never cut at ``alignment``."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):

@@ -7,9 +7,10 @@ entropy-coded index, a different size. Here the tensor is cut into chunks of
 a formula of numel: ``[values][indices]``. Indices are chunk-local, ``index_bits`` = 16
 (two bytes each) or 12 (three bytes per pair; chunks of at most 4096). Values are bfloat16,
 float16 or float32, or quantized to ``value_bits`` = 8, 4 or 2 bits by the ``value_scheme``
-quantizer, one block per ``value_block_chunks`` chunks' kept values: ``absmax`` (a scale per
-block) or ``statistical`` (mean shift, σ-range bins, per-bin means: SparseLoCo's and MuLoCo's
-value quantizer). A tensor smaller than a chunk is one chunk of its own size; a last partial
+quantizer, one block per ``value_block_chunks`` chunks' kept values, or with
+``value_block_chunks`` 0 one block per parameter tensor (SparseLoCo's authors' table per tensor;
+the exchange then encodes tensor by tensor): ``absmax`` (a scale per block) or ``statistical``
+(mean shift, σ-range bins, per-bin means: SparseLoCo's and MuLoCo's value quantizer). A tensor smaller than a chunk is one chunk of its own size; a last partial
 chunk is zero-padded (the padding can only be picked when the chunk has fewer than k
 non-zeros, and decodes to zeros that are cut off).
 
@@ -56,7 +57,8 @@ class TopK(Codec):
         value_scheme: str = "absmax"
         """Quantizer of the kept values: absmax | statistical (mean, σ-range bins, per-bin means)."""
         value_block_chunks: int = 1
-        """Chunks whose kept values form one quantization block (one scale or one table)."""
+        """Chunks whose kept values form one quantization block (one scale or one table); 0: one
+        block per parameter tensor (all its chunks' kept values), as SparseLoCo's authors quantize."""
         value_range_sigmas: float = 0.0
         """The statistical value quantizer's bin range in σ (0: its default for the bits, near
         Lloyd–Max; SparseLoCo's reference code uses 6)."""
@@ -84,8 +86,9 @@ class TopK(Codec):
                 raise ValueError(f"value_scheme must be one of {VALUE_SCHEMES}, got {self.value_scheme!r}")
             if self.value_mean_at not in ("edge", "centre"):
                 raise ValueError(f"value_mean_at must be edge or centre, got {self.value_mean_at!r}")
-            if self.value_block_chunks < 1 or self.value_block_chunks != int(self.value_block_chunks):
-                raise ValueError(f"value_block_chunks must be an integer >= 1, got {self.value_block_chunks!r}")
+            if self.value_block_chunks < 0 or self.value_block_chunks != int(self.value_block_chunks):
+                raise ValueError(f"value_block_chunks must be an integer >= 1, or 0 (one block per parameter "
+                                 f"tensor), got {self.value_block_chunks!r}")
             if not (self.value_range_sigmas >= 0 and self.value_range_sigmas < float("inf")):
                 raise ValueError(f"value_range_sigmas must be >= 0 (0: the default), got {self.value_range_sigmas!r}")
             if self.index_bits not in INDEX_BITS:
@@ -107,9 +110,15 @@ class TopK(Codec):
     # ------------------------------------------------------------------ layout
 
     @property
+    def per_tensor(self) -> bool:
+        """Quantized values in one block per tensor (``value_block_chunks`` 0)."""
+        return bool(self.value_bits) and self.block_chunks == 0
+
+    @property
     def alignment(self) -> int:
-        """A value block spans ``value_block_chunks`` chunks: cut only between blocks."""
-        return self.chunk_size * self.block_chunks
+        """A value block spans ``value_block_chunks`` chunks: cut only between blocks (a block per
+        tensor: whole tensors only, see ``per_tensor``; chunks are the unit within one)."""
+        return self.chunk_size * max(self.block_chunks, 1)
 
     def chunks(self, numel: int) -> tuple[int, int, int]:
         """(number of chunks, chunk length, k) for a tensor of ``numel`` elements."""
@@ -118,16 +127,17 @@ class TopK(Codec):
         chunk = min(self.chunk_size, numel)
         return -(-numel // chunk), chunk, max(1, round(self.fraction * chunk))
 
-    def _values_codec(self, k: int) -> Quantizer | None:
+    def _values_codec(self, nc: int, k: int) -> Quantizer | None:
+        """The quantizer of ``nc`` chunks' ``k`` kept values each (None: values sent as they are)."""
         if not self.value_bits:
             return None
         return Quantizer.Config(bits=self.value_bits, scheme=self.config.value_scheme,
-                                block_size=max(k, 1) * self.block_chunks,
+                                block_size=max(k, 1) * (self.block_chunks or max(nc, 1)),
                                 range_sigmas=self.config.value_range_sigmas, mean_at=self.config.value_mean_at,
                                 sample_sigma=self.config.value_sample_sigma).build(compiled=self.compiled)
 
     def _value_bytes(self, nc: int, k: int) -> int:
-        quantizer = self._values_codec(k)
+        quantizer = self._values_codec(nc, k)
         if quantizer is None:
             return nc * k * self.value_dtype.itemsize
         return quantizer.payload_bytes(nc * k)
@@ -143,6 +153,7 @@ class TopK(Codec):
             values += f" ±{self.config.value_range_sigmas / 2:g}σ" if self.config.value_range_sigmas else ""
             values += " centred" if self.config.value_mean_at == "centre" else ""
             values += f" per {self.block_chunks} chunks" if self.block_chunks > 1 else ""
+            values += " per tensor" if self.per_tensor else ""
         mean = ", mean over selectors" if self.mean_over_selectors else ""
         return f"topk({self.fraction:g}, chunk {self.chunk_size}, {values}, {self.index_bits}-bit indices{mean})"
 
@@ -190,7 +201,7 @@ class TopK(Codec):
         if nc == 0:
             return torch.empty(0, dtype=torch.uint8, device=x.device)
         values, index = self._kernel(_select)(x, nc, chunk, k)
-        quantizer = self._values_codec(k)
+        quantizer = self._values_codec(nc, k)
         value_bytes = as_bytes(values.to(self.value_dtype)) if quantizer is None else quantizer.encode(values)
         return torch.cat([value_bytes, pack_indices(index.reshape(-1), self.index_bits)])
 
@@ -202,7 +213,7 @@ class TopK(Codec):
             return torch.zeros(*lead, 0, device=payload.device)
         rows = payload.reshape(-1, size)
         split = self._value_bytes(nc, k)
-        quantizer = self._values_codec(k)
+        quantizer = self._values_codec(nc, k)
         if quantizer is None:
             values = from_bytes(rows[:, :split], self.value_dtype).float()
         else:

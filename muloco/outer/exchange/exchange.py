@@ -42,10 +42,10 @@ import tyro
 from torchtitan.config import Configurable
 from torchtitan.tools.logging import logger
 
-from muloco.compress import CodecConfig, Dense, ErrorFeedback
+from muloco.compress import CodecConfig, Dense, ErrorFeedback, Pieces
 from muloco.compress.dense import DTYPES
 from muloco.compress.kernels import KERNELS, use_compiled
-from muloco.outer.exchange.layout import COMPRESSED, DENSE, FragmentLayout, cut
+from muloco.outer.exchange.layout import COMPRESSED, DENSE, FragmentLayout, stream_buckets
 from muloco.outer.exchange.link import Link, Transfer
 from muloco.outer.exchange.pipeline import TIMINGS, PendingExchange, Plan, Sync, Work
 from muloco.outer.exchange.strategies import STRATEGIES, AllGather, AllReduce, StrategyConfig
@@ -279,18 +279,21 @@ class Exchange(Configurable):
     def weighted(self) -> bool:
         return self.weighting == "tokens"
 
-    def wire_phases(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> list[dict[str, float]]:
+    def wire_phases(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0,
+                    sizes: list[int] | None = None) -> list[dict[str, float]]:
         """Replica ``rank``'s collectives in one sync of a fragment with ``numel`` compressed and
         ``numel_dense`` skipped elements, from the wire format alone, for any K: per collective
         its payload and the bytes it sends and receives (what the exchange counts from its
         buffers; a sync's one-off bytes ride with the first collective listed, as they ride with
         the first one issued). Listed stream by stream, which need not be the issue order: the
-        sums, and the link's queued time, do not depend on it."""
+        sums, and the link's queued time, do not depend on it. ``sizes``: the compressed
+        tensors' elements, for a codec whose blocks are whole tensors (default: one tensor)."""
         phases: list[dict[str, float]] = []
-        layout_numel = {COMPRESSED: numel, DENSE: numel_dense}
+        layout = {COMPRESSED: (numel, sizes if sizes is not None else [numel]), DENSE: (numel_dense, [numel_dense])}
         for stream, codec in self.codecs.items():
-            for a, b in cut(layout_numel[stream], self.bucket_numel, codec.alignment):
-                phases += [dict(p) for p in self.strategy.bucket_phases(k, codec, b - a, rank)]
+            for bucket in stream_buckets(stream, *layout[stream], codec, self.bucket_numel):
+                piece_codec = Pieces(codec, bucket.pieces) if bucket.pieces else codec
+                phases += [dict(p) for p in self.strategy.bucket_phases(k, piece_codec, bucket.numel, rank)]
         once = self.strategy.sync_bytes(k, rank, self.records, self.weighted)
         if not phases:
             phases.append({"payload": 0.0, "sent": 0.0, "received": 0.0})
@@ -298,19 +301,22 @@ class Exchange(Configurable):
             phases[0][key] = phases[0].get(key, 0.0) + value
         return phases
 
-    def wire_bytes(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> dict[str, float]:
+    def wire_bytes(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0,
+                   sizes: list[int] | None = None) -> dict[str, float]:
         """Bytes replica ``rank`` sends and receives in one sync (and its payload): the sum of
         :meth:`wire_phases`."""
         total = {"payload": 0.0, "sent": 0.0, "received": 0.0}
-        for phase in self.wire_phases(k, numel, numel_dense, rank):
+        for phase in self.wire_phases(k, numel, numel_dense, rank, sizes):
             for key in total:
                 total[key] += phase.get(key, 0.0)
         return total
 
-    def link_transfers(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0) -> list[Transfer]:
+    def link_transfers(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0,
+                       sizes: list[int] | None = None) -> list[Transfer]:
         """The collectives of one sync as the emulated link sees them (``link.py``)."""
         rounds = self.strategy.rounds(k) if k > 1 else 0
-        return [Transfer(p["sent"], p["received"], rounds) for p in self.wire_phases(k, numel, numel_dense, rank)]
+        return [Transfer(p["sent"], p["received"], rounds)
+                for p in self.wire_phases(k, numel, numel_dense, rank, sizes)]
 
 
 def _rank_key() -> str:

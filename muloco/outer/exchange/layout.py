@@ -10,7 +10,11 @@ Each stream is cut into *buckets* of at most ``bucket_numel`` elements, at multi
 its codec's ``alignment`` (a quantization block, a top-k chunk). Codecs are local to their
 blocks, so a bucket encodes to exactly the values the whole stream would: bucketing bounds
 the memory of a sync without changing its result. A reduce-scatter further cuts each
-bucket into K owner ranges, at the same alignment (:func:`ranges`).
+bucket into K owner ranges, at the same alignment (:func:`ranges`). A codec whose blocks are
+whole tensors (``Codec.per_tensor``: SparseLoCo's value table per tensor) is cut between tensors
+instead: its buckets hold whole tensors (:func:`whole_tensors`; a tensor larger than
+``bucket_numel`` is a bucket of its own, which then bounds the sync's memory) and list each
+tensor's bounds, which the bucket is encoded by (``compress.Pieces``).
 
 With ``tile`` > 0 (SparseLoCo's layout), each matrix of the compressed stream is stored
 tile by tile instead of row by row: cut into tiles of h × w elements (h, w the largest
@@ -39,6 +43,8 @@ class Bucket:
     """COMPRESSED or DENSE."""
     start: int
     end: int
+    pieces: tuple[tuple[int, int], ...] = ()
+    """Its tensors' bounds within it, for a codec whose blocks are whole tensors (else empty)."""
 
     @property
     def numel(self) -> int:
@@ -75,6 +81,24 @@ def cut(numel: int, bucket_numel: int, align: int) -> list[tuple[int, int]]:
     size = max(align, bucket_numel // align * align)
     pieces = _no_short_tail([(a, min(a + size, numel)) for a in range(0, numel, size)], align)
     return [p for p in pieces if p[1] > p[0]]
+
+
+def whole_tensors(sizes: list[int], bucket_numel: int) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+    """Consecutive tensors of ``sizes`` elements packed into buckets of at most ``bucket_numel``
+    (a larger tensor alone): (start, end, each tensor's bounds within the bucket); empty tensors
+    are left out."""
+    out, start, bounds = [], 0, []
+    offset = 0
+    for n in sizes:
+        if n and bounds and offset + n - start > bucket_numel:
+            out.append((start, offset, tuple(bounds)))
+            start, bounds = offset, []
+        if n:
+            bounds.append((offset - start, offset + n - start))
+        offset += n
+    if bounds:
+        out.append((start, offset, tuple(bounds)))
+    return out
 
 
 def tile_side(n: int, tile: int) -> int:
@@ -154,7 +178,19 @@ class FragmentLayout:
         return [buffers[s][o:o + shape.numel()].view(shape)
                 for s, o, shape in zip(self.stream_of, self.offsets, self.shapes)]
 
+    def sizes(self, stream: str) -> list[int]:
+        """The elements of each tensor of ``stream``, in stream order."""
+        return [shape.numel() for shape, s in zip(self.shapes, self.stream_of) if s == stream]
+
     def buckets(self, codecs: dict[str, Codec], bucket_numel: int) -> list[Bucket]:
         """The dense stream first (small; it carries norms), then the compressed one."""
-        return [Bucket(s, a, b) for s in (DENSE, COMPRESSED)
-                for a, b in cut(self.numel[s], bucket_numel, codecs[s].alignment)]
+        return [bucket for s in (DENSE, COMPRESSED) for bucket in stream_buckets(s, self.numel[s], self.sizes(s),
+                                                                                 codecs[s], bucket_numel)]
+
+
+def stream_buckets(stream: str, numel: int, sizes: list[int], codec: Codec, bucket_numel: int) -> list[Bucket]:
+    """One stream's buckets: cut at the codec's alignment, or of whole tensors for a codec whose
+    blocks are tensors (``sizes``: its tensors' elements, summing to ``numel``)."""
+    if codec.per_tensor:
+        return [Bucket(stream, a, b, pieces) for a, b, pieces in whole_tensors(sizes, bucket_numel)]
+    return [Bucket(stream, a, b) for a, b in cut(numel, bucket_numel, codec.alignment)]

@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from muloco.compress import Codec, ErrorFeedback
+from muloco.compress import Codec, ErrorFeedback, Pieces
 from muloco.compress.packing import from_bytes
 from muloco.outer.exchange import collectives
 from muloco.outer.exchange.layout import Bucket, FragmentLayout
@@ -294,7 +294,7 @@ class Sync(PendingExchange):
             outs[stream] = self.tally.track(torch.empty_like(delta)) if fed else delta
         jobs = []
         for b in self.plan.layout.buckets(codecs, bucket_numel):
-            codec = codecs[b.stream]
+            codec = Pieces(codecs[b.stream], b.pieces) if b.pieces else codecs[b.stream]  # tensor by tensor
             fed = feedback if feedback.applies_to(codec) else None
             jobs.append(Job(b, codec, self.deltas[b.stream][b.start:b.end], outs[b.stream][b.start:b.end], fed,
                             f"{self.plan.layout.key}/{b.stream}"))

@@ -33,7 +33,7 @@ import torch
 import tyro
 from torchtitan.config import Configurable
 
-from muloco.compress import Codec, Dense
+from muloco.compress import Codec, Dense, Pieces
 from muloco.compress.packing import from_bytes
 from muloco.outer.exchange import collectives
 from muloco.outer.exchange.layout import ranges
@@ -199,26 +199,6 @@ class AllGather(Strategy):
         return [{"payload": payload, "sent": (k - 1) * payload, "received": (k - 1) * payload}]
 
 
-class _RangeCodec(Codec):
-    """A codec applied owner range by owner range (for reduce-scatter), so error feedback
-    sees the exact payload that is sent."""
-
-    def __init__(self, base: Codec, bounds: list[tuple[int, int]]):
-        self.base, self.bounds = base, bounds
-        self.sizes = [base.payload_bytes(b - a) for a, b in bounds]
-        self.lossless = base.lossless
-
-    def payload_bytes(self, numel: int) -> int:
-        return sum(self.sizes)
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.base.encode(x[a:b]) for a, b in self.bounds])
-
-    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
-        pieces = payload.split(self.sizes, dim=-1)
-        return torch.cat([self.base.decode(p, b - a) for p, (a, b) in zip(pieces, self.bounds)], dim=-1)
-
-
 class ReduceScatter(Strategy):
     name = "reduce_scatter"
 
@@ -236,7 +216,7 @@ class ReduceScatter(Strategy):
 
     def run(self, sync, job):
         k, me, codec = sync.k, sync.rank, job.codec
-        ranged = _RangeCodec(codec, ranges(job.numel, k, codec.alignment))
+        ranged = Pieces(codec, ranges(job.numel, k, codec.alignment))  # error feedback sees what is sent
         with sync.timer("encode"):
             header = sync.header()
             pieces = [torch.cat([header, p]) for p in sync.encode(job, ranged).split(ranged.sizes)]

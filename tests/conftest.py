@@ -29,6 +29,17 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     # the environment is kept.
     os.environ.setdefault(_var, "1")
 
+if "MULOCO_CACHE_DIR" not in os.environ:
+    # The JSONL line indexes the suite's runs build (``muloco/data/line_index.py``) go to a folder
+    # of this process's own, inherited by the runs it starts and removed at its exit: nothing is
+    # left in the user's cache, and no test finds an index an earlier run built.
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["MULOCO_CACHE_DIR"] = tempfile.mkdtemp(prefix="muloco-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["MULOCO_CACHE_DIR"], True)
+
 # Small enough that a run of tens of steps takes seconds on a 2-core CPU.
 TINY = [
     "--model.flavor", "llama3-w64-d2-h2",

@@ -290,6 +290,99 @@ def test_jsonl_resume_is_exact_across_files_and_epochs(jsonl_dir, monkeypatch):
         assert_resumes_exactly(build, n=n, m=15)
 
 
+def sorted_corpus(tmp_path: Path, books: int = 8, chapters: int = 40) -> Path:
+    """One JSONL file sorted as a book export is: book 0's chapters, then book 1's, and so on."""
+    return write_jsonl(tmp_path / "sorted.jsonl", [f"book{b} chapter{c:02d}" for b in range(books) for c in range(chapters)])
+
+
+def first_documents(source, epoch: int, n: int) -> list[str]:
+    reader = source.open_shard(epoch, None)
+    try:
+        return [doc for doc, _ in zip(reader.documents(), range(n))]
+    finally:
+        reader.close()
+
+
+def books_of(docs: list[str]) -> set[str]:
+    return {d.split()[0] for d in docs}
+
+
+def test_a_sorted_jsonl_file_is_read_in_a_new_order_each_epoch_and_resumes_mid_epoch(tmp_path):
+    """A sorted file (8 books × 40 chapters, book by book): in stored order the first 16
+    documents are all book 0; shuffled, they span most books, each epoch another order of the
+    same documents, and a loader resumed mid-epoch yields the batches the uninterrupted one did."""
+    path = sorted_corpus(tmp_path)
+    source = lambda shuffle, rank=0, world=1: JsonlSource(  # noqa: E731
+        dataset_path=str(path), validation_path=None, split="train", text_field="text", val_percent=5.0, seed=0,
+        shuffle=shuffle, rank=rank, world=world)
+    assert books_of(first_documents(source(False), 0, 16)) == {"book0"}
+    shuffled = first_documents(source(True), 0, 16)
+    assert len(books_of(shuffled)) >= 5, shuffled
+    every = first_documents(source(True), 0, 10_000)
+    again = first_documents(source(True), 1, 10_000)
+    assert every != again and sorted(every) == sorted(again) == sorted(first_documents(source(False), 0, 10_000))
+    assert every == first_documents(source(True), 0, 10_000)  # the order is the seed's and the epoch's
+    shards = [first_documents(source(True, rank, 3), 0, 10_000) for rank in range(3)]
+    assert sorted(sum(shards, [])) == sorted(every) and shards[1] == every[1::3]  # round robin over the order
+    build = lambda: make_loader(world=2, rank=1, source="jsonl", dataset_path=str(path), seq_len=16, batch=2)  # noqa: E731
+    for n in (3, 40):  # mid-epoch, and into the next epoch
+        assert_resumes_exactly(build, n=n, m=12)
+
+
+def test_the_held_out_split_is_the_same_lines_in_either_order(tmp_path):
+    path = sorted_corpus(tmp_path)
+    held = {shuffle: sorted(first_documents(JsonlSource(
+        dataset_path=str(path), validation_path=None, split="validation", text_field="text", val_percent=10.0,
+        seed=3, shuffle=shuffle, rank=0, world=1), 0, 10_000)) for shuffle in (False, True)}
+    assert held[True] == held[False] and 0 < len(held[True]) < 320
+
+
+def test_the_line_index_is_built_once_rebuilt_when_the_file_changes_and_optional(tmp_path, monkeypatch):
+    """One scan per file version: the cached index is read back (no second scan), a changed file
+    gets a new one and the stale one goes, and an unwritable cache folder only costs the caching."""
+    from muloco.data import line_index
+
+    monkeypatch.setenv("MULOCO_CACHE_DIR", str(tmp_path / "cache"))
+    line_index._offsets.cache_clear()
+    corpus._documents_cached.cache_clear()
+    scans = []
+    real_scan = line_index._scan
+    monkeypatch.setattr(line_index, "_scan", lambda path: scans.append(path) or real_scan(path))
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "one"}\n{"text": "two"}\n  \n{"text": "three"}\n')
+    offsets = line_index.line_offsets(path)
+    assert [line_index.start_of(o) for o in offsets] == [0, 16, 32, 35]
+    assert [bool(o & line_index.BLANK) for o in offsets] == [False, False, True, False]
+    line_index._offsets.cache_clear()  # a new process: the index comes from the cache folder
+    assert np.array_equal(line_index.line_offsets(path), offsets) and len(scans) == 1
+    cached = list((tmp_path / "cache" / "line-index").iterdir())
+    assert len(cached) == 1 and oct(cached[0].stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    with open(path, "a") as f:
+        f.write(json.dumps({"text": "four"}) + "\n")
+    assert len(line_index.line_offsets(path)) == 5 and len(scans) == 2
+    assert [p.name for p in (tmp_path / "cache" / "line-index").iterdir()] != [cached[0].name]
+    assert len(list((tmp_path / "cache" / "line-index").iterdir())) == 1
+    (tmp_path / "ro").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("MULOCO_CACHE_DIR", str(tmp_path / "ro"))
+    line_index._offsets.cache_clear()
+    assert len(line_index.line_offsets(path)) == 5 and len(scans) == 3
+
+
+def _umask() -> int:
+    from muloco.utils.atomic_file import umask
+
+    return umask()
+
+
+def test_a_position_read_in_the_other_order_is_refused_at_the_load(tmp_path):
+    path = sorted_corpus(tmp_path)
+    stored = make_loader(source="jsonl", dataset_path=str(path), shuffle_documents=False)
+    take(iter(stored), 3)
+    shuffled = make_loader(source="jsonl", dataset_path=str(path))
+    with pytest.raises(DataError, match="stored order.*resume with --dataloader.no-shuffle-documents"):
+        shuffled.load_state_dict(roundtrip(stored.state_dict()))
+
+
 def test_resume_refuses_another_world_size(jsonl_dir):
     state = make_loader(world=2, source="jsonl", dataset_path=str(jsonl_dir)).state_dict()
     dl = make_loader(world=3, source="jsonl", dataset_path=str(jsonl_dir))
@@ -317,13 +410,30 @@ def test_the_packing_buffer_travels_as_bytes_and_a_list_saved_before_still_resum
     expected = take(it, 5)
     saved = state["dp_rank_0"]
     assert isinstance(saved["inputs"], bytes) and isinstance(saved["labels"], bytes) and saved["inputs"]
-    as_lists = {**state, "dp_rank_0": {**saved, "inputs": np.frombuffer(saved["inputs"], "<i8").tolist(),
-                                       "labels": np.frombuffer(saved["labels"], "<i8").tolist()}}
-    for resumed_from in (state, as_lists):
+    tokens = {key: np.frombuffer(saved[key], "<i8", offset=1) for key in ("inputs", "labels")}  # after the mark
+    as_lists = {**state, "dp_rank_0": {**saved, **{key: t.tolist() for key, t in tokens.items()}}}
+    unmarked = {**state, "dp_rank_0": {**saved, **{key: t.tobytes() for key, t in tokens.items()}}}  # 2026-11-27/28
+    for resumed_from in (state, as_lists, unmarked):
         second = make_loader(seq_len=64, batch=4)
         second.load_state_dict(roundtrip(resumed_from))
         for (x1, y1), (x2, y2) in zip(expected, take(iter(second), 5), strict=True):
             assert torch.equal(x1, x2) and torch.equal(y1, y2)
+
+
+def test_a_state_saved_with_an_empty_packing_buffer_loads_weights_only(tmp_path, monkeypatch):
+    """A document that ends on a row's last token leaves the buffer empty; the saved state must
+    still pass the weights-only load every checkpoint goes through (an empty ``bytes`` would not)."""
+    monkeypatch.setattr(loader_module, "DOCS_PER_TOKENIZE_CALL", 1)
+    write_jsonl(tmp_path / "d.jsonl", ["abcdefghijklmn"] * 6)  # 16 tokens a document with BOS and EOS: rows of 15
+    dl = make_loader(source="jsonl", dataset_path=str(tmp_path), val_percent=0.0, seq_len=15, batch=1)
+    it = iter(dl)
+    take(it, 1)
+    state = dl.state_dict()
+    assert len(state["dp_rank_0"]["labels"]) == 1  # the mark alone: nothing left of the document
+    expected = take(it, 3)
+    again = make_loader(source="jsonl", dataset_path=str(tmp_path), val_percent=0.0, seq_len=15, batch=1)
+    again.load_state_dict(roundtrip(state))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(expected, take(iter(again), 3), strict=True))
 
 
 def test_resume_through_distributed_checkpoint(hf_dir, tmp_path, monkeypatch):

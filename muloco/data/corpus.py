@@ -23,7 +23,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from muloco.data import split as stdlib_split
+from muloco.data.line_index import BLANK, epoch_order, line_offsets, start_of
 
 SPLITS = ("train", "validation")
 
@@ -105,6 +108,9 @@ class DocumentSource(ABC):
     @abstractmethod
     def describe(self) -> str:
         ...
+
+    def check_position(self, position: dict[str, Any] | None) -> None:
+        """DataError if a saved ``position`` cannot resume this source (checked at the load)."""
 
     def first_document(self) -> str | None:
         """The first document of the split (None: the split is empty), read without
@@ -251,12 +257,15 @@ def jsonl_line_is_validation(file_name: str, line_number: int, val_percent: floa
 
 
 class JsonlSource(DocumentSource):
-    """JSON-lines files with one document per line, read as a stream.
+    """JSON-lines files with one document per line.
 
-    Lines are never shuffled (that would need the whole file in memory); with
-    ``shuffle`` the order of the files changes per epoch instead. Every shard
-    reads every line but parses only its own, and a bad line raises
-    ``DataError`` in the shard that owns it.
+    With ``shuffle`` (the default) every epoch reads the split's documents, all files' lines
+    together, in a permutation seeded by (seed, epoch): each file's line offsets are indexed once
+    (``line_index.py``: 8 bytes a line, cached) and each document is read by a seek, so memory is
+    O(lines), never O(bytes), and a resume continues the same order from its document count.
+    Without ``shuffle`` the files are streamed in their stored order. The held-out split is
+    defined by (file name, line number) either way. Every shard parses only its own lines, and a
+    bad line raises ``DataError`` in the shard that owns it.
     """
 
     def __init__(
@@ -293,11 +302,31 @@ class JsonlSource(DocumentSource):
             self.files = resolve_jsonl_files(dataset_path, "dataloader.source.dataset_path")
         # With a separate validation set the training files are used whole.
         self.hash_split = not validation_path
+        self._lines: _SplitLines | None = None
 
     def file_order(self, epoch: int) -> list[Path]:
-        if not self.shuffle:
-            return self.files
-        return [self.files[i] for i in epoch_permutation(len(self.files), self.seed, epoch)]
+        """The files in their stored order (streamed without ``shuffle``)."""
+        return self.files
+
+    def split_lines(self) -> _SplitLines:
+        """Every document of this split, over all files (indexed on first use)."""
+        if self._lines is None:
+            side = None if not self.hash_split else self.split == "validation"
+            self._lines = _SplitLines(self.files, [_documents_of(p, side, self.val_percent) for p in self.files])
+        return self._lines
+
+    def check_position(self, position: dict[str, Any] | None) -> None:
+        """A saved position must come from a reader of the same order (shuffled or stored)."""
+        if not position:
+            return
+        saved_shuffled = position.get("order") == SHUFFLED
+        if saved_shuffled != self.shuffle:
+            how = ("in a shuffled order" if saved_shuffled else
+                   "in the files' stored order (before JSONL documents were shuffled)")
+            flag = "--dataloader.shuffle-documents" if saved_shuffled else "--dataloader.no-shuffle-documents"
+            raise DataError(f"the checkpoint's data position was read {how}, and this run reads the other order: "
+                            f"resume with {flag}, or leave the loader out with "
+                            "checkpoint.exclude_from_loading=['dataloader']")
 
     def keeps_line(self, file_name: str, line_number: int) -> bool:
         if not self.hash_split:
@@ -306,6 +335,9 @@ class JsonlSource(DocumentSource):
         return held_out == (self.split == "validation")
 
     def open_shard(self, epoch: int, position: dict[str, Any] | None) -> ShardReader:
+        self.check_position(position)
+        if self.shuffle:
+            return _ShuffledJsonlReader(self, epoch, position)
         return _JsonlReader(self, self.file_order(epoch), position)
 
     def first_document(self) -> str | None:
@@ -324,10 +356,83 @@ class JsonlSource(DocumentSource):
 
     def describe(self) -> str:
         how = "hash split" if self.hash_split else "whole files"
-        return (
-            f"jsonl {self.spec} ({len(self.files)} files, {how}) split={self.split} "
-            f"shard {self.rank}/{self.world}: documents counted while streaming"
-        )
+        if self.shuffle:
+            total = len(self.split_lines())
+            count = (f"{len(range(self.rank, total, self.world))} of {total} documents, "
+                     f"in a new order each epoch (seed {self.seed})")
+        else:
+            count = "documents counted while streaming, in the files' stored order"
+        return f"jsonl {self.spec} ({len(self.files)} files, {how}) split={self.split} shard {self.rank}/{self.world}: {count}"
+
+
+SHUFFLED = "shuffled"
+"""The ``order`` a shuffled JSONL reader records in its position."""
+
+
+@lru_cache(maxsize=64)
+def _documents_cached(resolved: str, identity: tuple[int, int], side: bool | None, val_percent: float) -> np.ndarray:
+    path = Path(resolved)
+    offsets = line_offsets(path)
+    numbers = np.flatnonzero((offsets & BLANK) == 0) + 1  # 1-based line numbers of non-blank lines
+    if side is None:
+        return numbers
+    keep = np.fromiter((jsonl_line_is_validation(path.name, int(n), val_percent) == side for n in numbers),
+                       dtype=bool, count=len(numbers))
+    return numbers[keep]
+
+
+def _documents_of(path: Path, side: bool | None, val_percent: float) -> np.ndarray:
+    """The line numbers of ``path``'s documents on one side of the hash split (``side`` True: the
+    held-out ones, None: every non-blank line), cached while the file is unchanged."""
+    stat = path.stat()
+    return _documents_cached(str(path.resolve()), (stat.st_size, stat.st_mtime_ns), side, val_percent)
+
+
+class _SplitLines:
+    """A split's documents as (file, line number) pairs, numbered 0..n-1 file by file."""
+
+    def __init__(self, files: list[Path], numbers: list[np.ndarray]) -> None:
+        self.files = files
+        self.numbers = np.concatenate(numbers) if numbers else np.zeros(0, dtype=np.int64)
+        self.starts = np.cumsum([0] + [len(n) for n in numbers])
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+    def locate(self, doc: int) -> tuple[int, int, int]:
+        """(file index, line number, byte offset) of document ``doc``."""
+        f = int(np.searchsorted(self.starts, doc, side="right")) - 1
+        number = int(self.numbers[doc])
+        return f, number, start_of(line_offsets(self.files[f])[number - 1])
+
+
+class _ShuffledJsonlReader(ShardReader):
+    """The shard's documents of one epoch's permutation, each read by a seek; the position is the
+    number read (the order follows from the seed and the epoch)."""
+
+    def __init__(self, source: JsonlSource, epoch: int, position: dict | None) -> None:
+        self.source = source
+        self.lines = source.split_lines()
+        self.order = epoch_order(len(self.lines), source.seed, epoch)[source.rank::source.world]
+        self.position = {"doc_index": int((position or {}).get("doc_index", 0)), "order": SHUFFLED}
+        self._handles: dict[int, Any] = {}
+
+    def documents(self) -> Iterator[str]:
+        pos = self.position
+        while pos["doc_index"] < len(self.order):
+            f, number, offset = self.lines.locate(int(self.order[pos["doc_index"]]))
+            handle = self._handles.get(f)
+            if handle is None:
+                handle = self._handles[f] = open(self.lines.files[f], "rb")
+            handle.seek(offset)
+            text = self.source.parse_line(handle.readline(), self.lines.files[f], number)
+            pos["doc_index"] += 1
+            yield text
+
+    def close(self) -> None:
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
 
 
 class _JsonlReader(ShardReader):

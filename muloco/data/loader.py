@@ -33,16 +33,23 @@ BATCHES_KEY = "muloco_batches"
 """Key of the loader's batch count inside a saved source position."""
 
 
+PACKED_MARK = b"\x01"
+"""First byte of a saved token buffer: an empty ``bytes`` pickles as a call of ``bytes()``, which
+the weights-only load of a checkpoint refuses, so a buffer saved empty (a document that ended on a
+row's last token) would make the checkpoint unloadable; with the mark no buffer is empty."""
+
+
 def _packed(tokens: list[int]) -> bytes:
-    """A token buffer as a checkpoint keeps it: little-endian int64."""
-    return np.asarray(tokens, dtype="<i8").tobytes()
+    """A token buffer as a checkpoint keeps it: the mark, then little-endian int64."""
+    return PACKED_MARK + np.asarray(tokens, dtype="<i8").tobytes()
 
 
 def _unpacked(saved: bytes | list[int]) -> list[int]:
-    """A saved token buffer: int64 bytes, or the list of ints that checkpoints written before
-    2026-11-27 hold."""
+    """A saved token buffer: marked int64 bytes, int64 bytes without the mark (checkpoints written
+    on 2026-11-27 and 28), or the list of ints that earlier checkpoints hold."""
     if isinstance(saved, (bytes, bytearray)):
-        return np.frombuffer(saved, dtype="<i8").tolist()
+        start = len(PACKED_MARK) if len(saved) % 8 == len(PACKED_MARK) else 0
+        return np.frombuffer(saved, dtype="<i8", offset=start).tolist()
     return list(saved)
 
 
@@ -97,10 +104,11 @@ class PackedTextDataLoader(BaseDataLoader):
 
         shuffle_documents: bool = True
         """
-        Permute the document order every epoch, seeded by (seed, epoch). For
-        'jsonl' only the order of the files changes (lines are streamed); for
-        'huggingface' the dataset order is kept (streaming shuffle buffers
-        cannot be resumed exactly).
+        Read the documents in a new order every epoch, seeded by (seed, epoch):
+        'stdlib' its files, 'jsonl' and 'sft' every line of every file (through
+        an index of line offsets, 8 bytes a line, cached); off, they are read in
+        their stored order. For 'huggingface' the dataset order is kept
+        (streaming shuffle buffers cannot be resumed exactly).
         """
 
     def __init__(
@@ -277,6 +285,7 @@ class PackedTextDataLoader(BaseDataLoader):
         self._epoch = int(state["epoch"])
         self._start_position = json.loads(state["position"])
         self._batches = int(self._start_position.pop(BATCHES_KEY, 0))  # absent before 2026-11-28
+        self.source.check_position(self._start_position)  # at the load, not at the first batch
         self._inputs = _unpacked(state["inputs"])
         self._labels = _unpacked(state["labels"])
 

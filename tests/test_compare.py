@@ -60,7 +60,9 @@ def test_plan_overrides_and_bad_choices():
     runs = plan(suite, objective="ar", data="stdlib", seeds=1, steps=7, extra=["--x", "1"],
                 only=["SparseLoCo", "MuLoCo 2-bit no EF"])
     assert [p.row.label for p in runs] == ["MuLoCo 2-bit no EF", "SparseLoCo"]  # the suite's order
-    assert runs[0].overrides[-5:] == ["--outer.exchange.error_feedback.no-enabled", "--training.steps", "7", "--x", "1"]
+    # --steps 7 of the suite's 300 (warmup 30): the warmup keeps its tenth of the run
+    assert runs[0].overrides[-7:] == ["--outer.exchange.error_feedback.no-enabled", "--training.steps", "7",
+                                      "--lr_scheduler.warmup_steps", "1", "--x", "1"]
     with pytest.raises(SuiteError, match="not a row of paper-mini") as err:
         plan(suite, objective="ar", data="stdlib", seeds=1, only=["MuLoCo 3-bit"])
     assert "'MuLoCo K=2, SGD outer' 'MuLoCo 2-bit EF'" in str(err.value)  # quoted as --only takes them: labels hold commas
@@ -251,6 +253,48 @@ def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path, capsy
         assert code == 2 and said in err, err
     code, out, err = dry_run(["--dry-run", "--tune", "--link", "1gbps", "--out", str(tmp_path / "s")])
     assert code == 2 and "--tune and --link" in err
+
+
+def test_one_seed_verdicts_say_so_and_a_margin_inside_one_percent_is_a_tie():
+    """With one seed there is no spread: a margin within 1% of the loss is a tie, and every verdict
+    printed is marked as one seed's, with the way to a real one."""
+    from muloco.compare import table
+
+    rows = [{"run": "MuLoCo K=2", "final_loss": 3.00, "spread": None, "seeds": 1, "reference_loss": None,
+             "bits_per_parameter": 32},
+            {"run": "DiLoCo K=2", "final_loss": 3.02, "spread": None, "seeds": 1, "reference_loss": None,
+             "bits_per_parameter": 32},
+            {"run": "DDP Muon", "final_loss": 2.90, "spread": None, "seeds": 1},
+            {"run": "DDP AdamW", "final_loss": 3.20, "spread": None, "seeds": 1}]
+    assert table.single_seed(rows)
+    verdicts = dict(table.targets(SUITES["paper-long"], rows))
+    assert verdicts["MuLoCo <= DiLoCo at K=2"] == "tie"  # 0.02 inside 1% of 3.02
+    assert verdicts["DDP Muon <= DDP AdamW"] is True  # 0.30: beyond it
+    text = table.targets_text(list(verdicts.items()), one_seed=True)
+    assert "tie (1 seed)" in text and "met (1 seed)" in text and "--seeds 2 or more for verdicts" in text
+    assert "not measured (1 seed)" not in text
+
+
+def test_the_table_says_how_it_was_made_and_what_each_gap_is_against():
+    from muloco.compare import table
+    from muloco.compare.suites import Planned
+
+    suite = SUITES["paper-mini"]
+    planned = [Planned(row, seed, steps=120, local_batch=8, warmup=12, sync_every=30) for seed in (0, 1)
+               for row in suite.rows[:2]]
+    made = table.setup(planned, suite, objective="ar", data="stdlib", tuning_seeds={0}, tuned=True)
+    assert made["steps"] == [120] and made["H"] == [30] and made["warmup"] == [12] and made["seeds"] == [0, 1]
+    assert table.setup_text(made) == ("suite paper-mini (ar on stdlib): 120 steps, H 30, warmup 12, local batch 8, "
+                                      "seeds 0-1; outer steps tuned on seed 0")
+    rows = [{"run": "MuLoCo K=2", "outer_step": "Nesterov η0.7 μ0.9", "reference": "best tuned dense K=2 (MuLoCo K=2)",
+             "gap_to_reference_pct": 0.0, "tuning_grid": {"Nesterov η0.7 μ0.9": 5.1, "Nesterov η1 μ0.5": 5.2}},
+            {"run": "MuLoCo 2-bit EF", "outer_step": "SGD η1", "reference": "best tuned dense K=2 (MuLoCo K=2)",
+             "gap_to_reference_pct": 1.2, "tuning_grid": {"SGD η1": 5.3}}]
+    note = table.reference_note(rows, [])
+    assert note == ("gaps (vs dense %): MuLoCo K=2, MuLoCo 2-bit EF against best tuned dense K=2 (MuLoCo K=2), "
+                    "outer step Nesterov η0.7 μ0.9")
+    grid = table.grid_text(rows)
+    assert "5.1000  chosen" in grid and "the only point: nothing was chosen" in grid
 
 
 def test_verdicts_call_a_margin_inside_the_spread_a_tie():

@@ -115,6 +115,8 @@ def _resolve(p: Planned) -> None:
                               who=PROG, prog=PROG)
     p.name = f"{run_name(cfg)}_seed{p.seed}"
     p.steps, p.local_batch = cfg.training.steps, cfg.training.local_batch_size
+    p.warmup = cfg.lr_scheduler.warmup_steps
+    p.sync_every = cfg.outer.sync_every if hasattr(cfg, "outer") else None
 
 
 def _later_seeds(suite, args: CompareOptions, extra: list[str], chosen: dict[str, set[str]] | None,
@@ -269,20 +271,28 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
 
     linked = [p for p in planned if p.link_mbps is not None]
     planned = [p for p in planned if p.link_mbps is None]
-    tuning_seeds = {0} if args is not None and args.tune and not args.tune_every_seed else None
+    args = args or CompareOptions()
+    tuning_seeds = {0} if args.tune and not args.tune_every_seed else None
     found = table.lines(suite, planned, folder, tuning_seeds)
     values = table.rows(suite, found)
     checks = table.targets(suite, values)
-    text = table.text(values)
+    one_seed = table.single_seed(values)
+    made = table.setup(planned, suite, objective=args.objective, data=args.data, tuning_seeds=tuning_seeds,
+                       tuned=args.tune)
+    text = f"{table.setup_text(made)}\n\n{table.text(values)}"
     tuned = table.tuning_note(found, tuning_seeds)
     if tuned:
         text += f"\n{tuned}"
-    targets = table.targets_text(checks)
+    grid = table.grid_text(values)
+    if grid:
+        text += f"\n\ntuning grid (each point's mean tuning loss on the tuning seeds):\n{grid}"
+    text += f"\n\n{table.reference_note(values, found)}"
+    targets = table.targets_text(checks, one_seed)
     print(text)
     if suite.shape.note:
         print(f"\nnote: {suite.shape.note}")
     if checks:
-        print(f"\ntargets (gaps against the dense run with the same outer step):\n{targets}")
+        print(f"\ntargets:\n{targets}")
     seed0 = [dataclasses.replace(line.runs[0], name=line.label) for line in found]  # one curve per row
     if seed0:
         write_plots(seed0, folder)
@@ -290,10 +300,11 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
     shown = f"\nTargets:\n\n```\n{targets}\n```\n" if checks else ""
     (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n{note}{shown}")
     word = {True: "met", False: "missed", "tie": "tie", None: "not measured"}
-    result = {"suite": suite.name, "rows": values, "targets": [{"target": t, "verdict": word[ok]} for t, ok in checks]}
+    result = {"suite": suite.name, "setup": made, "rows": values, "single_seed": one_seed,
+              "targets": [{"target": t, "verdict": word[ok]} for t, ok in checks]}
     try:
         if linked:
-            result["links"] = _finish_links(args or CompareOptions(), planned, linked, folder)
+            result["links"] = _finish_links(args, planned, linked, folder)
     except UsageError as err:
         result["links"] = {"error": str(err)}
         raise
@@ -337,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
             print(error_line("compare", _in_compare_terms(str(err))), file=sys.stderr)
         return err.status
     if args.dry_run:
+        print(table.setup_text(table.setup([p for p in planned if p.link_mbps is None], suite, objective=args.objective,
+                                           data=args.data, tuning_seeds={0} if staged else None, tuned=args.tune)))
         share = _share_gpus(device, planned) if device == "cuda" and _cuda_available() else False
         for p in planned:
             command = runner.command(p, folder / p.name, share_gpus=share)

@@ -73,6 +73,11 @@ class Shape:
     note: str = ""
     """Printed with the suite's table (what its horizon does and does not predict)."""
 
+    def warmup_for(self, steps: int) -> int:
+        """The warmup of a run of ``steps`` (``--steps``), as the suite scales it: the same share
+        of the run (300 steps with 30 warmup: 10%), at least one step if the suite warms up."""
+        return max(1, round(self.warmup * steps / self.steps)) if self.warmup else 0
+
     def overrides(self, row: Row) -> list[str]:
         batch = self.local_batch * (2 if row.ddp else 1)  # DDP: the K=2 runs' global batch
         outer = [] if row.ddp else ["--outer.sync_every", str(self.sync_every)]
@@ -242,6 +247,9 @@ class Planned:
     name: str = ""
     steps: int = 0
     local_batch: int = 0
+    warmup: int = 0
+    sync_every: int | None = None
+    """H (None: a DDP row)."""
     link_mbps: float | None = None
     """The emulated link this run trains over (None: the real network)."""
 
@@ -275,8 +283,8 @@ def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | No
     for seed in range(first_seed, seeds):
         for row in rows:
             flags = [*suite.shape.overrides(row), *common, "--debug.seed", str(seed), *row.overrides]
-            if steps is not None:
-                flags += ["--training.steps", str(steps)]
+            if steps is not None:  # the warmup keeps its share of the run
+                flags += ["--training.steps", str(steps), "--lr_scheduler.warmup_steps", str(suite.shape.warmup_for(steps))]
             planned.append(Planned(row, seed, flags + list(extra or [])))
     return planned
 

@@ -517,10 +517,33 @@ def hf_texts(path: Path, split: str, rank: int = 0, world: int = 1, **kw) -> lis
 
 
 def test_huggingface_reads_local_splits_and_shards(hf_dir):
-    assert hf_texts(hf_dir, "validation") == [f"held out {i}" for i in range(6)]
+    assert hf_texts(hf_dir, "validation", shuffle_documents=False) == [f"held out {i}" for i in range(6)]
+    assert sorted(hf_texts(hf_dir, "validation")) == [f"held out {i}" for i in range(6)]
     for world in (2, 3):
         flat = [t for r in range(world) for t in hf_texts(hf_dir, "train", r, world)]
         assert sorted(flat) == sorted(f"train example number {i}" for i in range(40))
+
+
+def test_a_sorted_huggingface_dataset_is_drawn_through_a_seeded_buffer_each_epoch_anew(tmp_path):
+    """A window shuffle: with a buffer of 8 the first documents are no longer the first 8 in order,
+    each epoch draws anew, the same seed draws the same, and the buffer size 0 (or no shuffling)
+    keeps the dataset's order; the held-out documents are the same in any order."""
+    data = tmp_path / "sorted_hf"
+    data.mkdir()
+    write_jsonl(data / "train.jsonl", [f"doc{i:03d}" for i in range(100)])
+    source = lambda **kw: make_loader(source="huggingface", dataset_path=str(data), split="train", **kw).source  # noqa: E731
+    stored = shard_texts(source(shuffle_buffer=0))  # the train side of the hash split, in the dataset's order
+    assert stored == sorted(stored) and len(stored) > 80
+    first = shard_texts(source(shuffle_buffer=8))
+    assert sorted(first) == stored and first[:8] != stored[:8] and first == shard_texts(source(shuffle_buffer=8))
+    assert shard_texts(source(shuffle_buffer=8), epoch=1) != first
+    assert max(int(t[3:]) for t in first[:10]) < 20  # a window: the first ten come from near the start
+    assert shard_texts(source(shuffle_buffer=0)) == stored == shard_texts(source(shuffle_documents=False))
+    assert "shuffled through a buffer of 8 (seed 0)" in source(shuffle_buffer=8).describe()
+    stored_state = make_loader(source="huggingface", dataset_path=str(data), shuffle_buffer=0)
+    take(iter(stored_state), 2)
+    with pytest.raises(DataError, match="read in the dataset's order.*shuffle_buffer 1000"):
+        make_loader(source="huggingface", dataset_path=str(data)).load_state_dict(roundtrip(stored_state.state_dict()))
 
 
 def test_huggingface_without_validation_split_hashes_text(tmp_path):
@@ -539,11 +562,12 @@ def test_huggingface_without_validation_split_hashes_text(tmp_path):
 @pytest.mark.parametrize("world,rank", [(1, 0), (3, 2)])
 def test_huggingface_resume_is_exact(hf_dir, monkeypatch, world, rank):
     monkeypatch.setattr(loader_module, "DOCS_PER_TOKENIZE_CALL", 2)
-    build = lambda: hf_loader(hf_dir, world=world, rank=rank, seq_len=8, batch=2)  # noqa: E731
-    for n in (5, 60):  # the first epoch, a later one
-        state = assert_resumes_exactly(build, n=n, m=40)
-        assert isinstance(json.loads(state[f"dp_rank_{rank}"]["position"])["hf_state"], dict)
-    assert state[f"dp_rank_{rank}"]["epoch"] > 0
+    for buffer in (4, 1000):  # drawing from a full buffer as the stream goes; the whole shard buffered, drained
+        build = lambda: hf_loader(hf_dir, world=world, rank=rank, seq_len=8, batch=2, shuffle_buffer=buffer)  # noqa: E731
+        for n in (5, 60):  # the first epoch, a later one
+            state = assert_resumes_exactly(build, n=n, m=40)
+            assert isinstance(json.loads(state[f"dp_rank_{rank}"]["position"])["hf_state"], dict)
+        assert state[f"dp_rank_{rank}"]["epoch"] > 0
 
 
 def test_huggingface_missing_path_is_a_data_error(tmp_path):

@@ -546,9 +546,13 @@ class HuggingFaceSource(DocumentSource):
     ``text_is_validation``), and ``split="train"`` then drops the held-out
     examples so the two never overlap. Any other split name is read whole.
 
-    Examples are read in dataset order every epoch: a streaming shuffle
-    buffer cannot be checkpointed, and exact resume matters more here
-    (FineWeb-Edu and DCLM are already shuffled at the file level).
+    With ``shuffle_buffer`` > 0 each shard's examples pass through a seeded shuffle buffer: the
+    next document is drawn at random from the last ``shuffle_buffer`` read (a window shuffle, the
+    draws seeded by (seed, epoch, rank)). ``datasets``' own buffer is refilled on resume, losing
+    what it held; this one rides in the checkpoint (its documents and the generator's state), so
+    a resume continues exactly. 0 reads the dataset's order. The window mixes only nearby
+    examples: a dataset sorted end to end needs shuffling before training (FineWeb-Edu and DCLM
+    are shuffled at the file level).
     """
 
     def __init__(
@@ -562,6 +566,8 @@ class HuggingFaceSource(DocumentSource):
         val_percent: float,
         rank: int,
         world: int,
+        seed: int = 0,
+        shuffle_buffer: int = 0,
     ) -> None:
         if not name_or_path:
             raise DataError(
@@ -578,6 +584,8 @@ class HuggingFaceSource(DocumentSource):
         self.val_percent = val_percent
         self.rank = rank
         self.world = world
+        self.seed = seed
+        self.shuffle_buffer = int(shuffle_buffer)
         self.dataset, self.keep = self._resolve(split, validation_split)
 
     def _load(self, split_name: str):
@@ -637,7 +645,19 @@ class HuggingFaceSource(DocumentSource):
         # A fresh shard object per epoch: a loaded state would otherwise stick.
         shard = split_dataset_by_node(self.dataset, rank=self.rank, world_size=self.world)
         shard.set_epoch(epoch)
-        return _HuggingFaceReader(self, shard, position)
+        self.check_position(position)
+        return _HuggingFaceReader(self, shard, position, epoch)
+
+    def check_position(self, position: dict[str, Any] | None) -> None:
+        """A saved position must come from a reader with the same buffer (or none)."""
+        if not position:
+            return
+        saved = len(position["buffer"]) if "buffer" in position else None
+        if (saved is None) != (self.shuffle_buffer == 0) or (saved is not None and saved > self.shuffle_buffer):
+            how = "in the dataset's order" if saved is None else f"through a shuffle buffer holding {saved} documents"
+            raise DataError(f"the checkpoint's data position was read {how}, and this run reads with "
+                            f"dataloader.source.shuffle_buffer {self.shuffle_buffer}: resume with the buffer it was "
+                            "read with, or leave the loader out with checkpoint.exclude_from_loading=['dataloader']")
 
     def num_documents(self) -> int | None:
         """Examples in the whole split when the dataset card says so."""
@@ -650,26 +670,41 @@ class HuggingFaceSource(DocumentSource):
         count = f"{total} documents in split" if total else "document count unknown (streaming)"
         side = {None: "", True: ", hash-held-out part", False: ", hash-train part"}[self.keep]
         subset = f" subset={self.subset}" if self.subset else ""
+        order = (f", shuffled through a buffer of {self.shuffle_buffer} (seed {self.seed})" if self.shuffle_buffer
+                 else ", in the dataset's order")
         return (
             f"huggingface {self.name_or_path}{subset} split={self.read_split}{side} "
-            f"shard {self.rank}/{self.world}: {count}"
+            f"shard {self.rank}/{self.world}: {count}{order}"
         )
 
 
 class _HuggingFaceReader(ShardReader):
-    def __init__(self, source: HuggingFaceSource, shard, position: dict | None) -> None:
+    """The shard's examples, through the source's shuffle buffer when it has one; the position
+    holds the stream's state and, with a buffer, the buffer and the draws' generator."""
+
+    def __init__(self, source: HuggingFaceSource, shard, position: dict | None, epoch: int = 0) -> None:
         self.source = source
         self.shard = shard
         self._doc_index = 0
+        self._buffer: list[str] | None = [] if source.shuffle_buffer else None
+        key = hashlib.sha256(f"muloco-hf-buffer/{source.seed}/{epoch}/{source.rank}".encode()).digest()
+        self._rng = np.random.Generator(np.random.PCG64(int.from_bytes(key[:16], "little")))
         if position:
             self._doc_index = position["doc_index"]
             self.shard.load_state_dict(position["hf_state"])
+            if self._buffer is not None:
+                self._buffer = list(position["buffer"])
+                self._rng.bit_generator.state = position["rng"]
 
     @property
     def position(self) -> dict[str, Any]:
-        return {"doc_index": self._doc_index, "hf_state": self.shard.state_dict()}
+        out = {"doc_index": self._doc_index, "hf_state": self.shard.state_dict()}
+        if self._buffer is not None:
+            out.update(buffer=list(self._buffer), rng=self._rng.bit_generator.state)
+        return out
 
-    def documents(self) -> Iterator[str]:
+    def _texts(self) -> Iterator[str]:
+        """The shard's documents of this split, in the dataset's order."""
         field = self.source.text_field
         for number, example in enumerate(self.shard):
             text = example.get(field)
@@ -680,5 +715,24 @@ class _HuggingFaceReader(ShardReader):
                     f"{sorted(example)}); set dataloader.source.text_field"
                 )
             if self.source.keeps(text):
+                yield text
+
+    def documents(self) -> Iterator[str]:
+        buffer = self._buffer
+        for text in self._texts():
+            if buffer is None:
                 self._doc_index += 1
                 yield text
+            elif len(buffer) < self.source.shuffle_buffer:
+                buffer.append(text)
+            else:  # the next document: a random one of the buffer, whose place the new one takes
+                i = int(self._rng.integers(len(buffer)))
+                out, buffer[i] = buffer[i], text
+                self._doc_index += 1
+                yield out
+        while buffer:  # the stream ended: the rest of the buffer in random order
+            i = int(self._rng.integers(len(buffer)))
+            out, buffer[i] = buffer[i], buffer[-1]
+            buffer.pop()
+            self._doc_index += 1
+            yield out

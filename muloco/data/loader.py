@@ -106,9 +106,9 @@ class PackedTextDataLoader(BaseDataLoader):
         """
         Read the documents in a new order every epoch, seeded by (seed, epoch):
         'stdlib' its files, 'jsonl' and 'sft' every line of every file (through
-        an index of line offsets, 8 bytes a line, cached); off, they are read in
-        their stored order. For 'huggingface' the dataset order is kept
-        (streaming shuffle buffers cannot be resumed exactly).
+        an index of line offsets, 8 bytes a line, cached), 'huggingface' through
+        a shuffle buffer (source.shuffle_buffer, checkpointed); off, they are
+        read in their stored order.
         """
 
     def __init__(

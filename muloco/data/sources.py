@@ -123,7 +123,7 @@ class SftRows(JsonlFiles):
 
 @dataclass(kw_only=True, slots=True)
 class HuggingFaceDataset:
-    """A ``datasets`` dataset (hub name or local directory), streamed in dataset order."""
+    """A ``datasets`` dataset (hub name or local directory), streamed through a seeded shuffle buffer."""
 
     name: ClassVar[str] = "huggingface"
     one_example_per_row: ClassVar[bool] = False
@@ -140,9 +140,15 @@ class HuggingFaceDataset:
     """Field of each example that holds the document text."""
     val_percent: float = 5.0
     """Percent held out by the hash split when the dataset has no validation split."""
+    shuffle_buffer: int = 1000
+    """Documents each next one is drawn from at random (a window shuffle, resumed exactly: the
+    buffer rides in the checkpoint); 0, or --dataloader.no-shuffle-documents: the dataset's order."""
 
     def validate(self, key: str = "dataloader.source") -> None:
         """A local ``dataset_path`` exists (a hub name goes in ``dataset``)."""
+        if self.shuffle_buffer < 0 or self.shuffle_buffer != int(self.shuffle_buffer):
+            raise ValueError(f"{key}.shuffle_buffer is {self.shuffle_buffer!r}; give a number of documents "
+                             "(0: the dataset's order)")
         if self.dataset_path and not os.path.exists(self.dataset_path):
             raise ValueError(f"{key}.dataset_path ({key} is {self.name!r}) '{self.dataset_path}' does not exist; "
                              f"for a dataset on the Hugging Face hub set --{key}.dataset <name> and leave "
@@ -151,7 +157,8 @@ class HuggingFaceDataset:
     def build(self, *, split: str, seed: int, shuffle: bool, rank: int, world: int) -> DocumentSource:
         return HuggingFaceSource(name_or_path=self.dataset_path or self.dataset or None, subset=self.dataset_subset,
                                  split=split, validation_split=self.validation_split, text_field=self.text_field,
-                                 val_percent=self.val_percent, rank=rank, world=world)
+                                 val_percent=self.val_percent, rank=rank, world=world, seed=seed,
+                                 shuffle_buffer=self.shuffle_buffer if shuffle else 0)
 
     def label(self) -> str:
         return self.dataset_path or self.dataset or "no dataset"

@@ -255,6 +255,19 @@ def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path, capsy
     assert code == 2 and "--tune and --link" in err
 
 
+def test_every_row_validates_and_tunes_on_the_same_held_out_rows():
+    """A DDP row's batch is the K=2 runs' global batch (twice theirs), so it takes half as many
+    validation and tuning batches: every row reads the same 16 × 8 held-out rows, then the same
+    tuning rows after them, and the split's size check sees the same need for every row."""
+    def last(flags, key):
+        return int(flags[len(flags) - 1 - flags[::-1].index(key) + 1])
+
+    for p in plan(SUITES["paper-mini"], objective="ar", data="stdlib", seeds=1, tune=True):
+        batch = last(p.overrides, "--training.local_batch_size")
+        rows = batch * last(p.overrides, "--validator.steps")
+        assert rows == batch * last(p.overrides, "--validator.tuning_steps") == 16 * 8, p.row.label
+
+
 def test_one_seed_verdicts_say_so_and_a_margin_inside_one_percent_is_a_tie():
     """With one seed there is no spread: a margin within 1% of the loss is a tie, and every verdict
     printed is marked as one seed's, with the way to a real one."""

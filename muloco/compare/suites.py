@@ -78,13 +78,23 @@ class Shape:
         of the run (300 steps with 30 warmup: 10%), at least one step if the suite warms up."""
         return max(1, round(self.warmup * steps / self.steps)) if self.warmup else 0
 
+    def batch(self, row: Row) -> int:
+        """A run's local batch: a DDP row's is the K=2 runs' global batch (the same tokens a step)."""
+        return self.local_batch * (2 if row.ddp else 1)
+
+    def validator_steps(self, row: Row) -> int:
+        """Validation batches of a run: the same ``validation_steps × local_batch`` held-out rows for
+        every row (a DDP row's batches are twice as large, so it takes half as many), so every
+        row's loss is measured on the same text and its tuning batches start where the others' do."""
+        return self.validation_steps * self.local_batch // self.batch(row)
+
     def overrides(self, row: Row) -> list[str]:
-        batch = self.local_batch * (2 if row.ddp else 1)  # DDP: the K=2 runs' global batch
+        batch = self.batch(row)
         outer = [] if row.ddp else ["--outer.sync_every", str(self.sync_every)]
         return ["--model.flavor", self.flavor, "--training.seq_len", str(self.seq_len),
                 "--training.local_batch_size", str(batch), "--training.steps", str(self.steps),
                 "--lr_scheduler.warmup_steps", str(self.warmup), "--validator.freq", str(self.validation_every),
-                "--validator.steps", str(self.validation_steps), "--metrics.log_freq", str(self.log_every),
+                "--validator.steps", str(self.validator_steps(row)), "--metrics.log_freq", str(self.log_every),
                 "--checkpoint.interval", str(self.validation_every), *outer, *self.extra]
 
 
@@ -276,13 +286,13 @@ def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | No
     common = data_overrides(data) + (["--objective", "mdlm"] if objective == "mdlm" else [])
     if tune:
         rows = tuned(rows)
-        common += ["--validator.tuning_steps", str(suite.shape.validation_steps)]
     if chosen is not None:
         rows = tuple(r for r in rows if not r.tunes or r.setting in chosen.get(r.tunes, ()))
     planned = []
     for seed in range(first_seed, seeds):
         for row in rows:
-            flags = [*suite.shape.overrides(row), *common, "--debug.seed", str(seed), *row.overrides]
+            tuning = ["--validator.tuning_steps", str(suite.shape.validator_steps(row))] if tune else []
+            flags = [*suite.shape.overrides(row), *common, *tuning, "--debug.seed", str(seed), *row.overrides]
             if steps is not None:  # the warmup keeps its share of the run
                 flags += ["--training.steps", str(steps), "--lr_scheduler.warmup_steps", str(suite.shape.warmup_for(steps))]
             planned.append(Planned(row, seed, flags + list(extra or [])))

@@ -264,15 +264,11 @@ CASES = {
                                          strategy="reduce_scatter", skip_pattern=r"norm\.weight$"),
     "allreduce-dense": dict(codec=["dense", {}]),
     "allgather-sparseloco": dict(codec=["topk", SPARSELOCO], strategy="allgather", error_feedback=dict(beta=0.95)),
-    # SparseLoCo's 4x4-tile layout in miniature: (50, 16) matrices get 2x4 tiles, (16, 16) 4x4
-    "allgather-sparseloco-tiles": dict(codec=["topk", {**SPARSELOCO, "chunk_size": 16, "fraction": 0.25,
-                                                       "value_block_chunks": 1, "value_range_sigmas": 6.0}],
-                                       strategy="allgather", error_feedback=dict(beta=0.95), tiles=4,
-                                       skip_pattern=r"norm\.weight$"),
-    # as published: one 2-bit table per tensor (value_block_chunks 0), buckets of whole tensors (of
-    # 1,101 elements here: the embedding and wq share one, the output has its own; the bucketing
-    # must change nothing)
-    "allgather-sparseloco-per-tensor": dict(codec=["topk", {**SPARSELOCO, "chunk_size": 16, "value_block_chunks": 0,
+    # SparseLoCo as published, in miniature: its 4x4-tile layout ((50, 16) matrices get 2x4 tiles,
+    # (16, 16) 4x4), one 2-bit table per tensor (value_block_chunks 0) and buckets of whole tensors
+    # (of 1,101 elements here: the embedding and wq share one, the output has its own; the
+    # bucketing must change nothing); "allgather-sparseloco" has fixed-size value blocks
+    "allgather-sparseloco-tiles": dict(codec=["topk", {**SPARSELOCO, "chunk_size": 16, "value_block_chunks": 0,
                                                             "value_range_sigmas": 6.0, "value_mean_at": "centre",
                                                             "value_sample_sigma": True}],
                                             strategy="allgather", error_feedback=dict(beta=0.95, fold_outer_lr=True),

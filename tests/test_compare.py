@@ -217,15 +217,19 @@ def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path, capsy
     assert code == 0, err
     n = len(GRIDS["nesterov"]) + len(GRIDS["feedback"]) + 1
     assert out.strip().endswith(f"{n} runs; nothing started (--dry-run)")
-    commands = [line for line in out.splitlines() if line.startswith("  ")]
-    assert all("--validator.tuning_steps 16" in c for c in commands)
+    setup, *listed = out.splitlines()
+    assert setup.startswith("suite paper-mini (ar on stdlib): 300 steps, H 30, warmup 30")
+    commands = [line for line in listed if line.startswith("  ")]
+    # the same 16 × 8 held-out rows for tuning: a DDP row's batches are twice the size
+    assert all(f"--validator.tuning_steps {8 if 'ddp-muon' in c else 16}" in c for c in commands)
     for setting, flags in GRIDS["nesterov"]:
         label = f"MuLoCo K=2 @ {setting} (seed 0): "
-        folder = next(line for line in out.splitlines() if line.startswith(label))
-        command = commands[out.splitlines().index(folder) // 2]
+        folder = next(line for line in listed if line.startswith(label))
+        command = commands[listed.index(folder) // 2]
         assert " ".join(flags) in command
     assert "DDP Muon (seed 0)" in out and "DDP Muon @" not in out  # no outer step: not tuned
-    assert all(f"_tune16_seed0" in line for line in out.splitlines() if "(seed 0): " in line)  # never an untuned folder
+    assert all("_tune16_seed0" in line or "ddp-muon" in line and "_tune8_seed0" in line
+               for line in listed if "(seed 0): " in line)  # never an untuned folder
     # two seeds: the grid on seed 0, then one run per row on seed 1 (or the grid again if asked)
     code, out, err = dry_run(["--dry-run", "--tune", "--seeds", "2", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF",
                                "DDP Muon", "--out", str(tmp_path / "s")])
@@ -269,23 +273,26 @@ def test_every_row_validates_and_tunes_on_the_same_held_out_rows():
 
 
 def test_one_seed_verdicts_say_so_and_a_margin_inside_one_percent_is_a_tie():
-    """With one seed there is no spread: a margin within 1% of the loss is a tie, and every verdict
-    printed is marked as one seed's, with the way to a real one."""
+    """A target comparing a loss of one seed has no spread: a margin within 1% of the loss is a tie,
+    and the target is marked as one seed's, with the way to a real verdict; a target between rows
+    of two seeds is judged by their spread as before, in the same table (a tuned row reports its
+    confirmation seed alone while the untuned rows report two)."""
     from muloco.compare import table
 
     rows = [{"run": "MuLoCo K=2", "final_loss": 3.00, "spread": None, "seeds": 1, "reference_loss": None,
              "bits_per_parameter": 32},
             {"run": "DiLoCo K=2", "final_loss": 3.02, "spread": None, "seeds": 1, "reference_loss": None,
              "bits_per_parameter": 32},
-            {"run": "DDP Muon", "final_loss": 2.90, "spread": None, "seeds": 1},
-            {"run": "DDP AdamW", "final_loss": 3.20, "spread": None, "seeds": 1}]
-    assert table.single_seed(rows)
+            {"run": "DDP Muon", "final_loss": 2.99, "spread": 0.002, "seeds": 2},
+            {"run": "DDP AdamW", "final_loss": 3.00, "spread": 0.001, "seeds": 2}]
     verdicts = dict(table.targets(SUITES["paper-long"], rows))
-    assert verdicts["MuLoCo <= DiLoCo at K=2"] == "tie"  # 0.02 inside 1% of 3.02
-    assert verdicts["DDP Muon <= DDP AdamW"] is True  # 0.30: beyond it
-    text = table.targets_text(list(verdicts.items()), one_seed=True)
-    assert "tie (1 seed)" in text and "met (1 seed)" in text and "--seeds 2 or more for verdicts" in text
-    assert "not measured (1 seed)" not in text
+    assert verdicts["MuLoCo <= DiLoCo at K=2 [1 seed]"] == "tie"  # 0.02 inside 1% of 3.02
+    assert verdicts["DDP Muon <= DDP AdamW"] is True  # two seeds each: their spread, 0.002, not 1%
+    text = table.targets_text(list(verdicts.items()))
+    assert "tie          MuLoCo <= DiLoCo at K=2 [1 seed]" in text and "--seeds 2 or more for verdicts" in text
+    assert "not measured" in text and "[1 seed]" not in text.split("MuLoCo <= DiLoCo at K=4")[1].splitlines()[0]
+    rows[1]["final_loss"] = 3.10  # 0.10: beyond 1%, judged, still marked
+    assert dict(table.targets(SUITES["paper-long"], rows))["MuLoCo <= DiLoCo at K=2 [1 seed]"] is True
 
 
 def test_the_table_says_how_it_was_made_and_what_each_gap_is_against():

@@ -344,7 +344,7 @@ def test_the_line_index_is_built_once_rebuilt_when_the_file_changes_and_optional
 
     monkeypatch.setenv("MULOCO_CACHE_DIR", str(tmp_path / "cache"))
     line_index._offsets.cache_clear()
-    corpus._documents_cached.cache_clear()
+    corpus._held_out_lines.cache_clear()
     scans = []
     real_scan = line_index._scan
     monkeypatch.setattr(line_index, "_scan", lambda path: scans.append(path) or real_scan(path))
@@ -372,6 +372,36 @@ def _umask() -> int:
     from muloco.utils.atomic_file import umask
 
     return umask()
+
+
+def test_many_files_few_open_handles_symlinks_split_by_their_own_name_and_old_positions_resume(tmp_path):
+    """40 files read shuffled with at most ``OPEN_FILES`` open at once; a symlinked file holds out
+    the lines its own name says in either order; a position written before the order was recorded
+    resumes in the order it was read in (the files permuted per epoch); another seed is refused."""
+    data = tmp_path / "many"
+    data.mkdir()
+    for i in range(40):
+        write_jsonl(data / f"f{i:02d}.jsonl", [f"file{i} line{j}" for j in range(5)])
+    src = jsonl_source(data, val_percent=0.0)
+    reader = src.open_shard(0, None)
+    most = max(len(reader._handles) for _ in reader.documents())
+    assert most == corpus.OPEN_FILES and reader.position["doc_index"] == 200
+    (tmp_path / "target.jsonl").write_text((data / "f00.jsonl").read_text())
+    link = tmp_path / "linked"
+    link.mkdir()
+    (link / "alias.jsonl").symlink_to(tmp_path / "target.jsonl")
+    held = [sorted(shard_texts(jsonl_source(link, split="validation", val_percent=40.0, shuffle=shuffle)))
+            for shuffle in (False, True)]
+    assert held[0] == held[1] and held[0]
+    old = corpus._JsonlReader(src, src.legacy_file_order(0), None, order=None)  # the reader before the change
+    docs = old.documents()
+    [next(docs) for _ in range(7)]
+    saved = json.loads(json.dumps(old.position))
+    assert "order" not in saved
+    assert list(src.open_shard(0, saved).documents()) == list(docs)
+    moved = dict(json.loads(json.dumps(reader.position)), doc_index=3)
+    with pytest.raises(DataError, match="dataloader.seed 0, and this run has 200 with seed 5"):
+        jsonl_source(data, val_percent=0.0, seed=5).open_shard(0, moved)
 
 
 def test_a_position_read_in_the_other_order_is_refused_at_the_load(tmp_path):

@@ -6,7 +6,8 @@ reproduces: each replica keeps e ← 0.95·e + Δ; each matrix is cut into 64×6
 (1.56%, Templar's and Covenant-72B's density) with 12-bit tile-local indices and 2-bit values
 quantized as their code does: centred on the mean, σ over N − 1, bins of 6σ/4 with the mean at a
 bin's centre (code = round((v − μ)/s + 2), clamped to [0, 3]), each bin decoded to the mean of its
-values, one table per parameter tensor (``value_block_chunks=0``); e ← 0.95·e + η·Δ (their residual holds the outer lr, which the outer step applies again:
+values, one table per parameter tensor (``value_block_chunks=0``; with FSDP, per rank's shard of it,
+as each rank compresses its own part); e ← 0.95·e + η·Δ (their residual holds the outer lr, which the outer step applies again:
 ``error_feedback.fold_outer_lr``; at their η = 1 nothing differs); 1-D tensors (the norms) are
 sent whole; each coordinate is averaged over the replicas that selected it; θ_g ← θ_g − η ·
 average with η = 1 (plain SGD: the error feedback is the only momentum); H = 15, the smallest H

@@ -276,7 +276,6 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
     found = table.lines(suite, planned, folder, tuning_seeds)
     values = table.rows(suite, found)
     checks = table.targets(suite, values)
-    one_seed = table.single_seed(values)
     made = table.setup(planned, suite, objective=args.objective, data=args.data, tuning_seeds=tuning_seeds,
                        tuned=args.tune)
     text = f"{table.setup_text(made)}\n\n{table.text(values)}"
@@ -287,7 +286,7 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
     if grid:
         text += f"\n\ntuning grid (each point's mean tuning loss on the tuning seeds):\n{grid}"
     text += f"\n\n{table.reference_note(values, found)}"
-    targets = table.targets_text(checks, one_seed)
+    targets = table.targets_text(checks)
     print(text)
     if suite.shape.note:
         print(f"\nnote: {suite.shape.note}")
@@ -300,8 +299,9 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
     shown = f"\nTargets:\n\n```\n{targets}\n```\n" if checks else ""
     (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n{note}{shown}")
     word = {True: "met", False: "missed", "tie": "tie", None: "not measured"}
-    result = {"suite": suite.name, "setup": made, "rows": values, "single_seed": one_seed,
-              "targets": [{"target": t, "verdict": word[ok]} for t, ok in checks]}
+    result = {"suite": suite.name, "setup": made, "rows": values,
+              "targets": [{"target": t.removesuffix(table.ONE_SEED), "verdict": word[ok],
+                           "one_seed": t.endswith(table.ONE_SEED)} for t, ok in checks]}
     try:
         if linked:
             result["links"] = _finish_links(args, planned, linked, folder)
@@ -348,13 +348,14 @@ def main(argv: list[str] | None = None) -> int:
             print(error_line("compare", _in_compare_terms(str(err))), file=sys.stderr)
         return err.status
     if args.dry_run:
-        print(table.setup_text(table.setup([p for p in planned if p.link_mbps is None], suite, objective=args.objective,
-                                           data=args.data, tuning_seeds={0} if staged else None, tuned=args.tune)))
+        later = _later_seeds(suite, args, extra, None, points) if staged else []
+        made = table.setup([p for p in [*planned, *later] if p.link_mbps is None], suite, objective=args.objective,
+                           data=args.data, tuning_seeds={0} if staged else None, tuned=args.tune)
+        print(table.setup_text(made))
         share = _share_gpus(device, planned) if device == "cuda" and _cuda_available() else False
         for p in planned:
             command = runner.command(p, folder / p.name, share_gpus=share)
             print(f"{p.row.label} (seed {p.seed}): {folder / p.name}\n  {shlex.join(command)}")
-        later = _later_seeds(suite, args, extra, None, points) if staged else []
         if later:
             rows = len(later) // (args.seeds - 1)
             print(f"then seeds 1 to {args.seeds - 1}: each tuned row at the point seed 0 chooses (a Nesterov row also "

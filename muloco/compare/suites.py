@@ -86,7 +86,11 @@ class Shape:
         """Validation batches of a run: the same ``validation_steps × local_batch`` held-out rows for
         every row (a DDP row's batches are twice as large, so it takes half as many), so every
         row's loss is measured on the same text and its tuning batches start where the others' do."""
-        return self.validation_steps * self.local_batch // self.batch(row)
+        rows, batch = self.validation_steps * self.local_batch, self.batch(row)
+        if rows % batch:
+            raise SuiteError(f"validation_steps {self.validation_steps} × local batch {self.local_batch} held-out rows "
+                             f"do not divide into batches of {batch}: give the suite an even validation_steps")
+        return rows // batch
 
     def overrides(self, row: Row) -> list[str]:
         batch = self.batch(row)

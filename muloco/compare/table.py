@@ -16,9 +16,9 @@ With ``--tune`` each row with an outer step ran at every point of its grid; the 
 per row, the point with the lowest mean *tuning* loss (θ_g on held-out batches apart from the
 reported ones) and its reported validation loss, with the chosen setting beside it. Gaps are
 then measured against the best tuned dense K=2 row (the same tokens), and a target whose
-margin is inside the seed spread is a tie, not met or missed. With one seed there is no spread:
-a margin within ``SINGLE_SEED_MARGIN`` of the compared loss is a tie, and every verdict is
-marked as a single seed's.
+margin is inside the seed spread is a tie, not met or missed. A target that compares a loss of
+one seed has no spread: a margin within ``SINGLE_SEED_MARGIN`` of the compared loss is a tie, and
+the target is marked ``[1 seed]``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from muloco.tools.report import ReportError, Run, aligned, format_bytes, format_
 COLUMNS = ("run", "method", "outer step", "final loss", "bits/byte", "vs dense %", "vs DDP %", "bits/param",
            "sent/replica", "syncs", "wall", "seeds", "spread")
 BEST_DENSE = "best tuned dense K=2"
+ONE_SEED = " [1 seed]"
+"""Appended to a target whose verdict rests on a loss of one seed."""
 SINGLE_SEED_MARGIN = 0.01
 """With one seed, a target's margin within this share of the compared loss is a tie: the seed
 spreads measured on the CPU suites (0.002–0.03 on losses near 5, docs/compression.md) reach ~0.6%."""
@@ -245,9 +247,6 @@ def _verdict(diff: float, spread: float) -> Verdict:
     return diff <= 0
 
 
-def single_seed(table_rows: list[dict[str, Any]]) -> bool:
-    """Whether the table's losses are one seed's each (no spread to judge a margin by)."""
-    return bool(table_rows) and all(r.get("seeds", 0) <= 1 and not r.get("spread") for r in table_rows)
 
 
 def targets(suite: Suite, table_rows: list[dict[str, Any]]) -> list[tuple[str, Verdict]]:
@@ -256,12 +255,17 @@ def targets(suite: Suite, table_rows: list[dict[str, Any]]) -> list[tuple[str, V
     if not suite.targets:
         return []
     by_run = {r["run"]: r for r in table_rows}
-    one_seed = single_seed(table_rows)
+    on_one_seed = [False]  # whether the target being judged compares a loss of one seed
+
+    def one_seed(r) -> bool:
+        """A row (dict) of one seed, or a reference's spread (None: it ran one seed)."""
+        return r.get("seeds", 0) <= 1 and not r.get("spread") if isinstance(r, dict) else r is None
 
     def spread(*runs) -> float:
         measured = max((r.get("spread") or 0.0) if isinstance(r, dict) else (r or 0.0) for r in runs)
-        if not one_seed:
+        if not any(one_seed(r) for r in runs):
             return measured
+        on_one_seed[0] = True
         losses = [r["final_loss"] for r in runs if isinstance(r, dict) and r.get("final_loss") is not None]
         return max(measured, SINGLE_SEED_MARGIN * max(losses, default=0.0))
 
@@ -296,36 +300,42 @@ def targets(suite: Suite, table_rows: list[dict[str, Any]]) -> list[tuple[str, V
         if best is None or losses.get(best) is None or losses.get(AVERAGING) is None:
             return None
         margin = max(spreads.get(best) or 0.0, spreads.get(AVERAGING) or 0.0)
-        if one_seed:
+        if spreads.get(best) is None or spreads.get(AVERAGING) is None:  # a point of one seed
+            on_one_seed[0] = True
             margin = max(margin, SINGLE_SEED_MARGIN * losses[AVERAGING])
         return _verdict(losses[best] - losses[AVERAGING], margin)
 
+    def judged(what: str, judge) -> tuple[str, Verdict]:
+        """(what, verdict), ``what`` marked when the verdict rests on a loss of one seed."""
+        on_one_seed[0] = False
+        verdict = judge()
+        return (what + (ONE_SEED if on_one_seed[0] and verdict is not None else ""), verdict)
+
     order = {True: 3, "tie": 2, False: 1, None: 0}
-    sparse = max((sparse_target("SparseLoCo"), sparse_target(SPARSELOCO_PUBLISHED)), key=order.get)
     found = [
-        ("the best dense Nesterov step within its spread of averaging, or better", nesterov_vs_averaging()),
-        ("MuLoCo <= DiLoCo at K=2", le("MuLoCo K=2", "DiLoCo K=2")),
-        ("MuLoCo <= DiLoCo at K=4", le("MuLoCo K=4", "DiLoCo K=4")),
-        ("MuLoCo 2-bit EF within +1% of dense", within("MuLoCo 2-bit EF", 1.0)),
-        ("MuLoCo top-k 10% EF within +3%", within("MuLoCo top-k 10% EF", 3.0)),
-        ("SparseLoCo (ours or as published) at <= 0.3 bits/param no worse than DiLoCo K=2", sparse),
-        ("DDP Muon <= DDP AdamW", le("DDP Muon", "DDP AdamW")),
+        judged("the best dense Nesterov step within its spread of averaging, or better", nesterov_vs_averaging),
+        judged("MuLoCo <= DiLoCo at K=2", lambda: le("MuLoCo K=2", "DiLoCo K=2")),
+        judged("MuLoCo <= DiLoCo at K=4", lambda: le("MuLoCo K=4", "DiLoCo K=4")),
+        judged("MuLoCo 2-bit EF within +1% of dense", lambda: within("MuLoCo 2-bit EF", 1.0)),
+        judged("MuLoCo top-k 10% EF within +3%", lambda: within("MuLoCo top-k 10% EF", 3.0)),
+        judged("SparseLoCo (ours or as published) at <= 0.3 bits/param no worse than DiLoCo K=2",
+               lambda: max((sparse_target("SparseLoCo"), sparse_target(SPARSELOCO_PUBLISHED)), key=order.get)),
+        judged("DDP Muon <= DDP AdamW", lambda: le("DDP Muon", "DDP AdamW")),
     ]
     for row in suite.rows:
         if row.ef_twin:
-            verdict = le(row.ef_twin, row.label)
-            found.append((f"{row.ef_twin} better than its no-EF twin", verdict))
+            found.append(judged(f"{row.ef_twin} better than its no-EF twin",
+                                lambda row=row: le(row.ef_twin, row.label)))
     return found
 
 
-def targets_text(checks: list[tuple[str, Verdict]], one_seed: bool = False) -> str:
-    """One line per target; with ``one_seed`` the verdicts are marked as a single seed's."""
+def targets_text(checks: list[tuple[str, Verdict]]) -> str:
+    """One line per target; a footnote when a verdict rests on a loss of one seed."""
     word = {True: "met", False: "MISSED", None: "not measured", "tie": "tie"}
-    mark = " (1 seed)" if one_seed else ""
-    lines = [f"  {word[ok] + (mark if ok is not None else ''):<21} {what}" for what, ok in checks]
-    if one_seed:
-        lines.append(f"  (one seed: no spread to judge by; a margin within {100 * SINGLE_SEED_MARGIN:g}% of the loss "
-                     "is a tie; --seeds 2 or more for verdicts)")
+    lines = [f"  {word[ok]:<12} {what}" for what, ok in checks]
+    if any(what.endswith(ONE_SEED) for what, _ in checks):
+        lines.append(f"  {ONE_SEED.strip()}: a loss of one seed has no spread to judge by; a margin within "
+                     f"{100 * SINGLE_SEED_MARGIN:g}% of the loss is a tie (--seeds 2 or more for verdicts)")
     return "\n".join(lines)
 
 
@@ -337,6 +347,8 @@ def describe_outer(row: dict[str, Any], runs: list[Run] | None = None) -> str:
     opt = outer.get("optimizer") or {}
     if not opt:
         return "no outer step (DDP)" if runs else "as configured"
+    if str(opt.get("name")).lower() == "none":
+        return "averaging (no outer optimizer)"
     name = {"nesterov": "Nesterov", "sgd": "SGD"}.get(str(opt.get("name")).lower(), str(opt.get("name")))
     momentum = f" μ{opt['momentum']:g}" if opt.get("momentum") else ""
     return f"{name} η{opt.get('lr', 0):g}{momentum}"

@@ -53,11 +53,15 @@ class Pieces(Codec):
         self.check_payload(payload, numel)
         if not self.bounds:
             return torch.zeros(*payload.shape[:-1], 0, device=payload.device)
+        if len(self.bounds) == 1:  # one tensor: no concatenated copy of the (K, numel) rows
+            return self.base.decode(payload, numel)
         parts = payload.split(self.sizes, dim=-1)
         return torch.cat([self.base.decode(p, b - a) for p, (a, b) in zip(parts, self.bounds)], dim=-1)
 
     def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None,
                   weights: list[float] | None = None) -> None:
+        if payloads is not None:
+            self.check_payload(payloads, self.numel)
         parts = payloads.split(self.sizes, dim=-1) if payloads is not None else [None] * len(self.bounds)
         for part, (a, b) in zip(parts, self.bounds):
             self.base.mean_into(out[a:b], rows[:, a:b], part, weights)

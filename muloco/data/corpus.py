@@ -12,6 +12,7 @@ cover the split, and differ by at most one document in size.
 
 from __future__ import annotations
 
+import collections
 import glob
 import hashlib
 import json
@@ -308,6 +309,13 @@ class JsonlSource(DocumentSource):
         """The files in their stored order (streamed without ``shuffle``)."""
         return self.files
 
+    def legacy_file_order(self, epoch: int) -> list[Path]:
+        """The order a checkpoint written before documents were shuffled read its files in: with
+        ``shuffle``, the files permuted per epoch (so such a position resumes where it was)."""
+        if not self.shuffle:
+            return self.files
+        return [self.files[i] for i in epoch_permutation(len(self.files), self.seed, epoch)]
+
     def split_lines(self) -> _SplitLines:
         """Every document of this split, over all files (indexed on first use)."""
         if self._lines is None:
@@ -316,17 +324,23 @@ class JsonlSource(DocumentSource):
         return self._lines
 
     def check_position(self, position: dict[str, Any] | None) -> None:
-        """A saved position must come from a reader of the same order (shuffled or stored)."""
-        if not position:
+        """A saved position must come from a reader of the same order, seed and split size (one
+        written before the order was recorded resumes in the order it was read in)."""
+        if not position or "order" not in position:
             return
-        saved_shuffled = position.get("order") == SHUFFLED
-        if saved_shuffled != self.shuffle:
-            how = ("in a shuffled order" if saved_shuffled else
-                   "in the files' stored order (before JSONL documents were shuffled)")
-            flag = "--dataloader.shuffle-documents" if saved_shuffled else "--dataloader.no-shuffle-documents"
+        saved = position["order"]
+        if (saved == SHUFFLED) != self.shuffle:
+            how = "in a shuffled order" if saved == SHUFFLED else "in the files' stored order"
+            flag = "--dataloader.shuffle-documents" if saved == SHUFFLED else "--dataloader.no-shuffle-documents"
             raise DataError(f"the checkpoint's data position was read {how}, and this run reads the other order: "
                             f"resume with {flag}, or leave the loader out with "
                             "checkpoint.exclude_from_loading=['dataloader']")
+        here = (self.seed, len(self.split_lines())) if saved == SHUFFLED else None
+        if here is not None and (position.get("seed"), position.get("documents")) != here:
+            raise DataError(f"the checkpoint's data position is for a shuffled order of {position.get('documents')} "
+                            f"documents with dataloader.seed {position.get('seed')}, and this run has {here[1]} "
+                            f"with seed {here[0]}: resume with the same seed and data, or leave the loader out "
+                            "with checkpoint.exclude_from_loading=['dataloader']")
 
     def keeps_line(self, file_name: str, line_number: int) -> bool:
         if not self.hash_split:
@@ -336,6 +350,8 @@ class JsonlSource(DocumentSource):
 
     def open_shard(self, epoch: int, position: dict[str, Any] | None) -> ShardReader:
         self.check_position(position)
+        if position and "order" not in position:  # written before the order was recorded
+            return _JsonlReader(self, self.legacy_file_order(epoch), position, order=None)
         if self.shuffle:
             return _ShuffledJsonlReader(self, epoch, position)
         return _JsonlReader(self, self.file_order(epoch), position)
@@ -365,36 +381,46 @@ class JsonlSource(DocumentSource):
         return f"jsonl {self.spec} ({len(self.files)} files, {how}) split={self.split} shard {self.rank}/{self.world}: {count}"
 
 
-SHUFFLED = "shuffled"
-"""The ``order`` a shuffled JSONL reader records in its position."""
+SHUFFLED, STORED = "shuffled", "stored"
+"""The ``order`` a JSONL reader records in its position."""
+OPEN_FILES = 32
+"""Files a shuffled reader keeps open at once (a corpus of thousands must not exhaust ``ulimit -n``)."""
 
 
-@lru_cache(maxsize=64)
-def _documents_cached(resolved: str, identity: tuple[int, int], side: bool | None, val_percent: float) -> np.ndarray:
-    path = Path(resolved)
-    offsets = line_offsets(path)
-    numbers = np.flatnonzero((offsets & BLANK) == 0) + 1  # 1-based line numbers of non-blank lines
-    if side is None:
-        return numbers
-    keep = np.fromiter((jsonl_line_is_validation(path.name, int(n), val_percent) == side for n in numbers),
-                       dtype=bool, count=len(numbers))
-    return numbers[keep]
+@lru_cache(maxsize=None)
+def _held_out_lines(resolved: str, name: str, identity: tuple[int, int],
+                    val_percent: float) -> tuple[np.ndarray, np.ndarray]:
+    """(1-based line numbers of the non-blank lines, whether each is held out), per file version:
+    both sides of the hash split from one pass, tested by the file's name as given (as the
+    stored-order reader tests it), never by a symlink target's."""
+    offsets = line_offsets(Path(resolved))
+    numbers = np.flatnonzero((offsets & BLANK) == 0) + 1
+    held = np.fromiter((jsonl_line_is_validation(name, int(n), val_percent) for n in numbers), dtype=bool,
+                       count=len(numbers))
+    return numbers, held
 
 
-def _documents_of(path: Path, side: bool | None, val_percent: float) -> np.ndarray:
-    """The line numbers of ``path``'s documents on one side of the hash split (``side`` True: the
-    held-out ones, None: every non-blank line), cached while the file is unchanged."""
+def _documents_of(path: Path, side: bool | None, val_percent: float) -> tuple[np.ndarray, np.ndarray]:
+    """(line numbers, byte offsets) of ``path``'s documents on one side of the hash split (``side``
+    True: the held-out ones, None: every non-blank line), cached while the file is unchanged."""
     stat = path.stat()
-    return _documents_cached(str(path.resolve()), (stat.st_size, stat.st_mtime_ns), side, val_percent)
+    numbers, held = _held_out_lines(str(path.resolve()), path.name, (stat.st_size, stat.st_mtime_ns),
+                                    val_percent if side is not None else 0.0)
+    if side is not None:
+        numbers = numbers[held == side]
+    starts = (line_offsets(path)[numbers - 1] & ~BLANK).astype(np.int64)
+    return numbers, starts
 
 
 class _SplitLines:
-    """A split's documents as (file, line number) pairs, numbered 0..n-1 file by file."""
+    """A split's documents as (file, line number, byte offset), numbered 0..n-1 file by file."""
 
-    def __init__(self, files: list[Path], numbers: list[np.ndarray]) -> None:
+    def __init__(self, files: list[Path], documents: list[tuple[np.ndarray, np.ndarray]]) -> None:
         self.files = files
-        self.numbers = np.concatenate(numbers) if numbers else np.zeros(0, dtype=np.int64)
-        self.starts = np.cumsum([0] + [len(n) for n in numbers])
+        empty = np.zeros(0, dtype=np.int64)
+        self.numbers = np.concatenate([n for n, _ in documents]) if documents else empty
+        self.offsets = np.concatenate([o for _, o in documents]) if documents else empty
+        self.starts = np.cumsum([0] + [len(n) for n, _ in documents])
 
     def __len__(self) -> int:
         return len(self.numbers)
@@ -402,28 +428,37 @@ class _SplitLines:
     def locate(self, doc: int) -> tuple[int, int, int]:
         """(file index, line number, byte offset) of document ``doc``."""
         f = int(np.searchsorted(self.starts, doc, side="right")) - 1
-        number = int(self.numbers[doc])
-        return f, number, start_of(line_offsets(self.files[f])[number - 1])
+        return f, int(self.numbers[doc]), int(self.offsets[doc])
 
 
 class _ShuffledJsonlReader(ShardReader):
     """The shard's documents of one epoch's permutation, each read by a seek; the position is the
-    number read (the order follows from the seed and the epoch)."""
+    number read (the order follows from the seed, the epoch and the split's size, recorded to
+    check a resume against)."""
 
     def __init__(self, source: JsonlSource, epoch: int, position: dict | None) -> None:
         self.source = source
         self.lines = source.split_lines()
         self.order = epoch_order(len(self.lines), source.seed, epoch)[source.rank::source.world]
-        self.position = {"doc_index": int((position or {}).get("doc_index", 0)), "order": SHUFFLED}
-        self._handles: dict[int, Any] = {}
+        self.position = {"doc_index": int((position or {}).get("doc_index", 0)), "order": SHUFFLED,
+                         "seed": source.seed, "documents": len(self.lines)}
+        self._handles: collections.OrderedDict[int, Any] = collections.OrderedDict()
+
+    def _handle(self, f: int):
+        """File ``f`` open for reading; the least recently read one closed beyond ``OPEN_FILES``."""
+        handle = self._handles.pop(f, None)
+        if handle is None:
+            handle = open(self.lines.files[f], "rb")
+            if len(self._handles) >= OPEN_FILES:
+                self._handles.popitem(last=False)[1].close()
+        self._handles[f] = handle
+        return handle
 
     def documents(self) -> Iterator[str]:
         pos = self.position
         while pos["doc_index"] < len(self.order):
             f, number, offset = self.lines.locate(int(self.order[pos["doc_index"]]))
-            handle = self._handles.get(f)
-            if handle is None:
-                handle = self._handles[f] = open(self.lines.files[f], "rb")
+            handle = self._handle(f)
             handle.seek(offset)
             text = self.source.parse_line(handle.readline(), self.lines.files[f], number)
             pos["doc_index"] += 1
@@ -438,7 +473,8 @@ class _ShuffledJsonlReader(ShardReader):
 class _JsonlReader(ShardReader):
     """Streams lines and remembers the byte offset, so resuming is a seek, not a re-read."""
 
-    def __init__(self, source: JsonlSource, files: list[Path], position: dict | None) -> None:
+    def __init__(self, source: JsonlSource, files: list[Path], position: dict | None,
+                 order: str | None = STORED) -> None:
         self.source = source
         self.files = files
         self.position = {
@@ -450,6 +486,8 @@ class _JsonlReader(ShardReader):
         }
         if position:
             self.position.update({k: position[k] for k in self.position})
+        if order is not None:  # None: a position from before the order was recorded resumes as it was read
+            self.position["order"] = order
         self._handle = None
 
     def documents(self) -> Iterator[str]:
@@ -652,9 +690,9 @@ class HuggingFaceSource(DocumentSource):
         """A saved position must come from a reader with the same buffer (or none)."""
         if not position:
             return
-        saved = len(position["buffer"]) if "buffer" in position else None
-        if (saved is None) != (self.shuffle_buffer == 0) or (saved is not None and saved > self.shuffle_buffer):
-            how = "in the dataset's order" if saved is None else f"through a shuffle buffer holding {saved} documents"
+        saved = position.get("buffer_size", len(position["buffer"])) if "buffer" in position else 0
+        if saved != self.shuffle_buffer:
+            how = "in the dataset's order" if not saved else f"through a shuffle buffer of {saved} documents"
             raise DataError(f"the checkpoint's data position was read {how}, and this run reads with "
                             f"dataloader.source.shuffle_buffer {self.shuffle_buffer}: resume with the buffer it was "
                             "read with, or leave the loader out with checkpoint.exclude_from_loading=['dataloader']")
@@ -700,7 +738,8 @@ class _HuggingFaceReader(ShardReader):
     def position(self) -> dict[str, Any]:
         out = {"doc_index": self._doc_index, "hf_state": self.shard.state_dict()}
         if self._buffer is not None:
-            out.update(buffer=list(self._buffer), rng=self._rng.bit_generator.state)
+            out.update(buffer=list(self._buffer), buffer_size=self.source.shuffle_buffer,
+                       rng=self._rng.bit_generator.state)
         return out
 
     def _texts(self) -> Iterator[str]:

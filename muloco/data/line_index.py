@@ -60,6 +60,8 @@ def _scan(path: Path) -> np.ndarray:
 def _store(folder: Path, prefix: str, name: str, offsets: np.ndarray) -> None:
     """Write the index atomically and remove this path's stale ones; quietly nothing if the cache
     folder cannot be written (a read-only home, a full disk)."""
+    if (folder / name).is_file():  # another rank or node wrote it meanwhile: replacing a mapped file is not safe
+        return
     try:
         created = not folder.is_dir()
         folder.mkdir(parents=True, exist_ok=True)
@@ -76,7 +78,7 @@ def _store(folder: Path, prefix: str, name: str, offsets: np.ndarray) -> None:
         pass
 
 
-@lru_cache(maxsize=64)
+@lru_cache(maxsize=None)
 def _offsets(resolved: str, name: str) -> np.ndarray:
     path = Path(resolved)
     folder = cache_folder()

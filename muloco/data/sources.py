@@ -141,8 +141,10 @@ class HuggingFaceDataset:
     val_percent: float = 5.0
     """Percent held out by the hash split when the dataset has no validation split."""
     shuffle_buffer: int = 1000
-    """Documents each next one is drawn from at random (a window shuffle, resumed exactly: the
-    buffer rides in the checkpoint); 0, or --dataloader.no-shuffle-documents: the dataset's order."""
+    """Training documents each next one is drawn from at random (a window shuffle, resumed exactly:
+    the buffer rides in the checkpoint); 0, or --dataloader.no-shuffle-documents: the dataset's
+    order. Validation reads the dataset's order (the same batches every time, without streaming a
+    buffer's worth of held-out documents at each evaluation)."""
 
     def validate(self, key: str = "dataloader.source") -> None:
         """A local ``dataset_path`` exists (a hub name goes in ``dataset``)."""
@@ -158,7 +160,7 @@ class HuggingFaceDataset:
         return HuggingFaceSource(name_or_path=self.dataset_path or self.dataset or None, subset=self.dataset_subset,
                                  split=split, validation_split=self.validation_split, text_field=self.text_field,
                                  val_percent=self.val_percent, rank=rank, world=world, seed=seed,
-                                 shuffle_buffer=self.shuffle_buffer if shuffle else 0)
+                                 shuffle_buffer=self.shuffle_buffer if shuffle and split != "validation" else 0)
 
     def label(self) -> str:
         return self.dataset_path or self.dataset or "no dataset"

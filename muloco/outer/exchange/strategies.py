@@ -207,6 +207,9 @@ class ReduceScatter(Strategy):
         pass
 
     def check_codec(self, codec: Codec) -> None:
+        if codec.per_tensor:
+            raise ValueError(f"reduce_scatter cuts each bucket into owner ranges, and {codec.describe()} quantizes "
+                             "whole tensors (one table per tensor); use --outer.exchange.strategy allgather")
         if codec.sparse:
             raise ValueError(
                 f"reduce_scatter re-encodes each owner's averaged range with the codec, and the average "

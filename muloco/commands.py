@@ -13,7 +13,8 @@ import importlib
 import runpy
 import sys
 
-from muloco.utils.command_line import reader_gone, error_line
+from muloco.utils.command_line import failed, reader_gone
+from muloco.utils.errors import BAD_INPUT, MulocoError
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("muloco.train:command", "train one replica group, or a DDP run"),
@@ -53,8 +54,7 @@ def _sweep(argv: list[str]) -> int:
     except SystemExit as done:
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
     except FileNotFoundError:
-        print(error_line("sweep", f"no sweep file {argv[0]!r}"), file=sys.stderr)
-        return 2
+        return failed("sweep", f"no sweep file {argv[0]!r}", BAD_INPUT)
     return 0
 
 
@@ -79,4 +79,7 @@ def _dispatch(argv: list[str]) -> int:
     if name == "sweep":
         return _sweep(rest)
     module, _, function = COMMANDS[name][0].partition(":")
-    return getattr(importlib.import_module(module), function or "main")(rest)
+    try:
+        return getattr(importlib.import_module(module), function or "main")(rest)
+    except MulocoError as err:  # one a command's main let through: one line and its status
+        return failed(name, err)

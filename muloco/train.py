@@ -2,7 +2,8 @@
 
 Runs under torchrun, under a job scheduler, or as a plain process (then it is a
 single-rank job on 127.0.0.1). Bad input stops the run before anything is written,
-with one message and exit status 2.
+with one message and its exit status (``utils/errors.py``: 2 bad input, 3 a checkpoint that
+cannot be loaded, 4 and 5 a replica group lost or out of date).
 """
 
 from __future__ import annotations
@@ -20,27 +21,24 @@ compat.apply()
 import torch  # noqa: E402
 from torchtitan.tools.logging import init_logger  # noqa: E402
 
-from muloco.components.checkpoint import CheckpointLoadError, check_loadable, run_folder  # noqa: E402
+from muloco.components.checkpoint import check_loadable, run_folder  # noqa: E402
 from muloco.components.preemption import EXIT_PREEMPTED, RunPreempted  # noqa: E402
 from muloco.config.checks import check_config, check_dump_folder  # noqa: E402
 from muloco.config.cli import parse_args, split_config_arg  # noqa: E402
 from muloco.config.loader import ConfigError, resolve_config_path  # noqa: E402
 from muloco.config.held_out import check_held_out_rows  # noqa: E402
 from muloco.config.run_length import resolve_run_length  # noqa: E402
-from muloco.data.corpus import DataError  # noqa: E402
 from muloco.data.loader import check_readable  # noqa: E402
 from muloco.data.tokenizer import TokenizerError  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa: E402
-from muloco.utils.command_line import error_line, run_main  # noqa: E402
+from muloco.utils.command_line import failed, run_main  # noqa: E402
+from muloco.utils.errors import OUT_OF_DATE, REPLICA_GROUP, MulocoError  # noqa: E402
 from muloco.runs.facts import RUN_FILE, facts_of, update_run_record  # noqa: E402
 from muloco.runs.lives import Lives  # noqa: E402
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
 from muloco.utils.interfaces import is_ipv4  # noqa: E402
 from muloco.utils.ports import free_port  # noqa: E402
 
-EXIT_BAD_INPUT = 2
-EXIT_BAD_CHECKPOINT = 3
-EXIT_REPLICA_GROUP = 4  # ReplicaGroupError.exit_status; ReplicaOutOfDate: 5
 
 
 def ensure_single_process_env(address: str = "127.0.0.1") -> None:
@@ -178,10 +176,6 @@ def _check_data(config) -> None:
         check_readable(config.validator.data_config(config.dataloader), prefix)
 
 
-def _bad_input_errors() -> tuple[type[BaseException], ...]:
-    return (ConfigError, DataError, TokenizerError)
-
-
 def _record_command(name: str, argv: list[str], config) -> None:
     """Rank 0 writes the command (config module, overrides, working directory) into the run
     folder's ``run.json``; the trainer adds the run's facts once its model is built."""
@@ -227,15 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     init_logger()
     try:
         run(argv)
-    except _bad_input_errors() as err:
-        print(error_line("train", err), file=sys.stderr, flush=True)
-        return EXIT_BAD_INPUT
-    except CheckpointLoadError as err:
-        print(error_line("train", err), file=sys.stderr, flush=True)
-        return EXIT_BAD_CHECKPOINT
-    except ReplicaGroupError as err:
-        print(error_line("train", err), file=sys.stderr, flush=True)
-        _exit_now(err.exit_status)  # 4: lighthouse or quorum lost; 5: ended out of date
+    except MulocoError as err:
+        status = failed("train", err)
+        if status in (REPLICA_GROUP, OUT_OF_DATE):  # torchft's quorum thread may hang interpreter teardown
+            _exit_now(status)
+        return status
     except RunPreempted as err:
         print(f"muloco: {err}", file=sys.stderr, flush=True)
         _exit_now(EXIT_PREEMPTED)  # the job script requeues the job on this status

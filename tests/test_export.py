@@ -120,7 +120,8 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
         assert says in err and "Traceback" not in err and err.count("error:") == 1, err
     assert main([str(ar_run), "--out", str(tmp_path / "out"), "--license", "Apache 2.0"]) == 2
     assert "--license 'Apache 2.0' is not a license id" in capsys.readouterr().err
-    assert main([str(ar_run), "--step", "999", "--out", str(tmp_path / "out")]) == 2
+    # a checkpoint that cannot be loaded: exit 3, as train, generate and evaluate end on one
+    assert main([str(ar_run), "--step", "999", "--out", str(tmp_path / "out")]) == 3
     err = capsys.readouterr().err  # export's own flag, not the trainer's
     assert "checkpoint step 999 does not exist" in err and "Pick one with --step N" in err and "load_step" not in err
     broken = tmp_path / "broken"
@@ -129,7 +130,7 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
     shutil.copytree(ar_run, broken)
     data = next((broken / "checkpoint" / "step-4").glob("*.distcp"))
     data.write_bytes(data.read_bytes()[:-16] + b"\0" * 16)
-    assert main([str(broken), "--out", str(tmp_path / "out")]) == 2
+    assert main([str(broken), "--out", str(tmp_path / "out")]) == 3
     err = capsys.readouterr().err  # export's (and generate's) own way out, not the trainer's
     assert "muloco export: error:" in err and "is corrupt" in err and "only complete checkpoint" in err, err
     assert "load_step" not in err and "Delete that step folder" not in err, err

@@ -37,7 +37,7 @@ from pathlib import Path
 from muloco.compare import runner, table, timing
 from muloco.compare.suites import AVERAGING, DATA, GRIDS, SUITES, Planned, SuiteError, over_links, plan
 from muloco.utils.link_model import parse_rate
-from muloco.utils.command_line import UsageError, parse, run_main, error_line
+from muloco.utils.command_line import UsageError, failed, parse, run_main
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 from muloco.runs.names import run_name
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
@@ -341,11 +341,10 @@ def main(argv: list[str] | None = None) -> int:
         for p in planned:
             _resolve(p)
     except (UsageError, SuiteError) as err:
-        print(error_line("compare", err), file=sys.stderr)
-        return 2
+        return failed("compare", err)
     except TrainerConfigError as err:  # a run's trainer config does not parse (tyro said why)
         if err.status:
-            print(error_line("compare", _in_compare_terms(str(err))), file=sys.stderr)
+            failed("compare", _in_compare_terms(str(err)))
         return err.status
     if args.dry_run:
         later = _later_seeds(suite, args, extra, None, points) if staged else []
@@ -368,8 +367,7 @@ def main(argv: list[str] | None = None) -> int:
             runner.stop_on_sigterm()
             return _run_suite(suite, planned, folder, args, extra, device, staged)
     except DumpFolderBusy as err:
-        print(error_line("compare", err), file=sys.stderr)
-        return 2
+        return failed("compare", err)
 
 
 def _run_suite(suite, planned: list[Planned], folder: Path, args, extra: list[str], device: str, staged: bool) -> int:
@@ -386,8 +384,7 @@ def _run_suite(suite, planned: list[Planned], folder: Path, args, extra: list[st
     try:
         _finish(suite, planned, folder, args)
     except UsageError as err:
-        print(error_line("compare", err), file=sys.stderr)
-        return 2
+        return failed("compare", err)
     failed = [name for name, state in states.items() if state != "COMPLETED"]
     if failed:
         print(f"{PROG}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in {folder / 'logs'}; "

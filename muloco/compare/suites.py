@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from muloco.data import fetch as corpus_fetch
+from muloco.utils.errors import BadInput
 
 EF_OFF = "--outer.exchange.error_feedback.no-enabled"
 
@@ -229,7 +230,7 @@ OBJECTIVES = ("ar", "mdlm")
 DATA = ("stdlib", "shakespeare")
 
 
-class SuiteError(ValueError):
+class SuiteError(BadInput, ValueError):
     """A suite that cannot run as asked: one line naming the setting and the fix."""
 
 

@@ -22,9 +22,10 @@ import torch
 import torch.distributed.checkpoint.default_planner as default_planner
 import torch.distributed.checkpoint.filesystem as dcp_filesystem
 import torch.distributed.checkpoint.metadata as dcp_metadata
+from muloco.utils.errors import BadCheckpoint
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class UnsafeCheckpointError(BadCheckpoint, pickle.UnpicklingError):
     """A checkpoint refers to a Python object that a checkpoint has no reason to hold."""
 
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from types import ModuleType
 
 from muloco import compat
+from muloco.utils.errors import BadInput
 
 CONFIG_FUNCTION = "config"
 
 
-class ConfigError(ValueError):
+class ConfigError(BadInput, ValueError):
     """A config that cannot run; the message names the key, the problem and the fix."""
 
 

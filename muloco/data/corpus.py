@@ -28,11 +28,12 @@ import numpy as np
 
 from muloco.data import split as stdlib_split
 from muloco.data.line_index import BLANK, epoch_order, line_offsets, start_of
+from muloco.utils.errors import BadInput
 
 SPLITS = ("train", "validation")
 
 
-class DataError(ValueError):
+class DataError(BadInput, ValueError):
     """A data configuration or data file the pipeline cannot use.
 
     The message names the config key (or file and line) at fault, what was

@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Literal
 
 from muloco.utils.atomic_file import write_atomically
-from muloco.utils.command_line import UsageError, parse, run_main, tyro, error_line
+from muloco.utils.command_line import UsageError, failed, parse, run_main, tyro
+from muloco.utils.errors import BadInput
 
 DOC_CHARS = 4000
 """Target length of one document (a few hundred tokens)."""
 FILES = ("train.jsonl", "validation.jsonl")
-EXIT_FAILED = 2
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class FetchOptions:
     """Convert this downloaded source archive instead of fetching it."""
 
 
-class FetchError(Exception):
+class FetchError(BadInput):
     """One line for the user: what failed and what to do."""
 
 
@@ -169,14 +169,12 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parse(FetchOptions, list(sys.argv[1:] if argv is None else argv), prog="python -m muloco.data.fetch",
                         description=__doc__.split("\n\n")[0], overrides=False)
     except UsageError as err:
-        print(error_line("fetch", err), file=sys.stderr)
-        return EXIT_FAILED
+        return failed("fetch", err)
     out = args.out or Path("data") / args.corpus
     try:
         counts = fetch(args.corpus, out, args.archive)
     except FetchError as err:
-        print(error_line("fetch", err), file=sys.stderr)
-        return EXIT_FAILED
+        return failed("fetch", err)
     print(f"wrote {counts['train']} train and {counts['validation']} validation documents to {out}/ "
           f"({', '.join(FILES)})")
     return 0

@@ -25,6 +25,7 @@ import tiktoken
 from tokenizers import AddedToken, Tokenizer
 from torchtitan.components.tokenizer import BaseTokenizer
 from torchtitan.tools.logging import logger
+from muloco.utils.errors import BadInput
 
 EMBEDDED_TOKENIZER = Path(__file__).parent / "assets" / "stdlib_bpe.json"
 
@@ -57,7 +58,7 @@ _PATH_FIX = (
 )
 
 
-class TokenizerError(ValueError):
+class TokenizerError(BadInput, ValueError):
     """A tokenizer file is missing, unreadable or corrupt; the message says how to fix it."""
 
 

@@ -28,7 +28,8 @@ from typing import Annotated
 
 from muloco.utils.atomic_file import write_atomically
 from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, parse, run_main, tyro, error_line
+from muloco.utils.command_line import UsageError, failed, parse, run_main, tyro
+from muloco.utils.errors import BAD_INPUT, MulocoError
 
 # torch, torchtitan and lm-eval are imported once the command line is parsed (in ``main`` and
 # ``evaluate``): ``--help`` and a usage error answer without them.
@@ -251,27 +252,17 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parse(EvaluateOptions, list(sys.argv[1:] if argv is None else argv), prog=PROG,
                         description=__doc__.split("\n\n")[0], overrides=False)
     except UsageError as err:
-        print(error_line("evaluate", err), file=sys.stderr)
-        return 2
+        return failed("evaluate", err)
     # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported
-    from muloco.components.checkpoint import CheckpointLoadError
-    from muloco.evaluate.source import EvaluationError, SourceError
-    from muloco.tools.loading import RunLoadError
-
-    from muloco.config.loader import ConfigError
-    from muloco.data.tokenizer import TokenizerError
-
     try:
         results, written = evaluate(args)
-    except (UsageError, SourceError, RunLoadError, EvaluationError, ConfigError, TokenizerError, ValueError) as err:
-        print(error_line("evaluate", err), file=sys.stderr)
-        return 2
-    except CheckpointLoadError as err:
-        print(error_line("evaluate", err), file=sys.stderr)
-        return 3
+    except MulocoError as err:
+        return failed("evaluate", err)
+    except ValueError as err:  # a library's refusal of the input (lm-eval's task options)
+        return failed("evaluate", err, BAD_INPUT)
     print(_summary(written))
     print(f"wrote {', '.join(str(p) for p in written)}")
     return 0

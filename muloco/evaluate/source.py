@@ -21,13 +21,14 @@ from muloco.hf import config as hf_config
 from muloco.components.checkpoint import RUN_FILE
 from muloco.data.tokenizer import MulocoTokenizer
 from muloco.objectives.sampling_options import READOUT_KEY, Readout
+from muloco.utils.errors import BadInput
 
 
-class SourceError(ValueError):
+class SourceError(BadInput, ValueError):
     """A folder that is neither a run nor a Hugging Face model folder this can score."""
 
 
-class EvaluationError(ValueError):
+class EvaluationError(BadInput, ValueError):
     """A request this model cannot answer (a continuation longer than it was trained on)."""
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 import tomli
 
 from muloco.launch.slurm_commands import SlurmCommandError, slurm
+from muloco.utils.errors import BadInput
 
 CLUSTER_FILE_VAR = "MULOCO_CLUSTER_FILE"
 ENV_PREFIX = "MULOCO_SLURM_"
@@ -48,7 +49,7 @@ _IFNAME = re.compile(r"^[\^=]?[A-Za-z0-9_.:@-]+(,[A-Za-z0-9_.:@-]+)*$")
 """NCCL_SOCKET_IFNAME's syntax: interface names or prefixes, comma-separated, ^ to exclude, = for exact."""
 
 
-class ClusterError(ValueError):
+class ClusterError(BadInput, ValueError):
     """Bad cluster settings; the message names the setting, where it came from, and the fix."""
 
 

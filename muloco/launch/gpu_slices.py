@@ -18,9 +18,10 @@ counts. No device: CPU, nothing is set.
 from __future__ import annotations
 
 import os
+from muloco.utils.errors import BadInput
 
 
-class GpuLayoutError(ValueError):
+class GpuLayoutError(BadInput, ValueError):
     """The GPUs cannot be split as asked; the message says how to fix it."""
 
 

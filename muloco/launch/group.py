@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import shlex
 import sys
+from muloco.utils.errors import BadInput
 
 TRAINER = [sys.executable, "-m", "muloco.train"]
 
 
-class TrainerConfigError(ValueError):
+class TrainerConfigError(BadInput, ValueError):
     """The trainer config cannot run as asked (the message says why and what to do);
     ``status`` is 0 when tyro only printed the trainer's --help."""
 

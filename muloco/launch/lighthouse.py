@@ -34,7 +34,8 @@ from typing import Any, Callable
 from muloco.launch.slurm_commands import job_listed
 from muloco.outer.lighthouse_status import majority
 from muloco.utils.atomic_file import write_atomically
-from muloco.utils.command_line import UsageError, parse, run_main, error_line
+from muloco.utils.command_line import UsageError, failed, parse, run_main
+from muloco.utils.errors import BadInput
 
 DEFAULT_BIND = "127.0.0.1:29510"
 # 90% of the trainer's default --fault_tolerance.quorum_timeout_seconds (300 s): see
@@ -44,7 +45,7 @@ DEFAULT_JOIN_TIMEOUT_MS = 270_000
 _BIND_RE = re.compile(r"^(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.\-]+):(?P<port>[0-9]{1,5})$")
 
 
-class LighthouseError(Exception):
+class LighthouseError(BadInput):
     """Bad input or a bind failure, with a message meant for the user as is."""
 
 
@@ -242,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parse(LighthouseOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
                         description=LighthouseOptions.__doc__, underscores=True, overrides=False)
     except UsageError as e:
-        print(error_line("lighthouse", e), file=sys.stderr)
-        return 2
+        return failed("lighthouse", e)
     stop = stop_on_signal()
     if args.url_file:  # a URL left by an earlier run (or an earlier start of this job) must not be read
         try:
@@ -260,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         lh = start_lighthouse(args.bind, min_replicas, args.join_timeout_ms,
                               args.quorum_tick_ms, args.heartbeat_timeout_ms)
     except LighthouseError as e:
-        print(error_line("lighthouse", e), file=sys.stderr, flush=True)
-        return 2
+        return failed("lighthouse", e)
     if args.url_file:
         write_atomically(args.url_file, lh.url + "\n")
     written = f"; URL in {args.url_file}" if args.url_file else ""

@@ -31,7 +31,8 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from muloco.utils.command_line import UsageError, parse, error_line
+from muloco.utils.command_line import UsageError, failed, parse
+from muloco.utils.errors import BAD_INPUT
 
 CONNECT_TIMEOUT_S = 5.0
 POLL_S = 0.5
@@ -184,8 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         args, _ = parse(RelayOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
                         description=RelayOptions.__doc__, overrides=False)
     except UsageError as e:
-        print(error_line("slurm", f"lighthouse relay: {e}"), file=sys.stderr)
-        return 2
+        return failed("slurm", f"lighthouse relay: {e}", BAD_INPUT)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     relay = LighthouseRelay(args.url_file, args.wait_s)

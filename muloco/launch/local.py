@@ -39,7 +39,7 @@ from datetime import datetime
 from typing import IO, Callable
 
 from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, parse, run_main, error_line
+from muloco.utils.command_line import UsageError, failed, parse, run_main
 from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.components.stop_request import EXIT_PREEMPTED, clear_stop_request
@@ -52,6 +52,7 @@ from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, Light
 from muloco.launch.netns import STATE_FILE, Link, Testbed, TestbedError, unavailable
 from muloco.launch.replica_group import TAG as GROUP_TAG
 from muloco.runs.facts import dump_folder_in
+from muloco.utils.errors import MulocoError
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"
 LIGHTHOUSE_PORT = 29510  # inside the testbed's own namespace (--netns), where no other service listens
@@ -63,7 +64,7 @@ _INHERITED_DIST_VARS = ("GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELAS
                         "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
 
 
-class LaunchError(Exception):
+class LaunchError(MulocoError):
     """A failure to start the job, with a message meant for the user as is and an exit status."""
 
     def __init__(self, message: str, status: int = 1):
@@ -679,8 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         job = job_from_args(sys.argv[1:] if argv is None else argv)
     except UsageError as e:
-        print(error_line("local", e), file=sys.stderr)
-        return 2
+        return failed("local", e)
     return job.show_launch() if job.dry_run else job.run()
 
 

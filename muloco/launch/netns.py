@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO
 
-from muloco.utils.command_line import error_line
+from muloco.utils.command_line import failed
+from muloco.utils.errors import BAD_INPUT, MulocoError
 
 PREFIX = "mlc"
 SUBNET = "198.18.0"
@@ -41,7 +42,7 @@ _OURS = re.compile(rf"^{PREFIX}(\d+)-")
 _RATE = re.compile(r"^\d+(\.\d+)?(bit|kbit|mbit|gbit|tbit)$")
 
 
-class TestbedError(Exception):
+class TestbedError(MulocoError):
     """The testbed cannot be built here, or a request names what does not exist; the message
     says why and what to do."""
 
@@ -365,8 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _drill(args)
     except TestbedError as e:
-        print(error_line("netns", e), file=sys.stderr)
-        return 2
+        return failed("netns", e, BAD_INPUT)
 
 
 if __name__ == "__main__":

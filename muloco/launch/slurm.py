@@ -37,7 +37,7 @@ from typing import Annotated
 import tyro
 
 from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, parse, run_main, error_line
+from muloco.utils.command_line import UsageError, failed, parse, run_main
 from muloco.components.stop_request import EXIT_PREEMPTED
 from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
                                    SINFO_TIMEOUT_S, check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
@@ -45,6 +45,7 @@ from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 from muloco.launch.slurm_commands import SlurmCommandError, cancel, slurm
 from muloco.launch.templates import render
+from muloco.utils.errors import BAD_INPUT, BadInput
 
 SLURM_DIR = "slurm"
 LOG_DIR = "logs"
@@ -62,7 +63,7 @@ ENV_BLOCK = {
 """The environment every generated job exports; a cluster file's ``[env]`` adds to or replaces it."""
 
 
-class JobError(ValueError):
+class JobError(BadInput, ValueError):
     """A job that cannot be generated as asked; the message names the problem and the fix."""
 
 
@@ -715,8 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         kind, options, overrides = parse_command(list(sys.argv[1:] if argv is None else argv))
     except UsageError as e:
-        print(error_line("slurm", e), file=sys.stderr)
-        return 2
+        return failed("slurm", e)
     try:
         spec = options.spec(overrides)
         nodes = cluster_nodes(options.dry_run, spec.cluster)
@@ -736,12 +736,10 @@ def main(argv: list[str] | None = None) -> int:
             remove_dirs(created)  # nothing half-written: the scripts are gone, so are these
             raise
     except (JobError, ClusterError) as e:
-        print(error_line("slurm", e), file=sys.stderr)
-        return 2
+        return failed("slurm", e)
     except OSError as e:
-        print(f"muloco.launch.slurm: error: cannot write the job into {job.run_dir}: {e.strerror or e}; "
-              f"pick a writable --dump_folder", file=sys.stderr)
-        return 2
+        return failed("slurm", f"cannot write the job into {job.run_dir}: {e.strerror or e}; pick a writable "
+                      "--dump_folder", BAD_INPUT)
     for file, job_id in ids.items():
         print(f"submitted {os.path.join(job.run_dir, SLURM_DIR, file)} as job {job_id}")
     print(f"logs: {os.path.join(job.run_dir, LOG_DIR)}/ and {os.path.join(job.run_dir, SLURM_DIR)}/; "

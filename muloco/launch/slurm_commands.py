@@ -10,11 +10,12 @@ said) or did not answer. Callers turn that into their own message; none runs SLU
 from __future__ import annotations
 
 import subprocess
+from muloco.utils.errors import MulocoError
 
 COMMANDS = ("sinfo", "sbatch", "scontrol", "scancel", "squeue", "sacct")
 
 
-class SlurmCommandError(RuntimeError):
+class SlurmCommandError(MulocoError, RuntimeError):
     """A SLURM command that is missing (``kind='missing'``), failed (``'failed'``, with SLURM's
     ``stderr``) or did not answer in time (``'timeout'``)."""
 

@@ -18,17 +18,18 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from muloco.utils.command_line import UsageError, parse, error_line
+from muloco.utils.command_line import UsageError, failed, parse
 from muloco.launch.group import group_variables, torchrun_args, torchrun_group, trainer_command
 from muloco.launch.gpu_slices import visible_gpus
 from muloco.launch.parent_death import die_with_launcher
 from muloco.launch.slurm_commands import SlurmCommandError, slurm
+from muloco.utils.errors import BAD_INPUT, MulocoError
 
 RDZV_PORT_BASE = 26400
 RDZV_PORT_SPAN = 3000  # 26400-29399: below the ephemeral range and the ddp kind's ports
 
 
-class GroupStartError(RuntimeError):
+class GroupStartError(MulocoError, RuntimeError):
     """The group cannot start; the message says why and what to check."""
 
 
@@ -141,22 +142,19 @@ def main(argv: list[str] | None = None) -> int:
         args, overrides = parse(GroupOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
                                 description=GroupOptions.__doc__)
     except UsageError as e:
-        print(error_line("slurm", e), file=sys.stderr)
-        return 2
+        return failed("slurm", e)
     try:
         url = wait_for_url(args.lighthouse_file, args.lighthouse_wait_s)
         hosts = step_hosts()
     except GroupStartError as e:
-        print(error_line("slurm", f"replica group {args.replica}: {e}"), file=sys.stderr, flush=True)
-        return 2
+        return failed("slurm", f"replica group {args.replica}: {e}", BAD_INPUT)
     moves = args.lighthouse_lost_s > 0
     lost = ["--fault_tolerance.lighthouse_lost_seconds", f"{args.lighthouse_lost_s:g}"] if moves else []
     cmd = torchrun_command(args, hosts, [*lost, *overrides])  # the user's own override comes later and wins
     try:
         reach = start_relay(args.lighthouse_file, args.lighthouse_lost_s) if moves else url
     except GroupStartError as e:
-        print(error_line("slurm", f"replica group {args.replica}: {e}"), file=sys.stderr, flush=True)
-        return 2
+        return failed("slurm", f"replica group {args.replica}: {e}", BAD_INPUT)
     env = {**os.environ, **group_variables(reach, args.replica, args.replicas)}
     env.setdefault("RUST_LOG", "warn")
     through = f" (through {reach}, which follows {args.lighthouse_file})" if moves else ""

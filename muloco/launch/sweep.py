@@ -49,7 +49,8 @@ from muloco.launch.slurm_commands import FAILED_STATES, SlurmCommandError, job_s
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.runs.sweep_manifest import MANIFEST, Entry, ManifestError, read_manifest, run_finished, write_manifest
 from muloco.sizing.flavors import parse_flavor, rescaled_weight_decay
-from muloco.utils.command_line import UsageError, parse, error_line
+from muloco.utils.command_line import UsageError, failed, parse
+from muloco.utils.errors import BAD_INPUT
 
 
 @dataclass
@@ -332,14 +333,12 @@ def main(sweep: Sweep, argv: list[str] | None = None) -> int:
                             description=f"Submit sweep {sweep.name} ({len(sweep.runs)} runs) to SLURM "
                                         f"(or run it here with --local N).")
     except UsageError as e:
-        print(error_line("sweep", f"{sweep.name}: {e}"), file=sys.stderr)
-        return 2
+        return failed("sweep", f"{sweep.name}: {e}", BAD_INPUT)
     args.out = args.out or os.path.join("outputs", "sweeps", sweep.name)
     try:
         return _run(sweep, args, extra)
     except (JobError, ClusterError, ManifestError, DumpFolderBusy) as e:
-        print(error_line("sweep", f"{sweep.name}: {e}"), file=sys.stderr)
-        return 2
+        return failed("sweep", f"{sweep.name}: {e}", BAD_INPUT)
 
 
 def _check_args(args) -> None:

@@ -33,6 +33,7 @@ from torchtitan.tools.logging import logger
 
 from muloco.compat.quorum_record import record_quorums
 from muloco.outer.lighthouse_status import LighthouseStatus, LighthouseUnreachable, fetch_status, group_of, majority
+from muloco.utils.errors import MulocoError, OUT_OF_DATE, REPLICA_GROUP
 
 PROGRESS_EVERY_S = 15.0
 CUT_OFF_FIRST_S = 5.0
@@ -48,12 +49,16 @@ def _due(said: float | None, unreachable_since: float) -> bool:
 POLL_S = 0.5
 
 
-class CoordinationError(RuntimeError):
+class CoordinationError(MulocoError, RuntimeError):
     """A torchft quorum or commit call failed (lighthouse gone, no quorum in time)."""
 
+    exit_status = REPLICA_GROUP
 
-class OutOfDateError(RuntimeError):
+
+class OutOfDateError(MulocoError, RuntimeError):
     """This replica group is behind and no peer it could heal from is running any more."""
+
+    exit_status = OUT_OF_DATE
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
+from muloco.utils.errors import MulocoError, REPLICA_GROUP
 
 REPLICA_ID_PREFIX = "muloco_replica_"
 
@@ -34,8 +35,10 @@ def majority(group_size: int) -> int:
     return group_size // 2 + 1
 
 
-class LighthouseUnreachable(ConnectionError):
+class LighthouseUnreachable(MulocoError, ConnectionError):
     """The lighthouse did not answer; ``reason`` says how (refused, unknown host, timeout...)."""
+
+    exit_status = REPLICA_GROUP
 
     def __init__(self, url: str, reason: str):
         super().__init__(f"the torchft lighthouse at {url} {reason}")

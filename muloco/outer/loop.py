@@ -53,6 +53,7 @@ from muloco.outer.placement import Placement, resolve_backup_device
 from muloco.outer.rounds import DeadlineRounds, Lockstep, RoundConfig
 from muloco.outer.schedule import SyncSchedule, model_fragments
 from muloco.outer.step_schedule import StepSchedules
+from muloco.utils.errors import MulocoError, REPLICA_GROUP
 
 __all__ = ["CoordinationError", "OutOfDateError", "OuterLoop", "SyncRecord"]
 
@@ -61,8 +62,10 @@ HEAL_TRIES = 3
 """Quorums a group behind its peers tries to heal in before it trains on from its checkpoint."""
 
 
-class SyncsKeepFailing(RuntimeError):
+class SyncsKeepFailing(MulocoError, RuntimeError):
     """More consecutive syncs failed than fault_tolerance.max_commit_failures allows."""
+
+    exit_status = REPLICA_GROUP
 
 
 def _first_line(err: Any) -> str:

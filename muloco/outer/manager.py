@@ -33,18 +33,19 @@ from muloco.outer.lighthouse_status import majority
 from muloco.utils.interfaces import interface_of, is_ipv4, route_address
 from muloco.utils.values import require_at_least_zero, require_positive
 from muloco.outer.lighthouse_status import REPLICA_ID_PREFIX, LighthouseUnreachable, check_url, fetch_status
+from muloco.utils.errors import OUT_OF_DATE, REPLICA_GROUP, MulocoError
 
 
-class ReplicaGroupError(RuntimeError):
+class ReplicaGroupError(MulocoError, RuntimeError):
     """The replica group cannot reach or keep its torchft lighthouse / quorum."""
 
-    exit_status = 4
+    exit_status = REPLICA_GROUP
 
 
 class ReplicaOutOfDate(ReplicaGroupError):
     """The replica group ended behind its peers, with nobody left to heal from."""
 
-    exit_status = 5
+    exit_status = OUT_OF_DATE
 
 
 def _process_group(name: str, timeout: timedelta):

@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch.nn as nn
+from muloco.utils.errors import BadInput
 
 
-class ScheduleError(ValueError):
+class ScheduleError(BadInput, ValueError):
     pass
 
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from muloco.utils.created_dirs import make_dirs, remove_dirs
+from muloco.utils.errors import BadInput
 
 LOCK_NAME = ".muloco.lock"
 _HOLDER_WRITE_WAIT_S = 0.5  # a new holder writes its JSON right after taking the flock
@@ -75,7 +76,7 @@ class LockHolder:
         return f"PID {self.pid} on {self.host} (started {self.started})"
 
 
-class DumpFolderBusy(RuntimeError):
+class DumpFolderBusy(BadInput, RuntimeError):
     """The folder is locked by a live process; the message says which and what to do."""
 
     def __init__(self, folder: str, holder: LockHolder | None, option: str = "--dump_folder"):

@@ -20,6 +20,7 @@ import os
 import re
 
 from muloco.utils.atomic_file import write_atomically
+from muloco.utils.errors import BadCheckpoint
 
 MANIFEST = ".muloco-checksums.json"
 FORMAT = 1
@@ -31,7 +32,7 @@ _TEMP_PREFIX = MANIFEST + ".tmp-"
 _verified: set[tuple[str, bytes]] = set()
 
 
-class CorruptCheckpoint(ValueError):
+class CorruptCheckpoint(BadCheckpoint, ValueError):
     """A step folder whose files do not match its manifest; the message names the file."""
 
 

@@ -9,11 +9,12 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from muloco.utils.atomic_file import write_atomically
+from muloco.utils.errors import BadInput
 
 MANIFEST = "manifest.jsonl"
 
 
-class ManifestError(ValueError):
+class ManifestError(BadInput, ValueError):
     """A manifest line that does not parse (the message names the line and the fix)."""
 
 

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-from muloco.utils.command_line import UsageError, parse, tyro, error_line
-from muloco.sizing.flavors import (LLAMA3_VOCAB, SHAPES, SOURCES, VOCAB_MULTIPLE, WD_REFERENCE_BATCH, UnknownFlavorError,
-                                   default_vocab, embedded_vocab, padded_vocab, parse_flavor, sizing)
+from muloco.utils.command_line import UsageError, failed, parse, tyro
+from muloco.utils.errors import BAD_INPUT, MulocoError
+from muloco.sizing.flavors import (LLAMA3_VOCAB, SHAPES, SOURCES, VOCAB_MULTIPLE, WD_REFERENCE_BATCH, default_vocab,
+                                   embedded_vocab, padded_vocab, parse_flavor, sizing)
 
 _DESCRIPTION = ("The model map: every flavor's shape, parameter count, token budget and tuned settings; with "
                 "--link-mbps, what the link between replica groups costs.")
@@ -213,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
             vocab, source = resolve_vocab(args.vocab, f)
             rows.append(sizing(f, global_batch=args.global_batch, vocab_size=vocab, seq_len=args.seq_len,
                                replicas=args.replicas or 1, vocab_source=source))
-    except (UsageError, ValueError, UnknownFlavorError) as err:
-        print(error_line("map", err), file=sys.stderr)
-        return 2
+    except MulocoError as err:
+        return failed("map", err)
+    except ValueError as err:  # a value no check above named (a bad number in the planner's arithmetic)
+        return failed("map", err, BAD_INPUT)
     if args.json:
         for r in rows:
             print(json.dumps(dataclasses.asdict(r)))

@@ -37,6 +37,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from muloco.utils.errors import BadInput
 
 FFN_MULTIPLIER = 2.75
 TOKENS_PER_PARAM = 20  # Chinchilla budget, as in MuLoCo's MODEL_STEP_MAP
@@ -145,7 +146,7 @@ _SUFFIX = re.compile(r"^(?P<base>llama3-w(?P<dim>\d+)-d(?P<depth>\d+)-h(?P<heads
                      r"(?P<qk>_qk_torch-rmsnorm)?(?P<pa>_pa)?(?P<pf>_pf)?$")
 
 
-class UnknownFlavorError(ValueError):
+class UnknownFlavorError(BadInput, ValueError):
     pass
 
 

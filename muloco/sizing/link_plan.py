@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from muloco.utils import round_budget
 from muloco.utils.link_model import format_rate, transfer_seconds
 from muloco.sizing.flavors import LLAMA3_VOCAB, block_parameters, count_embedding_parameters, count_parameters, parse_flavor
+from muloco.utils.errors import BadInput
 
 GPU_PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0, "a100": 312.0, "b200": 2250.0, "l40s": 362.0}
 """Dense bf16 peak TFLOPS by GPU (vendors' datasheets, SXM parts; no sparsity). ``--gpu`` also
@@ -50,7 +51,7 @@ DEFAULT_MFU = 0.4
 measured 45.8% on the 416M shape compiled, ``docs/gpu.md``); the output says when it is assumed."""
 
 
-class PlanError(ValueError):
+class PlanError(BadInput, ValueError):
     """A planner input that cannot be planned: one line naming it and the fix."""
 
 

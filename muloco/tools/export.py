@@ -45,9 +45,10 @@ from muloco.utils.atomic_file import as_umask_says
 from muloco.hf.config import llama_config
 from muloco.hf.remote_code import FOLDER as REMOTE_CODE
 from muloco.objectives.sampling_options import READOUT_KEY
-from muloco.utils.command_line import UsageError, parse, tyro, error_line
+from muloco.utils.command_line import UsageError, failed, parse, tyro
 from muloco.launch.group import LAUNCHER_KEYS
 from muloco.runs.facts import RUN_FILE
+from muloco.utils.errors import BAD_INPUT, BadInput, MulocoError
 
 # torch, safetensors and torchtitan are imported once the command line is parsed (in the
 # functions that use them): ``--help`` and a usage error answer without them.
@@ -56,7 +57,7 @@ SHARD_BYTES = 5 * 1024**3
 """Above this, the weights go to several files with a ``model.safetensors.index.json``."""
 
 
-class ExportError(ValueError):
+class ExportError(BadInput, ValueError):
     """A run this export cannot write as a Hugging Face folder; the message names the feature."""
 
 
@@ -519,26 +520,20 @@ def main(argv: list[str] | None = None) -> int:
                         description=__doc__.split("\n\n")[0], overrides=False)
         _check(args)
     except UsageError as e:
-        print(error_line("export", e), file=sys.stderr)
-        return 2
+        return failed("export", e)
     # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported
-    from muloco.components.checkpoint import CheckpointLoadError
-    from muloco.config.loader import ConfigError
-    from muloco.data.tokenizer import TokenizerError
-    from muloco.tools.loading import RunLoadError
-
     try:
         if args.push_to_hub:
             _hub_token(args.push_to_hub)
         out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force,
                      lora_base=args.lora_base, license=args.license)
-    except (ExportError, RunLoadError, CheckpointLoadError, ConfigError, TokenizerError, ValueError,
-            optional.MissingExtra) as e:
-        print(error_line("export", e), file=sys.stderr)
-        return 2
+    except MulocoError as e:
+        return failed("export", e)
+    except ValueError as e:  # a library's refusal of the folder or the weights (transformers, safetensors)
+        return failed("export", e, BAD_INPUT)
     config = json.loads((out / "config.json").read_text())
     auto = "AutoModelForMaskedLM" if config.get("mask_token_id") is not None else "AutoModelForCausalLM"
     how = f"{auto}.from_pretrained({str(out)!r}{', trust_remote_code=True' if 'auto_map' in config else ''})"
@@ -550,7 +545,6 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = push_to_hub(out, args.push_to_hub, private=args.private)
         except ExportError as e:
-            print(error_line("export", e), file=sys.stderr)
-            return 2
+            return failed("export", e)
         print(f"pushed to the Hub as {args.push_to_hub}: {url}")
     return 0

@@ -19,13 +19,14 @@ import sys
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from muloco.utils.command_line import UsageError, parse, tyro, error_line
+from muloco.utils.command_line import UsageError, failed, parse, tyro
 from muloco.objectives.sampling_options import CACHES, ORDERS
+from muloco.utils.errors import BAD_INPUT, BadInput, MulocoError
 
 # torch and torchtitan are imported once the command line is parsed (``_load``): ``--help`` and a
 # usage error answer without them.
 
-class GenerateError(ValueError):
+class GenerateError(BadInput, ValueError):
     pass
 
 
@@ -174,24 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(list(sys.argv[1:] if argv is None else argv))
     except UsageError as err:
-        print(error_line("generate", err), file=sys.stderr)
-        return 2
+        return failed("generate", err)
     # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
     compat.apply()  # before torchtitan is imported
-    from muloco.components.checkpoint import CheckpointLoadError
-    from muloco.config.loader import ConfigError
-    from muloco.tools.loading import RunLoadError
-
     try:
         samples = generate(args)
-    except (GenerateError, RunLoadError, ConfigError, ValueError) as err:
-        print(error_line("generate", err), file=sys.stderr)
-        return 2
-    except CheckpointLoadError as err:
-        print(error_line("generate", err), file=sys.stderr)
-        return 3
+    except MulocoError as err:
+        return failed("generate", err)
+    except ValueError as err:  # a library's refusal of the input
+        return failed("generate", err, BAD_INPUT)
     for s in samples:
         if args.json:
             print(json.dumps(s))

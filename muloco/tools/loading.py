@@ -25,12 +25,13 @@ from muloco.components.checkpoint import RUN_FILE, CheckpointLoadError, check_me
 from muloco.runs.manifest import complete_steps  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.models import HF_FLAVOR, hf_folder, init_model  # noqa: E402
+from muloco.utils.errors import BadInput  # noqa: E402
 
 GLOBAL_KEY = ".global."
 """θ_g in a DiLoCo checkpoint: ``outer.fragment_<i>.global.<parameter name>``."""
 
 
-class RunLoadError(ValueError):
+class RunLoadError(BadInput, ValueError):
     """A path that is not a run this can load; the message says what to give instead."""
 
 

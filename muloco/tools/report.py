@@ -57,18 +57,18 @@ from typing import Annotated, Any, Literal
 import numpy as np
 
 from muloco.utils import optional
-from muloco.utils.command_line import UsageError, parse, tyro, error_line
+from muloco.utils.command_line import UsageError, failed, parse, tyro
 from muloco.utils.link_model import format_rate
 from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
 from muloco.runs.lives import describe as describe_lives, Lives
+from muloco.utils.errors import BadInput
 
-EXIT_BAD_INPUT = 2
 RUN_FILES = ("summary.json", "metrics.jsonl")
 REPORT_FILES = ("loss_vs_steps.png", "loss_vs_tokens.png", "loss_vs_bytes.png", "report.md", "report.json")
 METRICS = ("validation", "train")
 
 
-class ReportError(Exception):
+class ReportError(BadInput):
     """Bad input: main prints it as one line and exits 2."""
 
 
@@ -845,8 +845,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(list(sys.argv[1:] if argv is None else argv))
     except UsageError as err:
-        print(error_line("report", err), file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return failed("report", err)
     out = args.out or args.paths[0] / "report"
     try:
         runs = find_runs(args.paths)
@@ -857,7 +856,6 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
         written = [*write_plots(runs, out), *_write_text(runs, out, args.metric)]
     except ReportError as err:
-        print(error_line("report", err), file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return failed("report", err)
     print(f"wrote {', '.join(p.name for p in written)} to {out}")
     return 0

@@ -20,12 +20,13 @@ import os
 import sys
 import typing
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
+from muloco.utils.errors import BadInput, MulocoError, exit_status
 
 T = TypeVar("T")
 OVERRIDES_EPILOG = "Everything after `--` goes to the trainer unchanged, e.g. `-- --training.steps 50`."
 
 
-class UsageError(ValueError):
+class UsageError(BadInput, ValueError):
     """A command line the launcher cannot take; printed as one ``error:`` line, exit 2."""
 
 
@@ -33,6 +34,13 @@ def error_line(command: str, err: object) -> str:
     """The one form every command reports an error in, however it was started (``muloco COMMAND``
     or ``python -m muloco....``): ``muloco COMMAND: error: ...``."""
     return f"muloco {command}: error: {err}"
+
+
+def failed(command: str, err: object, status: int | None = None) -> int:
+    """How a command ends on an error: one line on stderr and the exit status the error stands for
+    (``utils/errors.py``; ``status`` for a library's exception, or a message, whose meaning the command knows)."""
+    print(error_line(command, err), file=sys.stderr, flush=True)
+    return exit_status(err) if status is None else status
 
 
 class _Tyro:
@@ -137,15 +145,19 @@ INTERRUPTED = 130
 
 def run_main(main: Callable[[], int | None]) -> NoReturn:
     """``sys.exit(main())`` for a module run as ``python -m``, quiet when its reader goes away,
-    and one line, not a traceback, when Ctrl-C stops it (what it started has been stopped on the
+    one line and its status for a ``MulocoError`` that reached it, and one line, not a traceback,
+    when Ctrl-C stops it (what it started has been stopped on the
     way out: each command stops its own children in ``finally`` and ``except`` blocks)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     try:
         code = main()
     except BrokenPipeError:
         code = reader_gone()
     except KeyboardInterrupt:
-        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
         prog = f"python -m {spec.name.removesuffix('.__main__')}" if spec else "muloco"
         print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr)
         code = INTERRUPTED
+    except MulocoError as err:  # one a command's main let through: still one line and its status
+        name = spec.name.removesuffix(".__main__").rsplit(".", 1)[-1] if spec else "muloco"
+        code = failed(name, err)
     sys.exit(code)

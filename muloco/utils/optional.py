@@ -10,12 +10,13 @@ extra installs it instead of failing with a bare ``ModuleNotFoundError``.
 from __future__ import annotations
 
 import importlib.util
+from muloco.utils.errors import BadInput
 
 EXTRAS = {"matplotlib": "plots", "wandb": "wandb", "transformers": "hf", "lm_eval": "eval"}
 """Importable module → the extra that installs it."""
 
 
-class MissingExtra(ImportError):
+class MissingExtra(BadInput, ImportError):
     """An optional extra that a command needs is not installed."""
 
 

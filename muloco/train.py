@@ -40,7 +40,6 @@ from muloco.utils.interfaces import is_ipv4  # noqa: E402
 from muloco.utils.ports import free_port  # noqa: E402
 
 
-
 def ensure_single_process_env(address: str = "127.0.0.1") -> None:
     """A plain `python -m muloco.train` is a world of one, its store on loopback, or on the address
     the group advertises (the other groups' collectives meet at the store of one of them)."""

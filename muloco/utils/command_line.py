@@ -20,6 +20,7 @@ import os
 import sys
 import typing
 from typing import TYPE_CHECKING, Any, Callable, NoReturn, TypeVar
+
 from muloco.utils.errors import BadInput, MulocoError, exit_status
 
 T = TypeVar("T")

@@ -209,12 +209,60 @@ LONG_FIRST = ["test_slurm_jobs.py", "test_slurm_cluster.py", "test_diloco.py", "
 their usual order). Only an order: a module missing here just starts later."""
 
 
+QUICK = {
+    "compare": {"test_compare.py": (
+        "test_plan_overrides_and_bad_choices", "test_every_row_validates_and_tunes_on_the_same_held_out_rows",
+        "test_one_seed_verdicts_say_so_and_a_margin_inside_one_percent_is_a_tie",
+        "test_the_table_says_how_it_was_made_and_what_each_gap_is_against",
+        "test_verdicts_call_a_margin_inside_the_spread_a_tie", "test_tune_chooses_on_the_seeds_every_point_ran",
+        "test_time_left_counts_only_the_steps_trained_since_a_resume")},
+    "compat": {"test_compat.py": ()},
+    "components": {"test_device_defaults.py": ()},
+    "compress": {"test_compress.py": ()},
+    "config": {"test_config.py": ()},
+    "data": {"test_data.py": (), "test_tokenizer.py": ()},
+    "evaluate": {"test_evaluate.py": ("test_a_bad_option_or_an_unwritable_out_is_refused_before_anything_loads",)},
+    "hf": {"test_hf_families.py": ("test_the_adapter_maps_each_family_there_and_back_bit_for_bit",)},
+    "launch": {"test_gpu_slices.py": (), "test_slurm_scripts.py": ()},
+    "models": {"test_models.py": (), "test_lora.py": ()},
+    "objectives": {"test_objectives.py": (), "test_sft_controls.py": (), "test_diffusion.py": (
+        "test_transfer_schedule_and_bad_sampling_settings",
+        "test_diffusion_sampler_keeps_the_prompt_leaves_no_mask_and_is_deterministic",
+        "test_autoregressive_sampler_stops_at_eos_and_repeats_with_a_seed")},
+    "optim": {"test_muon.py": ("test_update_matches_float64_reference", "test_newton_schulz_singular_values_in_band",
+                               "test_bad_settings_are_clear_errors", "test_vectors_are_refused")},
+    "outer": {"test_outer.py": (), "test_rounds.py": (), "test_link.py": ()},
+    "runs": {"test_lives.py": (), "test_run_facts.py": ()},
+    "sizing": {"test_model_map.py": ()},
+    "tools": {"test_report.py": ("test_the_report_imports_no_torch_and_no_tyro",
+                                 "test_times_of_a_run_over_an_emulated_link_say_so",
+                                 "test_deadline_rounds_are_counted_on_each_group_s_current_timeline"),
+              "test_export.py": ("test_what_this_export_cannot_write_yet_is_named",)},
+    "utils": {"test_created_dirs.py": (), "test_errors.py": (), "test_commands.py": (), "test_docs.py": (),
+              "test_quick_tier.py": ()},
+}
+"""The quick tier (``pytest -m quick``: a change's first signal in about two minutes on two cores):
+per package folder of ``muloco/``, the test modules (all their tests: ``()``) or the tests by name
+that exercise it without training a model for long. ``tests/test_quick_tier.py`` checks every
+folder has an entry and every named test exists."""
+
+
+def is_quick(item) -> bool:
+    for modules in QUICK.values():
+        names = modules.get(item.path.name)
+        if names is not None and (not names or item.name.split("[")[0] in names):
+            return True
+    return False
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     for item in items:  # -m 'not slurm': a machine where the suite must not install or start SLURM
         if item.path.name in SLURM_MODULES | {"test_slurm_multinode.py"}:
             item.add_marker(pytest.mark.slurm)
+        if is_quick(item):
+            item.add_marker(pytest.mark.quick)
 
 
 @functools.cache

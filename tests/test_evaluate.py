@@ -128,6 +128,15 @@ def test_a_generation_task_gets_the_greedy_text_muloco_samples(ar_run, tmp_path)
     assert record["metrics"]["exact_match"] == sum(e == i["answer"] for e, i in zip(expected, items)) / len(items)
 
 
+def test_a_bad_option_or_an_unwritable_out_is_refused_before_anything_loads(tmp_path, capsys, monkeypatch):
+    """Checked before lm-eval indexes its tasks or any model loads: no run is needed to be refused."""
+    assert main([str(tmp_path), "--tasks", TASK, "--batch-size", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "muloco evaluate: error: --batch-size 0: must be at least 1"
+    monkeypatch.setattr("muloco.evaluate.__main__._task_manager", None)  # never reached
+    assert main([str(tmp_path), "--tasks", TASK, "--out", "/proc/muloco-eval"]) == 2
+    assert "cannot write the results to /proc/muloco-eval" in capsys.readouterr().err
+
+
 def test_an_unknown_task_a_bad_option_and_a_missing_harness_are_one_error(ar_run, capsys, monkeypatch):
     assert main([str(ar_run), "--tasks", "no_such_task_xyz", "--include-path", str(TASKS)]) == 2
     err = capsys.readouterr().err

@@ -362,6 +362,13 @@ def test_the_line_index_is_built_once_rebuilt_when_the_file_changes_and_optional
     assert len(line_index.line_offsets(path)) == 5 and len(scans) == 2
     assert [p.name for p in (tmp_path / "cache" / "line-index").iterdir()] != [cached[0].name]
     assert len(list((tmp_path / "cache" / "line-index").iterdir())) == 1
+    held = sorted(shard_texts(jsonl_source(path, split="validation", val_percent=50.0)))
+    assert len(list((tmp_path / "cache" / "line-index").glob("*-held-*.npy"))) == 1  # the held-out lines, cached too
+    line_index._offsets.cache_clear()
+    corpus._held_out_lines.cache_clear()  # a new process: no line is hashed again
+    with monkeypatch.context() as m:
+        m.setattr(corpus, "jsonl_line_is_validation", lambda *a: pytest.fail("hashed a line again"))
+        assert sorted(shard_texts(jsonl_source(path, split="validation", val_percent=50.0))) == held
     (tmp_path / "ro").write_text("a file where the cache folder would be")
     monkeypatch.setenv("MULOCO_CACHE_DIR", str(tmp_path / "ro"))
     line_index._offsets.cache_clear()

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from muloco.data import split as stdlib_split
-from muloco.data.line_index import BLANK, epoch_order, line_offsets, start_of
+from muloco.data.line_index import BLANK, cached_array, epoch_order, line_offsets
 from muloco.utils.errors import BadInput
 
 SPLITS = ("train", "validation")
@@ -394,11 +394,19 @@ def _held_out_lines(resolved: str, name: str, identity: tuple[int, int],
     """(1-based line numbers of the non-blank lines, whether each is held out), per file version:
     both sides of the hash split from one pass, tested by the file's name as given (as the
     stored-order reader tests it), never by a symlink target's."""
-    offsets = line_offsets(Path(resolved))
+    path = Path(resolved)
+    offsets = line_offsets(path)
     numbers = np.flatnonzero((offsets & BLANK) == 0) + 1
-    held = np.fromiter((jsonl_line_is_validation(name, int(n), val_percent) for n in numbers), dtype=bool,
-                       count=len(numbers))
-    return numbers, held
+
+    if val_percent <= 0:  # no hash split: nothing held out, nothing to hash
+        return numbers, np.zeros(len(numbers), dtype=bool)
+
+    def held_out() -> np.ndarray:  # a hash per line: cached beside the index (about 2.6 s a million lines)
+        return np.fromiter((jsonl_line_is_validation(name, int(n), val_percent) for n in numbers), dtype=bool,
+                           count=len(numbers))
+
+    tag = "held-" + hashlib.sha256(f"{name}/{val_percent!r}".encode()).hexdigest()[:12]
+    return numbers, cached_array(path, tag, np.dtype(bool), held_out)
 
 
 def _documents_of(path: Path, side: bool | None, val_percent: float) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,8 @@ file is read and cached in the user's cache folder (``MULOCO_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/muloco``, else ``~/.cache/muloco``), under ``line-index/``, keyed by the file's
 absolute path, size and modification time: a file that changes gets a new index (the stale one is
 removed), and the data folder itself is never written to. A cache folder that cannot be written is
-no error: the index is then kept in memory for this process.
+no error: the index is then kept in memory for this process. ``cached_array`` keeps other per-line
+arrays the same way (the hash split's held-out lines, ``corpus.py``).
 
 ``epoch_order`` is the per-epoch permutation of a split's documents: numpy's PCG64 seeded by a hash
 of (seed, epoch), so every rank and every resume computes the same order from two integers.
@@ -20,6 +21,7 @@ import hashlib
 import io
 import os
 from array import array
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -39,11 +41,11 @@ def cache_folder() -> Path:
     return Path(base) / "muloco" / "line-index"
 
 
-def _cache_names(path: Path) -> tuple[str, str]:
-    """(the prefix every index of this path has, this version's file name)."""
+def _cache_names(path: Path, tag: str) -> tuple[str, str]:
+    """(the pattern every version of this path's ``tag`` array matches, this version's file name)."""
     stat = path.stat()
     prefix = hashlib.sha256(os.fsencode(path.resolve())).hexdigest()[:24]
-    return prefix, f"{prefix}-{stat.st_size}-{stat.st_mtime_ns}.npy"
+    return f"{prefix}-*-{tag}.npy", f"{prefix}-{stat.st_size}-{stat.st_mtime_ns}-{tag}.npy"
 
 
 def _scan(path: Path) -> np.ndarray:
@@ -57,9 +59,9 @@ def _scan(path: Path) -> np.ndarray:
     return np.frombuffer(starts, dtype=np.uint64) if starts else np.zeros(0, dtype=np.uint64)
 
 
-def _store(folder: Path, prefix: str, name: str, offsets: np.ndarray) -> None:
-    """Write the index atomically and remove this path's stale ones; quietly nothing if the cache
-    folder cannot be written (a read-only home, a full disk)."""
+def _store(folder: Path, pattern: str, name: str, values: np.ndarray) -> None:
+    """Write the array atomically and remove this path's stale versions of it; quietly nothing if
+    the cache folder cannot be written (a read-only home, a full disk)."""
     if (folder / name).is_file():  # another rank or node wrote it meanwhile: replacing a mapped file is not safe
         return
     try:
@@ -67,39 +69,46 @@ def _store(folder: Path, prefix: str, name: str, offsets: np.ndarray) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         if created:
             as_umask_says(folder, folder=True)
-        header = np.lib.format.header_data_from_array_1_0(offsets)
+        header = np.lib.format.header_data_from_array_1_0(values)
         buffer = io.BytesIO()
         np.lib.format.write_array_header_1_0(buffer, header)
-        write_atomically(folder / name, buffer.getvalue() + offsets.tobytes())
-        for stale in folder.glob(f"{prefix}-*.npy"):
+        write_atomically(folder / name, buffer.getvalue() + values.tobytes())
+        for stale in folder.glob(pattern):
             if stale.name != name:
                 stale.unlink(missing_ok=True)
     except OSError:
         pass
 
 
-@lru_cache(maxsize=None)
-def _offsets(resolved: str, name: str) -> np.ndarray:
-    path = Path(resolved)
-    folder = cache_folder()
-    cached = folder / name
+def cached_array(path: Path, tag: str, dtype: np.dtype, build: Callable[[], np.ndarray]) -> np.ndarray:
+    """An array derived from ``path`` (``tag`` says which: its line index, a split's held-out lines),
+    read (memory-mapped) from the cache while the file is unchanged, else built and stored."""
+    pattern, name = _cache_names(path, tag)
+    cached = cache_folder() / name
     if cached.is_file():
         try:
-            offsets = np.load(cached, mmap_mode="r", allow_pickle=False)
-            if offsets.dtype == np.uint64 and offsets.ndim == 1:
-                return offsets
+            values = np.load(cached, mmap_mode="r", allow_pickle=False)
+            if values.dtype == dtype and values.ndim == 1:
+                return values
         except (OSError, ValueError):
-            pass  # a damaged cache file: built again below
-    offsets = _scan(path)
-    _store(folder, name.split("-")[0], name, offsets)
-    return offsets
+            pass
+        cached.unlink(missing_ok=True)  # damaged: built again
+    values = build()
+    _store(cache_folder(), pattern, name, values)
+    return values
+
+
+@lru_cache(maxsize=None)
+def _offsets(resolved: str, version: tuple[int, int]) -> np.ndarray:
+    path = Path(resolved)
+    return cached_array(path, "lines", np.dtype(np.uint64), lambda: _scan(path))
 
 
 def line_offsets(path: Path) -> np.ndarray:
     """Each line's start offset in ``path`` (``uint64``; ``BLANK`` set for a blank line), from the
     cache when the file has not changed since it was indexed."""
-    _, name = _cache_names(path)
-    return _offsets(str(path.resolve()), name)
+    stat = path.stat()
+    return _offsets(str(path.resolve()), (stat.st_size, stat.st_mtime_ns))
 
 
 def start_of(offset: np.uint64 | int) -> int:

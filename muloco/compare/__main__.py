@@ -385,9 +385,9 @@ def _run_suite(suite, planned: list[Planned], folder: Path, args, extra: list[st
         _finish(suite, planned, folder, args)
     except UsageError as err:
         return failed("compare", err)
-    failed = [name for name, state in states.items() if state != "COMPLETED"]
-    if failed:
-        print(f"{PROG}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in {folder / 'logs'}; "
+    unfinished = [name for name, state in states.items() if state != "COMPLETED"]
+    if unfinished:
+        print(f"{PROG}: {len(unfinished)} run(s) failed: {', '.join(unfinished)}; logs in {folder / 'logs'}; "
               f"run the same command again to retry them", file=sys.stderr)
         return 1
     print(f"wrote compare.md, compare.json and the plots to {folder}")

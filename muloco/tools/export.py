@@ -38,7 +38,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from muloco.utils import optional
 from muloco.utils.atomic_file import as_umask_says
@@ -49,6 +49,9 @@ from muloco.utils.command_line import UsageError, failed, parse, tyro
 from muloco.launch.group import LAUNCHER_KEYS
 from muloco.runs.facts import RUN_FILE
 from muloco.utils.errors import BAD_INPUT, BadInput, MulocoError
+
+if TYPE_CHECKING:
+    import torch
 
 # torch, safetensors and torchtitan are imported once the command line is parsed (in the
 # functions that use them): ``--help`` and a usage error answer without them.

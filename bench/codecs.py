@@ -54,9 +54,9 @@ import sys
 import time
 
 import torch
-
 from live_bytes import LiveBytes  # bench/ is on sys.path when a bench script runs
 from machine import loadavg
+
 from muloco.compress import Dense, Quantizer, TopK
 
 TARGET_RATIO = 2.0

@@ -81,6 +81,7 @@ import time
 from pathlib import Path
 
 from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
+
 from muloco.outer.exchange.pipeline import PARTS as SYNC_PARTS
 
 BENCH = Path(__file__).resolve().parent

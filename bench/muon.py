@@ -31,8 +31,8 @@ import time
 from collections import Counter
 
 import torch
-
 from machine import loadavg  # bench/ is on sys.path when a bench script runs
+
 from muloco import compat
 
 compat.apply()

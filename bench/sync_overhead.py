@@ -85,6 +85,7 @@ from pathlib import Path
 
 from local_run import run_local_job  # bench/ is on sys.path when a bench script runs
 from machine import exit_on_sigterm, loadavg
+
 from muloco.launch.local import LocalJob
 from muloco.outer.exchange.pipeline import PARTS
 

@@ -71,8 +71,8 @@ TARGET_RATIO = 0.97
 def _configure(args, dump_folder: str):
     """The resolved muloco config both trainers start from."""
     from muloco.compat.cpu_device import device_type
-    from muloco.config import load_config
     from muloco.components.precision import resolve_precision
+    from muloco.config import load_config
 
     c = load_config(args.config)
     if args.flavor:

@@ -25,17 +25,17 @@ from muloco.components.checkpoint import check_loadable, run_folder  # noqa: E40
 from muloco.components.preemption import EXIT_PREEMPTED, RunPreempted  # noqa: E402
 from muloco.config.checks import check_config, check_dump_folder  # noqa: E402
 from muloco.config.cli import parse_args, split_config_arg  # noqa: E402
-from muloco.config.loader import ConfigError, resolve_config_path  # noqa: E402
 from muloco.config.held_out import check_held_out_rows  # noqa: E402
+from muloco.config.loader import ConfigError, resolve_config_path  # noqa: E402
 from muloco.config.run_length import resolve_run_length  # noqa: E402
 from muloco.data.loader import check_readable  # noqa: E402
 from muloco.data.tokenizer import TokenizerError  # noqa: E402
 from muloco.outer.manager import ReplicaGroupError, wait_until_reachable  # noqa: E402
-from muloco.utils.command_line import failed, run_main  # noqa: E402
-from muloco.utils.errors import OUT_OF_DATE, REPLICA_GROUP, MulocoError  # noqa: E402
 from muloco.runs.facts import RUN_FILE, facts_of, update_run_record  # noqa: E402
 from muloco.runs.lives import Lives  # noqa: E402
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock  # noqa: E402
+from muloco.utils.command_line import failed, run_main  # noqa: E402
+from muloco.utils.errors import OUT_OF_DATE, REPLICA_GROUP, MulocoError  # noqa: E402
 from muloco.utils.interfaces import is_ipv4  # noqa: E402
 from muloco.utils.ports import free_port  # noqa: E402
 

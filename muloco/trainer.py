@@ -17,25 +17,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torchtitan.trainer
 import tyro
 from torchtitan.components.loss import BaseLoss, CrossEntropyLoss
 from torchtitan.tools.logging import logger
-import torchtitan.trainer
 from torchtitan.trainer import Trainer
 
-from muloco.components.checkpoint import MulocoCheckpointManager
 from muloco.compat import lone_rank_sleep
 from muloco.compat.cpu_device import device_type
+from muloco.components.checkpoint import MulocoCheckpointManager
+from muloco.components.metrics import MulocoMetrics
+from muloco.components.precision import MulocoTrainingConfig, resolve_precision
+from muloco.components.preemption import RunPreempted, StopRequest
+from muloco.components.validate import MulocoValidator
 from muloco.data.loader import PackedTextDataLoader
 from muloco.data.tokenizer import MulocoTokenizer
-from muloco.components.metrics import MulocoMetrics
 from muloco.models import ModelConfig, build_model_spec
 from muloco.objectives import Autoregressive, NoiseKey, Objective, ObjectiveConfig, Prepared, SpecialTokens
 from muloco.optim import MulocoOptimizers
-from muloco.components.precision import MulocoTrainingConfig, resolve_precision
-from muloco.components.preemption import RunPreempted, StopRequest
 from muloco.runs.facts import facts_of, update_run_record
-from muloco.components.validate import MulocoValidator
 
 lone_rank_sleep.apply(torchtitan.trainer)
 

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-
 from conftest import TINY, read_metrics, run_train
 from in_process import run_in_process
 

@@ -39,7 +39,7 @@ TABLES = {
     "codecs.py": [r"codec +kernels +bits/param +rel err +clone ms +encode ms",
                   rf"dense\(float32\) +eager +32\.000 +{NUM} +{NUM} +{NUM} +{NUM}x",
                   rf"quantize\(statistical, 2b.*eager +2\.0\d+ +{NUM}",
-                  rf"codec +K +ring MB +allgather MB", rf"2-bit statistical +16 +{NUM} +{NUM}"],
+                  r"codec +K +ring MB +allgather MB", rf"2-bit statistical +16 +{NUM} +{NUM}"],
     "diffusion.py": [r"objective +tok/s \(median\) +ratio to ar", rf"(?m)^mdlm +{NUM} +{NUM}",
                      rf"(?m)^flex +{NUM}", rf"flex / sdpa = {NUM}",
                      r"levels/batch +NELBO mean", rf"(?m)^ +32 +{NUM} +{NUM}"],

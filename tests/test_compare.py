@@ -15,7 +15,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import QUIET_S, REPO, run_watched
 from slurm_cluster import pid_alive
 
@@ -393,7 +392,8 @@ def test_tune_picks_the_grid_point_by_its_tuning_loss_and_reports_its_validation
     ones after the reported validation batches) on seed 0, the row shows the point with the lower
     tuning loss, its reported loss is the confirmation seed's (seed 1: no choice saw it; seed 0's is
     kept apart), and its gap is to the best tuned dense row."""
-    from muloco.compare import __main__ as compare, suites
+    from muloco.compare import __main__ as compare
+    from muloco.compare import suites
     from muloco.tools.report import load_run
 
     monkeypatch.chdir(REPO)

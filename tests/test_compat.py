@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import run_watched
+
 import muloco.compat as compat
 
 compat.apply()  # before any torchtitan import in this module
@@ -59,7 +59,7 @@ def _run_fresh(code: str, *args: str) -> dict:
         env=env,
     )
     assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
-    lines = [l for l in proc.stdout.splitlines() if l.startswith(PREFIX)]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
     assert len(lines) == 1, f"child reported {len(lines)} results:\n{proc.stdout}\n{proc.stderr}"
     return json.loads(lines[0][len(PREFIX):])
 
@@ -317,9 +317,9 @@ def test_set_timeout_alias_exists():
 
 @NO_CUDA
 def test_set_pg_timeouts_without_device_ids_on_gloo(gloo_world):
+    import torchtitan.distributed.utils as dist_utils
     from torchtitan.config.configs import ParallelismConfig
     from torchtitan.distributed import ParallelDims
-    import torchtitan.distributed.utils as dist_utils
 
     parallel_dims = ParallelDims.from_config(ParallelismConfig(), 1)
     backend = gloo_world._get_backend(torch.device("cpu"))
@@ -520,8 +520,9 @@ def _serve_and_fetch(transport_cls, state, mutate=None):
 
 
 def test_healing_state_is_a_snapshot_taken_when_staged():
-    from muloco.compat.healing_transport import SafeHTTPTransport
     from torchft.checkpointing.http_transport import HTTPTransport
+
+    from muloco.compat.healing_transport import SafeHTTPTransport
 
     for cls, expect in ((HTTPTransport, 5.0), (SafeHTTPTransport, 1.0)):
         w = torch.ones(4)
@@ -767,8 +768,8 @@ def test_the_llama_adapter_ignores_the_tokenizer_assets_folder_and_maps_like_tor
 
     from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 
-    from muloco.hf.adapter import Llama3Adapter
     from muloco.config.cli import parse_args
+    from muloco.hf.adapter import Llama3Adapter
     from muloco.models import build_model_config, hf_adapter, init_model
 
     _, c = parse_args(["--config", "ddp/adamw", "--model.flavor", "llama3-w64-d2-h2"])

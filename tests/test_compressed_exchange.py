@@ -25,9 +25,9 @@ from muloco import compat
 
 compat.apply()
 
+from conftest import run_together  # noqa: E402
 from torchft.coordination import LighthouseServer  # noqa: E402
 
-from conftest import run_together  # noqa: E402
 from muloco.compress import Dense, ErrorFeedback, Pieces, Quantizer, TopK  # noqa: E402
 from muloco.outer.exchange import Exchange  # noqa: E402
 from muloco.outer.exchange.layout import ranges, whole_tensors  # noqa: E402

@@ -8,10 +8,11 @@ from muloco import compat
 
 compat.apply()
 
+from conftest import run_train  # noqa: E402
+
 from muloco.config import ConfigError, load_config  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.train import main  # noqa: E402
-from conftest import run_train  # noqa: E402
 
 
 def test_config_modules_compose():

@@ -10,8 +10,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from types import SimpleNamespace
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
@@ -19,19 +19,19 @@ from muloco import compat
 
 compat.apply()
 
+from replicas import until  # noqa: E402
 from torch.distributed import TCPStore  # noqa: E402
 from torchft import Manager, ProcessGroupGloo  # noqa: E402
 from torchft.coordination import LighthouseClient, LighthouseServer  # noqa: E402
 
 from muloco.compat.quorum_record import RecordingClient, record_quorums  # noqa: E402
-from replicas import until  # noqa: E402
 from muloco.outer.coordinator import CoordinationError, Coordinator, QuorumView  # noqa: E402
-from muloco.outer.lighthouse_status import majority  # noqa: E402
 from muloco.outer.lighthouse_status import (  # noqa: E402
     LighthouseUnreachable,
     check_url,
     fetch_status,
     group_of,
+    majority,  # noqa: E402
     parse_status,
 )
 

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from muloco.data import corpus, loader as loader_module
+from muloco.data import corpus
+from muloco.data import loader as loader_module
 from muloco.data.corpus import DataError, JsonlSource, StdlibSource
 from muloco.data.loader import PackedTextDataLoader
 from muloco.data.sources import EmbeddedStdlib, HuggingFaceDataset, JsonlFiles, SftRows
@@ -122,7 +123,6 @@ def test_stdlib_file_list_skips_site_packages_and_caches_without_entering_them(t
     """The corpus's file list is what a glob of every ``.py`` file gives, less those under
     site-packages and __pycache__, whose folders the walk never enters (an interpreter's own
     site-packages can be most of the tree); the real stdlib root lists the same both ways."""
-    from pathlib import Path
 
     from muloco.data.split import EXCLUDED_DIRS, stdlib_root, stdlib_sources
 

@@ -13,10 +13,10 @@ import muloco.compat as compat
 compat.apply()
 
 from muloco.compat.cpu_device import device_type  # noqa: E402
+from muloco.components.precision import resolve_precision  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.outer.optimizer import OuterOptimizer  # noqa: E402
 from muloco.outer.placement import Placement, resolve_backup_device  # noqa: E402
-from muloco.components.precision import resolve_precision  # noqa: E402
 
 
 @pytest.fixture

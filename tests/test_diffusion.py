@@ -9,7 +9,6 @@ import textwrap
 
 import pytest
 import torch
-
 from conftest import REPO, TINY, hand_bits_per_byte, read_metrics, run_gloo_ranks, run_train, run_watched, tiny_model
 from in_process import run_in_process
 

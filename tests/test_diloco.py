@@ -14,7 +14,8 @@ from progress import FolderProgress
 from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, until, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
-from muloco.runs.lives import UNSAID, describe as describe_lives
+from muloco.runs.lives import UNSAID
+from muloco.runs.lives import describe as describe_lives
 from muloco.tools.report import lives_lines, load_run, rounds_lines
 
 H = 10

@@ -16,7 +16,6 @@ print a plan."""
 from __future__ import annotations
 
 import contextlib
-
 import importlib
 import os
 import re
@@ -28,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, watch
 from in_process import recorded_python, run_in_process
 

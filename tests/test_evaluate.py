@@ -17,8 +17,8 @@ from muloco import compat
 compat.apply()
 
 from muloco.evaluate.__main__ import main  # noqa: E402
-from muloco.tools.loading import load_config, load_model  # noqa: E402
 from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # noqa: E402
+from muloco.tools.loading import load_config, load_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)  # hang timeouts: trainings and evaluations on 2 cores
 

@@ -17,8 +17,8 @@ from muloco import compat
 compat.apply()
 
 from muloco.config.cli import parse_args  # noqa: E402
-from muloco.tools.export import main  # noqa: E402
 from muloco.models import init_model  # noqa: E402
+from muloco.tools.export import main  # noqa: E402
 from muloco.tools.loading import load_config, load_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)  # hang timeouts: several trainings on 2 cores
@@ -186,8 +186,8 @@ def _llada_folder(llama: Path, out: Path) -> Path:
     weights of the transformers Llama in ``llama``."""
     from safetensors.torch import load_file, save_file
 
-    from muloco.hf.llada import to_llada_names
     from muloco.data.tokenizer import MulocoTokenizer
+    from muloco.hf.llada import to_llada_names
 
     out.mkdir()
     t = TINY_LLAMA

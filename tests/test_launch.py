@@ -15,12 +15,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from conftest import run_watched
 
 from muloco.launch.lighthouse import LighthouseError, parse_bind, quorum_size, start_lighthouse
-from muloco.utils.command_line import UsageError
 from muloco.launch.local import LocalJob, job_from_args, main
+from muloco.utils.command_line import UsageError
 from muloco.utils.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[1]

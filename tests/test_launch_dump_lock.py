@@ -13,12 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import run_watched
 
-from muloco.utils.created_dirs import make_dirs
-from muloco.runs.lock import LOCK_NAME, DumpFolderBusy, DumpFolderLock
 from muloco.launch.local import LocalJob
+from muloco.runs.lock import LOCK_NAME, DumpFolderBusy, DumpFolderLock
+from muloco.utils.created_dirs import make_dirs
 
 REPO = Path(__file__).resolve().parents[1]
 HOLDER = REPO / "tests" / "launch_lock_holder.py"

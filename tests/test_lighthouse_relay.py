@@ -19,10 +19,10 @@ compat.apply()
 
 from torchft.coordination import LighthouseClient  # noqa: E402
 
-from muloco.utils.atomic_file import write_atomically  # noqa: E402
 from muloco.launch.lighthouse import start_lighthouse  # noqa: E402
 from muloco.launch.lighthouse_relay import LighthouseRelay, read_target  # noqa: E402
 from muloco.outer.lighthouse_status import fetch_status  # noqa: E402
+from muloco.utils.atomic_file import write_atomically  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,14 +18,14 @@ import textwrap
 import threading
 
 import pytest
-
 from conftest import REPO, run_together, run_watched
+
+from muloco.outer.exchange.link import Clock, Link
 from muloco.sizing import link_plan
-from muloco.utils import round_budget
-from muloco.utils.link_model import Transfer, format_rate, parse_rate, transfer_seconds
 from muloco.sizing.cli import main as model_map_main
 from muloco.sizing.flavors import count_parameters
-from muloco.outer.exchange.link import Clock, Link
+from muloco.utils import round_budget
+from muloco.utils.link_model import Transfer, format_rate, parse_rate, transfer_seconds
 
 
 class FakeClock(Clock):

@@ -25,8 +25,7 @@ compat.apply()
 from muloco.data.tokenizer import MulocoTokenizer  # noqa: E402
 from muloco.evaluate.source import from_hf_folder  # noqa: E402
 from muloco.hf.peft import TARGETS, adapter_settings, load_adapter, save_adapter  # noqa: E402
-from muloco.models.lora import (LoraConfig, apply_lora, lora_modules, lora_state, merge_lora,  # noqa: E402
-                                trainable_names)
+from muloco.models.lora import LoraConfig, apply_lora, lora_modules, lora_state, merge_lora, trainable_names  # noqa: E402
 
 RELATIVE_TOLERANCE = 1e-5
 IDS = torch.randint(0, 32, (2, 24), generator=torch.Generator().manual_seed(1))

@@ -163,10 +163,9 @@ def test_a_group_that_heals_in_a_lora_run_receives_the_adapters_not_the_frozen_b
     """Group 1 starts once group 0 has trained its last step and heals to the final state: what
     it receives (model, optimizer, θ_g and the rest) is a fraction of the frozen base alone, and
     both groups end on one θ_g."""
+    from conftest import read_metrics
     from progress import FolderProgress
     from replicas import DILOCO_TINY, HANG_S, Cluster, summary, until
-
-    from conftest import read_metrics
 
     c = Cluster(tmp_path, 2, min_replicas=1)
     try:

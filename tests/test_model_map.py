@@ -8,13 +8,13 @@ import math
 import sys
 
 import pytest
-
 from conftest import REPO, run_watched, tiny_model
 
 from muloco import compat
 
 compat.apply()
 
+from muloco.sizing.cli import main  # noqa: E402
 from muloco.sizing.flavors import (  # noqa: E402
     SHAPES,
     SOURCES,
@@ -23,7 +23,6 @@ from muloco.sizing.flavors import (  # noqa: E402
     sizing,
     steps_for_batch,
 )
-from muloco.sizing.cli import main  # noqa: E402
 
 
 @pytest.mark.parametrize("global_batch, vocab, replicas", [(512, 128256, 1), (2048, 128256, 8), (64, 2048, 2)])

@@ -17,9 +17,9 @@ compat.apply()
 
 from conftest import REPO, TINY, run_gloo_ranks, run_train, run_watched, train_losses  # noqa: E402
 
-from muloco.utils.ports import free_port  # noqa: E402
 from muloco.optim.muon import Muon, lr_scale  # noqa: E402
 from muloco.optim.newton_schulz import COEFFICIENTS, coefficient_schedule, orthogonalize  # noqa: E402
+from muloco.utils.ports import free_port  # noqa: E402
 
 
 def _ns64(g: torch.Tensor, coefficients: str, steps: int, eps: float = 1e-7) -> torch.Tensor:

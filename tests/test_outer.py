@@ -232,7 +232,6 @@ def _run_replica(r, k, lighthouse, init, steps, cfg, out, errors, poison_step=No
             for n, p in model.named_parameters():
                 p.copy_(init[n])
         loop = cfg.build(model=model, manager=manager, device=torch.device("cpu"), total_steps=steps)
-        names = [n for n, _ in model.named_parameters()]
         history = []
         for t in range(1, steps + 1):
             with torch.no_grad():

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import QUIET_S, REPO, TINY, read_metrics
 from progress import FolderProgress
 from replicas import summary, until

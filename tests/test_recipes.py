@@ -21,8 +21,8 @@ compat.apply()
 
 from muloco.models import ModelConfig, init_model  # noqa: E402
 from muloco.objectives.diffusion import MaskedDiffusion  # noqa: E402
-from muloco.objectives.objective import NoiseKey, SpecialTokens  # noqa: E402
 from muloco.objectives.documents import evaluate_mask  # noqa: E402
+from muloco.objectives.objective import NoiseKey, SpecialTokens  # noqa: E402
 from muloco.objectives.recipes import BlockWise, Dream, Recipe, block_diffusion_mask  # noqa: E402
 from muloco.objectives.sampling import DiffusionSampling, sample_block_diffusion, sample_diffusion_batch  # noqa: E402
 

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TINY, run_train, run_watched
+
 from muloco import compat
 from muloco.tools import report
 

@@ -13,8 +13,7 @@ compat.apply()
 from muloco.config import load_config  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.config.loader import available_configs  # noqa: E402
-from muloco.runs.facts import (FACT_KEYS, facts_of, method_of, missing_facts, source_commit,  # noqa: E402
-                              update_run_record)
+from muloco.runs.facts import FACT_KEYS, facts_of, method_of, missing_facts, source_commit, update_run_record  # noqa: E402
 
 EXPECTED_METHOD = {
     "base": "ddp-adamw", "ddp/adamw": "ddp-adamw", "ddp/muon": "ddp-muon",

@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_watched
 
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"

@@ -18,8 +18,8 @@ from torchtitan.components.loss import IGNORE_INDEX  # noqa: E402
 
 from muloco.data.corpus import DataError  # noqa: E402
 from muloco.data.loader import PackedTextDataLoader, check_readable  # noqa: E402
-from muloco.data.sources import SftRows  # noqa: E402
 from muloco.data.sft import sft_row  # noqa: E402
+from muloco.data.sources import SftRows  # noqa: E402
 from muloco.data.tokenizer import MulocoTokenizer  # noqa: E402
 from muloco.objectives import MaskedDiffusion, NoiseKey, SpecialTokens  # noqa: E402
 from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # noqa: E402

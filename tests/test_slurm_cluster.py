@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from progress import FolderProgress
 
 pytestmark = pytest.mark.timeout(600)

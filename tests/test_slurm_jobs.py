@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TINY, read_metrics, watch
 from drill_train import open_gate, release
 from progress import JOB_QUIET_S, FolderProgress

@@ -15,10 +15,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from conftest import TINY
 from progress import JOB_QUIET_S, FolderProgress
 from replicas import syncs

@@ -9,7 +9,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import run_watched
 
 from muloco.launch.cluster import ClusterError, ClusterSettings, NodeInfo, check_request, resolve_partition

@@ -43,9 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
-from conftest import REPO, TINY, Watched, run_watched
-from in_process import RECORDER, recorded_python
+from conftest import REPO, TINY, Watched
+from in_process import recorded_python
 
 THIS = "tests/test_smoke.py"
 

@@ -6,11 +6,11 @@ import runpy
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import REPO
+
 from muloco.launch.cluster import ClusterError, ClusterSettings, _gpus, load_cluster_settings
 from muloco.launch.slurm import JobError, JobSpec
-from muloco.launch.slurm_commands import states_in, combined_state
+from muloco.launch.slurm_commands import combined_state, states_in
 from muloco.launch.sweep import grid, lr_grid, plan, render, same_shape
 from muloco.runs.sweep_manifest import Entry, ManifestError, read_manifest, write_manifest
 

@@ -12,9 +12,9 @@ import sys
 import time
 
 import pytest
-
 from conftest import QUIET_S, REPO, TINY
 from slurm_cluster import pid_alive
+
 from muloco.launch.sweep import Sweep, grid, main
 
 pytestmark = pytest.mark.timeout(900)
@@ -96,7 +96,7 @@ def test_sigterm_stops_the_running_run_of_a_runner_started_with_sigint_ignored(t
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     sleeper = None
     try:
-        last, seen = time.monotonic(), ""
+        last = time.monotonic()
         while not (log.is_file() and log.read_text().strip()):  # the run's process is up
             assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() - last < QUIET_S, "the run did not start"

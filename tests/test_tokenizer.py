@@ -13,9 +13,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 import torch
+from conftest import run_watched
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from conftest import run_watched
 from muloco.data.split import is_validation, stdlib_root, stdlib_sources
 from muloco.data.tokenizer import (
     EMBEDDED_TOKENIZER,

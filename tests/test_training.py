@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import TINY, hand_bits_per_byte, read_metrics, run_train, train_losses
 
 

@@ -36,11 +36,11 @@ from pathlib import Path
 
 from muloco.compare import runner, table, timing
 from muloco.compare.suites import AVERAGING, DATA, GRIDS, SUITES, Planned, SuiteError, over_links, plan
-from muloco.utils.link_model import parse_rate
-from muloco.utils.command_line import UsageError, failed, parse, run_main
 from muloco.launch.group import TrainerConfigError, load_trainer_config
-from muloco.runs.names import run_name
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
+from muloco.runs.names import run_name
+from muloco.utils.command_line import UsageError, failed, parse, run_main
+from muloco.utils.link_model import parse_rate
 
 PROG = "python -m muloco.compare"
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from muloco.tools.report import aligned, format_duration, format_number
 from muloco.utils import optional
 from muloco.utils.link_model import format_rate
-from muloco.tools.report import aligned, format_duration, format_number
 
 DILOCO_REFERENCE = "DiLoCo K=2"
 """The row whose final loss is the target unless ``--target`` is given."""

@@ -30,8 +30,16 @@ def apply() -> None:
     # Imported here, not at the top: most of them import torch, and a torch-free process (the
     # lighthouse, the launchers) imports one of this folder's torch-free modules without paying
     # for the package's torch ones.
-    from muloco.compat import (checkpoint_safety, compile_on_first_call, cpu_device, distributed, lazy_hf_datasets,
-                               model_config_log, torchft_log_level, triton_stub)
+    from muloco.compat import (
+        checkpoint_safety,
+        compile_on_first_call,
+        cpu_device,
+        distributed,
+        lazy_hf_datasets,
+        model_config_log,
+        torchft_log_level,
+        triton_stub,
+    )
 
     torchft_log_level.apply()
     model_config_log.apply()

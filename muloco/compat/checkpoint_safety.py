@@ -22,6 +22,7 @@ import torch
 import torch.distributed.checkpoint.default_planner as default_planner
 import torch.distributed.checkpoint.filesystem as dcp_filesystem
 import torch.distributed.checkpoint.metadata as dcp_metadata
+
 from muloco.utils.errors import BadCheckpoint
 
 

@@ -22,9 +22,9 @@ from datetime import timedelta
 
 import torch
 from torch.utils._pytree import tree_map_only
-from torchtitan.tools.logging import logger
 from torchft.checkpointing._serialization import _streaming_load
 from torchft.checkpointing.http_transport import HTTPTransport
+from torchtitan.tools.logging import logger
 
 
 class SafeHTTPTransport(HTTPTransport):

@@ -24,8 +24,8 @@ from torchtitan.tools.logging import logger
 
 from muloco.runs import manifest
 from muloco.runs.facts import RUN_FILE  # noqa: F401 - where a run folder's command and facts are
-from muloco.utils.values import require_steps_or_fraction
 from muloco.utils.errors import BadCheckpoint
+from muloco.utils.values import require_steps_or_fraction
 
 
 class CheckpointLoadError(BadCheckpoint, RuntimeError):

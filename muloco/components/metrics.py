@@ -21,12 +21,12 @@ from typing import Any
 
 import torch
 from torchtitan.components.metrics import MetricsProcessor
+from torchtitan.tools.logging import logger
 
+from muloco.runs.manifest import complete_steps
 from muloco.utils import optional
 from muloco.utils.atomic_file import write_atomically
 from muloco.utils.values import require_steps_or_fraction
-from muloco.runs.manifest import complete_steps
-from torchtitan.tools.logging import logger
 
 
 def _fmt_duration(seconds: float) -> str:

@@ -28,8 +28,8 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Callable
-from typing import ContextManager
 from dataclasses import dataclass, field
+from typing import ContextManager
 
 import torch
 from torchtitan.components.loss import IGNORE_INDEX

@@ -99,8 +99,9 @@ def _abbreviations(key: str, keys) -> list[str]:
     section, _, leaf = key.rpartition(".")
     out = []
     for k in keys:
-        s, _, l = k.rpartition(".")
-        if s == section and l != leaf and "_" in (leaf + l) and (_initials(leaf) == l or _initials(l) == leaf):
+        s, _, last = k.rpartition(".")
+        initialled = _initials(leaf) == last or _initials(last) == leaf
+        if s == section and last != leaf and "_" in (leaf + last) and initialled:
             out.append(k)
     return out
 

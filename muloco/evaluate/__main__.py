@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Annotated
 
 from muloco.utils.atomic_file import write_atomically
-from muloco.utils.created_dirs import make_dirs, remove_dirs
 from muloco.utils.command_line import UsageError, failed, parse, run_main, tyro
+from muloco.utils.created_dirs import make_dirs, remove_dirs
 from muloco.utils.errors import BAD_INPUT, MulocoError
 
 # torch, torchtitan and lm-eval are imported once the command line is parsed (in ``main`` and

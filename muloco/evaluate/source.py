@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from muloco.hf import config as hf_config
 from muloco.components.checkpoint import RUN_FILE
 from muloco.data.tokenizer import MulocoTokenizer
+from muloco.hf import config as hf_config
 from muloco.objectives.sampling_options import READOUT_KEY, Readout
 from muloco.utils.errors import BadInput
 

@@ -18,7 +18,6 @@ from torchtitan.models.llama3.state_dict_adapter import Llama3StateDictAdapter
 from muloco.hf.config import read
 from muloco.hf.llada import is_llada, to_llada_names, to_llama_names
 
-
 QK_NORM = re.compile(r"layers\.(\d+)\.attention\.([qk])_norm\.weight")
 HF_QK_NORM = re.compile(r"model\.layers\.(\d+)\.self_attn\.([qk])_norm\.weight")
 POST_NORMS = {"post_attention_norm": "attn_output_norm", "post_ffn_norm": "mlp_output_norm"}

@@ -5,12 +5,12 @@ stopped with their process groups, and never outliving the launcher (see ``Group
 from __future__ import annotations
 
 import os
-from datetime import datetime
 import signal
 import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from typing import IO, Any, Callable
 
 from muloco.launch.parent_death import die_with_launcher

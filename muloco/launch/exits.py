@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+
 def describe_exit(code: int) -> str:
     """Exit codes as people read them: 'code 3', or 'signal SIGKILL' for a killed process
     (``Popen``'s negative return code)."""

@@ -18,6 +18,7 @@ counts. No device: CPU, nothing is set.
 from __future__ import annotations
 
 import os
+
 from muloco.utils.errors import BadInput
 
 

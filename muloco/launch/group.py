@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+
 from muloco.utils.errors import BadInput
 
 TRAINER = [sys.executable, "-m", "muloco.train"]

@@ -34,24 +34,37 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from functools import cached_property
 from datetime import datetime
+from functools import cached_property
 from typing import IO, Callable
 
-from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, failed, parse, run_main
-from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
-from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.components.stop_request import EXIT_PREEMPTED, clear_stop_request
+from muloco.launch.children import Console, GroupReaper, ManagedProcess, stop_processes
 from muloco.launch.exits import describe_exit, shell_status
-from muloco.launch.group import (TRAINER, TrainerConfigError, group_variables, load_trainer_config, torchrun_args,
-                                 torchrun_group, trainer_command)
 from muloco.launch.gpu_slices import GpuLayoutError, gpu_slices, visible_gpus
-from muloco.launch.lighthouse import (DEFAULT_JOIN_TIMEOUT_MS, Lighthouse, LighthouseError,
-                                      below_majority_warning, majority, start_lighthouse)
+from muloco.launch.group import (
+    TRAINER,
+    TrainerConfigError,
+    group_variables,
+    load_trainer_config,
+    torchrun_args,
+    torchrun_group,
+    trainer_command,
+)
+from muloco.launch.lighthouse import (
+    DEFAULT_JOIN_TIMEOUT_MS,
+    Lighthouse,
+    LighthouseError,
+    below_majority_warning,
+    majority,
+    start_lighthouse,
+)
 from muloco.launch.netns import STATE_FILE, Link, Testbed, TestbedError, unavailable
 from muloco.launch.replica_group import TAG as GROUP_TAG
 from muloco.runs.facts import dump_folder_in
+from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
+from muloco.utils.command_line import UsageError, failed, parse, run_main
+from muloco.utils.created_dirs import make_dirs, remove_dirs
 from muloco.utils.errors import MulocoError
 
 DEFAULT_DUMP_FOLDER = "./outputs/local-diloco"

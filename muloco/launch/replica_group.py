@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import sys
-
 from typing import TYPE_CHECKING
 
 from muloco.launch.exits import describe_exit, exit_like

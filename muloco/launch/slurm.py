@@ -36,15 +36,27 @@ from typing import Annotated
 
 import tyro
 
-from muloco.utils.created_dirs import make_dirs, remove_dirs
-from muloco.utils.command_line import UsageError, failed, parse, run_main
 from muloco.components.stop_request import EXIT_PREEMPTED
-from muloco.launch.cluster import (ClusterError, ClusterOptions, ClusterSettings, ClusterUnreachable, NodeInfo, Partition,
-                                   SINFO_TIMEOUT_S, check_request, default_cluster_file, default_partition, mem_mb, query_sinfo,
-                                   resolve_partition)
+from muloco.launch.cluster import (
+    SINFO_TIMEOUT_S,
+    ClusterError,
+    ClusterOptions,
+    ClusterSettings,
+    ClusterUnreachable,
+    NodeInfo,
+    Partition,
+    check_request,
+    default_cluster_file,
+    default_partition,
+    mem_mb,
+    query_sinfo,
+    resolve_partition,
+)
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 from muloco.launch.slurm_commands import SlurmCommandError, cancel, slurm
 from muloco.launch.templates import render
+from muloco.utils.command_line import UsageError, failed, parse, run_main
+from muloco.utils.created_dirs import make_dirs, remove_dirs
 from muloco.utils.errors import BAD_INPUT, BadInput
 
 SLURM_DIR = "slurm"

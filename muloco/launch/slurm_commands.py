@@ -10,6 +10,7 @@ said) or did not answer. Callers turn that into their own message; none runs SLU
 from __future__ import annotations
 
 import subprocess
+
 from muloco.utils.errors import MulocoError
 
 COMMANDS = ("sinfo", "sbatch", "scontrol", "scancel", "squeue", "sacct")

@@ -18,11 +18,11 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
-from muloco.utils.command_line import UsageError, failed, parse
-from muloco.launch.group import group_variables, torchrun_args, torchrun_group, trainer_command
 from muloco.launch.gpu_slices import visible_gpus
+from muloco.launch.group import group_variables, torchrun_args, torchrun_group, trainer_command
 from muloco.launch.parent_death import die_with_launcher
 from muloco.launch.slurm_commands import SlurmCommandError, slurm
+from muloco.utils.command_line import UsageError, failed, parse
 from muloco.utils.errors import BAD_INPUT, MulocoError
 
 RDZV_PORT_BASE = 26400

@@ -42,11 +42,23 @@ import tyro
 
 from muloco.launch.cluster import ClusterError, ClusterOptions
 from muloco.launch.gpu_slices import visible_gpus
-from muloco.runs.names import run_name
-from muloco.launch.slurm import (KINDS, SLURM_DIR, JobError, JobSpec, Kind, Script, array_script, build,
-                                 cluster_nodes, place, prepare_folder, submit_scripts)
+from muloco.launch.slurm import (
+    KINDS,
+    SLURM_DIR,
+    JobError,
+    JobSpec,
+    Kind,
+    Script,
+    array_script,
+    build,
+    cluster_nodes,
+    place,
+    prepare_folder,
+    submit_scripts,
+)
 from muloco.launch.slurm_commands import FAILED_STATES, SlurmCommandError, job_state, nodes_in_use
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
+from muloco.runs.names import run_name
 from muloco.runs.sweep_manifest import MANIFEST, Entry, ManifestError, read_manifest, run_finished, write_manifest
 from muloco.sizing.flavors import parse_flavor, rescaled_weight_decay
 from muloco.utils.command_line import UsageError, failed, parse

@@ -14,19 +14,19 @@ import torch
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 from torchtitan.models.common.config_utils import make_ffn_config, make_gqa_config
 from torchtitan.models.llama3 import (
-    _depth_init,
     _EMBEDDING_INIT,
     _LINEAR_INIT,
     _NORM_INIT,
-    _output_linear_init,
     Llama3Model,
+    _depth_init,
+    _output_linear_init,
     parallelize_llama,
 )
 from torchtitan.protocols.model_spec import ModelSpec
 
+from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.hf import config as hf_config
 from muloco.hf.adapter import Llama3Adapter, adapter_for
-from muloco.compat.fsdp_gloo import gloo_safe_parallelize
 from muloco.models.attention import SwitchableSDPA
 from muloco.models.block import SandwichBlock
 from muloco.models.lora import LoraConfig, apply_lora, with_lora

@@ -25,19 +25,19 @@ _WHERE = {
 __all__ = sorted([*_WHERE, "ObjectiveConfig"])
 
 if TYPE_CHECKING:
-    from muloco.objectives.autoregressive import Autoregressive
-    from muloco.objectives.diffusion import MaskedDiffusion
-    from muloco.objectives.objective import NoiseKey, Objective, Prepared, SpecialTokens
+    from muloco.objectives.autoregressive import Autoregressive  # noqa: F401 - for type checkers: the names load lazily (__getattr__)
+    from muloco.objectives.diffusion import MaskedDiffusion  # noqa: F401 - for type checkers: the names load lazily (__getattr__)
+    from muloco.objectives.objective import NoiseKey, Objective, Prepared, SpecialTokens  # noqa: F401 - for type checkers: the names load lazily (__getattr__)
 
 
 def _objective_config():
     # lazy, as the package's names are (__getattr__): importing it loads no objective's torch code
+    from typing import Annotated
+
     import tyro
 
     from muloco.objectives.autoregressive import Autoregressive
     from muloco.objectives.diffusion import MaskedDiffusion
-
-    from typing import Annotated
 
     return (Annotated[Autoregressive.Config, tyro.conf.subcommand(Autoregressive.name)]
             | Annotated[MaskedDiffusion.Config, tyro.conf.subcommand(MaskedDiffusion.name)])

@@ -25,10 +25,10 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 if TYPE_CHECKING:
-    from muloco.outer.exchange import Exchange, PendingExchange
-    from muloco.outer.loop import OuterLoop
-    from muloco.outer.optimizer import OuterOptimizer
-    from muloco.outer.schedule import SyncSchedule, model_fragments
+    from muloco.outer.exchange import Exchange, PendingExchange  # noqa: F401 - for type checkers: the names load lazily (__getattr__)
+    from muloco.outer.loop import OuterLoop  # noqa: F401 - for type checkers: the names load lazily (__getattr__)
+    from muloco.outer.optimizer import OuterOptimizer  # noqa: F401 - for type checkers: the names load lazily (__getattr__)
+    from muloco.outer.schedule import SyncSchedule, model_fragments  # noqa: F401 - for type checkers: the names load lazily (__getattr__)
 
 
 def __getattr__(name: str):

@@ -24,16 +24,16 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from datetime import timedelta
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 from torchtitan.tools.logging import logger
 
 from muloco.compat.quorum_record import record_quorums
-from muloco.outer.lighthouse_status import LighthouseStatus, LighthouseUnreachable, fetch_status, group_of, majority
-from muloco.utils.errors import MulocoError, OUT_OF_DATE, REPLICA_GROUP
+from muloco.outer.lighthouse_status import LighthouseStatus, LighthouseUnreachable, fetch_status, group_of
+from muloco.utils.errors import OUT_OF_DATE, REPLICA_GROUP, MulocoError
 
 PROGRESS_EVERY_S = 15.0
 CUT_OFF_FIRST_S = 5.0

@@ -20,7 +20,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from muloco.utils.errors import MulocoError, REPLICA_GROUP
+
+from muloco.utils.errors import REPLICA_GROUP, MulocoError
 
 REPLICA_ID_PREFIX = "muloco_replica_"
 

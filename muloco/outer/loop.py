@@ -53,7 +53,7 @@ from muloco.outer.placement import Placement, resolve_backup_device
 from muloco.outer.rounds import DeadlineRounds, Lockstep, RoundConfig
 from muloco.outer.schedule import SyncSchedule, model_fragments
 from muloco.outer.step_schedule import StepSchedules
-from muloco.utils.errors import MulocoError, REPLICA_GROUP
+from muloco.utils.errors import REPLICA_GROUP, MulocoError
 
 __all__ = ["CoordinationError", "OutOfDateError", "OuterLoop", "SyncRecord"]
 
@@ -838,7 +838,7 @@ class OuterLoop(Configurable):
             yield
         finally:
             with torch.no_grad():
-                locals_ = [l for frag in self.fragments for l in frag.locals()]
+                locals_ = [t for frag in self.fragments for t in frag.locals()]
                 torch._foreach_copy_(locals_, saved)
 
     # -------------------------------------------------------------------- state

@@ -25,15 +25,13 @@ from datetime import timedelta
 
 import torchft
 from torchtitan.experiments.torchft.manager import TorchFTManager
-
 from torchtitan.tools.logging import logger
 
 from muloco.compat import healing_transport
-from muloco.outer.lighthouse_status import majority
+from muloco.outer.lighthouse_status import REPLICA_ID_PREFIX, LighthouseUnreachable, check_url, fetch_status, majority
+from muloco.utils.errors import OUT_OF_DATE, REPLICA_GROUP, MulocoError
 from muloco.utils.interfaces import interface_of, is_ipv4, route_address
 from muloco.utils.values import require_at_least_zero, require_positive
-from muloco.outer.lighthouse_status import REPLICA_ID_PREFIX, LighthouseUnreachable, check_url, fetch_status
-from muloco.utils.errors import OUT_OF_DATE, REPLICA_GROUP, MulocoError
 
 
 class ReplicaGroupError(MulocoError, RuntimeError):

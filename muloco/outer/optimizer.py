@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from torchtitan.config import Configurable
 
 OUTER_OPTIMIZERS = ("nesterov", "sgd", "none")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch.nn as nn
+
 from muloco.utils.errors import BadInput
 
 

@@ -11,10 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-from muloco.utils.command_line import UsageError, failed, parse, tyro
+from muloco.sizing.flavors import (
+    LLAMA3_VOCAB,
+    SHAPES,
+    SOURCES,
+    VOCAB_MULTIPLE,
+    WD_REFERENCE_BATCH,
+    default_vocab,
+    embedded_vocab,
+    padded_vocab,
+    parse_flavor,
+    sizing,
+)
+from muloco.utils.command_line import failed, parse, tyro
 from muloco.utils.errors import BAD_INPUT, MulocoError
-from muloco.sizing.flavors import (LLAMA3_VOCAB, SHAPES, SOURCES, VOCAB_MULTIPLE, WD_REFERENCE_BATCH, default_vocab,
-                                   embedded_vocab, padded_vocab, parse_flavor, sizing)
 
 _DESCRIPTION = ("The model map: every flavor's shape, parameter count, token budget and tuned settings; with "
                 "--link-mbps, what the link between replica groups costs.")

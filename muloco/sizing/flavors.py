@@ -37,6 +37,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+
 from muloco.utils.errors import BadInput
 
 FFN_MULTIPLIER = 2.75

@@ -29,10 +29,15 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from muloco.sizing.flavors import (
+    LLAMA3_VOCAB,
+    block_parameters,
+    count_parameters,
+    parse_flavor,
+)
 from muloco.utils import round_budget
-from muloco.utils.link_model import format_rate, transfer_seconds
-from muloco.sizing.flavors import LLAMA3_VOCAB, block_parameters, count_embedding_parameters, count_parameters, parse_flavor
 from muloco.utils.errors import BadInput
+from muloco.utils.link_model import format_rate, transfer_seconds
 
 GPU_PEAK_TFLOPS = {"h100": 989.0, "h200": 989.0, "a100": 312.0, "b200": 2250.0, "l40s": 362.0}
 """Dense bf16 peak TFLOPS by GPU (vendors' datasheets, SXM parts; no sparsity). ``--gpu`` also

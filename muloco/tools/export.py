@@ -40,14 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
-from muloco.utils import optional
-from muloco.utils.atomic_file import as_umask_says
 from muloco.hf.config import llama_config
 from muloco.hf.remote_code import FOLDER as REMOTE_CODE
-from muloco.objectives.sampling_options import READOUT_KEY
-from muloco.utils.command_line import UsageError, failed, parse, tyro
 from muloco.launch.group import LAUNCHER_KEYS
+from muloco.objectives.sampling_options import READOUT_KEY
 from muloco.runs.facts import RUN_FILE
+from muloco.utils import optional
+from muloco.utils.atomic_file import as_umask_says
+from muloco.utils.command_line import UsageError, failed, parse, tyro
 from muloco.utils.errors import BAD_INPUT, BadInput, MulocoError
 
 if TYPE_CHECKING:
@@ -281,8 +281,8 @@ def _hf_tokenizer(tokenizer):
         return Tokenizer.from_file(str(_tokenizer_file(tokenizer)))
     optional.require("transformers", "exporting a tiktoken tokenizer")
     # start-up: the tokenizer conversion loads transformers (seconds), only for the export itself
-    from muloco.hf.tokenizer import tiktoken_to_hf
     from muloco.data.tokenizer import LLAMA3_PAT_STR, read_tiktoken_ranks, tiktoken_special_tokens
+    from muloco.hf.tokenizer import tiktoken_to_hf
 
     return tiktoken_to_hf(read_tiktoken_ranks(tokenizer.path), LLAMA3_PAT_STR, tiktoken_special_tokens())
 

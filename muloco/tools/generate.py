@@ -19,8 +19,8 @@ import sys
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from muloco.utils.command_line import UsageError, failed, parse, tyro
 from muloco.objectives.sampling_options import CACHES, ORDERS
+from muloco.utils.command_line import UsageError, failed, parse, tyro
 from muloco.utils.errors import BAD_INPUT, BadInput, MulocoError
 
 # torch and torchtitan are imported once the command line is parsed (``_load``): ``--help`` and a
@@ -114,8 +114,13 @@ def generate(args: GenerateOptions) -> list[dict]:
     import torch
 
     from muloco.objectives.recipes import readout_of
-    from muloco.objectives.sampling import (DiffusionSampling, sample_autoregressive, sample_model, sampling_for,
-                                            until_eos)
+    from muloco.objectives.sampling import (
+        DiffusionSampling,
+        sample_autoregressive,
+        sample_model,
+        sampling_for,
+        until_eos,
+    )
     from muloco.tools.loading import load_config, load_model, locate
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)

@@ -22,9 +22,9 @@ compat.apply()
 import torch  # noqa: E402
 
 from muloco.components.checkpoint import RUN_FILE, CheckpointLoadError, check_metadata, resolve_step, verify_step  # noqa: E402
-from muloco.runs.manifest import complete_steps  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.models import HF_FLAVOR, hf_folder, init_model  # noqa: E402
+from muloco.runs.manifest import complete_steps  # noqa: E402
 from muloco.utils.errors import BadInput  # noqa: E402
 
 GLOBAL_KEY = ".global."

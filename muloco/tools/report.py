@@ -56,12 +56,13 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 
+from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
+from muloco.runs.lives import Lives
+from muloco.runs.lives import describe as describe_lives
 from muloco.utils import optional
 from muloco.utils.command_line import UsageError, failed, parse, tyro
-from muloco.utils.link_model import format_rate
-from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
-from muloco.runs.lives import describe as describe_lives, Lives
 from muloco.utils.errors import BadInput
+from muloco.utils.link_model import format_rate
 
 RUN_FILES = ("summary.json", "metrics.jsonl")
 REPORT_FILES = ("loss_vs_steps.png", "loss_vs_tokens.png", "loss_vs_bytes.png", "report.md", "report.json")

@@ -10,6 +10,7 @@ extra installs it instead of failing with a bare ``ModuleNotFoundError``.
 from __future__ import annotations
 
 import importlib.util
+
 from muloco.utils.errors import BadInput
 
 EXTRAS = {"matplotlib": "plots", "wandb": "wandb", "transformers": "hf", "lm_eval": "eval"}

@@ -202,6 +202,8 @@ SLURM_MODULES = {"test_slurm_cluster.py", "test_slurm_jobs.py", "test_slurm_scri
 """The modules whose tests share the session's one local SLURM (the ``slurm`` fixture)."""
 LONG_FIRST = ["test_slurm_jobs.py", "test_slurm_cluster.py", "test_diloco.py", "test_diffusion.py",
               "test_export.py", "test_compare.py", "test_training.py", "test_smoke.py", "test_bench_smoke.py",
+              "test_fault_drills.py", "test_convert_job.py", "test_slurm_multinode.py", "test_hf_families.py",
+              "test_sweep_local.py", "test_recipes.py", "test_lora_training.py",
               "test_compressed_exchange.py", "test_evaluate.py", "test_import.py", "test_preemption.py",
               "test_report.py", "test_muon.py", "test_compress.py", "test_launch_orphans.py",
               "test_launch_dump_lock.py", "test_launch.py", "test_partition_drills.py", "test_netns.py"]

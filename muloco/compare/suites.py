@@ -161,12 +161,13 @@ AVERAGING = "averaging (η1 μ0)"
 """The Nesterov grid's point without momentum: plain averaging of the groups' models."""
 
 
-def _nesterov_label(lr: float, mu: float) -> str:
+def nesterov_label(lr: float, mu: float) -> str:
+    """A Nesterov outer step as the tables name it (η 1, μ 0: averaging)."""
     return AVERAGING if (lr, mu) == (1.0, 0.0) else f"Nesterov η{lr:g} μ{mu:g}"
 
 
 GRIDS: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    NESTEROV: tuple((_nesterov_label(lr, mu), nesterov(lr, mu)) for lr, mu in NESTEROV_POINTS),
+    NESTEROV: tuple((nesterov_label(lr, mu), nesterov(lr, mu)) for lr, mu in NESTEROV_POINTS),
     FEEDBACK: tuple((f"SGD η{lr:g} β{beta:g}", feedback_sgd(lr, beta)) for lr in (0.7, 1.0) for beta in (0.9, 0.95)),
 }
 """``--tune``'s grid per kind of outer step: the dense rows' Nesterov points, the compressed rows'

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from muloco.compare.suites import AVERAGING, DENSE_SGD, SPARSELOCO_PUBLISHED, Planned, Suite
+from muloco.compare.suites import AVERAGING, DENSE_SGD, SPARSELOCO_PUBLISHED, Planned, Suite, nesterov_label
 from muloco.tools.report import ReportError, Run, aligned, format_bytes, format_duration, format_number, load_run
 
 COLUMNS = ("run", "method", "outer step", "final loss", "bits/byte", "vs dense %", "vs DDP %", "bits/param",
@@ -349,7 +349,9 @@ def describe_outer(row: dict[str, Any], runs: list[Run] | None = None) -> str:
         return "no outer step (DDP)" if runs else "as configured"
     if str(opt.get("name")).lower() == "none":
         return "averaging (no outer optimizer)"
-    name = {"nesterov": "Nesterov", "sgd": "SGD"}.get(str(opt.get("name")).lower(), str(opt.get("name")))
+    if str(opt.get("name")).lower() == "nesterov":  # named as the tuning grid names its points
+        return nesterov_label(float(opt.get("lr", 0)), float(opt.get("momentum", 0)))
+    name = {"sgd": "SGD"}.get(str(opt.get("name")).lower(), str(opt.get("name")))
     momentum = f" μ{opt['momentum']:g}" if opt.get("momentum") else ""
     return f"{name} η{opt.get('lr', 0):g}{momentum}"
 

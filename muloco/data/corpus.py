@@ -306,10 +306,6 @@ class JsonlSource(DocumentSource):
         self.hash_split = not validation_path
         self._lines: _SplitLines | None = None
 
-    def file_order(self, epoch: int) -> list[Path]:
-        """The files in their stored order (streamed without ``shuffle``)."""
-        return self.files
-
     def legacy_file_order(self, epoch: int) -> list[Path]:
         """The order a checkpoint written before documents were shuffled read its files in: with
         ``shuffle``, the files permuted per epoch (so such a position resumes where it was)."""
@@ -355,7 +351,7 @@ class JsonlSource(DocumentSource):
             return _JsonlReader(self, self.legacy_file_order(epoch), position, order=None)
         if self.shuffle:
             return _ShuffledJsonlReader(self, epoch, position)
-        return _JsonlReader(self, self.file_order(epoch), position)
+        return _JsonlReader(self, self.files, position)  # the files in their stored order
 
     def first_document(self) -> str | None:
         """Like the reader, but every line up to the first document of this split is

@@ -48,8 +48,9 @@ def _timed(model, prompt, mask, how, block, device) -> tuple[float, list[int]]:
     if device.type == "cuda":
         torch.cuda.synchronize()
     began = time.perf_counter()
-    tokens = sample_block_diffusion(model, [prompt], mask, how, torch.Generator(device=device).manual_seed(0), device,
-                                    block_size=block)[0]
+    tokens = sample_block_diffusion(
+        model, [prompt], mask, how, torch.Generator(device=device).manual_seed(0), device, block_size=block
+    )[0]
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - began, tokens
@@ -74,8 +75,10 @@ def main() -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, mask, block = _model(args, device)
     prompt = [0, *range(10, 10 + args.prompt - 1)]
-    print(f"block-wise sampling, {args.flavor if not args.checkpoint else args.checkpoint}, block {block}, "
-          f"prompt {args.prompt}, one token per step, greedy, {device.type}, {torch.get_num_threads()} threads")
+    print(
+        f"block-wise sampling, {args.flavor if not args.checkpoint else args.checkpoint}, block {block}, "
+        f"prompt {args.prompt}, one token per step, greedy, {device.type}, {torch.get_num_threads()} threads"
+    )
     print(f"{'length':>7}{'whole canvas tok/s':>20}{'block cache tok/s':>19}{'speed-up':>10}{'same text':>11}")
     with torch.no_grad():
         for length in (int(x) for x in args.lengths.split(",")):
@@ -87,8 +90,10 @@ def main() -> None:
                     seconds, texts[cache] = _timed(model, prompt, mask, how, block, device)
                     times[cache].append(seconds)
             whole, cached = (length / statistics.median(times[c]) for c in ("none", "block"))
-            print(f"{length:>7}{whole:>20,.1f}{cached:>19,.1f}{cached / whole:>9.2f}x"
-                  f"{'yes' if texts['none'] == texts['block'] else 'no':>11}")
+            print(
+                f"{length:>7}{whole:>20,.1f}{cached:>19,.1f}{cached / whole:>9.2f}x"
+                f"{'yes' if texts['none'] == texts['block'] else 'no':>11}"
+            )
 
 
 if __name__ == "__main__":

@@ -64,14 +64,32 @@ TARGET_RATIO = 2.0
 CODECS = [
     Dense.Config(dtype="float32"),
     Dense.Config(dtype="bfloat16"),
-    *[Quantizer.Config(scheme=scheme, bits=bits) for scheme in ("statistical", "absmax", "minmax") for bits in (1, 2, 4, 8)],
-    *[TopK.Config(fraction=fraction, **values)
-      for fraction in (0.01, 0.1) for values in ({"value_dtype": "bfloat16"}, {"value_bits": 4})],
-    SPARSELOCO := TopK.Config(fraction=64 / 4096, value_bits=2, value_scheme="statistical", value_block_chunks=64,
-                              index_bits=12, mean_over_selectors=True),  # diloco/sparseloco's codec
+    *[
+        Quantizer.Config(scheme=scheme, bits=bits)
+        for scheme in ("statistical", "absmax", "minmax")
+        for bits in (1, 2, 4, 8)
+    ],
+    *[
+        TopK.Config(fraction=fraction, **values)
+        for fraction in (0.01, 0.1)
+        for values in ({"value_dtype": "bfloat16"}, {"value_bits": 4})
+    ],
+    SPARSELOCO := TopK.Config(
+        fraction=64 / 4096,
+        value_bits=2,
+        value_scheme="statistical",
+        value_block_chunks=64,
+        index_bits=12,
+        mean_over_selectors=True,
+    ),  # diloco/sparseloco's codec
 ]
-LARGE = [Quantizer.Config(bits=2), Quantizer.Config(bits=4), Quantizer.Config(bits=2, scheme="absmax"),
-         TopK.Config(fraction=0.1), SPARSELOCO]
+LARGE = [
+    Quantizer.Config(bits=2),
+    Quantizer.Config(bits=4),
+    Quantizer.Config(bits=2, scheme="absmax"),
+    TopK.Config(fraction=0.1),
+    SPARSELOCO,
+]
 
 
 def _sync(device: torch.device) -> None:
@@ -133,8 +151,10 @@ def codec_table(args, configs=CODECS, numel: int | None = None, repeats: int | N
     gen = torch.Generator(device=device).manual_seed(args.seed)
     x = torch.randn(numel, device=device, generator=gen)
     print(f"\n== codecs on a Gaussian tensor of {numel:,} float32 elements ({repeats} repeats)")
-    print(f"{'codec':>48} {'kernels':>8} {'bits/param':>10} {'rel err':>8} {'clone ms':>9} {'encode ms':>10} "
-          f"{'x clone':>8} {'decode ms':>10} {'x clone':>8} {'enc MB':>8} {'dec MB':>8}")
+    print(
+        f"{'codec':>48} {'kernels':>8} {'bits/param':>10} {'rel err':>8} {'clone ms':>9} {'encode ms':>10} "
+        f"{'x clone':>8} {'decode ms':>10} {'x clone':>8} {'enc MB':>8} {'dec MB':>8}"
+    )
     rows = []
     for config in configs:
         payloads = {}
@@ -144,28 +164,46 @@ def codec_table(args, configs=CODECS, numel: int | None = None, repeats: int | N
             codec.decode(payload, numel)
             payloads[compiled] = payload
             error = ((codec.decode(payload, numel) - x).norm() / x.norm()).item()
-            t = median_times({"clone": x.clone, "encode": lambda: codec.encode(x),
-                              "decode": lambda: codec.decode(payload, numel)}, device, repeats)
+            t = median_times(
+                {"clone": x.clone, "encode": lambda: codec.encode(x), "decode": lambda: codec.decode(payload, numel)},
+                device,
+                repeats,
+            )
             mem_enc = peak_bytes(lambda: codec.encode(x), device)
             mem_dec = peak_bytes(lambda: codec.decode(payload, numel), device)
-            row = {"table": "codecs", "numel": numel, "codec": codec.describe(),
-                   "kernels": "compiled" if compiled else "eager",
-                   "bits": codec.bits_per_element(numel), "error": error, "clone": t["clone"],
-                   "encode": t["encode"], "decode": t["decode"], "mem_encode": mem_enc, "mem_decode": mem_dec}
+            row = {
+                "table": "codecs",
+                "numel": numel,
+                "codec": codec.describe(),
+                "kernels": "compiled" if compiled else "eager",
+                "bits": codec.bits_per_element(numel),
+                "error": error,
+                "clone": t["clone"],
+                "encode": t["encode"],
+                "decode": t["decode"],
+                "mem_encode": mem_enc,
+                "mem_decode": mem_dec,
+            }
             rows.append(row)
-            print(f"{row['codec']:>48} {row['kernels']:>8} {row['bits']:10.3f} {error:8.4f} {t['clone'] * 1e3:9.2f} "
-                  f"{t['encode'] * 1e3:10.2f} {t['encode'] / t['clone']:7.1f}x {t['decode'] * 1e3:10.2f} "
-                  f"{t['decode'] / t['clone']:7.1f}x {mem_enc / 1e6:8.1f} {mem_dec / 1e6:8.1f}")
+            print(
+                f"{row['codec']:>48} {row['kernels']:>8} {row['bits']:10.3f} {error:8.4f} {t['clone'] * 1e3:9.2f} "
+                f"{t['encode'] * 1e3:10.2f} {t['encode'] / t['clone']:7.1f}x {t['decode'] * 1e3:10.2f} "
+                f"{t['decode'] / t['clone']:7.1f}x {mem_enc / 1e6:8.1f} {mem_dec / 1e6:8.1f}"
+            )
         if len(payloads) == 2:
             rows[-1]["identical"] = same = torch.equal(_eager_reference(config, x, payloads), payloads[True])
             print(f"{'':>48} {'':>8} compiled payload {'identical to' if same else 'DIFFERS FROM'} the eager one")
-        for row in rows[-len(payloads):]:
+        for row in rows[-len(payloads) :]:
             _emit(args, row)
     met = [f"{r['codec']} ({r['kernels']})" for r in rows if max(r["encode"], r["decode"]) <= TARGET_RATIO * r["clone"]]
-    print(f"within {TARGET_RATIO:g}x clone for both encode and decode: {len(met)} of {len(rows)}"
-          + (f" ({', '.join(met)})" if met else ""))
-    print(f"(input {4 * numel / 1e6:.1f} MB; peak MB includes the result: a decode's output is another "
-          f"{4 * numel / 1e6:.1f} MB)")
+    print(
+        f"within {TARGET_RATIO:g}x clone for both encode and decode: {len(met)} of {len(rows)}"
+        + (f" ({', '.join(met)})" if met else "")
+    )
+    print(
+        f"(input {4 * numel / 1e6:.1f} MB; peak MB includes the result: a decode's output is another "
+        f"{4 * numel / 1e6:.1f} MB)"
+    )
     return rows
 
 
@@ -189,23 +227,33 @@ def exchange_table(args) -> list[dict]:
     base = load_config("diloco/muloco_2bit").outer.exchange
     configs = {"2-bit statistical": base.codec, "top-k 10% bf16": TopK.Config(fraction=0.1), "SparseLoCo": SPARSELOCO}
     n, n_dense = args.exchange_numel, args.exchange_dense
-    print(f"\nper-replica bytes per sync, {n / 1e6:.2f}M compressed + {n_dense:,} dense fp32 elements "
-          f"(max over ranks; sent = received); ring = dense fp32 ring all-reduce 2(K-1)/K x 4N")
-    print(f"{'codec':>18} {'K':>3} {'ring MB':>9} {'allgather MB':>13} {'x less':>7} {'reduce-scatter MB':>18} {'x less':>7}")
+    print(
+        f"\nper-replica bytes per sync, {n / 1e6:.2f}M compressed + {n_dense:,} dense fp32 elements "
+        f"(max over ranks; sent = received); ring = dense fp32 ring all-reduce 2(K-1)/K x 4N"
+    )
+    print(
+        f"{'codec':>18} {'K':>3} {'ring MB':>9} {'allgather MB':>13} {'x less':>7} "
+        f"{'reduce-scatter MB':>18} {'x less':>7}"
+    )
     rows = []
     for label, codec in configs.items():
         # top-k goes over all-gather only (a reduce-scatter owner's re-encode would drop coordinates)
-        strategies = (("allgather", None),) + (() if isinstance(codec, TopK.Config) else
-                                               (("reduce_scatter", ReduceScatter.Config()),))
-        exchanges = {name: Exchange.Config(codec=codec, skip_pattern=base.skip_pattern, strategy=strategy).build()
-                     for name, strategy in strategies}
+        strategies = (("allgather", None),) + (
+            () if isinstance(codec, TopK.Config) else (("reduce_scatter", ReduceScatter.Config()),)
+        )
+        exchanges = {
+            name: Exchange.Config(codec=codec, skip_pattern=base.skip_pattern, strategy=strategy).build()
+            for name, strategy in strategies
+        }
         for k in (2, 4, 8, 16):
             ring = 2 * (k - 1) / k * 4 * (n + n_dense)
             ag = max(exchanges["allgather"].wire_bytes(k, n, n_dense, rank=r)["sent"] for r in range(k))
             rs = None
             if "reduce_scatter" in exchanges:
-                rs = max(max(exchanges["reduce_scatter"].wire_bytes(k, n, n_dense, rank=r)[d]
-                             for d in ("sent", "received")) for r in range(k))
+                rs = max(
+                    max(exchanges["reduce_scatter"].wire_bytes(k, n, n_dense, rank=r)[d] for d in ("sent", "received"))
+                    for r in range(k)
+                )
             rows.append(dict(table="exchange", codec=label, k=k, ring=ring, allgather=ag, reduce_scatter=rs))
             _emit(args, rows[-1])
             scatter = f"{rs / 1e6:18.2f} {ring / rs:7.1f}" if rs else f"{'- (all-gather only)':>18} {'-':>7}"
@@ -216,16 +264,19 @@ def exchange_table(args) -> list[dict]:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--numel", type=int, default=4 * 1024 * 1024, help="elements of the test tensor")
-    ap.add_argument("--large-numel", type=int, default=100_000_000,
-                    help="elements of the large case (0: skip it)")
+    ap.add_argument("--large-numel", type=int, default=100_000_000, help="elements of the large case (0: skip it)")
     ap.add_argument("--large-repeats", type=int, default=3)
     ap.add_argument("--kernels", default="auto", choices=["auto", "eager", "compiled", "both"])
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--exchange-numel", type=int, default=1_327_104,
-                    help="compressed elements for the bytes-vs-K table (default: the default job's model without norms)")
+    ap.add_argument(
+        "--exchange-numel",
+        type=int,
+        default=1_327_104,
+        help="compressed elements for the bytes-vs-K table (default: the default job's model without norms)",
+    )
     ap.add_argument("--exchange-dense", type=int, default=1_152, help="elements sent dense (the norms)")
     ap.add_argument("--skip-codecs", action="store_true", help="only the bytes-vs-K table")
     ap.add_argument("--json", default=None, help="append one JSON line per row to this file")
@@ -241,8 +292,10 @@ def _smoke(args) -> None:
     for key, value in SMOKE.items():
         setattr(args, key, value if getattr(args, key) else 0)
     if args.device.type == "cpu" and args.kernels != "eager":
-        print("compiled kernels and their byte-identity check: need CUDA in --smoke (on a CPU inductor builds "
-              "C++ for every codec, minutes); eager only")
+        print(
+            "compiled kernels and their byte-identity check: need CUDA in --smoke (on a CPU inductor builds "
+            "C++ for every codec, minutes); eager only"
+        )
         _emit(args, {"table": "codecs", "case": "compiled kernels, byte identity", "skipped": "needs CUDA in --smoke"})
         args.kernels = "eager"
 
@@ -251,16 +304,23 @@ def main() -> int:
     args = build_parser().parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    args.device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                               ("cpu" if args.device == "auto" else args.device))
+    args.device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     if args.smoke:
         _smoke(args)
     name = torch.cuda.get_device_name() if args.device.type == "cuda" else "CPU"
-    print(f"device {args.device} ({name}), torch threads {torch.get_num_threads()}, load {loadavg()}, "
-          f"repeats {args.repeats}")
+    print(
+        f"device {args.device} ({name}), torch threads {torch.get_num_threads()}, load {loadavg()}, "
+        f"repeats {args.repeats}"
+    )
     if args.kernels == "auto" and args.device.type == "cpu":
-        print("compiled kernels and their byte-identity check: --kernels both on a CPU (inductor builds C++ "
-              "for every codec, minutes); eager here")
+        print(
+            "compiled kernels and their byte-identity check: --kernels both on a CPU (inductor builds C++ "
+            "for every codec, minutes); eager here"
+        )
     if not args.skip_codecs:
         if args.numel:
             codec_table(args)

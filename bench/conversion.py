@@ -79,8 +79,8 @@ def sft_rows(path: Path, limit: int) -> int:
                 continue
             lines = source.splitlines()
             split = node.body[1].lineno - 1
-            prompt = "\n".join(lines[node.lineno - 1:split]) + "\n"
-            response = "\n".join(lines[split:node.end_lineno]) + "\n"
+            prompt = "\n".join(lines[node.lineno - 1 : split]) + "\n"
+            response = "\n".join(lines[split : node.end_lineno]) + "\n"
             if 20 < len(response) < 600:
                 rows.append({"prompt": prompt, "response": response})
         if len(rows) >= limit:
@@ -96,24 +96,65 @@ def mean_spread(values: list[float]) -> tuple[float, float]:
 def conversion(args, out: Path, shape: list[str]) -> tuple[Path, dict]:
     ar, export = out / "ar", out / "ar-hf"
     if not export.is_dir():
-        run([PY, "-m", "muloco.train", "--config", "ddp/adamw", *shape, *args.ar_flavor,
-             "--training.steps", str(args.ar_steps),
-             "--checkpoint.interval", str(args.ar_steps), "--validator.freq", str(args.ar_steps),
-             "--dump_folder", str(ar)], out / "ar.log")
+        run(
+            [
+                PY,
+                "-m",
+                "muloco.train",
+                "--config",
+                "ddp/adamw",
+                *shape,
+                *args.ar_flavor,
+                "--training.steps",
+                str(args.ar_steps),
+                "--checkpoint.interval",
+                str(args.ar_steps),
+                "--validator.freq",
+                str(args.ar_steps),
+                "--dump_folder",
+                str(ar),
+            ],
+            out / "ar.log",
+        )
         run([PY, "-m", "muloco.export", str(ar), "--out", str(export)], out / "ar-export.log")
     start = ["--model.flavor", f"hf:{export}", "--tokenizer.path", str(export)]
-    load = ["--checkpoint.initial_load_path", str(export), "--checkpoint.initial_load_in_hf",
-            "--checkpoint.initial_load_model_only"]
+    load = [
+        "--checkpoint.initial_load_path",
+        str(export),
+        "--checkpoint.initial_load_in_hf",
+        "--checkpoint.initial_load_model_only",
+    ]
     recipes = {"scratch": [], **{r: [*load, "--objective.recipe", r, *RECIPE_FLAGS.get(r, [])] for r in args.recipes}}
     curves: dict[str, list[dict[int, float]]] = {}
     for name, flags in recipes.items():
         for seed in args.seeds:
             folder = out / f"{name}-seed{seed}"
             if not (folder / "summary.json").is_file():
-                run([PY, "-m", "muloco.train", "--config", "diffusion/ddp_adamw", *shape, *start, *flags,
-                     "--training.steps", str(args.steps), "--validator.freq", str(args.eval_every),
-                     "--checkpoint.interval", str(args.steps), "--debug.seed", str(seed), "--objective.seed", str(seed),
-                     "--dump_folder", str(folder)], out / f"{name}-seed{seed}.log")
+                run(
+                    [
+                        PY,
+                        "-m",
+                        "muloco.train",
+                        "--config",
+                        "diffusion/ddp_adamw",
+                        *shape,
+                        *start,
+                        *flags,
+                        "--training.steps",
+                        str(args.steps),
+                        "--validator.freq",
+                        str(args.eval_every),
+                        "--checkpoint.interval",
+                        str(args.steps),
+                        "--debug.seed",
+                        str(seed),
+                        "--objective.seed",
+                        str(seed),
+                        "--dump_folder",
+                        str(folder),
+                    ],
+                    out / f"{name}-seed{seed}.log",
+                )
             curves.setdefault(name, []).append(validation(folder))
     return export, curves
 
@@ -147,12 +188,30 @@ def lora_sft(args, out: Path, shape: list[str], export: Path) -> dict:
     data = out / "sft.jsonl"
     if not data.is_file():
         print(f"SFT rows: {sft_rows(data, 3000 if not args.smoke else 200)} from the standard library's functions")
-    base = ["--model.flavor", f"hf:{export}", "--tokenizer.path", str(export), "--checkpoint.initial_load_path",
-            str(export), "--checkpoint.initial_load_in_hf", "--checkpoint.initial_load_model_only",
-            "--dataloader.source", "sft", "--dataloader.source.dataset_path", str(data), "--objective.normaliser",
-            "sequence", "--objective.no-document-mask", "--objective.truncate_probability", "0"]
-    variants = {"full": [], "lora-adamw": ["--model.lora.rank", "8"],
-                "lora-muon": ["--model.lora.rank", "8", "--optimizer.muon_pattern", r"lora_[AB]\.weight$"]}
+    base = [
+        "--model.flavor",
+        f"hf:{export}",
+        "--tokenizer.path",
+        str(export),
+        "--checkpoint.initial_load_path",
+        str(export),
+        "--checkpoint.initial_load_in_hf",
+        "--checkpoint.initial_load_model_only",
+        "--dataloader.source",
+        "sft",
+        "--dataloader.source.dataset_path",
+        str(data),
+        "--objective.normaliser",
+        "sequence",
+        "--objective.no-document-mask",
+        "--objective.truncate_probability",
+        "0",
+    ]
+    variants = {
+        "full": [],
+        "lora-adamw": ["--model.lora.rank", "8"],
+        "lora-muon": ["--model.lora.rank", "8", "--optimizer.muon_pattern", r"lora_[AB]\.weight$"],
+    }
     if args.smoke:  # the same pipeline, one K=2 run: the LoRA row (its ratio against itself)
         del variants["lora-muon"], variants["full"]
     results: dict[str, list[tuple[float, float]]] = {}
@@ -160,16 +219,41 @@ def lora_sft(args, out: Path, shape: list[str], export: Path) -> dict:
         for seed in args.seeds:
             folder = out / f"sft-{name}-seed{seed}"
             if not (folder / "replica_0" / "summary.json").is_file():
-                run([PY, "-m", "muloco.launch.local", "--config", "diffusion/muloco", "--replicas", "2", "--",
-                     *shape, *base, *flags, "--training.steps", str(args.sft_steps), "--outer.sync_every",
-                     str(max(1, args.sft_steps // 4)), "--validator.freq", str(args.sft_steps), "--checkpoint.interval",
-                     str(args.sft_steps), "--debug.seed", str(seed), "--objective.seed", str(seed),
-                     "--dump_folder", str(folder)],
-                    out / f"sft-{name}-seed{seed}.log")
+                run(
+                    [
+                        PY,
+                        "-m",
+                        "muloco.launch.local",
+                        "--config",
+                        "diffusion/muloco",
+                        "--replicas",
+                        "2",
+                        "--",
+                        *shape,
+                        *base,
+                        *flags,
+                        "--training.steps",
+                        str(args.sft_steps),
+                        "--outer.sync_every",
+                        str(max(1, args.sft_steps // 4)),
+                        "--validator.freq",
+                        str(args.sft_steps),
+                        "--checkpoint.interval",
+                        str(args.sft_steps),
+                        "--debug.seed",
+                        str(seed),
+                        "--objective.seed",
+                        str(seed),
+                        "--dump_folder",
+                        str(folder),
+                    ],
+                    out / f"sft-{name}-seed{seed}.log",
+                )
             summary = json.loads((folder / "replica_0" / "summary.json").read_text())
             syncs = summary["diloco"]["syncs_committed"]
-            results.setdefault(name, []).append((summary["final_validation_loss"],
-                                                 summary["diloco"]["bytes_sent"] / max(syncs, 1)))
+            results.setdefault(name, []).append(
+                (summary["final_validation_loss"], summary["diloco"]["bytes_sent"] / max(syncs, 1))
+            )
     print("\nSFT under K=2 MuLoCo (diffusion/muloco), from the AR export (recipe full)")
     print(f"{'run':<12}{'val loss (mean ± half range)':>30}{'bytes/sync':>14}{'bytes ratio':>13}{'loss gap':>10}")
     base = results.get("full") or next(iter(results.values()))  # --smoke runs no full row
@@ -203,8 +287,16 @@ def main() -> None:
     if args.smoke:
         args.seeds, args.ar_steps, args.steps, args.eval_every, args.sft_steps = [0], 4, 4, 2, 4
         args.recipes = args.recipes[-1:]  # the pipeline once; tests/test_recipes.py runs every recipe
-        shape = ["--training.seq_len", "64", "--training.local_batch_size", "2", "--validator.steps", "2",
-                 "--lr_scheduler.warmup_steps", "1"]
+        shape = [
+            "--training.seq_len",
+            "64",
+            "--training.local_batch_size",
+            "2",
+            "--validator.steps",
+            "2",
+            "--lr_scheduler.warmup_steps",
+            "1",
+        ]
     args.ar_flavor = ["--model.flavor", "llama3-w64-d2-h2"] if args.smoke else []
     if args.out is None and args.smoke:  # a smoke run leaves nothing behind
         with tempfile.TemporaryDirectory(prefix="bench-conversion-") as folder:

@@ -1,7 +1,8 @@
 """Masked-diffusion objective against next-token prediction, and the validator's ELBO variance.
 
     .venv/bin/python bench/diffusion.py [--flavor F] [--seq-len L] [--batch B] [--steps 12]
-        [--repeats 5] [--threads 1] [--checkpoint RUN_FOLDER] [--skip-throughput|attention|variance] [--json PATH] [--smoke]
+        [--repeats 5] [--threads 1] [--checkpoint RUN_FOLDER] [--skip-throughput|attention|variance] [--json PATH]
+        [--smoke]
 
 1. Throughput. One model, one batch shape, one optimizer (AdamW), forward + backward +
    step through each objective's ``prepare``/``loss`` exactly as the trainer calls them:
@@ -13,7 +14,8 @@
    bf16 autocast on CUDA, float32 on CPU. On CUDA three more rows compare the GPU paths
    with what they replace: ``mdlm flex`` and ``ar+docmask flex`` (the document mask as
    FlexAttention's block mask instead of the default dense boolean to SDPA: the figure that
-   decides whether ``mask_kernel`` should default to flex on CUDA) and ``mdlm exact-gather`` (``pred[masked]``, a device sync per step, instead of the
+   decides whether ``mask_kernel`` should default to flex on CUDA) and ``mdlm exact-gather`` (``pred[masked]``, a
+   device sync per step, instead of the
    fixed-capacity gather). FlexAttention trains only on CUDA, so on CPU these rows are left
    out and both kernels are the SDPA path. ``--json PATH`` appends the medians after every
    round (a bench cut short by its time box keeps the rounds it finished).
@@ -95,8 +97,10 @@ class Variant:
             self.model._skip_lm_head = True
             self.objective.lm_head = self.model.lm_head
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.data = [(d["input"].to(device), lab.to(device))
-                     for d, lab in _batches(tokenizer, self.objective.next_token, args.seq_len, args.batch, 4)]
+        self.data = [
+            (d["input"].to(device), lab.to(device))
+            for d, lab in _batches(tokenizer, self.objective.next_token, args.seq_len, args.batch, 4)
+        ]
         self.step = 0
 
     def run(self, steps: int) -> float:
@@ -126,11 +130,16 @@ def throughput(args, tokenizer, device) -> None:
     chosen = {**VARIANTS, **(CUDA_VARIANTS if device.type == "cuda" else {})}
     variants = [Variant(name, cfg, tokenizer, args, device, state) for name, cfg in chosen.items()]
     n = sum(p.numel() for p in variants[0].model.parameters())
-    print(f"throughput: {args.flavor} ({n / 1e6:.2f}M parameters), seq {args.seq_len} x batch {args.batch}, "
-          f"{device}, {torch.get_num_threads()} thread(s), {args.steps} steps x {args.repeats} rounds", flush=True)
+    print(
+        f"throughput: {args.flavor} ({n / 1e6:.2f}M parameters), seq {args.seq_len} x batch {args.batch}, "
+        f"{device}, {torch.get_num_threads()} thread(s), {args.steps} steps x {args.repeats} rounds",
+        flush=True,
+    )
     if device.type != "cuda":
-        print("(no CUDA: document masks take the SDPA path and masked positions are gathered exactly; "
-              "the flex and fixed-capacity rows run on CUDA only)")
+        print(
+            "(no CUDA: document masks take the SDPA path and masked positions are gathered exactly; "
+            "the flex and fixed-capacity rows run on CUDA only)"
+        )
     for v in variants:
         v.run(2)  # warm-up (compiles FlexAttention on CUDA)
     rates = {v.name: [] for v in variants}
@@ -143,11 +152,15 @@ def throughput(args, tokenizer, device) -> None:
     print(f"{'objective':<22}{'tok/s (median)':>16}{'ratio to ar':>14}{'ratio spread':>16}")
     for name, r in rates.items():
         ratios = [a / b for a, b in zip(r, base)]
-        print(f"{name:<22}{statistics.median(r):>16,.0f}{statistics.median(ratios):>14.3f}"
-              f"{min(ratios):>8.3f}–{max(ratios):.3f}")
+        print(
+            f"{name:<22}{statistics.median(r):>16,.0f}{statistics.median(ratios):>14.3f}"
+            f"{min(ratios):>8.3f}–{max(ratios):.3f}"
+        )
     verdict = statistics.median([a / b for a, b in zip(rates["mdlm"], base)])
-    print(f"mdlm (masked-only head, document mask) / ar = {verdict:.3f}: target >= {TARGET_RATIO} "
-          f"{'met' if verdict >= TARGET_RATIO else 'MISSED'}")
+    print(
+        f"mdlm (masked-only head, document mask) / ar = {verdict:.3f}: target >= {TARGET_RATIO} "
+        f"{'met' if verdict >= TARGET_RATIO else 'MISSED'}"
+    )
     for new, old in (("mdlm flex", "mdlm"), ("ar+docmask flex", "ar+docmask"), ("mdlm", "mdlm exact-gather")):
         if new in rates and old in rates:  # the GPU rows run on CUDA only
             ratio = statistics.median([a / b for a, b in zip(rates[new], rates[old])])
@@ -156,10 +169,21 @@ def throughput(args, tokenizer, device) -> None:
 
 def _write_json(args, device, params, rates, rounds) -> None:
     with open(args.json, "a") as f:
-        f.write(json.dumps({"table": "diffusion", "device": str(device), "flavor": args.flavor,
-                            "parameters": params, "seq_len": args.seq_len, "batch": args.batch,
-                            "rounds": rounds, "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()}})
-                + "\n")
+        f.write(
+            json.dumps(
+                {
+                    "table": "diffusion",
+                    "device": str(device),
+                    "flavor": args.flavor,
+                    "parameters": params,
+                    "seq_len": args.seq_len,
+                    "batch": args.batch,
+                    "rounds": rounds,
+                    "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()},
+                }
+            )
+            + "\n"
+        )
 
 
 def attention_forward(args, tokenizer, device) -> None:
@@ -169,8 +193,10 @@ def attention_forward(args, tokenizer, device) -> None:
     model = _model(args.flavor, tokenizer.get_vocab_size(), False, device).eval()
     tokens = SpecialTokens(bos=tokenizer.bos_id, eos=tokenizer.eos_id, mask=tokenizer.mask_id)
     kernels = {k: MaskedDiffusion.Config(mask_kernel=k).build(tokens=tokens) for k in ("sdpa", "flex")}
-    data = [kernels["sdpa"].prepare(d["input"].to(device), lab.to(device), NoiseKey(0, i, 0, 0, 1)).inputs
-            for i, (d, lab) in enumerate(_batches(tokenizer, False, args.seq_len, args.batch, 4))]
+    data = [
+        kernels["sdpa"].prepare(d["input"].to(device), lab.to(device), NoiseKey(0, i, 0, 0, 1)).inputs
+        for i, (d, lab) in enumerate(_batches(tokenizer, False, args.seq_len, args.batch, 4))
+    ]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     @torch.no_grad()
@@ -191,17 +217,30 @@ def attention_forward(args, tokenizer, device) -> None:
         for k in kernels:
             rates[k].append(args.batch * args.seq_len * args.steps / seconds(k, args.steps))
     ratios = [a / b for a, b in zip(rates["flex"], rates["sdpa"])]
-    print(f"\nattention kernels, forward only (mask built per batch, as validation does): {args.flavor}, "
-          f"seq {args.seq_len} x batch {args.batch}, {device}{'' if device.type == 'cuda' else ', flex eager'}")
+    print(
+        f"\nattention kernels, forward only (mask built per batch, as validation does): {args.flavor}, "
+        f"seq {args.seq_len} x batch {args.batch}, {device}{'' if device.type == 'cuda' else ', flex eager'}"
+    )
     print(f"{'mask kernel':<14}{'tok/s (median)':>16}")
     for k, r in rates.items():
         print(f"{k:<14}{statistics.median(r):>16,.0f}")
     print(f"flex / sdpa = {statistics.median(ratios):.3f} (spread {min(ratios):.3f}–{max(ratios):.3f})")
     if args.json:
         with open(args.json, "a") as f:
-            f.write(json.dumps({"table": "attention", "device": str(device), "flavor": args.flavor,
-                                "seq_len": args.seq_len, "batch": args.batch, "eager": device.type != "cuda",
-                                "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()}}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "table": "attention",
+                        "device": str(device),
+                        "flavor": args.flavor,
+                        "seq_len": args.seq_len,
+                        "batch": args.batch,
+                        "eager": device.type != "cuda",
+                        "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()},
+                    }
+                )
+                + "\n"
+            )
 
 
 def elbo_variance(args, tokenizer, device) -> None:
@@ -218,8 +257,10 @@ def elbo_variance(args, tokenizer, device) -> None:
     model.eval()
     tokens = SpecialTokens(bos=tokenizer.bos_id, eos=tokenizer.eos_id, mask=tokenizer.mask_id)
     data = _batches(tokenizer, False, seq_len, batch, args.variance_batches, split="validation")
-    print(f"\nELBO variance: {what}, {args.variance_batches} validation batches of {batch} x {seq_len}, "
-          f"{args.variance_repeats} seeds")
+    print(
+        f"\nELBO variance: {what}, {args.variance_batches} validation batches of {batch} x {seq_len}, "
+        f"{args.variance_repeats} seeds"
+    )
     print(f"{'levels/batch':>12}{'NELBO mean':>12}{'std (seeds)':>13}{'rel std':>9}{'forwards':>10}")
     for samples in (1, 8, 32):
         values = []
@@ -233,8 +274,16 @@ def elbo_variance(args, tokenizer, device) -> None:
         print(f"{samples:>12}{mean:>12.4f}{std:>13.4f}{std / mean:>9.4f}{samples * len(data):>10}")
 
 
-SMOKE = {"flavor": "llama3-w64-d2-h2", "seq_len": 64, "batch": 2, "steps": 1, "repeats": 1,
-         "variance_batches": 1, "variance_repeats": 2, "checkpoint": None}
+SMOKE = {
+    "flavor": "llama3-w64-d2-h2",
+    "seq_len": 64,
+    "batch": 2,
+    "steps": 1,
+    "repeats": 1,
+    "variance_batches": 1,
+    "variance_repeats": 2,
+    "checkpoint": None,
+}
 
 
 def main() -> int:
@@ -251,7 +300,11 @@ def main() -> int:
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-variance", action="store_true")
     p.add_argument("--skip-attention", action="store_true")
-    p.add_argument("--json", default=None, help="append the throughput medians as a JSON line after every round, and the attention figures")
+    p.add_argument(
+        "--json",
+        default=None,
+        help="append the throughput medians as a JSON line after every round, and the attention figures",
+    )
     p.add_argument("--smoke", action="store_true", help="both parts at a tiny size: checks the bench runs (CI)")
     args = p.parse_args()
     if args.smoke:

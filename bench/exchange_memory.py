@@ -111,8 +111,11 @@ WORKER = textwrap.dedent(
     """
 )
 
-CASES = [{"codec": "quantize", "strategy": "allgather"}, {"codec": "quantize", "strategy": "reduce_scatter"},
-         {"codec": "topk", "strategy": "allgather"}]
+CASES = [
+    {"codec": "quantize", "strategy": "allgather"},
+    {"codec": "quantize", "strategy": "reduce_scatter"},
+    {"codec": "topk", "strategy": "allgather"},
+]
 
 
 def run(repo: Path, cases: list[dict], numel: int, rounds: int, tmp: Path) -> list[list[float]]:
@@ -124,9 +127,27 @@ def run(repo: Path, cases: list[dict], numel: int, rounds: int, tmp: Path) -> li
     lighthouse = start_lighthouse("127.0.0.1:0", min_replicas=K, join_timeout_ms=1000)
     url = lighthouse.url
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1", "RUST_LOG": "warn"}
-    procs = [subprocess.Popen([sys.executable, str(script), url, str(r), str(K), json.dumps(cases), str(numel),
-                               str(rounds), str(REPO / "bench")], cwd=tmp, env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(K)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(script),
+                url,
+                str(r),
+                str(K),
+                json.dumps(cases),
+                str(numel),
+                str(rounds),
+                str(REPO / "bench"),
+            ],
+            cwd=tmp,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in range(K)
+    ]
     try:
         outs = [p.communicate(timeout=900)[0] for p in procs]
     finally:
@@ -161,8 +182,10 @@ def main() -> int:
     if args.rounds < 2:
         ap.error("--rounds must be at least 2 (the first round of each case is not reported)")
     fragment = 4 * args.numel
-    print(f"K={K}, one fragment of {args.numel:,} float32 parameters ({fragment / 1e6:.2f} MB); peak memory of a "
-          f"sync (Δ included), max over replicas, rounds 2..{args.rounds}; buckets of {args.bucket_mb:g} MB")
+    print(
+        f"K={K}, one fragment of {args.numel:,} float32 parameters ({fragment / 1e6:.2f} MB); peak memory of a "
+        f"sync (Δ included), max over replicas, rounds 2..{args.rounds}; buckets of {args.bucket_mb:g} MB"
+    )
     repos = {"this checkout": REPO} | ({"baseline": args.baseline_repo.resolve()} if args.baseline_repo else {})
     cases = [{**case, "bucket_mb": args.bucket_mb} for case in CASES]
     with tempfile.TemporaryDirectory(prefix="exchange-memory-") as tmp:
@@ -170,8 +193,11 @@ def main() -> int:
     print(f"{'codec':>9} {'strategy':>15} " + "".join(f"{name:>26}" for name in repos))
     for i, case in enumerate(CASES):
         cells = [max(peaks[name][i][1:]) for name in repos]
-        print(f"{case['codec']:>9} {case['strategy']:>15} "
-              + "".join(f"{f'{peak / 1e6:>12.2f} MB {peak / fragment:>6.2f}x Δ':>26}" for peak in cells), flush=True)
+        print(
+            f"{case['codec']:>9} {case['strategy']:>15} "
+            + "".join(f"{f'{peak / 1e6:>12.2f} MB {peak / fragment:>6.2f}x Δ':>26}" for peak in cells),
+            flush=True,
+        )
     return 0
 
 

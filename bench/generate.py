@@ -58,8 +58,16 @@ VARIANTS = ("threshold", "prefix", "prefix+threshold", "dual")
 
 
 @torch.no_grad()
-def reference_generate(model, prompts: torch.Tensor, mask_id: int, length: int, steps: int, block_length: int,
-                       temperature: float, generator: torch.Generator) -> torch.Tensor:
+def reference_generate(
+    model,
+    prompts: torch.Tensor,
+    mask_id: int,
+    length: int,
+    steps: int,
+    block_length: int,
+    temperature: float,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """LLaDA's ``generate`` (low-confidence remasking) for prompts of one length: ``(B, length)``."""
     b, p = prompts.shape
     x = torch.full((b, p + length), mask_id, dtype=torch.long, device=prompts.device)
@@ -107,7 +115,8 @@ def _model_and_prompts(args, device):
         torch.manual_seed(0)
         model = init_model(ModelConfig(flavor=args.flavor), tokenizer.get_vocab_size(), False, device).eval()
     loader = PackedTextDataLoader.Config(next_token=False, split="validation").build(
-        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=PROMPT_TOKENS, local_batch_size=max(args.batches))
+        dp_world_size=1, dp_rank=0, tokenizer=tokenizer, seq_len=PROMPT_TOKENS, local_batch_size=max(args.batches)
+    )
     prompts = next(iter(loader))[0]["input"].to(device)
     prompts[:, 0] = tokenizer.bos_id
     return model, tokenizer, prompts
@@ -131,12 +140,14 @@ def _case(model, prompts, mask_id, length, block, threshold, repeats, device):
 
     def sampler(**options):
         how = DiffusionSampling(length=length, steps=length, block_length=block, **options)
-        return lambda: torch.tensor(sample_diffusion_batch(model, rows, mask_id, how, torch.Generator(device=device),
-                                                           device))
+        return lambda: torch.tensor(
+            sample_diffusion_batch(model, rows, mask_id, how, torch.Generator(device=device), device)
+        )
 
     runs = {
-        "reference": lambda: reference_generate(model, prompts, mask_id, length, length, block, 0.0,
-                                                torch.Generator(device=device)),
+        "reference": lambda: reference_generate(
+            model, prompts, mask_id, length, length, block, 0.0, torch.Generator(device=device)
+        ),
         "sampler": sampler(),
         "threshold": sampler(threshold=threshold),
         "prefix": sampler(cache="prefix"),
@@ -173,33 +184,64 @@ def main() -> int:
 
     exit_on_sigterm()
     if args.smoke:
-        args.flavor, args.length, args.blocks, args.batches, args.short, args.repeats = \
-            "llama3-w64-d2-h2", 16, [8], [1, 2], 8, 1
+        args.flavor, args.length, args.blocks, args.batches, args.short, args.repeats = (
+            "llama3-w64-d2-h2",
+            16,
+            [8],
+            [1, 2],
+            8,
+            1,
+        )
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     if device.type == "cpu" and args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer, prompts = _model_and_prompts(args, device)
     cases = [(args.length, block) for block in args.blocks if args.length % block == 0]
     cases += [(args.short, args.short)] if args.short and args.short != args.length else []
-    print(f"generation on {device} ({torch.get_num_threads()} threads), prompts of {PROMPT_TOKENS} tokens, "
-          f"steps = length, threshold {args.threshold}, median of {args.repeats}; "
-          f"model: {args.checkpoint or 'fresh ' + args.flavor}")
+    print(
+        f"generation on {device} ({torch.get_num_threads()} threads), prompts of {PROMPT_TOKENS} tokens, "
+        f"steps = length, threshold {args.threshold}, median of {args.repeats}; "
+        f"model: {args.checkpoint or 'fresh ' + args.flavor}"
+    )
     header = ["length", "block", "batch", "reference tok/s", "sampler tok/s", "ratio", "same"]
     header += [f"{v} {what}" for v in VARIANTS for what in ("x", "agree")]
     table = [header]
     for batch in args.batches:
         for length, block in cases:
-            seconds, same, agreement = _case(model, prompts[:batch], tokenizer.mask_id, length, block,
-                                             args.threshold, args.repeats, device)
+            seconds, same, agreement = _case(
+                model, prompts[:batch], tokenizer.mask_id, length, block, args.threshold, args.repeats, device
+            )
             tps = {k: batch * length / s for k, s in seconds.items()}
             if args.json:
                 with open(args.json, "a") as f:
-                    f.write(json.dumps({"table": "generate", "length": length, "block": block, "batch": batch,
-                                        "device": device.type, "model": args.checkpoint or args.flavor,
-                                        "tokens_per_s": tps, "same": same, "agreement": agreement}) + "\n")
-            table.append([str(length), str(block), str(batch), f"{tps['reference']:,.0f}", f"{tps['sampler']:,.0f}",
-                          f"{tps['sampler'] / tps['reference']:.2f}", "yes" if same else "NO"]
-                         + [cell for v in VARIANTS for cell in (f"{tps[v] / tps['sampler']:.2f}", f"{agreement[v]:.1%}")])
+                    f.write(
+                        json.dumps(
+                            {
+                                "table": "generate",
+                                "length": length,
+                                "block": block,
+                                "batch": batch,
+                                "device": device.type,
+                                "model": args.checkpoint or args.flavor,
+                                "tokens_per_s": tps,
+                                "same": same,
+                                "agreement": agreement,
+                            }
+                        )
+                        + "\n"
+                    )
+            table.append(
+                [
+                    str(length),
+                    str(block),
+                    str(batch),
+                    f"{tps['reference']:,.0f}",
+                    f"{tps['sampler']:,.0f}",
+                    f"{tps['sampler'] / tps['reference']:.2f}",
+                    "yes" if same else "NO",
+                ]
+                + [cell for v in VARIANTS for cell in (f"{tps[v] / tps['sampler']:.2f}", f"{agreement[v]:.1%}")]
+            )
     widths = [max(len(r[i]) for r in table) for i in range(len(header))]
     for i, row in enumerate(table):
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))

@@ -100,21 +100,102 @@ class Part:
 
 
 PARTS = (
-    Part("throughput", "gpu_throughput.py",
-         ("--part", "throughput", "--shapes", "416m,158m", "--compile", "on,off", "--objectives", "ar,mdlm",
-          "--repeats", "1", "--no-warmup-run", "--steps", "40", "--warmup", "10", "--batch", "16",
-          "--timeout", "200"), 290),
-    Part("sync", "gpu_throughput.py",
-         ("--part", "sync", "--placements", "device,cpu", "--repeats", "1", "--sync-steps", "90",
-          "--sync-batch", "4", "--timeout", "120"), 130),
-    Part("codecs", "codecs.py",
-         ("--numel", "0", "--large-numel", "100000000", "--large-repeats", "3", "--kernels", "both"), 45),
-    Part("generate", "generate.py",
-         ("--flavor", "llama3-w1024-d12-h8", "--length", "64", "--blocks", "8", "16", "32", "64",
-          "--batches", "1", "8", "--short", "8", "--repeats", "1", "--threads", "0"), 45),
-    Part("diffusion", "diffusion.py",
-         ("--flavor", "llama3-w1024-d12-h8", "--seq-len", "2048", "--batch", "4", "--steps", "4",
-          "--repeats", "3", "--skip-variance", "--threads", "0"), 60),
+    Part(
+        "throughput",
+        "gpu_throughput.py",
+        (
+            "--part",
+            "throughput",
+            "--shapes",
+            "416m,158m",
+            "--compile",
+            "on,off",
+            "--objectives",
+            "ar,mdlm",
+            "--repeats",
+            "1",
+            "--no-warmup-run",
+            "--steps",
+            "40",
+            "--warmup",
+            "10",
+            "--batch",
+            "16",
+            "--timeout",
+            "200",
+        ),
+        290,
+    ),
+    Part(
+        "sync",
+        "gpu_throughput.py",
+        (
+            "--part",
+            "sync",
+            "--placements",
+            "device,cpu",
+            "--repeats",
+            "1",
+            "--sync-steps",
+            "90",
+            "--sync-batch",
+            "4",
+            "--timeout",
+            "120",
+        ),
+        130,
+    ),
+    Part(
+        "codecs",
+        "codecs.py",
+        ("--numel", "0", "--large-numel", "100000000", "--large-repeats", "3", "--kernels", "both"),
+        45,
+    ),
+    Part(
+        "generate",
+        "generate.py",
+        (
+            "--flavor",
+            "llama3-w1024-d12-h8",
+            "--length",
+            "64",
+            "--blocks",
+            "8",
+            "16",
+            "32",
+            "64",
+            "--batches",
+            "1",
+            "8",
+            "--short",
+            "8",
+            "--repeats",
+            "1",
+            "--threads",
+            "0",
+        ),
+        45,
+    ),
+    Part(
+        "diffusion",
+        "diffusion.py",
+        (
+            "--flavor",
+            "llama3-w1024-d12-h8",
+            "--seq-len",
+            "2048",
+            "--batch",
+            "4",
+            "--steps",
+            "4",
+            "--repeats",
+            "3",
+            "--skip-variance",
+            "--threads",
+            "0",
+        ),
+        60,
+    ),
 )
 
 
@@ -164,8 +245,15 @@ def run_part(part: Part, smoke: bool, limit_s: float, log_dir: Path) -> Outcome:
     print(f"\n== {part.name}: up to {limit_s:.0f} s: {shlex.join(cmd[1:])}", flush=True)
     t0 = time.monotonic()
     with open(log_dir / f"{part.name}.log", "w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=_part_env(), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            env=_part_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             code = proc.wait(timeout=limit_s)
             status = "ok" if code == 0 else f"failed (exit {code}; see {part.name}.log)"
@@ -183,7 +271,7 @@ def run_parts(parts: tuple[Part, ...], smoke: bool, log_dir: Path) -> list[Outco
     deadline = time.monotonic() + sum(p.box_s for p in parts)
     outcomes = []
     for i, part in enumerate(parts):
-        owed_later = sum(p.box_s for p in parts[i + 1:])
+        owed_later = sum(p.box_s for p in parts[i + 1 :])
         outcomes.append(run_part(part, smoke, deadline - time.monotonic() - owed_later, log_dir))
     return outcomes
 
@@ -202,57 +290,89 @@ def throughput_rows(rec: dict) -> list[tuple[str, str]]:
     rows = []
     for side, fig in rec["sides"].items():
         if side != "stock":
-            rows.append((f"{rec['shape']} {fig['objective']}, {compile_}, {rec['precision']}, "
-                         f"{rec['parameters'] / 1e6:.1f}M, batch {rec['batch']}x{rec['seq_len']}",
-                         f"ours {_tok(fig)}; stock (ar) {_tok(stock)}; ratio {fig['ratio']:.3f}"))
+            rows.append(
+                (
+                    f"{rec['shape']} {fig['objective']}, {compile_}, {rec['precision']}, "
+                    f"{rec['parameters'] / 1e6:.1f}M, batch {rec['batch']}x{rec['seq_len']}",
+                    f"ours {_tok(fig)}; stock (ar) {_tok(stock)}; ratio {fig['ratio']:.3f}",
+                )
+            )
     return rows
 
 
 def sync_rows(rec: dict) -> list[tuple[str, str, str]]:
     parts = ", ".join(f"{name} {1000 * rec['parts'][name]:.1f}" for name in SYNC_PARTS if rec["parts"][name] > 0)
     model = 4 * rec["params"]
-    return [("sync", f"θ_g on {rec['placement']}, {rec['params'] / 1e6:.1f}M, {rec['n']} syncs",
-             f"{1000 * rec['seconds']:.1f} ms per sync ({parts} ms); {100 * rec['share']:.2f}% of the loop"),
-            ("memory", f"sync buffers, θ_g on {rec['placement']}",
-             f"peak {rec['peak'] / 1e6:.1f} MB = {rec['peak'] / model:.2f}x the fp32 model ({model / 1e6:.1f} MB)")]
+    return [
+        (
+            "sync",
+            f"θ_g on {rec['placement']}, {rec['params'] / 1e6:.1f}M, {rec['n']} syncs",
+            f"{1000 * rec['seconds']:.1f} ms per sync ({parts} ms); {100 * rec['share']:.2f}% of the loop",
+        ),
+        (
+            "memory",
+            f"sync buffers, θ_g on {rec['placement']}",
+            f"peak {rec['peak'] / 1e6:.1f} MB = {rec['peak'] / model:.2f}x the fp32 model ({model / 1e6:.1f} MB)",
+        ),
+    ]
 
 
 def codec_rows(rec: dict) -> list[tuple[str, str]]:
     if rec.get("table") != "codecs":
         return []
     same = {True: "; payload identical to eager", False: "; payload DIFFERS from eager"}.get(rec.get("identical"), "")
-    return [(f"{rec['codec']}, {rec['kernels']}, {rec['numel'] / 1e6:g}M",
-             f"encode {1000 * rec['encode']:.2f} ms = {rec['encode'] / rec['clone']:.1f}x clone, decode "
-             f"{1000 * rec['decode']:.2f} ms = {rec['decode'] / rec['clone']:.1f}x; {rec['bits']:.2f} bits/param{same}")]
+    return [
+        (
+            f"{rec['codec']}, {rec['kernels']}, {rec['numel'] / 1e6:g}M",
+            f"encode {1000 * rec['encode']:.2f} ms = {rec['encode'] / rec['clone']:.1f}x clone, decode "
+            f"{1000 * rec['decode']:.2f} ms = {rec['decode'] / rec['clone']:.1f}x; {rec['bits']:.2f} bits/param{same}",
+        )
+    ]
 
 
 def generate_rows(rec: dict) -> list[tuple[str, str]]:
     tps, agree = rec["tokens_per_s"], rec["agreement"]
     options = "; ".join(f"{v} {tps[v] / tps['sampler']:.2f}x ({100 * agree[v]:.0f}% same tokens)" for v in agree)
-    return [(f"length {rec['length']}, block {rec['block']}, batch {rec['batch']}, fresh {rec['model']}",
-             f"sampler {tps['sampler']:,.0f} tok/s = {tps['sampler'] / tps['reference']:.2f}x LLaDA's loop "
-             f"({'same tokens' if rec['same'] else 'TOKENS DIFFER'}); {options}")]
+    return [
+        (
+            f"length {rec['length']}, block {rec['block']}, batch {rec['batch']}, fresh {rec['model']}",
+            f"sampler {tps['sampler']:,.0f} tok/s = {tps['sampler'] / tps['reference']:.2f}x LLaDA's loop "
+            f"({'same tokens' if rec['same'] else 'TOKENS DIFFER'}); {options}",
+        )
+    ]
 
 
-DIFFUSION_PAIRS = (("mdlm flex", "mdlm", "document mask: FlexAttention / SDPA dense mask"),
-                   ("ar+docmask flex", "ar+docmask", "causal document mask: FlexAttention / SDPA dense mask"),
-                   ("mdlm", "mdlm exact-gather", "masked positions: fixed capacity / pred[masked]"),
-                   ("mdlm", "ar", "mdlm / ar (target >= 0.97)"))
+DIFFUSION_PAIRS = (
+    ("mdlm flex", "mdlm", "document mask: FlexAttention / SDPA dense mask"),
+    ("ar+docmask flex", "ar+docmask", "causal document mask: FlexAttention / SDPA dense mask"),
+    ("mdlm", "mdlm exact-gather", "masked positions: fixed capacity / pred[masked]"),
+    ("mdlm", "ar", "mdlm / ar (target >= 0.97)"),
+)
 
 
 def diffusion_rows(rec: dict) -> list[tuple[str, str]]:
     """The paths' ratios from the last round's medians (each round appends the medians so far)."""
     tps = rec["tokens_per_s"]
-    case = f"{rec['flavor']}, {rec['parameters'] / 1e6:.1f}M, batch {rec['batch']}x{rec['seq_len']}, {rec['rounds']} rounds"
-    return [(f"{what}, {case}", f"{tps[a]:,.0f} / {tps[b]:,.0f} tok/s = {tps[a] / tps[b]:.3f}")
-            for a, b, what in DIFFUSION_PAIRS if a in tps and b in tps]
+    case = (
+        f"{rec['flavor']}, {rec['parameters'] / 1e6:.1f}M, batch {rec['batch']}x{rec['seq_len']}, "
+        f"{rec['rounds']} rounds"
+    )
+    return [
+        (f"{what}, {case}", f"{tps[a]:,.0f} / {tps[b]:,.0f} tok/s = {tps[a] / tps[b]:.3f}")
+        for a, b, what in DIFFUSION_PAIRS
+        if a in tps and b in tps
+    ]
 
 
 def attention_rows(rec: dict) -> list[tuple[str, str]]:
     tps = rec["tokens_per_s"]
-    return [(f"document mask, forward only, {rec['flavor']}, batch {rec['batch']}x{rec['seq_len']}",
-             f"flex {tps['flex']:,.0f} / sdpa {tps['sdpa']:,.0f} tok/s = {tps['flex'] / tps['sdpa']:.3f}"
-             f"{' (flex eager)' if rec['eager'] else ''}")]
+    return [
+        (
+            f"document mask, forward only, {rec['flavor']}, batch {rec['batch']}x{rec['seq_len']}",
+            f"flex {tps['flex']:,.0f} / sdpa {tps['sdpa']:,.0f} tok/s = {tps['flex'] / tps['sdpa']:.3f}"
+            f"{' (flex eager)' if rec['eager'] else ''}",
+        )
+    ]
 
 
 def _last_of_each_table(records: list[dict]) -> list[dict]:
@@ -301,8 +421,12 @@ def print_table(outcomes: list[Outcome]) -> None:
 def _parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="the same parts at a tiny size, on a CPU too (CI)")
-    p.add_argument("--only", type=lambda v: v.split(","), default=[part.name for part in PARTS],
-                   help=f"run these parts only, from {', '.join(part.name for part in PARTS)}")
+    p.add_argument(
+        "--only",
+        type=lambda v: v.split(","),
+        default=[part.name for part in PARTS],
+        help=f"run these parts only, from {', '.join(part.name for part in PARTS)}",
+    )
     p.add_argument("--log-dir", type=Path, default=None, help="each part's log and rows (default: a temporary folder)")
     args = p.parse_args(argv)
     if set(args.only) - {part.name for part in PARTS}:
@@ -317,19 +441,26 @@ def main(argv=None) -> int:
 
     cuda = torch.cuda.is_available()
     if not cuda and not args.smoke:
-        print("gpu_suite: no CUDA device here, and its figures are GPU targets. `python bench/gpu_suite.py "
-              "--smoke` runs the same pipeline at a tiny size on this CPU.", file=sys.stderr)
+        print(
+            "gpu_suite: no CUDA device here, and its figures are GPU targets. `python bench/gpu_suite.py "
+            "--smoke` runs the same pipeline at a tiny size on this CPU.",
+            file=sys.stderr,
+        )
         return 2
     device = torch.cuda.get_device_name() if cuda else "CPU (smoke: tiny sizes, not GPU figures)"
-    print(f"gpu_suite on {device}, torch {torch.__version__}, load average {loadavg()}"
-          f"{', smoke' if args.smoke else ''}", flush=True)
+    print(
+        f"gpu_suite on {device}, torch {torch.__version__}, load average {loadavg()}{', smoke' if args.smoke else ''}",
+        flush=True,
+    )
     log_dir = args.log_dir or Path(tempfile.mkdtemp(prefix="muloco-gpu-suite-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     outcomes = run_parts(tuple(part for part in PARTS if part.name in args.only), args.smoke, log_dir)
     print_table(outcomes)
-    print(f"\ntotal {time.monotonic() - t0:.0f} s of {sum(p.box_s for p in PARTS if p.name in args.only)} s; "
-          f"load average {loadavg()}")
+    print(
+        f"\ntotal {time.monotonic() - t0:.0f} s of {sum(p.box_s for p in PARTS if p.name in args.only)} s; "
+        f"load average {loadavg()}"
+    )
     if args.smoke and args.log_dir is None and all(o.status == "ok" for o in outcomes):
         shutil.rmtree(log_dir)
     else:

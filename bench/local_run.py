@@ -47,10 +47,19 @@ def tail(path: Path, n: int = 30) -> str:
         return "(no log)"
 
 
-def run_local_job(work: Path, config: str, replicas: int, overrides: list[str], timeout: float, *,
-                  env: dict[str, str] | None = None, join_timeout_ms: int = 20000, validate: bool = False,
-                  watch: Callable[[LocalJob], Callable[[], None]] | None = None,
-                  launch: dict | None = None) -> FinishedJob:
+def run_local_job(
+    work: Path,
+    config: str,
+    replicas: int,
+    overrides: list[str],
+    timeout: float,
+    *,
+    env: dict[str, str] | None = None,
+    join_timeout_ms: int = 20000,
+    validate: bool = False,
+    watch: Callable[[LocalJob], Callable[[], None]] | None = None,
+    launch: dict | None = None,
+) -> FinishedJob:
     """Run the job in ``work`` (made here) until it ends or ``timeout`` seconds pass (then it is
     stopped and this raises). ``env`` goes to every group's processes; ``validate`` keeps the
     config's validation on; ``watch(job)`` starts something beside the running job and returns
@@ -61,10 +70,18 @@ def run_local_job(work: Path, config: str, replicas: int, overrides: list[str], 
     dump, logs = work / "dump", work / "logs"
     with open(work / "launcher.log", "w") as console:
         settings = {"min_replicas": replicas, "join_timeout_ms": join_timeout_ms, **(launch or {})}
-        job = LocalJob(config=config, replicas=replicas, threads=1, visible_gpus=visible_gpus()[:1],
-                       share_gpus=True,  # on a GPU host: all on its first GPU
-                       log_dir=str(logs), console=console, env=dict(env or {}),
-                       overrides=[*overrides, *off, "--dump_folder", str(dump)], **settings)
+        job = LocalJob(
+            config=config,
+            replicas=replicas,
+            threads=1,
+            visible_gpus=visible_gpus()[:1],
+            share_gpus=True,  # on a GPU host: all on its first GPU
+            log_dir=str(logs),
+            console=console,
+            env=dict(env or {}),
+            overrides=[*overrides, *off, "--dump_folder", str(dump)],
+            **settings,
+        )
         stop_watching = watch(job) if watch is not None else None
         hung = threading.Timer(timeout, job.stop, args=(124,))
         hung.start()
@@ -80,7 +97,9 @@ def run_local_job(work: Path, config: str, replicas: int, overrides: list[str], 
         raise SystemExit(status)
     if status != 0:
         why = f"still running after {timeout:.0f}s" if status == 124 else f"exit {status}"
-        tails = "\n".join(f"--- {p.name} tail ---\n{tail(p)}" for p in [work / "launcher.log", *sorted(logs.glob("*.log"))])
+        tails = "\n".join(
+            f"--- {p.name} tail ---\n{tail(p)}" for p in [work / "launcher.log", *sorted(logs.glob("*.log"))]
+        )
         raise RuntimeError(f"{work.name}: the job failed ({why})\n{tails}")
     return FinishedJob(wall_s=wall, logs=logs, replicas=[_recorded(dump / f"replica_{i}") for i in range(replicas)])
 

@@ -143,8 +143,11 @@ def step_times(model, name: str, device, repeats: int, batch: int, seq_len: int,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--flavors", default="llama3-w128-d4-h2,llama3-w512-d6-h4",
-                    help="comma-separated model-map flavors (default: the tiny default and a ~20M one)")
+    ap.add_argument(
+        "--flavors",
+        default="llama3-w128-d4-h2,llama3-w512-d6-h4",
+        help="comma-separated model-map flavors (default: the tiny default and a ~20M one)",
+    )
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -157,13 +160,18 @@ def main() -> None:
         vars(args).update(SMOKE)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if args.device == "auto" else args.device))
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if args.device == "auto" else args.device)
+    )
     cfg = load_config("base")
     vocab = cfg.tokenizer.build(tokenizer_path=cfg.hf_assets_path).get_vocab_size()
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
-    print(f"device {device} ({name}), torch threads {torch.get_num_threads()}, load {loadavg()}, "
-          f"repeats {args.repeats}, batch {args.batch}x{args.seq_len}")
+    print(
+        f"device {device} ({name}), torch threads {torch.get_num_threads()}, load {loadavg()}, "
+        f"repeats {args.repeats}, batch {args.batch}x{args.seq_len}"
+    )
 
     summary = []
     for flavor in args.flavors.split(","):
@@ -171,17 +179,23 @@ def main() -> None:
         n_params = sum(p.numel() for p in model.parameters())
         print(f"\n== {flavor}: {n_params / 1e6:.2f}M parameters")
         rows = ns_efficiency(hidden_shapes(model), device, args.repeats, args.ns_steps)
-        print(f"{'NS batch (b x m x n)':>22} {'GFLOP':>8} {'NS ms':>9} {'matmul ms':>10} "
-              f"{'NS GFLOP/s':>11} {'mm GFLOP/s':>11} {'efficiency':>10}")
+        print(
+            f"{'NS batch (b x m x n)':>22} {'GFLOP':>8} {'NS ms':>9} {'matmul ms':>10} "
+            f"{'NS GFLOP/s':>11} {'mm GFLOP/s':>11} {'efficiency':>10}"
+        )
         for r in rows:
-            print(f"{r['shape']:>22} {r['flops'] / 1e9:8.3f} {r['t_ns'] * 1e3:9.2f} {r['t_mm'] * 1e3:10.2f} "
-                  f"{r['flops'] / r['t_ns'] / 1e9:11.2f} {r['flops'] / r['t_mm'] / 1e9:11.2f} "
-                  f"{r['t_mm'] / r['t_ns']:10.3f}")
+            print(
+                f"{r['shape']:>22} {r['flops'] / 1e9:8.3f} {r['t_ns'] * 1e3:9.2f} {r['t_mm'] * 1e3:10.2f} "
+                f"{r['flops'] / r['t_ns'] / 1e9:11.2f} {r['flops'] / r['t_mm'] / 1e9:11.2f} "
+                f"{r['t_mm'] / r['t_ns']:10.3f}"
+            )
         flops = sum(r["flops"] for r in rows)
         eff = sum(r["t_mm"] for r in rows) / sum(r["t_ns"] for r in rows)
-        print(f"{'all hidden matrices':>22} {flops / 1e9:8.3f} {sum(r['t_ns'] for r in rows) * 1e3:9.2f} "
-              f"{sum(r['t_mm'] for r in rows) * 1e3:10.2f} {'':>11} {'':>11} {eff:10.3f}  "
-              f"(target >= {TARGET_EFFICIENCY}: {'met' if eff >= TARGET_EFFICIENCY else 'NOT met'})")
+        print(
+            f"{'all hidden matrices':>22} {flops / 1e9:8.3f} {sum(r['t_ns'] for r in rows) * 1e3:9.2f} "
+            f"{sum(r['t_mm'] for r in rows) * 1e3:10.2f} {'':>11} {'':>11} {eff:10.3f}  "
+            f"(target >= {TARGET_EFFICIENCY}: {'met' if eff >= TARGET_EFFICIENCY else 'NOT met'})"
+        )
 
         times = {}
         for name_ in ("AdamW", "Muon", "AdamW", "Muon"):  # alternate; keep the second pass
@@ -191,12 +205,23 @@ def main() -> None:
         for name_, t in (("AdamW", a), ("Muon", m)):
             print(f"{name_:>10} {t['opt'] * 1e3:10.2f} {t['step'] * 1e3:14.1f} {t['opt'] / t['step']:7.1%}")
         print(f"Muon/AdamW: optimizer step {m['opt'] / a['opt']:.2f}x, training step {m['step'] / a['step']:.2f}x")
-        summary.append((flavor, n_params, eff, m["opt"] / a["opt"], m["opt"] / m["step"], a["opt"] / a["step"],
-                        m["step"] / a["step"]))
+        summary.append(
+            (
+                flavor,
+                n_params,
+                eff,
+                m["opt"] / a["opt"],
+                m["opt"] / m["step"],
+                a["opt"] / a["step"],
+                m["step"] / a["step"],
+            )
+        )
 
     print("\nsummary")
-    print(f"{'flavor':>26} {'params':>8} {'NS eff':>7} {'Muon/AdamW opt':>15} {'Muon share':>11} "
-          f"{'AdamW share':>12} {'step ratio':>11}")
+    print(
+        f"{'flavor':>26} {'params':>8} {'NS eff':>7} {'Muon/AdamW opt':>15} {'Muon share':>11} "
+        f"{'AdamW share':>12} {'step ratio':>11}"
+    )
     for flavor, n, eff, ratio, ms, as_, sr in summary:
         print(f"{flavor:>26} {n / 1e6:7.2f}M {eff:7.3f} {ratio:14.2f}x {ms:11.1%} {as_:12.1%} {sr:10.2f}x")
     print(f"load after: {loadavg()}")

@@ -70,18 +70,29 @@ DRILLS = [
     Drill("k3-cut-15s", 3, "cut", 15),
     Drill("k3-cut-60s", 3, "cut", 60),
     Drill("k3-lighthouse-15s", 3, "lighthouse", 15),
-    Drill("k3-lighthouse-50s-quorum-40s", 3, "lighthouse", 50, extra=("--fault_tolerance.quorum_timeout_seconds", "40")),
+    Drill(
+        "k3-lighthouse-50s-quorum-40s", 3, "lighthouse", 50, extra=("--fault_tolerance.quorum_timeout_seconds", "40")
+    ),
     Drill("k2-cut-15s-deadline", 2, "cut", 15, "deadline"),
     Drill("k3-cut-15s-deadline", 3, "cut", 15, "deadline"),
     Drill("k3-cut-15s-final-sync", 3, "cut", 15, at="final"),
-    Drill("k2-lighthouse-50s-quorum-40s", 2, "lighthouse", 50, extra=("--fault_tolerance.quorum_timeout_seconds", "40")),
+    Drill(
+        "k2-lighthouse-50s-quorum-40s", 2, "lighthouse", 50, extra=("--fault_tolerance.quorum_timeout_seconds", "40")
+    ),
     Drill("k3-cut-15s-being-healed", 3, "cut", 15, at="healed", link="20mbit"),
     Drill("k3-cut-15s-serving-a-heal", 3, "cut", 15, at="serving", link="20mbit"),
     Drill("k3-cut-60s-being-healed", 3, "cut", 60, at="healed", link="20mbit"),
     Drill("k3-cut-60s-serving-a-heal", 3, "cut", 60, at="serving", link="20mbit"),
     # the heal of a restart over 20 Mbit/s takes ~11 s: past the default 10 s collective timeout
-    Drill("k3-cut-60s-being-healed-pg-30s", 3, "cut", 60, at="healed", link="20mbit",
-          extra=("--fault_tolerance.process_group_timeout_ms", "30000")),
+    Drill(
+        "k3-cut-60s-being-healed-pg-30s",
+        3,
+        "cut",
+        60,
+        at="healed",
+        link="20mbit",
+        extra=("--fault_tolerance.process_group_timeout_ms", "30000"),
+    ),
 ]
 SMOKE = Drill("k2-cut-3s", 2, "cut", 3)
 SHAPE = ["--model.flavor", "llama3-w128-d4-h2", "--training.seq_len", "256", "--training.local_batch_size", "8"]
@@ -120,6 +131,7 @@ def fault_thread(drill: Drill, at_step: int, said: dict):
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         return lambda: (stop.set(), thread.join(30))
+
     return watch
 
 
@@ -158,20 +170,47 @@ def recovery_s(log: Path, ended: datetime | None) -> float | None:
 def run_drill(drill: Drill, work: Path, args, shape: list[str]) -> dict:
     said: dict = {}
     h = args.sync_every
-    overrides = [*shape, "--training.steps", str(args.steps), "--outer.sync_every", str(h), "--metrics.log_freq", "1",
-                 *(["--outer.round", "deadline"] if drill.mode == "deadline" else []), *drill.extra]
-    job = run_local_job(work / drill.name, "diloco/diloco", drill.replicas, overrides, args.timeout,
-                        watch=fault_thread(drill, args.steps - 1 if drill.at == "final" else h + h // 2, said),
-                        launch={"netns": True, "max_restarts": 3, "min_replicas": None, "join_timeout_ms": None,
-                                **({"link": drill.link} if drill.link else {})})
+    overrides = [
+        *shape,
+        "--training.steps",
+        str(args.steps),
+        "--outer.sync_every",
+        str(h),
+        "--metrics.log_freq",
+        "1",
+        *(["--outer.round", "deadline"] if drill.mode == "deadline" else []),
+        *drill.extra,
+    ]
+    job = run_local_job(
+        work / drill.name,
+        "diloco/diloco",
+        drill.replicas,
+        overrides,
+        args.timeout,
+        watch=fault_thread(drill, args.steps - 1 if drill.at == "final" else h + h // 2, said),
+        launch={
+            "netns": True,
+            "max_restarts": 3,
+            "min_replicas": None,
+            "join_timeout_ms": None,
+            **({"link": drill.link} if drill.link else {}),
+        },
+    )
     sums = [r["summary"]["diloco"] for r in job.replicas]
-    twice = [sum(n - 1 for n in Counter(row["step"] for row in r["rows"] if "loss" in row).values() if n > 1)
-             for r in job.replicas]
+    twice = [
+        sum(n - 1 for n in Counter(row["step"] for row in r["rows"] if "loss" in row).values() if n > 1)
+        for r in job.replicas
+    ]
     victim_log = job.logs / f"replica_{drill.replicas - 1}.log"
-    return {"drill": drill, "wall": job.wall_s, "agree": len({s["final_global_sha256"] for s in sums}) == 1,
-            "syncs": " ".join(f"{s['syncs_committed']}/{s['syncs_failed']}/{s.get('syncs_missed', 0)}" for s in sums),
-            "twice": sum(twice), "recover": recovery_s(victim_log, said.get("ended")),
-            "faulted": "started" in said and (drill.at not in _HEAL_STARTS or "heal_cut" in said)}
+    return {
+        "drill": drill,
+        "wall": job.wall_s,
+        "agree": len({s["final_global_sha256"] for s in sums}) == 1,
+        "syncs": " ".join(f"{s['syncs_committed']}/{s['syncs_failed']}/{s.get('syncs_missed', 0)}" for s in sums),
+        "twice": sum(twice),
+        "recover": recovery_s(victim_log, said.get("ended")),
+        "faulted": "started" in said and (drill.at not in _HEAL_STARTS or "heal_cut" in said),
+    }
 
 
 def main() -> int:
@@ -189,18 +228,25 @@ def main() -> int:
         args.steps, args.sync_every = 10, 5
     shape = SMOKE_SHAPE if args.smoke else SHAPE
     work = Path(tempfile.mkdtemp(prefix="partition-drills-"))
-    print(f"load average {loadavg()}; {len(drills)} drill(s), {args.steps} steps, H={args.sync_every}, shape "
-          f"{' '.join(shape[1::2])}; outputs in {work}")
-    print(f"{'drill':30} {'K':>2} {'rounds':9} {'agree':5} {'committed/rolled back/missed per group':40} "
-          f"{'twice':>5} {'recover s':>9} {'wall s':>7}")
+    print(
+        f"load average {loadavg()}; {len(drills)} drill(s), {args.steps} steps, H={args.sync_every}, shape "
+        f"{' '.join(shape[1::2])}; outputs in {work}"
+    )
+    print(
+        f"{'drill':30} {'K':>2} {'rounds':9} {'agree':5} {'committed/rolled back/missed per group':40} "
+        f"{'twice':>5} {'recover s':>9} {'wall s':>7}"
+    )
     try:
         for drill in drills:
             r = run_drill(drill, work, args, shape)
             recover = "n/a" if r["recover"] is None else f"{r['recover']:.1f}"
             if not r["faulted"]:
                 recover = "no fault (the run ended first)" if drill.at not in _HEAL_STARTS else "no heal was cut"
-            print(f"{drill.name:30} {drill.replicas:>2} {drill.mode:9} {'yes' if r['agree'] else 'NO':5} "
-                  f"{r['syncs']:40} {r['twice']:>5} {recover:>9} {r['wall']:>7.1f}", flush=True)
+            print(
+                f"{drill.name:30} {drill.replicas:>2} {drill.mode:9} {'yes' if r['agree'] else 'NO':5} "
+                f"{r['syncs']:40} {r['twice']:>5} {recover:>9} {r['wall']:>7.1f}",
+                flush=True,
+            )
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

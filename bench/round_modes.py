@@ -42,8 +42,11 @@ from machine import exit_on_sigterm, loadavg
 
 SLOW_SITE = Path(__file__).resolve().parent / "slow_site"
 DEADLINE = ["--outer.round", "deadline"]
-MODES = {"lockstep": [], "deadline": [*DEADLINE, "--outer.exchange.weighting", "tokens"],
-         "deadline-equal": [*DEADLINE, "--outer.exchange.weighting", "equal"]}
+MODES = {
+    "lockstep": [],
+    "deadline": [*DEADLINE, "--outer.exchange.weighting", "tokens"],
+    "deadline-equal": [*DEADLINE, "--outer.exchange.weighting", "equal"],
+}
 """``deadline-equal``: deadline rounds whose merge counts every group the same (the weighting's ablation)."""
 
 
@@ -58,24 +61,31 @@ def parse_case(text: str) -> tuple[int, float]:
     return case
 
 
-def run(root: Path, name: str, config: str, k: int, overrides: list[str], timeout: float,
-        slow: tuple[int, float] | None) -> dict:
+def run(
+    root: Path, name: str, config: str, k: int, overrides: list[str], timeout: float, slow: tuple[int, float] | None
+) -> dict:
     """One job; its start time, wall-clock, validations (epoch time, loss), per-group steps and tokens."""
     env = {}
     if slow is not None and slow[1] > 0:
-        env = {"MULOCO_BENCH_SLOW": f"{slow[0]}:{slow[1]:.6f}",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(SLOW_SITE), os.environ.get("PYTHONPATH")]))}
+        env = {
+            "MULOCO_BENCH_SLOW": f"{slow[0]}:{slow[1]:.6f}",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SLOW_SITE), os.environ.get("PYTHONPATH")])),
+        }
     job = run_local_job(root / name, config, k, overrides, timeout, env=env, join_timeout_ms=60000, validate=True)
     first = job.replicas[0]
     step1 = next(r for r in first["rows"] if "step_time_s" in r)
     origin = step1["time"] - step1["step_time_s"]  # the first inner step's start: start-up left out
     validations = [(r["time"] - origin, r["validation_loss"]) for r in first["rows"] if "validation_loss" in r]
     steps = [[x["step_time_s"] for x in r["rows"] if "step_time_s" in x] for r in job.replicas]
-    return {"wall": job.wall_s, "validations": validations, "final": first["summary"]["final_validation_loss"],
-            "steps": [r["summary"]["steps"] for r in job.replicas],
-            "tokens": sum(r["summary"]["tokens_seen"] for r in job.replicas),
-            "median_step": statistics.median(s for group in steps for s in group[1:] or group),
-            "sha": {r["summary"]["diloco"]["final_global_sha256"] for r in job.replicas}}
+    return {
+        "wall": job.wall_s,
+        "validations": validations,
+        "final": first["summary"]["final_validation_loss"],
+        "steps": [r["summary"]["steps"] for r in job.replicas],
+        "tokens": sum(r["summary"]["tokens_seen"] for r in job.replicas),
+        "median_step": statistics.median(s for group in steps for s in group[1:] or group),
+        "sha": {r["summary"]["diloco"]["final_global_sha256"] for r in job.replicas},
+    }
 
 
 def time_to(validations: list[tuple[float, float]], loss: float) -> float | None:
@@ -117,8 +127,11 @@ def main() -> int:
         p.error(f"--steps {args.steps} must be a multiple of --sync-every {args.sync_every}")
     h = args.sync_every
     root = Path(tempfile.mkdtemp(prefix="round_modes_"))
-    print(f"machine load average at start: {loadavg()}; {args.config}, {flavor}, {args.steps} steps, H={h}, "
-          f"{args.seeds} seed(s), cases {args.cases}", flush=True)
+    print(
+        f"machine load average at start: {loadavg()}; {args.config}, {flavor}, {args.steps} steps, H={h}, "
+        f"{args.seeds} seed(s), cases {args.cases}",
+        flush=True,
+    )
     results: dict[tuple, dict] = {}
     try:
         for k, factor in cases:
@@ -126,16 +139,34 @@ def main() -> int:
             for seed in range(args.seeds):
                 for mode in modes:
                     flags = MODES[mode]
-                    overrides = ["--model.flavor", flavor, *shape, "--training.steps", str(args.steps),
-                                 "--outer.sync_every", str(h), "--metrics.log_freq", "1",
-                                 "--lr_scheduler.warmup_steps", "1", "--validator.freq", str(h),
-                                 "--validator.steps", "4", "--debug.seed", str(seed), *flags]
+                    overrides = [
+                        "--model.flavor",
+                        flavor,
+                        *shape,
+                        "--training.steps",
+                        str(args.steps),
+                        "--outer.sync_every",
+                        str(h),
+                        "--metrics.log_freq",
+                        "1",
+                        "--lr_scheduler.warmup_steps",
+                        "1",
+                        "--validator.freq",
+                        str(h),
+                        "--validator.steps",
+                        "4",
+                        "--debug.seed",
+                        str(seed),
+                        *flags,
+                    ]
                     if pace is None and factor > 1:  # the others' pace, from an equal lockstep job of the case
                         probe = run(root, f"{k}x{factor:g}-pace", args.config, k, overrides, args.timeout, None)
                         pace = probe["median_step"]
                     slow = (k - 1, (factor - 1) * pace) if factor > 1 else None
                     name = f"{k}x{factor:g}-{mode}-seed{seed}"
-                    results[(k, factor, mode, seed)] = r = run(root, name, args.config, k, overrides, args.timeout, slow)
+                    results[(k, factor, mode, seed)] = r = run(
+                        root, name, args.config, k, overrides, args.timeout, slow
+                    )
                     print(f"  {name}: {r['wall']:.1f} s, final loss {r['final']:.4f}, steps {r['steps']}", flush=True)
     finally:
         if args.keep:
@@ -148,8 +179,10 @@ def main() -> int:
 
 
 def report(results: dict[tuple, dict], cases: list[tuple[int, float]], seeds: int, modes: list[str]) -> None:
-    print(f"\n{'case':<6}{'mode':<15}{'seed':>5}{'wall s':>9}{'final loss':>12}{'job tok/s':>11}  {'steps per group':<22}"
-          f"{'to lockstep loss s':>20}{'x lockstep':>12}{'loss then':>11}{'lockstep at its end':>21}")
+    print(
+        f"\n{'case':<6}{'mode':<15}{'seed':>5}{'wall s':>9}{'final loss':>12}{'job tok/s':>11}  {'steps per group':<22}"
+        f"{'to lockstep loss s':>20}{'x lockstep':>12}{'loss then':>11}{'lockstep at its end':>21}"
+    )
     for k, factor in cases:
         ratios, gaps = {m: [] for m in modes[1:]}, {m: [] for m in modes[1:]}
         for seed in range(seeds):
@@ -165,18 +198,25 @@ def report(results: dict[tuple, dict], cases: list[tuple[int, float]], seeds: in
                 if mode != "lockstep":
                     ratios[mode] += [ratio] if ratio is not None else []
                     gaps[mode] += [r["final"] - base["final"]]
-                print(f"{k}x{factor:<4g}{mode:<15}{seed:>5}{r['wall']:>9.1f}{r['final']:>12.4f}"
-                      f"{r['tokens'] / r['wall']:>11,.0f}  {','.join(map(str, r['steps'])):<22}"
-                      f"{reach if reach is not None else float('nan'):>20.1f}"
-                      f"{ratio if ratio is not None else float('nan'):>12.2f}"
-                      f"{at_end if at_end is not None else float('nan'):>11.4f}"
-                      f"{lockstep_then if lockstep_then is not None else float('nan'):>21.4f}")
-        target = ("<= 0.75x lockstep's wall-clock" if factor >= 2 else
-                  "final loss no worse than lockstep (inside the seeds' spread)")
+                print(
+                    f"{k}x{factor:<4g}{mode:<15}{seed:>5}{r['wall']:>9.1f}{r['final']:>12.4f}"
+                    f"{r['tokens'] / r['wall']:>11,.0f}  {','.join(map(str, r['steps'])):<22}"
+                    f"{reach if reach is not None else float('nan'):>20.1f}"
+                    f"{ratio if ratio is not None else float('nan'):>12.2f}"
+                    f"{at_end if at_end is not None else float('nan'):>11.4f}"
+                    f"{lockstep_then if lockstep_then is not None else float('nan'):>21.4f}"
+                )
+        target = (
+            "<= 0.75x lockstep's wall-clock"
+            if factor >= 2
+            else "final loss no worse than lockstep (inside the seeds' spread)"
+        )
         for mode in modes[1:]:
-            print(f"{k}x{factor:g} {mode} / lockstep wall-clock to lockstep's final loss: {_spread(ratios[mode])} over "
-                  f"{len(ratios[mode])} of {seeds} seed(s) reaching it; final loss {mode} - lockstep: "
-                  f"{_spread(gaps[mode])}; target {target}")
+            print(
+                f"{k}x{factor:g} {mode} / lockstep wall-clock to lockstep's final loss: {_spread(ratios[mode])} over "
+                f"{len(ratios[mode])} of {seeds} seed(s) reaching it; final loss {mode} - lockstep: "
+                f"{_spread(gaps[mode])}; target {target}"
+            )
 
 
 if __name__ == "__main__":

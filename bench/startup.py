@@ -36,8 +36,18 @@ from pathlib import Path
 from machine import exit_on_sigterm, loadavg  # bench/ is on sys.path when a bench script runs
 
 REPO = Path(__file__).resolve().parents[1]
-PLANNER = ["--flavor", "llama3-w1024-d12-h8", "--replicas", "8", "--link-mbps", "1000", "--bits", "2",
-           "--step-seconds", "1"]
+PLANNER = [
+    "--flavor",
+    "llama3-w1024-d12-h8",
+    "--replicas",
+    "8",
+    "--link-mbps",
+    "1000",
+    "--bits",
+    "2",
+    "--step-seconds",
+    "1",
+]
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,9 @@ COMMANDS = [
     Command("generate --help", ["generate", "--help"], 2.0),
     Command("fetch --help", ["fetch", "--help"], 2.0),
     Command("lighthouse --help", ["lighthouse", "--help"], 2.0),
-    Command("slurm dry run", ["slurm", "groups", "--config", "diloco/muloco", "--replicas", "2", "--dry-run"], 2.0, True),
+    Command(
+        "slurm dry run", ["slurm", "groups", "--config", "diloco/muloco", "--replicas", "2", "--dry-run"], 2.0, True
+    ),
     Command("report --help", ["report", "--help"], 1.0),
     Command("map (sizing table)", ["map"], 1.0),
     Command("map (link planner)", ["map", *PLANNER], 1.0),
@@ -76,10 +88,16 @@ FLOOR = ["-c", "from muloco import compat; compat.apply(); import torchtitan.tra
 def fake_sinfo(folder: Path) -> dict[str, str]:
     """An environment whose ``sinfo`` reports one idle 8-GPU node (no cluster is contacted)."""
     sinfo = folder / "sinfo"
-    sinfo.write_text('#!/bin/sh\ncase " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|infinite";; '
-                     '*) echo "gpu*";; esac\n')
+    sinfo.write_text(
+        '#!/bin/sh\ncase " $* " in *" -N "*) echo "gpu*|n1|96|gpu:h100:8|1000000|idle|infinite";; '
+        '*) echo "gpu*";; esac\n'
+    )
     sinfo.chmod(0o755)
-    return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}", "MULOCO_CLUSTER_FILE": str(folder / "none")}
+    return {
+        **os.environ,
+        "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}",
+        "MULOCO_CLUSTER_FILE": str(folder / "none"),
+    }
 
 
 def seconds(argv: list[str], env: dict[str, str]) -> float:
@@ -107,8 +125,10 @@ def main() -> int:
         wanted = {w.strip() for w in args.only.split(",") if w.strip()}
         chosen = [c for c in COMMANDS if c.name.split()[0] in wanted or c.name in wanted]
         if not chosen:
-            p.error(f"--only {args.only!r} names no command; first words: "
-                    f"{', '.join(sorted({c.name.split()[0] for c in COMMANDS}))}")
+            p.error(
+                f"--only {args.only!r} names no command; first words: "
+                f"{', '.join(sorted({c.name.split()[0] for c in COMMANDS}))}"
+            )
     print(f"start-up, {args.repeats} repeat(s) each, median; load average before: {loadavg()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="muloco-startup-") as tmp:
         env = fake_sinfo(Path(tmp))
@@ -130,12 +150,16 @@ def main() -> int:
         took = statistics.median(times[command.name])
         ratio = took / base
         above = f"{took / floor:>7.2f}" if command.reads_config and floor else ""
-        print(f"{command.name:<22}{took:>9.2f}{ratio:>9.2f}{command.target:>7.0f}x  "
-              f"{'yes' if ratio <= command.target else 'no ':<5}{above}".rstrip())
+        print(
+            f"{command.name:<22}{took:>9.2f}{ratio:>9.2f}{command.target:>7.0f}x  "
+            f"{'yes' if ratio <= command.target else 'no ':<5}{above}".rstrip()
+        )
     if floor is not None:
-        print(f"\nfloor: python {' '.join(FLOOR[:1])} '{FLOOR[1]}' (torchtitan's trainer module, where every "
-              f"trainer config's class lives); at {floor / base:.2f}x torch, a command that reads a config "
-              "cannot meet a target below it without changing torchtitan")
+        print(
+            f"\nfloor: python {' '.join(FLOOR[:1])} '{FLOOR[1]}' (torchtitan's trainer module, where every "
+            f"trainer config's class lives); at {floor / base:.2f}x torch, a command that reads a config "
+            "cannot meet a target below it without changing torchtitan"
+        )
     print(f"\nload average after: {loadavg()}")
     return 0
 

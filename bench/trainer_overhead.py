@@ -167,8 +167,11 @@ def measure(args) -> dict:
         torch.set_num_threads(args.threads)
     # --vocab-size, e.g. Llama 3's 128,256: the model's size, whatever the tokens' ids.
     vocab = (lambda self: args.vocab_size) if args.vocab_size else MulocoTokenizer.get_vocab_size
-    with (_patched(tt_trainer, "time", _NoSleepTime), _patched(MulocoTokenizer, "get_vocab_size", vocab),
-          tempfile.TemporaryDirectory(prefix="muloco-bench-", dir=args.dump_root) as tmp):
+    with (
+        _patched(tt_trainer, "time", _NoSleepTime),
+        _patched(MulocoTokenizer, "get_vocab_size", vocab),
+        tempfile.TemporaryDirectory(prefix="muloco-bench-", dir=args.dump_root) as tmp,
+    ):
         return _timed_run(args, os.path.join(tmp, "outputs"))
 
 
@@ -315,9 +318,7 @@ def _run_one(label: str, args) -> dict:
         env.pop(var, None)  # each child is its own world of one, on a free port
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     try:
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout
-        )
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired as err:
         tail = err.stderr or ""
         if isinstance(tail, bytes):
@@ -327,17 +328,24 @@ def _run_one(label: str, args) -> dict:
         shutil.rmtree(scratch, ignore_errors=True)
     for line in proc.stdout.splitlines():
         if line.startswith(RESULT_MARKER):
-            return json.loads(line[len(RESULT_MARKER):])
-    raise SystemExit(
-        f"{label} run failed (exit {proc.returncode}):\n"
-        f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
+            return json.loads(line[len(RESULT_MARKER) :])
+    raise SystemExit(f"{label} run failed (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
 
 
 _run_one.counter = 0
 
-SMOKE = {"flavor": "llama3-w64-d2-h2", "seq_len": 64, "batch": 2, "steps": 4, "warmup": 1, "log_freq": 2,
-         "repeats": 1, "warmup_run": False, "in_process": True, "threads": 1}
+SMOKE = {
+    "flavor": "llama3-w64-d2-h2",
+    "seq_len": 64,
+    "batch": 2,
+    "steps": 4,
+    "warmup": 1,
+    "log_freq": 2,
+    "repeats": 1,
+    "warmup_run": False,
+    "in_process": True,
+    "threads": 1,
+}
 """--smoke: every code path (both trainers, each objective asked for, the tables) in seconds."""
 
 
@@ -350,16 +358,31 @@ def _parse(argv=None):
     p.add_argument("--seq-len", type=int, default=None, help="sequence length (default: the config's)")
     p.add_argument("--batch", type=int, default=None, help="local batch size (default: the config's)")
     p.add_argument("--config", default="base", help="muloco config module (default base)")
-    p.add_argument("--objectives", default="ar", type=lambda v: v.split(","),
-                   help="our trainer's objectives, comma-separated from ar, mdlm (default ar); "
-                        "stock torchtitan always runs next-token prediction")
-    p.add_argument("--precision", default="auto", choices=("auto", "bfloat16", "float32"),
-                   help="training.mixed_precision_param in both (default auto: bf16 on CUDA, fp32 on CPU)")
+    p.add_argument(
+        "--objectives",
+        default="ar",
+        type=lambda v: v.split(","),
+        help="our trainer's objectives, comma-separated from ar, mdlm (default ar); "
+        "stock torchtitan always runs next-token prediction",
+    )
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=("auto", "bfloat16", "float32"),
+        help="training.mixed_precision_param in both (default auto: bf16 on CUDA, fp32 on CPU)",
+    )
     p.add_argument("--compile", action="store_true", help="torch.compile in both (compile.enable)")
-    p.add_argument("--compile-backend", default="inductor",
-                   help="compile.backend in both (default inductor; eager: graph capture only)")
-    p.add_argument("--vocab-size", type=int, default=None,
-                   help="build the model for this vocabulary size (default: the tokenizer's)")
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="compile.backend in both (default inductor; eager: graph capture only)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help="build the model for this vocabulary size (default: the tokenizer's)",
+    )
     p.add_argument("--log-freq", type=int, default=20, help="metrics.log_freq in both (default 20)")
     p.add_argument(
         "--threads",
@@ -375,13 +398,17 @@ def _parse(argv=None):
         action="store_false",
         help="skip the discarded first run (of the trainer that goes second)",
     )
+    p.add_argument("--stock-first", action="store_true", help="alternate stock, ours, ... instead of ours, stock, ...")
     p.add_argument(
-        "--stock-first", action="store_true", help="alternate stock, ours, ... instead of ours, stock, ..."
+        "--in-process",
+        action="store_true",
+        help="run every trainer in this process (cheap; shared caches: not for the ratio)",
     )
-    p.add_argument("--in-process", action="store_true",
-                   help="run every trainer in this process (cheap; shared caches: not for the ratio)")
-    p.add_argument("--smoke", action="store_true",
-                   help="tiny, in process, one round: checks that the bench runs (size flags are ignored)")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny, in process, one round: checks that the bench runs (size flags are ignored)",
+    )
     p.add_argument("--timeout", type=int, default=180, help="seconds per run before it counts as hung")
     p.add_argument("--profile-dir", default=None, help="write a cProfile of each run's train() here")
     p.add_argument("--_child", dest="child", choices=["ours", "stock"], help=argparse.SUPPRESS)
@@ -405,9 +432,12 @@ def main(argv=None) -> int:
     if args.child:
         return _child(args)
     if args.steps % args.log_freq:
-        print(f"note: --steps {args.steps} is not a multiple of --log-freq {args.log_freq}: our "
-              f"trainer also logs the last step, stock torchtitan does not, so the two runs do "
-              f"not do the same work; the median-step ratio below is the fair one", flush=True)
+        print(
+            f"note: --steps {args.steps} is not a multiple of --log-freq {args.log_freq}: our "
+            f"trainer also logs the last step, stock torchtitan does not, so the two runs do "
+            f"not do the same work; the median-step ratio below is the fair one",
+            flush=True,
+        )
     compare(args)
     return 0
 
@@ -449,8 +479,10 @@ def _report(args, runs: list[dict], order: list[str], t0: float) -> dict:
         f"steps {args.steps} (timed {first['timed_steps']} after {args.warmup} warm-up)  "
         f"torch threads {first['torch_threads']}  log_freq {args.log_freq}"
     )
-    print(f"{first['parameters']:,} parameters  precision {first['precision']}  "
-          f"compile {'on (' + first['compile_backend'] + ')' if first['compile'] else 'off'}")
+    print(
+        f"{first['parameters']:,} parameters  precision {first['precision']}  "
+        f"compile {'on (' + first['compile_backend'] + ')' if first['compile'] else 'off'}"
+    )
     for trainer in ("ours", "stock"):
         print(f"{trainer + ':':<6} {next(r['class'] for r in runs if r['trainer'] == trainer)}")
     print()
@@ -472,23 +504,31 @@ def _report(args, runs: list[dict], order: list[str], t0: float) -> dict:
     print()
     sides = {}
     for side in order:
-        sides[side] = {key: med(side, key) for key in ("tokens_per_s", "median_tokens_per_s", "loop_tokens_per_s",
-                                                      "cpu_tokens_per_s", "mfu_percent")}
+        sides[side] = {
+            key: med(side, key)
+            for key in ("tokens_per_s", "median_tokens_per_s", "loop_tokens_per_s", "cpu_tokens_per_s", "mfu_percent")
+        }
         sides[side]["objective"] = next(r["objective"] for r in runs if r["side"] == side)
-        print(f"median {side:<9}  {sides[side]['tokens_per_s']:>10,.0f} tok/s   (median-step "
-              f"{sides[side]['median_tokens_per_s']:,.0f}, loop {sides[side]['loop_tokens_per_s']:,.0f})")
+        print(
+            f"median {side:<9}  {sides[side]['tokens_per_s']:>10,.0f} tok/s   (median-step "
+            f"{sides[side]['median_tokens_per_s']:,.0f}, loop {sides[side]['loop_tokens_per_s']:,.0f})"
+        )
     stock = sides["stock"]
     for side in (s for s in order if s != "stock"):
         ours = sides[side]
         ours["ratio"] = ours["tokens_per_s"] / stock["tokens_per_s"]
         target = f" (target >= {TARGET_RATIO})" if ours["objective"] == "ar" else " (stock: next-token)"
         print(f"ratio {side}/stock = {ours['ratio']:.3f}{target}")
-        print(f"  cross-checks: median-step {ours['median_tokens_per_s'] / stock['median_tokens_per_s']:.3f}, "
-              f"loop {ours['loop_tokens_per_s'] / stock['loop_tokens_per_s']:.3f}, "
-              f"per CPU-second {ours['cpu_tokens_per_s'] / stock['cpu_tokens_per_s']:.3f}")
+        print(
+            f"  cross-checks: median-step {ours['median_tokens_per_s'] / stock['median_tokens_per_s']:.3f}, "
+            f"loop {ours['loop_tokens_per_s'] / stock['loop_tokens_per_s']:.3f}, "
+            f"per CPU-second {ours['cpu_tokens_per_s'] / stock['cpu_tokens_per_s']:.3f}"
+        )
     if first["mfu_percent"] is not None:
-        print("MFU (torchtitan's FLOPs/token, device peak): "
-              + ", ".join(f"{side} {sides[side]['mfu_percent']:.1f}%" for side in order))
+        print(
+            "MFU (torchtitan's FLOPs/token, device peak): "
+            + ", ".join(f"{side} {sides[side]['mfu_percent']:.1f}%" for side in order)
+        )
     spreads = []
     for side in order:
         tps = [r["tokens_per_s"] for r in runs if r["side"] == side]

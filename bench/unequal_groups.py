@@ -39,24 +39,41 @@ from machine import exit_on_sigterm, loadavg
 SLOW_SITE = Path(__file__).resolve().parent / "slow_site"
 
 
-def run_job(root: Path, name: str, config: str, replicas: int, overrides: list[str], timeout: float,
-            slow: tuple[int, float] | None = None) -> list[dict]:
+def run_job(
+    root: Path,
+    name: str,
+    config: str,
+    replicas: int,
+    overrides: list[str],
+    timeout: float,
+    slow: tuple[int, float] | None = None,
+) -> list[dict]:
     """One local job to completion (``slow``: that replica sleeps that many seconds per step);
     per replica its summary, its inner steps' times and its syncs' times."""
     env = {}
     if slow is not None:
-        env = {"MULOCO_BENCH_SLOW": f"{slow[0]}:{slow[1]:.6f}",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(SLOW_SITE), os.environ.get("PYTHONPATH")]))}
+        env = {
+            "MULOCO_BENCH_SLOW": f"{slow[0]}:{slow[1]:.6f}",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(SLOW_SITE), os.environ.get("PYTHONPATH")])),
+        }
     job = run_local_job(root / name, config, replicas, overrides, timeout, env=env, join_timeout_ms=60000)
-    return [{"summary": r["summary"], "steps": [x["step_time_s"] for x in r["rows"] if "step_time_s" in x],
-             "syncs": [x["sync/seconds"] for x in r["rows"] if "sync/seconds" in x]} for r in job.replicas]
+    return [
+        {
+            "summary": r["summary"],
+            "steps": [x["step_time_s"] for x in r["rows"] if "step_time_s" in x],
+            "syncs": [x["sync/seconds"] for x in r["rows"] if "sync/seconds" in x],
+        }
+        for r in job.replicas
+    ]
 
 
 def groups(replicas: list[dict]) -> list[dict]:
     """Per group: seconds in inner steps, seconds in syncs, the median step (the first step, which
     also builds and warms up, left out)."""
-    return [{"steps_s": sum(r["steps"]), "syncs_s": sum(r["syncs"]), "median_step_s": statistics.median(r["steps"][1:])}
-            for r in replicas]
+    return [
+        {"steps_s": sum(r["steps"]), "syncs_s": sum(r["syncs"]), "median_step_s": statistics.median(r["steps"][1:])}
+        for r in replicas
+    ]
 
 
 def sync_share(per_group: list[dict]) -> float:
@@ -88,16 +105,30 @@ def main() -> int:
         flavor, shape = "llama3-w64-d2-h2", ["--training.seq_len", "64", "--training.local_batch_size", "2"]
         args.steps, args.sync_every = 6, 2
     k, h = args.replicas, args.sync_every
-    overrides = ["--model.flavor", flavor, *shape, "--training.steps", str(args.steps), "--outer.sync_every", str(h),
-                 "--metrics.log_freq", "1", "--lr_scheduler.warmup_steps", "1"]
+    overrides = [
+        "--model.flavor",
+        flavor,
+        *shape,
+        "--training.steps",
+        str(args.steps),
+        "--outer.sync_every",
+        str(h),
+        "--metrics.log_freq",
+        "1",
+        "--lr_scheduler.warmup_steps",
+        "1",
+    ]
     root = Path(tempfile.mkdtemp(prefix="unequal_groups_"))
-    print(f"machine load average at start: {loadavg()}; {args.config}, K={k}, {flavor}, {args.steps} steps, H={h}; "
-          f"then group {k - 1} {args.slowdown:g}x slower")
+    print(
+        f"machine load average at start: {loadavg()}; {args.config}, K={k}, {flavor}, {args.steps} steps, H={h}; "
+        f"then group {k - 1} {args.slowdown:g}x slower"
+    )
     try:
         equal = run_job(root, "equal", args.config, k, overrides, args.timeout)
         step = statistics.median(g["median_step_s"] for g in groups(equal))
-        slowed = run_job(root, "slowed", args.config, k, overrides, args.timeout,
-                         slow=(k - 1, (args.slowdown - 1) * step))
+        slowed = run_job(
+            root, "slowed", args.config, k, overrides, args.timeout, slow=(k - 1, (args.slowdown - 1) * step)
+        )
     finally:
         if args.keep:
             print(f"kept {root}")
@@ -119,14 +150,20 @@ def main() -> int:
     wall_sl = max(r["summary"]["wall_seconds"] for r in slowed)
     own_pace = sum(1 / s for s in steps_slowed) / (k / max(steps_slowed))
     same = len({r["summary"]["diloco"]["final_global_sha256"] for r in equal + slowed}) == 1
-    print(f"\nsyncs' share of all groups' time: {100 * sync_share(eq):.1f}% equal, {100 * sync_share(sl):.1f}% with the "
-          f"slow group: the waiting it causes is {100 * rise:.1f}% of all groups' time (measured); the planner's "
-          f"formula from the measured steps ({', '.join(f'{s:.4f}' for s in steps_slowed)} s) and the equal run's "
-          f"{per_sync:.3f} s per sync: {100 * projected_idle_share(steps_slowed, h, per_sync):.1f}%")
-    print(f"wall-clock with the slow group / equal: {wall_sl / wall_eq:.2f}; each group at its own pace would train "
-          f"{own_pace:.2f}x the lockstep job's tokens per second of compute (the ceiling for rounds that do not wait)")
-    print(f"θ_g after the last sync bit for bit the equal run's: {'yes' if same else 'no'} "
-          "(lockstep changes when the groups meet, not what they compute)")
+    print(
+        f"\nsyncs' share of all groups' time: {100 * sync_share(eq):.1f}% equal, {100 * sync_share(sl):.1f}% with the "
+        f"slow group: the waiting it causes is {100 * rise:.1f}% of all groups' time (measured); the planner's "
+        f"formula from the measured steps ({', '.join(f'{s:.4f}' for s in steps_slowed)} s) and the equal run's "
+        f"{per_sync:.3f} s per sync: {100 * projected_idle_share(steps_slowed, h, per_sync):.1f}%"
+    )
+    print(
+        f"wall-clock with the slow group / equal: {wall_sl / wall_eq:.2f}; each group at its own pace would train "
+        f"{own_pace:.2f}x the lockstep job's tokens per second of compute (the ceiling for rounds that do not wait)"
+    )
+    print(
+        f"θ_g after the last sync bit for bit the equal run's: {'yes' if same else 'no'} "
+        "(lockstep changes when the groups meet, not what they compute)"
+    )
     print(f"machine load average at the end: {loadavg()}")
     return 0
 

@@ -37,16 +37,24 @@ PROG = "muloco"
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = [f"usage: {PROG} COMMAND [options]   ({PROG} COMMAND --help for a command's options)", "",
-             "options:", "  -h, --help  this list", "", "commands:"]
+    lines = [
+        f"usage: {PROG} COMMAND [options]   ({PROG} COMMAND --help for a command's options)",
+        "",
+        "options:",
+        "  -h, --help  this list",
+        "",
+        "commands:",
+    ]
     lines += [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
     return "\n".join(lines)
 
 
 def _sweep(argv: list[str]) -> int:
     if not argv or argv[0].startswith("-"):
-        print(f"usage: {PROG} sweep FILE.py [sweep options] [-- overrides]   (a sweep file: jobs/sweeps/*.py)",
-              file=sys.stderr if not argv or argv[0] not in ("-h", "--help") else sys.stdout)
+        print(
+            f"usage: {PROG} sweep FILE.py [sweep options] [-- overrides]   (a sweep file: jobs/sweeps/*.py)",
+            file=sys.stderr if not argv or argv[0] not in ("-h", "--help") else sys.stdout,
+        )
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     sys.argv = argv
     try:

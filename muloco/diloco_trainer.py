@@ -83,16 +83,27 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         manager = self.ft_manager.manager
         logging.getLogger("torchft").setLevel(logging.WARNING)  # per-sync INFO lines; ours say it once
         ft = config.fault_tolerance
-        coordinator = Coordinator(manager, lighthouse_url=ft.lighthouse_url(), group_size=ft.group_size,
-                                  quorum_size=self.ft_manager.quorum_size,
-                                  lost_timeout=ft.lost_seconds(), quorum_timeout=ft.quorum_timeout_seconds,
-                                  device=self.device)
+        coordinator = Coordinator(
+            manager,
+            lighthouse_url=ft.lighthouse_url(),
+            group_size=ft.group_size,
+            quorum_size=self.ft_manager.quorum_size,
+            lost_timeout=ft.lost_seconds(),
+            quorum_timeout=ft.quorum_timeout_seconds,
+            device=self.device,
+        )
         self.outer = config.outer.build(
-            model=self.model_parts[0], manager=manager, device=self.device, replica_id=ft.replica_id,
-            coordinator=coordinator, max_commit_failures=ft.max_commit_failures, sync_retries=ft.sync_retries,
+            model=self.model_parts[0],
+            manager=manager,
+            device=self.device,
+            replica_id=ft.replica_id,
+            coordinator=coordinator,
+            max_commit_failures=ft.max_commit_failures,
+            sync_retries=ft.sync_retries,
             total_steps=config.lr_scheduler.total_steps or config.training.steps,
             inner_lr_factor=self.lr_schedulers.schedulers[0].lr_lambdas[0],
-            run_steps=config.training.steps, groups=ft.group_size,
+            run_steps=config.training.steps,
+            groups=ft.group_size,
         )
         if self.outer.deadline:  # checkpoints at the rounds whose progress passes the interval
             self.checkpointer.due = self.outer.checkpoint_due
@@ -157,8 +168,9 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
     def _on_loop_start(self) -> None:
         super()._on_loop_start()
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-            self.lives = Lives.begin(self.config.dump_folder, step=self.step,
-                                     restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+            self.lives = Lives.begin(
+                self.config.dump_folder, step=self.step, restart=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+            )
         if self.step == 0:  # after torchtitan's checkpoint load: an initial load changed the model
             self.outer.start_from_model()
         ft = self.config.fault_tolerance
@@ -166,12 +178,15 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
             return
         with self._coordination_errors():
             if ft.start_wait_seconds > 0:
-                seen = self.outer.coordinator.wait_for_groups(ft.group_size, ft.start_wait_seconds,
-                                                              "waiting for replica groups")
+                seen = self.outer.coordinator.wait_for_groups(
+                    ft.group_size, ft.start_wait_seconds, "waiting for replica groups"
+                )
                 if len(seen) < ft.group_size:
-                    logger.warning(f"only {len(seen)}/{ft.group_size} replica groups up after "
-                                   f"{ft.start_wait_seconds:g}s; starting anyway (the others heal from a peer "
-                                   "when they arrive)")
+                    logger.warning(
+                        f"only {len(seen)}/{ft.group_size} replica groups up after "
+                        f"{ft.start_wait_seconds:g}s; starting anyway (the others heal from a peer "
+                        "when they arrive)"
+                    )
             before = self.step
             with self._logging_syncs():
                 self.step, _ = self.outer.catch_up(self.step, wait_seconds=max(ft.start_wait_seconds, 1.0))
@@ -252,15 +267,22 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
                 self.lives.healed(heal.step_to)
         for record in records:
             if not record.retried:
-                self.lives.synced(sync=record.sync, step=record.step, committed=record.committed,
-                                  contributed=record.contributed)
+                self.lives.synced(
+                    sync=record.sync, step=record.step, committed=record.committed, contributed=record.contributed
+                )
 
     def _log_sync(self, record: SyncRecord) -> None:
         fields = asdict(record)
         parts, weights = fields.pop("parts"), fields.pop("weights")  # flat rows: one number per key
-        self.metrics_processor.log_sync({**fields, "bits_per_parameter": record.bits_per_parameter,
-                                         **{f"time_{part}": v for part, v in parts.items()},
-                                         **{f"weight_{rank}": w for rank, w in weights.items()}}, record.step)
+        self.metrics_processor.log_sync(
+            {
+                **fields,
+                "bits_per_parameter": record.bits_per_parameter,
+                **{f"time_{part}": v for part, v in parts.items()},
+                **{f"weight_{rank}": w for rank, w in weights.items()},
+            },
+            record.step,
+        )
 
     @contextlib.contextmanager
     def _coordination_errors(self):
@@ -278,12 +300,14 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         ft = self.config.fault_tolerance
         first = _first_line(err)
         if "lighthouse at" in first:  # the watcher saw the lighthouse go away, or this group was cut off
-            return (f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}, after "
-                    f"{ft.lost_seconds():g}s (--fault_tolerance.lighthouse_lost_seconds; 0 = connect_timeout_seconds). "
-                    "This group cannot tell a lighthouse that is down from a link that is: if the other groups still "
-                    "train, restart only this group with its own command (the local launcher restarts it with "
-                    "--max-restarts; SLURM requeues its task) and it heals from its peers; if the lighthouse is down, "
-                    "restart it and every group: they resume from their last checkpoints.")
+            return (
+                f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}, after "
+                f"{ft.lost_seconds():g}s (--fault_tolerance.lighthouse_lost_seconds; 0 = connect_timeout_seconds). "
+                "This group cannot tell a lighthouse that is down from a link that is: if the other groups still "
+                "train, restart only this group with its own command (the local launcher restarts it with "
+                "--max-restarts; SLURM requeues its task) and it heals from its peers; if the lighthouse is down, "
+                "restart it and every group: they resume from their last checkpoints."
+            )
         return (
             f"replica {ft.replica_id} lost its quorum at step {self.step}: {first}. "
             f"No quorum of {self.ft_manager.quorum_size} of {ft.group_size} replica groups formed within "
@@ -296,8 +320,11 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
             super().train()
         except BaseException as err:  # the ledger says how this life ended (a SIGKILL cannot)
             if self.lives is not None:
-                self.lives.end(f"stopped at step {self.step} (asked to; it resumes)" if self.preempted
-                               else f"failed at step {self.step}: {_first_line(err)}")
+                self.lives.end(
+                    f"stopped at step {self.step} (asked to; it resumes)"
+                    if self.preempted
+                    else f"failed at step {self.step}: {_first_line(err)}"
+                )
             raise
         finally:
             self.ft_manager.manager.shutdown(wait=False)
@@ -314,8 +341,10 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         return summary
 
     def _train_loss_note(self) -> str:
-        return ("; this group's own data and local model, so groups differ: the validation loss, of θ_g, "
-                "is the one they share")
+        return (
+            "; this group's own data and local model, so groups differ: the validation loss, of θ_g, "
+            "is the one they share"
+        )
 
     def _report(self, s: dict[str, Any]) -> None:
         super()._report(s)
@@ -326,31 +355,52 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
             f"DiLoCo replica {d['replica_id']}: syncs committed {d['syncs_committed']}/{d['syncs']}"
             + (f" ({d['syncs_retried']} tried again in a fresh quorum)" if d.get("syncs_retried") else "")
             + (f" (missed {d['syncs_missed']} the others committed without it)" if d.get("syncs_missed") else "")
-            + (f", cut off from the lighthouse {d['cut_off_seconds']:.1f}s" if d.get("cut_off_seconds") else "") + ", "
+            + (f", cut off from the lighthouse {d['cut_off_seconds']:.1f}s" if d.get("cut_off_seconds") else "")
+            + ", "
             f"sync time {d['sync_seconds_total']:.1f}s ({100 * (d['sync_share_of_wall_time'] or 0):.1f}% of wall"
-            + (f"; includes the {d['link']}" if d.get("link") else "") + "), "
+            + (f"; includes the {d['link']}" if d.get("link") else "")
+            + "), "
             f"bytes sent {sent / mb:,.1f}MB received {d['bytes_received'] / mb:,.1f}MB"
-            + (f"; against DDP (an fp32 all-reduce of every step, {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB): "
-               f"{d['per_step_fp32_allreduce_bytes'] / sent:,.0f}x fewer bytes" if sent else
-               " (one replica group: nothing to send)")
+            + (
+                f"; against DDP (an fp32 all-reduce of every step, {d['per_step_fp32_allreduce_bytes'] / mb:,.1f}MB): "
+                f"{d['per_step_fp32_allreduce_bytes'] / sent:,.0f}x fewer bytes"
+                if sent
+                else " (one replica group: nothing to send)"
+            )
         )
         total = d["sync_seconds_total"] or 0.0
         if total:
-            parts = ", ".join(f"{'link (emulated)' if part == 'link' else part} {100 * sec / total:.0f}%"
-                              for part, sec in d["sync_seconds_by_part"].items() if sec / total >= 0.005)
-            logger.info(f"DiLoCo replica {d['replica_id']}: sync time by part: {parts}; peak extra memory of a "
-                        f"sync {d['sync_peak_extra_bytes'] / mb:,.1f}MB")
+            parts = ", ".join(
+                f"{'link (emulated)' if part == 'link' else part} {100 * sec / total:.0f}%"
+                for part, sec in d["sync_seconds_by_part"].items()
+                if sec / total >= 0.005
+            )
+            logger.info(
+                f"DiLoCo replica {d['replica_id']}: sync time by part: {parts}; peak extra memory of a "
+                f"sync {d['sync_peak_extra_bytes'] / mb:,.1f}MB"
+            )
         if d.get("over_lives") and self.lives is not None:
             logger.info(f"DiLoCo replica {d['replica_id']}: {self.lives.describe()}")
-        heals = ", ".join(f"{h['phase']}: from replica {h['peer']} to step {h['step_to']} (sync {h['sync']}, "
-                          f"{h['bytes_received'] / mb:,.1f}MB)" for h in d["heal_log"] if not h.get("failure"))
+        heals = ", ".join(
+            f"{h['phase']}: from replica {h['peer']} to step {h['step_to']} (sync {h['sync']}, "
+            f"{h['bytes_received'] / mb:,.1f}MB)"
+            for h in d["heal_log"]
+            if not h.get("failure")
+        )
         failed = ", ".join(f"{h['phase']}: {h['failure']}" for h in d["heal_log"] if h.get("failure"))
-        logger.info(f"DiLoCo replica {d['replica_id']}: final θ_g sha256 {d['final_global_sha256']} (sync "
-                    f"{d['final_sync']})" + (f"; healed {d['heals']}x: {heals}" if heals else "")
-                    + (f"; {d['heals_failed']} heal(s) failed: {failed}" if failed else ""))
+        logger.info(
+            f"DiLoCo replica {d['replica_id']}: final θ_g sha256 {d['final_global_sha256']} (sync "
+            f"{d['final_sync']})"
+            + (f"; healed {d['heals']}x: {heals}" if heals else "")
+            + (f"; {d['heals_failed']} heal(s) failed: {failed}" if failed else "")
+        )
         logger.info(
             f"DiLoCo replica {d['replica_id']}: exchange {d['exchange']}: "
             f"{d['payload_bits_per_parameter']:.2f} bits per parameter (dense fp32: 32); "
-            + (f"against the same syncs sent dense in fp32 ({d['dense_fp32_exchange_bytes'] / mb:,.1f}MB): "
-               f"{d['reduction_vs_dense_fp32']:,.1f}x fewer bytes" if d["reduction_vs_dense_fp32"] else "nothing sent (K=1)")
+            + (
+                f"against the same syncs sent dense in fp32 ({d['dense_fp32_exchange_bytes'] / mb:,.1f}MB): "
+                f"{d['reduction_vs_dense_fp32']:,.1f}x fewer bytes"
+                if d["reduction_vs_dense_fp32"]
+                else "nothing sent (K=1)"
+            )
         )

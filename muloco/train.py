@@ -90,11 +90,15 @@ def _check_same_kind(config) -> None:
     if hasattr(config, "outer"):
         theirs = _recorded_facts(folder)
         if theirs is not None and theirs.get("outer", "?") is None:
-            raise ConfigError(f"{folder} holds a DDP run ({theirs.get('method', 'no outer loop')}), and this "
-                              "DiLoCo job would write its replica groups' folders into it: give a new --dump_folder")
+            raise ConfigError(
+                f"{folder} holds a DDP run ({theirs.get('method', 'no outer loop')}), and this "
+                "DiLoCo job would write its replica groups' folders into it: give a new --dump_folder"
+            )
     elif any(p.is_dir() and (p / RUN_FILE).is_file() for p in folder.glob("replica_*")):
-        raise ConfigError(f"{folder} holds a DiLoCo job (replica_<i>/ folders), and this DDP run would write "
-                          "beside them: give a new --dump_folder")
+        raise ConfigError(
+            f"{folder} holds a DiLoCo job (replica_<i>/ folders), and this DDP run would write "
+            "beside them: give a new --dump_folder"
+        )
 
 
 def _check_lives(config) -> None:
@@ -106,9 +110,13 @@ def _check_lives(config) -> None:
             raise ConfigError(str(err)) from None
 
 
-SAME_RUN_FACTS = (("model.flavor", ("model", "flavor")), ("objective", ("objective",)),
-                  ("optimizer.name", ("inner_optimizer", "name")), ("method", ("method",)),
-                  ("dataloader.source", ("data", "source")))
+SAME_RUN_FACTS = (
+    ("model.flavor", ("model", "flavor")),
+    ("objective", ("objective",)),
+    ("optimizer.name", ("inner_optimizer", "name")),
+    ("method", ("method",)),
+    ("dataloader.source", ("data", "source")),
+)
 """What a resumed folder's ``run.json`` and this command must agree on for its checkpoint to load."""
 
 
@@ -126,10 +134,12 @@ def _check_same_run(config, step: int) -> None:
             there = there.get(key) if isinstance(there, dict) else None
             here = here.get(key) if isinstance(here, dict) else None
         if there is not None and str(there).lower() != str(here).lower():
-            raise ConfigError(f"{folder} holds a run of another config ({label} {there} there, {here} here), "
-                              f"and this command would resume its checkpoint step-{step}: resume it with the "
-                              f"settings in its {RUN_FILE}, or give a new --dump_folder (to start from its weights: "
-                              f"--checkpoint.initial_load_path {folder}/{config.checkpoint.folder}/step-{step})")
+            raise ConfigError(
+                f"{folder} holds a run of another config ({label} {there} there, {here} here), "
+                f"and this command would resume its checkpoint step-{step}: resume it with the "
+                f"settings in its {RUN_FILE}, or give a new --dump_folder (to start from its weights: "
+                f"--checkpoint.initial_load_path {folder}/{config.checkpoint.folder}/step-{step})"
+            )
 
 
 def _check_lighthouse(config) -> None:

@@ -93,9 +93,13 @@ class MulocoTrainerMixin:
         step, micro = self._micro
         micro = micro + 1 if step == self.step else 0
         self._micro = (self.step, micro)
-        return NoiseKey(replica=self._replica_index(), step=self.step, micro=micro,
-                        rank=getattr(self.dataloader, "dp_rank", 0),
-                        world=getattr(self.dataloader, "dp_world_size", 1))
+        return NoiseKey(
+            replica=self._replica_index(),
+            step=self.step,
+            micro=micro,
+            rank=getattr(self.dataloader, "dp_rank", 0),
+            world=getattr(self.dataloader, "dp_world_size", 1),
+        )
 
     def _replica_index(self) -> int:
         return 0
@@ -113,8 +117,10 @@ class MulocoTrainerMixin:
             length = labels.shape[1]
             inputs, labels = self.objective.truncate(input_dict["input"], labels, key)
             if labels.shape[1] != length:  # per-token extras (positions) are cut alike
-                input_dict = {k: v[:, :labels.shape[1]] if torch.is_tensor(v) and v.dim() > 1
-                              and v.shape[1] == length else v for k, v in input_dict.items()}
+                input_dict = {
+                    k: v[:, : labels.shape[1]] if torch.is_tensor(v) and v.dim() > 1 and v.shape[1] == length else v
+                    for k, v in input_dict.items()
+                }
             yield {**input_dict, "input": inputs}, labels
             micro += 1
 
@@ -133,8 +139,10 @@ class MulocoTrainerMixin:
         batch = self.objective.prepare(inputs, labels, self._noise_key())
         loss_inputs = self.objective.loss_inputs(batch)
         if extra.keys() & batch.model_kwargs.keys():
-            raise ValueError(f"the objective's model arguments {sorted(batch.model_kwargs)} overlap "
-                             f"torchtitan's {sorted(extra)}: one would silently replace the other")
+            raise ValueError(
+                f"the objective's model arguments {sorted(batch.model_kwargs)} overlap "
+                f"torchtitan's {sorted(extra)}: one would silently replace the other"
+            )
         if loss_inputs is not None:
             kwargs = {"model": {**extra, **batch.model_kwargs}, "loss": loss_inputs}
             if self._recorded_shapes(batch, kwargs):
@@ -166,8 +174,12 @@ class MulocoTrainerMixin:
         trainable = sum(p.numel() for m in self.model_parts for p in m.parameters() if p.requires_grad)
         self._record_facts(n)
         lora = self.config.model.lora
-        adapters = (f"; LoRA r={lora.rank} alpha={lora.alpha:g} on {', '.join(lora.target_modules)}: {trainable:,} "
-                    f"trainable ({trainable / n:.2%}), the rest frozen" if lora.rank else "")
+        adapters = (
+            f"; LoRA r={lora.rank} alpha={lora.alpha:g} on {', '.join(lora.target_modules)}: {trainable:,} "
+            f"trainable ({trainable / n:.2%}), the rest frozen"
+            if lora.rank
+            else ""
+        )
         logger.info(
             f"model {self.config.model.flavor}: {n:,} parameters "
             f"({'causal' if self.objective.causal else 'bidirectional'} attention{adapters})"
@@ -225,8 +237,10 @@ class MulocoTrainerMixin:
     def _stop_with_checkpoint(self) -> None:
         self.preempted = True
         saved = self.checkpointer.save_now(self.step)
-        logger.info(f"stop requested: {'checkpoint written' if saved else 'the checkpoint is already there'} "
-                    f"at step {self.step} in {self.checkpointer.folder}; stopping (the same command resumes)")
+        logger.info(
+            f"stop requested: {'checkpoint written' if saved else 'the checkpoint is already there'} "
+            f"at step {self.step} in {self.checkpointer.folder}; stopping (the same command resumes)"
+        )
 
     def _on_loop_start(self) -> None:
         total = self.config.training.steps
@@ -270,9 +284,7 @@ class MulocoTrainerMixin:
                 else None
             ),
             "checkpoints": (
-                os.path.abspath(os.path.join(cfg.dump_folder, cfg.checkpoint.folder))
-                if cfg.checkpoint.enable
-                else None
+                os.path.abspath(os.path.join(cfg.dump_folder, cfg.checkpoint.folder)) if cfg.checkpoint.enable else None
             ),
         }
         for key in ("final_train_loss", "final_validation_loss"):
@@ -328,11 +340,15 @@ class MulocoTrainerMixin:
     def _validation_line(s: dict[str, Any], num) -> str:
         bpb = f"{num(s.get('final_validation_bits_per_byte'), '.4f')} bits/byte"
         if "final_validation_nelbo" in s:
-            return (f"  final validation NELBO {num(s['final_validation_nelbo'], '.4f')} nats/token, {bpb}  "
-                    f"(ppl bound {num(s['final_validation_ppl_bound'], ',.2f')}, masked-token accuracy "
-                    f"{num(s['final_masked_accuracy'], '.3f')})")
-        return (f"  final validation loss {num(s['final_validation_loss'], '.4f')}, {bpb}  "
-                f"(ppl {num(s['final_validation_ppl'], ',.2f')})")
+            return (
+                f"  final validation NELBO {num(s['final_validation_nelbo'], '.4f')} nats/token, {bpb}  "
+                f"(ppl bound {num(s['final_validation_ppl_bound'], ',.2f')}, masked-token accuracy "
+                f"{num(s['final_masked_accuracy'], '.3f')})"
+            )
+        return (
+            f"  final validation loss {num(s['final_validation_loss'], '.4f')}, {bpb}  "
+            f"(ppl {num(s['final_validation_ppl'], ',.2f')})"
+        )
 
 
 class MulocoTrainer(MulocoTrainerMixin, Trainer):

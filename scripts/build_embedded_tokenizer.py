@@ -44,9 +44,7 @@ SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|mask|>"]
 def _load_split_module():
     """Import muloco/data/split.py by path: the script must not depend on the
     package being installed, nor pay for importing the rest of muloco."""
-    spec = importlib.util.spec_from_file_location(
-        "_muloco_split", REPO / "muloco" / "data" / "split.py"
-    )
+    spec = importlib.util.spec_from_file_location("_muloco_split", REPO / "muloco" / "data" / "split.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -92,8 +90,15 @@ def write_outputs(tokenizer: Tokenizer, output: Path, meta: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="tokenizer.json to write (a .meta.json is written beside it)")
-    parser.add_argument("--max-files", type=int, default=None, help="use only the first N train files in sorted order (for tests)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=DEFAULT_OUTPUT,
+        help="tokenizer.json to write (a .meta.json is written beside it)",
+    )
+    parser.add_argument(
+        "--max-files", type=int, default=None, help="use only the first N train files in sorted order (for tests)"
+    )
     parser.add_argument("--vocab-size", type=int, default=2048)
     args = parser.parse_args(argv)
 
@@ -102,15 +107,21 @@ def main(argv: list[str] | None = None) -> int:
     root = split.stdlib_root()
     files = train_files(root, args.max_files)
     n_bytes = sum((root / f).stat().st_size for f in files)
-    print(f"training byte-level BPE (vocab {args.vocab_size}) on {len(files)} train-split "
-          f"files, {n_bytes / 1e6:.1f} MB, of {root} (Python {platform.python_version()})", flush=True)
+    print(
+        f"training byte-level BPE (vocab {args.vocab_size}) on {len(files)} train-split "
+        f"files, {n_bytes / 1e6:.1f} MB, of {root} (Python {platform.python_version()})",
+        flush=True,
+    )
 
     tokenizer = build_tokenizer(read_texts(root, files), args.vocab_size)
     meta = {"python_version": platform.python_version(), "n_files": len(files), "n_bytes": n_bytes}
     info = write_outputs(tokenizer, args.output, meta)
-    print(f"wrote {args.output} ({info['bytes']} bytes, vocab {info['vocab_size']}, "
-          f"sha256 {info['sha256'][:12]}…) and {info['meta_path']} "
-          f"in {time.perf_counter() - start:.1f} s", flush=True)
+    print(
+        f"wrote {args.output} ({info['bytes']} bytes, vocab {info['vocab_size']}, "
+        f"sha256 {info['sha256'][:12]}…) and {info['meta_path']} "
+        f"in {time.perf_counter() - start:.1f} s",
+        flush=True,
+    )
     return 0
 
 

@@ -29,23 +29,28 @@ from drills import DRILLS, DrillResult, describe, run_drill  # noqa: E402
 
 
 def _table(results: list[DrillResult]) -> str:
-    rows = ["| drill | what | K | runs | passed | identical θ_g and loss | healed (killed replicas only) | syncs "
-            "committed (all groups) | rolled back | steps trained twice | seconds per run |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [
+        "| drill | what | K | runs | passed | identical θ_g and loss | healed (killed replicas only) | syncs "
+        "committed (all groups) | rolled back | steps trained twice | seconds per run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, drill in DRILLS.items():
         mine = [r for r in results if r.drill == name]
         if not mine:
             continue
         ok = sum(r.ok for r in mine)
-        agree = sum(bool(r.final_hashes) and len(set(r.final_hashes)) == 1 and len(set(r.final_losses)) == 1
-                    for r in mine)
+        agree = sum(
+            bool(r.final_hashes) and len(set(r.final_hashes)) == 1 and len(set(r.final_losses)) == 1 for r in mine
+        )
         healed = sum(bool(r.healed) for r in mine)
         secs = sorted(r.seconds for r in mine)
         committed = "/".join(str(r.committed) for r in mine)
         rolled = "/".join(str(len(r.rolled_back)) for r in mine)
         twice = "/".join(str(r.trained_twice) for r in mine)
-        rows.append(f"| {name} | {drill.what} | {drill.replicas} | {len(mine)} | {ok}/{len(mine)} | {agree}/{len(mine)} | "
-                    f"{healed}/{len(mine)} | {committed} | {rolled} | {twice} | {secs[len(secs) // 2]:.0f} (median) |")
+        rows.append(
+            f"| {name} | {drill.what} | {drill.replicas} | {len(mine)} | {ok}/{len(mine)} | {agree}/{len(mine)} | "
+            f"{healed}/{len(mine)} | {committed} | {rolled} | {twice} | {secs[len(secs) // 2]:.0f} (median) |"
+        )
     return "\n".join(rows)
 
 

@@ -42,11 +42,16 @@ if "MULOCO_CACHE_DIR" not in os.environ:
 
 # Small enough that a run of tens of steps takes seconds on a 2-core CPU.
 TINY = [
-    "--model.flavor", "llama3-w64-d2-h2",
-    "--training.seq_len", "64",
-    "--training.local_batch_size", "4",
-    "--lr_scheduler.warmup_steps", "2",
-    "--validator.steps", "2",
+    "--model.flavor",
+    "llama3-w64-d2-h2",
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "4",
+    "--lr_scheduler.warmup_steps",
+    "2",
+    "--validator.steps",
+    "2",
 ]
 
 
@@ -79,8 +84,11 @@ class Watched:
         self.out: list[str] = []
         self.err: list[str] = []
         self.last = time.monotonic()
-        self.readers = [threading.Thread(target=self._pump, args=(stream, sink), daemon=True)
-                        for stream, sink in ((proc.stdout, self.out), (proc.stderr, self.err)) if stream is not None]
+        self.readers = [
+            threading.Thread(target=self._pump, args=(stream, sink), daemon=True)
+            for stream, sink in ((proc.stdout, self.out), (proc.stderr, self.err))
+            if stream is not None
+        ]
         for reader in self.readers:
             reader.start()
 
@@ -91,8 +99,12 @@ class Watched:
 
     @classmethod
     def start(cls, cmd: list[str], env: dict, quiet_s: float, cwd: Path = REPO) -> "Watched":
-        return cls(subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, start_new_session=True), quiet_s)
+        return cls(
+            subprocess.Popen(
+                cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+            ),
+            quiet_s,
+        )
 
     def hung(self) -> bool:
         return self.proc.poll() is None and time.monotonic() - self.last > self.quiet_s
@@ -145,8 +157,9 @@ def watch(commands: list[list[str]], envs: list[dict], quiet_s: float = QUIET_S)
     return [w.result() for w in procs]
 
 
-def run_watched(cmd: list, *, cwd: Path | str = REPO, env: dict | None = None, check: bool = False,
-                quiet_s: float = QUIET_S) -> subprocess.CompletedProcess:
+def run_watched(
+    cmd: list, *, cwd: Path | str = REPO, env: dict | None = None, check: bool = False, quiet_s: float = QUIET_S
+) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True)`` watched for progress instead of
     capped in total time: the process fails the test when it prints nothing for ``quiet_s``
     seconds (then it and what it started are killed by its PID), never for being slow."""
@@ -174,8 +187,9 @@ def run_together(commands: list[list[str]], envs: list[dict], quiet_s: float = Q
     """Start every command at once (they meet in collectives) and wait for all of them:
     (exit code, its stdout then its stderr) each. The two are read apart, so a line a process
     prints to stdout is never cut by what its other threads (gloo, warnings) write to stderr."""
-    done = watch(commands, [{**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env} for env in envs],
-                 quiet_s)
+    done = watch(
+        commands, [{**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env} for env in envs], quiet_s
+    )
     return [(p.returncode, p.stdout + p.stderr) for p in done]
 
 
@@ -184,8 +198,16 @@ def run_gloo_ranks(script: Path, world: int, args: list[str], quiet_s: float = Q
     from muloco.utils.ports import free_port
 
     port = str(free_port())
-    envs = [{"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
-             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port} for r in range(world)]
+    envs = [
+        {
+            "RANK": str(r),
+            "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(r),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+        }
+        for r in range(world)
+    ]
     return run_together([[sys.executable, str(script), *args]] * world, envs, quiet_s)
 
 
@@ -200,24 +222,52 @@ def train_losses(folder: Path) -> dict[int, float]:
 
 SLURM_MODULES = {"test_slurm_cluster.py", "test_slurm_jobs.py", "test_slurm_scripts.py"}
 """The modules whose tests share the session's one local SLURM (the ``slurm`` fixture)."""
-LONG_FIRST = ["test_slurm_jobs.py", "test_slurm_cluster.py", "test_diloco.py", "test_diffusion.py",
-              "test_export.py", "test_compare.py", "test_training.py", "test_smoke.py", "test_bench_smoke.py",
-              "test_fault_drills.py", "test_convert_job.py", "test_slurm_multinode.py", "test_hf_families.py",
-              "test_sweep_local.py", "test_recipes.py", "test_lora_training.py",
-              "test_compressed_exchange.py", "test_evaluate.py", "test_import.py", "test_preemption.py",
-              "test_report.py", "test_muon.py", "test_compress.py", "test_launch_orphans.py",
-              "test_launch_dump_lock.py", "test_launch.py", "test_partition_drills.py", "test_netns.py"]
+LONG_FIRST = [
+    "test_slurm_jobs.py",
+    "test_slurm_cluster.py",
+    "test_diloco.py",
+    "test_diffusion.py",
+    "test_export.py",
+    "test_compare.py",
+    "test_training.py",
+    "test_smoke.py",
+    "test_bench_smoke.py",
+    "test_fault_drills.py",
+    "test_convert_job.py",
+    "test_slurm_multinode.py",
+    "test_hf_families.py",
+    "test_sweep_local.py",
+    "test_recipes.py",
+    "test_lora_training.py",
+    "test_compressed_exchange.py",
+    "test_evaluate.py",
+    "test_import.py",
+    "test_preemption.py",
+    "test_report.py",
+    "test_muon.py",
+    "test_compress.py",
+    "test_launch_orphans.py",
+    "test_launch_dump_lock.py",
+    "test_launch.py",
+    "test_partition_drills.py",
+    "test_netns.py",
+]
 """Modules that take longest start first, so the workers finish together (the rest follow in
 their usual order). Only an order: a module missing here just starts later."""
 
 
 QUICK = {
-    "compare": {"test_compare.py": (
-        "test_plan_overrides_and_bad_choices", "test_every_row_validates_and_tunes_on_the_same_held_out_rows",
-        "test_one_seed_verdicts_say_so_and_a_margin_inside_one_percent_is_a_tie",
-        "test_the_table_says_how_it_was_made_and_what_each_gap_is_against",
-        "test_verdicts_call_a_margin_inside_the_spread_a_tie", "test_tune_chooses_on_the_seeds_every_point_ran",
-        "test_time_left_counts_only_the_steps_trained_since_a_resume")},
+    "compare": {
+        "test_compare.py": (
+            "test_plan_overrides_and_bad_choices",
+            "test_every_row_validates_and_tunes_on_the_same_held_out_rows",
+            "test_one_seed_verdicts_say_so_and_a_margin_inside_one_percent_is_a_tie",
+            "test_the_table_says_how_it_was_made_and_what_each_gap_is_against",
+            "test_verdicts_call_a_margin_inside_the_spread_a_tie",
+            "test_tune_chooses_on_the_seeds_every_point_ran",
+            "test_time_left_counts_only_the_steps_trained_since_a_resume",
+        )
+    },
     "compat": {"test_compat.py": ()},
     "components": {"test_device_defaults.py": ()},
     "compress": {"test_compress.py": ()},
@@ -227,21 +277,41 @@ QUICK = {
     "hf": {"test_hf_families.py": ("test_the_adapter_maps_each_family_there_and_back_bit_for_bit",)},
     "launch": {"test_gpu_slices.py": (), "test_slurm_scripts.py": ()},
     "models": {"test_models.py": (), "test_lora.py": ()},
-    "objectives": {"test_objectives.py": (), "test_sft_controls.py": (), "test_diffusion.py": (
-        "test_transfer_schedule_and_bad_sampling_settings",
-        "test_diffusion_sampler_keeps_the_prompt_leaves_no_mask_and_is_deterministic",
-        "test_autoregressive_sampler_stops_at_eos_and_repeats_with_a_seed")},
-    "optim": {"test_muon.py": ("test_update_matches_float64_reference", "test_newton_schulz_singular_values_in_band",
-                               "test_bad_settings_are_clear_errors", "test_vectors_are_refused")},
+    "objectives": {
+        "test_objectives.py": (),
+        "test_sft_controls.py": (),
+        "test_diffusion.py": (
+            "test_transfer_schedule_and_bad_sampling_settings",
+            "test_diffusion_sampler_keeps_the_prompt_leaves_no_mask_and_is_deterministic",
+            "test_autoregressive_sampler_stops_at_eos_and_repeats_with_a_seed",
+        ),
+    },
+    "optim": {
+        "test_muon.py": (
+            "test_update_matches_float64_reference",
+            "test_newton_schulz_singular_values_in_band",
+            "test_bad_settings_are_clear_errors",
+            "test_vectors_are_refused",
+        )
+    },
     "outer": {"test_outer.py": (), "test_rounds.py": (), "test_link.py": ()},
     "runs": {"test_lives.py": (), "test_run_facts.py": ()},
     "sizing": {"test_model_map.py": ()},
-    "tools": {"test_report.py": ("test_the_report_imports_no_torch_and_no_tyro",
-                                 "test_times_of_a_run_over_an_emulated_link_say_so",
-                                 "test_deadline_rounds_are_counted_on_each_group_s_current_timeline"),
-              "test_export.py": ("test_what_this_export_cannot_write_yet_is_named",)},
-    "utils": {"test_created_dirs.py": (), "test_errors.py": (), "test_commands.py": (), "test_docs.py": (),
-              "test_quick_tier.py": ()},
+    "tools": {
+        "test_report.py": (
+            "test_the_report_imports_no_torch_and_no_tyro",
+            "test_times_of_a_run_over_an_emulated_link_say_so",
+            "test_deadline_rounds_are_counted_on_each_group_s_current_timeline",
+        ),
+        "test_export.py": ("test_what_this_export_cannot_write_yet_is_named",),
+    },
+    "utils": {
+        "test_created_dirs.py": (),
+        "test_errors.py": (),
+        "test_commands.py": (),
+        "test_docs.py": (),
+        "test_quick_tier.py": (),
+    },
 }
 """The quick tier (``pytest -m quick``: a change's first signal in about two minutes on two cores):
 per package folder of ``muloco/``, the test modules (all their tests: ``()``) or the tests by name
@@ -337,7 +407,8 @@ def hand_bits_per_byte(loss: float, *, next_token: bool, seq_len: int, batch: in
 
     tok = MulocoTokenizer()
     loader = PackedTextDataLoader.Config(split="validation", next_token=next_token).build(
-        dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=seq_len, local_batch_size=batch)
+        dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=seq_len, local_batch_size=batch
+    )
     targets: list[int] = []
     for index, (_, labels) in enumerate(loader):
         if index == steps:
@@ -375,8 +446,13 @@ CHECKOUT_NOISE = ("__pycache__/", ".pytest_cache/", "muloco.egg-info/", ".venv")
 def _checkout_files() -> set[str] | None:
     """Untracked and ignored paths in the checkout (None: not a git checkout, or no git)."""
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=REPO,
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
@@ -399,7 +475,10 @@ def pytest_sessionfinish(session, exitstatus):
         return
     added = sorted(after - before)
     if added:
-        sys.stderr.write("\nthe tests wrote into the checkout (they must write under tmp_path): "
-                         + ", ".join(added[:20]) + ("" if len(added) <= 20 else f" and {len(added) - 20} more")
-                         + "\n")
+        sys.stderr.write(
+            "\nthe tests wrote into the checkout (they must write under tmp_path): "
+            + ", ".join(added[:20])
+            + ("" if len(added) <= 20 else f" and {len(added) - 20} more")
+            + "\n"
+        )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED

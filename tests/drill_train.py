@@ -20,7 +20,8 @@ assuming which process is faster:
 - ``hold``       after inner step ``step`` the replica waits (heartbeating, in no quorum) until
   the test creates ``<MULOCO_TEST_DRILL_DIR>/release-r<id>-<step>`` (see :func:`release`);
 - ``gate``       the process of restart ``step`` of the replica (torchrun's
-  ``TORCHELASTIC_RESTART_COUNT`` plus SLURM's ``SLURM_RESTART_COUNT`` of a requeued job) waits before it builds its trainer (no heartbeat, no
+  ``TORCHELASTIC_RESTART_COUNT`` plus SLURM's ``SLURM_RESTART_COUNT`` of a requeued job) waits before it builds its
+  trainer (no heartbeat, no
   quorum: for its peers it is still dead) until the test creates
   ``<MULOCO_TEST_DRILL_DIR>/open-r<id>-<step>`` (see :func:`open_gate`): the test decides
   when a killed replica comes back.
@@ -94,8 +95,7 @@ def _restart_count() -> int:
 def _gate(drill: Drill, poll_seconds: float = 0.05) -> None:
     """Block this process before it builds its trainer until the test opens the gate."""
     drill.marker.write_text(f"restart {drill.step} waiting")
-    print(f"fault drill: replica {drill.replica}'s restart {drill.step} waits until the test lets it start",
-          flush=True)
+    print(f"fault drill: replica {drill.replica}'s restart {drill.step} waits until the test lets it start", flush=True)
     go = drill.marker.parent / f"open-r{drill.replica}-{drill.step}"
     while not go.exists():
         time.sleep(poll_seconds)

@@ -134,8 +134,11 @@ def _two_at_once(step: int) -> Plan:
     """K=5: replicas 1 and 3 killed after the same inner step; the other three hold at HOLD until
     both restarts wait in their next quorum, where each heals from an up-to-date group (torchft
     hands the groups behind to the ones up to date in turn: 1 from 0, 3 from 2)."""
-    return Plan([f"mid:1:{step}", f"mid:3:{step}"], [Comeback(((1, 1), (3, 1)), (0, 2, 4), HOLD)],
-                {(1, "restart 1"): (0, HEAL_AT), (3, "restart 1"): (2, HEAL_AT)})
+    return Plan(
+        [f"mid:1:{step}", f"mid:3:{step}"],
+        [Comeback(((1, 1), (3, 1)), (0, 2, 4), HOLD)],
+        {(1, "restart 1"): (0, HEAL_AT), (3, "restart 1"): (2, HEAL_AT)},
+    )
 
 
 @dataclass(frozen=True)
@@ -154,64 +157,130 @@ class Drill:
     again without the dead replica and committed (``--fault_tolerance.sync_retries``)."""
 
 
-DRILLS = {d.name: d for d in [
-    Drill("sync-boundary", "right after a committed sync",
-          lambda r: _one_kill(f"boundary:1:{r.choice(range(30, 71, H))}")),
-    Drill("mid-interval", "between two syncs",
-          lambda r: _one_kill(f"mid:1:{_mid_step(r, 21, 69)}")),
-    Drill("sync-start", "as a sync starts, before its quorum",
-          lambda r: _one_kill(f"prepare:1:{r.choice(range(30, 71, H))}")),
-    Drill("exchange", "inside an exchange: after the quorum, before sending",
-          lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}")),
-    Drill("exchange-compressed", "inside a 2-bit reduce-scatter exchange",
-          lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"),
-          ("--outer.exchange.codec", "quantize", "--outer.exchange.codec.bits", "2",
-           "--outer.exchange.strategy", "reduce_scatter")),
-    # its first restart joins the quorum of sync 60 and is killed while downloading: its peers
-    # try that sync again without it and commit it; the second restart joins the quorum of
-    # HEAL_AT and heals
-    Drill("healing", "killed mid-interval, then killed again while downloading a peer's state",
-          lambda r: Plan([f"mid:1:{_mid_step(r, 21, 49)}", "healing:1:0"],
-                         [Comeback(((1, 1),), (0, 2), 55), Comeback(((1, 2),), (0, 2), HOLD)],
-                         {(1, "restart 2"): (0, HEAL_AT)}), spares_peers=True),
-    # replica 1's restart heals from replica 0 in the quorum of sync 60, which is killed while
-    # serving it; replica 2 tries sync 60 again without replica 0, and replica 1 (its heal
-    # failed: it joins the next quorum instead of training) heals from replica 2 there; replica
-    # 0's restart heals from replica 1 (the first group up to date) in the quorum of sync 70
-    Drill("heal-source", "a healthy peer killed while serving a healing replica",
-          lambda r: Plan([f"mid:1:{_mid_step(r, 21, 49)}", "heal-source:0:0"],
-                         [Comeback(((1, 1),), (0, 2), 55), Comeback(((0, 1),), (2,), 65, behind=2)],
-                         {(0, "restart 1"): (1, 70), (1, "restart 1"): (2, 60)}), no_retrain=True),
-    Drill("exchange-sparseloco", "inside a SparseLoCo exchange (top-k with 2-bit values, all-gather)",
-          lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"), config="diloco/sparseloco"),
-    Drill("checkpoint-save", "while saving a checkpoint: data written, metadata not",
-          lambda r: _one_kill(f"checkpoint:2:{r.choice(range(40, 71, CHECKPOINT_EVERY))}")),
-    # its restart starts only once the others trained their last step: it heals to the end
-    Drill("last-interval", "within the last interval of the run",
-          lambda r: Plan([f"mid:1:{_mid_step(r, STEPS - H + 1, STEPS - 1)}"],
-                         [Comeback(((1, 1),), (0, 2), None)], {(1, "restart 1"): (0, STEPS)})),
-    # its restart is let in only once its peers hold before their last step, and waits in their
-    # final sync's quorum: it heals inside that sync and must take part in its exchange
-    Drill("final-sync", "back inside the peers' final sync",
-          lambda r: Plan([f"mid:1:{_mid_step(r, 41, 59)}"], [Comeback(((1, 1),), (0, 2), STEPS - 1)],
-                         {(1, "restart 1"): (0, STEPS)}), no_retrain=True),
-    # K=2: killed after the sync that followed its last checkpoint, so the lighthouse's last quorum
-    # stands at the checkpoint's own sync; its restart must still see that it is behind
-    Drill("one-sync-behind", "K=2, killed one sync after its checkpoint",
-          lambda r: Plan([f"mid:1:{_mid_step(r, 71, 79)}"], [], {(1, "restart 1"): (0, 80)}),
-          replicas=2, no_retrain=True),
-    Drill("two-at-once", "K=5, two replicas killed after the same step",
-          lambda r: _two_at_once(_mid_step(r, 21, 69)), replicas=5),
-    Drill("two-kills", "two replicas killed at different times in one run",
-          lambda r: Plan([f"mid:1:{_mid_step(r, 15, 35)}", f"mid:2:{_mid_step(r, 51, 69)}"],
-                         [Comeback(((1, 1),), (0, 2), 45), Comeback(((2, 1),), (0, 1), HOLD)],
-                         {(1, "restart 1"): (0, 50), (2, "restart 1"): (0, HEAL_AT)})),
-]}
+DRILLS = {
+    d.name: d
+    for d in [
+        Drill(
+            "sync-boundary",
+            "right after a committed sync",
+            lambda r: _one_kill(f"boundary:1:{r.choice(range(30, 71, H))}"),
+        ),
+        Drill("mid-interval", "between two syncs", lambda r: _one_kill(f"mid:1:{_mid_step(r, 21, 69)}")),
+        Drill(
+            "sync-start",
+            "as a sync starts, before its quorum",
+            lambda r: _one_kill(f"prepare:1:{r.choice(range(30, 71, H))}"),
+        ),
+        Drill(
+            "exchange",
+            "inside an exchange: after the quorum, before sending",
+            lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"),
+        ),
+        Drill(
+            "exchange-compressed",
+            "inside a 2-bit reduce-scatter exchange",
+            lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"),
+            (
+                "--outer.exchange.codec",
+                "quantize",
+                "--outer.exchange.codec.bits",
+                "2",
+                "--outer.exchange.strategy",
+                "reduce_scatter",
+            ),
+        ),
+        # its first restart joins the quorum of sync 60 and is killed while downloading: its peers
+        # try that sync again without it and commit it; the second restart joins the quorum of
+        # HEAL_AT and heals
+        Drill(
+            "healing",
+            "killed mid-interval, then killed again while downloading a peer's state",
+            lambda r: Plan(
+                [f"mid:1:{_mid_step(r, 21, 49)}", "healing:1:0"],
+                [Comeback(((1, 1),), (0, 2), 55), Comeback(((1, 2),), (0, 2), HOLD)],
+                {(1, "restart 2"): (0, HEAL_AT)},
+            ),
+            spares_peers=True,
+        ),
+        # replica 1's restart heals from replica 0 in the quorum of sync 60, which is killed while
+        # serving it; replica 2 tries sync 60 again without replica 0, and replica 1 (its heal
+        # failed: it joins the next quorum instead of training) heals from replica 2 there; replica
+        # 0's restart heals from replica 1 (the first group up to date) in the quorum of sync 70
+        Drill(
+            "heal-source",
+            "a healthy peer killed while serving a healing replica",
+            lambda r: Plan(
+                [f"mid:1:{_mid_step(r, 21, 49)}", "heal-source:0:0"],
+                [Comeback(((1, 1),), (0, 2), 55), Comeback(((0, 1),), (2,), 65, behind=2)],
+                {(0, "restart 1"): (1, 70), (1, "restart 1"): (2, 60)},
+            ),
+            no_retrain=True,
+        ),
+        Drill(
+            "exchange-sparseloco",
+            "inside a SparseLoCo exchange (top-k with 2-bit values, all-gather)",
+            lambda r: _one_kill(f"exchange:2:{r.choice(range(30, 71, H))}"),
+            config="diloco/sparseloco",
+        ),
+        Drill(
+            "checkpoint-save",
+            "while saving a checkpoint: data written, metadata not",
+            lambda r: _one_kill(f"checkpoint:2:{r.choice(range(40, 71, CHECKPOINT_EVERY))}"),
+        ),
+        # its restart starts only once the others trained their last step: it heals to the end
+        Drill(
+            "last-interval",
+            "within the last interval of the run",
+            lambda r: Plan(
+                [f"mid:1:{_mid_step(r, STEPS - H + 1, STEPS - 1)}"],
+                [Comeback(((1, 1),), (0, 2), None)],
+                {(1, "restart 1"): (0, STEPS)},
+            ),
+        ),
+        # its restart is let in only once its peers hold before their last step, and waits in their
+        # final sync's quorum: it heals inside that sync and must take part in its exchange
+        Drill(
+            "final-sync",
+            "back inside the peers' final sync",
+            lambda r: Plan(
+                [f"mid:1:{_mid_step(r, 41, 59)}"],
+                [Comeback(((1, 1),), (0, 2), STEPS - 1)],
+                {(1, "restart 1"): (0, STEPS)},
+            ),
+            no_retrain=True,
+        ),
+        # K=2: killed after the sync that followed its last checkpoint, so the lighthouse's last quorum
+        # stands at the checkpoint's own sync; its restart must still see that it is behind
+        Drill(
+            "one-sync-behind",
+            "K=2, killed one sync after its checkpoint",
+            lambda r: Plan([f"mid:1:{_mid_step(r, 71, 79)}"], [], {(1, "restart 1"): (0, 80)}),
+            replicas=2,
+            no_retrain=True,
+        ),
+        Drill(
+            "two-at-once",
+            "K=5, two replicas killed after the same step",
+            lambda r: _two_at_once(_mid_step(r, 21, 69)),
+            replicas=5,
+        ),
+        Drill(
+            "two-kills",
+            "two replicas killed at different times in one run",
+            lambda r: Plan(
+                [f"mid:1:{_mid_step(r, 15, 35)}", f"mid:2:{_mid_step(r, 51, 69)}"],
+                [Comeback(((1, 1),), (0, 2), 45), Comeback(((2, 1),), (0, 1), HOLD)],
+                {(1, "restart 1"): (0, 50), (2, "restart 1"): (0, HEAL_AT)},
+            ),
+        ),
+    ]
+}
 
 CI_DRILLS: list[str] = ["final-sync", "one-sync-behind", "healing"]
 """What tests/test_fault_drills.py runs, one seed each (about 15-25 s each on two quiet cores): the
 two orderings issue 38 fixed, and a replica that dies while it is being healed, whose peers try that
-sync again without it and commit it (issue 58). The others run from scripts/fault_drills.py. CI covers nearby cases elsewhere: a kill inside a compressed exchange
+sync again without it and commit it (issue 58). The others run from scripts/fault_drills.py. CI covers nearby cases
+elsewhere: a kill inside a compressed exchange
 (tests/test_diloco.py::test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on),
 a killed replica that heals (test_k2_survivor_pauses_until_the_launcher_restarts_the_dead_replica_which_heals),
 a save killed before its manifest (tests/test_bad_inputs.py::test_resume_skips_an_incomplete_checkpoint),
@@ -292,8 +361,10 @@ def check(dump: Path, result: DrillResult, plan: Plan, drill: "Drill") -> None:
             elif not r["committed"]:
                 result.rolled_back.append(f"replica {i} step {r['step']}: {r.get('failure')}")
                 if not plan.may_roll_back(i, r["step"]):
-                    p.append(f"replica {i}'s sync at step {r['step']} was rolled back where no kill of the drill "
-                             f"made it fail: {r.get('failure')}")
+                    p.append(
+                        f"replica {i}'s sync at step {r['step']} was rolled back where no kill of the drill "
+                        f"made it fail: {r.get('failure')}"
+                    )
         healed_to_end = any(h["step_to"] == STEPS and not h.get("failure") for h in sums[i]["diloco"]["heal_log"])
         if not healed_to_end and not any(r["step"] == STEPS and r["committed"] for r in records):
             p.append(f"replica {i}'s last sync (step {STEPS}) did not commit (nor did it heal to the final state)")
@@ -302,7 +373,9 @@ def check(dump: Path, result: DrillResult, plan: Plan, drill: "Drill") -> None:
         killed = {int(k.split(":")[1]) for k in plan.kills}
         spared = [r for r in result.rolled_back if int(r.split()[1]) not in killed]
         if spared:
-            p.append(f"replicas never killed rolled back syncs they could have committed without the dead one: {spared}")
+            p.append(
+                f"replicas never killed rolled back syncs they could have committed without the dead one: {spared}"
+            )
         if not any(int(r.split()[1]) not in killed for r in result.retried):
             p.append("no replica tried a sync again: the kill did not fail a sync of its peers")
     if drill.no_retrain and result.trained_twice:
@@ -331,8 +404,10 @@ def check(dump: Path, result: DrillResult, plan: Plan, drill: "Drill") -> None:
             if name == "original" and found:
                 p.append(f"healthy replica {i} healed from a peer: {found}")
             elif found != ([want] if want else []):
-                p.append(f"replica {i} ({name}) healed {found or 'nowhere'} (from replica, to step); "
-                         f"the drill sets {[want] if want else 'no heal'}")
+                p.append(
+                    f"replica {i} ({name}) healed {found or 'nowhere'} (from replica, to step); "
+                    f"the drill sets {[want] if want else 'no heal'}"
+                )
     missing = {key for key in plan.heals if key[0] not in result.healed or key[1] not in result.healed[key[0]]}
     if missing:
         p.append(f"no heal where the drill sets one: {sorted(missing)}")
@@ -377,21 +452,29 @@ class Pacer(threading.Thread):
 
     def _comeback(self, c: Comeback) -> None:
         if c.hold is None:
-            self._until(f"replicas {c.survivors} did not train their last step",
-                        lambda: all(self._trained_all(s) for s in c.survivors))
+            self._until(
+                f"replicas {c.survivors} did not train their last step",
+                lambda: all(self._trained_all(s) for s in c.survivors),
+            )
         else:
-            self._until(f"replicas {c.survivors} did not hold after step {c.hold}",
-                        lambda: all((self.markers / f"hold-r{s}-{c.hold}").exists() for s in c.survivors))
+            self._until(
+                f"replicas {c.survivors} did not hold after step {c.hold}",
+                lambda: all((self.markers / f"hold-r{s}-{c.hold}").exists() for s in c.survivors),
+            )
         for replica, attempt in c.restarts:
             open_gate(self.markers, replica, attempt)
         for replica, attempt in c.restarts:
-            self._until(f"replica {replica}'s restart {attempt} did not find itself behind its peers",
-                        lambda: "this replica group is behind" in self._segment(replica, f"restart {attempt}"))
+            self._until(
+                f"replica {replica}'s restart {attempt} did not find itself behind its peers",
+                lambda: "this replica group is behind" in self._segment(replica, f"restart {attempt}"),
+            )
         if c.hold is None:
             return
         behind = c.behind or len(c.restarts)
-        self._until(f"{behind} replica group(s) behind did not wait in a quorum",
-                    lambda: waiting_in_quorum(str(self.job.lighthouse_url)) == behind)
+        self._until(
+            f"{behind} replica group(s) behind did not wait in a quorum",
+            lambda: waiting_in_quorum(str(self.job.lighthouse_url)) == behind,
+        )
         for s in c.survivors:
             release(self.markers, s, c.hold)
 
@@ -405,7 +488,6 @@ class Pacer(threading.Thread):
         return dict(_log_segments(self.dump / "logs" / f"replica_{replica}.log")).get(name, "")
 
 
-
 def run_drill(name: str, seed: int, tmp: Path, console=None) -> DrillResult:
     """One drill under the local launcher; returns what it found (never raises on a broken invariant)."""
     drill = DRILLS[name]
@@ -416,19 +498,40 @@ def run_drill(name: str, seed: int, tmp: Path, console=None) -> DrillResult:
     markers = tmp / f"{name}-{seed}-markers"
     markers.mkdir(parents=True, exist_ok=True)
     overrides = [
-        *DILOCO_TINY, "--metrics.log_freq", "1", "--training.steps", str(STEPS), "--outer.sync_every", str(H),
-        "--checkpoint.interval", str(CHECKPOINT_EVERY), "--validator.freq", str(2 * H),
+        *DILOCO_TINY,
+        "--metrics.log_freq",
+        "1",
+        "--training.steps",
+        str(STEPS),
+        "--outer.sync_every",
+        str(H),
+        "--checkpoint.interval",
+        str(CHECKPOINT_EVERY),
+        "--validator.freq",
+        str(2 * H),
         # every wait for a peer is only a hang timeout: a killed peer's sockets close at once
         # (its collectives fail then), and the pacer decides who comes back when
-        "--fault_tolerance.process_group_timeout_ms", "60000",
-        "--fault_tolerance.quorum_timeout_seconds", "300",
-        "--fault_tolerance.start_wait_seconds", "300", "--fault_tolerance.end_wait_seconds", "300",
-        *drill.extra, "--dump_folder", str(dump),
+        "--fault_tolerance.process_group_timeout_ms",
+        "60000",
+        "--fault_tolerance.quorum_timeout_seconds",
+        "300",
+        "--fault_tolerance.start_wait_seconds",
+        "300",
+        "--fault_tolerance.end_wait_seconds",
+        "300",
+        *drill.extra,
+        "--dump_folder",
+        str(dump),
     ]
     job = LocalJob(
-        config=drill.config, replicas=K, overrides=overrides, max_restarts=2,
+        config=drill.config,
+        replicas=K,
+        overrides=overrides,
+        max_restarts=2,
         # a live replica is never dropped for a late heartbeat under load; a dead one after 3 s
-        heartbeat_timeout_ms=3000, threads=1, entry=DRILL_ENTRY,
+        heartbeat_timeout_ms=3000,
+        threads=1,
+        entry=DRILL_ENTRY,
         env={"MULOCO_TEST_DRILLS": ",".join(specs), "MULOCO_TEST_DRILL_DIR": str(markers)},
         console=console if console is not None else open(tmp / f"{name}-{seed}-console.txt", "w"),
     )
@@ -452,12 +555,23 @@ def run_drill(name: str, seed: int, tmp: Path, console=None) -> DrillResult:
 
 
 def describe(result: DrillResult) -> str:
-    return json.dumps({
-        "drill": result.drill, "seed": result.seed, "drills": result.specs, "status": result.status,
-        "seconds": round(result.seconds, 1), "final_sha256": sorted({h[:12] for h in result.final_hashes if h}),
-        "final_losses": result.final_losses, "healed": result.healed, "committed": result.committed,
-        "rolled_back": result.rolled_back, "retried": result.retried, "trained_twice": result.trained_twice, "problems": result.problems,
-    })
+    return json.dumps(
+        {
+            "drill": result.drill,
+            "seed": result.seed,
+            "drills": result.specs,
+            "status": result.status,
+            "seconds": round(result.seconds, 1),
+            "final_sha256": sorted({h[:12] for h in result.final_hashes if h}),
+            "final_losses": result.final_losses,
+            "healed": result.healed,
+            "committed": result.committed,
+            "rolled_back": result.rolled_back,
+            "retried": result.retried,
+            "trained_twice": result.trained_twice,
+            "problems": result.problems,
+        }
+    )
 
 
 if __name__ == "__main__":  # quick manual run: python tests/drills.py NAME SEED

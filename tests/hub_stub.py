@@ -1,6 +1,7 @@
 """A stand-in for the Hugging Face Hub's HTTP API, on 127.0.0.1, for the export's --push-to-hub
 test: the calls a one-commit upload makes (create the repository, check the model card's
-metadata, ask how each file is to be sent, commit), answered as the Hub answers them; every file it is sent is kept, with the
+metadata, ask how each file is to be sent, commit), answered as the Hub answers them; every file it is sent is kept,
+with the
 Authorization header of each request. Point ``HF_ENDPOINT`` at ``url``."""
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ class HubStub:
                     return self._reply({"errors": [], "warnings": []})
                 if parts[:2] == ["api", "models"] and len(parts) > 4 and parts[4] == "preupload":
                     files = json.loads(body)["files"]
-                    return self._reply({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                                  for f in files]})
+                    return self._reply(
+                        {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+                    )
                 if parts[:2] == ["api", "models"] and len(parts) > 4 and parts[4] == "commit":
                     repo = f"{parts[2]}/{parts[3]}"
                     for line in body.decode().splitlines():
@@ -61,16 +63,22 @@ class HubStub:
                         if item["key"] == "file":
                             value = item["value"]
                             stub.files.setdefault(repo, {})[value["path"]] = base64.b64decode(value["content"])
-                    return self._reply({"commitUrl": f"{stub.url}/{repo}/commit/{'0' * 40}", "commitOid": "0" * 40,
-                                        "pullRequestUrl": None})
+                    return self._reply(
+                        {
+                            "commitUrl": f"{stub.url}/{repo}/commit/{'0' * 40}",
+                            "commitOid": "0" * 40,
+                            "pullRequestUrl": None,
+                        }
+                    )
                 stub.unexpected.append(f"POST {self.path}")
                 return self._reply({"error": "not found"}, 404)
 
             def do_GET(self):
                 parts = self.path.split("?")[0].strip("/").split("/")
                 repo = "/".join(parts[2:4])
-                if parts[:2] == ["api", "models"] and any(c.get("organization") + "/" + c["name"] == repo
-                                                          for c in stub.created):
+                if parts[:2] == ["api", "models"] and any(
+                    c.get("organization") + "/" + c["name"] == repo for c in stub.created
+                ):
                     return self._reply({"id": repo, "private": repo in stub.private, "sha": "0" * 40})
                 stub.unexpected.append(f"GET {self.path}")
                 return self._reply({"error": "not found"}, 404)

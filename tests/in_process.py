@@ -27,8 +27,17 @@ from typing import Callable
 
 from conftest import REPO, run_watched
 
-DISTRIBUTED_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                   "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHFT_LIGHTHOUSE")
+DISTRIBUTED_ENV = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHFT_LIGHTHOUSE",
+)
 """What a test worker may carry that a fresh ``python -m`` on a login shell would not."""
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCHLD)
 
@@ -39,8 +48,9 @@ for a in "$@"; do printf '%s\\0' "$a"; done > "$SMOKE_RECORD"
 """Stands in for the Python a job script runs (``MULOCO_PYTHON``): records its command line, NUL-separated."""
 
 
-def recorded_python(cmd: list[str], env: dict[str, str], folder: Path,
-                    cwd: Path = REPO) -> tuple[subprocess.CompletedProcess, list[str] | None]:
+def recorded_python(
+    cmd: list[str], env: dict[str, str], folder: Path, cwd: Path = REPO
+) -> tuple[subprocess.CompletedProcess, list[str] | None]:
     """Run the job script ``cmd`` (in ``cwd``) with ``RECORDER`` as its Python: what the script
     did, and the command line it gave Python (None when it never ran it)."""
     recorder, record = folder / "record-python", folder / "record"
@@ -60,8 +70,15 @@ def _exit_status(code: object) -> int:
     return 1
 
 
-def run_in_process(main: Callable[[], int | None], capfd, *, argv0: str = "muloco", args: list[str] = (),
-                   env: dict[str, str] | None = None, cwd: Path | str | None = None) -> subprocess.CompletedProcess:
+def run_in_process(
+    main: Callable[[], int | None],
+    capfd,
+    *,
+    argv0: str = "muloco",
+    args: list[str] = (),
+    env: dict[str, str] | None = None,
+    cwd: Path | str | None = None,
+) -> subprocess.CompletedProcess:
     """``main()`` with ``sys.argv = [argv0, *args]``, ``env`` over the distributed-free
     environment and ``cwd``; what it printed and its exit status, as ``subprocess.run`` gives them.
 

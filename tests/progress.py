@@ -26,7 +26,7 @@ class FolderProgress:
     def _snapshot(self) -> frozenset:
         files = []
         for path in self.paths:
-            for p in (path.rglob("*") if path.is_dir() else [path]):
+            for p in path.rglob("*") if path.is_dir() else [path]:
                 try:
                     st = p.stat()
                 except (FileNotFoundError, NotADirectoryError):

@@ -28,7 +28,8 @@ HANG_S = 300
 
 DILOCO_TINY = [
     *TINY,
-    "--metrics.log_freq", "5",
+    "--metrics.log_freq",
+    "5",
     "--metrics.no-enable-tensorboard",
     "--outer.fingerprint",
 ]
@@ -37,8 +38,14 @@ DILOCO_TINY = [
 class Cluster:
     """A lighthouse and replica groups on this machine, one process per group."""
 
-    def __init__(self, tmp: Path, k: int, heartbeat_timeout_ms: int = 1000, join_timeout_ms: int = 60000,
-                 min_replicas: int | None = None):
+    def __init__(
+        self,
+        tmp: Path,
+        k: int,
+        heartbeat_timeout_ms: int = 1000,
+        join_timeout_ms: int = 60000,
+        min_replicas: int | None = None,
+    ):
         self.tmp, self.k = tmp, k
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
@@ -50,9 +57,17 @@ class Cluster:
 
     def start_lighthouse(self) -> str:
         cmd = [
-            sys.executable, "-m", "muloco.launch.lighthouse", "--bind", "127.0.0.1:0",
-            "--min_replicas", str(self.min_replicas), "--join_timeout_ms", str(self.join_timeout_ms),
-            "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms),
+            sys.executable,
+            "-m",
+            "muloco.launch.lighthouse",
+            "--bind",
+            "127.0.0.1:0",
+            "--min_replicas",
+            str(self.min_replicas),
+            "--join_timeout_ms",
+            str(self.join_timeout_ms),
+            "--heartbeat_timeout_ms",
+            str(self.heartbeat_timeout_ms),
         ]
         proc = self._spawn("lighthouse", cmd, {})
         deadline = time.time() + HANG_S
@@ -66,17 +81,28 @@ class Cluster:
             time.sleep(0.1)
         raise RuntimeError(f"lighthouse did not start: {self.logs['lighthouse'].read_text()}")
 
-    def start_replica(self, i: int, args: list[str], tag: str | None = None, env: dict | None = None,
-                      entry: list[str] | None = None) -> subprocess.Popen:
+    def start_replica(
+        self, i: int, args: list[str], tag: str | None = None, env: dict | None = None, entry: list[str] | None = None
+    ) -> subprocess.Popen:
         """Replica group ``i`` (one process): the trainer, or ``entry`` (e.g. the drill wrapper)."""
-        env = {**(env or {}),
-            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.ports[i]),
-            "TORCHFT_LIGHTHOUSE": self.url, "OMP_NUM_THREADS": "1",
+        env = {
+            **(env or {}),
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(self.ports[i]),
+            "TORCHFT_LIGHTHOUSE": self.url,
+            "OMP_NUM_THREADS": "1",
         }
         cmd = [
-            *(entry or [sys.executable, "-m", "muloco.train"]), *args,
-            "--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(self.k),
+            *(entry or [sys.executable, "-m", "muloco.train"]),
+            *args,
+            "--fault_tolerance.replica_id",
+            str(i),
+            "--fault_tolerance.group_size",
+            str(self.k),
         ]
         return self._spawn(tag or f"r{i}", cmd, env)
 
@@ -84,7 +110,9 @@ class Cluster:
         log = self.tmp / f"{name}.log"
         full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
         with open(log, "w") as f:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env=full_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.procs[name], self.logs[name] = proc, log
         return proc
 
@@ -95,8 +123,10 @@ class Cluster:
 
         def check(waiting_for: str) -> None:
             if log.expired():
-                raise AssertionError(f"{name}: no {waiting_for}, and nothing new in its log for {quiet_s:g} s "
-                                     f"(hung):\n{self.tail(name)}")
+                raise AssertionError(
+                    f"{name}: no {waiting_for}, and nothing new in its log for {quiet_s:g} s (hung):\n{self.tail(name)}"
+                )
+
         return check
 
     def wait_for(self, name: str, pattern: str, timeout: float) -> re.Match:
@@ -107,7 +137,9 @@ class Cluster:
             if m:
                 return m
             if self.procs[name].poll() is not None:
-                raise AssertionError(f"{name} exited {self.procs[name].returncode} before /{pattern}/:\n{self.tail(name)}")
+                raise AssertionError(
+                    f"{name} exited {self.procs[name].returncode} before /{pattern}/:\n{self.tail(name)}"
+                )
             progress(f"/{pattern}/")
             time.sleep(0.05)
 
@@ -139,8 +171,14 @@ class Cluster:
                 proc.wait(timeout=30)
 
 
-def until(what: str, happened, timeout: float = HANG_S, poll: float = 0.1, detail=lambda: "",
-          progress: FolderProgress | None = None) -> None:
+def until(
+    what: str,
+    happened,
+    timeout: float = HANG_S,
+    poll: float = 0.1,
+    detail=lambda: "",
+    progress: FolderProgress | None = None,
+) -> None:
     """Wait for an event (``happened()`` true), polling; fail naming it (and ``detail()``) after a
     hang timeout. The one way the tests wait: for an event, never for a time. An event that
     training brings about is given the runs' ``progress``: the wait fails once they stop writing
@@ -170,7 +208,9 @@ def waiting_in_quorum(url: str) -> int:
 def syncs(dump: Path, replica: int) -> list[dict]:
     """The sync records of one replica's metrics.jsonl."""
     rows = [json.loads(x) for x in (dump / f"replica_{replica}" / "metrics.jsonl").read_text().splitlines()]
-    return [{k[5:]: v for k, v in r.items() if k.startswith("sync/")} | {"at": r["step"]} for r in rows if "sync/step" in r]
+    return [
+        {k[5:]: v for k, v in r.items() if k.startswith("sync/")} | {"at": r["step"]} for r in rows if "sync/step" in r
+    ]
 
 
 def losses(dump: Path, replica: int) -> dict[int, float]:

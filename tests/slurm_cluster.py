@@ -24,8 +24,17 @@ INSTALL_SCRIPT = REPO / "scripts" / "install_test_slurm.sh"
 BINARIES = ("slurmctld", "slurmd", "sbatch", "munged")
 # Daemons live in /usr/sbin, which a non-login PATH may lack.
 _SEARCH_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"])
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
-            "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 _MARKER = ".local_slurm"  # only a directory carrying this (or an empty one) is ever wiped
 START_TIMEOUT = 120.0  # only a hang timeout for a daemon to come up
 KILL_AFTER = 15.0
@@ -238,8 +247,9 @@ class LocalSlurm:
         """What clients (and jobs, which inherit it) need: our conf, and our sacct first on PATH."""
         return {"SLURM_CONF": str(self.conf), "PATH": os.pathsep.join([str(self.bin), _SEARCH_PATH])}
 
-    def run(self, cmd: Sequence[str], check: bool = True, timeout: float = 30,
-            **kw) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, cmd: Sequence[str], check: bool = True, timeout: float = 30, **kw
+    ) -> subprocess.CompletedProcess[str]:
         """A client command against this cluster; a failure raises with its stderr in the message."""
         env = {**os.environ, **self.env, **kw.pop("env", {})}
         proc = subprocess.run(list(cmd), env=env, capture_output=True, text=True, timeout=timeout, **kw)
@@ -280,8 +290,9 @@ class LocalSlurm:
         """Poll until the job reaches one of ``states`` (e.g. RUNNING before a scancel)."""
         wanted = set(states)
         if not _wait_until(lambda: self.job_state(job_id) in wanted, timeout):
-            raise TimeoutError(f"job {job_id} not in {wanted} after {timeout}s: {self.job_state(job_id)}\n"
-                               + self.logs())
+            raise TimeoutError(
+                f"job {job_id} not in {wanted} after {timeout}s: {self.job_state(job_id)}\n" + self.logs()
+            )
         return self.job_state(job_id)
 
     def wait_jobs_done(self, job_ids: Iterable[str], timeout: float = 30, progress=None) -> dict[str, str]:
@@ -340,8 +351,20 @@ class LocalSlurm:
         nodes = len(self.nodes) if self.node_ports else 1
         with open(self.root / "log" / "reaper.log", "a") as log:
             self._reaper = subprocess.Popen(
-                [sys.executable, __file__, "--stop-when-gone", str(os.getpid()), str(self.root), str(self.cpus),
-                 str(nodes)], stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    sys.executable,
+                    __file__,
+                    "--stop-when-gone",
+                    str(os.getpid()),
+                    str(self.root),
+                    str(self.cpus),
+                    str(nodes),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def _check_can_start(self) -> None:
         missing = [b for b in BINARIES if not which(b)]
@@ -369,8 +392,14 @@ class LocalSlurm:
 
     def _write_files(self) -> None:
         conf = SLURM_CONF.format(
-            root=self.root, cpus=self.cpus, memory=_real_memory_mb(), ctld_port=self.ports[0],
-            slurmd_port=self.ports[1], munge_socket=self.munge_socket, cred_expire=CRED_EXPIRE)
+            root=self.root,
+            cpus=self.cpus,
+            memory=_real_memory_mb(),
+            ctld_port=self.ports[0],
+            slurmd_port=self.ports[1],
+            munge_socket=self.munge_socket,
+            cred_expire=CRED_EXPIRE,
+        )
         if self.node_ports:
             conf = self._several_nodes(conf)
         self.conf.write_text(conf)
@@ -388,8 +417,11 @@ class LocalSlurm:
         conf = conf.replace(f"SlurmdSpoolDir={self.root}/spool", f"SlurmdSpoolDir={self.root}/spool/%n")
         lines = [ln for ln in conf.splitlines() if not ln.startswith(("NodeName=", "PartitionName="))]
         memory = max(256, _real_memory_mb() // len(self.nodes))
-        lines += [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus} "
-                  f"RealMemory={memory} State=UNKNOWN" for n, p in zip(self.nodes, self.node_ports)]
+        lines += [
+            f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} CPUs={self.cpus} "
+            f"RealMemory={memory} State=UNKNOWN"
+            for n, p in zip(self.nodes, self.node_ports)
+        ]
         lines.append(f"PartitionName=debug Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP")
         for n in self.nodes:
             (self.root / "spool" / n).mkdir(parents=True, exist_ok=True)
@@ -402,20 +434,35 @@ class LocalSlurm:
         key.chmod(0o600)
         # --force: munged also wants every parent of the socket enterable by all users, and
         # pytest's basetemp is 0700; only root uses this cluster, so that check does not apply.
-        self._start_daemon("munged", [
-            which("munged"), "--force", f"--key-file={key}", f"--socket={self.munge_socket}",
-            f"--pid-file={self.root / 'run' / 'munged.pid'}",
-            f"--log-file={self.root / 'log' / 'munged.log'}",
-            f"--seed-file={munge / 'munged.seed'}"], self._munge_ok)
+        self._start_daemon(
+            "munged",
+            [
+                which("munged"),
+                "--force",
+                f"--key-file={key}",
+                f"--socket={self.munge_socket}",
+                f"--pid-file={self.root / 'run' / 'munged.pid'}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                f"--seed-file={munge / 'munged.seed'}",
+            ],
+            self._munge_ok,
+        )
 
     def _call(self, cmd: list) -> None:
         """Run a setup command, its output appended to log/start.log."""
         with open(self.root / "log" / "start.log", "a") as log:
             log.write(f"$ {' '.join(map(str, cmd))}\n")
             log.flush()
-            subprocess.run([str(c) for c in cmd], env={**os.environ, **self.env}, stdin=subprocess.DEVNULL,
-                           stdout=log, stderr=subprocess.STDOUT, timeout=START_TIMEOUT, check=True,
-                           start_new_session=True)
+            subprocess.run(
+                [str(c) for c in cmd],
+                env={**os.environ, **self.env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=START_TIMEOUT,
+                check=True,
+                start_new_session=True,
+            )
 
     def _start_daemon(self, name: str, cmd: list, ready) -> None:
         """Each daemon forks itself away and writes its pid file; poll that, then ``ready``."""
@@ -434,8 +481,12 @@ class LocalSlurm:
         cred = subprocess.run([which("munge"), "-S", str(self.munge_socket), "-n"], capture_output=True)
         if cred.returncode:
             return False
-        return subprocess.run([which("unmunge"), "-S", str(self.munge_socket)], input=cred.stdout,
-                              capture_output=True).returncode == 0
+        return (
+            subprocess.run(
+                [which("unmunge"), "-S", str(self.munge_socket)], input=cred.stdout, capture_output=True
+            ).returncode
+            == 0
+        )
 
     def _ctld_up(self) -> bool:
         return "UP" in self.run(["scontrol", "ping"], check=False, timeout=10).stdout
@@ -464,8 +515,7 @@ class LocalSlurm:
     def job_ids(self, *, ended_too: bool = False) -> set[str]:
         """The ids of the jobs in the queue (each array task its own id); with ``ended_too``, also
         the ended ones slurmctld still lists; empty when squeue fails."""
-        proc = self.run(["squeue", "-h", "-o", "%A", *(["-t", "all"] if ended_too else [])], check=False,
-                        timeout=10)
+        proc = self.run(["squeue", "-h", "-o", "%A", *(["-t", "all"] if ended_too else [])], check=False, timeout=10)
         return set(proc.stdout.split()) if proc.returncode == 0 else set()
 
     def cancel(self, jobs: Iterable[str]) -> None:
@@ -510,7 +560,8 @@ class LocalSlurm:
                 continue
             env = proc_environ(int(entry.name))
             if env.get("SLURM_CONF") == str(self.conf) and (
-                    proc_comm(int(entry.name)) == "slurmstepd" or "SLURM_JOB_ID" in env):
+                proc_comm(int(entry.name)) == "slurmstepd" or "SLURM_JOB_ID" in env
+            ):
                 pids.append(int(entry.name))
         return pids
 

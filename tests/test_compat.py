@@ -40,18 +40,13 @@ from muloco.compat.checkpoint_safety import UnsafeCheckpointError  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="shows CPU-only behaviour")
-NO_TRITON = pytest.mark.skipif(
-    triton_stub.triton_available(), reason="the stub is only installed without Triton"
-)
+NO_TRITON = pytest.mark.skipif(triton_stub.triton_available(), reason="the stub is only installed without Triton")
 PREFIX = "@@RESULT@@"
 
 
 def _run_fresh(code: str, *args: str) -> dict:
     """Run `code` in a new interpreter; it reports by calling `report(dict)`."""
-    prelude = (
-        "import json, sys\n"
-        f"def report(d):\n    print({PREFIX!r} + json.dumps(d), flush=True)\n"
-    )
+    prelude = f"import json, sys\ndef report(d):\n    print({PREFIX!r} + json.dumps(d), flush=True)\n"
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     proc = run_watched(
         [sys.executable, "-c", prelude + textwrap.dedent(code), *args],
@@ -61,7 +56,7 @@ def _run_fresh(code: str, *args: str) -> dict:
     assert proc.returncode == 0, f"child failed:\n{proc.stdout}\n{proc.stderr}"
     lines = [line for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
     assert len(lines) == 1, f"child reported {len(lines)} results:\n{proc.stdout}\n{proc.stderr}"
-    return json.loads(lines[0][len(PREFIX):])
+    return json.loads(lines[0][len(PREFIX) :])
 
 
 class _MkdirOnUnpickle:
@@ -242,7 +237,9 @@ def test_the_fault_tolerant_trainers_model_config_is_one_line():
 
     from muloco.compat.model_config_log import OneLineModelConfig
 
-    record = logging.LogRecord("root", logging.INFO, __file__, 1, 'Building llama3 tiny with {\n  "dim": 64\n}', None, None)
+    record = logging.LogRecord(
+        "root", logging.INFO, __file__, 1, 'Building llama3 tiny with {\n  "dim": 64\n}', None, None
+    )
     assert OneLineModelConfig().filter(record) and "\n" not in record.getMessage()
     assert record.getMessage().startswith("Building llama3 tiny (its settings:")
     other = logging.LogRecord("root", logging.INFO, __file__, 1, "Building the dataloader", None, None)
@@ -266,9 +263,7 @@ def test_device_memory_monitor_reports_peak_rss():
     # The figure is the peak resident set size, so not below the current one (the
     # kernel's high-water mark lags RSS by a few pages, hence the margin).
     rss_kib = next(
-        int(line.split()[1])
-        for line in Path("/proc/self/status").read_text().splitlines()
-        if line.startswith("VmRSS:")
+        int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines() if line.startswith("VmRSS:")
     )
     assert stats.max_reserved_gib * 2**30 >= 0.95 * rss_kib * 1024
     monitor.reset_peak_stats()  # a no-op on CPU, but it must not fail
@@ -342,6 +337,7 @@ def test_torchtitan_barrier_with_device_ids_fails_on_cpu(gloo_world):
 
 # ------------------------------------------------------------ checkpoint_safety
 
+
 def test_loaders_are_patched():
     assert dcp_filesystem.FileSystemReader.read_metadata is checkpoint_safety.safe_read_metadata
     assert default_planner.DefaultLoadPlanner.load_bytes is checkpoint_safety.safe_load_bytes
@@ -354,9 +350,7 @@ def test_safe_reader_reads_real_dcp_metadata(tmp_path):
 
 
 def test_dcp_round_trip_after_apply(tmp_path):
-    ckpt = _save_checkpoint(
-        tmp_path / "ckpt", {"w": torch.arange(4.0), "meta": {"step": 3, "names": ["a"]}}
-    )
+    ckpt = _save_checkpoint(tmp_path / "ckpt", {"w": torch.arange(4.0), "meta": {"step": 3, "names": ["a"]}})
     loaded = {"w": torch.zeros(4), "meta": {"step": 0, "names": []}}
     dcp.load(loaded, checkpoint_id=str(ckpt))
     assert torch.equal(loaded["w"], torch.arange(4.0))
@@ -448,9 +442,7 @@ def test_plain_values_load():
 
 def test_dcp_load_refuses_arbitrary_object_value(tmp_path):
     marker = tmp_path / "payload-ran"
-    ckpt = _save_checkpoint(
-        tmp_path / "ckpt", {"obj": PlainPythonObject(), "evil": _MkdirOnUnpickle(marker)}
-    )
+    ckpt = _save_checkpoint(tmp_path / "ckpt", {"obj": PlainPythonObject(), "evil": _MkdirOnUnpickle(marker)})
     assert not marker.exists()
     # The metadata itself is plain DCP metadata; only the values are refused.
     dcp_filesystem.FileSystemReader(str(ckpt)).read_metadata()
@@ -593,6 +585,7 @@ def test_force_sum_reduction_gives_the_same_gradient_on_gloo(tmp_path):
 
 # -- torchrun_failures: each failed attempt of a torchrun worker group, as it happens ---------
 
+
 @pytest.mark.timeout(300)
 def test_torchrun_reports_each_failed_attempt_and_ends_with_the_ranks_status(tmp_path):
     """A real torchrun (muloco.launch.replica_group) whose rank 1 fails with code 7 every time:
@@ -609,15 +602,34 @@ def test_torchrun_reports_each_failed_attempt_and_ends_with_the_ranks_status(tmp
         sys.exit(7 if os.environ["LOCAL_RANK"] == "1" else 0)
     """)
     proc = run_watched(
-        [sys.executable, "-m", "muloco.launch.replica_group", "--nnodes", "1", "--nproc-per-node",
-         "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--max-restarts", "1",
-         "--no-python", sys.executable, "-c", worker],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.replica_group",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "127.0.0.1:0",
+            "--max-restarts",
+            "1",
+            "--no-python",
+            sys.executable,
+            "-c",
+            worker,
+        ],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 7, out
     # each report's text is one write of the agent's: found wherever it lands among other output
-    reports = re.findall(r"\[muloco\] rank (\d+) \(pid \d+\) exited with code 7; (restart 1/1|no restart left)",
-                         proc.stderr)
+    reports = re.findall(
+        r"\[muloco\] rank (\d+) \(pid \d+\) exited with code 7; (restart 1/1|no restart left)", proc.stderr
+    )
     assert reports == [("1", "restart 1/1"), ("1", "no restart left")], out
     assert "failed (exitcode" not in out
     ran = {p.name: p.read_text() for p in tmp_path.iterdir() if p.name.endswith("-rank1")}
@@ -635,11 +647,24 @@ def test_torchrun_failure_record_is_the_one_the_hook_reads():
     f = on_worker_failure(seen.append)
     logger = logging.getLogger(ELASTIC_API_LOGGER)
     try:
-        failed = logger.makeRecord(ELASTIC_API_LOGGER, logging.ERROR, __file__, 1,
-                                   "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
-                                   (-9, 2, 4242, "python"), None)
-        other = logger.makeRecord(ELASTIC_API_LOGGER, logging.WARNING, __file__, 1,
-                                  "Sending process %s closing signal %s", (1, "SIGTERM"), None)
+        failed = logger.makeRecord(
+            ELASTIC_API_LOGGER,
+            logging.ERROR,
+            __file__,
+            1,
+            "failed (exitcode: %s) local_rank: %s (pid: %s) of binary: %s",
+            (-9, 2, 4242, "python"),
+            None,
+        )
+        other = logger.makeRecord(
+            ELASTIC_API_LOGGER,
+            logging.WARNING,
+            __file__,
+            1,
+            "Sending process %s closing signal %s",
+            (1, "SIGTERM"),
+            None,
+        )
         assert f.filter(failed) is False and f.filter(other) is True
         assert [(s.exitcode, s.local_rank, s.pid) for s in seen] == [(-9, 2, 4242)]
     finally:
@@ -706,8 +731,11 @@ def test_a_trainer_process_imports_neither_datasets_nor_inductor_until_used(tmp_
     """)
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(json.dumps({"text": t}) + "\n" for t in "abcd"))
-    ran = run_watched([sys.executable, "-c", code, str(rows)], cwd=REPO,
-                      env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    ran = run_watched(
+        [sys.executable, "-c", code, str(rows)],
+        cwd=REPO,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")},
+    )
     assert ran.returncode == 0 and ran.stdout.strip() == "ok", ran.stderr[-3000:]
 
 
@@ -750,9 +778,11 @@ def test_with_an_accelerator_torchtitans_import_time_compile_is_left_alone(monke
 def test_torchfts_rust_log_is_quiet_unless_the_user_asks(user_level, quorum_lines):
     """torchft logs every lighthouse tick at INFO unless RUST_LOG is set before its import:
     ``compat.apply()`` sets warn; a user's own RUST_LOG wins."""
-    code = ("import time; from muloco import compat; compat.apply(); "
-            "from torchft.coordination import LighthouseServer; "
-            "s = LighthouseServer(bind='127.0.0.1:0', min_replicas=1); time.sleep(0.3); s.shutdown()")
+    code = (
+        "import time; from muloco import compat; compat.apply(); "
+        "from torchft.coordination import LighthouseServer; "
+        "s = LighthouseServer(bind='127.0.0.1:0', min_replicas=1); time.sleep(0.3); s.shutdown()"
+    )
     env = {k: v for k, v in os.environ.items() if k != "RUST_LOG"}
     if user_level:
         env["RUST_LOG"] = user_level
@@ -807,8 +837,16 @@ def test_a_lighthouse_process_loads_no_torch_and_a_later_torchft_import_shares_i
 def test_the_compat_package_itself_imports_no_torch():
     """A torch-free module of compat (the Rust log level, torchrun's failure hook's data) costs
     nothing beyond itself: the package's torch-bound adaptations load in apply()."""
-    done = subprocess.run([sys.executable, "-c", "import sys, muloco.compat, muloco.compat.torchft_log_level; "
-                           "print('torch' in sys.modules)"], capture_output=True, text=True, env=os.environ)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, muloco.compat, muloco.compat.torchft_log_level; print('torch' in sys.modules)",
+        ],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+    )
     assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-3000:]
 
 

@@ -23,8 +23,17 @@ CODECS = [
     ("topk", {"fraction": 0.1, "value_dtype": "float16", "chunk_size": 1000}),
     *[("topk", {"fraction": 0.1, "value_bits": b}) for b in (2, 4, 8)],
     ("topk", {"fraction": 1.0, "chunk_size": 64}),
-    ("topk", {"fraction": 64 / 4096, "value_bits": 2, "value_scheme": "statistical", "value_block_chunks": 64,
-              "index_bits": 12, "mean_over_selectors": True}),  # diloco/sparseloco's codec
+    (
+        "topk",
+        {
+            "fraction": 64 / 4096,
+            "value_bits": 2,
+            "value_scheme": "statistical",
+            "value_block_chunks": 64,
+            "index_bits": 12,
+            "mean_over_selectors": True,
+        },
+    ),  # diloco/sparseloco's codec
     ("topk", {"fraction": 0.3, "chunk_size": 7, "index_bits": 12}),  # odd index counts: a padded pair
     *[("dense", {"dtype": d}) for d in ("float32", "bfloat16", "float16")],
 ]
@@ -37,6 +46,8 @@ def make_codec(kind: str, **settings):
 
 def feedback(**settings) -> ErrorFeedback:
     return ErrorFeedback(ErrorFeedback.Config(**settings))
+
+
 IDS = [f"{k}-{'-'.join(f'{v}' for v in s.values())}" for k, s in CODECS]
 SIZES = [0, 1, 7, 4097, 10000]
 
@@ -231,7 +242,7 @@ def test_topk_keeps_exactly_the_largest_magnitudes_of_each_chunk(numel, chunk, f
     y = codec.decode(codec.encode(x), numel)
     nc, chunk, k = codec.chunks(numel)
     for c in range(nc):
-        xs, ys = x[c * chunk:(c + 1) * chunk], y[c * chunk:(c + 1) * chunk]
+        xs, ys = x[c * chunk : (c + 1) * chunk], y[c * chunk : (c + 1) * chunk]
         kept = ys.nonzero().view(-1)
         assert torch.equal(ys[kept], xs[kept])  # float32 values are exact
         expected = xs.abs().topk(min(k, xs.numel())).indices
@@ -310,10 +321,13 @@ def test_work_weights_by_hand():
 
 @pytest.mark.parametrize("kind", ["dense", "quantize", "topk-selectors"])
 def test_weighted_mean_matches_float64_and_weights_of_one_are_the_plain_mean_bitwise(kind):
-    codec = {"dense": lambda: make_codec("dense"),
-             "quantize": lambda: make_codec("quantize", bits=2, block_size=64),
-             "topk-selectors": lambda: make_codec("topk", fraction=0.25, chunk_size=64, value_dtype="float32",
-                                                  mean_over_selectors=True)}[kind]()
+    codec = {
+        "dense": lambda: make_codec("dense"),
+        "quantize": lambda: make_codec("quantize", bits=2, block_size=64),
+        "topk-selectors": lambda: make_codec(
+            "topk", fraction=0.25, chunk_size=64, value_dtype="float32", mean_over_selectors=True
+        ),
+    }[kind]()
     g = torch.Generator().manual_seed(3)
     payloads = torch.stack([codec.encode(torch.randn(256, generator=g)) for _ in range(3)])
     rows = codec.decode(payloads, 256)
@@ -351,15 +365,22 @@ def test_a_selected_coordinate_counts_even_when_its_value_is_zero():
 def test_selection_counts_follow_the_indices_of_quantized_and_padded_payloads():
     """12-bit indices, 2-bit values and a zero-padded last chunk: the counts are the number of
     payloads whose index set holds each coordinate, nothing past numel."""
-    codec = make_codec("topk", fraction=0.25, chunk_size=64, value_bits=2, value_scheme="statistical",
-                       index_bits=12, mean_over_selectors=True)
+    codec = make_codec(
+        "topk",
+        fraction=0.25,
+        chunk_size=64,
+        value_bits=2,
+        value_scheme="statistical",
+        index_bits=12,
+        mean_over_selectors=True,
+    )
     n = 64 * 3 + 10
     xs = [gaussian(n, seed=s) for s in range(3)]
     payloads = torch.stack([codec.encode(x) for x in xs])
     expected = torch.zeros(n)
     for x in xs:
         for start in range(0, n, 64):
-            piece = x[start:start + 64].abs()
+            piece = x[start : start + 64].abs()
             k = max(1, round(0.25 * 64))
             picked = piece.topk(min(k, piece.numel())).indices + start
             expected[picked] += 1
@@ -369,8 +390,9 @@ def test_selection_counts_follow_the_indices_of_quantized_and_padded_payloads():
 # ---------------------------------------------------------------------- error feedback
 
 
-@pytest.mark.parametrize("kind,settings", [c for c in CODECS if c[0] != "dense"], ids=[
-    i for c, i in zip(CODECS, IDS) if c[0] != "dense"])
+@pytest.mark.parametrize(
+    "kind,settings", [c for c in CODECS if c[0] != "dense"], ids=[i for c, i in zip(CODECS, IDS) if c[0] != "dense"]
+)
 def test_error_feedback_round_identity(kind, settings):
     """The compressed configs' design (β 0.95, the residual is the outer momentum): in every
     round, what is sent plus what is kept equals what came in, decode(C(e)) + e' = β·e + Δ."""
@@ -456,19 +478,38 @@ def test_centred_values_with_sample_sigma_are_sparselocos_own(statistics, tails)
     tiles = e.reshape(4, 64, 8, 64).permute(0, 2, 1, 3).reshape(32, 4096)
     kept = tiles.gather(1, tiles.abs().topk(64, dim=1).indices).reshape(-1)
     want, codes = _sparseloco_values(kept)
-    ours = make_codec("quantize", bits=2, scheme="statistical", block_size=kept.numel(), range_sigmas=6.0,
-                      statistics=statistics, mean_at="centre", sample_sigma=True)
+    ours = make_codec(
+        "quantize",
+        bits=2,
+        scheme="statistical",
+        block_size=kept.numel(),
+        range_sigmas=6.0,
+        statistics=statistics,
+        mean_at="centre",
+        sample_sigma=True,
+    )
     got = ours.decode(ours.encode(kept), kept.numel())
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
     levels = torch.unique(want)  # the same code everywhere: each value decodes to its own bin's level
-    assert torch.equal(torch.bucketize(got, (levels[1:] + levels[:-1]) / 2), torch.bucketize(want, (levels[1:] + levels[:-1]) / 2))
+    assert torch.equal(
+        torch.bucketize(got, (levels[1:] + levels[:-1]) / 2), torch.bucketize(want, (levels[1:] + levels[:-1]) / 2)
+    )
     edge = make_codec("quantize", bits=2, scheme="statistical", block_size=kept.numel(), range_sigmas=6.0)
     assert not torch.allclose(edge.decode(edge.encode(kept), kept.numel()), want, rtol=1e-3)
 
 
-PUBLISHED_VALUES = dict(fraction=64 / 4096, chunk_size=4096, value_bits=2, value_scheme="statistical",
-                        value_block_chunks=0, value_range_sigmas=6.0, value_mean_at="centre", value_sample_sigma=True,
-                        index_bits=12, mean_over_selectors=True)
+PUBLISHED_VALUES = dict(
+    fraction=64 / 4096,
+    chunk_size=4096,
+    value_bits=2,
+    value_scheme="statistical",
+    value_block_chunks=0,
+    value_range_sigmas=6.0,
+    value_mean_at="centre",
+    value_sample_sigma=True,
+    index_bits=12,
+    mean_over_selectors=True,
+)
 """``diloco/sparseloco_published``'s codec: top-64 of each 4,096-element tile, one 2-bit table per tensor."""
 
 
@@ -483,8 +524,10 @@ def test_one_table_per_tensor_sends_sparselocos_values_tensor_by_tensor():
     assert load_config("diloco/sparseloco_published").outer.exchange.codec == TopK.Config(**PUBLISHED_VALUES)
     g = torch.Generator().manual_seed(5)
     small, large = torch.randn(128, 256, generator=g) * 0.01, torch.randn(256, 128, generator=g)
-    tiled = [t.reshape(t.shape[0] // 64, 64, t.shape[1] // 64, 64).permute(0, 2, 1, 3).reshape(-1, 4096)
-             for t in (small, large)]
+    tiled = [
+        t.reshape(t.shape[0] // 64, 64, t.shape[1] // 64, 64).permute(0, 2, 1, 3).reshape(-1, 4096)
+        for t in (small, large)
+    ]
     codec = make_codec("topk", **PUBLISHED_VALUES)
     assert codec.per_tensor and "per tensor" in codec.describe()
     bucket = torch.cat([t.reshape(-1) for t in tiled])
@@ -497,7 +540,7 @@ def test_one_table_per_tensor_sends_sparselocos_values_tensor_by_tensor():
         assert torch.allclose(sent, want, rtol=1e-5, atol=1e-7)
         assert torch.count_nonzero(got[a:b]) <= index.numel()  # nothing but the kept coordinates
     shared = codec.decode(codec.encode(bucket), bucket.numel())  # the whole bucket as one tensor: one table
-    assert not torch.allclose(shared[:small.numel()], got[:small.numel()], rtol=1e-3)
+    assert not torch.allclose(shared[: small.numel()], got[: small.numel()], rtol=1e-3)
     assert pieces.payload_bytes(bucket.numel()) == sum(codec.payload_bytes(b - a) for a, b in pieces.bounds)
 
 
@@ -556,8 +599,10 @@ def test_error_feedback_piece_by_piece_equals_whole_and_restores_exactly():
         full = codec.decode(whole.compress("s", delta, codec), 1000)
         before = pieces.residual("s").clone()
         kept = delta.clone()
-        parts = [codec.decode(pieces.compress("s", kept[a:b], codec, offset=a, keep=kept[a:b]), b - a)
-                 for a, b in ((0, 640), (640, 1000))]
+        parts = [
+            codec.decode(pieces.compress("s", kept[a:b], codec, offset=a, keep=kept[a:b]), b - a)
+            for a, b in ((0, 640), (640, 1000))
+        ]
         assert torch.equal(torch.cat(parts), full) and torch.equal(pieces.residual("s"), whole.residual("s"))
         assert torch.equal(kept, before)  # Δ's buffer now holds the replaced residual
     pieces.restore("s", kept[640:], offset=640)
@@ -568,26 +613,29 @@ def test_error_feedback_piece_by_piece_equals_whole_and_restores_exactly():
 # ---------------------------------------------------------------------- settings
 
 
-@pytest.mark.parametrize("make,setting", [
-    (lambda: Quantizer.Config(bits=3), "bits"),
-    (lambda: Quantizer.Config(bits=2, block_size=-1), "block_size"),
-    (lambda: Quantizer.Config(bits=2, scheme="lloyd"), "scheme"),
-    (lambda: Quantizer.Config(bits=2, range_sigmas=-1.0), "range_sigmas"),
-    (lambda: Quantizer.Config(bits=2, range_sigmas=float("nan")), "range_sigmas"),
-    (lambda: Quantizer.Config(statistics="double"), "statistics"),
-    (lambda: TopK.Config(fraction=0.0), "fraction"),
-    (lambda: TopK.Config(fraction=1.5), "fraction"),
-    (lambda: TopK.Config(chunk_size=0), "chunk_size"),
-    (lambda: TopK.Config(chunk_size=65537), "chunk_size"),
-    (lambda: TopK.Config(value_dtype="int8"), "value_dtype"),
-    (lambda: TopK.Config(value_bits=1), "value_bits"),
-    (lambda: TopK.Config(value_bits=2, value_scheme="minmax"), "value_scheme"),
-    (lambda: TopK.Config(value_block_chunks=-1), "value_block_chunks"),
-    (lambda: TopK.Config(index_bits=8), "index_bits"),
-    (lambda: TopK.Config(chunk_size=8192, index_bits=12), "index_bits"),
-    (lambda: Dense.Config(dtype="float64"), "dtype"),
-    (lambda: ErrorFeedback.Config(beta=1.5), "beta"),
-])
+@pytest.mark.parametrize(
+    "make,setting",
+    [
+        (lambda: Quantizer.Config(bits=3), "bits"),
+        (lambda: Quantizer.Config(bits=2, block_size=-1), "block_size"),
+        (lambda: Quantizer.Config(bits=2, scheme="lloyd"), "scheme"),
+        (lambda: Quantizer.Config(bits=2, range_sigmas=-1.0), "range_sigmas"),
+        (lambda: Quantizer.Config(bits=2, range_sigmas=float("nan")), "range_sigmas"),
+        (lambda: Quantizer.Config(statistics="double"), "statistics"),
+        (lambda: TopK.Config(fraction=0.0), "fraction"),
+        (lambda: TopK.Config(fraction=1.5), "fraction"),
+        (lambda: TopK.Config(chunk_size=0), "chunk_size"),
+        (lambda: TopK.Config(chunk_size=65537), "chunk_size"),
+        (lambda: TopK.Config(value_dtype="int8"), "value_dtype"),
+        (lambda: TopK.Config(value_bits=1), "value_bits"),
+        (lambda: TopK.Config(value_bits=2, value_scheme="minmax"), "value_scheme"),
+        (lambda: TopK.Config(value_block_chunks=-1), "value_block_chunks"),
+        (lambda: TopK.Config(index_bits=8), "index_bits"),
+        (lambda: TopK.Config(chunk_size=8192, index_bits=12), "index_bits"),
+        (lambda: Dense.Config(dtype="float64"), "dtype"),
+        (lambda: ErrorFeedback.Config(beta=1.5), "beta"),
+    ],
+)
 def test_bad_settings_name_the_setting(make, setting):
     with pytest.raises(ValueError, match=setting):
         make().build()
@@ -627,9 +675,15 @@ def test_topk_decode_of_a_corrupt_payload_stays_in_bounds(numel, values):
 # ---------------------------------------------------------------------- pieces and kernels
 
 
-@pytest.mark.parametrize("kind,settings", [("quantize", {"bits": 2, "block_size": 64}),
-                                           ("quantize", {"bits": 4, "scheme": "minmax", "block_size": 100}),
-                                           ("topk", {"fraction": 0.1, "chunk_size": 64})], ids=["2bit", "minmax", "topk"])
+@pytest.mark.parametrize(
+    "kind,settings",
+    [
+        ("quantize", {"bits": 2, "block_size": 64}),
+        ("quantize", {"bits": 4, "scheme": "minmax", "block_size": 100}),
+        ("topk", {"fraction": 0.1, "chunk_size": 64}),
+    ],
+    ids=["2bit", "minmax", "topk"],
+)
 def test_pieces_cut_at_the_alignment_encode_like_the_whole(kind, settings):
     """What lets the exchange work in buckets and owner ranges: pieces cut at multiples of
     the codec's alignment (a short tail joins the piece before it) decode to the whole's values."""
@@ -673,11 +727,15 @@ def test_kernel_choice_follows_the_setting():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("kind,settings", [
-    ("quantize", {"bits": 2, "statistics": "exact"}),
-    ("quantize", {"bits": 4, "scheme": "minmax"}),
-    ("topk", {"fraction": 0.1, "value_bits": 4}),  # its values go through the absmax quantizer
-], ids=["2bit-statistical", "4bit-minmax", "topk-4bit-values"])
+@pytest.mark.parametrize(
+    "kind,settings",
+    [
+        ("quantize", {"bits": 2, "statistics": "exact"}),
+        ("quantize", {"bits": 4, "scheme": "minmax"}),
+        ("topk", {"fraction": 0.1, "value_bits": 4}),  # its values go through the absmax quantizer
+    ],
+    ids=["2bit-statistical", "4bit-minmax", "topk-4bit-values"],
+)
 def test_compiled_kernels_give_the_eager_payloads_byte_for_byte(kind, settings):
     """The same entry points with ``compiled=True``: torch.compile of the codec's own
     functions (C++ here, Triton on a GPU). Bytes equal, and so are the decoded values,
@@ -703,7 +761,7 @@ def test_a_kernel_that_fails_to_compile_falls_back_to_eager_once():
 
     real = kernels.torch.compile
     try:
-        kernels.torch.compile = lambda fn, **kwargs: (lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no compiler")))
+        kernels.torch.compile = lambda fn, **kwargs: lambda *a, **k: (_ for _ in ()).throw(RuntimeError("no compiler"))
         run = kernels.compiled_kernel.__wrapped__(kernel)
         assert run(1) == 2 and run(2) == 3 and calls == [1, 2]
     finally:

@@ -134,15 +134,30 @@ def _deltas(t: int, r: int, shapes=SHAPES) -> list[torch.Tensor]:
     return [torch.randn(s, generator=g) * (1 + i) for i, s in enumerate(shapes)]
 
 
-def _run(tmp_path, spec: dict, k: int = 3, idle: list | None = None, names=NAMES, shapes=SHAPES,
-         rounds: int = ROUNDS) -> list[list[dict]]:
+def _run(
+    tmp_path, spec: dict, k: int = 3, idle: list | None = None, names=NAMES, shapes=SHAPES, rounds: int = ROUNDS
+) -> list[list[dict]]:
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=k, join_timeout_ms=200)
     url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
-    commands = [[sys.executable, str(script), url, str(r), str(k), json.dumps(spec), str(tmp_path / f"r{r}.pt"),
-                 str(rounds), json.dumps(idle or []), json.dumps(names), json.dumps(shapes), str(BENCH)]
-                for r in range(k)]
+    commands = [
+        [
+            sys.executable,
+            str(script),
+            url,
+            str(r),
+            str(k),
+            json.dumps(spec),
+            str(tmp_path / f"r{r}.pt"),
+            str(rounds),
+            json.dumps(idle or []),
+            json.dumps(names),
+            json.dumps(shapes),
+            str(BENCH),
+        ]
+        for r in range(k)
+    ]
     try:
         results = run_together(commands, [{"RUST_LOG": "warn"}] * k, quiet_s=480)
     finally:
@@ -180,8 +195,9 @@ def _streams(deltas, skip: bool, tiles: int = 0):
 def _join(comp, dense, skip: bool, tiles: int = 0) -> list[torch.Tensor]:
     it_c = iter(comp.split([torch.Size(s).numel() for n, s in zip(NAMES, SHAPES) if not (skip and "norm" in n)]))
     it_d = iter(dense.split([torch.Size(s).numel() for n, s in zip(NAMES, SHAPES) if skip and "norm" in n]))
-    return [next(it_d).view(s) if skip and "norm" in n else _untiled(next(it_c), s, tiles)
-            for n, s in zip(NAMES, SHAPES)]
+    return [
+        next(it_d).view(s) if skip and "norm" in n else _untiled(next(it_c), s, tiles) for n, s in zip(NAMES, SHAPES)
+    ]
 
 
 def _reference(spec: dict, k: int, idle: list | None = None) -> list[list[torch.Tensor]]:
@@ -253,26 +269,47 @@ def _mean(decoded: list[torch.Tensor], codec, weights: list[float] | None = None
     return ((rows * w).sum(0) / w.sum()).float()
 
 
-SPARSELOCO = dict(fraction=0.25, chunk_size=64, value_bits=2, value_scheme="statistical", value_block_chunks=2,
-                  index_bits=12, mean_over_selectors=True)
+SPARSELOCO = dict(
+    fraction=0.25,
+    chunk_size=64,
+    value_bits=2,
+    value_scheme="statistical",
+    value_block_chunks=2,
+    index_bits=12,
+    mean_over_selectors=True,
+)
 
 CASES = {
     "allgather-2bit": dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="allgather"),
     "reduce_scatter-2bit": dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="reduce_scatter"),
     "allgather-topk": dict(codec=["topk", dict(fraction=0.25, chunk_size=64)], strategy="allgather"),
-    "reduce_scatter-4bit-skipnorm": dict(codec=["quantize", dict(bits=4, block_size=64)],
-                                         strategy="reduce_scatter", skip_pattern=r"norm\.weight$"),
+    "reduce_scatter-4bit-skipnorm": dict(
+        codec=["quantize", dict(bits=4, block_size=64)], strategy="reduce_scatter", skip_pattern=r"norm\.weight$"
+    ),
     "allreduce-dense": dict(codec=["dense", {}]),
     "allgather-sparseloco": dict(codec=["topk", SPARSELOCO], strategy="allgather", error_feedback=dict(beta=0.95)),
     # SparseLoCo as published, in miniature: its 4x4-tile layout ((50, 16) matrices get 2x4 tiles,
     # (16, 16) 4x4), one 2-bit table per tensor (value_block_chunks 0) and buckets of whole tensors
     # (of 1,101 elements here: the embedding and wq share one, the output has its own; the
     # bucketing must change nothing); "allgather-sparseloco" has fixed-size value blocks
-    "allgather-sparseloco-tiles": dict(codec=["topk", {**SPARSELOCO, "chunk_size": 16, "value_block_chunks": 0,
-                                                            "value_range_sigmas": 6.0, "value_mean_at": "centre",
-                                                            "value_sample_sigma": True}],
-                                            strategy="allgather", error_feedback=dict(beta=0.95, fold_outer_lr=True),
-                                            tiles=4, skip_pattern=r"norm\.weight$", bucket_mb=0.0042),
+    "allgather-sparseloco-tiles": dict(
+        codec=[
+            "topk",
+            {
+                **SPARSELOCO,
+                "chunk_size": 16,
+                "value_block_chunks": 0,
+                "value_range_sigmas": 6.0,
+                "value_mean_at": "centre",
+                "value_sample_sigma": True,
+            },
+        ],
+        strategy="allgather",
+        error_feedback=dict(beta=0.95, fold_outer_lr=True),
+        tiles=4,
+        skip_pattern=r"norm\.weight$",
+        bucket_mb=0.0042,
+    ),
 }
 
 
@@ -350,8 +387,9 @@ def test_a_replica_that_does_not_contribute_adds_nothing(tmp_path):
 
 WEIGHTED = {
     "allreduce-fp32": dict(codec=["dense", {}]),
-    "reduce_scatter-2bit-ef": dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="reduce_scatter",
-                                   skip_pattern=r"norm\.weight$"),
+    "reduce_scatter-2bit-ef": dict(
+        codec=["quantize", dict(bits=2, block_size=64)], strategy="reduce_scatter", skip_pattern=r"norm\.weight$"
+    ),
     "allgather-sparseloco": dict(codec=["topk", SPARSELOCO], strategy="allgather", error_feedback=dict(beta=0.95)),
 }
 
@@ -372,8 +410,9 @@ def test_a_weighted_exchange_counts_each_delta_by_the_work_behind_it(tmp_path, c
     assert [got[r][0]["weights"] for r in range(3)] == [[0.25, 0.5, 1.0]] * 3
     assert [got[r][1]["weights"] for r in range(3)] == [[0.5, 1.0, 0.0]] * 3
     # every replica holds every record: flag, tokens, steps, seconds, group
-    assert [got[r][1]["records"] for r in range(3)] == [[[1.0, 1000.0, 1.0, 0.5, 0.0], [1.0, 2000.0, 2.0, 0.5, 1.0],
-                                                         [0.0, 4000.0, 3.0, 0.5, 2.0]]] * 3
+    assert [got[r][1]["records"] for r in range(3)] == [
+        [[1.0, 1000.0, 1.0, 0.5, 0.0], [1.0, 2000.0, 2.0, 0.5, 1.0], [0.0, 4000.0, 3.0, 0.5, 2.0]]
+    ] * 3
     for t in range(ROUNDS):
         for r in range(3):
             assert got[r][t]["committed"] and got[r][t]["contributors"] == (2 if t == 1 else 3)
@@ -415,12 +454,15 @@ def test_buckets_and_overlap_change_nothing_bitwise_and_memory_stays_bounded(tmp
     peak of a sync's allocations at K=3 stays below 2 copies of Δ plus 12 buckets' worth,
     far from the K+1 copies of Δ that decoding every payload at once takes; the peak the
     sync itself reports (its own buffers) is below the measured one."""
-    base = dict(codec=["quantize", dict(bits=2)], strategy=strategy, skip_pattern=r"norm\.weight$",
-                skip_dtype=skip_dtype)
+    base = dict(
+        codec=["quantize", dict(bits=2)], strategy=strategy, skip_pattern=r"norm\.weight$", skip_dtype=skip_dtype
+    )
     bucket_mb = 16384 * 4 / 2**20
     runs = {}
-    for name, extra in {"whole": dict(bucket_mb=64.0, pipeline_depth=1),
-                        "overlapped": dict(bucket_mb=bucket_mb, pipeline_depth=3, profile_memory=True)}.items():
+    for name, extra in {
+        "whole": dict(bucket_mb=64.0, pipeline_depth=1),
+        "overlapped": dict(bucket_mb=bucket_mb, pipeline_depth=3, profile_memory=True),
+    }.items():
         folder = tmp_path / name
         folder.mkdir()
         runs[name] = _run(folder, {**base, **extra}, names=BIG_NAMES, shapes=BIG_SHAPES)
@@ -435,8 +477,10 @@ def test_buckets_and_overlap_change_nothing_bitwise_and_memory_stays_bounded(tmp
     for r in range(3):
         for t in range(1, ROUNDS):  # round 0 also allocates first-use state (e.g. gloo buffers)
             res = runs["overlapped"][r][t]
-            print(f"{strategy} r{r} round {t}: measured peak {res['measured_peak'] / n_bytes:.2f}×Δ, "
-                  f"tally {res['tally_peak'] / n_bytes:.2f}×Δ, bound {bound / n_bytes:.2f}×Δ")
+            print(
+                f"{strategy} r{r} round {t}: measured peak {res['measured_peak'] / n_bytes:.2f}×Δ, "
+                f"tally {res['tally_peak'] / n_bytes:.2f}×Δ, bound {bound / n_bytes:.2f}×Δ"
+            )
             assert res["tally_peak"] <= res["measured_peak"] <= bound
             assert res["measured_peak"] < (3 + 1) * n_bytes
 
@@ -445,8 +489,7 @@ def test_buckets_and_overlap_change_nothing_bitwise_and_memory_stays_bounded(tmp
 def test_time_waiting_for_the_slowest_is_told_apart_from_the_headers(tmp_path):
     """Each replica reports a different quorum time (0.01·(r+1) s here); each one's wait for
     the slowest is its own minus the fastest's, and the exchange's parts are measured."""
-    got = _run(tmp_path, dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="reduce_scatter"),
-               rounds=1)
+    got = _run(tmp_path, dict(codec=["quantize", dict(bits=2, block_size=64)], strategy="reduce_scatter"), rounds=1)
     for r in range(3):
         assert got[r][0]["slowest"] == pytest.approx(0.01 * r, abs=1e-6)
         times = got[r][0]["times"]
@@ -459,26 +502,39 @@ def test_time_waiting_for_the_slowest_is_told_apart_from_the_headers(tmp_path):
 @pytest.mark.parametrize(
     "make,match",
     [
-        (lambda: Exchange.Config(codec=Quantizer.Config(bits=3)), r"outer.exchange.codec \(quantize\): bits must be one of"),
+        (
+            lambda: Exchange.Config(codec=Quantizer.Config(bits=3)),
+            r"outer.exchange.codec \(quantize\): bits must be one of",
+        ),
         (lambda: Exchange.Config(codec=Quantizer.Config(block_size=-1)), "block_size must be > 0"),
         (lambda: Exchange.Config(codec=TopK.Config(fraction=0.0)), r"codec \(topk\): fraction must be in"),
         (lambda: Exchange.Config(codec=TopK.Config(fraction=1.5)), "fraction must be in"),
-        (lambda: Exchange.Config(error_feedback=ErrorFeedback.Config(beta=1.5)),
-         r"outer.exchange.error_feedback.beta must be in"),
-        (lambda: Exchange.Config(codec=Quantizer.Config(), strategy=AllReduce.Config()),
-         "strategy allreduce: allreduce sums payloads as numbers"),
-        (lambda: Exchange.Config(codec=TopK.Config(), strategy=ReduceScatter.Config()),
-         r"strategy reduce_scatter: .* would drop about half .* use --outer.exchange.strategy allgather with topk"),
+        (
+            lambda: Exchange.Config(error_feedback=ErrorFeedback.Config(beta=1.5)),
+            r"outer.exchange.error_feedback.beta must be in",
+        ),
+        (
+            lambda: Exchange.Config(codec=Quantizer.Config(), strategy=AllReduce.Config()),
+            "strategy allreduce: allreduce sums payloads as numbers",
+        ),
+        (
+            lambda: Exchange.Config(codec=TopK.Config(), strategy=ReduceScatter.Config()),
+            r"strategy reduce_scatter: .* would drop about half .* use --outer.exchange.strategy allgather with topk",
+        ),
         (lambda: Exchange.Config(skip_pattern="norm("), "skip_pattern is not a valid regex"),
         (lambda: Exchange.Config(skip_dtype="int8"), "skip_dtype must be one of"),
         (lambda: Exchange.Config(bucket_mb=0.0), "bucket_mb must be a positive number"),
         (lambda: Exchange.Config(kernels="fast"), "kernels must be one of"),
         (lambda: Exchange.Config(codec=Dense.Config(dtype="int8")), r"codec \(dense\): dtype must be one of"),
         (lambda: Exchange.Config(weighting="steps"), "weighting must be one of auto, equal, tokens"),
-        (lambda: Exchange.Config(codec=Dense.Config(dtype="bfloat16"), weighting="tokens"),
-         r"weighting tokens scales each Δ .* lossless .* use --outer.exchange.strategy allgather"),
-        (lambda: Exchange.Config(skip_pattern="norm", skip_dtype="bfloat16", weighting="tokens"),
-         r"weighting tokens .* with dense\(bfloat16\) use --outer.exchange.strategy allgather"),
+        (
+            lambda: Exchange.Config(codec=Dense.Config(dtype="bfloat16"), weighting="tokens"),
+            r"weighting tokens scales each Δ .* lossless .* use --outer.exchange.strategy allgather",
+        ),
+        (
+            lambda: Exchange.Config(skip_pattern="norm", skip_dtype="bfloat16", weighting="tokens"),
+            r"weighting tokens .* with dense\(bfloat16\) use --outer.exchange.strategy allgather",
+        ),
     ],
 )
 def test_bad_exchange_settings_are_clear_errors(make, match):
@@ -502,7 +558,7 @@ def test_residuals_are_saved_per_rank_preallocated_and_reset_on_heal():
     ex.allocate(NAMES, tensors)
     state = ex.state_dict()
     assert list(state) == ["rank_0"]
-    (key, residual), = state["rank_0"]["c"].items()
+    ((key, residual),) = state["rank_0"]["c"].items()
     assert residual.numel() == sum(t.numel() for n, t in zip(NAMES, tensors) if "norm" not in n)
     assert state["rank_0"]["d"] == {}  # fp32 dense tensors lose nothing: no residual
     residual.fill_(1.0)
@@ -527,10 +583,22 @@ def test_a_sync_that_does_not_commit_takes_back_its_error_feedback_update():
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1, join_timeout_ms=100)
     url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=10)), load_state_dict=None, state_dict=None,
-                      min_replica_size=1, use_async_quorum=False, store_addr="127.0.0.1", store_port=store.port,
-                      rank=0, world_size=1, lighthouse_addr=url, replica_id="rollback", init_sync=False,
-                      timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=10))
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=1,
+        use_async_quorum=False,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=url,
+        replica_id="rollback",
+        init_sync=False,
+        timeout=timedelta(seconds=10),
+        quorum_timeout=timedelta(seconds=10),
+    )
     try:
         ex = Exchange.Config(codec=Quantizer.Config(bits=2, block_size=64), bucket_mb=256 * 4 / 2**20).build()
         ex.allocate(NAMES, [torch.zeros(s) for s in SHAPES])
@@ -589,12 +657,17 @@ def test_tile_layout_index_sets_equal_a_per_tile_topk_reference():
         assert set(got.nonzero().view(-1).tolist()) == want
 
 
-@pytest.mark.parametrize("make,match", [
-    (lambda: Exchange.Config(codec=Quantizer.Config(), tiles=64), "lays out top-k chunks; the quantize codec"),
-    (lambda: Exchange.Config(codec=TopK.Config(chunk_size=1024), tiles=64),
-     "set --outer.exchange.codec.chunk_size 4096"),
-    (lambda: Exchange.Config(codec=TopK.Config(), tiles=-1), "tiles must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: Exchange.Config(codec=Quantizer.Config(), tiles=64), "lays out top-k chunks; the quantize codec"),
+        (
+            lambda: Exchange.Config(codec=TopK.Config(chunk_size=1024), tiles=64),
+            "set --outer.exchange.codec.chunk_size 4096",
+        ),
+        (lambda: Exchange.Config(codec=TopK.Config(), tiles=-1), "tiles must be >= 0"),
+    ],
+)
 def test_bad_tile_settings_are_one_clear_error(make, match):
     with pytest.raises(ValueError, match=match):
         make().validate()

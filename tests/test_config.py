@@ -35,12 +35,29 @@ def test_config_module_by_path(tmp_path):
 
 
 def test_dotted_overrides_reach_every_section():
-    _, c = parse_args([
-        "--config", "ddp/adamw", "--optimizer.lr", "0.01", "--training.seq_len", "32",
-        "--model.flavor", "llama3-w64-d2-h2", "--objective", "mdlm", "--objective.eps", "0.01",
-        "--dataloader.source.val-percent", "7", "--metrics.jsonl_file", "m.jsonl",
-        "--validator.steps", "3", "--checkpoint.no-enable",
-    ])
+    _, c = parse_args(
+        [
+            "--config",
+            "ddp/adamw",
+            "--optimizer.lr",
+            "0.01",
+            "--training.seq_len",
+            "32",
+            "--model.flavor",
+            "llama3-w64-d2-h2",
+            "--objective",
+            "mdlm",
+            "--objective.eps",
+            "0.01",
+            "--dataloader.source.val-percent",
+            "7",
+            "--metrics.jsonl_file",
+            "m.jsonl",
+            "--validator.steps",
+            "3",
+            "--checkpoint.no-enable",
+        ]
+    )
     assert c.optimizer.lr == 0.01 and c.training.seq_len == 32
     assert c.model.flavor == "llama3-w64-d2-h2" and c.objective.eps == 0.01
     assert c.dataloader.source.val_percent == 7 and c.metrics.jsonl_file == "m.jsonl"
@@ -49,9 +66,13 @@ def test_dotted_overrides_reach_every_section():
 
 @pytest.mark.parametrize(
     "bad, suggestion",
-    [("--optimizer.lrr", "--optimizer.lr"), ("--training.seqlen", "--training.seq_len"),
-     ("--modle.flavor", "--model.flavor"), ("--optimizer.learning_rate", "--optimizer.lr"),
-     ("--optimizer.wd", "--optimizer.weight_decay")],
+    [
+        ("--optimizer.lrr", "--optimizer.lr"),
+        ("--training.seqlen", "--training.seq_len"),
+        ("--modle.flavor", "--model.flavor"),
+        ("--optimizer.learning_rate", "--optimizer.lr"),
+        ("--optimizer.wd", "--optimizer.weight_decay"),
+    ],
 )
 def test_unknown_key_names_closest_valid_keys(bad, suggestion):
     with pytest.raises(ConfigError) as err:
@@ -71,15 +92,21 @@ BAD_INPUTS = [
     (["--training.seq_len", "-5"], "training.seq_len"),
     (["--training.local_batch_size", "0"], "training.local_batch_size"),
     (["--model.flavor", "llama3-w100-d3-h3"], "model.flavor"),
-    (["--dataloader.source", "jsonl", "--dataloader.source.dataset_path", "/no/such/data.jsonl"],
-     "dataloader.source.dataset_path"),
+    (
+        ["--dataloader.source", "jsonl", "--dataloader.source.dataset_path", "/no/such/data.jsonl"],
+        "dataloader.source.dataset_path",
+    ),
     (["--tokenizer.path", "/no/such/tokenizer.model"], "tokenizer.path"),
     (["--optimizer.lrr", "1e-3"], "optimizer.lr"),
     # a data setting of another source than the chosen one, and torchtitan's unread loader keys
-    (["--dataloader.source.dataset_path", "x.jsonl"], "dataset_path belongs to jsonl or huggingface or sft: pick "
-                                                      "it with --dataloader.source jsonl"),
-    (["--dataloader.source", "jsonl", "--dataloader.source.dataset_subset", "s"], "jsonl, which has no setting "
-                                                                                  "'dataset_subset'"),
+    (
+        ["--dataloader.source.dataset_path", "x.jsonl"],
+        "dataset_path belongs to jsonl or huggingface or sft: pick it with --dataloader.source jsonl",
+    ),
+    (
+        ["--dataloader.source", "jsonl", "--dataloader.source.dataset_subset", "s"],
+        "jsonl, which has no setting 'dataset_subset'",
+    ),
     (["--dataloader.dataset_path", "x.jsonl"], "use --dataloader.source jsonl --dataloader.source.dataset_path PATH"),
     (["--dataloader.format", "sft"], "SFT rows are a data source now: --dataloader.source sft"),
     (["--validator.tuning_steps", "-1"], "validator.tuning_steps is -1"),
@@ -108,8 +135,7 @@ def test_corrupt_tokenizer_is_bad_input(tmp_path, capsys):
 
 
 def test_bad_input_exit_status_from_the_command_line(tmp_path):
-    proc = run_train(["--config", "base", "--optimizer.lr", "0", "--dump_folder", str(tmp_path / "x")],
-                     quiet_s=120)
+    proc = run_train(["--config", "base", "--optimizer.lr", "0", "--dump_folder", str(tmp_path / "x")], quiet_s=120)
     assert proc.returncode == 2
     assert "optimizer.lr" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -117,8 +143,14 @@ def test_bad_input_exit_status_from_the_command_line(tmp_path):
 def test_help_lists_options_with_defaults():
     proc = run_train(["--config", "base", "--help"], quiet_s=120)
     assert proc.returncode == 0
-    for key in ("--optimizer.lr", "--model.flavor", "--dataloader.source", "--training.seq-len",
-                "--metrics.jsonl-file", "--validator.follow-training-data"):
+    for key in (
+        "--optimizer.lr",
+        "--model.flavor",
+        "--dataloader.source",
+        "--training.seq-len",
+        "--metrics.jsonl-file",
+        "--validator.follow-training-data",
+    ):
         assert key in proc.stdout.replace("_", "-"), key
     assert "default" in proc.stdout.lower()
 
@@ -127,27 +159,66 @@ def test_codec_and_strategy_are_picked_by_name_and_set_by_their_own_keys():
     from muloco.compress import Dense, Quantizer, TopK
     from muloco.outer.exchange import ReduceScatter
 
-    _, c = parse_args(["--config", "diloco/diloco", "--outer.exchange.codec", "quantize",
-                       "--outer.exchange.codec.bits", "4", "--outer.exchange.strategy=reduce_scatter"])
-    assert c.outer.exchange.codec == Quantizer.Config(bits=4) and isinstance(c.outer.exchange.strategy, ReduceScatter.Config)
+    _, c = parse_args(
+        [
+            "--config",
+            "diloco/diloco",
+            "--outer.exchange.codec",
+            "quantize",
+            "--outer.exchange.codec.bits",
+            "4",
+            "--outer.exchange.strategy=reduce_scatter",
+        ]
+    )
+    assert c.outer.exchange.codec == Quantizer.Config(bits=4) and isinstance(
+        c.outer.exchange.strategy, ReduceScatter.Config
+    )
     # picking the codec the config module set keeps its settings; the order of the flags does not matter
-    _, c = parse_args(["--config", "diloco/muloco_topk", "--outer.exchange.codec.fraction", "0.2",
-                       "--outer.exchange.codec", "topk", "--outer.exchange.strategy", "auto"])
+    _, c = parse_args(
+        [
+            "--config",
+            "diloco/muloco_topk",
+            "--outer.exchange.codec.fraction",
+            "0.2",
+            "--outer.exchange.codec",
+            "topk",
+            "--outer.exchange.strategy",
+            "auto",
+        ]
+    )
     assert c.outer.exchange.codec == TopK.Config(fraction=0.2) and c.outer.exchange.strategy is None
-    _, c = parse_args(["--config", "diloco/muloco_2bit", "--outer.exchange.codec", "dense",
-                       "--outer.exchange.codec.dtype", "bfloat16"])
+    _, c = parse_args(
+        [
+            "--config",
+            "diloco/muloco_2bit",
+            "--outer.exchange.codec",
+            "dense",
+            "--outer.exchange.codec.dtype",
+            "bfloat16",
+        ]
+    )
     assert c.outer.exchange.codec == Dense.Config(dtype="bfloat16")
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--outer.exchange.codec.fraction", "0.1"],
-     "outer.exchange.codec is quantize, which has no setting 'fraction' (its settings: bits, scheme, "
-     "block_size, range_sigmas, statistics, mean_at, sample_sigma); fraction belongs to topk: pick it with "
-     "--outer.exchange.codec topk."),
-    (["--outer.exchange.bits", "4"], "did you mean --outer.exchange.codec.bits (a setting of outer.exchange.codec quantize)?"),
-    (["--outer.exchange.strategy", "ring"], "--outer.exchange.strategy must be one of allreduce, allgather, "
-                                            "reduce_scatter, auto; got 'ring'."),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--outer.exchange.codec.fraction", "0.1"],
+            "outer.exchange.codec is quantize, which has no setting 'fraction' (its settings: bits, scheme, "
+            "block_size, range_sigmas, statistics, mean_at, sample_sigma); fraction belongs to topk: pick it with "
+            "--outer.exchange.codec topk.",
+        ),
+        (
+            ["--outer.exchange.bits", "4"],
+            "did you mean --outer.exchange.codec.bits (a setting of outer.exchange.codec quantize)?",
+        ),
+        (
+            ["--outer.exchange.strategy", "ring"],
+            "--outer.exchange.strategy must be one of allreduce, allgather, reduce_scatter, auto; got 'ring'.",
+        ),
+    ],
+)
 def test_a_setting_of_another_variant_names_the_chosen_one(args, message):
     with pytest.raises(ConfigError) as err:
         parse_args(["--config", "diloco/muloco_2bit", *args])

@@ -47,11 +47,22 @@ HANG_S = 120
 
 def _manager(url: str, group: int, min_size: int, quorum_timeout: float = HANG_S, **kw) -> Manager:
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    manager = Manager(**kw,
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=HANG_S)), load_state_dict=None, state_dict=None,
-        min_replica_size=min_size, use_async_quorum=False, store_addr="127.0.0.1", store_port=store.port,
-        rank=0, world_size=1, lighthouse_addr=url, replica_id=f"muloco_replica_{group}", init_sync=False,
-        timeout=timedelta(seconds=HANG_S), quorum_timeout=timedelta(seconds=quorum_timeout),
+    manager = Manager(
+        **kw,
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=HANG_S)),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=min_size,
+        use_async_quorum=False,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=url,
+        replica_id=f"muloco_replica_{group}",
+        init_sync=False,
+        timeout=timedelta(seconds=HANG_S),
+        quorum_timeout=timedelta(seconds=quorum_timeout),
         connect_timeout=timedelta(seconds=HANG_S),
     )
     manager.test_store = store  # the group's store must live as long as its manager
@@ -80,8 +91,9 @@ def test_status_page_shows_alive_groups_last_quorum_steps_and_next_quorum():
 
         def ask(i, step):
             c = LighthouseClient(url, connect_timeout=timedelta(seconds=HANG_S))
-            results[i] = c.quorum(replica_id=f"muloco_replica_{i}:uuid-{i}", timeout=timedelta(seconds=HANG_S),
-                                  step=step)
+            results[i] = c.quorum(
+                replica_id=f"muloco_replica_{i}:uuid-{i}", timeout=timedelta(seconds=HANG_S), step=step
+            )
 
         threads = [threading.Thread(target=ask, args=(i, s)) for i, s in ((0, 3), (1, 5), (2, 5))]
         for t in threads:
@@ -89,8 +101,11 @@ def test_status_page_shows_alive_groups_last_quorum_steps_and_next_quorum():
         for t in threads:
             t.join(HANG_S)
         status = fetch_status(url)
-        assert status.members == {"muloco_replica_0:uuid-0": 3, "muloco_replica_1:uuid-1": 5,
-                                  "muloco_replica_2:uuid-2": 5}
+        assert status.members == {
+            "muloco_replica_0:uuid-0": 3,
+            "muloco_replica_1:uuid-1": 5,
+            "muloco_replica_2:uuid-2": 5,
+        }
         assert status.max_step == 5 and status.member_groups() == {0, 1, 2}
         # a group that restarts from sync 5 is behind while a member that asked with 5 is alive:
         # that quorum began the sync after its checkpoint (the page learns of a commit only later)
@@ -105,8 +120,10 @@ def test_status_page_marks_groups_old_past_the_heartbeat_timeout():
     lh, url = _lighthouse(1, heartbeat_timeout_ms=100)
     try:
         LighthouseClient(url, connect_timeout=timedelta(seconds=HANG_S)).heartbeat("muloco_replica_0:uuid-0")
-        until("the page never marked the silent group old",
-               lambda: fetch_status(url).heartbeats == {"muloco_replica_0:uuid-0": False})
+        until(
+            "the page never marked the silent group old",
+            lambda: fetch_status(url).heartbeats == {"muloco_replica_0:uuid-0": False},
+        )
         assert fetch_status(url).alive_groups() == set()
     finally:
         lh.shutdown()
@@ -117,14 +134,22 @@ def test_unknown_page_parses_to_nothing_instead_of_failing():
     assert status.alive_groups() == set() and status.max_step == -1 and status.next_quorum == ""
 
 
-@pytest.mark.parametrize("rid,group", [("muloco_replica_3:ab-cd", 3), ("muloco_replica_12", 12),
-                                       ("torchtitan_ft_1:x", None), ("muloco_replica_x:1", None)])
+@pytest.mark.parametrize(
+    "rid,group",
+    [
+        ("muloco_replica_3:ab-cd", 3),
+        ("muloco_replica_12", 12),
+        ("torchtitan_ft_1:x", None),
+        ("muloco_replica_x:1", None),
+    ],
+)
 def test_group_of_replica_ids(rid, group):
     assert group_of(rid) == group
 
 
-@pytest.mark.parametrize("url", ["127.0.0.1:29510", "http://127.0.0.1", "http://:29510", "ftp://h:1",
-                                 "http://127.0.0.1:notaport", ""])
+@pytest.mark.parametrize(
+    "url", ["127.0.0.1:29510", "http://127.0.0.1", "http://:29510", "ftp://h:1", "http://127.0.0.1:notaport", ""]
+)
 def test_invalid_lighthouse_urls_are_named(url):
     with pytest.raises(ValueError, match="not a URL like http://HOST:PORT"):
         check_url(url)
@@ -186,6 +211,7 @@ def test_quorum_view_records_members_steps_and_who_heals():
         m.register_state_dict_fn("x", lambda sd: None, lambda: {})
     views: dict[int, QuorumView] = {}
     try:
+
         def join(i):
             views[i] = Coordinator(managers[i], lighthouse_url=url, group_size=2, quorum_size=2).quorum()
 
@@ -218,7 +244,10 @@ def test_waiting_quorum_fails_within_the_connect_timeout_when_the_lighthouse_die
     coordinator = Coordinator(manager, lighthouse_url=url, group_size=2, quorum_size=2, lost_timeout=2)
 
     def kill_once_waiting():
-        until("the group never joined the forming quorum", lambda: "only have 1 participants" in fetch_status(url).next_quorum)
+        until(
+            "the group never joined the forming quorum",
+            lambda: "only have 1 participants" in fetch_status(url).next_quorum,
+        )
         lh.shutdown()
 
     killer = threading.Thread(target=kill_once_waiting, daemon=True)
@@ -255,8 +284,9 @@ def test_a_heal_that_fails_is_logged_and_recorded_as_failed_naming_the_peer_and_
     model.tok_embeddings, model.output = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 8)  # two layer units
     loop = OuterLoop.Config().build(model=model, manager=behind, device=torch.device("cpu"))
     try:
-        peer = threading.Thread(target=lambda: Coordinator(ahead, lighthouse_url=url, group_size=2,
-                                                           quorum_size=2).quorum())
+        peer = threading.Thread(
+            target=lambda: Coordinator(ahead, lighthouse_url=url, group_size=2, quorum_size=2).quorum()
+        )
         peer.start()
         with caplog.at_level("WARNING"):
             view, step = loop._meet(30, "start")

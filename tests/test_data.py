@@ -56,11 +56,7 @@ def jsonl_dir(tmp_path: Path) -> Path:
 
 
 def all_jsonl_texts(directory: Path) -> set[str]:
-    return {
-        json.loads(line)["text"]
-        for f in directory.glob("*.jsonl")
-        for line in f.read_text().splitlines()
-    }
+    return {json.loads(line)["text"] for f in directory.glob("*.jsonl") for line in f.read_text().splitlines()}
 
 
 SOURCES = {"stdlib": EmbeddedStdlib, "jsonl": JsonlFiles, "huggingface": HuggingFaceDataset, "sft": SftRows}
@@ -95,8 +91,15 @@ def shard_texts(source: corpus.DocumentSource, epoch: int = 0) -> list[str]:
 
 def jsonl_source(path: Path, *, split="train", rank=0, world=1, **kw) -> JsonlSource:
     args = dict(
-        dataset_path=str(path), validation_path=None, split=split, text_field="text",
-        val_percent=20.0, seed=0, shuffle=True, rank=rank, world=world,
+        dataset_path=str(path),
+        validation_path=None,
+        split=split,
+        text_field="text",
+        val_percent=20.0,
+        seed=0,
+        shuffle=True,
+        rank=rank,
+        world=world,
     )
     args.update(kw)
     return JsonlSource(**args)
@@ -130,8 +133,16 @@ def test_stdlib_file_list_skips_site_packages_and_caches_without_entering_them(t
         rels = (p.relative_to(base) for p in base.rglob("*.py") if p.is_file())
         return sorted(r.as_posix() for r in rels if EXCLUDED_DIRS.isdisjoint(r.parts))
 
-    for rel in ("a.py", "pkg/__init__.py", "pkg/sub/b.py", "pkg/notes.txt", "site-packages/c.py",
-                "pkg/site-packages/d.py", "pkg/__pycache__/b.cpython-311.py", ".hidden/e.py"):
+    for rel in (
+        "a.py",
+        "pkg/__init__.py",
+        "pkg/sub/b.py",
+        "pkg/notes.txt",
+        "site-packages/c.py",
+        "pkg/site-packages/d.py",
+        "pkg/__pycache__/b.cpython-311.py",
+        ".hidden/e.py",
+    ):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x = 1\n")
     (tmp_path / "folder.py").mkdir()  # a folder, not a file
@@ -206,8 +217,13 @@ def tiny_corpus(tmp_path: Path) -> tuple[Path, list[str]]:
 def test_packing_shifts_labels_within_documents(tmp_path):
     path, texts = tiny_corpus(tmp_path)
     dl = make_loader(
-        source="jsonl", dataset_path=str(path), val_percent=0.0, infinite=False,
-        shuffle_documents=False, seq_len=5, batch=2,
+        source="jsonl",
+        dataset_path=str(path),
+        val_percent=0.0,
+        infinite=False,
+        shuffle_documents=False,
+        seq_len=5,
+        batch=2,
     )
     batches = list(dl)
     assert all(set(x) == {"input"} for x, _ in batches)
@@ -230,8 +246,12 @@ def test_packing_shifts_labels_within_documents(tmp_path):
 def test_infinite_reloops_the_same_documents(tmp_path):
     path, texts = tiny_corpus(tmp_path)
     dl = make_loader(
-        source="jsonl", dataset_path=str(path), val_percent=0.0, shuffle_documents=False,
-        seq_len=7, batch=3,
+        source="jsonl",
+        dataset_path=str(path),
+        val_percent=0.0,
+        shuffle_documents=False,
+        seq_len=7,
+        batch=3,
     )
     one_pass, _ = expected_stream(texts)
     n_batches = 3 * len(one_pass) // 21 + 1
@@ -275,9 +295,7 @@ def roundtrip(state: dict) -> dict:
 
 def test_stdlib_resume_is_exact(monkeypatch):
     monkeypatch.setattr(loader_module, "DOCS_PER_TOKENIZE_CALL", 2)
-    state = assert_resumes_exactly(
-        lambda: make_loader(world=3, rank=1, seq_len=512, batch=4), n=7, m=9
-    )
+    state = assert_resumes_exactly(lambda: make_loader(world=3, rank=1, seq_len=512, batch=4), n=7, m=9)
     assert set(state) == {"dp_rank_1", "world_size"}
 
 
@@ -292,7 +310,9 @@ def test_jsonl_resume_is_exact_across_files_and_epochs(jsonl_dir, monkeypatch):
 
 def sorted_corpus(tmp_path: Path, books: int = 8, chapters: int = 40) -> Path:
     """One JSONL file sorted as a book export is: book 0's chapters, then book 1's, and so on."""
-    return write_jsonl(tmp_path / "sorted.jsonl", [f"book{b} chapter{c:02d}" for b in range(books) for c in range(chapters)])
+    return write_jsonl(
+        tmp_path / "sorted.jsonl", [f"book{b} chapter{c:02d}" for b in range(books) for c in range(chapters)]
+    )
 
 
 def first_documents(source, epoch: int, n: int) -> list[str]:
@@ -313,8 +333,16 @@ def test_a_sorted_jsonl_file_is_read_in_a_new_order_each_epoch_and_resumes_mid_e
     same documents, and a loader resumed mid-epoch yields the batches the uninterrupted one did."""
     path = sorted_corpus(tmp_path)
     source = lambda shuffle, rank=0, world=1: JsonlSource(  # noqa: E731
-        dataset_path=str(path), validation_path=None, split="train", text_field="text", val_percent=5.0, seed=0,
-        shuffle=shuffle, rank=rank, world=world)
+        dataset_path=str(path),
+        validation_path=None,
+        split="train",
+        text_field="text",
+        val_percent=5.0,
+        seed=0,
+        shuffle=shuffle,
+        rank=rank,
+        world=world,
+    )
     assert books_of(first_documents(source(False), 0, 16)) == {"book0"}
     shuffled = first_documents(source(True), 0, 16)
     assert len(books_of(shuffled)) >= 5, shuffled
@@ -331,9 +359,26 @@ def test_a_sorted_jsonl_file_is_read_in_a_new_order_each_epoch_and_resumes_mid_e
 
 def test_the_held_out_split_is_the_same_lines_in_either_order(tmp_path):
     path = sorted_corpus(tmp_path)
-    held = {shuffle: sorted(first_documents(JsonlSource(
-        dataset_path=str(path), validation_path=None, split="validation", text_field="text", val_percent=10.0,
-        seed=3, shuffle=shuffle, rank=0, world=1), 0, 10_000)) for shuffle in (False, True)}
+    held = {
+        shuffle: sorted(
+            first_documents(
+                JsonlSource(
+                    dataset_path=str(path),
+                    validation_path=None,
+                    split="validation",
+                    text_field="text",
+                    val_percent=10.0,
+                    seed=3,
+                    shuffle=shuffle,
+                    rank=0,
+                    world=1,
+                ),
+                0,
+                10_000,
+            )
+        )
+        for shuffle in (False, True)
+    }
     assert held[True] == held[False] and 0 < len(held[True]) < 320
 
 
@@ -397,8 +442,10 @@ def test_many_files_few_open_handles_symlinks_split_by_their_own_name_and_old_po
     link = tmp_path / "linked"
     link.mkdir()
     (link / "alias.jsonl").symlink_to(tmp_path / "target.jsonl")
-    held = [sorted(shard_texts(jsonl_source(link, split="validation", val_percent=40.0, shuffle=shuffle)))
-            for shuffle in (False, True)]
+    held = [
+        sorted(shard_texts(jsonl_source(link, split="validation", val_percent=40.0, shuffle=shuffle)))
+        for shuffle in (False, True)
+    ]
     assert held[0] == held[1] and held[0]
     old = corpus._JsonlReader(src, src.legacy_file_order(0), None, order=None)  # the reader before the change
     docs = old.documents()
@@ -519,7 +566,9 @@ def test_unknown_source_and_split_are_rejected(jsonl_dir):
     from muloco.config.cli import parse_args
     from muloco.config.loader import ConfigError
 
-    with pytest.raises(ConfigError, match=r"--dataloader\.source must be one of stdlib, jsonl, huggingface, sft; got 'parquet'"):
+    with pytest.raises(
+        ConfigError, match=r"--dataloader\.source must be one of stdlib, jsonl, huggingface, sft; got 'parquet'"
+    ):
         parse_args(["--config", "ddp/adamw", "--dataloader.source", "parquet"])
     with pytest.raises(DataError, match=r"dataloader\.split='test'.*train"):
         make_loader(split="test")
@@ -624,8 +673,7 @@ def test_preflight_reads_only_up_to_the_first_document(tmp_path):
     with path.open("a") as f:
         f.write("{broken\n")
     for split in ("train", "validation"):
-        loader_module.check_readable(loader_config("jsonl", dataset_path=str(path),
-                                                                 split=split, val_percent=20.0))
+        loader_module.check_readable(loader_config("jsonl", dataset_path=str(path), split=split, val_percent=20.0))
 
 
 def test_preflight_parses_every_line_before_the_first_document(tmp_path):
@@ -647,8 +695,7 @@ def test_preflight_names_the_empty_split_and_the_fix(tmp_path):
 
 def test_preflight_reads_a_local_huggingface_dataset(hf_dir):
     for split in ("train", "validation"):
-        loader_module.check_readable(loader_config("huggingface", dataset_path=str(hf_dir),
-                                                                 split=split))
+        loader_module.check_readable(loader_config("huggingface", dataset_path=str(hf_dir), split=split))
 
 
 # ------------------------------------------------------------ integration
@@ -657,8 +704,12 @@ def test_preflight_reads_a_local_huggingface_dataset(hf_dir):
 def test_builds_with_the_trainer_and_validator_kwargs():
     config = PackedTextDataLoader.Config(split="validation")
     dl = replace(config, infinite=False).build(
-        dp_world_size=2, dp_rank=0, tokenizer=ByteTokenizer(), seq_len=32,
-        local_batch_size=2, snapshot_every_n_steps=None,
+        dp_world_size=2,
+        dp_rank=0,
+        tokenizer=ByteTokenizer(),
+        seq_len=32,
+        local_batch_size=2,
+        snapshot_every_n_steps=None,
     )
     line = dl.describe()
     assert "\n" not in line and "shard 0/2" in line and "split=validation" in line
@@ -669,9 +720,7 @@ def test_builds_with_the_trainer_and_validator_kwargs():
 def test_real_tokenizer_packs_stdlib():
     tokenizer_module = pytest.importorskip("muloco.data.tokenizer")
     tok = tokenizer_module.MulocoTokenizer(tokenizer_module.MulocoTokenizer.Config())
-    dl = PackedTextDataLoader.Config().build(
-        dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=128, local_batch_size=2
-    )
+    dl = PackedTextDataLoader.Config().build(dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=128, local_batch_size=2)
     x, y = next(iter(dl))
     assert x["input"].shape == y.shape == (2, 128)
     assert x["input"][0, 0].item() == tok.bos_id

@@ -80,7 +80,8 @@ def test_pinned_placement_round_trips_and_steps_like_the_device_placement():
         globals_ = [placement.home(t) for t in init]
         assert all(g.is_pinned() for g in globals_) == (backup == "cpu")
         opt = OuterOptimizer.Config(name="nesterov", lr=0.7, momentum=0.9).build(
-            params=globals_, zeros_like=placement.zeros_like)
+            params=globals_, zeros_like=placement.zeros_like
+        )
         locals_ = [t.clone() for t in init]
         for step in range(3):
             torch._foreach_add_(locals_, [torch.full_like(t, 0.01 * (step + 1)) for t in locals_])

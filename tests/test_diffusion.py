@@ -30,9 +30,29 @@ BOS, EOS, MASK = 29, 30, 31
 @pytest.fixture(scope="module")
 def diffusion_run(tmp_path_factory):
     dump = tmp_path_factory.mktemp("mdlm") / "run"
-    proc = run_train(["--config", "ddp/adamw", "--objective", "mdlm", *TINY, "--training.steps", "40",
-                      "--validator.freq", "20", "--validator.steps", "4", "--validator.tuning_steps", "2",
-                      "--metrics.log_freq", "10", "--optimizer.lr", "0.01", "--dump_folder", str(dump)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            "--objective",
+            "mdlm",
+            *TINY,
+            "--training.steps",
+            "40",
+            "--validator.freq",
+            "20",
+            "--validator.steps",
+            "4",
+            "--validator.tuning_steps",
+            "2",
+            "--metrics.log_freq",
+            "10",
+            "--optimizer.lr",
+            "0.01",
+            "--dump_folder",
+            str(dump),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return dump, proc.stdout + proc.stderr
 
@@ -52,7 +72,8 @@ def test_a_diffusion_run_reports_a_falling_elbo_and_its_bound(diffusion_run):
     # bits per byte of the held-out text, against a hand count of the same batches' targets and bytes
     for r in validations:
         assert r["validation_bits_per_byte"] == pytest.approx(
-            hand_bits_per_byte(r["validation_nelbo"], next_token=False, seq_len=64, batch=4, steps=4), rel=1e-9)
+            hand_bits_per_byte(r["validation_nelbo"], next_token=False, seq_len=64, batch=4, steps=4), rel=1e-9
+        )
     assert s["final_validation_bits_per_byte"] == pytest.approx(validations[-1]["validation_bits_per_byte"])
     # the tuning batches (the 2 after the 4 reported ones; compare --tune): scored beside each
     # validation, on other text, without touching the reported figures checked above
@@ -79,8 +100,22 @@ def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diff
     from muloco.tools.generate import generate, parse_args
 
     dump, _ = diffusion_run
-    args = ["--prompt", "def f(", "--prompt", "import", "--length", "24", "--block-length", "8", "--steps", "12",
-            "--temperature", "0.7", "--seed", "3"]
+    args = [
+        "--prompt",
+        "def f(",
+        "--prompt",
+        "import",
+        "--length",
+        "24",
+        "--block-length",
+        "8",
+        "--steps",
+        "12",
+        "--temperature",
+        "0.7",
+        "--seed",
+        "3",
+    ]
     cli = _generate(dump, *args)  # the command line once; the repeats in this process
     assert cli.returncode == 0, cli.stderr[-3000:]
     samples = [json.loads(line) for line in cli.stdout.splitlines()]
@@ -98,32 +133,52 @@ def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_
     from muloco.tools.generate import generate, parse_args
 
     dump, _ = diffusion_run
-    args = ["--checkpoint", str(dump), "--prompt", "x", "--prompt", "def main(argv):", "--length", "16",
-            "--block-length", "8", "--threshold", "0.5", "--cache", cache]
+    args = [
+        "--checkpoint",
+        str(dump),
+        "--prompt",
+        "x",
+        "--prompt",
+        "def main(argv):",
+        "--length",
+        "16",
+        "--block-length",
+        "8",
+        "--threshold",
+        "0.5",
+        "--cache",
+        cache,
+    ]
     together = generate(parse_args([*args, "--batch-size", "2"]))
     alone = generate(parse_args(args))
     assert [s["tokens"] for s in together] == [s["tokens"] for s in alone]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--replica", "1"], "--replica 1: "),
-    (["--threshold", "1.5"], "--threshold must be in (0, 1]"),
-    (["--length", "0"], "--length 0: must be at least 1"),
-    (["--temperature", "-1"], "--temperature -1.0: must be a finite number >= 0"),
-    (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
-    (["--score", " x", "--threshold", "0.9"], "--threshold: sampling options, and --score does not sample"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--replica", "1"], "--replica 1: "),
+        (["--threshold", "1.5"], "--threshold must be in (0, 1]"),
+        (["--length", "0"], "--length 0: must be at least 1"),
+        (["--temperature", "-1"], "--temperature -1.0: must be a finite number >= 0"),
+        (["--batch-size", "0"], "--batch-size 0: must be at least 1"),
+        (["--score", " x", "--threshold", "0.9"], "--threshold: sampling options, and --score does not sample"),
+    ],
+)
 def test_generate_refuses_an_option_out_of_range_or_one_this_run_does_not_take(diffusion_run, args, message, capfd):
     dump, _ = diffusion_run
     proc = _generate(dump, "--prompt", "x", *args, capfd=capfd)
-    assert proc.returncode == 2 and proc.stderr.startswith("muloco generate: error: ") and message in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and proc.stderr.startswith("muloco generate: error: ") and message in proc.stderr, (
+        proc.stderr
+    )
     assert len(proc.stderr.strip().splitlines()) == 1 and not proc.stdout
 
 
 def test_generate_refuses_diffusion_options_on_an_autoregressive_run(tmp_path, capfd):
     dump = tmp_path / "ar"
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "2", "--validator.no-enable",
-                      "--dump_folder", str(dump)])
+    proc = run_train(
+        ["--config", "ddp/adamw", *TINY, "--training.steps", "2", "--validator.no-enable", "--dump_folder", str(dump)]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     bad = _generate(dump, "--prompt", "x", "--steps", "8", "--order", "margin", capfd=capfd)
     assert bad.returncode == 2 and "--steps, --order: only for masked-diffusion runs" in bad.stderr, bad.stderr
@@ -146,8 +201,10 @@ def test_diffusion_sampler_keeps_the_prompt_leaves_no_mask_and_is_deterministic(
     model = _model(causal=False)
     prompt = [29, 3, 4, 5]
     how = DiffusionSampling(length=12, steps=6, block_length=4, temperature=1.0, order=order)
-    runs = [sample_diffusion(model, prompt, MASK, how, torch.Generator().manual_seed(s), torch.device("cpu"))
-            for s in (1, 1, 2)]
+    runs = [
+        sample_diffusion(model, prompt, MASK, how, torch.Generator().manual_seed(s), torch.device("cpu"))
+        for s in (1, 1, 2)
+    ]
     assert runs[0] == runs[1] and len(runs[0]) == 12 and MASK not in runs[0]
     greedy = DiffusionSampling(length=12, steps=12, block_length=12)
     assert MASK not in sample_diffusion(model, prompt, MASK, greedy, torch.Generator(), torch.device("cpu"))
@@ -171,8 +228,9 @@ def _bench_generate():
     return module
 
 
-@pytest.mark.parametrize("length,steps,block,temperature", [
-    (12, 12, 12, 0.0), (12, 6, 4, 0.0), (16, 8, 8, 0.7), (12, 24, 6, 1.0)])
+@pytest.mark.parametrize(
+    "length,steps,block,temperature", [(12, 12, 12, 0.0), (12, 6, 4, 0.0), (16, 8, 8, 0.7), (12, 24, 6, 1.0)]
+)
 def test_the_default_sampler_is_llada_token_for_token_alone_and_in_a_batch(length, steps, block, temperature):
     """No threshold: the sampler's trajectories are the reference loop's (greedy and Gumbel draws
     from the same seed), for one prompt and for a batch of prompts of one length."""
@@ -182,8 +240,9 @@ def test_the_default_sampler_is_llada_token_for_token_alone_and_in_a_batch(lengt
     how = DiffusionSampling(length=length, steps=steps, block_length=block, temperature=temperature)
     for rows in (prompts[:1], prompts):
         want = reference(model, rows, MASK, length, steps, block, temperature, torch.Generator().manual_seed(3))
-        got = sample_diffusion_batch(model, rows.tolist(), MASK, how, torch.Generator().manual_seed(3),
-                                     torch.device("cpu"))
+        got = sample_diffusion_batch(
+            model, rows.tolist(), MASK, how, torch.Generator().manual_seed(3), torch.device("cpu")
+        )
         assert got == want.tolist()
 
 
@@ -200,16 +259,29 @@ class _Counted(torch.nn.Module):
 def test_a_threshold_fills_every_sure_position_at_once_and_at_one_is_one_token_per_step():
     model = _Counted(_model(causal=False))
     prompt, cpu = [29, 3, 4, 5], torch.device("cpu")
-    one_by_one = sample_diffusion(model, prompt, MASK, DiffusionSampling(length=12, steps=12, block_length=4),
-                                  torch.Generator(), cpu)
+    one_by_one = sample_diffusion(
+        model, prompt, MASK, DiffusionSampling(length=12, steps=12, block_length=4), torch.Generator(), cpu
+    )
     assert model.calls == 12
     model.calls = 0
-    at_one = sample_diffusion(model, prompt, MASK, DiffusionSampling(length=12, steps=12, block_length=4, threshold=1.0),
-                              torch.Generator(), cpu)
+    at_one = sample_diffusion(
+        model,
+        prompt,
+        MASK,
+        DiffusionSampling(length=12, steps=12, block_length=4, threshold=1.0),
+        torch.Generator(),
+        cpu,
+    )
     assert at_one == one_by_one and model.calls == 12  # nothing is that sure: the top one per step
     model.calls = 0
-    sample_diffusion(model, prompt, MASK, DiffusionSampling(length=12, steps=12, block_length=4, threshold=1e-9),
-                     torch.Generator(), cpu)
+    sample_diffusion(
+        model,
+        prompt,
+        MASK,
+        DiffusionSampling(length=12, steps=12, block_length=4, threshold=1e-9),
+        torch.Generator(),
+        cpu,
+    )
     assert model.calls == 3  # every position sure enough: one step per block
     with pytest.raises(ValueError, match=r"--threshold must be in \(0, 1\]"):
         DiffusionSampling(length=8, steps=8, block_length=8, threshold=1.5).check()
@@ -287,8 +359,9 @@ def test_prefix_cache_sampling_fills_every_mask_and_the_default_is_unchanged():
     cached = DiffusionSampling(length=12, steps=12, block_length=4, cache="prefix")
     a = sample_diffusion_batch(model, prompts, MASK, cached, torch.Generator(), cpu)
     assert all(len(t) == 12 and MASK not in t for t in a)
-    assert sample_diffusion_batch(model, prompts, MASK, plain, torch.Generator(), cpu) == \
-        [sample_diffusion(model, p, MASK, plain, torch.Generator(), cpu) for p in prompts]
+    assert sample_diffusion_batch(model, prompts, MASK, plain, torch.Generator(), cpu) == [
+        sample_diffusion(model, p, MASK, plain, torch.Generator(), cpu) for p in prompts
+    ]
     dual = DiffusionSampling(length=12, steps=12, block_length=4, cache="dual")
     b = sample_diffusion_batch(model, prompts, MASK, dual, torch.Generator(), cpu)
     assert all(len(t) == 12 and MASK not in t for t in b)
@@ -338,7 +411,8 @@ CUT_STEP = textwrap.dedent(
     trainer.train()
     if rank == 0:
         logged = next(r for r in map(json.loads, open(os.path.join(dump, "metrics.jsonl"))) if "loss" in r)
-        print("RESULT " + json.dumps({"logged": logged["loss"], "step": logged["step"], "hand": (sums[0] / sums[1]).item(),
+        print("RESULT " + json.dumps({"logged": logged["loss"], "step": logged["step"],
+                                      "hand": (sums[0] / sums[1]).item(),
                                       "before_cut": (sums[0] / sums[2]).item(), "cut": sums[3].item(),
                                       "micro": accumulation}), flush=True)
     dist.destroy_process_group()
@@ -355,9 +429,23 @@ def test_a_cut_step_is_normalised_by_the_tokens_that_remain_on_every_rank_under_
     same batches and the model before its first update; not by the count from before the cut."""
     script = tmp_path / "cut_step.py"
     script.write_text(CUT_STEP)
-    args = ["--config", "ddp/adamw", "--objective", "mdlm", *TINY, "--training.global_batch_size", "16",
-            "--objective.truncate_probability", "1.0", "--training.steps", "1", "--metrics.log_freq", "1",
-            "--validator.no-enable", "--checkpoint.no-enable"]
+    args = [
+        "--config",
+        "ddp/adamw",
+        "--objective",
+        "mdlm",
+        *TINY,
+        "--training.global_batch_size",
+        "16",
+        "--objective.truncate_probability",
+        "1.0",
+        "--training.steps",
+        "1",
+        "--metrics.log_freq",
+        "1",
+        "--validator.no-enable",
+        "--checkpoint.no-enable",
+    ]
     results = run_gloo_ranks(script, 2, [str(tmp_path / "run"), *args], quiet_s=300)
     assert all(code == 0 for code, _ in results), [out[-3000:] for _, out in results]
     got = json.loads(next(ln for ln in results[0][1].splitlines() if ln.startswith("RESULT "))[7:])
@@ -371,8 +459,9 @@ def test_the_loader_makes_every_token_of_a_pretraining_row_a_target_eos_included
     from muloco.data.tokenizer import MulocoTokenizer
 
     tok = MulocoTokenizer()
-    loader = PackedTextDataLoader.Config(next_token=False).build(dp_world_size=1, dp_rank=0, tokenizer=tok,
-                                                                 seq_len=256, local_batch_size=4)
+    loader = PackedTextDataLoader.Config(next_token=False).build(
+        dp_world_size=1, dp_rank=0, tokenizer=tok, seq_len=256, local_batch_size=4
+    )
     inputs, labels = next(iter(loader))
     assert torch.equal(labels, inputs["input"]) and (labels == tok.eos_id).any() and (labels == tok.bos_id).any()
 
@@ -393,7 +482,8 @@ def _train_counting(eos_is_target: bool, steps: int = 150):
 
     model = tiny_model(False, seed=0).train()
     obj = MaskedDiffusion.Config(truncate_probability=0.0, masked_only_head=False).build(
-        tokens=SpecialTokens(bos=BOS, eos=EOS, mask=MASK), rows_per_step=8)
+        tokens=SpecialTokens(bos=BOS, eos=EOS, mask=MASK), rows_per_step=8
+    )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     for step in range(steps):
@@ -416,7 +506,9 @@ def test_a_model_trained_with_eos_as_a_target_learns_to_stop():
     stops = {}
     for eos_is_target in (True, False):
         model = _train_counting(eos_is_target)
-        samples = [sample_diffusion(model, [BOS, s], MASK, how, torch.Generator().manual_seed(s), torch.device("cpu"))
-                   for s in range(10)]
+        samples = [
+            sample_diffusion(model, [BOS, s], MASK, how, torch.Generator().manual_seed(s), torch.device("cpu"))
+            for s in range(10)
+        ]
         stops[eos_is_target] = [EOS in out for out in samples]
     assert sum(stops[True]) >= 8 and sum(stops[True]) > sum(stops[False]), stops

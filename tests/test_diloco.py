@@ -23,15 +23,30 @@ H = 10
 
 def _args(dump, steps=40, extra=(), config="diloco/diloco"):
     return [
-        "--config", config, *DILOCO_TINY,
-        "--training.steps", str(steps), "--outer.sync_every", str(H),
-        "--checkpoint.interval", "20", "--validator.freq", "20",
+        "--config",
+        config,
+        *DILOCO_TINY,
+        "--training.steps",
+        str(steps),
+        "--outer.sync_every",
+        str(H),
+        "--checkpoint.interval",
+        "20",
+        "--validator.freq",
+        "20",
         # waiting for a peer is only a hang timeout (a killed peer's sockets close at once, and a
         # healing one may take its time to join the exchange); a test that needs an order sets it
-        "--fault_tolerance.process_group_timeout_ms", str(HANG_S * 1000),
-        "--fault_tolerance.quorum_timeout_seconds", str(HANG_S),
-        "--fault_tolerance.start_wait_seconds", str(HANG_S), "--fault_tolerance.end_wait_seconds", str(HANG_S),
-        "--dump_folder", str(dump), *extra,
+        "--fault_tolerance.process_group_timeout_ms",
+        str(HANG_S * 1000),
+        "--fault_tolerance.quorum_timeout_seconds",
+        str(HANG_S),
+        "--fault_tolerance.start_wait_seconds",
+        str(HANG_S),
+        "--fault_tolerance.end_wait_seconds",
+        str(HANG_S),
+        "--dump_folder",
+        str(dump),
+        *extra,
     ]
 
 
@@ -60,11 +75,36 @@ def _committed_hashes(dump, replica):
     [
         (2, ("--outer.link.mbps", "20", "--outer.link.latency_ms", "2")),  # over an emulated 20 Mbps link
         (3, ("--outer.num_fragments", "2", "--outer.fragment_sync_delay", "2", "--outer.fragment_update_alpha", "0.5")),
-        (2, ("--optimizer.name", "Muon", "--optimizer.lr", "0.02", "--outer.exchange.codec", "quantize",  # MuLoCo
-             "--outer.exchange.codec.bits", "2", "--outer.exchange.skip_pattern", r"norm\.weight$",
-             "--objective", "mdlm")),  # ... training a masked-diffusion model
-        (3, ("--outer.exchange.codec", "quantize", "--outer.exchange.codec.bits", "2",
-             "--outer.exchange.strategy", "reduce_scatter", "--outer.exchange.weighting", "tokens")),
+        (
+            2,
+            (
+                "--optimizer.name",
+                "Muon",
+                "--optimizer.lr",
+                "0.02",
+                "--outer.exchange.codec",
+                "quantize",  # MuLoCo
+                "--outer.exchange.codec.bits",
+                "2",
+                "--outer.exchange.skip_pattern",
+                r"norm\.weight$",
+                "--objective",
+                "mdlm",
+            ),
+        ),  # ... training a masked-diffusion model
+        (
+            3,
+            (
+                "--outer.exchange.codec",
+                "quantize",
+                "--outer.exchange.codec.bits",
+                "2",
+                "--outer.exchange.strategy",
+                "reduce_scatter",
+                "--outer.exchange.weighting",
+                "tokens",
+            ),
+        ),
     ],
     ids=["diloco-k2", "streaming-k3", "muloco-2bit-ef-mdlm-k2", "2bit-reduce-scatter-k3-weighted"],
 )
@@ -136,9 +176,19 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
     the same round, and the inner lr follows the shared progress."""
     c = cluster(2, min_replicas=2)
     dump = tmp_path / "run"
-    extra = ("--outer.sync_every", "4", "--outer.round", "deadline",  # weighting auto: tokens
-             "--outer.fingerprint", "--checkpoint.interval", "12", "--validator.freq", "12",
-             "--lr_scheduler.warmup_steps", "4")
+    extra = (
+        "--outer.sync_every",
+        "4",
+        "--outer.round",
+        "deadline",  # weighting auto: tokens
+        "--outer.fingerprint",
+        "--checkpoint.interval",
+        "12",
+        "--validator.freq",
+        "12",
+        "--lr_scheduler.warmup_steps",
+        "4",
+    )
     env = {"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:20", "MULOCO_TEST_DRILL_DIR": str(tmp_path)}
     for i in range(2):
         c.start_replica(i, _args(dump, steps=24, extra=extra), entry=DRILL_ENTRY, env=env)
@@ -159,10 +209,13 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
     assert ends[0]["final_validation_loss"] == ends[1]["final_validation_loss"] is not None
     assert [e["diloco"]["round"] for e in ends] == [
         {"mode": "deadline", "rounds": 4, "progress": 24.5, "steps": 31},
-        {"mode": "deadline", "rounds": 4, "progress": 24.5, "steps": 18}]
+        {"mode": "deadline", "rounds": 4, "progress": 24.5, "steps": 18},
+    ]
     # the inner lr follows the progress, not the step count: replica 0's step 15 and replica 1's step 10
     # both come after 1/4 of round 3 (10 + 1.5 nominal steps)
-    lrs = [{m["step"]: m["lr"] for m in read_metrics(dump / f"replica_{i}") if m.get("lr") is not None} for i in range(2)]
+    lrs = [
+        {m["step"]: m["lr"] for m in read_metrics(dump / f"replica_{i}") if m.get("lr") is not None} for i in range(2)
+    ]
     assert lrs[0][15] == pytest.approx(lrs[1][10])
     assert lrs[0][15] > 2 * lrs[1][15]  # the same step number is a different place in the run
     # checkpoints at the rounds whose progress passed a multiple of 12: 16 (round 3) and 24.5 (the end)
@@ -172,14 +225,20 @@ def test_deadline_rounds_let_the_faster_group_train_on_and_every_replica_agrees(
     # the report: each group's rounds, steps and tokens, and θ_g's validations on the run's progress
     run = load_run(dump)
     tokens = [sum(r["tokens"] for r in rows[i]) for i in range(2)]  # one rank per group here
-    assert run.rounds == {"progress": 24.5, "groups": [
-        {"group": 0, "rounds": 4, "steps": 31, "min_steps": 4, "max_steps": 11, "tokens_per_rank": tokens[0]},
-        {"group": 1, "rounds": 4, "steps": 18, "min_steps": 4, "max_steps": 6, "tokens_per_rank": tokens[1]}]}
+    assert run.rounds == {
+        "progress": 24.5,
+        "groups": [
+            {"group": 0, "rounds": 4, "steps": 31, "min_steps": 4, "max_steps": 11, "tokens_per_rank": tokens[0]},
+            {"group": 1, "rounds": 4, "steps": 18, "min_steps": 4, "max_steps": 6, "tokens_per_rank": tokens[1]},
+        ],
+    }
     assert run.val_steps.tolist() == [16.0, 24.5] and run.sync_steps.tolist() == [4.0, 10.0, 16.0, 24.5]
     assert 0 < run.train_steps[0] < run.train_steps[-1] <= 24.5
-    assert rounds_lines([run]) == [f"run: deadline rounds, 24.5 nominal steps; group 0: 31 steps in 4 rounds (4-11 per "
-                                   f"round), {tokens[0]:,} tokens per rank; group 1: 18 steps in 4 rounds (4-6 per "
-                                   f"round), {tokens[1]:,} tokens per rank"]
+    assert rounds_lines([run]) == [
+        f"run: deadline rounds, 24.5 nominal steps; group 0: 31 steps in 4 rounds (4-11 per "
+        f"round), {tokens[0]:,} tokens per rank; group 1: 18 steps in 4 rounds (4-6 per "
+        f"round), {tokens[1]:,} tokens per rank"
+    ]
 
 
 def _paced_job(cluster, dump, k: int, steps: int, extra: tuple, drills: str, tag: str) -> list[int]:
@@ -195,13 +254,37 @@ def _paced_job(cluster, dump, k: int, steps: int, extra: tuple, drills: str, tag
     return codes
 
 
-SYNC_PARTS = ("quorum", "cut_off", "wait_slowest", "queued", "pseudo_gradient", "encode", "collective", "link", "decode",
-              "commit", "outer_step", "pull", "other")
+SYNC_PARTS = (
+    "quorum",
+    "cut_off",
+    "wait_slowest",
+    "queued",
+    "pseudo_gradient",
+    "encode",
+    "collective",
+    "link",
+    "decode",
+    "commit",
+    "outer_step",
+    "pull",
+    "other",
+)
 """``muloco.outer.exchange.PARTS``, written out: this module imports nothing that loads torch."""
 
 
-PACED = ("--outer.sync_every", "4", "--outer.round", "deadline", "--outer.exchange.weighting", "tokens",
-         "--outer.fingerprint", "--checkpoint.interval", "12", "--validator.freq", "12")
+PACED = (
+    "--outer.sync_every",
+    "4",
+    "--outer.round",
+    "deadline",
+    "--outer.exchange.weighting",
+    "tokens",
+    "--outer.fingerprint",
+    "--checkpoint.interval",
+    "12",
+    "--validator.freq",
+    "12",
+)
 """Deadline rounds of H=4 in which replica 0 reports 10 ms per step and replica 1 20 ms (``pace``
 drills): after the first round replica 0 trains 8 steps per round, replica 1 4."""
 
@@ -211,6 +294,7 @@ def test_deadline_rounds_resume_from_a_round_checkpoint_exactly(cluster, tmp_pat
     """Both groups killed in round 4 (after the checkpoint of round 3, saved at replica 0's step 20
     and replica 1's step 12) and started again: the rounds state (paces, progress, budgets) comes
     back with θ_g, and the run ends on the uninterrupted run's θ_g, bit for bit."""
+
     def job(dump, drills, tag):
         return _paced_job(cluster, dump, 2, 24, PACED, drills, tag)
 
@@ -222,12 +306,23 @@ def test_deadline_rounds_resume_from_a_round_checkpoint_exactly(cluster, tmp_pat
         straight, resumed = syncs(tmp_path / "straight", i), syncs(tmp_path / "resumed", i)
         assert [r["progress"] for r in resumed] == [4.0, 10.0, 16.0, 24.5]  # rounds 1-3, then round 4 again
         assert [r["global_sha256"] for r in resumed] == [r["global_sha256"] for r in straight]
-        assert summary(tmp_path / "resumed", i)["diloco"]["final_global_sha256"] == \
-            summary(tmp_path / "straight", i)["diloco"]["final_global_sha256"]
+        assert (
+            summary(tmp_path / "resumed", i)["diloco"]["final_global_sha256"]
+            == summary(tmp_path / "straight", i)["diloco"]["final_global_sha256"]
+        )
 
 
-PACED3 = ("--outer.sync_every", "3", "--outer.round", "deadline", "--outer.fingerprint",
-          "--checkpoint.interval", "6", "--validator.freq", "6")
+PACED3 = (
+    "--outer.sync_every",
+    "3",
+    "--outer.round",
+    "deadline",
+    "--outer.fingerprint",
+    "--checkpoint.interval",
+    "6",
+    "--validator.freq",
+    "6",
+)
 """Deadline rounds of H=3, K=3, replicas 0 and 1 at 10 ms per step and replica 2 at 30 ms (``pace``
 drills): after the first round (3 steps each) a round lasts the slow group's 3 steps (90 ms); the
 fast groups would fit 9 and are capped at 2H = 6, so each round moves (6 + 6 + 3) / 3 = 5 nominal
@@ -240,6 +335,7 @@ def test_deadline_rounds_k3_agree_and_resume_from_a_round_checkpoint_exactly(clu
     1, 1 and 1/2); then all three are killed in round 4, after the checkpoint of round 3 (progress
     13 passed 12: saved at the fast groups' step 15 and the slow group's step 9), and started again:
     the run ends on the uninterrupted run's θ_g, bit for bit."""
+
     def job(dump, drills, tag):
         return _paced_job(cluster, dump, 3, 18, PACED3, drills, tag)
 
@@ -250,16 +346,21 @@ def test_deadline_rounds_k3_agree_and_resume_from_a_round_checkpoint_exactly(clu
     assert all([r["progress"] for r in rs] == [3.0, 8.0, 13.0, 18.0] for rs in rows)
     assert all(r["committed"] and r["contributors"] == 3 for rs in rows for r in rs)
     assert [[r[f"weight_{j}"] for j in range(3)] for r in rows[0]] == [[1.0, 1.0, 1.0]] + [[1.0, 1.0, 0.5]] * 3
-    assert [r["global_sha256"] for r in rows[0]] == [r["global_sha256"] for r in rows[1]] == \
-        [r["global_sha256"] for r in rows[2]]
+    assert (
+        [r["global_sha256"] for r in rows[0]]
+        == [r["global_sha256"] for r in rows[1]]
+        == [r["global_sha256"] for r in rows[2]]
+    )
     assert job(tmp_path / "resumed", paced + ",mid:0:17,mid:1:17,mid:2:11", "killed") == [-9, -9, -9]
     assert job(tmp_path / "resumed", paced, "resumed") == [0, 0, 0]
     for i in range(3):
         straight, resumed = syncs(tmp_path / "straight", i), syncs(tmp_path / "resumed", i)
         assert [r["progress"] for r in resumed] == [3.0, 8.0, 13.0, 18.0]  # rounds 1-3, then round 4 again
         assert [r["global_sha256"] for r in resumed] == [r["global_sha256"] for r in straight]
-        assert summary(tmp_path / "resumed", i)["diloco"]["final_global_sha256"] == \
-            summary(tmp_path / "straight", i)["diloco"]["final_global_sha256"]
+        assert (
+            summary(tmp_path / "resumed", i)["diloco"]["final_global_sha256"]
+            == summary(tmp_path / "straight", i)["diloco"]["final_global_sha256"]
+        )
     # the report counts the rounds of the resumed run as of the uninterrupted one
     assert load_run(tmp_path / "resumed").rounds == load_run(tmp_path / "straight").rounds
     assert [g["steps"] for g in load_run(tmp_path / "straight").rounds["groups"]] == [21, 21, 12]
@@ -276,10 +377,17 @@ def test_deadline_rounds_a_killed_group_restarts_heals_and_the_rounds_go_on(tmp_
     one θ_g."""
     dump = tmp_path / "run"
     job = LocalJob(
-        config="diloco/diloco", replicas=2,
-        overrides=[*_args(dump, steps=24, extra=PACED)[2:], "--checkpoint.no-enable",
-                   "--fault_tolerance.sync_retries", "0"],
-        max_restarts=1, heartbeat_timeout_ms=1000, entry=DRILL_ENTRY,
+        config="diloco/diloco",
+        replicas=2,
+        overrides=[
+            *_args(dump, steps=24, extra=PACED)[2:],
+            "--checkpoint.no-enable",
+            "--fault_tolerance.sync_retries",
+            "0",
+        ],
+        max_restarts=1,
+        heartbeat_timeout_ms=1000,
+        entry=DRILL_ENTRY,
         env={"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:20,exchange:1:12", "MULOCO_TEST_DRILL_DIR": str(tmp_path)},
         console=open(tmp_path / "console.txt", "w"),
     )
@@ -288,7 +396,12 @@ def test_deadline_rounds_a_killed_group_restarts_heals_and_the_rounds_go_on(tmp_
     assert re.search(r"healed from replica 0 in quorum \d+: step 0 -> 28", restarted), restarted[-3000:]
     r0, r1 = syncs(dump, 0), syncs(dump, 1)
     assert [(r["step"], r["committed"], r["progress"]) for r in r0] == [
-        (4, True, 4.0), (12, True, 10.0), (20, False, 10.0), (28, True, 18.0), (36, True, 24.0)]
+        (4, True, 4.0),
+        (12, True, 10.0),
+        (20, False, 10.0),
+        (28, True, 18.0),
+        (36, True, 24.0),
+    ]
     assert [(r["step"], r["contributors"], r["round_steps"]) for r in r0[-2:]] == [(28, 1, 8), (36, 2, 8)]
     assert [(r["step"], r["progress"], r["round_steps"]) for r in r1[-2:]] == [(28, 18.0, 0), (32, 24.0, 4)]
     sums = [summary(dump, i) for i in range(2)]
@@ -308,11 +421,17 @@ def test_deadline_rounds_k3_the_slow_group_killed_restarts_heals_and_the_rounds_
     one θ_g."""
     dump = tmp_path / "run"
     job = LocalJob(
-        config="diloco/diloco", replicas=3, min_replicas=3,
+        config="diloco/diloco",
+        replicas=3,
+        min_replicas=3,
         overrides=[*_args(dump, steps=18, extra=PACED3)[2:], "--checkpoint.no-enable"],
-        max_restarts=1, heartbeat_timeout_ms=1000, entry=DRILL_ENTRY,
-        env={"MULOCO_TEST_DRILLS": "pace:0:10,pace:1:10,pace:2:30,exchange:2:9",
-             "MULOCO_TEST_DRILL_DIR": str(tmp_path)},
+        max_restarts=1,
+        heartbeat_timeout_ms=1000,
+        entry=DRILL_ENTRY,
+        env={
+            "MULOCO_TEST_DRILLS": "pace:0:10,pace:1:10,pace:2:30,exchange:2:9",
+            "MULOCO_TEST_DRILL_DIR": str(tmp_path),
+        },
         console=open(tmp_path / "console.txt", "w"),
     )
     assert job.run() == 0, (tmp_path / "console.txt").read_text()[-3000:]
@@ -322,8 +441,12 @@ def test_deadline_rounds_k3_the_slow_group_killed_restarts_heals_and_the_rounds_
     end = 14 + 13 / 3
     for r in rows[:2]:
         assert [(x["step"], x["committed"], x["retried"], x["progress"]) for x in r] == [
-            (3, True, False, 3.0), (9, True, False, 8.0), (15, False, True, 8.0), (15, True, False, 14.0),
-            (20, True, False, end)]
+            (3, True, False, 3.0),
+            (9, True, False, 8.0),
+            (15, False, True, 8.0),
+            (15, True, False, 14.0),
+            (20, True, False, end),
+        ]
         assert [(x["contributors"], x["round_steps"]) for x in r[-2:]] == [(2, 6), (3, 5)]
     assert [(x["step"], x["progress"], x["round_steps"]) for x in rows[2][-2:]] == [(15, 14.0, 0), (18, end, 3)]
     sums = [summary(dump, i) for i in range(3)]
@@ -332,7 +455,10 @@ def test_deadline_rounds_k3_the_slow_group_killed_restarts_heals_and_the_rounds_
     # the report: the failed round and the heal count no steps; θ_g's validations at progress 8, 14 and the end
     run = load_run(dump)
     assert [(g["rounds"], g["steps"], g["min_steps"], g["max_steps"]) for g in run.rounds["groups"]] == [
-        (4, 20, 3, 6), (4, 20, 3, 6), (3, 9, 3, 3)]
+        (4, 20, 3, 6),
+        (4, 20, 3, 6),
+        (3, 9, 3, 3),
+    ]
     assert run.rounds["progress"] == end and run.val_steps.tolist() == [8.0, 14.0, end]
 
 
@@ -371,21 +497,39 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
     dump, markers = tmp_path / "run", tmp_path / "drills"
     markers.mkdir()
     steps, hold = 40, 30  # the sync prepared at 27 commits without the dead replica, then they hold
-    extra = ("--outer.fragment_sync_delay", "3", "--outer.exchange.codec", "quantize",
-             "--outer.exchange.codec.bits", "2", "--outer.exchange.strategy", "reduce_scatter",
-             # scheduled outer steps: the healed replica takes them up where its peers are
-             "--outer.step_schedule.lr.decay", "cosine", "--outer.step_schedule.lr.final", "0.25",
-             "--outer.step_schedule.feedback_beta.decay", "linear", "--outer.step_schedule.feedback_beta.final", "0.5")
+    extra = (
+        "--outer.fragment_sync_delay",
+        "3",
+        "--outer.exchange.codec",
+        "quantize",
+        "--outer.exchange.codec.bits",
+        "2",
+        "--outer.exchange.strategy",
+        "reduce_scatter",
+        # scheduled outer steps: the healed replica takes them up where its peers are
+        "--outer.step_schedule.lr.decay",
+        "cosine",
+        "--outer.step_schedule.lr.final",
+        "0.25",
+        "--outer.step_schedule.feedback_beta.decay",
+        "linear",
+        "--outer.step_schedule.feedback_beta.final",
+        "0.5",
+    )
     drill_step = 17  # prepared at 17, applied at 20 (τ = 3)
-    drills = {"MULOCO_TEST_DRILLS": f"exchange:2:{drill_step},hold:0:{hold},hold:1:{hold}",
-              "MULOCO_TEST_DRILL_DIR": str(markers)}
+    drills = {
+        "MULOCO_TEST_DRILLS": f"exchange:2:{drill_step},hold:0:{hold},hold:1:{hold}",
+        "MULOCO_TEST_DRILL_DIR": str(markers),
+    }
     for i in range(3):
         c.start_replica(i, _args(dump, steps=steps, extra=extra), entry=DRILL_ENTRY, env=drills)
     c.wait_for("r2", r"fault drill: killing", HANG_S)
     c.kill("r2")  # reaps it (the drill already killed it)
-    until(f"the survivors did not hold after step {hold}:\n{c.tail('r0')}",
-          lambda: all((markers / f"hold-r{i}-{hold}").exists() for i in (0, 1)),
-          progress=FolderProgress(HANG_S, tmp_path))
+    until(
+        f"the survivors did not hold after step {hold}:\n{c.tail('r0')}",
+        lambda: all((markers / f"hold-r{i}-{hold}").exists() for i in (0, 1)),
+        progress=FolderProgress(HANG_S, tmp_path),
+    )
     for i in range(2):  # they went on without the dead replica: a committed sync with 2 of 3
         assert any(r["committed"] and r["participants"] == 2 for r in syncs(dump, i)), c.tail(f"r{i}")
     c.start_replica(2, _args(dump, steps=steps, extra=extra), tag="r2b")  # no drill this time
@@ -415,13 +559,31 @@ def test_replica_killed_in_a_compressed_exchange_survivors_roll_back_and_go_on(c
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("config,schedules", [
-    ("diloco/diloco", ("--outer.step_schedule.lr.warmup", "0.3", "--outer.step_schedule.lr.decay", "cosine",
-                       "--outer.step_schedule.lr.decay_from", "0.5", "--outer.step_schedule.lr.final", "0.2",
-                       "--outer.step_schedule.momentum.decay", "inner")),
-    ("diloco/sparseloco", ("--outer.step_schedule.feedback_beta.decay", "linear",
-                           "--outer.step_schedule.feedback_beta.final", "0.5")),
-], ids=["diloco-scheduled-outer-step", "sparseloco-scheduled-beta"])
+@pytest.mark.parametrize(
+    "config,schedules",
+    [
+        (
+            "diloco/diloco",
+            (
+                "--outer.step_schedule.lr.warmup",
+                "0.3",
+                "--outer.step_schedule.lr.decay",
+                "cosine",
+                "--outer.step_schedule.lr.decay_from",
+                "0.5",
+                "--outer.step_schedule.lr.final",
+                "0.2",
+                "--outer.step_schedule.momentum.decay",
+                "inner",
+            ),
+        ),
+        (
+            "diloco/sparseloco",
+            ("--outer.step_schedule.feedback_beta.decay", "linear", "--outer.step_schedule.feedback_beta.final", "0.5"),
+        ),
+    ],
+    ids=["diloco-scheduled-outer-step", "sparseloco-scheduled-beta"],
+)
 def test_whole_job_cold_restart_continues_exactly(cluster, tmp_path, config, schedules):
     """Stop the whole job at a checkpoint, start it again: same losses and θ_g as one run.
     SparseLoCo's error-feedback residual is its outer momentum: each rank's is in its
@@ -459,8 +621,19 @@ def test_unreachable_lighthouse_is_a_clear_error_within_the_timeout(tmp_path):
     c = Cluster(tmp_path, 1)
     try:
         c.url = f"http://127.0.0.1:{c.ports[0] + 1 if c.ports[0] < 65535 else 1024}"
-        c.start_replica(0, _args(tmp_path / "run", steps=20, extra=("--fault_tolerance.connect_timeout_seconds", "3",
-                                                                     "--fault_tolerance.quorum_timeout_seconds", "3600")))
+        c.start_replica(
+            0,
+            _args(
+                tmp_path / "run",
+                steps=20,
+                extra=(
+                    "--fault_tolerance.connect_timeout_seconds",
+                    "3",
+                    "--fault_tolerance.quorum_timeout_seconds",
+                    "3600",
+                ),
+            ),
+        )
         assert c.wait("r0", 2 * HANG_S) == 4
         text = c.logs["r0"].read_text()
         assert "refused the connection" in text and "(tried for 3s)" in text and "./torchft_lighthouse" in text
@@ -479,8 +652,14 @@ def test_lighthouse_killed_mid_run_fails_within_the_connect_timeout(cluster, tmp
     it lists the lone group in the quorum it is forming)."""
     c = cluster(k)  # a majority quorum: with K=2 the lone group waits in its quorum
     connect_timeout = 3
-    extra = ("--fault_tolerance.connect_timeout_seconds", str(connect_timeout),
-             "--fault_tolerance.quorum_timeout_seconds", "3600", "--fault_tolerance.start_wait_seconds", "0")
+    extra = (
+        "--fault_tolerance.connect_timeout_seconds",
+        str(connect_timeout),
+        "--fault_tolerance.quorum_timeout_seconds",
+        "3600",
+        "--fault_tolerance.start_wait_seconds",
+        "0",
+    )
     c.start_replica(0, _args(tmp_path / "run", steps=2000, extra=extra))
     if k == 1:
         c.wait_for("r0", r"sync at step 10", HANG_S)
@@ -538,11 +717,17 @@ def test_k2_survivor_pauses_until_the_launcher_restarts_the_dead_replica_which_h
     # interval it died in lost (runs/lives.py)
     syncs_run = sums[0]["diloco"]["final_sync"]
     lives = [s["diloco"]["over_lives"] for s in sums]
-    assert lives[0]["lives"] == 1 and lives[0]["syncs_contributed"] == syncs_run and lives[0]["steps_contributed"] == 100
+    assert (
+        lives[0]["lives"] == 1 and lives[0]["syncs_contributed"] == syncs_run and lives[0]["steps_contributed"] == 100
+    )
     assert lives[1]["lives"] == 2 and lives[1]["restarts"] == [
-        {"life": 2, "started_at_step": 0, "previous_ended": UNSAID}], lives[1]
+        {"life": 2, "started_at_step": 0, "previous_ended": UNSAID}
+    ], lives[1]
     assert (lives[1]["syncs_committed"], lives[1]["syncs_contributed"], lives[1]["steps_contributed"]) == (
-        syncs_run, syncs_run - 1, 100 - H), lives[1]
+        syncs_run,
+        syncs_run - 1,
+        100 - H,
+    ), lives[1]
     assert re.search(r"DiLoCo replica 1: over 2 lives \(life 2 from step 0 after a death without a word\)", restarted)
     run = load_run(dump)  # the report counts the same: tokens each group trained, not a healed group's peer's counter
     assert run.lives == lives and run.tokens == lives[0]["tokens_trained"] + lives[1]["tokens_trained"]
@@ -560,10 +745,33 @@ def test_sharded_replicas_compress_their_shards_and_resume(tmp_path):
     masked-diffusion one: its head runs on FSDP-sharded weights at masked positions only,
     and its ELBO validation sums over both ranks of a group."""
     dump = tmp_path / "run"
-    common = [sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco_2bit",
-              "--replicas", "2", "--procs-per-replica", "2", "--threads", "1", "--"]
-    overrides = [*DILOCO_TINY, "--outer.sync_every", "10", "--checkpoint.interval", "10",
-                 "--validator.freq", "1000", "--objective", "mdlm", "--dump_folder", str(dump)]
+    common = [
+        sys.executable,
+        "-m",
+        "muloco.launch.local",
+        "--config",
+        "diloco/muloco_2bit",
+        "--replicas",
+        "2",
+        "--procs-per-replica",
+        "2",
+        "--threads",
+        "1",
+        "--",
+    ]
+    overrides = [
+        *DILOCO_TINY,
+        "--outer.sync_every",
+        "10",
+        "--checkpoint.interval",
+        "10",
+        "--validator.freq",
+        "1000",
+        "--objective",
+        "mdlm",
+        "--dump_folder",
+        str(dump),
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = run_watched([*common, *overrides, "--training.steps", "20"], cwd=REPO, env=env)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
@@ -598,18 +806,30 @@ def test_group_back_after_the_others_finished_heals_and_its_summary_counts_it(tm
     try:
         c.start_lighthouse()
         dump, steps = tmp_path / "run", 20
-        args = _args(dump, steps=steps, extra=("--fault_tolerance.min_replica_size", "1",
-                                               "--fault_tolerance.start_wait_seconds", "0",
-                                               "--fault_tolerance.end_wait_seconds", "600",
-                                               "--checkpoint.no-enable"))
+        args = _args(
+            dump,
+            steps=steps,
+            extra=(
+                "--fault_tolerance.min_replica_size",
+                "1",
+                "--fault_tolerance.start_wait_seconds",
+                "0",
+                "--fault_tolerance.end_wait_seconds",
+                "600",
+                "--checkpoint.no-enable",
+            ),
+        )
         c.start_replica(0, args)
 
         def trained_all() -> bool:
             assert c.procs["r0"].poll() is None, c.tail("r0")  # it waits for group 1 at the end
             return any(r["step"] == steps for r in _rows(dump, 0) if "loss" in r)
 
-        until(f"group 0 did not train its last step:\n{c.tail('r0')}", trained_all,
-              progress=FolderProgress(HANG_S, tmp_path))
+        until(
+            f"group 0 did not train its last step:\n{c.tail('r0')}",
+            trained_all,
+            progress=FolderProgress(HANG_S, tmp_path),
+        )
         c.start_replica(1, args)
         assert c.wait("r0", 2 * HANG_S) == 0, c.tail("r0")
         assert c.wait("r1", 2 * HANG_S) == 0, c.tail("r1")

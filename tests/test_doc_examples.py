@@ -96,7 +96,7 @@ def examples() -> list[Example]:
         for m in FENCE.finditer(text):
             if m.group(1) not in ("bash", "sh", ""):
                 continue
-            at = text[:m.start()].count("\n") + 2
+            at = text[: m.start()].count("\n") + 2
             for offset, command, shown in _commands(m.group(2), prompted=m.group(1) == ""):
                 found.append(Example(doc, at + offset, _drop_comment(command), shown))
     return found
@@ -128,7 +128,7 @@ def _module_and_args(words: list[str]) -> tuple[str, list[str]] | None:
     """``python -m M ARGS`` (any interpreter, or torchrun) → (M, ARGS)."""
     if "-m" in words:
         i = words.index("-m")
-        return words[i + 1], words[i + 2:]
+        return words[i + 1], words[i + 2 :]
     return None
 
 
@@ -154,6 +154,7 @@ def _here(argv: list[str]):
         if not hasattr(module, "main"):  # a package: python -m runs its __main__
             module = importlib.import_module(f"{argv[2]}.__main__")
         from muloco.utils.command_line import run_main
+
         return argv[2], argv[3:], lambda: run_main(module.main)
     return argv[1], argv[2:], lambda: runpy.run_path(argv[1], run_name="__main__")
 

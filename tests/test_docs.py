@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = [REPO / "README.md", REPO / "RUNNING_JOBS.md", REPO / "bench" / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [
+    REPO / "README.md",
+    REPO / "RUNNING_JOBS.md",
+    REPO / "bench" / "README.md",
+    *sorted((REPO / "docs").glob("*.md")),
+]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 CONFIG = re.compile(r"--config ([A-Za-z0-9_]+/[A-Za-z0-9_]+|base)(?![\w./])")
 PATH = re.compile(r"`((?:jobs|bench|config|muloco|scripts|tests)/[A-Za-z0-9_./-]+\.(?:py|sh|md|toml|json))`")
@@ -47,8 +52,11 @@ def test_every_relative_link_resolves(doc):
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.relative_to(REPO).as_posix())
 def test_the_configs_and_paths_the_examples_name_exist(doc):
     text = doc.read_text()
-    missing = [f"--config {name}" for name in sorted(set(CONFIG.findall(text)))
-               if not (REPO / "config" / f"{name}.py").is_file()]
+    missing = [
+        f"--config {name}"
+        for name in sorted(set(CONFIG.findall(text)))
+        if not (REPO / "config" / f"{name}.py").is_file()
+    ]
     missing += [path for path in sorted(set(PATH.findall(text))) if "*" not in path and not (REPO / path).exists()]
     assert not missing, f"{doc.name} names what does not exist: {', '.join(missing)}"
 
@@ -61,6 +69,6 @@ def test_the_core_rows_the_docs_name_are_the_suites_core():
 
     text = (REPO / "docs" / "compression.md").read_text()
     start = text.index("python -m muloco.compare --suite paper-long")
-    words = shlex.split(text[start:text.index("\n\n", start)].replace("\\\n", " "))
-    assert words[words.index("--only") + 1:] == list(CORE)
+    words = shlex.split(text[start : text.index("\n\n", start)].replace("\\\n", " "))
+    assert words[words.index("--only") + 1 :] == list(CORE)
     assert len(CORE) == 9 and "its nine core rows" in text  # the count the text gives

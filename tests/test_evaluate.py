@@ -37,8 +37,22 @@ def _offline(monkeypatch, tmp_path_factory):
 
 
 def _train(folder: Path, *objective: str) -> Path:
-    proc = run_train(["--config", "ddp/adamw", *objective, *TINY, "--training.steps", "4", "--checkpoint.interval", "4",
-                      "--validator.freq", "4", "--dump_folder", str(folder)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *objective,
+            *TINY,
+            "--training.steps",
+            "4",
+            "--checkpoint.interval",
+            "4",
+            "--validator.freq",
+            "4",
+            "--dump_folder",
+            str(folder),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return folder
 
@@ -67,7 +81,7 @@ def _by_hand(nll) -> tuple[float, float]:
 
 def _split(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
     ctx = tokenizer.encode(context, add_bos=True)
-    return ctx, tokenizer.encode(context + continuation, add_bos=True)[len(ctx):]
+    return ctx, tokenizer.encode(context + continuation, add_bos=True)[len(ctx) :]
 
 
 def test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same(ar_run, tmp_path, capsys):
@@ -85,7 +99,8 @@ def test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same(ar_run, tmp_
     header, _, row = capsys.readouterr().out.splitlines()[:3]
     assert header.split()[-2:] == [TASK, "acc_norm"] and row.split()[-1] == f"{acc_norm:.4f}"
     assert json.loads((tmp_path / "report" / "report.json").read_text())["rows"][0]["evaluations"] == {
-        f"{TASK} acc_norm": acc_norm}
+        f"{TASK} acc_norm": acc_norm
+    }
 
     from muloco.tools.export import main as export
 
@@ -104,8 +119,15 @@ def test_an_mdlm_run_scores_as_by_hand_with_the_same_monte_carlo_draws(tmp_path)
     model, tokenizer, *_ = load_model(run, load_config(run), None, torch.device("cpu"))
 
     def nll(context: str, continuation: str) -> float:
-        return diffusion_nll(model, *_split(tokenizer, context, continuation), tokenizer.mask_id, samples=8, batch=4,
-                             generator=torch.Generator().manual_seed(3), device=torch.device("cpu"))
+        return diffusion_nll(
+            model,
+            *_split(tokenizer, context, continuation),
+            tokenizer.mask_id,
+            samples=8,
+            batch=4,
+            generator=torch.Generator().manual_seed(3),
+            device=torch.device("cpu"),
+        )
 
     assert (result["metrics"]["acc"], result["metrics"]["acc_norm"]) == _by_hand(nll)
 
@@ -121,8 +143,15 @@ def test_a_generation_task_gets_the_greedy_text_muloco_samples(ar_run, tmp_path)
     items = [json.loads(line) for line in (TASKS / f"{gen}.jsonl").read_text().splitlines()]
     expected = []
     for item in items:
-        tokens = sample_autoregressive(model, tokenizer.encode(item["prompt"], add_bos=True), tokenizer.eos_id, 12, 0.0,
-                                       torch.Generator().manual_seed(0), torch.device("cpu"))
+        tokens = sample_autoregressive(
+            model,
+            tokenizer.encode(item["prompt"], add_bos=True),
+            tokenizer.eos_id,
+            12,
+            0.0,
+            torch.Generator().manual_seed(0),
+            torch.device("cpu"),
+        )
         expected.append(tokenizer.decode(until_eos(tokens, tokenizer.eos_id)).split("\n")[0])
     assert record["samples"] == expected
     assert record["metrics"]["exact_match"] == sum(e == i["answer"] for e, i in zip(expected, items)) / len(items)
@@ -148,8 +177,22 @@ def test_an_unknown_task_a_bad_option_and_a_missing_harness_are_one_error(ar_run
     assert main([str(ar_run), "--tasks", TASK, "--limit", "nan"]) == 2
     assert "--limit nan: must be a number of items" in capsys.readouterr().err
     out = ar_run / "elsewhere" / "eval"
-    assert main([str(ar_run), "--tasks", "muloco_tiny_gen", "--include-path", str(TASKS), "--block-length", "5",
-                 "--out", str(out)]) == 2  # refused on the task's config, before the model loads
+    assert (
+        main(
+            [
+                str(ar_run),
+                "--tasks",
+                "muloco_tiny_gen",
+                "--include-path",
+                str(TASKS),
+                "--block-length",
+                "5",
+                "--out",
+                str(out),
+            ]
+        )
+        == 2
+    )  # refused on the task's config, before the model loads
     assert "--block-length 5 does not divide task muloco_tiny_gen's max_gen_toks 12" in capsys.readouterr().err
     assert not (ar_run / "elsewhere").exists()
     monkeypatch.setattr("muloco.evaluate.__main__._task_manager", None)  # an --out it cannot write is refused first

@@ -31,8 +31,21 @@ TEXT = "To be, or not to be, that is the question"
 @pytest.fixture(scope="module")
 def ar_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("export") / "run"
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "4", "--checkpoint.interval", "4",
-                      "--validator.freq", "4", "--dump_folder", str(run)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--training.steps",
+            "4",
+            "--checkpoint.interval",
+            "4",
+            "--validator.freq",
+            "4",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run
 
@@ -46,8 +59,14 @@ def test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens(ar_run, t
         assert main([str(ar_run), "--out", str(out)]) == 0, capsys.readouterr().err
     finally:
         os.umask(old)
-    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json", "README.md"} <= {p.name for p in out.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+    } <= {p.name for p in out.iterdir()}
     assert out.stat().st_mode & 0o777 == 0o750
     assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {p.name: "0o640" for p in out.iterdir()}
     config = load_config(ar_run)
@@ -73,14 +92,28 @@ def test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens(ar_run, t
 @pytest.fixture(scope="module")
 def mdlm_run(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("export-mdlm") / "run"
-    proc = run_train(["--config", "ddp/adamw", "--objective", "mdlm", *TINY, "--training.steps", "4",
-                      "--checkpoint.interval", "4", "--validator.freq", "4", "--dump_folder", str(run)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            "--objective",
+            "mdlm",
+            *TINY,
+            "--training.steps",
+            "4",
+            "--checkpoint.interval",
+            "4",
+            "--validator.freq",
+            "4",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return run
 
 
-def test_an_mdlm_run_loads_as_a_bidirectional_model_with_muloco_logits_and_its_card_samples(mdlm_run, tmp_path,
-                                                                                             capsys):
+def test_an_mdlm_run_loads_as_a_bidirectional_model_with_muloco_logits_and_its_card_samples(mdlm_run, tmp_path, capsys):
     from transformers import AutoModelForMaskedLM
 
     out = tmp_path / "hf"
@@ -115,7 +148,11 @@ def test_a_non_empty_out_and_a_corrupt_checkpoint_are_refused_and_nothing_is_wri
     assert "is not empty" in capsys.readouterr().err and [p.name for p in busy.iterdir()] == ["keep.txt"]
     a_file = tmp_path / "a-file"
     a_file.write_text("x")
-    for out, says in ((a_file, "is a file"), (a_file / "below", "is under"), ("/proc/muloco-export", "cannot be created")):
+    for out, says in (
+        (a_file, "is a file"),
+        (a_file / "below", "is under"),
+        ("/proc/muloco-export", "cannot be created"),
+    ):
         assert main([str(ar_run), "--out", str(out)]) == 2  # before the checkpoint is converted
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err and err.count("error:") == 1, err
@@ -150,8 +187,22 @@ def test_a_tiktoken_run_exports_a_tokenizer_json_that_encodes_as_muloco_does(tmp
     tiktoken_file = tmp_path / "tokenizer.model"
     tiktoken_file.write_bytes(b"".join(base64.b64encode(t) + b" %d\n" % i for i, t in enumerate(tokens)))
     run = tmp_path / "run"
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--tokenizer.path", str(tiktoken_file), "--training.steps", "2",
-                      "--checkpoint.interval", "2", "--validator.no-enable", "--dump_folder", str(run)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--tokenizer.path",
+            str(tiktoken_file),
+            "--training.steps",
+            "2",
+            "--checkpoint.interval",
+            "2",
+            "--validator.no-enable",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "hf"
     assert main([str(run), "--out", str(out)]) == 0, capsys.readouterr().err
@@ -184,9 +235,24 @@ def test_the_sandwich_flavor_exports_with_its_shipped_class_and_muloco_logits(ob
     from muloco.evaluate.source import from_hf_folder
 
     run = tmp_path / "run"
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--objective", objective,
-                      "--model.flavor", "llama3-w64-d2-h2_qk_torch-rmsnorm_pa_pf", "--training.steps", "2",
-                      "--checkpoint.interval", "2", "--validator.no-enable", "--dump_folder", str(run)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--objective",
+            objective,
+            "--model.flavor",
+            "llama3-w64-d2-h2_qk_torch-rmsnorm_pa_pf",
+            "--training.steps",
+            "2",
+            "--checkpoint.interval",
+            "2",
+            "--validator.no-enable",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "hf"
     assert main([str(run), "--out", str(out)]) == 0, capsys.readouterr().err
@@ -206,7 +272,8 @@ def test_the_sandwich_flavor_exports_with_its_shipped_class_and_muloco_logits(ob
 
 
 def test_export_then_import_gives_the_parameters_bit_for_bit_and_a_run_started_from_it_trains_alike(
-        ar_run, tmp_path, capsys):
+    ar_run, tmp_path, capsys
+):
     out = tmp_path / "hf"
     assert main([str(ar_run), "--out", str(out)]) == 0, capsys.readouterr().err
     config = load_config(ar_run)
@@ -218,9 +285,24 @@ def test_export_then_import_gives_the_parameters_bit_for_bit_and_a_run_started_f
 
     def losses(initial: list[str], name: str) -> dict[int, float]:
         run = tmp_path / name
-        proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "3", "--metrics.log_freq", "1",
-                          "--validator.no-enable", "--checkpoint.interval", "1000", "--checkpoint.initial_load_model_only",
-                          *initial, "--dump_folder", str(run)])
+        proc = run_train(
+            [
+                "--config",
+                "ddp/adamw",
+                *TINY,
+                "--training.steps",
+                "3",
+                "--metrics.log_freq",
+                "1",
+                "--validator.no-enable",
+                "--checkpoint.interval",
+                "1000",
+                "--checkpoint.initial_load_model_only",
+                *initial,
+                "--dump_folder",
+                str(run),
+            ]
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         return {r["step"]: r["loss"] for r in rows if "loss" in r}
@@ -233,15 +315,28 @@ def test_export_then_import_gives_the_parameters_bit_for_bit_and_a_run_started_f
 def test_a_hugging_face_folder_of_another_shape_is_one_error_naming_the_difference(ar_run, tmp_path, capsys):
     out = tmp_path / "hf"
     assert main([str(ar_run), "--out", str(out)]) == 0
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--model.flavor", "llama3-w128-d4-h2",
-                      "--checkpoint.initial_load_path", str(out), "--checkpoint.initial_load_in_hf",
-                      "--checkpoint.initial_load_model_only", "--dump_folder", str(tmp_path / "run")])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--model.flavor",
+            "llama3-w128-d4-h2",
+            "--checkpoint.initial_load_path",
+            str(out),
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only",
+            "--dump_folder",
+            str(tmp_path / "run"),
+        ]
+    )
     assert proc.returncode != 0 and "hidden_size is 64 there and 128 here" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "run").exists()
 
 
-def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_environment(ar_run, tmp_path, capsys,
-                                                                                          monkeypatch):
+def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_environment(
+    ar_run, tmp_path, capsys, monkeypatch
+):
     """The Hub is a local stand-in at its HTTP boundary (tests/hub_stub.py); the token reaches it and
     nothing else: not the output, not the folder."""
     import os
@@ -253,10 +348,27 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
     token = "hf_test_token_not_real"
     out = tmp_path / "hf"
     with HubStub() as hub:
-        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": token, "HF_HUB_DISABLE_TELEMETRY": "1",
-               "PYTHONPATH": str(REPO)}
-        proc = run_watched([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(out),
-                            "--push-to-hub", "me/tiny-llama", "--private"], env=env)
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": hub.url,
+            "HF_TOKEN": token,
+            "HF_HUB_DISABLE_TELEMETRY": "1",
+            "PYTHONPATH": str(REPO),
+        }
+        proc = run_watched(
+            [
+                sys.executable,
+                "-m",
+                "muloco.export",
+                str(ar_run),
+                "--out",
+                str(out),
+                "--push-to-hub",
+                "me/tiny-llama",
+                "--private",
+            ],
+            env=env,
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"pushed to the Hub as me/tiny-llama: {hub.url}/me/tiny-llama/commit/" in proc.stdout
     assert not hub.unexpected and hub.created[0]["visibility"] == "private" and len(hub.cards) == 1
@@ -268,8 +380,20 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
     with HubStub() as hub:  # --private onto a repository that exists and is public: refused, nothing sent
         hub.public.add("me/public-one")
         env = {**env, "HF_ENDPOINT": hub.url}
-        proc = run_watched([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(tmp_path / "again"),
-                            "--push-to-hub", "me/public-one", "--private"], env=env)
+        proc = run_watched(
+            [
+                sys.executable,
+                "-m",
+                "muloco.export",
+                str(ar_run),
+                "--out",
+                str(tmp_path / "again"),
+                "--push-to-hub",
+                "me/public-one",
+                "--private",
+            ],
+            env=env,
+        )
     assert proc.returncode == 2 and "exists and is public" in proc.stderr and not hub.files, proc.stderr[-2000:]
 
     home = tmp_path / "hf-home"  # the token `hf auth login` saved, without HF_TOKEN
@@ -277,8 +401,19 @@ def test_push_to_hub_uploads_the_folder_in_one_commit_with_the_token_from_the_en
     (home / "token").write_text("hf_saved_token_not_real")
     with HubStub() as hub:
         env = {k: v for k, v in {**env, "HF_ENDPOINT": hub.url, "HF_HOME": str(home)}.items() if k != "HF_TOKEN"}
-        proc = run_watched([sys.executable, "-m", "muloco.export", str(ar_run), "--out", str(tmp_path / "saved"),
-                            "--push-to-hub", "me/saved-token"], env=env)
+        proc = run_watched(
+            [
+                sys.executable,
+                "-m",
+                "muloco.export",
+                str(ar_run),
+                "--out",
+                str(tmp_path / "saved"),
+                "--push-to-hub",
+                "me/saved-token",
+            ],
+            env=env,
+        )
     assert proc.returncode == 0 and hub.authorizations == {"Bearer hf_saved_token_not_real"}, proc.stderr[-2000:]
 
     import huggingface_hub.constants

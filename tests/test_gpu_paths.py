@@ -91,7 +91,8 @@ def _padded(obj, batch, key, rows, length):
 def test_the_fixed_capacity_gather_gives_the_exact_loss_and_gradients(masked_only_head):
     model = tiny_model(False, V, 0).double()
     obj = MaskedDiffusion.Config(masked_only_head=masked_only_head, truncate_probability=0.0).build(
-        tokens=TOKENS, rows_per_step=3)
+        tokens=TOKENS, rows_per_step=3
+    )
     if masked_only_head:
         model._skip_lm_head = True
         obj.lm_head = model.lm_head
@@ -113,8 +114,7 @@ def test_the_fixed_capacity_gather_gives_the_exact_loss_and_gradients(masked_onl
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-14)
 
 
-@pytest.mark.parametrize("settings", [{}, {"schedule": "cosine"}, {"complementary_masks": True},
-                                      {"stratified": False}])
+@pytest.mark.parametrize("settings", [{}, {"schedule": "cosine"}, {"complementary_masks": True}, {"stratified": False}])
 def test_the_capacity_holds_every_masked_token_of_every_rank(settings):
     obj = MaskedDiffusion.Config(truncate_probability=0.0, **settings).build(tokens=TOKENS, rows_per_step=8)
     x = _rows(b=2, n=64)

@@ -18,8 +18,20 @@ from muloco.config.gpu_preset import GLOBAL_BATCH, PAPER_416M  # noqa: E402
 from muloco.sizing.flavors import steps_for_batch  # noqa: E402
 
 PRESETS = ["gpu/ddp_adamw", "gpu/ddp_muon", "gpu/diloco", "gpu/muloco", "gpu/muloco_2bit"]
-TINY_OVERRIDE = [*TINY, "--training.global_batch_size", "-1", "--training.batch_over_groups", "0", "--compile.no-enable",
-                 "--validator.freq", "1000", "--checkpoint.interval", "1000", "--metrics.log_freq", "1"]
+TINY_OVERRIDE = [
+    *TINY,
+    "--training.global_batch_size",
+    "-1",
+    "--training.batch_over_groups",
+    "0",
+    "--compile.no-enable",
+    "--validator.freq",
+    "1000",
+    "--checkpoint.interval",
+    "1000",
+    "--metrics.log_freq",
+    "1",
+]
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -45,8 +57,9 @@ def test_the_presets_batch_is_split_over_the_launchers_k():
     for k, per_group in ((2, 256), (8, 64), (4, 128)):
         _, c = parse_args(["--config", "gpu/muloco_2bit", "--fault_tolerance.group_size", str(k)])
         assert c.training.global_batch_size == per_group and per_group * k == GLOBAL_BATCH
-    _, c = parse_args(["--config", "gpu/muloco", "--fault_tolerance.group_size", "8",
-                       "--training.global_batch_size", "128"])
+    _, c = parse_args(
+        ["--config", "gpu/muloco", "--fault_tolerance.group_size", "8", "--training.global_batch_size", "128"]
+    )
     assert c.training.global_batch_size == 128
     with pytest.raises(ConfigError, match="batch_over_groups 512 does not split over 3 replica group"):
         parse_args(["--config", "gpu/diloco", "--fault_tolerance.group_size", "3"])
@@ -68,9 +81,22 @@ def test_replica_group_preset_trains_on_cpu_with_the_tiny_override(name, tmp_pat
     try:
         cluster.start_lighthouse()
         dump = tmp_path / "run"
-        cluster.start_replica(0, ["--config", name, *TINY_OVERRIDE, "--training.steps", "4",
-                                  "--outer.sync_every", "2", "--fault_tolerance.group_size", "1",
-                                  "--dump_folder", str(dump)])
+        cluster.start_replica(
+            0,
+            [
+                "--config",
+                name,
+                *TINY_OVERRIDE,
+                "--training.steps",
+                "4",
+                "--outer.sync_every",
+                "2",
+                "--fault_tolerance.group_size",
+                "1",
+                "--dump_folder",
+                str(dump),
+            ],
+        )
         assert cluster.wait("r0", 200) == 0, cluster.tail("r0")
     finally:
         cluster.close()

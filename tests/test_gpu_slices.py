@@ -15,14 +15,17 @@ from muloco.launch.local import LocalJob
 EIGHT = [str(i) for i in range(8)]
 
 
-@pytest.mark.parametrize("k,n,expected", [
-    (2, None, [["0", "1", "2", "3"], ["4", "5", "6", "7"]]),  # default: split evenly
-    (4, None, [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]),
-    (8, None, [[str(i)] for i in range(8)]),
-    (3, None, [["0", "1"], ["2", "3"], ["4", "5"]]),  # 8 // 3 = 2; devices 6, 7 unused
-    (2, 1, [["0"], ["1"]]),
-    (4, 2, [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]),
-])
+@pytest.mark.parametrize(
+    "k,n,expected",
+    [
+        (2, None, [["0", "1", "2", "3"], ["4", "5", "6", "7"]]),  # default: split evenly
+        (4, None, [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]),
+        (8, None, [[str(i)] for i in range(8)]),
+        (3, None, [["0", "1"], ["2", "3"], ["4", "5"]]),  # 8 // 3 = 2; devices 6, 7 unused
+        (2, 1, [["0"], ["1"]]),
+        (4, 2, [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]),
+    ],
+)
 def test_groups_get_disjoint_slices_of_the_visible_gpus(k, n, expected):
     assert gpu_slices(EIGHT, k, n) == expected
 
@@ -33,12 +36,15 @@ def test_visible_devices_keep_their_ids_and_order():
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
 
 
-@pytest.mark.parametrize("visible,k,n,match", [
-    (EIGHT, 4, 4, "4 replica group\\(s\\) x 4 GPU\\(s\\) each need 16 GPUs; 8 visible"),
-    (["0"], 2, None, "2 replica group\\(s\\) x 1 GPU\\(s\\) each need 2 GPUs; 1 visible .*--share-gpus"),
-    ([], 2, 1, "--gpus-per-replica 1 but no GPU is visible"),
-    (EIGHT, 2, 0, "at least 1"),
-])
+@pytest.mark.parametrize(
+    "visible,k,n,match",
+    [
+        (EIGHT, 4, 4, "4 replica group\\(s\\) x 4 GPU\\(s\\) each need 16 GPUs; 8 visible"),
+        (["0"], 2, None, "2 replica group\\(s\\) x 1 GPU\\(s\\) each need 2 GPUs; 1 visible .*--share-gpus"),
+        ([], 2, 1, "--gpus-per-replica 1 but no GPU is visible"),
+        (EIGHT, 2, 0, "at least 1"),
+    ],
+)
 def test_too_few_gpus_is_a_clear_error(visible, k, n, match):
     with pytest.raises(GpuLayoutError, match=match):
         gpu_slices(visible, k, n)
@@ -56,8 +62,13 @@ def test_no_gpu_means_cpu_and_no_device_variable():
 
 
 def test_each_rank_sees_its_groups_slice_and_counts_local_ranks_in_it(tmp_path):
-    job = LocalJob(config="diloco/diloco", replicas=2, visible_gpus=["0", "1", "2", "3"],
-                   overrides=["--dump_folder", str(tmp_path / "run")], console=io.StringIO())
+    job = LocalJob(
+        config="diloco/diloco",
+        replicas=2,
+        visible_gpus=["0", "1", "2", "3"],
+        overrides=["--dump_folder", str(tmp_path / "run")],
+        console=io.StringIO(),
+    )
     job.validate()
     job.lighthouse_url = "http://127.0.0.1:1"
     assert job.procs_per_replica == 2  # one rank per GPU of the slice
@@ -77,9 +88,11 @@ def test_procs_per_replica_that_contradicts_the_slice_is_refused():
 
 def _launcher(args, env_extra, tmp_path):
     env = {**os.environ, **env_extra}
-    return run_watched([sys.executable, "-m", "muloco.launch.local", *args, "--",
-                        "--dump_folder", str(tmp_path / "run")],
-                       cwd=REPO, env=env)
+    return run_watched(
+        [sys.executable, "-m", "muloco.launch.local", *args, "--", "--dump_folder", str(tmp_path / "run")],
+        cwd=REPO,
+        env=env,
+    )
 
 
 @pytest.mark.timeout(150)
@@ -96,16 +109,19 @@ def test_dry_run_on_an_eight_gpu_node_prints_each_slice_and_starts_nothing(tmp_p
         assert "-m muloco.launch.replica_group " in torchrun and " --nproc-per-node 2 " in torchrun
         assert f"--fault_tolerance.replica_id {i} " in torchrun
         for rank in range(2):
-            assert (f"[r{i}.{rank}]   rank {rank}: torchrun sets RANK={rank} LOCAL_RANK={rank} "
-                    f"WORLD_SIZE=2  (cuda:{rank} = GPU {2 * i + rank} of this machine)") in lines
+            assert (
+                f"[r{i}.{rank}]   rank {rank}: torchrun sets RANK={rank} LOCAL_RANK={rank} "
+                f"WORLD_SIZE=2  (cuda:{rank} = GPU {2 * i + rank} of this machine)"
+            ) in lines
     assert "[lh] " in out and "min_replicas 3" in out
     assert not (tmp_path / "run").exists()  # no dump folder, no lock, no logs
 
 
 @pytest.mark.timeout(150)
 def test_too_few_gpus_stops_the_launcher_with_exit_2(tmp_path):
-    proc = _launcher(["--dry-run", "--replicas", "4", "--gpus-per-replica", "2"],
-                     {"CUDA_VISIBLE_DEVICES": "0,1,2"}, tmp_path)
+    proc = _launcher(
+        ["--dry-run", "--replicas", "4", "--gpus-per-replica", "2"], {"CUDA_VISIBLE_DEVICES": "0,1,2"}, tmp_path
+    )
     assert proc.returncode == 2
     assert "4 replica group(s) x 2 GPU(s) each need 8 GPUs; 3 visible (0, 1, 2)" in proc.stdout
     assert not (tmp_path / "run").exists()

@@ -33,10 +33,24 @@ from muloco.tools.loading import load_config, load_model  # noqa: E402
 pytestmark = pytest.mark.timeout(900)
 
 RELATIVE_TOLERANCE = 1e-5
-SHAPES = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=131072, rms_norm_eps=1e-6)
-LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+SHAPES = dict(
+    vocab_size=2048,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-6,
+)
+LLAMA31_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+}
 FAMILIES = {
     # name: (transformers classes, config overrides)
     "llama": ("Llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
@@ -44,8 +58,10 @@ FAMILIES = {
     "llama3.2": ("Llama", {"rope_parameters": {**LLAMA31_ROPE, "factor": 32.0}, "tie_word_embeddings": True}),
     "qwen2": ("Qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}),
     "qwen2.5": ("Qwen2", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "tie_word_embeddings": True}),
-    "qwen3": ("Qwen3", {"head_dim": 32, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
-                        "tie_word_embeddings": True}),
+    "qwen3": (
+        "Qwen3",
+        {"head_dim": 32, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}, "tie_word_embeddings": True},
+    ),
 }
 
 
@@ -96,8 +112,9 @@ def test_llama3_scaling_and_qwen2_biases_change_the_logits_they_are_checked_on(t
     import transformers
 
     theirs = save_family("llama3.2", tmp_path / "l")
-    config = transformers.LlamaConfig(**{**SHAPES, **FAMILIES["llama3.2"][1],
-                                         "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}})
+    config = transformers.LlamaConfig(
+        **{**SHAPES, **FAMILIES["llama3.2"][1], "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
+    )
     plain = transformers.LlamaForCausalLM(config).eval()
     plain.load_state_dict(theirs.state_dict())
     with torch.no_grad():
@@ -128,21 +145,44 @@ def test_the_adapter_maps_each_family_there_and_back_bit_for_bit(tmp_path, famil
 
 
 def _train_from(folder: Path, run: Path, objective: str) -> None:
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--objective", objective, "--training.steps", "2",
-                      "--checkpoint.interval", "2", "--validator.no-enable", "--model.flavor", f"hf:{folder}",
-                      "--tokenizer.path", str(folder), "--checkpoint.initial_load_path", str(folder),
-                      "--checkpoint.initial_load_in_hf", "--checkpoint.initial_load_model_only",
-                      "--dump_folder", str(run)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--objective",
+            objective,
+            "--training.steps",
+            "2",
+            "--checkpoint.interval",
+            "2",
+            "--validator.no-enable",
+            "--model.flavor",
+            f"hf:{folder}",
+            "--tokenizer.path",
+            str(folder),
+            "--checkpoint.initial_load_path",
+            str(folder),
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("family, objective, architecture", [
-    ("llama3.2", "ar", "LlamaForCausalLM"),
-    ("qwen2.5", "ar", "Qwen2ForCausalLM"),
-    ("qwen2.5", "mdlm", "MulocoForCausalLM"),
-])
+@pytest.mark.parametrize(
+    "family, objective, architecture",
+    [
+        ("llama3.2", "ar", "LlamaForCausalLM"),
+        ("qwen2.5", "ar", "Qwen2ForCausalLM"),
+        ("qwen2.5", "mdlm", "MulocoForCausalLM"),
+    ],
+)
 def test_a_run_from_a_family_folder_exports_a_folder_transformers_loads_with_its_logits(
-        tmp_path, capsys, family, objective, architecture):
+    tmp_path, capsys, family, objective, architecture
+):
     """Trained 2 steps from the folder, exported, loaded by transformers (the shipped class for a
     diffusion model with Qwen2's biases): transformers' logits are the run's."""
     from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
@@ -169,11 +209,36 @@ def test_a_k2_muloco_run_starts_from_a_qwen2_folder(tmp_path):
     """Qwen2's biases take part in the exchange like any parameter: the run commits its syncs."""
     folder, run = tmp_path / "qwen2", tmp_path / "run"
     save_family("qwen2.5", folder)
-    proc = run_watched([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
-                        "--", *TINY, "--training.steps", "2", "--outer.sync_every", "1", "--validator.no-enable",
-                        "--checkpoint.interval", "2", "--model.flavor", f"hf:{folder}", "--tokenizer.path", str(folder),
-                        "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
-                        "--checkpoint.initial_load_model_only", "--dump_folder", str(run)])
+    proc = run_watched(
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.local",
+            "--config",
+            "diloco/muloco",
+            "--replicas",
+            "2",
+            "--",
+            *TINY,
+            "--training.steps",
+            "2",
+            "--outer.sync_every",
+            "1",
+            "--validator.no-enable",
+            "--checkpoint.interval",
+            "2",
+            "--model.flavor",
+            f"hf:{folder}",
+            "--tokenizer.path",
+            str(folder),
+            "--checkpoint.initial_load_path",
+            str(folder),
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summaries = [json.loads((run / f"replica_{r}" / "summary.json").read_text()) for r in (0, 1)]
     assert all(s["diloco"]["syncs_committed"] == 2 for s in summaries)

@@ -39,20 +39,26 @@ def _hf_load(folder: Path, flavor: str, vocab: int) -> dict[str, torch.Tensor]:
     return adapter.from_hf(hf_state)
 
 
-@pytest.mark.parametrize("setup, expected", [
-    ("missing", "holds no config.json"),
-    ("small-vocab", "the tokenizer's ids need 2048 embedding rows and the folder's model has 256"),
-    ("rope-scaling", "RoPE has 'yarn' scaling; muloco computes plain RoPE and Llama 3's"),
-    ("rope-scaling-beside-default-parameters", "RoPE has 'yarn' scaling"),
-    ("llama3-scaling-without-factor", "its llama3 RoPE scaling gives no factor"),
-    ("another-family", "model_type is 'gemma2': the folders that load are Llama 2/3/3.1/3.2/3.3 .*Qwen2/Qwen2.5"),
-    ("llama-attention-bias", "attention_bias is True there.*Qwen2's biases on q/k/v only load from a qwen2 folder"),
-    ("heads-do-not-split-the-width", "hidden_size 64 is not a multiple of num_attention_heads 3"),
-    ("heads-do-not-split-the-width-head-dim-given", "hidden_size 128 is not a multiple of num_attention_heads 3: "
-                                                   "transformers refuses such a config .* never be exported"),
-    ("kv-heads-do-not-group", "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
-    ("llada-bias", "LLaDA option include_bias=True"),
-])
+@pytest.mark.parametrize(
+    "setup, expected",
+    [
+        ("missing", "holds no config.json"),
+        ("small-vocab", "the tokenizer's ids need 2048 embedding rows and the folder's model has 256"),
+        ("rope-scaling", "RoPE has 'yarn' scaling; muloco computes plain RoPE and Llama 3's"),
+        ("rope-scaling-beside-default-parameters", "RoPE has 'yarn' scaling"),
+        ("llama3-scaling-without-factor", "its llama3 RoPE scaling gives no factor"),
+        ("another-family", "model_type is 'gemma2': the folders that load are Llama 2/3/3.1/3.2/3.3 .*Qwen2/Qwen2.5"),
+        ("llama-attention-bias", "attention_bias is True there.*Qwen2's biases on q/k/v only load from a qwen2 folder"),
+        ("heads-do-not-split-the-width", "hidden_size 64 is not a multiple of num_attention_heads 3"),
+        (
+            "heads-do-not-split-the-width-head-dim-given",
+            "hidden_size 128 is not a multiple of num_attention_heads 3: "
+            "transformers refuses such a config .* never be exported",
+        ),
+        ("kv-heads-do-not-group", "num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        ("llada-bias", "LLaDA option include_bias=True"),
+    ],
+)
 def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path, setup, expected):
     from muloco.config.checks import check_config
     from muloco.config.loader import ConfigError
@@ -60,8 +66,14 @@ def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path,
     folder = tmp_path / "hf"
     if setup != "missing":
         folder.mkdir()
-        config = {"model_type": "llama", "vocab_size": 256 if setup == "small-vocab" else 4096, "hidden_size": 64,
-                  "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
+        config = {
+            "model_type": "llama",
+            "vocab_size": 256 if setup == "small-vocab" else 4096,
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+        }
         if setup.startswith("rope-scaling"):
             config["rope_scaling"] = {"rope_type": "yarn", "factor": 8.0}
         if setup == "llama3-scaling-without-factor":
@@ -79,8 +91,15 @@ def test_an_hf_flavor_whose_folder_cannot_be_built_is_one_config_error(tmp_path,
         if setup == "kv-heads-do-not-group":
             config["num_key_value_heads"] = 3
         if setup == "llada-bias":
-            config = {"model_type": "llada", "d_model": 64, "n_layers": 2, "n_heads": 4, "mlp_hidden_size": 96,
-                      "vocab_size": 4096, "include_bias": True}
+            config = {
+                "model_type": "llada",
+                "d_model": 64,
+                "n_layers": 2,
+                "n_heads": 4,
+                "mlp_hidden_size": 96,
+                "vocab_size": 4096,
+                "include_bias": True,
+            }
         (folder / "config.json").write_text(json.dumps(config))
     _, c = parse_args(["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{folder}"])
     with pytest.raises(ConfigError, match=expected) as err:
@@ -103,8 +122,14 @@ def test_an_hf_flavor_fits_a_folder_whose_tokenizer_had_no_mask_token(tmp_path):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="a"))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.save(str(folder / "tokenizer.json"))
-    config = {"model_type": "llama", "vocab_size": 28, "hidden_size": 64, "intermediate_size": 96,
-              "num_hidden_layers": 2, "num_attention_heads": 4}
+    config = {
+        "model_type": "llama",
+        "vocab_size": 28,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+    }
     (folder / "config.json").write_text(json.dumps(config))
     flags = [*TINY, "--model.flavor", f"hf:{folder}", "--tokenizer.path", str(folder)]
     _, c = parse_args(["--config", "ddp/adamw", *flags])
@@ -117,8 +142,17 @@ def test_an_hf_flavor_fits_a_folder_whose_tokenizer_had_no_mask_token(tmp_path):
         check_config(c)
 
 
-TINY_LLAMA = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True)
+TINY_LLAMA = dict(
+    vocab_size=2048,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+)
 """No model-map flavor has these shapes (grouped-query heads, another FFN size, RoPE base and norm
 epsilon, a tied head): the run takes them from the folder with ``--model.flavor hf:DIR``."""
 
@@ -135,12 +169,38 @@ def diloco_from_llama(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("from-llama")
     folder, run = root / "tiny-llama", root / "run"
     LlamaForCausalLM(LlamaConfig(**TINY_LLAMA)).save_pretrained(str(folder))
-    proc = run_watched([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
-                        "--", *TINY, "--training.steps", "2", "--outer.sync_every", "1", "--outer.optimizer.lr", "1e-30",
-                        "--metrics.log_freq", "1", "--validator.no-enable", "--checkpoint.interval", "2",
-                        "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
-                        "--checkpoint.initial_load_model_only", "--model.flavor", f"hf:{folder}",
-                        "--dump_folder", str(run)])
+    proc = run_watched(
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.local",
+            "--config",
+            "diloco/muloco",
+            "--replicas",
+            "2",
+            "--",
+            *TINY,
+            "--training.steps",
+            "2",
+            "--outer.sync_every",
+            "1",
+            "--outer.optimizer.lr",
+            "1e-30",
+            "--metrics.log_freq",
+            "1",
+            "--validator.no-enable",
+            "--checkpoint.interval",
+            "2",
+            "--checkpoint.initial_load_path",
+            str(folder),
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only",
+            "--model.flavor",
+            f"hf:{folder}",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return folder, run
 
@@ -157,7 +217,9 @@ def test_a_transformers_llama_starts_a_k2_muloco_run_whose_theta_g_starts_from_i
     for r in (0, 1):
         summary = json.loads((run / f"replica_{r}" / "summary.json").read_text())
         assert summary["steps"] == 2 and summary["diloco"]["syncs_committed"] == 2
-        assert summary["diloco"]["final_global_sha256"] == global_fingerprint(model), "θ_g did not start from the folder"
+        assert summary["diloco"]["final_global_sha256"] == global_fingerprint(model), (
+            "θ_g did not start from the folder"
+        )
 
 
 def test_a_diloco_run_exports_theta_g_with_the_fingerprint_the_run_recorded(diloco_from_llama, tmp_path, capsys):
@@ -191,13 +253,32 @@ def _llada_folder(llama: Path, out: Path) -> Path:
 
     out.mkdir()
     t = TINY_LLAMA
-    (out / "config.json").write_text(json.dumps({
-        "model_type": "llada", "architectures": ["LLaDAModelLM"], "d_model": t["hidden_size"],
-        "n_layers": t["num_hidden_layers"], "n_heads": t["num_attention_heads"], "n_kv_heads": t["num_key_value_heads"],
-        "mlp_hidden_size": t["intermediate_size"], "vocab_size": t["vocab_size"], "embedding_size": t["vocab_size"],
-        "rms_norm_eps": t["rms_norm_eps"], "rope_theta": t["rope_theta"], "weight_tying": t["tie_word_embeddings"],
-        "max_sequence_length": 64, "include_bias": False, "activation_type": "silu", "layer_norm_type": "rms",
-        "block_type": "llama", "rope": True, "alibi": False, "mask_token_id": MulocoTokenizer().mask_id}))
+    (out / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llada",
+                "architectures": ["LLaDAModelLM"],
+                "d_model": t["hidden_size"],
+                "n_layers": t["num_hidden_layers"],
+                "n_heads": t["num_attention_heads"],
+                "n_kv_heads": t["num_key_value_heads"],
+                "mlp_hidden_size": t["intermediate_size"],
+                "vocab_size": t["vocab_size"],
+                "embedding_size": t["vocab_size"],
+                "rms_norm_eps": t["rms_norm_eps"],
+                "rope_theta": t["rope_theta"],
+                "weight_tying": t["tie_word_embeddings"],
+                "max_sequence_length": 64,
+                "include_bias": False,
+                "activation_type": "silu",
+                "layer_norm_type": "rms",
+                "block_type": "llama",
+                "rope": True,
+                "alibi": False,
+                "mask_token_id": MulocoTokenizer().mask_id,
+            }
+        )
+    )
     save_file(to_llada_names(load_file(str(llama / "model.safetensors"))), str(out / "model.safetensors"))
     return out
 
@@ -211,12 +292,38 @@ def test_a_llada_style_folder_starts_a_k2_mdlm_muloco_run_whose_theta_g_is_its_w
 
     llama, _ = diloco_from_llama
     folder, run = _llada_folder(llama, tmp_path / "llada"), tmp_path / "run"
-    proc = run_watched([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2",
-                        "--", *TINY, "--objective", "mdlm", "--training.steps", "2", "--outer.sync_every", "1",
-                        "--outer.optimizer.lr", "1e-30", "--validator.no-enable", "--checkpoint.interval", "2",
-                        "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
-                        "--checkpoint.initial_load_model_only", "--model.flavor", f"hf:{folder}",
-                        "--dump_folder", str(run)])
+    proc = run_watched(
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.local",
+            "--config",
+            "diloco/muloco",
+            "--replicas",
+            "2",
+            "--",
+            *TINY,
+            "--objective",
+            "mdlm",
+            "--training.steps",
+            "2",
+            "--outer.sync_every",
+            "1",
+            "--outer.optimizer.lr",
+            "1e-30",
+            "--validator.no-enable",
+            "--checkpoint.interval",
+            "2",
+            "--checkpoint.initial_load_path",
+            str(folder),
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only",
+            "--model.flavor",
+            f"hf:{folder}",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _, c = parse_args(["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{llama}"])
     model = init_model(c.model, 2048, True, torch.device("cpu"))
@@ -224,9 +331,19 @@ def test_a_llada_style_folder_starts_a_k2_mdlm_muloco_run_whose_theta_g_is_its_w
     for r in (0, 1):
         summary = json.loads((run / f"replica_{r}" / "summary.json").read_text())
         assert summary["diloco"]["final_global_sha256"] == global_fingerprint(model)
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--checkpoint.initial_load_path", str(folder),
-                      "--checkpoint.initial_load_in_hf", "--checkpoint.initial_load_model_only",
-                      "--dump_folder", str(tmp_path / "wrong")])  # a model-map flavor cannot read LLaDA's names
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--checkpoint.initial_load_path",
+            str(folder),
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only",
+            "--dump_folder",
+            str(tmp_path / "wrong"),
+        ]
+    )  # a model-map flavor cannot read LLaDA's names
     assert proc.returncode != 0 and f"--model.flavor hf:{folder}" in proc.stderr, proc.stderr[-2000:]
 
 
@@ -240,9 +357,22 @@ def test_a_qk_norm_run_exports_as_qwen3_and_a_qwen3_folder_reads_back_as_the_sam
     from muloco.evaluate.source import from_hf_folder
 
     run = tmp_path / "run"
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--model.flavor", "llama3-w64-d2-h2_qk_torch-rmsnorm",
-                      "--training.steps", "2", "--checkpoint.interval", "2", "--validator.no-enable",
-                      "--dump_folder", str(run)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--model.flavor",
+            "llama3-w64-d2-h2_qk_torch-rmsnorm",
+            "--training.steps",
+            "2",
+            "--checkpoint.interval",
+            "2",
+            "--validator.no-enable",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "hf"
     assert main([str(run), "--out", str(out)]) == 0, capsys.readouterr().err
@@ -256,9 +386,19 @@ def test_a_qk_norm_run_exports_as_qwen3_and_a_qwen3_folder_reads_back_as_the_sam
     assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
 
     qwen = tmp_path / "qwen3"
-    Qwen3ForCausalLM(Qwen3Config(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, rope_theta=1e6,
-                                 tie_word_embeddings=True)).save_pretrained(str(qwen))
+    Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=2048,
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            rope_theta=1e6,
+            tie_word_embeddings=True,
+        )
+    ).save_pretrained(str(qwen))
     (qwen / "tokenizer.json").write_bytes((out / "tokenizer.json").read_bytes())
     hf = AutoModelForCausalLM.from_pretrained(str(qwen), dtype=torch.float32).eval()
     ours = from_hf_folder(qwen, torch.device("cpu")).model
@@ -283,17 +423,38 @@ def test_a_full_vocabulary_takes_one_of_its_reserved_tokens_as_the_mask(tmp_path
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.add_special_tokens([AddedToken("<|reserved_special_token_0|>", special=True)])
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 29, "hidden_size": 64,
-                                                    "intermediate_size": 96, "num_hidden_layers": 2,
-                                                    "num_attention_heads": 4}))
-    flags = ["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{folder}", "--tokenizer.path", str(folder),
-             "--objective", "mdlm"]
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": 29,
+                "hidden_size": 64,
+                "intermediate_size": 96,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+            }
+        )
+    )
+    flags = [
+        "--config",
+        "ddp/adamw",
+        *TINY,
+        "--model.flavor",
+        f"hf:{folder}",
+        "--tokenizer.path",
+        str(folder),
+        "--objective",
+        "mdlm",
+    ]
     _, c = parse_args(flags)
     with pytest.raises(ConfigError, match=r"need 30 embedding rows .* --tokenizer.mask_token"):
         check_config(c)
     _, c = parse_args([*flags, "--tokenizer.mask_token", "<|reserved_special_token_0|>"])
     check_config(c)
-    assert MulocoTokenizer(MulocoTokenizer.Config(path=str(folder), mask_token="<|reserved_special_token_0|>")).mask_id == 28
+    assert (
+        MulocoTokenizer(MulocoTokenizer.Config(path=str(folder), mask_token="<|reserved_special_token_0|>")).mask_id
+        == 28
+    )
     with pytest.raises(TokenizerError, match=r"mask_token '<\|mask_me\|>' is not a special .*reserved_special_token_0"):
         MulocoTokenizer(MulocoTokenizer.Config(path=str(folder), mask_token="<|mask_me|>"))
     with pytest.raises(TokenizerError, match=r"mask_token 'a' is not a special \(added\) token"):

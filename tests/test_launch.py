@@ -57,6 +57,7 @@ def run_in_thread(job: LocalJob) -> tuple[threading.Thread, list[int]]:
 
 # -- lighthouse ------------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(300)
 def test_lighthouse_in_process_serves_status_and_shuts_down():
     lh = start_lighthouse("127.0.0.1:0")
@@ -93,9 +94,13 @@ def lighthouse_cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.timeout(600)
 def test_lighthouse_cli_prints_url_line_and_stops_on_sigterm():
-    proc = subprocess.Popen([sys.executable, "-m", "muloco.launch.lighthouse", "--bind",
-                             "127.0.0.1:0", "--replicas", "2"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "muloco.launch.lighthouse", "--bind", "127.0.0.1:0", "--replicas", "2"],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().strip()
         host_port = line.split("http://", 1)[1].split(" ", 1)[0]
@@ -116,9 +121,23 @@ def test_lighthouse_on_node_writes_its_url_file_over_a_stale_one(tmp_path):
 
     url_file = tmp_path / "lighthouse-1.url"
     url_file.write_text("http://stale:1\n")
-    proc = subprocess.Popen([sys.executable, "-m", "muloco.launch.lighthouse", "--bind", "node:0",
-                             "--replicas", "2", "--url_file", str(url_file)], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.lighthouse",
+            "--bind",
+            "node:0",
+            "--replicas",
+            "2",
+            "--url_file",
+            str(url_file),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         line = proc.stdout.readline().strip()
         url = url_file.read_text().strip()
@@ -163,7 +182,8 @@ def test_lighthouse_cli_needs_the_replica_count_and_explains_its_join_timeout():
     assert res.returncode == 2 and res.stdout == ""
     assert res.stderr.splitlines() == [
         "muloco lighthouse: error: give --replicas K (the number of replica groups; a quorum is then "
-        "a majority, K//2+1) or --min_replicas N (the replica groups a quorum needs)"]
+        "a majority, K//2+1) or --min_replicas N (the replica groups a quorum needs)"
+    ]
     help_text = " ".join(lighthouse_cli("--help").stdout.split())
     assert "(default: 270000)" in help_text and "--fault_tolerance.quorum_timeout_seconds" in help_text
     assert "heal" in help_text
@@ -171,16 +191,31 @@ def test_lighthouse_cli_needs_the_replica_count_and_explains_its_join_timeout():
 
 @pytest.mark.timeout(600)
 def test_lighthouse_cli_warns_about_a_quorum_below_a_majority():
-    proc = subprocess.Popen([sys.executable, "-m", "muloco.launch.lighthouse", "--bind",
-                             "127.0.0.1:0", "--replicas", "3", "--min_replicas", "1"], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.lighthouse",
+            "--bind",
+            "127.0.0.1:0",
+            "--replicas",
+            "3",
+            "--min_replicas",
+            "1",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout.readline().startswith("lighthouse listening on http://127.0.0.1:")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=HANG_S)
         assert [ln for ln in err.splitlines() if ln.startswith("muloco lighthouse:")] == [
             "muloco lighthouse: warning: --min_replicas 1 is below a majority of 3: two disjoint groups "
-            "of replicas could both commit (split brain)"]
+            "of replicas could both commit (split brain)"
+        ]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -189,13 +224,20 @@ def test_lighthouse_cli_warns_about_a_quorum_below_a_majority():
 
 # -- a rank under torchrun -------------------------------------------------------------------
 
+
 @pytest.mark.timeout(600)
 def test_rank_process_ends_as_its_rank_ended():
     """torchrun sees the rank's own exit through muloco.launch.rank_process: its code, or the
     signal that killed it."""
+
     def rank(code: str) -> int:
-        return subprocess.run([sys.executable, "-m", "muloco.launch.rank_process", *py(code)],
-                              cwd=REPO, timeout=HANG_S, start_new_session=True).returncode
+        return subprocess.run(
+            [sys.executable, "-m", "muloco.launch.rank_process", *py(code)],
+            cwd=REPO,
+            timeout=HANG_S,
+            start_new_session=True,
+        ).returncode
+
     assert rank("pass") == 0
     assert rank("import sys; sys.exit(5)") == 5
     assert rank("import os, signal; os.kill(os.getpid(), signal.SIGKILL)") == -signal.SIGKILL
@@ -206,52 +248,92 @@ def test_rank_process_whose_agent_is_already_gone_kills_its_group(tmp_path):
     """Started for an agent PID that is not its parent (the agent died before the rank could
     ask for its death signal): it stops at once instead of running unsupervised."""
     env = {**os.environ, "MULOCO_AGENT_PID": "1"}
-    proc = subprocess.run([sys.executable, "-m", "muloco.launch.rank_process",
-                           *py(f"open({str(tmp_path / 'ran')!r}, 'w').close()")],
-                          cwd=REPO, env=env, timeout=HANG_S, start_new_session=True)  # as torchrun
+    proc = subprocess.run(
+        [sys.executable, "-m", "muloco.launch.rank_process", *py(f"open({str(tmp_path / 'ran')!r}, 'w').close()")],
+        cwd=REPO,
+        env=env,
+        timeout=HANG_S,
+        start_new_session=True,
+    )  # as torchrun
     assert proc.returncode == -signal.SIGKILL and not (tmp_path / "ran").exists()
 
 
 # -- launcher --------------------------------------------------------------------------------
 
+
 def test_cli_arguments_split_into_options_and_overrides(tmp_path, capsys):
-    job = job_from_args(["--replicas", "3", "--max-restarts", "1",
-                         "--", "--training.steps", "60", "--dump_folder", str(tmp_path / "run")])
+    job = job_from_args(
+        [
+            "--replicas",
+            "3",
+            "--max-restarts",
+            "1",
+            "--",
+            "--training.steps",
+            "60",
+            "--dump_folder",
+            str(tmp_path / "run"),
+        ]
+    )
     assert (job.replicas, job.max_restarts, job.config) == (3, 1, "diloco/diloco")
     assert job.overrides == ["--training.steps", "60", "--dump_folder", str(tmp_path / "run")]
     assert job.resolved_log_dir == str(tmp_path / "run" / "logs")
     assert job.replica_command(2) == [
-        sys.executable, "-m", "muloco.train", "--config", "diloco/diloco",
-        "--fault_tolerance.replica_id", "2", "--fault_tolerance.group_size", "3", *job.overrides,
-        "--fault_tolerance.min_replica_size", "2"]
+        sys.executable,
+        "-m",
+        "muloco.train",
+        "--config",
+        "diloco/diloco",
+        "--fault_tolerance.replica_id",
+        "2",
+        "--fault_tolerance.group_size",
+        "3",
+        *job.overrides,
+        "--fault_tolerance.min_replica_size",
+        "2",
+    ]
     assert job.trainer_config.training.steps == 60
     assert job_from_args([]).resolved_log_dir == os.path.join("./outputs/diloco", "logs")  # the config's
     assert len(set(free_ports(8))) == 8
-    wrapped = LocalJob(entry=[sys.executable, "tests/drill_train.py"], replicas=2,
-                       overrides=["--dump_folder", str(tmp_path / "run")])
-    assert wrapped.replica_command(1)[:4] == [sys.executable, "tests/drill_train.py", "--config",
-                                              "diloco/diloco"]
+    wrapped = LocalJob(
+        entry=[sys.executable, "tests/drill_train.py"], replicas=2, overrides=["--dump_folder", str(tmp_path / "run")]
+    )
+    assert wrapped.replica_command(1)[:4] == [sys.executable, "tests/drill_train.py", "--config", "diloco/diloco"]
     with pytest.raises(UsageError, match=r"unknown option '--training.steps'.*trainer overrides go after `--`"):
         job_from_args(["--replicas", "3", "--training.steps", "60"])  # a trainer override before `--`
     assert main(["--max-restart", "1"]) == 2
-    assert capsys.readouterr().err == ("muloco local: error: unknown option '--max-restart'. "
-                                       "Closest valid options: --max-restarts, --min-replicas. See python -m "
-                                       "muloco.launch.local --help; trainer overrides go after `--`.\n")
+    assert capsys.readouterr().err == (
+        "muloco local: error: unknown option '--max-restart'. "
+        "Closest valid options: --max-restarts, --min-replicas. See python -m "
+        "muloco.launch.local --help; trainer overrides go after `--`.\n"
+    )
 
 
 def test_quorum_defaults_follow_the_replicas_and_the_trainer_config(tmp_path):
     dump = ["--dump_folder", str(tmp_path / "run")]
     job = job_from_args(["--replicas", "3", "--", *dump])
     assert (job.quorum_size, job.resolved_join_timeout_ms) == (2, 270_000)
-    job = job_from_args(["--replicas", "5", "--", *dump,
-                         "--fault_tolerance.quorum_timeout_seconds", "100"])
+    job = job_from_args(["--replicas", "5", "--", *dump, "--fault_tolerance.quorum_timeout_seconds", "100"])
     assert (job.quorum_size, job.resolved_join_timeout_ms) == (3, 90_000)
-    job = job_from_args(["--replicas", "3", "--min-replicas", "1", "--join-timeout-ms", "500",
-                         "--", *dump, "--fault_tolerance.min_replica_size", "3"])
+    job = job_from_args(
+        [
+            "--replicas",
+            "3",
+            "--min-replicas",
+            "1",
+            "--join-timeout-ms",
+            "500",
+            "--",
+            *dump,
+            "--fault_tolerance.min_replica_size",
+            "3",
+        ]
+    )
     assert (job.quorum_size, job.resolved_join_timeout_ms) == (1, 500)
     assert job.replica_command(0)[-2:] == ["--fault_tolerance.min_replica_size", "1"]  # wins
-    job = job_from_args(["--replicas", "3", "--min-replicas", "0", "--", *dump,
-                         "--fault_tolerance.min_replica_size", "3"])
+    job = job_from_args(
+        ["--replicas", "3", "--min-replicas", "0", "--", *dump, "--fault_tolerance.min_replica_size", "3"]
+    )
     assert job.quorum_size == 3  # the config's own choice, given to the lighthouse too
 
 
@@ -267,13 +349,15 @@ def refused(tmp_path: Path, **kw) -> list[str]:
 
 @pytest.mark.timeout(600)
 def test_launcher_refuses_a_config_without_outer_loop_once(tmp_path):
-    lines = refused(tmp_path, config="ddp/adamw",
-                    overrides=["--training.steps", "5", "--dump_folder", str(tmp_path / "run")])
+    lines = refused(
+        tmp_path, config="ddp/adamw", overrides=["--training.steps", "5", "--dump_folder", str(tmp_path / "run")]
+    )
     assert lines == [
         "local job failed: the local launcher runs DiLoCo replica groups; --config ddp/adamw has "
         "no outer loop: use a diloco/* config (e.g. diloco/diloco, diloco/muloco_2bit), or run it as one "
         f"group: python -m muloco.train --config ddp/adamw --training.steps 5 --dump_folder "
-        f"{tmp_path / 'run'}"]
+        f"{tmp_path / 'run'}"
+    ]
 
 
 @pytest.mark.timeout(600)
@@ -281,12 +365,14 @@ def test_launcher_refuses_bad_overrides_once(tmp_path):
     dump = ["--dump_folder", str(tmp_path / "run")]
     lines = refused(tmp_path, overrides=["--outer.sync_evry", "5", *dump])
     assert len(lines) == 1 and lines[0].startswith(
-        "local job failed: unknown config key '--outer.sync_evry'. Closest valid keys: --outer.sync_every")
+        "local job failed: unknown config key '--outer.sync_evry'. Closest valid keys: --outer.sync_every"
+    )
     lines = refused(tmp_path, overrides=["--training.steps", "31", *dump])
     assert len(lines) == 1 and "training.steps (31) must be a multiple" in lines[0]
     lines = refused(tmp_path, replicas=2, overrides=["--fault_tolerance.group_size", "3", *dump])
-    assert lines == ["local job failed: --fault_tolerance.group_size 3 disagrees with --replicas 2: "
-                     "drop it, the launcher sets it"]
+    assert lines == [
+        "local job failed: --fault_tolerance.group_size 3 disagrees with --replicas 2: drop it, the launcher sets it"
+    ]
     lines = refused(tmp_path, replicas=3, min_replicas=4, overrides=dump)
     assert len(lines) == 1 and "--min-replicas must be between 1 and --replicas (3)" in lines[0]
 
@@ -296,12 +382,17 @@ def test_launcher_refuses_bad_overrides_once(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_replicas_get_torchrun_env_and_prefixed_logs(tmp_path):
-    job, console = make_job(tmp_path, """
+    job, console = make_job(
+        tmp_path,
+        """
         import os
         e = os.environ
         print("hello", *(e[k] for k in ("REPLICA_GROUP_ID", "RANK", "WORLD_SIZE", "MASTER_PORT",
               "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE", "MASTER_ADDR", "LOCAL_RANK")))
-    """, replicas=2, procs_per_replica=2)
+    """,
+        replicas=2,
+        procs_per_replica=2,
+    )
     assert job.run() == 0
     out = console.getvalue()
     assert "local job finished: 2 replicas ok" in out
@@ -309,15 +400,23 @@ def test_replicas_get_torchrun_env_and_prefixed_logs(tmp_path):
     for i in range(2):
         for rank in range(2):
             name = f"replica_{i}.log" if rank == 0 else f"replica_{i}_rank{rank}.log"
-            line = next(ln for ln in (tmp_path / "logs" / name).read_text().splitlines()
-                        if ln.startswith("hello"))
+            line = next(ln for ln in (tmp_path / "logs" / name).read_text().splitlines() if ln.startswith("hello"))
             _, rid, r, ws, port, k, url, addr, lr = line.split()
             assert (rid, r, ws, k, url, addr, lr) == (
-                str(i), str(rank), "2", "2", job.lighthouse_url, "127.0.0.1", str(rank))
+                str(i),
+                str(rank),
+                "2",
+                "2",
+                job.lighthouse_url,
+                "127.0.0.1",
+                str(rank),
+            )
             ports.setdefault(i, set()).add(port)
             assert f"[r{i}.{rank}] {line}" in out
-    assert "local job: quorum = majority 2 of 2 replica groups; the lighthouse waits up to 270 s " \
-           "for heartbeating groups\n" in out
+    assert (
+        "local job: quorum = majority 2 of 2 replica groups; the lighthouse waits up to 270 s "
+        "for heartbeating groups\n" in out
+    )
     assert all(len(p) == 1 for p in ports.values()) and ports[0] != ports[1]
     assert (tmp_path / "logs" / "lighthouse.log").read_text().count("lighthouse listening") == 1
     assert not any(alive(p) for p in job.pids)
@@ -329,10 +428,10 @@ def test_quorum_below_a_majority_is_allowed_with_a_warning(tmp_path):
     assert job.run() == 0
     lines = console.getvalue().splitlines()
     assert lines[:2] == [
-        "local job: quorum = 1 of 3 replica groups; the lighthouse waits up to 3 s for "
-        "heartbeating groups",
+        "local job: quorum = 1 of 3 replica groups; the lighthouse waits up to 3 s for heartbeating groups",
         "local job: warning: --min-replicas 1 is below a majority of 3: two disjoint groups of "
-        "replicas could both commit (split brain)"]
+        "replicas could both commit (split brain)",
+    ]
     assert "min_replicas 1, join_timeout_ms 3000," in (tmp_path / "logs" / "lighthouse.log").read_text()
 
 
@@ -340,12 +439,16 @@ def test_quorum_below_a_majority_is_allowed_with_a_warning(tmp_path):
 def test_failing_replica_stops_the_others(tmp_path):
     """Replica 1 would run for an hour, longer than the test waits: that the job ends at all
     is the launcher stopping it."""
-    job, console = make_job(tmp_path, """
+    job, console = make_job(
+        tmp_path,
+        """
         import os, sys, time
         if os.environ["REPLICA_GROUP_ID"] == "0":
             print("boom", flush=True); sys.exit(3)
         time.sleep(3600)
-    """, replicas=2)
+    """,
+        replicas=2,
+    )
     assert job.run() == 3
     assert "local job failed: replica 0 exited with code 3 (log: " in console.getvalue()
     assert "[r0] boom" in console.getvalue()
@@ -355,13 +458,18 @@ def test_failing_replica_stops_the_others(tmp_path):
 @pytest.mark.timeout(600)
 def test_failed_replica_is_restarted(tmp_path):
     marker = tmp_path / "failed-once"
-    job, console = make_job(tmp_path, f"""
+    job, console = make_job(
+        tmp_path,
+        f"""
         import os, sys
         marker = {str(marker)!r}
         if os.environ["REPLICA_GROUP_ID"] == "1" and not os.path.exists(marker):
             open(marker, "w").close(); print("first try fails"); sys.exit(5)
         print("ok")
-    """, replicas=2, max_restarts=1)
+    """,
+        replicas=2,
+        max_restarts=1,
+    )
     assert job.run() == 0
     log = (tmp_path / "logs" / "replica_1.log").read_text()
     assert log.index("first try fails") < log.index("=== restart 1 ===") < log.rindex("ok")
@@ -372,12 +480,17 @@ def test_failed_replica_is_restarted(tmp_path):
 
 @pytest.mark.timeout(600)
 def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
-    job, console = make_job(tmp_path, """
+    job, console = make_job(
+        tmp_path,
+        """
         import signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("ready", flush=True)
         time.sleep(3600)
-    """, replicas=1, term_grace_s=1.0)
+    """,
+        replicas=1,
+        term_grace_s=1.0,
+    )
     t, result = run_in_thread(job)
     deadline = time.monotonic() + HANG_S
     while "[r0] ready" not in console.getvalue():  # it ignores SIGTERM from now on
@@ -401,11 +514,12 @@ def test_ctrl_c_stops_everything(tmp_path):
         from muloco.launch.local import LocalJob
         child = [sys.executable, "-c", "import os, time; open(os.path.join({str(pid_dir)!r}, "
                  "str(os.getpid())), 'w').close(); time.sleep(3600)"]
-        job = LocalJob(command=child, replicas=2, log_dir={str(tmp_path / 'logs')!r})
+        job = LocalJob(command=child, replicas=2, log_dir={str(tmp_path / "logs")!r})
         sys.exit(job.run())
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     try:
         deadline = time.monotonic() + HANG_S
         while len(list(pid_dir.iterdir())) < 2:
@@ -437,13 +551,17 @@ def test_muloco_job_script_defaults_to_2bit_muloco():
 def test_netns_is_refused_with_one_message_where_namespaces_cannot_be_made(tmp_path, monkeypatch):
     import muloco.launch.local as local
 
-    monkeypatch.setattr(local, "unavailable", lambda: "network namespaces need root (ip netns add); run as root, "
-                                                      "or drop --netns")
+    monkeypatch.setattr(
+        local, "unavailable", lambda: "network namespaces need root (ip netns add); run as root, or drop --netns"
+    )
     lines = refused(tmp_path, netns=True, overrides=["--dump_folder", str(tmp_path / "run")])
-    assert lines == ["local job failed: --netns: network namespaces need root (ip netns add); run as root, or "
-                     "drop --netns"]
+    assert lines == [
+        "local job failed: --netns: network namespaces need root (ip netns add); run as root, or drop --netns"
+    ]
     lines = refused(tmp_path, link="100mbit", overrides=["--dump_folder", str(tmp_path / "run")])
-    assert lines == ["local job failed: --link and --link-queue-ms shape the links of --netns; add --netns (or use "
-                     "the emulated link: compare --link)"]
+    assert lines == [
+        "local job failed: --link and --link-queue-ms shape the links of --netns; add --netns (or use "
+        "the emulated link: compare --link)"
+    ]
     lines = refused(tmp_path, netns=True, link="100mbps", overrides=["--dump_folder", str(tmp_path / "run")])
     assert lines[-1] == "local job failed: --link: link rate '100mbps' is not a tc rate; give e.g. 100mbit or 1gbit"

@@ -36,8 +36,9 @@ class Holder:
     """A separate process holding ``folder``'s lock, with a child of its own; killed by PID."""
 
     def __init__(self, folder: Path):
-        self.proc = subprocess.Popen([sys.executable, str(HOLDER), str(folder)], cwd=REPO,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(HOLDER), str(folder)], cwd=REPO, stdout=subprocess.PIPE, text=True
+        )
         line = self.proc.stdout.readline()
         assert line, "the lock holder did not start"
         self.pid, self.child = map(int, line.split())
@@ -55,12 +56,14 @@ class Holder:
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int, bytes]]:
     """Every path under ``folder`` with size, mtime and content: 'nothing was written'."""
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns,
-                                         p.read_bytes() if p.is_file() else b"")
-            for p in sorted(folder.rglob("*"))}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else b"")
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 # -- the module ------------------------------------------------------------------------------
+
 
 def test_lock_records_its_holder_and_release_removes_it(tmp_path):
     folder = tmp_path / "run"
@@ -81,9 +84,11 @@ def test_second_lock_is_refused_without_touching_the_folder(tmp_path):
         with pytest.raises(DumpFolderBusy) as err:
             DumpFolderLock(folder).acquire()
         msg = str(err.value)
-        assert msg == (f"dump folder {folder} is in use by PID {os.getpid()} on "
-                       f"{socket.gethostname()} (started {json.loads((folder / LOCK_NAME).read_text())['started']}): "
-                       f"stop that run (kill {os.getpid()}) or pass another --dump_folder")
+        assert msg == (
+            f"dump folder {folder} is in use by PID {os.getpid()} on "
+            f"{socket.gethostname()} (started {json.loads((folder / LOCK_NAME).read_text())['started']}): "
+            f"stop that run (kill {os.getpid()}) or pass another --dump_folder"
+        )
         assert err.value.holder.pid == os.getpid()
         assert snapshot(folder) == before
     finally:
@@ -131,6 +136,7 @@ def test_release_can_remove_the_folders_acquire_created(tmp_path):
 
 # -- the launcher ----------------------------------------------------------------------------
 
+
 @pytest.mark.timeout(600)
 def test_launcher_refuses_a_folder_a_live_run_holds(tmp_path):
     """The real CLI (config parsed first): exit 2, one line naming the holder, nothing written."""
@@ -140,14 +146,25 @@ def test_launcher_refuses_a_folder_a_live_run_holds(tmp_path):
     holder = Holder(folder)
     try:
         before = snapshot(folder)
-        res = run_watched([sys.executable, "-m", "muloco.launch.local", "--config",
-                           "diloco/diloco", "--", "--dump_folder", str(folder)],
-                          cwd=REPO)
+        res = run_watched(
+            [
+                sys.executable,
+                "-m",
+                "muloco.launch.local",
+                "--config",
+                "diloco/diloco",
+                "--",
+                "--dump_folder",
+                str(folder),
+            ],
+            cwd=REPO,
+        )
         assert res.returncode == 2, res.stdout + res.stderr
         assert res.stdout.splitlines() == [
             f"local job failed: dump folder {folder} is in use by PID {holder.pid} on "
             f"{socket.gethostname()} (started {json.loads((folder / LOCK_NAME).read_text())['started']}): "
-            f"stop that run (kill {holder.pid}) or pass another --dump_folder"]
+            f"stop that run (kill {holder.pid}) or pass another --dump_folder"
+        ]
         assert snapshot(folder) == before  # no logs, no lighthouse, lock file untouched
     finally:
         holder.cleanup()
@@ -160,8 +177,12 @@ def test_launcher_takes_over_the_lock_of_a_killed_run(tmp_path):
     try:
         holder.kill()
         console = io.StringIO()
-        job = LocalJob(command=[sys.executable, "-c", "print('ok')"], replicas=1,
-                       overrides=["--dump_folder", str(folder)], console=console)
+        job = LocalJob(
+            command=[sys.executable, "-c", "print('ok')"],
+            replicas=1,
+            overrides=["--dump_folder", str(folder)],
+            console=console,
+        )
         assert job.run() == 0, console.getvalue()
         out = console.getvalue()
         assert f"local job: taking over a stale lock left by PID {holder.pid}\n" in out
@@ -184,14 +205,20 @@ def test_refused_launch_removes_what_it_created(tmp_path):
         port = busy.getsockname()[1]
         for folder in (fresh, old):
             console = io.StringIO()
-            job = LocalJob(command=[sys.executable, "-c", "pass"], replicas=1, console=console,
-                           overrides=["--dump_folder", str(folder)],
-                           lighthouse_bind=f"127.0.0.1:{port}")
+            job = LocalJob(
+                command=[sys.executable, "-c", "pass"],
+                replicas=1,
+                console=console,
+                overrides=["--dump_folder", str(folder)],
+                lighthouse_bind=f"127.0.0.1:{port}",
+            )
             assert job.run() == 2
             failed = [ln for ln in console.getvalue().splitlines() if ln.startswith("local job failed")]
-            assert failed == [f"local job failed: the lighthouse refused to start: port {port} on "
-                              f"127.0.0.1 is already in use (another lighthouse or job?): stop it, "
-                              f"or pass --bind 127.0.0.1:OTHER_PORT (port 0 picks a free one)"]
+            assert failed == [
+                f"local job failed: the lighthouse refused to start: port {port} on "
+                f"127.0.0.1 is already in use (another lighthouse or job?): stop it, "
+                f"or pass --bind 127.0.0.1:OTHER_PORT (port 0 picks a free one)"
+            ]
             assert job.pids == []
     assert not (tmp_path / "new").exists()
     assert snapshot(old) == {"keep.txt": (4, (old / "keep.txt").stat().st_mtime_ns, b"mine")}

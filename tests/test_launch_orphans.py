@@ -24,8 +24,7 @@ HANG_S = 240
 """Only a hang timeout (the run's processes would sleep for an hour): starting the launcher,
 the lighthouse and torchrun, which import torch, can take 30 s and more on one busy core."""
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
-                                reason="parent-death signal and /proc are Linux")
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal and /proc are Linux")
 
 
 def state(pid: int) -> str | None:
@@ -75,8 +74,19 @@ class SleeperJob:
         self.out = tmp / "launcher.txt"
         with open(self.out, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, str(SLEEPER_JOB), str(self.pid_dir), "--replicas", str(replicas),
-                 "--log-dir", str(tmp / "logs")], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+                [
+                    sys.executable,
+                    str(SLEEPER_JOB),
+                    str(self.pid_dir),
+                    "--replicas",
+                    str(replicas),
+                    "--log-dir",
+                    str(tmp / "logs"),
+                ],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self.replicas = replicas
         self.run_pids: set[int] = set()
 
@@ -127,8 +137,7 @@ def test_sigkilled_launcher_takes_every_process_with_it(tmp_path):
         os.kill(job.proc.pid, signal.SIGKILL)
         assert job.proc.wait(HANG_S) == -signal.SIGKILL
         left, waited = job.survivors()
-        print(f"\nlauncher SIGKILLed: all {len(job.run_pids)} processes of the run gone "
-              f"after {waited * 1000:.0f} ms")
+        print(f"\nlauncher SIGKILLed: all {len(job.run_pids)} processes of the run gone after {waited * 1000:.0f} ms")
         assert not left, {p: state(p) for p in left}
         for log in ("replica_0.log", "replica_1.log", "lighthouse.log"):  # the run's logs say why they stop
             last = (tmp_path / "logs" / log).read_text().splitlines()[-1]

@@ -100,18 +100,25 @@ def test_the_relay_process_prints_its_url_ignores_sigterm_and_dies_with_its_pare
     process that started it (the group's torchrun, by PID)."""
     url_file = tmp_path / "lighthouse.url"
     parent = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time\n"
-         "from muloco.launch.slurm_group import start_relay\n"
-         f"print(start_relay({str(url_file)!r}, 5), flush=True)\n"
-         "time.sleep(600)\n"],
-        stdout=subprocess.PIPE, text=True, start_new_session=True)
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from muloco.launch.slurm_group import start_relay\n"
+            f"print(start_relay({str(url_file)!r}, 5), flush=True)\n"
+            "time.sleep(600)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     relay_pid = None
     try:
         url = parent.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:")
-        relay_pid = int(subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True,
-                                       text=True).stdout.split()[0])
+        relay_pid = int(
+            subprocess.run(["pgrep", "-P", str(parent.pid)], capture_output=True, text=True).stdout.split()[0]
+        )
         os.kill(relay_pid, signal.SIGTERM)
         lighthouse = start_lighthouse("127.0.0.1:0", min_replicas=1)
         try:

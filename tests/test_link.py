@@ -68,8 +68,8 @@ def test_a_collective_is_held_for_its_bytes_over_the_bandwidth_plus_latency():
 def test_collectives_queue_on_the_link_and_real_time_is_not_counted_twice():
     clock = FakeClock()
     session = _link(80, 0, clock).session()  # 10 MB/s
-    first = session.reserve(Transfer(10e6, 10e6, 1))   # 1 s
-    second = session.reserve(Transfer(5e6, 5e6, 1))    # issued at once, starts when the first ends
+    first = session.reserve(Transfer(10e6, 10e6, 1))  # 1 s
+    second = session.reserve(Transfer(5e6, 5e6, 1))  # issued at once, starts when the first ends
     assert (first, second) == pytest.approx((1.0, 1.5))
     clock.advance(0.4)  # the real collective took 0.4 s of the emulated 1 s: held 0.6 more, not 1
     session.hold(first)
@@ -85,23 +85,29 @@ def test_the_link_off_holds_nothing_and_nothing_crossing_it_costs_nothing():
     assert transfer_seconds(Transfer(1e6, 2e6, 3), 8.0, 10.0) == pytest.approx(2.0 + 0.03)
 
 
-@pytest.mark.parametrize("config,match", [
-    (dict(mbps=-1.0), "outer.link.mbps must be a finite number >= 0"),
-    (dict(mbps=math.inf), "outer.link.mbps must be a finite number >= 0"),
-    (dict(mbps=math.nan), "outer.link.mbps must be a finite number >= 0"),
-    (dict(mbps=10.0, latency_ms=-5.0), "outer.link.latency_ms must be a finite number >= 0"),
-    (dict(latency_ms=5.0), "needs an emulated bandwidth: set --outer.link.mbps"),
-])
+@pytest.mark.parametrize(
+    "config,match",
+    [
+        (dict(mbps=-1.0), "outer.link.mbps must be a finite number >= 0"),
+        (dict(mbps=math.inf), "outer.link.mbps must be a finite number >= 0"),
+        (dict(mbps=math.nan), "outer.link.mbps must be a finite number >= 0"),
+        (dict(mbps=10.0, latency_ms=-5.0), "outer.link.latency_ms must be a finite number >= 0"),
+        (dict(latency_ms=5.0), "needs an emulated bandwidth: set --outer.link.mbps"),
+    ],
+)
 def test_a_bad_link_value_is_one_clear_error(config, match):
     with pytest.raises(ValueError, match=match):
         Link.Config(**config).validate()
 
 
-@pytest.mark.parametrize("args,key", [
-    (["--outer.link.mbps", "-1"], "outer.link.mbps"),
-    (["--outer.link.latency_ms", "20"], "outer.link.latency_ms 20 needs an emulated bandwidth"),
-    (["--outer.link.mbps", "inf"], "outer.link.mbps"),
-])
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        (["--outer.link.mbps", "-1"], "outer.link.mbps"),
+        (["--outer.link.latency_ms", "20"], "outer.link.latency_ms 20 needs an emulated bandwidth"),
+        (["--outer.link.mbps", "inf"], "outer.link.mbps"),
+    ],
+)
 def test_a_bad_link_setting_stops_the_trainer_before_it_writes_anything(tmp_path, capsys, args, key):
     from muloco import compat
 
@@ -116,8 +122,13 @@ def test_a_bad_link_setting_stops_the_trainer_before_it_writes_anything(tmp_path
 
 
 def test_link_speeds_parse_and_print():
-    assert [parse_rate(t) for t in ("100mbps", "1Gbps", "10 gbps", "500kbps", "2.5Gb/s")] == [100, 1000, 10000,
-                                                                                             0.5, 2500]
+    assert [parse_rate(t) for t in ("100mbps", "1Gbps", "10 gbps", "500kbps", "2.5Gb/s")] == [
+        100,
+        1000,
+        10000,
+        0.5,
+        2500,
+    ]
     assert [format_rate(v) for v in (100, 1000, 2500, 0.5)] == ["100 Mbps", "1 Gbps", "2.5 Gbps", "500 kbps"]
     for bad in ("100", "fast", "0mbps", "-1gbps", "1tbps", "nanmbps"):
         with pytest.raises(ValueError, match="is not a link speed"):
@@ -190,9 +201,14 @@ def _exchange_on_fake_clock(tmp_path, cases: list[dict], k: int = 2) -> list[lis
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=k, join_timeout_ms=200)
     url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
     try:
-        results = run_together([[sys.executable, str(script), url, str(r), str(k), json.dumps(cases),
-                                 str(tmp_path / f"r{r}.json")] for r in range(k)], [{"RUST_LOG": "warn"}] * k,
-                               quiet_s=480)
+        results = run_together(
+            [
+                [sys.executable, str(script), url, str(r), str(k), json.dumps(cases), str(tmp_path / f"r{r}.json")]
+                for r in range(k)
+            ],
+            [{"RUST_LOG": "warn"}] * k,
+            quiet_s=480,
+        )
     finally:
         lighthouse.shutdown()
     assert all(code == 0 for code, _ in results), "\n".join(out[-3000:] for _, out in results)
@@ -220,14 +236,35 @@ def test_an_exchange_is_held_as_the_model_says_and_overlap_hides_it(tmp_path):
     k = 2
     cases = [
         # dense all-reduce, nothing overlapped: the whole hold is blocked time
-        dict(codec="dense", strategy="allreduce", shapes=[[64, 64], [64]], bucket_mb=64, mbps=1.0, latency_ms=20,
-             overlap=0.0),
+        dict(
+            codec="dense",
+            strategy="allreduce",
+            shapes=[[64, 64], [64]],
+            bucket_mb=64,
+            mbps=1.0,
+            latency_ms=20,
+            overlap=0.0,
+        ),
         # 2-bit all-gather in two buckets (they queue), half the emulated time overlapped by τ steps
-        dict(codec="2bit", strategy="allgather", shapes=[[128, 64], [128, 64]], bucket_mb=8192 * 4 / 2**20,
-             mbps=0.5, latency_ms=10, overlap=None),
+        dict(
+            codec="2bit",
+            strategy="allgather",
+            shapes=[[128, 64], [128, 64]],
+            bucket_mb=8192 * 4 / 2**20,
+            mbps=0.5,
+            latency_ms=10,
+            overlap=None,
+        ),
         # reduce-scatter, overlapped by more than it takes: fully hidden
-        dict(codec="2bit", strategy="reduce_scatter", shapes=[[128, 64], [128, 64]], bucket_mb=64, mbps=0.5,
-             latency_ms=10, overlap=100.0),
+        dict(
+            codec="2bit",
+            strategy="reduce_scatter",
+            shapes=[[128, 64], [128, 64]],
+            bucket_mb=64,
+            mbps=0.5,
+            latency_ms=10,
+            overlap=100.0,
+        ),
     ]
     cases[1]["overlap"] = _by_hand(cases[1], k) / 2
     results = _exchange_on_fake_clock(tmp_path, cases, k)
@@ -263,7 +300,8 @@ def test_the_planner_against_hand_computed_cases():
     assert p.round.sync.sent == pytest.approx(ring)
     assert p.round.sync.seconds == pytest.approx(ring * 8 / 1e9)
     assert p.round.compute == pytest.approx(15.0) and p.round.share == pytest.approx(
-        p.round.sync.seconds / (15.0 + p.round.sync.seconds))
+        p.round.sync.seconds / (15.0 + p.round.sync.seconds)
+    )
     # H for a 5% share: exposed·0.95 / (0.05·0.5), rounded up
     assert p.h_for_share == math.ceil(p.round.sync.seconds * 0.95 / 0.025)
     tokens = 512 // 8 * 2048
@@ -291,8 +329,10 @@ def test_the_planner_against_hand_computed_cases():
 def test_unequal_groups_cost_a_lockstep_round_what_the_slowest_makes_the_others_wait():
     """--group-slowdowns: the round lasts the slowest group's H steps; the others' idle time and the
     job's compute-only tokens/s at each group's own pace, against a hand computation."""
-    equal, p = link_plan.plan(_inputs(bits=2, replicas=4)), link_plan.plan(_inputs(bits=2, replicas=4,
-                                                                                group_slowdowns=(1, 1, 1, 1.5)))
+    equal, p = (
+        link_plan.plan(_inputs(bits=2, replicas=4)),
+        link_plan.plan(_inputs(bits=2, replicas=4, group_slowdowns=(1, 1, 1, 1.5))),
+    )
     assert equal.idle_seconds_per_round == 0 and equal.idle_share == 0 and link_plan.as_dict(equal)["groups"] is None
     assert "waiting for the slowest" not in link_plan.text(equal)
     assert p.group_step_seconds == (0.5, 0.5, 0.5, 0.75)
@@ -305,11 +345,16 @@ def test_unequal_groups_cost_a_lockstep_round_what_the_slowest_makes_the_others_
     assert p.own_pace_compute_tokens_per_second == pytest.approx(tokens * (3 / 0.5 + 1 / 0.75))
     # the link share and the H that keeps it under --max-share follow from the slowest group's step
     assert p.h_for_share == math.ceil(p.round.sync.seconds * 0.95 / (0.05 * 0.75))
-    got = link_plan.as_dict(link_plan.plan(_inputs(bits=2, replicas=4, gpus_per_group=8, group_slowdowns=(1, 1, 1, 1.5))))
+    got = link_plan.as_dict(
+        link_plan.plan(_inputs(bits=2, replicas=4, gpus_per_group=8, group_slowdowns=(1, 1, 1, 1.5)))
+    )
     assert got["groups"]["idle_gpu_seconds_per_round"] == pytest.approx(8 * 22.5)
     assert got["groups"]["own_pace_compute_tokens_per_second"] == pytest.approx(p.own_pace_compute_tokens_per_second)
     text = link_plan.text(p)
-    assert "groups' steps: 0.500, 0.500, 0.500, 0.750 s" in text and f"{100 * p.idle_share:.1f}% of all groups' time" in text
+    assert (
+        "groups' steps: 0.500, 0.500, 0.500, 0.750 s" in text
+        and f"{100 * p.idle_share:.1f}% of all groups' time" in text
+    )
     assert "+37.5%" in text  # (3/0.5 + 1/0.75) / (4/0.75) - 1
 
 
@@ -344,7 +389,9 @@ def test_the_planner_projects_deadline_rounds_beside_lockstep():
     jobs = p.job_tokens_per_second
     assert jobs["lockstep"] == pytest.approx(4 * tokens * 30 / (22.5 + p.round.exposed))
     assert jobs["deadline"] == pytest.approx(165 * tokens / (22.5 + p.round.exposed))
-    capped = link_plan.plan(_inputs(bits=2, replicas=3, global_batch=384, group_slowdowns=(1, 1, 3), round_max_steps=45))
+    capped = link_plan.plan(
+        _inputs(bits=2, replicas=3, global_batch=384, group_slowdowns=(1, 1, 3), round_max_steps=45)
+    )
     assert capped.deadline_steps == [45, 45, 30]  # 90 steps would fit: clamped
     idle = 2 * (30 * 1.5 - 45 * 0.5)
     assert capped.deadline_idle_share == pytest.approx(idle / (3 * (45 + capped.round.exposed)))
@@ -378,8 +425,9 @@ def test_the_planner_agrees_with_the_exchanges_own_byte_count():
     assert sync.sent == wire["sent"] and sync.bits_per_parameter == pytest.approx(8 * wire["payload"] / n)
 
 
-@pytest.mark.parametrize("flavor,n", [("llama3-w128-d4-h2", 3), ("llama3-w64-d2-h2_qk_torch-rmsnorm_pa_pf", 2),
-                                      ("llama3-w128-d4-h2", 6)])
+@pytest.mark.parametrize(
+    "flavor,n", [("llama3-w128-d4-h2", 3), ("llama3-w64-d2-h2_qk_torch-rmsnorm_pa_pf", 2), ("llama3-w128-d4-h2", 6)]
+)
 def test_the_planners_fragments_are_the_outer_loops(flavor, n):
     """Streaming: the planner sizes each fragment as ``model_fragments`` splits the built model (the
     embedding and the head make the end fragments larger), norm weights counted apart."""
@@ -393,29 +441,39 @@ def test_the_planners_fragments_are_the_outer_loops(flavor, n):
 
     with torch.device("meta"):
         model = build_model_config(ModelConfig(flavor=flavor, vocab_multiple_of=1), vocab_size=512).build()
-    built = [(sum(p.numel() for _, p in frag), sum(p.numel() for name, p in frag if name.endswith("norm.weight")))
-             for frag in model_fragments(model, n)]
+    built = [
+        (sum(p.numel() for _, p in frag), sum(p.numel() for name, p in frag if name.endswith("norm.weight")))
+        for frag in model_fragments(model, n)
+    ]
     assert link_plan.fragment_sizes(flavor, 512, n) == built
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["--link-mbps", "-5"], "--link-mbps -5.0: must be a positive number"),
-    (["--link-mbps", "100", "--bits", "3"], "--bits 3: use one of"),
-    (["--link-mbps", "100", "--replicas", "1"], "a link joins at least 2 replica groups"),
-    (["--link-mbps", "100", "--step-seconds", "0"], "--step-seconds 0.0: must be positive"),
-    (["--link-mbps", "100", "--step-seconds", "1", "--mfu", "0.4"], "give one or the other"),
-    (["--link-mbps", "100", "--mfu", "7"], "--mfu 7.0: a fraction between 0 and 1"),
-    (["--link-mbps", "100", "--mfu", "0.4", "--gpu", "tpu"], "--gpu 'tpu': one of h100"),
-    (["--link-mbps", "100", "--step-seconds", "1", "--overlap", "30"], "--overlap 30: must be >= 0 and below"),
-    (["--link-mbps", "100", "--step-seconds", "1", "--bits", "2", "--strategy", "allreduce"],
-     "allreduce sums dense numbers only"),
-    (["--link-mbps", "100", "--group-slowdowns", "1", "1.5"], "gives 2 numbers for --replicas 8"),
-    (["--link-mbps", "100", "--replicas", "2", "--group-slowdowns", "1", "0"], "each must be a positive multiple"),
-    (["--link-mbps", "100", "--replicas", "2", "--group-slowdowns", "1", "nan"], "each must be a positive multiple"),
-    (["--group-slowdowns", "1", "2"], "--group-slowdowns is a link planner option"),
-    (["--link-mbps", "100", "--replicas", "2", "--round-quantile", "0"], "--round-quantile 0.0: a fraction in"),
-    (["--link-mbps", "100", "--replicas", "2", "--round-min-steps", "90"], "need 1 <= min <= max"),
-])
+@pytest.mark.parametrize(
+    "argv,match",
+    [
+        (["--link-mbps", "-5"], "--link-mbps -5.0: must be a positive number"),
+        (["--link-mbps", "100", "--bits", "3"], "--bits 3: use one of"),
+        (["--link-mbps", "100", "--replicas", "1"], "a link joins at least 2 replica groups"),
+        (["--link-mbps", "100", "--step-seconds", "0"], "--step-seconds 0.0: must be positive"),
+        (["--link-mbps", "100", "--step-seconds", "1", "--mfu", "0.4"], "give one or the other"),
+        (["--link-mbps", "100", "--mfu", "7"], "--mfu 7.0: a fraction between 0 and 1"),
+        (["--link-mbps", "100", "--mfu", "0.4", "--gpu", "tpu"], "--gpu 'tpu': one of h100"),
+        (["--link-mbps", "100", "--step-seconds", "1", "--overlap", "30"], "--overlap 30: must be >= 0 and below"),
+        (
+            ["--link-mbps", "100", "--step-seconds", "1", "--bits", "2", "--strategy", "allreduce"],
+            "allreduce sums dense numbers only",
+        ),
+        (["--link-mbps", "100", "--group-slowdowns", "1", "1.5"], "gives 2 numbers for --replicas 8"),
+        (["--link-mbps", "100", "--replicas", "2", "--group-slowdowns", "1", "0"], "each must be a positive multiple"),
+        (
+            ["--link-mbps", "100", "--replicas", "2", "--group-slowdowns", "1", "nan"],
+            "each must be a positive multiple",
+        ),
+        (["--group-slowdowns", "1", "2"], "--group-slowdowns is a link planner option"),
+        (["--link-mbps", "100", "--replicas", "2", "--round-quantile", "0"], "--round-quantile 0.0: a fraction in"),
+        (["--link-mbps", "100", "--replicas", "2", "--round-min-steps", "90"], "need 1 <= min <= max"),
+    ],
+)
 def test_bad_planner_inputs_are_one_clear_error(argv, match, capsys):
     base = ["--flavor", "llama3-w1024-d12-h8", "--replicas", "8"]
     assert model_map_main(base + argv) == 2
@@ -424,21 +482,47 @@ def test_bad_planner_inputs_are_one_clear_error(argv, match, capsys):
 
 
 def test_the_planner_command_prints_the_projection():
-    out = run_watched([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8", "--replicas",
-                       "8", "--link-mbps", "1000", "--bits", "2", "--sync-every", "30", "--mfu", "0.45", "--gpu",
-                       "h100"], cwd=REPO)
+    out = run_watched(
+        [
+            sys.executable,
+            "-m",
+            "muloco.model_map",
+            "--flavor",
+            "llama3-w1024-d12-h8",
+            "--replicas",
+            "8",
+            "--link-mbps",
+            "1000",
+            "--bits",
+            "2",
+            "--sync-every",
+            "30",
+            "--mfu",
+            "0.45",
+            "--gpu",
+            "h100",
+        ],
+        cwd=REPO,
+    )
     assert out.returncode == 0, out.stderr
-    for text in ("projected sync time on the link", "link share of a round", "tokens/s per replica group",
-                 "to keep the share <= 5%: H >= ", "2-bit quantized, reduce_scatter", "989 TFLOPS peak (h100)",
-                 "SparseLoCo, allgather                   0.223"):
+    for text in (
+        "projected sync time on the link",
+        "link share of a round",
+        "tokens/s per replica group",
+        "to keep the share <= 5%: H >= ",
+        "2-bit quantized, reduce_scatter",
+        "989 TFLOPS peak (h100)",
+        "SparseLoCo, allgather                   0.223",
+    ):
         assert text in out.stdout
 
 
 def test_the_planner_defaults_are_said_in_its_output():
     """Without --step-seconds, --gpu or --mfu the step time is an H100 at 40% MFU, and the output says
     so; without --replicas the link joins K=2 groups, said too."""
-    out = run_watched([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8", "--link-mbps",
-                       "1000"], cwd=REPO)
+    out = run_watched(
+        [sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8", "--link-mbps", "1000"], cwd=REPO
+    )
     assert out.returncode == 0, out.stderr
     assert "assumed --gpu h100 and --mfu 0.4" in out.stdout and "K=2 replica groups" in out.stdout
     assert "K=2 is the default: set --replicas K" in out.stdout
@@ -447,8 +531,24 @@ def test_the_planner_defaults_are_said_in_its_output():
 
 
 def test_the_plan_as_json(capsys):
-    assert model_map_main(["--flavor", "llama3-w1024-d12-h8", "--replicas", "8", "--link-mbps", "1000", "--bits", "2",
-                           "--step-seconds", "0.5", "--json"]) == 0
+    assert (
+        model_map_main(
+            [
+                "--flavor",
+                "llama3-w1024-d12-h8",
+                "--replicas",
+                "8",
+                "--link-mbps",
+                "1000",
+                "--bits",
+                "2",
+                "--step-seconds",
+                "0.5",
+                "--json",
+            ]
+        )
+        == 0
+    )
     got = json.loads(capsys.readouterr().out)
     want = link_plan.plan(_inputs(bits=2))
     assert got["inputs"]["replicas"] == 8 and got["inputs"]["gpu"] is None and got["step_seconds"] == 0.5
@@ -475,8 +575,10 @@ def test_the_planners_sparseloco_is_the_shipped_configs():
 
 
 def test_the_planner_loads_no_trainer():
-    code = ("import sys; from muloco.sizing.cli import main; main(['--flavor', 'llama3-w1024-d12-h8', '--link-mbps', "
-            "'1000', '--json']); bad = [m for m in ('torchtitan.trainer', 'torchft', 'datasets') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys; from muloco.sizing.cli import main; main(['--flavor', 'llama3-w1024-d12-h8', '--link-mbps', "
+        "'1000', '--json']); bad = [m for m in ('torchtitan.trainer', 'torchft', 'datasets') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     proc = run_watched([sys.executable, "-c", code], cwd=REPO)
     assert proc.returncode == 0, proc.stderr

@@ -29,9 +29,18 @@ def test_a_killed_life_counts_up_to_its_last_sync_and_the_restart_lists_it(tmp_p
     second.synced(sync=3, step=30, committed=True, contributed=True)
     second.end("finished")
     totals = Lives.read(tmp_path).totals()
-    assert totals == {"lives": 2, "first_started_at_step": 0, "restarts": [{"life": 2, "started_at_step": 0, "previous_ended": UNSAID}],
-                      "syncs_committed": 3, "syncs_contributed": 2, "steps_trained": 20, "tokens_trained": 200,
-                      "steps_contributed": 20, "tokens_contributed": 200, "heals": 1}
+    assert totals == {
+        "lives": 2,
+        "first_started_at_step": 0,
+        "restarts": [{"life": 2, "started_at_step": 0, "previous_ended": UNSAID}],
+        "syncs_committed": 3,
+        "syncs_contributed": 2,
+        "steps_trained": 20,
+        "tokens_trained": 200,
+        "steps_contributed": 20,
+        "tokens_contributed": 200,
+        "heals": 1,
+    }
     assert "over 2 lives (life 2 from step 0 after a death without a word)" in second.describe()
 
 

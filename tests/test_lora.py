@@ -30,8 +30,16 @@ from muloco.models.lora import LoraConfig, apply_lora, lora_modules, lora_state,
 RELATIVE_TOLERANCE = 1e-5
 IDS = torch.randint(0, 32, (2, 24), generator=torch.Generator().manual_seed(1))
 HF_IDS = torch.randint(0, 2048, (2, 48), generator=torch.Generator().manual_seed(1))
-SHAPES = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=4096, rms_norm_eps=1e-6)
+SHAPES = dict(
+    vocab_size=2048,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-6,
+)
 FAMILIES = {"llama": ("Llama", 10000.0), "qwen2": ("Qwen2", 1e6)}
 """Family → (transformers class prefix, RoPE base); Qwen2 has biases on q/k/v."""
 LORA = LoraConfig(rank=8, alpha=16.0)
@@ -55,7 +63,8 @@ def save_family(family: str, folder) -> torch.nn.Module:
 
     prefix, theta = FAMILIES[family]
     config = getattr(transformers, f"{prefix}Config")(
-        **SHAPES, rope_parameters={"rope_type": "default", "rope_theta": theta})
+        **SHAPES, rope_parameters={"rope_type": "default", "rope_theta": theta}
+    )
     torch.manual_seed(0)
     model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
     with torch.no_grad():
@@ -72,8 +81,11 @@ def test_an_adapter_starts_as_the_base_model_and_only_the_adapters_train():
         base = model(IDS)
     wrapped = apply_lora(model, LORA)
     assert len(wrapped) == 2 * len(TARGETS)
-    assert set(trainable_names(model)) == set(lora_state(model)) == {
-        f"{name}.lora_{which}.weight" for name in wrapped for which in "AB"}
+    assert (
+        set(trainable_names(model))
+        == set(lora_state(model))
+        == {f"{name}.lora_{which}.weight" for name in wrapped for which in "AB"}
+    )
     assert all(isinstance(m, torch.nn.Linear) for m in lora_modules(model).values())
     model.verify_module_protocol()  # torchtitan's trainer checks it
     with torch.no_grad():
@@ -125,7 +137,11 @@ def test_a_saved_adapter_gives_peft_the_logits_of_muloco_and_loads_back(tmp_path
     apply_lora(model, LORA)
     randomise(model)
     save_adapter(model, model.config, LORA, adapter, str(base))
-    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors", "muloco_base.json"]
+    assert sorted(p.name for p in adapter.iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "muloco_base.json",
+    ]
     assert json.loads((adapter / "adapter_config.json").read_text())["target_modules"] == list(TARGETS)
     with torch.no_grad():
         plain = theirs(HF_IDS).logits
@@ -152,8 +168,10 @@ def test_an_adapter_peft_saved_loads_into_muloco_with_its_logits(tmp_path, famil
     plain = save_family(family, base)
     with torch.no_grad():
         before = plain(HF_IDS).logits
-    theirs = peft.get_peft_model(plain, peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "down_proj"], task_type="CAUSAL_LM"))
+    theirs = peft.get_peft_model(
+        plain,
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "down_proj"], task_type="CAUSAL_LM"),
+    )
     randomise(theirs)
     theirs.save_pretrained(str(adapter))
     model = from_hf_folder(base, torch.device("cpu")).model
@@ -178,8 +196,10 @@ def test_an_adapter_of_another_rank_or_targets_does_not_load(tmp_path):
     model = tiny_model(causal=True)
     apply_lora(model, LORA)
     save_adapter(model, model.config, LORA, tmp_path / "a", "tiny")
-    for other, what in ((LoraConfig(rank=4, alpha=16.0), "rank is 8"),
-                        (LoraConfig(rank=8, alpha=16.0, target_modules=["q_proj", "v_proj"]), "target_modules")):
+    for other, what in (
+        (LoraConfig(rank=4, alpha=16.0), "rank is 8"),
+        (LoraConfig(rank=8, alpha=16.0, target_modules=["q_proj", "v_proj"]), "target_modules"),
+    ):
         fresh = tiny_model(causal=True)
         apply_lora(fresh, other)
         with pytest.raises(ValueError, match=what):

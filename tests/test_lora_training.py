@@ -31,12 +31,38 @@ def lora_run(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("lora")
     folder, run = root / "qwen", root / "run"
     save_family("qwen2.5", folder)
-    proc = run_watched([sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco_2bit", "--replicas", "2",
-                        "--", *TINY, "--training.steps", "4", "--outer.sync_every", "2", "--validator.no-enable",
-                        "--checkpoint.interval", "4", "--model.flavor", f"hf:{folder}", "--tokenizer.path", str(folder),
-                        "--model.lora.rank", str(RANK), "--checkpoint.initial_load_path", str(folder),
-                        "--checkpoint.initial_load_in_hf", "--checkpoint.initial_load_model_only",
-                        "--dump_folder", str(run)])
+    proc = run_watched(
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.local",
+            "--config",
+            "diloco/muloco_2bit",
+            "--replicas",
+            "2",
+            "--",
+            *TINY,
+            "--training.steps",
+            "4",
+            "--outer.sync_every",
+            "2",
+            "--validator.no-enable",
+            "--checkpoint.interval",
+            "4",
+            "--model.flavor",
+            f"hf:{folder}",
+            "--tokenizer.path",
+            str(folder),
+            "--model.lora.rank",
+            str(RANK),
+            "--checkpoint.initial_load_path",
+            str(folder),
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return folder, run
 
@@ -107,16 +133,23 @@ def test_a_lora_base_export_with_its_adapter_is_the_merged_model(lora_run, tmp_p
     merged = AutoModelForCausalLM.from_pretrained(str(merged_dir), dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32).eval()
     with torch.no_grad():
-        assert relative_gap(PeftModel.from_pretrained(base, str(base_dir / "adapter"))(IDS).logits,
-                            merged(IDS).logits) <= 1e-5
+        assert (
+            relative_gap(PeftModel.from_pretrained(base, str(base_dir / "adapter"))(IDS).logits, merged(IDS).logits)
+            <= 1e-5
+        )
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--model.lora.rank", "4", "--model.lora.target_modules", "q_proj,qkv"],
-     "model.lora.target_modules ['q_proj', 'qkv'] must name some of"),
-    (["--model.lora.rank", "-1"], "model.lora.rank -1 is negative"),
-    (["--model.lora.rank", "4", "--model.lora.dropout", "1.0"], "model.lora.dropout 1.0 is not in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (
+            ["--model.lora.rank", "4", "--model.lora.target_modules", "q_proj,qkv"],
+            "model.lora.target_modules ['q_proj', 'qkv'] must name some of",
+        ),
+        (["--model.lora.rank", "-1"], "model.lora.rank -1 is negative"),
+        (["--model.lora.rank", "4", "--model.lora.dropout", "1.0"], "model.lora.dropout 1.0 is not in [0, 1)"),
+    ],
+)
 def test_a_bad_lora_setting_is_one_error_before_anything_runs(tmp_path, flags, expected):
     from conftest import run_train
 
@@ -129,8 +162,20 @@ def test_lora_base_on_a_run_without_adapters_is_one_error(tmp_path, capsys):
     from conftest import run_train
 
     run = tmp_path / "run"
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "2", "--checkpoint.interval", "2",
-                      "--validator.no-enable", "--dump_folder", str(run)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--training.steps",
+            "2",
+            "--checkpoint.interval",
+            "2",
+            "--validator.no-enable",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0
     assert export_main([str(run), "--out", str(tmp_path / "x"), "--lora-base"]) == 2
     assert "--lora-base exports the frozen base of a LoRA run" in capsys.readouterr().err
@@ -142,8 +187,19 @@ def test_streaming_fragments_split_the_blocks_that_train(tmp_path):
     more fragments than blocks is one error naming the most there can be."""
     from conftest import run_train
 
-    proc = run_train(["--config", "diloco/muloco_streaming", *TINY, "--model.lora.rank", "4", "--training.steps", "30",
-                      "--dump_folder", str(tmp_path / "r")])
+    proc = run_train(
+        [
+            "--config",
+            "diloco/muloco_streaming",
+            *TINY,
+            "--model.lora.rank",
+            "4",
+            "--training.steps",
+            "30",
+            "--dump_folder",
+            str(tmp_path / "r"),
+        ]
+    )
     assert proc.returncode != 0 and "outer.num_fragments is 3, more than the 2 layer units of" in proc.stderr
     assert "with LoRA only the blocks train); use at most --outer.num_fragments 2" in proc.stderr
 
@@ -171,11 +227,31 @@ def test_a_group_that_heals_in_a_lora_run_receives_the_adapters_not_the_frozen_b
     try:
         c.start_lighthouse()
         dump, steps = tmp_path / "run", 20
-        args = ["--config", "diloco/diloco", *DILOCO_TINY, "--training.steps", str(steps), "--outer.sync_every", "10",
-                "--model.lora.rank", str(RANK), "--validator.no-enable", "--checkpoint.no-enable",
-                "--fault_tolerance.min_replica_size", "1", "--fault_tolerance.start_wait_seconds", "0",
-                "--fault_tolerance.end_wait_seconds", "600", "--fault_tolerance.quorum_timeout_seconds", str(HANG_S),
-                "--fault_tolerance.process_group_timeout_ms", str(HANG_S * 1000), "--dump_folder", str(dump)]
+        args = [
+            "--config",
+            "diloco/diloco",
+            *DILOCO_TINY,
+            "--training.steps",
+            str(steps),
+            "--outer.sync_every",
+            "10",
+            "--model.lora.rank",
+            str(RANK),
+            "--validator.no-enable",
+            "--checkpoint.no-enable",
+            "--fault_tolerance.min_replica_size",
+            "1",
+            "--fault_tolerance.start_wait_seconds",
+            "0",
+            "--fault_tolerance.end_wait_seconds",
+            "600",
+            "--fault_tolerance.quorum_timeout_seconds",
+            str(HANG_S),
+            "--fault_tolerance.process_group_timeout_ms",
+            str(HANG_S * 1000),
+            "--dump_folder",
+            str(dump),
+        ]
         c.start_replica(0, args)
 
         def trained_all() -> bool:
@@ -185,8 +261,11 @@ def test_a_group_that_heals_in_a_lora_run_receives_the_adapters_not_the_frozen_b
             except (FileNotFoundError, ValueError):
                 return False
 
-        until(f"group 0 did not train its last step:\n{c.tail('r0')}", trained_all,
-              progress=FolderProgress(HANG_S, tmp_path))
+        until(
+            f"group 0 did not train its last step:\n{c.tail('r0')}",
+            trained_all,
+            progress=FolderProgress(HANG_S, tmp_path),
+        )
         c.start_replica(1, args)
         assert c.wait("r0", 2 * HANG_S) == 0, c.tail("r0")
         assert c.wait("r1", 2 * HANG_S) == 0, c.tail("r1")

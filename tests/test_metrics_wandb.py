@@ -31,10 +31,15 @@ def test_a_run_folder_keeps_one_wandb_run_id_across_restarts(tmp_path, monkeypat
 
 def test_a_resumed_training_process_exports_the_same_id(tmp_path):
     """Two processes in turn (a job and its requeue) read the id the first one made."""
-    code = ("import os,sys; sys.path.insert(0, sys.argv[2]); from muloco.components.metrics import keep_wandb_run; "
-            "print(keep_wandb_run(sys.argv[1], resuming=True), os.environ['WANDB_RESUME'])")
+    code = (
+        "import os,sys; sys.path.insert(0, sys.argv[2]); from muloco.components.metrics import keep_wandb_run; "
+        "print(keep_wandb_run(sys.argv[1], resuming=True), os.environ['WANDB_RESUME'])"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    runs = [run_watched([sys.executable, "-c", code, str(tmp_path / "run"), str(REPO)], env=env, check=True).stdout.split() for _ in range(2)]
+    runs = [
+        run_watched([sys.executable, "-c", code, str(tmp_path / "run"), str(REPO)], env=env, check=True).stdout.split()
+        for _ in range(2)
+    ]
     assert runs[0] == runs[1] and runs[0][1] == "allow"
 
 
@@ -47,11 +52,30 @@ def test_a_run_logs_to_wandb_offline_under_the_id_its_folder_keeps(tmp_path, mon
     for key in [k for k in os.environ if k.startswith("WANDB_")]:  # e.g. an id another test left behind
         monkeypatch.delenv(key)
     run = tmp_path / "run"
-    env = dict(WANDB_MODE="offline", WANDB_PROJECT="muloco-test", WANDB_DIR=str(tmp_path / "wandb-home"),
-               WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"), WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"))
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--training.steps", "2", "--metrics.log_freq", "1",
-                      "--checkpoint.no-enable", "--validator.no-enable", "--metrics.enable_wandb",
-                      "--dump_folder", str(run)], env=env)
+    env = dict(
+        WANDB_MODE="offline",
+        WANDB_PROJECT="muloco-test",
+        WANDB_DIR=str(tmp_path / "wandb-home"),
+        WANDB_CACHE_DIR=str(tmp_path / "wandb-cache"),
+        WANDB_CONFIG_DIR=str(tmp_path / "wandb-config"),
+    )
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--training.steps",
+            "2",
+            "--metrics.log_freq",
+            "1",
+            "--checkpoint.no-enable",
+            "--validator.no-enable",
+            "--metrics.enable_wandb",
+            "--dump_folder",
+            str(run),
+        ],
+        env=env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_id = (run / WANDB_ID_FILE).read_text().strip()
     offline = [p for p in run.rglob(f"offline-run-*-{run_id}") if p.is_dir()]

@@ -27,8 +27,9 @@ from muloco.sizing.flavors import (  # noqa: E402
 
 @pytest.mark.parametrize("global_batch, vocab, replicas", [(512, 128256, 1), (2048, 128256, 8), (64, 2048, 2)])
 def test_every_derived_number_follows_its_formula(global_batch, vocab, replicas, capsys):
-    assert main(["--global-batch", str(global_batch), "--vocab", str(vocab), "--replicas", str(replicas),
-                 "--json"]) == 0
+    assert (
+        main(["--global-batch", str(global_batch), "--vocab", str(vocab), "--replicas", str(replicas), "--json"]) == 0
+    )
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["flavor"] for r in rows] == list(SHAPES)
     for r in rows:
@@ -51,7 +52,8 @@ def test_weight_decay_rule_matches_muloco_launchers():
     # MuLoCo's 3B DDP baseline: wd 0.001 at B=512 -> B=8192 steps shrink 16x, wd grows 16x
     flavor = "llama3-w2560-d30-h20"
     assert rescaled_weight_decay(0.001, flavor, 8192) == pytest.approx(
-        0.001 * steps_for_batch(flavor, 512) / steps_for_batch(flavor, 8192))
+        0.001 * steps_for_batch(flavor, 512) / steps_for_batch(flavor, 8192)
+    )
     assert rescaled_weight_decay(0.001, flavor, 8192) == pytest.approx(0.016, rel=0.01)
     assert rescaled_weight_decay(0.01, flavor, 512, replicas=16) == pytest.approx(0.01 / 16)
     with pytest.raises(ValueError, match="replicas"):
@@ -68,8 +70,20 @@ def test_the_parameter_split_matches_a_built_model():
 
 
 def test_the_table_as_users_print_it():
-    proc = run_watched([sys.executable, "-m", "muloco.model_map", "--flavor", "llama3-w1024-d12-h8",
-                        "--global-batch", "512", "--replicas", "8"], cwd=REPO)
+    proc = run_watched(
+        [
+            sys.executable,
+            "-m",
+            "muloco.model_map",
+            "--flavor",
+            "llama3-w1024-d12-h8",
+            "--global-batch",
+            "512",
+            "--replicas",
+            "8",
+        ],
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "llama3-w1024-d12-h8" in out and "416.83M" in out and "7,951" in out
@@ -77,18 +91,27 @@ def test_the_table_as_users_print_it():
     assert SOURCES["muloco_k8_quantized"] in out and "divided by K" in out
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--flavor", "llama3-w1000"], "model.flavor 'llama3-w1000' is not a flavor name"),
-    (["--flavor", "llama3-w1000-d12-h8"], "the head dimension 1000/8 = 125 is odd"),
-    (["--flavor", "llama3-w100-d2-h3"], "width 100 is not a multiple of the 3 heads"),
-    (["--flavor", "llama3-w0-d2-h3"], "width must be at least 1"),
-    (["--bits", "3", "--gpu", "tpu9", "--mfu", "7"], "--bits, --mfu, --gpu are link planner options: add --link-mbps"),
-    (["--sync-every", "10"], "--sync-every is a link planner option"),
-    (["--global-batch", "0"], "--global-batch must be at least 1; got 0"),
-    (["--replicas", "-2"], "--replicas must be at least 1; got -2"),
-    (["--vocab", "gpt9"], "--vocab: 'gpt9' is not a vocabulary: give a number of tokens, auto, embedded, llama3, or a"),
-    (["--vocab", "0"], "--vocab: 0 is not a vocabulary size (at least 1)"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--flavor", "llama3-w1000"], "model.flavor 'llama3-w1000' is not a flavor name"),
+        (["--flavor", "llama3-w1000-d12-h8"], "the head dimension 1000/8 = 125 is odd"),
+        (["--flavor", "llama3-w100-d2-h3"], "width 100 is not a multiple of the 3 heads"),
+        (["--flavor", "llama3-w0-d2-h3"], "width must be at least 1"),
+        (
+            ["--bits", "3", "--gpu", "tpu9", "--mfu", "7"],
+            "--bits, --mfu, --gpu are link planner options: add --link-mbps",
+        ),
+        (["--sync-every", "10"], "--sync-every is a link planner option"),
+        (["--global-batch", "0"], "--global-batch must be at least 1; got 0"),
+        (["--replicas", "-2"], "--replicas must be at least 1; got -2"),
+        (
+            ["--vocab", "gpt9"],
+            "--vocab: 'gpt9' is not a vocabulary: give a number of tokens, auto, embedded, llama3, or a",
+        ),
+        (["--vocab", "0"], "--vocab: 0 is not a vocabulary size (at least 1)"),
+    ],
+)
 def test_bad_arguments_are_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err
@@ -97,8 +120,10 @@ def test_bad_arguments_are_one_line(args, message, capsys):
 
 def test_the_map_is_read_without_torch():
     """Job generators, sweeps and the sizing CLI read the map; none of them pays for a torch import."""
-    code = ("import sys, muloco.model_map, muloco.sizing.flavors, muloco.utils.link_model; "
-            "assert 'torch' not in sys.modules, sorted(sys.modules)")
+    code = (
+        "import sys, muloco.model_map, muloco.sizing.flavors, muloco.utils.link_model; "
+        "assert 'torch' not in sys.modules, sorted(sys.modules)"
+    )
     proc = run_watched([sys.executable, "-c", code], cwd=REPO)
     assert proc.returncode == 0, proc.stderr
 
@@ -141,13 +166,36 @@ def test_any_shape_is_sized_and_builds():
 
 
 HF_CONFIGS = {
-    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 96, "vocab_size": 256,
-              "tie_word_embeddings": True},
-    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256},
-    "llama": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
-              "num_key_value_heads": 1, "intermediate_size": 160, "vocab_size": 320, "tie_word_embeddings": False},
+    "qwen3": {
+        "model_type": "qwen3",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 96,
+        "vocab_size": 256,
+        "tie_word_embeddings": True,
+    },
+    "qwen2": {
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 96,
+        "vocab_size": 256,
+    },
+    "llama": {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "intermediate_size": 160,
+        "vocab_size": 320,
+        "tie_word_embeddings": False,
+    },
 }
 
 

@@ -54,8 +54,15 @@ def test_update_matches_float64_reference(nesterov, scaling, coefficients, wd):
         w0 = torch.randn(shape)
         grads = [torch.randn(shape) for _ in range(3)]
         p = nn.Parameter(w0.clone())
-        opt = Muon([p], lr=0.01, momentum=0.9, nesterov=nesterov, weight_decay=wd,
-                   coefficients=coefficients, lr_scaling=scaling)
+        opt = Muon(
+            [p],
+            lr=0.01,
+            momentum=0.9,
+            nesterov=nesterov,
+            weight_decay=wd,
+            coefficients=coefficients,
+            lr_scaling=scaling,
+        )
         for g in grads:
             p.grad = g.clone()
             opt.step()
@@ -65,7 +72,9 @@ def test_update_matches_float64_reference(nesterov, scaling, coefficients, wd):
         assert rel < 0.03, (shape, float(rel))  # bfloat16 Newton–Schulz
 
 
-@pytest.mark.parametrize("coefficients,band", [("keller", (0.6, 1.2)), ("muloco", (0.9, 1.1)), ("polar_express", (0.8, 1.2))])
+@pytest.mark.parametrize(
+    "coefficients,band", [("keller", (0.6, 1.2)), ("muloco", (0.9, 1.1)), ("polar_express", (0.8, 1.2))]
+)
 @pytest.mark.parametrize("shape", [(128, 384), (384, 128), (4, 96, 64)])
 def test_newton_schulz_singular_values_in_band(coefficients, band, shape):
     torch.manual_seed(1)
@@ -186,16 +195,44 @@ def test_fsdp_two_ranks_train_with_sharded_muon(tmp_path):
     Muon, gradient reduce-scatter over gloo) trains as well as one rank with the same global
     batch. The ranks read different documents, so losses agree in trend, not bitwise; the
     exact sharded-vs-single-device update is pinned by the DTensor test above."""
-    common = ["--config", "ddp/muon", *TINY, "--training.steps", "30", "--metrics.log_freq", "1",
-              "--validator.freq", "1000", "--checkpoint.interval", "1000"]
+    common = [
+        "--config",
+        "ddp/muon",
+        *TINY,
+        "--training.steps",
+        "30",
+        "--metrics.log_freq",
+        "1",
+        "--validator.freq",
+        "1000",
+        "--checkpoint.interval",
+        "1000",
+    ]
     one = run_train([*common, "--training.local_batch_size", "4", "--dump_folder", str(tmp_path / "one")])
     assert one.returncode == 0, one.stderr[-3000:]
     port = str(free_port())
     two = run_watched(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-         "--master-port", port, "-m", "muloco.train", *common, "--training.local_batch_size", "2",
-         "--dump_folder", str(tmp_path / "two")],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            port,
+            "-m",
+            "muloco.train",
+            *common,
+            "--training.local_batch_size",
+            "2",
+            "--dump_folder",
+            str(tmp_path / "two"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     assert "Applied FSDP" in two.stdout + two.stderr
     want, got = train_losses(tmp_path / "one"), train_losses(tmp_path / "two")

@@ -39,16 +39,18 @@ except OSError as err:
 
 
 def _send(tb: Testbed, host: str, to: str, size: int) -> tuple[str, float]:
-    out = subprocess.run([*tb.exec_prefix(host), sys.executable, "-c", CLIENT, tb.address(to), str(size)],
-                         capture_output=True, text=True).stdout.split()
+    out = subprocess.run(
+        [*tb.exec_prefix(host), sys.executable, "-c", CLIENT, tb.address(to), str(size)], capture_output=True, text=True
+    ).stdout.split()
     return (out[0], float(out[1])) if out and out[0] != "unreachable" else ("unreachable", 0.0)
 
 
 @pytest.fixture
 def testbed():
     tb = Testbed(["lighthouse", "r0", "r1"], links={"r1": Link.parse("10mbit/100mbit")}).build()
-    server = subprocess.Popen([*tb.exec_prefix("r0"), sys.executable, "-c", SERVER, tb.address("r0")],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [*tb.exec_prefix("r0"), sys.executable, "-c", SERVER, tb.address("r0")], stdout=subprocess.PIPE, text=True
+    )
     assert server.stdout.readline().strip() == "listening"
     yield tb
     server.kill()
@@ -77,11 +79,20 @@ def test_hosts_reach_each_other_at_their_links_rates_and_cuts_and_blocks_partiti
 
 
 def test_a_sigkilled_owner_leaves_no_namespace():
-    owner = subprocess.Popen([sys.executable, "-c", (
-        "from muloco.launch.netns import Testbed\n"
-        "tb = Testbed(['a', 'b']).build()\n"
-        "print(tb.prefix, flush=True)\n"
-        "import time; time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "from muloco.launch.netns import Testbed\n"
+                "tb = Testbed(['a', 'b']).build()\n"
+                "print(tb.prefix, flush=True)\n"
+                "import time; time.sleep(600)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     prefix = owner.stdout.readline().strip()
     assert prefix and any(n.startswith(prefix + "-") for n in namespaces())
     owner.kill()
@@ -132,4 +143,8 @@ def test_the_drill_command_cuts_and_restores_a_recorded_testbed(testbed, tmp_pat
     shown = subprocess.run([*command, "show", str(tmp_path)], capture_output=True, text=True, check=True).stdout
     assert '"address": "198.18.0.3"' in shown
     bad = subprocess.run([*command, "cut", str(tmp_path / "nothing"), "r1"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "no testbed recorded in" in bad.stderr and "is a --netns job running there?" in bad.stderr
+    assert (
+        bad.returncode == 2
+        and "no testbed recorded in" in bad.stderr
+        and "is a --netns job running there?" in bad.stderr
+    )

@@ -67,8 +67,11 @@ def _reference_loss(logits, batch, cfg, rows_global, gvt, labels):
             elif cfg.weight == "uniform":
                 w = 1.0
             else:
-                w = sum(0.5 * cfg.cart_p * (1 - cfg.cart_p) ** (abs(i - j) - 1)
-                        for j in range(L) if j != i and not masked[b, j])
+                w = sum(
+                    0.5 * cfg.cart_p * (1 - cfg.cart_p) ** (abs(i - j) - 1)
+                    for j in range(L)
+                    if j != i and not masked[b, j]
+                )
             if cfg.normaliser == "sequence":
                 w = w / int((labels[b] != IGNORE_INDEX).sum())
             total = total + w * ce[b, i]
@@ -77,10 +80,15 @@ def _reference_loss(logits, batch, cfg, rows_global, gvt, labels):
     return total / rows_global
 
 
-@pytest.mark.parametrize("weight,normaliser,schedule", [
-    ("elbo", "tokens", "linear"), ("elbo", "sequence", "cosine"), ("uniform", "batch", "linear"),
-    ("cart", "tokens", "linear"),
-])
+@pytest.mark.parametrize(
+    "weight,normaliser,schedule",
+    [
+        ("elbo", "tokens", "linear"),
+        ("elbo", "sequence", "cosine"),
+        ("uniform", "batch", "linear"),
+        ("cart", "tokens", "linear"),
+    ],
+)
 def test_loss_equals_a_float64_reference_on_fixed_masks_and_levels(weight, normaliser, schedule):
     torch.manual_seed(0)
     x, labels = _rows()
@@ -179,8 +187,9 @@ def test_validation_nelbo_is_the_exact_bound_over_every_mask_subset_whatever_eps
     rows = 256  # the row repeated: every row draws its own levels, so one call is many samples
     estimates = []
     for batch_index in range(8):
-        nelbo, tokens, _, _ = obj.elbo_terms(model, x.repeat(rows, 1), labels.repeat(rows, 1),
-                                             batch_index=batch_index).tolist()
+        nelbo, tokens, _, _ = obj.elbo_terms(
+            model, x.repeat(rows, 1), labels.repeat(rows, 1), batch_index=batch_index
+        ).tolist()
         assert tokens == L * rows
         estimates.append(nelbo / rows)
     mean = sum(estimates) / len(estimates)
@@ -223,7 +232,7 @@ def test_complementary_masks_split_the_maskable_tokens_between_two_copies():
     batch = obj.prepare(x, labels, _key())
     m = batch.extra["masked"]
     assert m.shape[0] == 2 * x.shape[0]
-    a, b = m[: x.shape[0]], m[x.shape[0]:]
+    a, b = m[: x.shape[0]], m[x.shape[0] :]
     assert not (a & b).any() and torch.equal(a | b, labels != IGNORE_INDEX)
 
 
@@ -232,7 +241,9 @@ def test_truncation_cuts_every_rank_to_the_same_length_and_prepare_never_cuts():
     obj = _objective(truncate_probability=1.0)
     cuts = [obj.truncate(x, labels, _key(step=3, rank=r, world=2)) for r in range(2)]
     assert cuts[0][0].shape == cuts[1][0].shape and cuts[0][0].shape[1] < 64
-    assert torch.equal(cuts[0][0], x[:, : cuts[0][0].shape[1]]) and torch.equal(cuts[0][1], labels[:, : cuts[0][0].shape[1]])
+    assert torch.equal(cuts[0][0], x[:, : cuts[0][0].shape[1]]) and torch.equal(
+        cuts[0][1], labels[:, : cuts[0][0].shape[1]]
+    )
     assert obj.prepare(x, labels, _key(step=3)).inputs.shape == x.shape
     never = _objective(truncate_probability=0.0)
     assert all(never.truncate(x, labels, _key(step=s))[0] is x for s in range(20))
@@ -251,7 +262,9 @@ def test_a_masked_bos_joins_two_documents_so_attention_never_reveals_a_masked_bo
     joined = obj.attention_kwargs(xt)["attention_masks"][0, 0]
     assert joined[5, 12] and joined[12, 5] and not joined[5, 20]
     batch = obj.prepare(x, x.clone(), _key())
-    torch.testing.assert_close(batch.model_kwargs["attention_masks"], obj.attention_kwargs(batch.inputs)["attention_masks"])
+    torch.testing.assert_close(
+        batch.model_kwargs["attention_masks"], obj.attention_kwargs(batch.inputs)["attention_masks"]
+    )
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -272,12 +285,15 @@ def test_a_token_sees_nothing_of_the_other_documents_in_its_row(causal):
         assert (c[0, first] - d[0, first]).abs().max() > 1e-4
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--objective.eps", "1.5"], "objective.eps is 1.5; it must be in (0, 1)"),
-    (["--objective.eps", "0"], "objective.eps is 0.0; it must be in (0, 1)"),
-    (["--objective.schedule", "sqrt"], "objective.schedule must be one of linear, cosine; got 'sqrt'"),
-    (["--objective.weight", "focal"], "objective.weight must be one of elbo, uniform, cart; got 'focal'"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--objective.eps", "1.5"], "objective.eps is 1.5; it must be in (0, 1)"),
+        (["--objective.eps", "0"], "objective.eps is 0.0; it must be in (0, 1)"),
+        (["--objective.schedule", "sqrt"], "objective.schedule must be one of linear, cosine; got 'sqrt'"),
+        (["--objective.weight", "focal"], "objective.weight must be one of elbo, uniform, cart; got 'focal'"),
+    ],
+)
 def test_bad_objective_settings_are_one_clear_error(args, message):
     _, config = parse_args(["--config", "ddp/adamw", "--objective", "mdlm", *args])
     with pytest.raises(ConfigError) as err:
@@ -346,13 +362,22 @@ def test_next_token_scoring_uses_the_trainers_loss_compiled_as_stock_torchtitan_
 
     script = tmp_path / "compiled_loss.py"
     script.write_text(COMPILED_LOSS)
-    args = ["--config", "ddp/adamw", *TINY, "--compile.enable", "--training.steps", "1",
-            "--validator.no-enable", "--checkpoint.no-enable"]
-    (code, out), = run_gloo_ranks(script, 1, [str(tmp_path / "run"), *args], quiet_s=240)
+    args = [
+        "--config",
+        "ddp/adamw",
+        *TINY,
+        "--compile.enable",
+        "--training.steps",
+        "1",
+        "--validator.no-enable",
+        "--checkpoint.no-enable",
+    ]
+    ((code, out),) = run_gloo_ranks(script, 1, [str(tmp_path / "run"), *args], quiet_s=240)
     assert code == 0, out[-3000:]
     got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
     assert got["same"] and got["compiled"], got
     assert got["loss"] == pytest.approx(got["eager"], rel=1e-5), got
+
 
 RECORDED_STEP = """
 import json, os, sys
@@ -383,7 +408,8 @@ for route in ("recorded", "eager"):
 (a, ga), (b, gb) = steps
 cut = tokens[:, :24]  # a cut step: other shapes than the recorded ones, so it runs eagerly
 trainer.forward_backward_step(input_dict={"input": cut}, labels=cut, global_valid_tokens=gvt)
-print("RESULT " + json.dumps({"calls": calls, "same_loss": a == b, "same_grads": all(torch.equal(x, y) for x, y in zip(ga, gb)),
+print("RESULT " + json.dumps({"calls": calls, "same_loss": a == b,
+                              "same_grads": all(torch.equal(x, y) for x, y in zip(ga, gb)),
                               "loss": a}), flush=True)
 os._exit(0)
 """
@@ -391,8 +417,7 @@ os._exit(0)
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("objective, loss_inputs", [("ar", []), ("mdlm", ["index", "weight"])])
-def test_a_step_runs_through_the_recorded_body_with_the_objectives_draws_as_inputs(tmp_path, objective,
-                                                                                  loss_inputs):
+def test_a_step_runs_through_the_recorded_body_with_the_objectives_draws_as_inputs(tmp_path, objective, loss_inputs):
     """A step goes through torchtitan's ``fwd_bwd_fn`` (a CUDA graph on CUDA), masked diffusion's
     with the gather's positions and the weights as tensors, drawn outside it: the same loss and
     gradients, bit for bit, as scoring the step directly; a cut step (other shapes) runs eagerly."""
@@ -400,9 +425,18 @@ def test_a_step_runs_through_the_recorded_body_with_the_objectives_draws_as_inpu
 
     script = tmp_path / "recorded_step.py"
     script.write_text(RECORDED_STEP)
-    args = ["--config", "ddp/adamw", "--objective", objective, *TINY, "--training.steps", "1",
-            "--validator.no-enable", "--checkpoint.no-enable"]
-    (code, out), = run_gloo_ranks(script, 1, [str(tmp_path / "run"), *args], quiet_s=240)
+    args = [
+        "--config",
+        "ddp/adamw",
+        "--objective",
+        objective,
+        *TINY,
+        "--training.steps",
+        "1",
+        "--validator.no-enable",
+        "--checkpoint.no-enable",
+    ]
+    ((code, out),) = run_gloo_ranks(script, 1, [str(tmp_path / "run"), *args], quiet_s=240)
     assert code == 0, out[-3000:]
     got = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[7:])
     assert got["calls"] == [loss_inputs], got  # once: the cut step did not go through it

@@ -50,7 +50,13 @@ def test_each_fragment_synced_once_per_round_with_prepare_tau_steps_before(h, p,
 
 @pytest.mark.parametrize(
     "h,p,tau,match",
-    [(0, 1, 0, "sync_every"), (10, 0, 0, "num_fragments"), (10, 3, 0, "multiple"), (10, 2, 5, r"\[0, 5\)"), (10, 1, -1, "delay")],
+    [
+        (0, 1, 0, "sync_every"),
+        (10, 0, 0, "num_fragments"),
+        (10, 3, 0, "multiple"),
+        (10, 2, 5, r"\[0, 5\)"),
+        (10, 1, -1, "delay"),
+    ],
 )
 def test_bad_schedules_are_refused(h, p, tau, match):
     with pytest.raises(ScheduleError, match=match):
@@ -76,7 +82,10 @@ def test_fragments_cover_the_model_once_in_contiguous_layer_order(depth, p):
     names = [n for f in frags for n, _ in f]
     assert names == [n for n, _ in model.named_parameters()]  # every parameter once, in order
     units = depth + 2
-    sizes = [len({n.split(".")[0] if not n.startswith("layers") else ".".join(n.split(".")[:2]) for n, _ in f}) for f in frags]
+    sizes = [
+        len({n.split(".")[0] if not n.startswith("layers") else ".".join(n.split(".")[:2]) for n, _ in f})
+        for f in frags
+    ]
     # output and norm share the tail unit
     sizes[-1] -= 1
     assert sum(sizes) == units
@@ -139,13 +148,16 @@ def test_schedules_give_the_hand_computed_factors_over_a_run():
     assert [inner.factor(s) for s in (0, 3)] == [1.0, 0.25]
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"decay": "exp"}, "decay must be one of none, linear, cosine, inner"),
-    ({"warmup": 1.0}, r"warmup is a share of the run, in \[0, 1\)"),
-    ({"warmup": 0.3, "decay": "linear", "decay_from": 0.1}, "decay_from .* must be at least .*warmup"),
-    ({"warmup": 0.1, "decay": "inner"}, "follows the inner schedule, warmup included"),
-    ({"final": -1.0}, "final must be a finite factor >= 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"decay": "exp"}, "decay must be one of none, linear, cosine, inner"),
+        ({"warmup": 1.0}, r"warmup is a share of the run, in \[0, 1\)"),
+        ({"warmup": 0.3, "decay": "linear", "decay_from": 0.1}, "decay_from .* must be at least .*warmup"),
+        ({"warmup": 0.1, "decay": "inner"}, "follows the inner schedule, warmup included"),
+        ({"final": -1.0}, "final must be a finite factor >= 0"),
+    ],
+)
 def test_bad_schedules_are_one_clear_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ValueSchedule.Config(**kwargs).validate("outer.step_schedule.lr")
@@ -253,8 +265,7 @@ def _run_replicas(k, init, steps, cfg, poison_step=None):
     url = lighthouse.address().replace(lighthouse.address().split("//")[1].split(":")[0], "127.0.0.1")
     out, errors = {}, []
     threads = [
-        threading.Thread(target=_run_replica, args=(r, k, url, init, steps, cfg, out, errors, poison_step),
-                         daemon=True)
+        threading.Thread(target=_run_replica, args=(r, k, url, init, steps, cfg, out, errors, poison_step), daemon=True)
         for r in range(k)
     ]
     try:
@@ -286,8 +297,9 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
     k, steps, lr, mu = 2, 3 * h, 0.7, 0.9
     torch.manual_seed(1)
     init = {n: t.detach().clone() for n, t in Tiny(4).named_parameters()}
-    cfg = OuterLoop.Config(sync_every=h, num_fragments=p, fragment_sync_delay=tau, fragment_update_alpha=alpha,
-                           backup_device=backup)
+    cfg = OuterLoop.Config(
+        sync_every=h, num_fragments=p, fragment_sync_delay=tau, fragment_update_alpha=alpha, backup_device=backup
+    )
     cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum = name, lr, mu
     cfg.exchange.codec = Dense.Config(dtype=dtype)
     tol = 1e-5 if dtype == "float32" else 5e-3
@@ -334,8 +346,9 @@ def test_scheduled_outer_steps_match_the_hand_written_loop_and_agree_bitwise():
         return mu * (0.5 + 0.5 * (1 - t / steps))
 
     out = _run_replicas(k, init, steps, cfg)
-    expected = _reference({n: v.double() for n, v in init.items()}, k, steps, h, 1, 0, 0.0, lr, mu, "nesterov",
-                          lr_at=lr_at, mu_at=mu_at)
+    expected = _reference(
+        {n: v.double() for n, v in init.items()}, k, steps, h, 1, 0, 0.0, lr, mu, "nesterov", lr_at=lr_at, mu_at=mu_at
+    )
     for r in range(k):
         history, records, _ = out[r]
         assert [rec.outer_lr for rec in records] == pytest.approx([lr_at(t) for t in range(h, steps + 1, h)])
@@ -441,6 +454,9 @@ def test_the_advertised_address_is_checked_and_route_finds_the_interface_to_the_
     environ["GLOO_SOCKET_IFNAME"] = "eth9"  # one that does not hold the address: replaced, said
     assert advertised_address("127.0.0.1", "http://127.0.0.1:29510", 0) == "127.0.0.1"
     assert environ["GLOO_SOCKET_IFNAME"] == "lo"
-    with pytest.raises(ReplicaGroupError, match=r"replica 1: fault_tolerance.advertise_address 198.51.100.7 is not "
-                                                r"an address of this host"):
+    with pytest.raises(
+        ReplicaGroupError,
+        match=r"replica 1: fault_tolerance.advertise_address 198.51.100.7 is not "
+        r"an address of this host",
+    ):
         advertised_address("198.51.100.7", "http://127.0.0.1:29510", 1)

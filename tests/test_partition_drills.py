@@ -61,12 +61,28 @@ def _drill(tmp_path: Path, k: int, victim: int, fault: str, seconds: float, extr
     run, drills = tmp_path / "run", tmp_path / "drills"
     drills.mkdir()
     console = _Console()
-    job = LocalJob(config="diloco/diloco", replicas=k, netns=True, console=console,
-                   entry=[sys.executable, str(REPO / "tests" / "drill_train.py")],
-                   env={"MULOCO_TEST_DRILLS": f"hold:{victim}:{H + 2}", "MULOCO_TEST_DRILL_DIR": str(drills)},
-                   overrides=[*TINY, "--training.steps", str(STEPS), "--outer.sync_every", str(H),
-                              "--validator.no-enable", "--checkpoint.no-enable", "--metrics.log_freq", "1",
-                              "--dump_folder", str(run), *extra])
+    job = LocalJob(
+        config="diloco/diloco",
+        replicas=k,
+        netns=True,
+        console=console,
+        entry=[sys.executable, str(REPO / "tests" / "drill_train.py")],
+        env={"MULOCO_TEST_DRILLS": f"hold:{victim}:{H + 2}", "MULOCO_TEST_DRILL_DIR": str(drills)},
+        overrides=[
+            *TINY,
+            "--training.steps",
+            str(STEPS),
+            "--outer.sync_every",
+            str(H),
+            "--validator.no-enable",
+            "--checkpoint.no-enable",
+            "--metrics.log_freq",
+            "1",
+            "--dump_folder",
+            str(run),
+            *extra,
+        ],
+    )
     result: list[int] = []
     thread = threading.Thread(target=lambda: result.append(job.run()), daemon=True)
     thread.start()
@@ -88,12 +104,17 @@ def _drill(tmp_path: Path, k: int, victim: int, fault: str, seconds: float, extr
     out = console.getvalue()
     assert result == [0], out[-6000:]
     assert not [n for n in namespaces() if n.startswith(prefix + "-")]  # the testbed is gone
-    return {"out": out, "summaries": [_summary(run, i)["diloco"] for i in range(k)],
-            "recovered_s": _recovery(out, victim, ended)}
+    return {
+        "out": out,
+        "summaries": [_summary(run, i)["diloco"] for i in range(k)],
+        "recovered_s": _recovery(out, victim, ended),
+    }
 
 
-_STAMP = re.compile(r"^\[r(\d+)\] \[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*(sync at step \d+ .*: committed|healed "
-                    r"from replica)")
+_STAMP = re.compile(
+    r"^\[r(\d+)\] \[titan\] (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*(sync at step \d+ .*: committed|healed "
+    r"from replica)"
+)
 
 
 def _recovery(out: str, victim: int, ended: datetime) -> float:
@@ -123,8 +144,12 @@ def test_at_k3_the_majority_commits_through_a_cut_and_the_cut_group_heals_back_c
     assert s2["heals"] == 1 and s2["syncs_failed"] == 0
     assert s2["syncs_committed"] + s2["syncs_missed"] == STEPS // H and s2["syncs_missed"] >= 1
     assert "sync(s) the others committed without it" in d["out"]
-    assert "this group may be cut off from it and its peers); it gives up after 30s " \
-           "(--fault_tolerance.lighthouse_lost_seconds)" in d["out"]
+    assert (
+        "this group may be cut off from it and its peers); it gives up after 30s "
+        "(--fault_tolerance.lighthouse_lost_seconds)" in d["out"]
+    )
     assert s2["cut_off_seconds"] > 5 > s2["sync_seconds_by_part"]["wait_slowest"], s2  # cut off, not waiting
-    print(f"partition drill K=3 lockstep, r2 cut 10 s mid-round: recovered {d['recovered_s']:.1f} s after the "
-          "link returned")
+    print(
+        f"partition drill K=3 lockstep, r2 cut 10 s mid-round: recovered {d['recovered_s']:.1f} s after the "
+        "link returned"
+    )

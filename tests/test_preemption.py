@@ -29,8 +29,12 @@ def _start(cmd: list[str], stop_file: Path, log: Path) -> subprocess.Popen:
 def _finish(proc: subprocess.Popen, log: Path) -> int:
     """The run's exit status; a run whose log stops growing for QUIET_S seconds is hung."""
     try:
-        until("the run did not exit", lambda: proc.poll() is not None, progress=FolderProgress(QUIET_S, log),
-              detail=lambda: log.read_text()[-3000:])
+        until(
+            "the run did not exit",
+            lambda: proc.poll() is not None,
+            progress=FolderProgress(QUIET_S, log),
+            detail=lambda: log.read_text()[-3000:],
+        )
         return proc.returncode
     finally:
         if proc.poll() is None:
@@ -44,11 +48,24 @@ def _logged_steps(folder: Path) -> list[int]:
 
 def test_a_ddp_run_asked_to_stop_checkpoints_the_step_it_is_at_and_resumes_there(tmp_path):
     run, stop, log = tmp_path / "run", tmp_path / "stop", tmp_path / "log"
-    cmd = [sys.executable, "-m", "muloco.train", "--config", "ddp/adamw", *RUN, "--training.steps", "400",
-           "--dump_folder", str(run)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "muloco.train",
+        "--config",
+        "ddp/adamw",
+        *RUN,
+        "--training.steps",
+        "400",
+        "--dump_folder",
+        str(run),
+    ]
     proc = _start(cmd, stop, log)
-    until("step 3", lambda: max(_logged_steps(run), default=0) >= 3 or proc.poll() is not None,
-          progress=FolderProgress(QUIET_S, log))
+    until(
+        "step 3",
+        lambda: max(_logged_steps(run), default=0) >= 3 or proc.poll() is not None,
+        progress=FolderProgress(QUIET_S, log),
+    )
     stop.touch()
     assert _finish(proc, log) == 75, log.read_text()[-3000:]
     stopped_at = max(_logged_steps(run))
@@ -59,17 +76,37 @@ def test_a_ddp_run_asked_to_stop_checkpoints_the_step_it_is_at_and_resumes_there
     cmd[cmd.index("400")] = str(stopped_at + 3)  # the same command, shortened: it resumes, then ends
     proc = _start(cmd, stop, log)
     assert _finish(proc, log) == 0, log.read_text()[-3000:]
-    assert f"checkpoint/step-{stopped_at}" in log.read_text() and f"Training starts at step {stopped_at + 1}" in \
-        log.read_text()
+    assert (
+        f"checkpoint/step-{stopped_at}" in log.read_text()
+        and f"Training starts at step {stopped_at + 1}" in log.read_text()
+    )
 
 
 def test_diloco_groups_asked_to_stop_checkpoint_at_their_next_sync_and_resume(tmp_path):
     run, stop, log = tmp_path / "run", tmp_path / "stop", tmp_path / "log"
-    cmd = [sys.executable, "-m", "muloco.launch.local", "--config", "diloco/muloco", "--replicas", "2", "--",
-           *RUN, "--outer.sync_every", "4", "--training.steps", "400", "--dump_folder", str(run)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "muloco.launch.local",
+        "--config",
+        "diloco/muloco",
+        "--replicas",
+        "2",
+        "--",
+        *RUN,
+        "--outer.sync_every",
+        "4",
+        "--training.steps",
+        "400",
+        "--dump_folder",
+        str(run),
+    ]
     proc = _start(cmd, stop, log)
-    until("step 5", lambda: max(_logged_steps(run / "replica_0"), default=0) >= 5 or proc.poll() is not None,
-          progress=FolderProgress(QUIET_S, log))
+    until(
+        "step 5",
+        lambda: max(_logged_steps(run / "replica_0"), default=0) >= 5 or proc.poll() is not None,
+        progress=FolderProgress(QUIET_S, log),
+    )
     stop.touch()
     assert _finish(proc, log) == 75, log.read_text()[-3000:]
     assert "local job stopped on request" in log.read_text()

@@ -42,8 +42,9 @@ def _rows(rows: int = 3, length: int = 32, seed: int = 1) -> torch.Tensor:
 
 
 def _objective(recipe, **kwargs) -> MaskedDiffusion:
-    return MaskedDiffusion.Config(recipe=recipe, document_mask=False, truncate_probability=0.0,
-                                  **kwargs).build(tokens=TOKENS)
+    return MaskedDiffusion.Config(recipe=recipe, document_mask=False, truncate_probability=0.0, **kwargs).build(
+        tokens=TOKENS
+    )
 
 
 @pytest.mark.parametrize("masked_only_head", [False, True])
@@ -89,17 +90,24 @@ def _bd3lm_mask(length: int, block: int) -> torch.Tensor:
 def test_the_block_mask_is_bd3lm_and_reads_as_drawn_for_two_blocks_of_two():
     ours = evaluate_mask(block_diffusion_mask(4, 2, None, None), 1, 8, 8, torch.device("cpu"), flex=False)[0, 0]
     # rows: queries x_t[0..3] then x_0[0..3]; columns: keys in the same order
-    drawn = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0],
-                          [1, 1, 0, 0, 0, 0, 0, 0],
-                          [0, 0, 1, 1, 1, 1, 0, 0],
-                          [0, 0, 1, 1, 1, 1, 0, 0],
-                          [0, 0, 0, 0, 1, 1, 0, 0],
-                          [0, 0, 0, 0, 1, 1, 0, 0],
-                          [0, 0, 0, 0, 1, 1, 1, 1],
-                          [0, 0, 0, 0, 1, 1, 1, 1]], dtype=torch.bool)
+    drawn = torch.tensor(
+        [
+            [1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0, 0],
+            [0, 0, 1, 1, 1, 1, 0, 0],
+            [0, 0, 1, 1, 1, 1, 0, 0],
+            [0, 0, 0, 0, 1, 1, 0, 0],
+            [0, 0, 0, 0, 1, 1, 0, 0],
+            [0, 0, 0, 0, 1, 1, 1, 1],
+            [0, 0, 0, 0, 1, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
     assert torch.equal(ours, drawn)
-    assert torch.equal(evaluate_mask(block_diffusion_mask(32, 8, None, None), 1, 64, 64, torch.device("cpu"),
-                                     flex=False)[0, 0], _bd3lm_mask(32, 8))
+    assert torch.equal(
+        evaluate_mask(block_diffusion_mask(32, 8, None, None), 1, 64, 64, torch.device("cpu"), flex=False)[0, 0],
+        _bd3lm_mask(32, 8),
+    )
 
 
 @pytest.mark.parametrize("shift", [False, True])
@@ -117,16 +125,16 @@ def test_block_loss_is_bd3lm_on_the_noised_half_of_x_t_and_x_0(shift):
         ours = objective.loss(model(batch.inputs, **batch.model_kwargs), batch, normaliser)
         xt = x.masked_fill(masked, TOKENS.mask)
         positions = torch.arange(32).repeat(2)[None]
-        both = model(torch.cat([xt, x], 1), positions=positions,
-                     attention_masks=_bd3lm_mask(32, 8)[None, None]).float()
+        both = model(torch.cat([xt, x], 1), positions=positions, attention_masks=_bd3lm_mask(32, 8)[None, None]).float()
     both[..., TOKENS.mask] = -math.inf
     logits = both[:, :32]
     if shift:  # token i from the noised output at i − 1; a block's first from the clean block before it
         logits = torch.cat([logits[:, :1], logits[:, :-1]], dim=1)
         for start in (8, 16, 24):
             logits[:, start] = both[:, 32 + start - 1]
-    reference = (F.cross_entropy(logits[masked], x[masked], reduction="none")
-                 * (1 / t)[:, None].expand(masked.shape)[masked]).sum() / normaliser
+    reference = (
+        F.cross_entropy(logits[masked], x[masked], reduction="none") * (1 / t)[:, None].expand(masked.shape)[masked]
+    ).sum() / normaliser
     assert torch.allclose(ours, reference, rtol=1e-5)
     assert not shift or not masked[:, 0].any()
 
@@ -160,8 +168,14 @@ def test_a_noised_block_reads_the_same_clean_context_whether_or_not_a_boundary_i
         xt[0, 6] = TOKENS.mask
         if masked_bos:
             xt[0, 5] = TOKENS.mask
-        mask = evaluate_mask(block_diffusion_mask(length, block, document_ids(xt, TOKENS.bos),
-                                                  document_ids(x0, TOKENS.bos)), 1, 16, 16, torch.device("cpu"), False)
+        mask = evaluate_mask(
+            block_diffusion_mask(length, block, document_ids(xt, TOKENS.bos), document_ids(x0, TOKENS.bos)),
+            1,
+            16,
+            16,
+            torch.device("cpu"),
+            False,
+        )
         views.append(mask[0, 0, 4:8, 8:16])  # the second noised block's view of the clean copy
     assert torch.equal(views[0], views[1])
     assert views[0][:, :4].all() and not views[0][:, 4:].any()  # the first clean block (document 1), no later one
@@ -232,14 +246,18 @@ def test_a_shifted_sampler_reads_the_output_one_position_before(temperature):
     model = _model()
     how = DiffusionSampling(length=16, steps=16, block_length=8, temperature=temperature)
     prompt = [[TOKENS.bos, 5, 6, 7]]
-    plain = sample_diffusion_batch(model, prompt, TOKENS.mask, how, torch.Generator().manual_seed(3), torch.device("cpu"))
-    shifted = sample_diffusion_batch(_OneAhead(model), prompt, TOKENS.mask, how, torch.Generator().manual_seed(3),
-                                     torch.device("cpu"), shift=True)
+    plain = sample_diffusion_batch(
+        model, prompt, TOKENS.mask, how, torch.Generator().manual_seed(3), torch.device("cpu")
+    )
+    shifted = sample_diffusion_batch(
+        _OneAhead(model), prompt, TOKENS.mask, how, torch.Generator().manual_seed(3), torch.device("cpu"), shift=True
+    )
     assert plain == shifted
 
 
-@pytest.mark.parametrize("shift, prompt_length, threshold", [(False, 5, None), (True, 5, None), (True, 8, None),
-                                                             (False, 11, 0.3)])
+@pytest.mark.parametrize(
+    "shift, prompt_length, threshold", [(False, 5, None), (True, 5, None), (True, 8, None), (False, 11, 0.3)]
+)
 def test_the_block_samplers_exact_cache_gives_the_whole_canvas_text(shift, prompt_length, threshold):
     """The cache keeps the finished blocks' keys and values; the whole canvas under the
     block-causal mask computes the same function, so the text is the same."""
@@ -248,8 +266,18 @@ def test_the_block_samplers_exact_cache_gives_the_whole_canvas_text(shift, promp
     texts = []
     for cache in ("block", "none"):
         how = DiffusionSampling(length=24, steps=12, block_length=8, cache=cache, threshold=threshold)
-        texts.append(sample_block_diffusion(model, [prompt], TOKENS.mask, how, torch.Generator().manual_seed(0),
-                                            torch.device("cpu"), block_size=8, shift=shift)[0])
+        texts.append(
+            sample_block_diffusion(
+                model,
+                [prompt],
+                TOKENS.mask,
+                how,
+                torch.Generator().manual_seed(0),
+                torch.device("cpu"),
+                block_size=8,
+                shift=shift,
+            )[0]
+        )
     assert texts[0] == texts[1] and TOKENS.mask not in texts[0] and len(texts[0]) == 24
 
 
@@ -263,18 +291,39 @@ def test_a_block_model_samples_only_with_its_own_blocks_and_cache():
         DiffusionSampling(length=16, steps=16, block_length=8, cache="block").check()
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--objective.recipe", "block", "--objective.recipe.block_size", "24"],
-     "objective.recipe.block_size 24 does not divide training.seq_len 64"),
-    (["--objective.recipe", "block", "--objective.recipe.anneal_steps", "10"], "block recipe's attention is block-causal"),
-    (["--objective.recipe", "block", "--objective.recipe.position_masking", "1.5"], "position_masking is 1.5"),
-    (["--objective.recipe", "block", "--objective.recipe.position_masking", "0.1", "--objective.complementary-masks"],
-     "complementary-masks pairs rows"),
-    (["--objective.recipe", "full", "--objective.recipe.block_size", "8"], "objective.recipe is full, which has no"),
-    (["--objective.recipe", "dreamy"], "--objective.recipe must be one of full, dream, block"),
-])
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (
+            ["--objective.recipe", "block", "--objective.recipe.block_size", "24"],
+            "objective.recipe.block_size 24 does not divide training.seq_len 64",
+        ),
+        (
+            ["--objective.recipe", "block", "--objective.recipe.anneal_steps", "10"],
+            "block recipe's attention is block-causal",
+        ),
+        (["--objective.recipe", "block", "--objective.recipe.position_masking", "1.5"], "position_masking is 1.5"),
+        (
+            [
+                "--objective.recipe",
+                "block",
+                "--objective.recipe.position_masking",
+                "0.1",
+                "--objective.complementary-masks",
+            ],
+            "complementary-masks pairs rows",
+        ),
+        (
+            ["--objective.recipe", "full", "--objective.recipe.block_size", "8"],
+            "objective.recipe is full, which has no",
+        ),
+        (["--objective.recipe", "dreamy"], "--objective.recipe must be one of full, dream, block"),
+    ],
+)
 def test_a_bad_recipe_setting_is_one_error_before_anything_runs(tmp_path, flags, expected):
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--objective", "mdlm", *flags, "--dump_folder", str(tmp_path / "r")])
+    proc = run_train(
+        ["--config", "ddp/adamw", *TINY, "--objective", "mdlm", *flags, "--dump_folder", str(tmp_path / "r")]
+    )
     assert proc.returncode != 0 and expected in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "r").exists()
 
@@ -291,31 +340,95 @@ def test_dream_from_a_diffusion_models_folder_is_refused(tmp_path):
     save_family("llama", llama)
     folder.mkdir()
     config = json.loads((llama / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "llada", "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "mlp_hidden_size": 96,
-        "vocab_size": 2048, "embedding_size": 2048, "rms_norm_eps": config["rms_norm_eps"], "rope_theta": 10000.0,
-        "include_bias": False, "activation_type": "silu", "layer_norm_type": "rms", "block_type": "llama",
-        "rope": True, "alibi": False, "mask_token_id": MulocoTokenizer().mask_id, "max_sequence_length": 64}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llada",
+                "d_model": 64,
+                "n_layers": 2,
+                "n_heads": 4,
+                "n_kv_heads": 2,
+                "mlp_hidden_size": 96,
+                "vocab_size": 2048,
+                "embedding_size": 2048,
+                "rms_norm_eps": config["rms_norm_eps"],
+                "rope_theta": 10000.0,
+                "include_bias": False,
+                "activation_type": "silu",
+                "layer_norm_type": "rms",
+                "block_type": "llama",
+                "rope": True,
+                "alibi": False,
+                "mask_token_id": MulocoTokenizer().mask_id,
+                "max_sequence_length": 64,
+            }
+        )
+    )
     save_file(to_llada_names(load_file(str(llama / "model.safetensors"))), str(folder / "model.safetensors"))
     (folder / "tokenizer.json").write_bytes((llama / "tokenizer.json").read_bytes())
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--objective", "mdlm", "--objective.recipe", "dream",
-                      "--model.flavor", f"hf:{folder}", "--tokenizer.path", str(folder),
-                      "--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf",
-                      "--checkpoint.initial_load_model_only", "--dump_folder", str(tmp_path / "r")])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--objective",
+            "mdlm",
+            "--objective.recipe",
+            "dream",
+            "--model.flavor",
+            f"hf:{folder}",
+            "--tokenizer.path",
+            str(folder),
+            "--checkpoint.initial_load_path",
+            str(folder),
+            "--checkpoint.initial_load_in_hf",
+            "--checkpoint.initial_load_model_only",
+            "--dump_folder",
+            str(tmp_path / "r"),
+        ]
+    )
     assert proc.returncode != 0 and "is a masked-diffusion model whose output at i predicts token i" in proc.stderr
 
 
-@pytest.mark.parametrize("recipe", [["--objective.recipe", "dream", "--objective.weight", "cart"],
-                                    ["--objective.recipe", "block", "--objective.recipe.block_size", "16",
-                                     "--objective.recipe.shift", "--objective.recipe.position_masking", "0.1"],
-                                    ["--objective.recipe", "full", "--objective.recipe.anneal_steps", "3"]])
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        ["--objective.recipe", "dream", "--objective.weight", "cart"],
+        [
+            "--objective.recipe",
+            "block",
+            "--objective.recipe.block_size",
+            "16",
+            "--objective.recipe.shift",
+            "--objective.recipe.position_masking",
+            "0.1",
+        ],
+        ["--objective.recipe", "full", "--objective.recipe.anneal_steps", "3"],
+    ],
+)
 def test_each_recipe_trains_validates_records_itself_samples_and_exports_its_readout(tmp_path, recipe):
     from muloco.tools.generate import main as generate
     from muloco.tools.loading import load_config
 
     run = tmp_path / "run"
-    proc = run_train(["--config", "ddp/adamw", *TINY, "--objective", "mdlm", *recipe, "--training.steps", "4",
-                      "--validator.freq", "4", "--checkpoint.interval", "4", "--dump_folder", str(run)])
+    proc = run_train(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--objective",
+            "mdlm",
+            *recipe,
+            "--training.steps",
+            "4",
+            "--validator.freq",
+            "4",
+            "--checkpoint.interval",
+            "4",
+            "--dump_folder",
+            str(run),
+        ]
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert math.isfinite(summary["final_train_loss"]) and math.isfinite(summary["final_validation_loss"])

@@ -24,8 +24,17 @@ from muloco.runs.facts import facts_of  # noqa: E402
 
 MULOCO_2BIT_FACTS = facts_of(load_config("diloco/muloco_2bit"))
 
-QUICK = [*TINY, "--training.steps", "12", "--validator.freq", "4", "--metrics.log_freq", "2",
-         "--checkpoint.no-enable", "--metrics.no-enable-tensorboard"]
+QUICK = [
+    *TINY,
+    "--training.steps",
+    "12",
+    "--validator.freq",
+    "4",
+    "--metrics.log_freq",
+    "2",
+    "--checkpoint.no-enable",
+    "--metrics.no-enable-tensorboard",
+]
 # folder -> (name in the manifest or None, config, overrides)
 RUNS = {
     "lr_low": ("adamw lr 1e-3", "ddp/adamw", ["--optimizer.lr", "1e-3"]),
@@ -47,8 +56,11 @@ def sweep(tmp_path_factory) -> Path:
     with ThreadPoolExecutor(max_workers=2) as pool:
         for folder, proc in zip(RUNS, pool.map(train, RUNS)):
             assert proc.returncode == 0, f"{folder}: {proc.stdout[-2000:]}{proc.stderr[-2000:]}"
-    lines = [{"name": name, "overrides": [*overrides, "--dump_folder", str(root / folder)]}
-             for folder, (name, _, overrides) in RUNS.items() if name]
+    lines = [
+        {"name": name, "overrides": [*overrides, "--dump_folder", str(root / folder)]}
+        for folder, (name, _, overrides) in RUNS.items()
+        if name
+    ]
     (root / "manifest.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     return root
 
@@ -165,8 +177,9 @@ def test_live_runs_partial_last_line_is_skipped(sweep, tmp_path, capsys):
     _, row = parse_table(out)["live (no summary)"]
     kept = [json.loads(line) for line in text.splitlines()[:-1]]
     assert int(row["steps"]) == max(r["step"] for r in kept)
-    assert float(row["val loss"]) == pytest.approx([r for r in kept if "validation_loss" in r][-1]["validation_loss"],
-                                                   abs=5e-5)
+    assert float(row["val loss"]) == pytest.approx(
+        [r for r in kept if "validation_loss" in r][-1]["validation_loss"], abs=5e-5
+    )
     assert row["wall"] == "-"
 
 
@@ -182,12 +195,25 @@ def test_diloco_job_folder_is_one_run(sweep, tmp_path):
         (rep / "run.json").write_text(json.dumps({**run_json, "facts": MULOCO_2BIT_FACTS}))
         with open(rep / "metrics.jsonl", "a") as f:
             for step, n in sent:
-                f.write(json.dumps({"step": step, "sync/bytes_sent": n + i, "sync/payload_bytes": n,
-                                    "sync/numel": 4000, "sync/fragment": 0}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "sync/bytes_sent": n + i,
+                            "sync/payload_bytes": n,
+                            "sync/numel": 4000,
+                            "sync/fragment": 0,
+                        }
+                    )
+                    + "\n"
+                )
         s = summary(rep)
-        s["diloco"] = {"bytes_sent": 3000 + 3 * i, "payload_bits_per_parameter": 2.0,
-                       "exchange": "quantize(statistical, 2b, block 4096, R 3.93σ), error feedback β=0.9",
-                       "sync_share_of_wall_time": 0.1 * (i + 1)}
+        s["diloco"] = {
+            "bytes_sent": 3000 + 3 * i,
+            "payload_bits_per_parameter": 2.0,
+            "exchange": "quantize(statistical, 2b, block 4096, R 3.93σ), error feedback β=0.9",
+            "sync_share_of_wall_time": 0.1 * (i + 1),
+        }
         (rep / "summary.json").write_text(json.dumps(s))
     run = report.find_runs([job])[0]
     one = summary(sweep / "lr_low")
@@ -212,8 +238,18 @@ def test_a_resumed_runs_bytes_count_every_process_and_a_redone_sync_once(sweep, 
     (rep / "run.json").write_text(json.dumps({**run_json, "facts": MULOCO_2BIT_FACTS}))
     with open(rep / "metrics.jsonl", "a") as f:
         for step in (4, 8, 12, 12):
-            f.write(json.dumps({"step": step, "sync/bytes_sent": 1000, "sync/payload_bytes": 250,
-                                "sync/numel": 1000, "sync/fragment": 0}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "sync/bytes_sent": 1000,
+                        "sync/payload_bytes": 250,
+                        "sync/numel": 1000,
+                        "sync/fragment": 0,
+                    }
+                )
+                + "\n"
+            )
     s = summary(rep)
     s["diloco"] = {"bytes_sent": 1000, "payload_bits_per_parameter": 2.0, "sync_share_of_wall_time": 0.1}
     (rep / "summary.json").write_text(json.dumps(s))
@@ -249,10 +285,30 @@ def test_a_neutrally_named_muloco_run_is_named_by_its_facts_after_its_folder_is_
     module = tmp_path / "exp_a.py"
     module.write_text(NEUTRAL_MODULE)
     folder = tmp_path / "first-name"
-    proc = run_watched([sys.executable, "-m", "muloco.launch.local", "--config", str(module), "--replicas", "2",
-                        "--", *TINY, "--training.steps", "10", "--outer.sync_every", "5", "--validator.freq", "5",
-                        "--checkpoint.no-enable", "--metrics.no-enable-tensorboard", "--dump_folder", str(folder)],
-                       cwd=REPO)
+    proc = run_watched(
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.local",
+            "--config",
+            str(module),
+            "--replicas",
+            "2",
+            "--",
+            *TINY,
+            "--training.steps",
+            "10",
+            "--outer.sync_every",
+            "5",
+            "--validator.freq",
+            "5",
+            "--checkpoint.no-enable",
+            "--metrics.no-enable-tensorboard",
+            "--dump_folder",
+            str(folder),
+        ],
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     renamed = folder.rename(tmp_path / "ddp-adamw-baseline")
     assert report.main([str(renamed), "--out", str(tmp_path / "report")]) == 0
@@ -277,10 +333,24 @@ def test_the_report_imports_no_torch_and_no_tyro():
 def test_times_of_a_run_over_an_emulated_link_say_so():
     """A run with ``--outer.link.mbps`` (its facts say so): its sync share and wall time include the
     emulated link's waits, and the table marks both."""
-    over_link = report.Run(folder=Path("a"), name="a", method="muloco", objective="ar", sync_share=0.25,
-                           wall_seconds=65.0, facts={"outer": {"link": {"mbps": 100.0, "latency_ms": 0.0}}})
-    real = report.Run(folder=Path("b"), name="b", method="muloco", objective="ar", sync_share=0.05,
-                      wall_seconds=60.0, facts={"outer": {"link": None}})
+    over_link = report.Run(
+        folder=Path("a"),
+        name="a",
+        method="muloco",
+        objective="ar",
+        sync_share=0.25,
+        wall_seconds=65.0,
+        facts={"outer": {"link": {"mbps": 100.0, "latency_ms": 0.0}}},
+    )
+    real = report.Run(
+        folder=Path("b"),
+        name="b",
+        method="muloco",
+        objective="ar",
+        sync_share=0.05,
+        wall_seconds=60.0,
+        facts={"outer": {"link": None}},
+    )
     text = report.table([over_link, real])
     line_a = next(line for line in text.splitlines() if line.lstrip("* ").startswith("a "))
     line_b = next(line for line in text.splitlines() if line.lstrip("* ").startswith("b "))
@@ -288,9 +358,18 @@ def test_times_of_a_run_over_an_emulated_link_say_so():
 
 
 def _deadline_sync(step: int, progress: float, steps: int, committed: bool = True, healed_from=None) -> dict:
-    return {"step": step, "sync/bytes_sent": 100, "sync/payload_bytes": 25, "sync/numel": 100, "sync/fragment": 0,
-            "sync/progress": progress, "sync/round_steps": steps, "sync/tokens": 10 * steps,
-            "sync/committed": committed, "sync/healed_from": healed_from}
+    return {
+        "step": step,
+        "sync/bytes_sent": 100,
+        "sync/payload_bytes": 25,
+        "sync/numel": 100,
+        "sync/fragment": 0,
+        "sync/progress": progress,
+        "sync/round_steps": steps,
+        "sync/tokens": 10 * steps,
+        "sync/committed": committed,
+        "sync/healed_from": healed_from,
+    }
 
 
 def test_deadline_rounds_are_counted_on_each_group_s_current_timeline(tmp_path):
@@ -301,21 +380,40 @@ def test_deadline_rounds_are_counted_on_each_group_s_current_timeline(tmp_path):
     logged no train loss (the curves leave it out instead of failing)."""
     job = tmp_path / "job"
     records = [
-        [{"step": 0, "session_start": True}, {"step": 2, "loss": 5.0, "n_tokens_seen": 20}, _deadline_sync(4, 4.0, 4),
-         {"step": 8, "loss": 4.0, "n_tokens_seen": 80}, _deadline_sync(8, 4.0, 4, committed=False),
-         _deadline_sync(12, 8.0, 4), {"step": 4, "session_start": True}, {"step": 6, "loss": 4.5, "n_tokens_seen": 60},
-         {"step": 8, "loss": 4.2, "n_tokens_seen": 80}, _deadline_sync(10, 7.0, 6), _deadline_sync(16, 11.0, 6),
-         {"step": 16, "validation_loss": 3.0}],
-        [{"step": 0, "session_start": True}, _deadline_sync(4, 4.0, 4), {"step": 0, "session_start": True},
-         _deadline_sync(10, 7.0, 0, healed_from=0), _deadline_sync(12, 11.0, 2), {"step": 12, "validation_loss": 3.0}],
+        [
+            {"step": 0, "session_start": True},
+            {"step": 2, "loss": 5.0, "n_tokens_seen": 20},
+            _deadline_sync(4, 4.0, 4),
+            {"step": 8, "loss": 4.0, "n_tokens_seen": 80},
+            _deadline_sync(8, 4.0, 4, committed=False),
+            _deadline_sync(12, 8.0, 4),
+            {"step": 4, "session_start": True},
+            {"step": 6, "loss": 4.5, "n_tokens_seen": 60},
+            {"step": 8, "loss": 4.2, "n_tokens_seen": 80},
+            _deadline_sync(10, 7.0, 6),
+            _deadline_sync(16, 11.0, 6),
+            {"step": 16, "validation_loss": 3.0},
+        ],
+        [
+            {"step": 0, "session_start": True},
+            _deadline_sync(4, 4.0, 4),
+            {"step": 0, "session_start": True},
+            _deadline_sync(10, 7.0, 0, healed_from=0),
+            _deadline_sync(12, 11.0, 2),
+            {"step": 12, "validation_loss": 3.0},
+        ],
     ]
     for i, rows in enumerate(records):
         (job / f"replica_{i}").mkdir(parents=True)
         (job / f"replica_{i}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     run = report.load_run(job)
-    assert run.rounds == {"progress": 11.0, "groups": [
-        {"group": 0, "rounds": 3, "steps": 16, "min_steps": 4, "max_steps": 6, "tokens_per_rank": 160.0},
-        {"group": 1, "rounds": 2, "steps": 6, "min_steps": 2, "max_steps": 4, "tokens_per_rank": 60.0}]}
+    assert run.rounds == {
+        "progress": 11.0,
+        "groups": [
+            {"group": 0, "rounds": 3, "steps": 16, "min_steps": 4, "max_steps": 6, "tokens_per_rank": 160.0},
+            {"group": 1, "rounds": 2, "steps": 6, "min_steps": 2, "max_steps": 4, "tokens_per_rank": 60.0},
+        ],
+    }
     assert run.val_steps.tolist() == [11.0] and run.val_loss.tolist() == [3.0]
     assert run.train_steps.tolist() == [2.0, 5.0, 6.0]  # group 0's steps 2, 6 and 8: 4 + 2/6 and 4/6 of 3
     assert run.train_loss.tolist() == [5.0, 4.5, 4.2]  # the restarted process's step 8, not the first's
@@ -324,4 +422,5 @@ def test_deadline_rounds_are_counted_on_each_group_s_current_timeline(tmp_path):
     assert run.sync_bytes.tolist() == [100.0, 150.0, 250.0, 300.0, 400.0] and run.bytes_sent_per_replica == 400
     assert report.rounds_lines([run]) == [
         "job: deadline rounds, 11 nominal steps; group 0: 16 steps in 3 rounds (4-6 per round), 160 tokens per rank; "
-        "group 1: 6 steps in 2 rounds (2-4 per round), 60 tokens per rank"]
+        "group 1: 6 steps in 2 rounds (2-4 per round), 60 tokens per rank"
+    ]

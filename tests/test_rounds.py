@@ -21,10 +21,15 @@ from muloco.outer.rounds import DeadlineRounds, Lockstep  # noqa: E402
 
 
 def _rounds(**settings) -> DeadlineRounds:
-    config = DeadlineRounds.Config(**{k: v for k, v in settings.items()
-                                      if k in ("quantile", "min_steps", "max_steps", "pace_memory")})
-    return config.build(sync_every=settings.get("h", 10), total_steps=settings.get("total", 100),
-                        groups=settings.get("groups", 2), group=settings.get("group", 0))
+    config = DeadlineRounds.Config(
+        **{k: v for k, v in settings.items() if k in ("quantile", "min_steps", "max_steps", "pace_memory")}
+    )
+    return config.build(
+        sync_every=settings.get("h", 10),
+        total_steps=settings.get("total", 100),
+        groups=settings.get("groups", 2),
+        group=settings.get("group", 0),
+    )
 
 
 def _row(group: int, steps: int, seconds: float, flag: float = 1.0, tokens: float = 0.0) -> list[float]:
@@ -88,38 +93,60 @@ def test_the_state_round_trips_through_tensors():
     assert float(other.progress) == float(r.progress) and int(other.rounds) == int(r.rounds)
 
 
-@pytest.mark.parametrize("make,match", [
-    (lambda: DeadlineRounds.Config(quantile=0.0), r"outer.round.quantile must be in \(0, 1\]"),
-    (lambda: DeadlineRounds.Config(min_steps=8, max_steps=4), "need 1 <= min_steps <= max_steps"),
-    (lambda: DeadlineRounds.Config(pace_memory=1.0), r"pace_memory must be in \[0, 1\)"),
-    (lambda: OuterLoop.Config(round=DeadlineRounds.Config(),
-                              exchange=Exchange.Config(codec=Dense.Config(dtype="bfloat16"))),
-     r"deadline rounds weigh each group's Δ by its tokens \(outer.exchange.weighting auto; equal turns it off\), "
-     r"which scales each Δ .* lossless .* use --outer.exchange.strategy allgather"),
-    (lambda: OuterLoop.Config(round=DeadlineRounds.Config(), num_fragments=2, sync_every=10),
-     "needs outer.num_fragments 1 and outer.fragment_sync_delay 0"),
-])
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: DeadlineRounds.Config(quantile=0.0), r"outer.round.quantile must be in \(0, 1\]"),
+        (lambda: DeadlineRounds.Config(min_steps=8, max_steps=4), "need 1 <= min_steps <= max_steps"),
+        (lambda: DeadlineRounds.Config(pace_memory=1.0), r"pace_memory must be in \[0, 1\)"),
+        (
+            lambda: OuterLoop.Config(
+                round=DeadlineRounds.Config(), exchange=Exchange.Config(codec=Dense.Config(dtype="bfloat16"))
+            ),
+            r"deadline rounds weigh each group's Δ by its tokens "
+            r"\(outer.exchange.weighting auto; equal turns it off\), "
+            r"which scales each Δ .* lossless .* use --outer.exchange.strategy allgather",
+        ),
+        (
+            lambda: OuterLoop.Config(round=DeadlineRounds.Config(), num_fragments=2, sync_every=10),
+            "needs outer.num_fragments 1 and outer.fragment_sync_delay 0",
+        ),
+    ],
+)
 def test_bad_round_settings_are_one_clear_error(make, match):
     with pytest.raises(ValueError, match=match):
         make().validate()
 
 
-@pytest.mark.parametrize("args,match", [
-    (["--outer.round", "async"], "--outer.round must be one of lockstep, deadline; got 'async'"),
-    (["--outer.round.quantile", "0.5"], r"outer.round is lockstep, which has no setting 'quantile'.*"
-                                        r"pick it with --outer.round deadline"),
-    (["--outer.round", "lockstep", "--outer.round.max_steps", "8"], "outer.round is lockstep, which has no setting"),
-    (["--outer.round.mode", "deadline"], r"no outer.round variant \(lockstep, deadline; now lockstep\) has a "
-                                         r"setting 'mode'; a variant is picked with --outer.round NAME"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--outer.round", "async"], "--outer.round must be one of lockstep, deadline; got 'async'"),
+        (
+            ["--outer.round.quantile", "0.5"],
+            r"outer.round is lockstep, which has no setting 'quantile'.*"
+            r"pick it with --outer.round deadline",
+        ),
+        (
+            ["--outer.round", "lockstep", "--outer.round.max_steps", "8"],
+            "outer.round is lockstep, which has no setting",
+        ),
+        (
+            ["--outer.round.mode", "deadline"],
+            r"no outer.round variant \(lockstep, deadline; now lockstep\) has a "
+            r"setting 'mode'; a variant is picked with --outer.round NAME",
+        ),
+    ],
+)
 def test_a_deadline_setting_with_lockstep_rounds_or_an_unknown_mode_is_one_clear_error(args, match):
     with pytest.raises(ConfigError, match=match):
         parse_args(["--config", "diloco/muloco_2bit", *args])
 
 
 def test_the_round_mode_is_picked_by_name_and_keeps_its_settings_in_any_order():
-    _, config = parse_args(["--config", "diloco/muloco_2bit", "--outer.round.max_steps", "9",
-                            "--outer.round", "deadline"])
+    _, config = parse_args(
+        ["--config", "diloco/muloco_2bit", "--outer.round.max_steps", "9", "--outer.round", "deadline"]
+    )
     assert isinstance(config.outer.round, DeadlineRounds.Config) and config.outer.round.max_steps == 9
     assert config.outer.round.deadline
     _, config = parse_args(["--config", "diloco/muloco_2bit"])

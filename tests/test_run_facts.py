@@ -16,14 +16,28 @@ from muloco.config.loader import available_configs  # noqa: E402
 from muloco.runs.facts import FACT_KEYS, facts_of, method_of, missing_facts, source_commit, update_run_record  # noqa: E402
 
 EXPECTED_METHOD = {
-    "base": "ddp-adamw", "ddp/adamw": "ddp-adamw", "ddp/muon": "ddp-muon",
-    "diloco/diloco": "diloco", "diloco/diloco_2bit": "diloco-2bit", "diloco/diloco_streaming": "diloco-streaming",
-    "diloco/muloco": "muloco", "diloco/muloco_2bit": "muloco-2bit", "diloco/muloco_4bit": "muloco-4bit",
-    "diloco/muloco_topk": "muloco-topk", "diloco/muloco_streaming": "muloco-streaming",
-    "diloco/sparseloco": "muloco-topk", "diloco/sparseloco_published": "diloco-topk",
-    "diffusion/ddp_adamw": "ddp-adamw", "diffusion/ddp_muon": "ddp-muon", "diffusion/muloco": "muloco",
-    "diffusion/muloco_2bit": "muloco-2bit", "diffusion/sft": "ddp-adamw",
-    "gpu/ddp_adamw": "ddp-adamw", "gpu/ddp_muon": "ddp-muon", "gpu/diloco": "diloco", "gpu/muloco": "muloco",
+    "base": "ddp-adamw",
+    "ddp/adamw": "ddp-adamw",
+    "ddp/muon": "ddp-muon",
+    "diloco/diloco": "diloco",
+    "diloco/diloco_2bit": "diloco-2bit",
+    "diloco/diloco_streaming": "diloco-streaming",
+    "diloco/muloco": "muloco",
+    "diloco/muloco_2bit": "muloco-2bit",
+    "diloco/muloco_4bit": "muloco-4bit",
+    "diloco/muloco_topk": "muloco-topk",
+    "diloco/muloco_streaming": "muloco-streaming",
+    "diloco/sparseloco": "muloco-topk",
+    "diloco/sparseloco_published": "diloco-topk",
+    "diffusion/ddp_adamw": "ddp-adamw",
+    "diffusion/ddp_muon": "ddp-muon",
+    "diffusion/muloco": "muloco",
+    "diffusion/muloco_2bit": "muloco-2bit",
+    "diffusion/sft": "ddp-adamw",
+    "gpu/ddp_adamw": "ddp-adamw",
+    "gpu/ddp_muon": "ddp-muon",
+    "gpu/diloco": "diloco",
+    "gpu/muloco": "muloco",
     "gpu/muloco_2bit": "muloco-2bit",
 }
 
@@ -50,18 +64,34 @@ def test_the_method_comes_from_the_resolved_config(name):
 
 
 def test_overrides_change_the_facts_not_the_module_name():
-    _, config = parse_args(["--config", "diloco/diloco", "--optimizer.name", "Muon", "--outer.exchange.codec",
-                            "quantize", "--outer.exchange.codec.bits", "4", "--outer.exchange.error_feedback.no-enabled",
-                            "--outer.num_fragments", "3", "--fault_tolerance.group_size", "4",
-                            "--outer.exchange.weighting", "tokens"])
+    _, config = parse_args(
+        [
+            "--config",
+            "diloco/diloco",
+            "--optimizer.name",
+            "Muon",
+            "--outer.exchange.codec",
+            "quantize",
+            "--outer.exchange.codec.bits",
+            "4",
+            "--outer.exchange.error_feedback.no-enabled",
+            "--outer.num_fragments",
+            "3",
+            "--fault_tolerance.group_size",
+            "4",
+            "--outer.exchange.weighting",
+            "tokens",
+        ]
+    )
     facts = facts_of(config, environment=False)
     assert facts["method"] == "muloco-4bit-streaming"
     outer = facts["outer"]
     assert outer["codec"]["bits"] == 4 and outer["error_feedback"]["enabled"] is False
     assert outer["weighting"] == "tokens" and facts_of(load_config("diloco/diloco"))["outer"]["weighting"] == "equal"
     assert outer["round"]["mode"] == "lockstep"
-    _, config = parse_args(["--config", "diloco/muloco_2bit", "--outer.round", "deadline",
-                            "--outer.round.max_steps", "90"])
+    _, config = parse_args(
+        ["--config", "diloco/muloco_2bit", "--outer.round", "deadline", "--outer.round.max_steps", "90"]
+    )
     facts = facts_of(config, environment=False)
     assert facts["method"] == "muloco-2bit-deadline" and facts["outer"]["round"]["max_steps"] == 90
     assert facts["outer"]["round"]["mode"] == "deadline" and facts["outer"]["weighting"] == "tokens"  # auto
@@ -75,8 +105,9 @@ def test_a_dense_fp32_exchange_has_no_error_feedback_and_32_bits():
 
 
 def test_data_facts_hold_only_what_the_source_reads():
-    _, config = parse_args(["--config", "ddp/adamw", "--dataloader.source", "jsonl", "--dataloader.source.dataset_path",
-                            "/data/x.jsonl"])
+    _, config = parse_args(
+        ["--config", "ddp/adamw", "--dataloader.source", "jsonl", "--dataloader.source.dataset_path", "/data/x.jsonl"]
+    )
     data = facts_of(config, environment=False)["data"]
     assert data["source"] == "jsonl" and data["dataset_path"] == "/data/x.jsonl"
     assert "dataset_subset" not in data and "prompt_field" not in data

@@ -3,9 +3,9 @@
 
 | situation | what pip can do | what setup.sh must do |
 |---|---|---|
-| local CPU wheel | the CPU index is unreachable, a ``+cpu`` wheel is in pip's find-links | install it from there (one try) |
+| local CPU wheel | CPU index unreachable, a ``+cpu`` wheel in pip's find-links | install it from there (one try) |
 | CPU index reachable | PyTorch's CPU index answers | install the CPU build from it (one try) |
-| only the CUDA build | the CPU index is unreachable, pip's index (PyPI) has the CUDA build | fall back to it, say so, finish |
+| only the CUDA build | CPU index unreachable, pip's index (PyPI) has the CUDA build | fall back to it, say so, finish |
 | ``--cuda`` | pip's index, or ``TORCH_CUDA_INDEX`` | install from there |
 
 The stand-in answers ``-m pip install`` per situation, remembers which build it "installed",
@@ -40,7 +40,8 @@ if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
         local-wheel|cpu-index)
           case "$args" in *"--index-url $CPU_INDEX"*) echo cpu > "$state"; exit 0 ;; esac ;;
         cuda-only)
-          case "$args" in *"--index-url"*) echo "ERROR: Could not find a version that satisfies the requirement" >&2; exit 1 ;; esac
+          case "$args" in *"--index-url"*)
+            echo "ERROR: Could not find a version that satisfies the requirement" >&2; exit 1 ;; esac
           echo cuda > "$state"; exit 0 ;;
         cuda-flag)
           echo cuda > "$state"; exit 0 ;;
@@ -53,7 +54,8 @@ if [ "$1" = "-c" ]; then
   case "$2" in
     *"assert torch.__version__"*) exit 1 ;;  # not set up yet
     *"torch.version.cuda is None"*) [ "$(cat "$state" 2>/dev/null)" = cpu ] && exit 0; exit 1 ;;
-    *"CPU build"*) [ "$(cat "$state")" = cpu ] && echo "torch 2.13.0, CPU build" || echo "torch 2.13.0, CUDA 13.0 build"; exit 0 ;;
+    *"CPU build"*)
+      [ "$(cat "$state")" = cpu ] && echo "torch 2.13.0, CPU build" || echo "torch 2.13.0, CUDA 13.0 build"; exit 0 ;;
     *) echo "[setup] torch 2.13.0 | cuda: $(cat "$state")"; exit 0 ;;
   esac
 fi
@@ -71,8 +73,15 @@ def _setup(tmp_path: Path, situation: str, *args: str, **env: str) -> tuple[subp
     python.write_text(STAND_IN)
     python.chmod(0o755)
     log = tmp_path / "calls.log"
-    run_env = {**os.environ, "SITUATION": situation, "STAND_IN_LOG": str(log), "STAND_IN_STATE": str(tmp_path / "built"),
-               "CPU_INDEX": CPU_INDEX, "PYTHON": sys.executable, **env}
+    run_env = {
+        **os.environ,
+        "SITUATION": situation,
+        "STAND_IN_LOG": str(log),
+        "STAND_IN_STATE": str(tmp_path / "built"),
+        "CPU_INDEX": CPU_INDEX,
+        "PYTHON": sys.executable,
+        **env,
+    }
     run_env.pop("TORCH_CPU_INDEX", None)
     run_env.update(env)
     done = run_watched(["bash", str(repo / "setup.sh"), *args], cwd=repo, env=run_env)

@@ -34,10 +34,10 @@ EXAMPLES = [
 def _loader(tmp_path, next_token: bool, seq_len=32, lines=EXAMPLES):
     path = tmp_path / "sft.jsonl"
     path.write_text("".join(json.dumps(e) + "\n" for e in lines))
-    cfg = PackedTextDataLoader.Config(source=SftRows(dataset_path=str(path), val_percent=0.0),
-                                      next_token=next_token, shuffle_documents=False)
-    return cfg, cfg.build(dp_world_size=1, dp_rank=0, tokenizer=MulocoTokenizer(), seq_len=seq_len,
-                          local_batch_size=4)
+    cfg = PackedTextDataLoader.Config(
+        source=SftRows(dataset_path=str(path), val_percent=0.0), next_token=next_token, shuffle_documents=False
+    )
+    return cfg, cfg.build(dp_world_size=1, dp_rank=0, tokenizer=MulocoTokenizer(), seq_len=seq_len, local_batch_size=4)
 
 
 def test_diffusion_sft_rows_score_the_answer_and_its_one_eos_and_pad_with_unscored_masks(tmp_path):
@@ -51,7 +51,7 @@ def test_diffusion_sft_rows_score_the_answer_and_its_one_eos_and_pad_with_unscor
     prompt = [tok.bos_id, *tok.encode(EXAMPLES[0]["prompt"])]
     response = tok.encode(EXAMPLES[0]["response"])
     assert x[0, : len(prompt)].tolist() == prompt and (labels[0, : len(prompt)] == IGNORE_INDEX).all()
-    tail, scored = x[0, len(prompt):].tolist(), labels[0, len(prompt):].tolist()
+    tail, scored = x[0, len(prompt) :].tolist(), labels[0, len(prompt) :].tolist()
     end = len(response) + 1
     assert tail[:end] == [*response, tok.eos_id] and scored[:end] == tail[:end]  # the answer and its EOS
     assert set(tail[end:]) == {tok.mask_id} and set(scored[end:]) == {IGNORE_INDEX}  # padding: never a target
@@ -59,7 +59,8 @@ def test_diffusion_sft_rows_score_the_answer_and_its_one_eos_and_pad_with_unscor
     chat = tok.decode(x[1, 1:].tolist())
     assert chat.startswith("<|user|>\nname a module\n<|assistant|>\nos")
     objective = MaskedDiffusion.Config(eps=0.95, normaliser="sequence", truncate_probability=0.0).build(
-        tokens=SpecialTokens(bos=tok.bos_id, eos=tok.eos_id, mask=tok.mask_id), rows_per_step=4)
+        tokens=SpecialTokens(bos=tok.bos_id, eos=tok.eos_id, mask=tok.mask_id), rows_per_step=4
+    )
     eos_masked = 0
     for step in range(4):
         batch = objective.prepare(x, labels, NoiseKey(0, step, 0, 0, 1))
@@ -90,7 +91,9 @@ def test_rows_cut_long_responses_and_skip_prompts_that_fill_the_row():
     inputs, labels = sft_row([5, 6], list(range(20, 40)), 8, _Ids, next_token=False)
     assert inputs == [98, 5, 6, 20, 21, 22, 23, 24] and labels == [IGNORE_INDEX] * 3 + inputs[3:]  # cut: no EOS
     inputs, labels = sft_row([5], [20, 21], 8, _Ids, next_token=False)
-    assert inputs == [98, 5, 20, 21, 99, 97, 97, 97] and labels == [IGNORE_INDEX] * 2 + [20, 21, 99] + [IGNORE_INDEX] * 3
+    assert (
+        inputs == [98, 5, 20, 21, 99, 97, 97, 97] and labels == [IGNORE_INDEX] * 2 + [20, 21, 99] + [IGNORE_INDEX] * 3
+    )
 
 
 def test_a_bad_sft_line_is_named_before_training(tmp_path):
@@ -122,9 +125,19 @@ def test_diffusion_scorer_estimates_the_exact_bound_over_the_target_tokens():
             logits[..., mask] = -float("inf")
             terms.append(F.cross_entropy(logits[where], x[where], reduction="sum").item())
         exact += sum(terms) / len(terms) / n
-    estimates = [diffusion_nll(model, prompt, target, mask, samples=256, batch=64,
-                               generator=torch.Generator().manual_seed(s), device=torch.device("cpu"))
-                 for s in range(6)]
+    estimates = [
+        diffusion_nll(
+            model,
+            prompt,
+            target,
+            mask,
+            samples=256,
+            batch=64,
+            generator=torch.Generator().manual_seed(s),
+            device=torch.device("cpu"),
+        )
+        for s in range(6)
+    ]
     mean = sum(estimates) / len(estimates)
     se = (sum((e - mean) ** 2 for e in estimates) / (len(estimates) - 1) / len(estimates)) ** 0.5
     assert abs(mean - exact) < 4 * se + 1e-6 and se < 0.02 * exact, (mean, se, exact)

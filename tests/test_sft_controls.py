@@ -99,8 +99,10 @@ def test_the_ratio_cut_never_reaches_a_prompt_on_random_batches():
     batch still scores a token of every row."""
     rng = np.random.default_rng(0)
     for _ in range(200):
-        examples = [(list(range(1, 1 + int(rng.integers(1, 8)))), list(range(20, 20 + int(rng.integers(1, 8)))))
-                    for _ in range(4)]
+        examples = [
+            (list(range(1, 1 + int(rng.integers(1, 8)))), list(range(20, 20 + int(rng.integers(1, 8)))))
+            for _ in range(4)
+        ]
         rows = [sft_row(p, r, 24, _Ids, False) for p, r in examples]
         inputs, labels = torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
         prompts = labels == IGNORE_INDEX
@@ -112,14 +114,22 @@ def test_the_ratio_cut_never_reaches_a_prompt_on_random_batches():
 
 def _sft_file(tmp_path, n=40):
     path = tmp_path / "sft.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i}?", "response": " it is " + "ab " * (i % 9)})
-                            + "\n" for i in range(n)))
+    path.write_text(
+        "".join(
+            json.dumps({"prompt": f"What is {i} plus {i}?", "response": " it is " + "ab " * (i % 9)}) + "\n"
+            for i in range(n)
+        )
+    )
     return path
 
 
 def _loader(path, split="train", infinite=True, **cut):
-    cfg = PackedTextDataLoader.Config(source=SftRows(dataset_path=str(path), val_percent=20.0, **cut),
-                                      next_token=False, split=split, infinite=infinite and split == "train")
+    cfg = PackedTextDataLoader.Config(
+        source=SftRows(dataset_path=str(path), val_percent=20.0, **cut),
+        next_token=False,
+        split=split,
+        infinite=infinite and split == "train",
+    )
     return cfg.build(dp_world_size=1, dp_rank=0, tokenizer=MulocoTokenizer(), seq_len=48, local_batch_size=4)
 
 
@@ -164,32 +174,68 @@ TINY = ["--model.flavor", "llama3-w64-d2-h2", "--training.seq_len", "48", "--tra
 
 def _parsed(tmp_path, *extra, config="diffusion/sft"):
     source = [] if config == "diffusion/sft" else ["--dataloader.source", "sft"]
-    _, c = parse_args(["--config", config, *TINY, *source, "--dataloader.source.dataset_path", str(_sft_file(tmp_path)),
-                       "--dump_folder", str(tmp_path / "run"), *extra])
+    _, c = parse_args(
+        [
+            "--config",
+            config,
+            *TINY,
+            *source,
+            "--dataloader.source.dataset_path",
+            str(_sft_file(tmp_path)),
+            "--dump_folder",
+            str(tmp_path / "run"),
+            *extra,
+        ]
+    )
     return c
 
 
 def test_epochs_become_steps_from_the_rows_the_loader_makes(tmp_path):
-    c = _parsed(tmp_path, "--training.epochs", "2.5", "--validator.freq", "0.25", "--metrics.log_freq", "0.1",
-                "--checkpoint.interval", "0.5")
+    c = _parsed(
+        tmp_path,
+        "--training.epochs",
+        "2.5",
+        "--validator.freq",
+        "0.25",
+        "--metrics.log_freq",
+        "0.1",
+        "--checkpoint.interval",
+        "0.5",
+    )
     check_config(c)
     rows = count_rows(c)
     held_out = replace(c.dataloader, split="validation", infinite=False).build(
-        dp_world_size=1, dp_rank=0, tokenizer=MulocoTokenizer(), seq_len=48, local_batch_size=4)
+        dp_world_size=1, dp_rank=0, tokenizer=MulocoTokenizer(), seq_len=48, local_batch_size=4
+    )
     assert rows + sum(len(lab) for _, lab in held_out) == 40 and rows > 30  # every example is one row
     resolve_run_length(c, world_size=2)  # two data-parallel ranks of 4 rows: 8 rows a step
     assert c.training.steps == math.ceil(2.5 * rows / 8)
     steps = c.training.steps
     assert (c.validator.freq, c.metrics.log_freq, c.checkpoint.interval) == (
-        max(1, round(0.25 * steps)), max(1, round(0.1 * steps)), max(1, round(0.5 * steps)))
+        max(1, round(0.25 * steps)),
+        max(1, round(0.1 * steps)),
+        max(1, round(0.5 * steps)),
+    )
     assert all(isinstance(v, int) for v in (c.validator.freq, c.metrics.log_freq, c.checkpoint.interval))
 
 
 def test_under_diloco_an_epoch_counts_every_group_and_ends_on_whole_syncs(tmp_path):
     """K=3 groups read disjoint shards, so an epoch is a third of the steps; the run ends on a sync
     and checkpoints land on sync boundaries."""
-    c = _parsed(tmp_path, "--training.epochs", "4", "--outer.sync_every", "5", "--fault_tolerance.group_size", "3",
-                "--checkpoint.interval", "0.3", "--objective.normaliser", "sequence", config="diffusion/muloco")
+    c = _parsed(
+        tmp_path,
+        "--training.epochs",
+        "4",
+        "--outer.sync_every",
+        "5",
+        "--fault_tolerance.group_size",
+        "3",
+        "--checkpoint.interval",
+        "0.3",
+        "--objective.normaliser",
+        "sequence",
+        config="diffusion/muloco",
+    )
     check_config(c)
     rows = count_rows(c)
     resolve_run_length(c, world_size=1)
@@ -205,22 +251,38 @@ def test_steps_on_the_command_line_win_over_a_modules_epochs_and_both_are_refuse
     assert c.training.epochs == 0
 
 
-@pytest.mark.parametrize("flags,message", [
-    (["--validator.freq", "1.5"], r"validator.freq is 1.5; give a whole number of steps .* or a fraction"),
-    (["--metrics.log_freq", "0"], r"metrics.log_freq is 0; give a whole number"),
-    (["--checkpoint.enable", "--checkpoint.interval", "-0.5"], r"checkpoint.interval is -0.5"),
-    (["--training.epochs", "-1"], r"training.epochs is -1.0; it must be a positive number of passes"),
-    (["--dataloader.source.response_cutoff_ratio", "1.5"], r"response_cutoff_ratio is 1.5; it is a probability"),
-    (["--dataloader.source.per_batch_cutoff", "--dataloader.source.response_cutoff_ratio", "0.1"],
-     r"per_batch_cutoff and dataloader.source.response_cutoff_ratio are exclusive"),
-])
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (["--validator.freq", "1.5"], r"validator.freq is 1.5; give a whole number of steps .* or a fraction"),
+        (["--metrics.log_freq", "0"], r"metrics.log_freq is 0; give a whole number"),
+        (["--checkpoint.enable", "--checkpoint.interval", "-0.5"], r"checkpoint.interval is -0.5"),
+        (["--training.epochs", "-1"], r"training.epochs is -1.0; it must be a positive number of passes"),
+        (["--dataloader.source.response_cutoff_ratio", "1.5"], r"response_cutoff_ratio is 1.5; it is a probability"),
+        (
+            ["--dataloader.source.per_batch_cutoff", "--dataloader.source.response_cutoff_ratio", "0.1"],
+            r"per_batch_cutoff and dataloader.source.response_cutoff_ratio are exclusive",
+        ),
+    ],
+)
 def test_bad_sft_controls_are_one_clear_error(tmp_path, flags, message):
     with pytest.raises(ConfigError, match=message):
         check_config(_parsed(tmp_path, *flags))
 
 
 def test_epochs_refuse_a_streamed_source(tmp_path):
-    _, c = parse_args(["--config", "ddp/adamw", *TINY, "--dataloader.source", "huggingface",
-                       "--dataloader.source.dataset", "some/dataset", "--training.epochs", "1"])
+    _, c = parse_args(
+        [
+            "--config",
+            "ddp/adamw",
+            *TINY,
+            "--dataloader.source",
+            "huggingface",
+            "--dataloader.source.dataset",
+            "some/dataset",
+            "--training.epochs",
+            "1",
+        ]
+    )
     with pytest.raises(ConfigError, match="huggingface source is streamed: give --training.steps"):
         resolve_run_length(c)

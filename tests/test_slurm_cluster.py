@@ -26,10 +26,17 @@ def _out(tmp_path, name: str) -> str:
 
 
 def test_multi_task_job_and_array(slurm, tmp_path):
-    job = slurm.sbatch("--ntasks=2", "--time=2", _out(tmp_path, "ranks.out"),
-                       "--wrap", "srun bash -c 'echo rank=$SLURM_PROCID'")
-    array = slurm.sbatch("--array=0-2", "--time=2", "--partition=long", _out(tmp_path, "arr_%A_%a.out"),
-                         "--wrap", "echo task=$SLURM_ARRAY_TASK_ID")
+    job = slurm.sbatch(
+        "--ntasks=2", "--time=2", _out(tmp_path, "ranks.out"), "--wrap", "srun bash -c 'echo rank=$SLURM_PROCID'"
+    )
+    array = slurm.sbatch(
+        "--array=0-2",
+        "--time=2",
+        "--partition=long",
+        _out(tmp_path, "arr_%A_%a.out"),
+        "--wrap",
+        "echo task=$SLURM_ARRAY_TASK_ID",
+    )
     states = slurm.wait_jobs_done([job, array], timeout=HANG_S)
     assert states == {job: "COMPLETED", **{f"{array}_{i}": "COMPLETED" for i in range(3)}}
     assert sorted((tmp_path / "ranks.out").read_text().split()) == ["rank=0", "rank=1"]
@@ -56,8 +63,9 @@ def test_a_job_wait_fails_when_its_run_stops_writing_and_not_while_it_writes(slu
     """The hang timeout of a training job's wait (tests/progress.py): a job that keeps writing
     is waited for past the quiet time, a silent one fails once the quiet time has passed."""
     writes, silent = tmp_path / "writes.out", tmp_path / "silent.out"
-    job = slurm.sbatch("--time=2", f"--output={writes}", "--wrap",
-                       "for i in $(seq 18); do echo line $i; sleep 0.5; done")  # 9 s, a line every 0.5 s
+    job = slurm.sbatch(
+        "--time=2", f"--output={writes}", "--wrap", "for i in $(seq 18); do echo line $i; sleep 0.5; done"
+    )  # 9 s, a line every 0.5 s
     assert _poll(lambda: writes.exists() and "line 1" in writes.read_text())
     assert slurm.wait_jobs_done([job], progress=FolderProgress(6, writes)) == {job: "COMPLETED"}
     job = slurm.sbatch("--time=2", f"--output={silent}", "--wrap", "echo started; sleep 100")
@@ -113,14 +121,17 @@ def test_a_killed_owner_leaves_no_daemon_or_job_of_its_cluster_behind(tmp_path_f
     if reason:
         pytest.skip(f"no local SLURM: {reason}")
     root = tmp_path_factory.mktemp("reap")  # short: SLURM's socket paths under it have 108 bytes
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(root)], cwd=Path(__file__).parent,
-                             stdout=subprocess.PIPE, text=True)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(root)], cwd=Path(__file__).parent, stdout=subprocess.PIPE, text=True
+    )
     try:
         pids = json.loads(owner.stdout.readline() or "[]")
         assert len(pids) >= 4, "munged, slurmctld, slurmd and the job's processes"
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait()
-        assert _wait_until(lambda: not any(pid_alive(p) for p in pids), HANG_S), (root / "log" / "reaper.log").read_text()
+        assert _wait_until(lambda: not any(pid_alive(p) for p in pids), HANG_S), (
+            root / "log" / "reaper.log"
+        ).read_text()
         assert "stopping the cluster" in (root / "log" / "reaper.log").read_text()
     finally:
         if owner.poll() is None:

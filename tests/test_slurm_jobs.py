@@ -30,8 +30,14 @@ CPU = ["--gpus-per-node", "0", "--time", "15"]
 
 def generate(*args: str, cwd: Path, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """``python -m muloco.launch.slurm ARGS`` as a user runs it, from ``cwd``."""
-    return subprocess.run([sys.executable, "-m", "muloco.launch.slurm", *args], cwd=cwd, text=True,
-                          capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "muloco.launch.slurm", *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def submitted(proc: subprocess.CompletedProcess) -> dict[str, str]:
@@ -40,7 +46,7 @@ def submitted(proc: subprocess.CompletedProcess) -> dict[str, str]:
     ids = {}
     for line in proc.stdout.splitlines():
         if line.startswith("submitted "):
-            path, job = line[len("submitted "):].split(" as job ")
+            path, job = line[len("submitted ") :].split(" as job ")
             ids[Path(path).name] = job
     return ids
 
@@ -54,8 +60,9 @@ def wait_done(slurm, job: str, run: Path) -> str:
     states = slurm.wait_jobs_done([job], progress=FolderProgress(JOB_QUIET_S, run))
     state = states[job] if job in states else next(iter(states.values()))
     if state != "COMPLETED":
-        logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(run.rglob("*.out")) +
-                         sorted(run.rglob("*.log")))
+        logs = "\n".join(
+            f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(run.rglob("*.out")) + sorted(run.rglob("*.log"))
+        )
         pytest.fail(f"job {job} ended {state}\n{logs}\n{slurm.logs()}")
     return state
 
@@ -77,23 +84,64 @@ def jobs(slurm, tmp_path_factory):
     root = tmp_path_factory.mktemp("jobs")
     out = {"root": root}
     out["ddp"] = root / "ddp"
-    out["ddp_ids"] = submitted(generate("ddp", "--config", REQUEUE_CONFIG, *CPU, "--cpus-per-node", "1", "--",
-                                        *REQUEUE_RUN, "--dump_folder", str(out["ddp"]), cwd=root))
+    out["ddp_ids"] = submitted(
+        generate(
+            "ddp",
+            "--config",
+            REQUEUE_CONFIG,
+            *CPU,
+            "--cpus-per-node",
+            "1",
+            "--",
+            *REQUEUE_RUN,
+            "--dump_folder",
+            str(out["ddp"]),
+            cwd=root,
+        )
+    )
     out["k2"] = root / UNSAFE_FOLDER  # spaces, quotes, % and $(...) in the job name and run folder
-    out["k2_ids"] = submitted(generate("groups", "--config", "diloco/muloco_2bit", "--replicas", "2", *CPU,
-                                       "--job-name", UNSAFE_NAME,
-                                       "--cpus-per-node", "2", "--", *TINY, "--training.steps", "10",
-                                       "--outer.sync_every", "5", "--dump_folder", str(out["k2"]), cwd=root))
+    out["k2_ids"] = submitted(
+        generate(
+            "groups",
+            "--config",
+            "diloco/muloco_2bit",
+            "--replicas",
+            "2",
+            *CPU,
+            "--job-name",
+            UNSAFE_NAME,
+            "--cpus-per-node",
+            "2",
+            "--",
+            *TINY,
+            "--training.steps",
+            "10",
+            "--outer.sync_every",
+            "5",
+            "--dump_folder",
+            str(out["k2"]),
+            cwd=root,
+        )
+    )
     return out
 
 
-UNSAFE_NAME = "k2 it's \"2-bit\" #1 $(touch name-ran)"
-UNSAFE_FOLDER = "k2 run's \"50%\" $(touch ran)"
+UNSAFE_NAME = 'k2 it\'s "2-bit" #1 $(touch name-ran)'
+UNSAFE_FOLDER = 'k2 run\'s "50%" $(touch ran)'
 ARRAY_STEPS = 60
 ARRAY_HOLD = 30
 REQUEUE_CONFIG = "diffusion/ddp_muon"
-REQUEUE_RUN = [*TINY, "--training.steps", "60", "--checkpoint.interval", "10", "--metrics.log_freq", "10",
-               "--validator.freq", "1000"]
+REQUEUE_RUN = [
+    *TINY,
+    "--training.steps",
+    "60",
+    "--checkpoint.interval",
+    "10",
+    "--metrics.log_freq",
+    "10",
+    "--validator.freq",
+    "1000",
+]
 
 
 def test_ddp_diffusion_job_runs_to_completion_under_slurm(slurm, jobs):
@@ -126,8 +174,7 @@ def _complete_checkpoints(run: Path) -> list[int]:
     folder = run / "checkpoint"
     if not folder.is_dir():
         return []
-    return sorted(int(p.name.split("-")[1]) for p in folder.glob("step-*")
-                  if (p / ".muloco-checksums.json").exists())
+    return sorted(int(p.name.split("-")[1]) for p in folder.glob("step-*") if (p / ".muloco-checksums.json").exists())
 
 
 def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_loss(slurm, jobs):
@@ -138,9 +185,22 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_l
     exactly too."""
     run = jobs["root"] / "requeued"
     drills = jobs["root"] / "requeued-drills"  # the run holds after step 15 until requeued: it cannot end first
-    job = submitted(generate("ddp", "--config", REQUEUE_CONFIG, *CPU, "--cpus-per-node", "1", "--",
-                             *REQUEUE_RUN, "--dump_folder", str(run), cwd=jobs["root"],
-                             env=_drill_env(drills, "hold:0:15")))["job.sh"]
+    job = submitted(
+        generate(
+            "ddp",
+            "--config",
+            REQUEUE_CONFIG,
+            *CPU,
+            "--cpus-per-node",
+            "1",
+            "--",
+            *REQUEUE_RUN,
+            "--dump_folder",
+            str(run),
+            cwd=jobs["root"],
+            env=_drill_env(drills, "hold:0:15"),
+        )
+    )["job.sh"]
     progress = FolderProgress(JOB_QUIET_S, run, drills)
     while not ((drills / "hold-r0-15").exists() and _complete_checkpoints(run)):
         assert not progress.expired(), f"the run did not reach step 15 in {run} ({progress})\n{slurm.logs()}"
@@ -148,8 +208,7 @@ def test_requeued_job_resumes_from_its_checkpoint_with_the_uninterrupted_final_l
         time.sleep(0.2)
     assert _complete_checkpoints(run) == [10]  # held at 15: the step-10 checkpoint is the newest
     slurm.run(["scancel", "--signal=USR1", "--batch", job])
-    _wait_for("the script to ask the run to stop", lambda: (run / "slurm" / f"stop-{job}").exists(),
-              progress, slurm)
+    _wait_for("the script to ask the run to stop", lambda: (run / "slurm" / f"stop-{job}").exists(), progress, slurm)
     release(drills, 0, 15)  # the held step ends; the run sees the request before step 16
     wait_done(slurm, job, run)
     out = next((run / "slurm").glob(f"*-{job}.out")).read_text()
@@ -193,12 +252,36 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
     took longer than both groups' 25 steps to group 0's hold, and no sync was alone."""
     run = jobs["root"] / "array"
     drills = jobs["root"] / "array-drills"
-    ids = submitted(generate("array", "--config", "diloco/muloco_2bit", "--replicas", "2", *CPU,
-                             "--cpus-per-node", "1", "--", *TINY, "--training.steps", str(ARRAY_STEPS),
-                             "--outer.sync_every", "5", "--fault_tolerance.min_replica_size", "1",
-                             "--checkpoint.interval", "1000", "--metrics.log_freq", "5",
-                             "--validator.freq", "1000", "--dump_folder", str(run), cwd=jobs["root"],
-                             env=_drill_env(drills, f"hold:0:{ARRAY_HOLD},hold:1:5,gate:1:1")))
+    ids = submitted(
+        generate(
+            "array",
+            "--config",
+            "diloco/muloco_2bit",
+            "--replicas",
+            "2",
+            *CPU,
+            "--cpus-per-node",
+            "1",
+            "--",
+            *TINY,
+            "--training.steps",
+            str(ARRAY_STEPS),
+            "--outer.sync_every",
+            "5",
+            "--fault_tolerance.min_replica_size",
+            "1",
+            "--checkpoint.interval",
+            "1000",
+            "--metrics.log_freq",
+            "5",
+            "--validator.freq",
+            "1000",
+            "--dump_folder",
+            str(run),
+            cwd=jobs["root"],
+            env=_drill_env(drills, f"hold:0:{ARRAY_HOLD},hold:1:5,gate:1:1"),
+        )
+    )
     array, lighthouse = ids["groups.sh"], ids["lighthouse.sh"]
     progress = FolderProgress(JOB_QUIET_S, run, drills)
     log1 = run / "logs" / "replica_1.log"
@@ -214,16 +297,30 @@ def test_array_layout_a_requeued_group_heals_while_the_other_keeps_training(slur
         # leg does not hold), so group 0's next syncs come after it is gone, however slowly it goes
         _wait_for("group 1 did not hold after step 5", lambda: (drills / "hold-r1-5").exists(), progress, slurm)
         slurm.run(["scontrol", "requeue", f"{array}_1"])
-        _wait_for("group 1's task was not requeued",
-                  lambda: slurm.job_state(f"{array}_1") not in ("RUNNING", "COMPLETING"), progress, slurm, 0.1)
+        _wait_for(
+            "group 1's task was not requeued",
+            lambda: slurm.job_state(f"{array}_1") not in ("RUNNING", "COMPLETING"),
+            progress,
+            slurm,
+            0.1,
+        )
         first_leg = len(log1.read_text())
-        _wait_for(f"group 0 did not reach its hold at step {ARRAY_HOLD}",
-                  lambda: (drills / f"hold-r0-{ARRAY_HOLD}").exists(), progress, slurm)
-        _wait_for("group 1's requeued task did not reach its gate",
-                  lambda: (drills / "gate-r1-1").exists(), progress, slurm)
+        _wait_for(
+            f"group 0 did not reach its hold at step {ARRAY_HOLD}",
+            lambda: (drills / f"hold-r0-{ARRAY_HOLD}").exists(),
+            progress,
+            slurm,
+        )
+        _wait_for(
+            "group 1's requeued task did not reach its gate", lambda: (drills / "gate-r1-1").exists(), progress, slurm
+        )
         open_gate(drills, 1, 1)
-        _wait_for("group 1's requeued task did not come back behind its peer",
-                  lambda: "this replica group is behind" in log1.read_text()[first_leg:], progress, slurm)
+        _wait_for(
+            "group 1's requeued task did not come back behind its peer",
+            lambda: "this replica group is behind" in log1.read_text()[first_leg:],
+            progress,
+            slurm,
+        )
     except BaseException:
         slurm.run(["scancel", array, lighthouse], check=False)  # group 0 would hold until the job's time limit
         raise
@@ -261,18 +358,45 @@ def test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and
     groups, nobody restarts or heals, and the run ends with both replicas bitwise equal."""
     run = tmp_path / "moved"
     drills = tmp_path / "moved-drills"
-    ids = submitted(generate("array", "--config", "diloco/muloco", "--replicas", "2", *CPU, "--cpus-per-node", "1",
-                             "--", *TINY, "--training.steps", str(MOVE_STEPS), "--outer.sync_every", "5",
-                             "--checkpoint.interval", "1000", "--metrics.log_freq", "5", "--validator.freq", "1000",
-                             "--dump_folder", str(run), cwd=tmp_path,
-                             env=_drill_env(drills, f"hold:0:{MOVE_HOLD},hold:1:{MOVE_HOLD}")))
+    ids = submitted(
+        generate(
+            "array",
+            "--config",
+            "diloco/muloco",
+            "--replicas",
+            "2",
+            *CPU,
+            "--cpus-per-node",
+            "1",
+            "--",
+            *TINY,
+            "--training.steps",
+            str(MOVE_STEPS),
+            "--outer.sync_every",
+            "5",
+            "--checkpoint.interval",
+            "1000",
+            "--metrics.log_freq",
+            "5",
+            "--validator.freq",
+            "1000",
+            "--dump_folder",
+            str(run),
+            cwd=tmp_path,
+            env=_drill_env(drills, f"hold:0:{MOVE_HOLD},hold:1:{MOVE_HOLD}"),
+        )
+    )
     array, lighthouse = ids["groups.sh"], ids["lighthouse.sh"]
     url_file = run / "slurm" / f"lighthouse-{array}.url"
     progress = FolderProgress(JOB_QUIET_S, run, drills)
     try:
         for r in (0, 1):
-            _wait_for(f"group {r} did not reach its hold at step {MOVE_HOLD}",
-                      lambda r=r: (drills / f"hold-r{r}-{MOVE_HOLD}").exists(), progress, slurm)
+            _wait_for(
+                f"group {r} did not reach its hold at step {MOVE_HOLD}",
+                lambda r=r: (drills / f"hold-r{r}-{MOVE_HOLD}").exists(),
+                progress,
+                slurm,
+            )
         first, first_file = url_file.read_text().strip(), _stamp(url_file)
         slurm.run(["scontrol", "requeue", lighthouse])
 
@@ -281,6 +405,7 @@ def test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and
                 return _stamp(url_file) != first_file and url_file.read_text().strip() != ""
             except FileNotFoundError:
                 return False
+
         _wait_for("the requeued lighthouse did not come back with a new URL", moved, progress, slurm)
     except BaseException:
         slurm.run(["scancel", array, lighthouse], check=False)  # the groups would hold until their time limit
@@ -305,8 +430,14 @@ def test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and
 
 
 def sweep(*args: str, cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "jobs" / "sweeps" / "tiny_cpu.py"), *args], cwd=cwd,
-                          text=True, capture_output=True, timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "sweeps" / "tiny_cpu.py"), *args],
+        cwd=cwd,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def manifest(folder: Path) -> list[dict]:
@@ -320,8 +451,9 @@ def test_two_run_sweep_runs_as_an_array_resubmits_its_failure_within_max_nodes_a
     (drills / "task-0").mkdir(parents=True)
     release(drills / "task-0", 0, 4)
     env = _drill_env(drills, "hold:0:4") | {"MULOCO_TEST_DRILL_DIR": f"{drills}/task-$SLURM_ARRAY_TASK_ID"}
-    proc = sweep("--out", str(folder), *CPU, "--cpus-per-node", "1", "--parallel", "2", "--retries", "0",
-                 cwd=tmp_path, env=env)
+    proc = sweep(
+        "--out", str(folder), *CPU, "--cpus-per-node", "1", "--parallel", "2", "--retries", "0", cwd=tmp_path, env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "as job array" in proc.stdout
     entries = manifest(folder)
@@ -339,10 +471,27 @@ def test_two_run_sweep_runs_as_an_array_resubmits_its_failure_within_max_nodes_a
     # (the blocker runs until the sweep says it waits for it: no assumption on how fast the sweep starts)
     blocker = slurm.sbatch("--time=5", "--cpus-per-task=1", f"--output={tmp_path}/blocker.out", "--wrap", "sleep 3600")
     slurm.wait_state(blocker, ["RUNNING"], timeout=120)
-    retry = subprocess.Popen([sys.executable, str(REPO / "jobs" / "sweeps" / "tiny_cpu.py"), "--out", str(folder),
-                              *CPU, "--cpus-per-node", "1", "--resubmit-failed", "--max-nodes", "1", "--poll-s", "0.5"],
-                             cwd=tmp_path, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    retry = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "jobs" / "sweeps" / "tiny_cpu.py"),
+            "--out",
+            str(folder),
+            *CPU,
+            "--cpus-per-node",
+            "1",
+            "--resubmit-failed",
+            "--max-nodes",
+            "1",
+            "--poll-s",
+            "0.5",
+        ],
+        cwd=tmp_path,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         seen = []
         for line in retry.stdout:  # ends when the sweep exits: a sweep that never waits fails below
@@ -360,12 +509,14 @@ def test_two_run_sweep_runs_as_an_array_resubmits_its_failure_within_max_nodes_a
     entries = manifest(folder)
     assert len(entries[0]["jobs"]) == 1 and len(entries[1]["jobs"]) == 2, "the failed run got a second job"
     info = {j: slurm.run(["scontrol", "show", "job", j]).stdout for j in (blocker, entries[1]["jobs"][1])}
-    assert _field(info[entries[1]["jobs"][1]], "SubmitTime") >= _field(info[blocker], "EndTime"), \
+    assert _field(info[entries[1]["jobs"][1]], "SubmitTime") >= _field(info[blocker], "EndTime"), (
         "--max-nodes held the submission back until the running job ended"
+    )
     for e in entries:
         wait_done(slurm, e["jobs"][-1], folder)
-    report = subprocess.run([sys.executable, "-m", "muloco.report", str(folder)], cwd=tmp_path, text=True,
-                            capture_output=True, timeout=600)
+    report = subprocess.run(
+        [sys.executable, "-m", "muloco.report", str(folder)], cwd=tmp_path, text=True, capture_output=True, timeout=600
+    )
     assert report.returncode == 0, report.stdout + report.stderr
     for e in entries:
         assert e["name"] in report.stdout
@@ -385,13 +536,13 @@ def test_dry_run_submits_and_writes_nothing_and_the_scripts_hold_no_secrets(slur
     monkeypatch.setenv("WANDB_API_KEY", secret)
     monkeypatch.setenv("HF_TOKEN", secret)
     before = slurm.job_ids(ended_too=True)
-    for kind in (["groups", "--replicas", "2"], ["array", "--replicas", "2"], ["spanning", "--replicas", "1"],
-                 ["ddp"]):
+    for kind in (["groups", "--replicas", "2"], ["array", "--replicas", "2"], ["spanning", "--replicas", "1"], ["ddp"]):
         config = "ddp/adamw" if kind[0] == "ddp" else "diloco/muloco_2bit"
-        status, text, err = generate_here(capsys, *kind, "--config", config, "--dry-run", *CPU, "--",
-                                          "--training.steps", "30")
+        status, text, err = generate_here(
+            capsys, *kind, "--config", config, "--dry-run", *CPU, "--", "--training.steps", "30"
+        )
         assert status == 0, err
-        assert "#SBATCH --partition=\"debug\"" in text and "dry run" in text
+        assert '#SBATCH --partition="debug"' in text and "dry run" in text
         assert secret not in text and "WANDB_API_KEY=" not in text
         for path in (str(REPO), str(tmp_path), str(Path.home()), sys.executable):
             assert path not in text, f"{path} is baked into the generated script"
@@ -412,22 +563,38 @@ def generate_here(capsys, *args: str) -> tuple[int, str, str]:
     return status, out.out, out.err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["groups", "--partition", "nosuch"], "unknown partition 'nosuch': this cluster has"),
-    (["groups", "--gpus-per-node", "4"], "more than the 0 GPU(s) a node of partition 'debug' has"),
-    (["groups", "--replicas", "3", "--gpus-per-node", "8"], "K=3 replica groups do not divide the 8 GPUs"),
-    (["groups", "--cpus-per-node", "512"], "more than the 8 CPUs"),
-    (["spanning", "--replicas", "2"], "needs 2 node(s) but partition 'debug' has 1"),
-    (["groups", "--time", "soon"], "time 'soon' is not a SLURM time"),
-    (["groups", "--partition", "short", "--time", "45"], "--time 45 is more than partition 'short''s MaxTime of 30"),
-    (["groups", "--mem", "4096G"], "--mem 4096G is more than the"),
-])
-def test_bad_cluster_settings_are_one_clear_error_before_anything_is_submitted(slurm, tmp_path, capsys,
-                                                                               monkeypatch, args, message):
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["groups", "--partition", "nosuch"], "unknown partition 'nosuch': this cluster has"),
+        (["groups", "--gpus-per-node", "4"], "more than the 0 GPU(s) a node of partition 'debug' has"),
+        (["groups", "--replicas", "3", "--gpus-per-node", "8"], "K=3 replica groups do not divide the 8 GPUs"),
+        (["groups", "--cpus-per-node", "512"], "more than the 8 CPUs"),
+        (["spanning", "--replicas", "2"], "needs 2 node(s) but partition 'debug' has 1"),
+        (["groups", "--time", "soon"], "time 'soon' is not a SLURM time"),
+        (
+            ["groups", "--partition", "short", "--time", "45"],
+            "--time 45 is more than partition 'short''s MaxTime of 30",
+        ),
+        (["groups", "--mem", "4096G"], "--mem 4096G is more than the"),
+    ],
+)
+def test_bad_cluster_settings_are_one_clear_error_before_anything_is_submitted(
+    slurm, tmp_path, capsys, monkeypatch, args, message
+):
     monkeypatch.chdir(tmp_path)
     before = slurm.job_ids(ended_too=True)
-    status, _, err = generate_here(capsys, *args, "--config", "diloco/muloco_2bit", "--", "--training.steps",
-                                   "30", "--dump_folder", str(tmp_path / "run"))
+    status, _, err = generate_here(
+        capsys,
+        *args,
+        "--config",
+        "diloco/muloco_2bit",
+        "--",
+        "--training.steps",
+        "30",
+        "--dump_folder",
+        str(tmp_path / "run"),
+    )
     assert status == 2
     assert message in err and err.count("error:") == 1, err
     assert not (tmp_path / "run").exists()
@@ -436,15 +603,25 @@ def test_bad_cluster_settings_are_one_clear_error_before_anything_is_submitted(s
 
 def test_a_refused_submission_leaves_nothing_behind(slurm, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    status, _, err = generate_here(capsys, "array", "--config", "diloco/muloco_2bit", *CPU, "--constraint",
-                                   "nosuchfeature", "--", "--training.steps", "30", "--dump_folder",
-                                   str(tmp_path / "run"))
+    status, _, err = generate_here(
+        capsys,
+        "array",
+        "--config",
+        "diloco/muloco_2bit",
+        *CPU,
+        "--constraint",
+        "nosuchfeature",
+        "--",
+        "--training.steps",
+        "30",
+        "--dump_folder",
+        str(tmp_path / "run"),
+    )
     assert status == 2 and "sbatch refused" in err and err.count("error:") == 1, err
     assert not (tmp_path / "run").exists(), "the folders and scripts of a refused submission are removed"
 
 
-def test_cluster_file_sets_defaults_a_flag_beats_it_and_an_unknown_key_is_refused(slurm, tmp_path, capsys,
-                                                                                 monkeypatch):
+def test_cluster_file_sets_defaults_a_flag_beats_it_and_an_unknown_key_is_refused(slurm, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cluster = tmp_path / "cluster.toml"
     monkeypatch.setenv("MULOCO_CLUSTER_FILE", str(cluster))
@@ -452,11 +629,11 @@ def test_cluster_file_sets_defaults_a_flag_beats_it_and_an_unknown_key_is_refuse
     args = ["groups", "--config", "diloco/muloco_2bit", "--dry-run", "--gpus-per-node", "0"]
     status, out, err = generate_here(capsys, *args, "--", "--training.steps", "30")
     assert status == 0, err
-    assert "#SBATCH --partition=\"long\"" in out and "#SBATCH --time=\"00:20:00\"" in out
+    assert '#SBATCH --partition="long"' in out and '#SBATCH --time="00:20:00"' in out
     assert "export NCCL_IB_DISABLE=1" in out
     monkeypatch.setenv("MULOCO_SLURM_TIME", "00:30:00")
     status, out, err = generate_here(capsys, *args, "--partition", "debug", "--", "--training.steps", "30")
-    assert "#SBATCH --partition=\"debug\"" in out and "#SBATCH --time=\"00:30:00\"" in out, "flag > env > file"
+    assert '#SBATCH --partition="debug"' in out and '#SBATCH --time="00:30:00"' in out, "flag > env > file"
     cluster.write_text('partiton = "long"\n')
     status, _, err = generate_here(capsys, *args)
     assert status == 2 and "unknown cluster setting 'partiton'" in err
@@ -469,11 +646,34 @@ def test_interactive_node_scripts_run_inside_an_allocation(slurm, tmp_path):
     """jobs/ddp/run.sh and jobs/diloco/workers.sh as a user runs them in ``srun --pty``."""
     srun = ["srun", "--ntasks=1", "--time=10", "--cpus-per-task=1"]
     commands = {
-        "ddp": [*srun, str(REPO / "jobs" / "ddp" / "run.sh"), "--config", "ddp/adamw", "--", *TINY,
-                "--training.steps", "4", "--dump_folder", str(tmp_path / "ddp")],
-        "k2": [*srun, str(REPO / "jobs" / "diloco" / "workers.sh"), "--workers", "2", "--config",
-               "diloco/muloco_2bit", "--", *TINY, "--training.steps", "5", "--outer.sync_every", "5",
-               "--dump_folder", str(tmp_path / "k2")],
+        "ddp": [
+            *srun,
+            str(REPO / "jobs" / "ddp" / "run.sh"),
+            "--config",
+            "ddp/adamw",
+            "--",
+            *TINY,
+            "--training.steps",
+            "4",
+            "--dump_folder",
+            str(tmp_path / "ddp"),
+        ],
+        "k2": [
+            *srun,
+            str(REPO / "jobs" / "diloco" / "workers.sh"),
+            "--workers",
+            "2",
+            "--config",
+            "diloco/muloco_2bit",
+            "--",
+            *TINY,
+            "--training.steps",
+            "5",
+            "--outer.sync_every",
+            "5",
+            "--dump_folder",
+            str(tmp_path / "k2"),
+        ],
     }
     env = {**os.environ, **slurm.env}
     ran = dict(zip(commands, watch(list(commands.values()), [env, env])))  # hung: silent for QUIET_S
@@ -485,11 +685,21 @@ def test_interactive_node_scripts_run_inside_an_allocation(slurm, tmp_path):
     assert a["diloco"]["final_global_sha256"] == b["diloco"]["final_global_sha256"]
 
 
-@pytest.mark.parametrize("kind, config, message", [
-    (["ddp"], "diloco/muloco_2bit", "the ddp kind runs one replica group; --config diloco/muloco_2bit has an outer loop"),
-    (["array", "--replicas", "2"], "ddp/adamw", "the array kind runs DiLoCo replica groups; --config ddp/adamw has no "
-                                                "outer loop"),
-])
+@pytest.mark.parametrize(
+    "kind, config, message",
+    [
+        (
+            ["ddp"],
+            "diloco/muloco_2bit",
+            "the ddp kind runs one replica group; --config diloco/muloco_2bit has an outer loop",
+        ),
+        (
+            ["array", "--replicas", "2"],
+            "ddp/adamw",
+            "the array kind runs DiLoCo replica groups; --config ddp/adamw has no outer loop",
+        ),
+    ],
+)
 def test_a_config_of_the_wrong_kind_is_one_error(slurm, tmp_path, capsys, monkeypatch, kind, config, message):
     monkeypatch.chdir(tmp_path)
     status, _, err = generate_here(capsys, *kind, "--config", config, *CPU, "--", "--dump_folder", str(tmp_path / "r"))

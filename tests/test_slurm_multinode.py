@@ -46,18 +46,63 @@ def four_nodes(tmp_path_factory):
 def test_two_replica_groups_of_two_nodes_each_train_and_agree(four_nodes, tmp_path):
     cluster = four_nodes
     assert cluster.run(["sinfo", "-h", "-N", "-o", "%N %t"]).stdout.split() == [
-        "n1", "idle", "n2", "idle", "n3", "idle", "n4", "idle"]  # four slurmd, one machine
+        "n1",
+        "idle",
+        "n2",
+        "idle",
+        "n3",
+        "idle",
+        "n4",
+        "idle",
+    ]  # four slurmd, one machine
     run = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "muloco.launch.slurm", "array", "--config", "diloco/muloco", "--replicas", "2",
-         "--nodes-per-replica", "2", "--gpus-per-node", "0", "--cpus-per-node", "1", "--time", "15",
-         "--socket-ifname", "lo", "--", *TINY, "--training.steps", str(STEPS), "--outer.sync_every", "5",
-         "--checkpoint.interval", "1000", "--metrics.log_freq", "5", "--validator.freq", "1000",
-         "--dump_folder", str(run)],
-        cwd=tmp_path, text=True, capture_output=True, timeout=600, env={**os.environ, **cluster.env})
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.slurm",
+            "array",
+            "--config",
+            "diloco/muloco",
+            "--replicas",
+            "2",
+            "--nodes-per-replica",
+            "2",
+            "--gpus-per-node",
+            "0",
+            "--cpus-per-node",
+            "1",
+            "--time",
+            "15",
+            "--socket-ifname",
+            "lo",
+            "--",
+            *TINY,
+            "--training.steps",
+            str(STEPS),
+            "--outer.sync_every",
+            "5",
+            "--checkpoint.interval",
+            "1000",
+            "--metrics.log_freq",
+            "5",
+            "--validator.freq",
+            "1000",
+            "--dump_folder",
+            str(run),
+        ],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, **cluster.env},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    jobs = dict(line[len("submitted "):].split(" as job ")[::-1] for line in proc.stdout.splitlines()
-                if line.startswith("submitted "))
+    jobs = dict(
+        line[len("submitted ") :].split(" as job ")[::-1]
+        for line in proc.stdout.splitlines()
+        if line.startswith("submitted ")
+    )
     array = next(job for job, path in jobs.items() if path.endswith("groups.sh"))
     states = cluster.wait_jobs_done(jobs, progress=FolderProgress(JOB_QUIET_S, run))
     logs = "\n".join(f"== {p}\n{p.read_text()[-3000:]}" for p in sorted(run.rglob("*.log")))
@@ -84,11 +129,40 @@ def test_the_spanning_kind_runs_its_groups_and_lighthouse_as_steps_of_one_job(fo
     cluster = four_nodes
     run = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "muloco.launch.slurm", "spanning", "--config", "diloco/muloco", "--replicas", "2",
-         "--gpus-per-node", "0", "--cpus-per-node", "2", "--time", "15", "--", *TINY,
-         "--training.steps", "10", "--outer.sync_every", "5", "--checkpoint.interval", "1000",
-         "--validator.freq", "1000", "--dump_folder", str(run)],
-        cwd=tmp_path, text=True, capture_output=True, timeout=600, env={**os.environ, **cluster.env})
+        [
+            sys.executable,
+            "-m",
+            "muloco.launch.slurm",
+            "spanning",
+            "--config",
+            "diloco/muloco",
+            "--replicas",
+            "2",
+            "--gpus-per-node",
+            "0",
+            "--cpus-per-node",
+            "2",
+            "--time",
+            "15",
+            "--",
+            *TINY,
+            "--training.steps",
+            "10",
+            "--outer.sync_every",
+            "5",
+            "--checkpoint.interval",
+            "1000",
+            "--validator.freq",
+            "1000",
+            "--dump_folder",
+            str(run),
+        ],
+        cwd=tmp_path,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, **cluster.env},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = next(line.rsplit(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith("submitted "))
     states = cluster.wait_jobs_done([job], progress=FolderProgress(JOB_QUIET_S, run))

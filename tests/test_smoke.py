@@ -74,10 +74,18 @@ SWEEPS = sorted(p.stem for p in (REPO / "jobs" / "sweeps").glob("*.py") if not p
 # replica-group config as one group with a sync every step; the streaming ones keep their 3
 # fragments and τ=2, so H=9 and 3 steps (one fragment exchange started at step 1, applied at 3).
 CONFIGS_TRAINED_HERE = [
-    "diffusion/muloco", "diffusion/sft",
-    "diloco/diloco_2bit", "diloco/diloco_streaming", "diloco/muloco", "diloco/muloco_4bit",
-    "diloco/muloco_streaming", "diloco/muloco_topk", "diloco/sparseloco_published",
-    "gpu/ddp_adamw", "gpu/diloco", "gpu/muloco",
+    "diffusion/muloco",
+    "diffusion/sft",
+    "diloco/diloco_2bit",
+    "diloco/diloco_streaming",
+    "diloco/muloco",
+    "diloco/muloco_4bit",
+    "diloco/muloco_streaming",
+    "diloco/muloco_topk",
+    "diloco/sparseloco_published",
+    "gpu/ddp_adamw",
+    "gpu/diloco",
+    "gpu/muloco",
 ]
 STREAMING = {"diloco/diloco_streaming", "diloco/muloco_streaming"}
 
@@ -121,8 +129,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "jobs/local/diloco.sh": f"{THIS}::test_local_job_script[diloco.sh]",
     "jobs/local/muloco.sh": f"{THIS}::test_local_job_script[muloco.sh]",
     "jobs/local/diffusion.sh": f"{THIS}::test_local_job_script[diffusion.sh]",
-    "jobs/local/convert.sh":
-        "tests/test_convert_job.py::test_the_convert_script_turns_its_ar_export_into_a_lora_diffusion_model_under_k2_muloco",
+    "jobs/local/convert.sh": "tests/test_convert_job.py::test_the_convert_script_turns_its_ar_export_into_a_lora_diffusion_model_under_k2_muloco",  # noqa: E501 (a test id)
     "jobs/ddp/run.sh": SLURM_REAL,  # under srun in a real local SLURM
     "jobs/diloco/workers.sh": SLURM_REAL,
     "jobs/diloco/8workers_x1gpu.sh": f"{THIS}::test_eight_gpu_node_script_dry_run",
@@ -149,7 +156,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "config/diffusion/muloco.py": f"{THIS}::test_config_trains[diffusion/muloco]",
     "config/diffusion/muloco_2bit.py": f"{THIS}::test_local_job_script[diffusion.sh]",
     "config/diffusion/sft.py": f"{THIS}::test_config_trains[diffusion/sft]",
-    "config/diloco/diloco.py": "tests/test_diloco.py::test_replicas_train_and_hold_identical_global_params_after_every_sync",
+    "config/diloco/diloco.py": "tests/test_diloco.py::test_replicas_train_and_hold_identical_global_params_after_every_sync",  # noqa: E501 (a test id)
     "config/diloco/diloco_2bit.py": f"{THIS}::test_config_trains[diloco/diloco_2bit]",
     "config/diloco/diloco_streaming.py": f"{THIS}::test_config_trains[diloco/diloco_streaming]",
     "config/diloco/muloco.py": f"{THIS}::test_config_trains[diloco/muloco]",
@@ -160,50 +167,81 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
     "config/diloco/sparseloco.py": "tests/test_compare.py::test_two_run_suite_end_to_end_then_reused",
     "config/diloco/sparseloco_published.py": f"{THIS}::test_config_trains[diloco/sparseloco_published]",
     "config/gpu/ddp_adamw.py": f"{THIS}::test_config_trains[gpu/ddp_adamw]",
-    "config/gpu/ddp_muon.py": "tests/test_gpu_presets.py::test_single_group_preset_trains_on_cpu_with_the_tiny_override",
+    "config/gpu/ddp_muon.py": "tests/test_gpu_presets.py::test_single_group_preset_trains_on_cpu_with_the_tiny_override",  # noqa: E501 (a test id)
     "config/gpu/diloco.py": f"{THIS}::test_config_trains[gpu/diloco]",
     "config/gpu/muloco.py": f"{THIS}::test_config_trains[gpu/muloco]",
-    "config/gpu/muloco_2bit.py": "tests/test_gpu_presets.py::test_replica_group_preset_trains_on_cpu_with_the_tiny_override",
+    "config/gpu/muloco_2bit.py": "tests/test_gpu_presets.py::test_replica_group_preset_trains_on_cpu_with_the_tiny_override",  # noqa: E501 (a test id)
     # python -m entry points: (--help, a real invocation)
-    "muloco": (f"{THIS}::test_entry_point_help[muloco]",
-               "tests/test_commands.py::test_muloco_runs_the_command_asked_for_and_suggests_for_a_typo"),
-    "muloco.compare": (f"{THIS}::test_entry_point_help[muloco.compare]",
-                       "tests/test_compare.py::test_two_run_suite_end_to_end_then_reused"),
-    "muloco.data.fetch": (f"{THIS}::test_entry_point_help[muloco.data.fetch]",
-                          "tests/test_compare.py::test_a_corpus_archive_becomes_train_and_validation_files"),
-    "muloco.generate": (f"{THIS}::test_entry_point_help[muloco.generate]",
-                        f"{THIS}::test_local_job_script[diffusion.sh]",
-                        "tests/test_diffusion.py::test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed"),
-    "muloco.launch.lighthouse": (f"{THIS}::test_entry_point_help[muloco.launch.lighthouse]",
-                                 "tests/test_launch.py::test_lighthouse_cli_prints_url_line_and_stops_on_sigterm",
-                                 SLURM_ARRAY),
-    "muloco.launch.netns": (f"{THIS}::test_entry_point_help[muloco.launch.netns]",
-                            "tests/test_netns.py::test_the_drill_command_cuts_and_restores_a_recorded_testbed"),
-    "muloco.export": (f"{THIS}::test_entry_point_help[muloco.export]",
-                      "tests/test_export.py::test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens"),
-    "muloco.evaluate": (f"{THIS}::test_entry_point_help[muloco.evaluate]",
-                        "tests/test_evaluate.py::test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same"),
+    "muloco": (
+        f"{THIS}::test_entry_point_help[muloco]",
+        "tests/test_commands.py::test_muloco_runs_the_command_asked_for_and_suggests_for_a_typo",
+    ),
+    "muloco.compare": (
+        f"{THIS}::test_entry_point_help[muloco.compare]",
+        "tests/test_compare.py::test_two_run_suite_end_to_end_then_reused",
+    ),
+    "muloco.data.fetch": (
+        f"{THIS}::test_entry_point_help[muloco.data.fetch]",
+        "tests/test_compare.py::test_a_corpus_archive_becomes_train_and_validation_files",
+    ),
+    "muloco.generate": (
+        f"{THIS}::test_entry_point_help[muloco.generate]",
+        f"{THIS}::test_local_job_script[diffusion.sh]",
+        "tests/test_diffusion.py::test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed",
+    ),
+    "muloco.launch.lighthouse": (
+        f"{THIS}::test_entry_point_help[muloco.launch.lighthouse]",
+        "tests/test_launch.py::test_lighthouse_cli_prints_url_line_and_stops_on_sigterm",
+        SLURM_ARRAY,
+    ),
+    "muloco.launch.netns": (
+        f"{THIS}::test_entry_point_help[muloco.launch.netns]",
+        "tests/test_netns.py::test_the_drill_command_cuts_and_restores_a_recorded_testbed",
+    ),
+    "muloco.export": (
+        f"{THIS}::test_entry_point_help[muloco.export]",
+        "tests/test_export.py::test_an_ar_run_loads_in_transformers_with_muloco_logits_and_tokens",
+    ),
+    "muloco.evaluate": (
+        f"{THIS}::test_entry_point_help[muloco.evaluate]",
+        "tests/test_evaluate.py::test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same",
+    ),
     "muloco.launch.lighthouse_relay": (
         f"{THIS}::test_entry_point_help[muloco.launch.lighthouse_relay]",
         "tests/test_lighthouse_relay.py::test_the_relay_process_prints_its_url_ignores_sigterm_and_dies_with_its_parent",
-        "tests/test_slurm_jobs.py::test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and_lose_nothing"),
-    "muloco.launch.local": (f"{THIS}::test_entry_point_help[muloco.launch.local]",
-                            f"{THIS}::test_local_job_script[muloco.sh]",
-                            "tests/test_diloco.py::test_sharded_replicas_compress_their_shards_and_resume"),
-    "muloco.launch.rank_process": (f"{THIS}::test_entry_point_help[muloco.launch.rank_process]",
-                                   "tests/test_launch.py::test_rank_process_ends_as_its_rank_ended"),
-    "muloco.launch.replica_group": (f"{THIS}::test_entry_point_help[muloco.launch.replica_group]",
-                                    f"{THIS}::test_local_job_script[muloco.sh]"),
-    "muloco.launch.slurm": (f"{THIS}::test_entry_point_help[muloco.launch.slurm]",
-                            f"{THIS}::test_slurm_script_dry_run[submit.sh]",
-                            "tests/test_slurm_jobs.py::test_k2_muloco_2bit_job_runs_to_completion_under_slurm"),
+        "tests/test_slurm_jobs.py::test_array_layout_groups_follow_a_requeued_lighthouse_to_its_new_address_and_lose_nothing",
+    ),
+    "muloco.launch.local": (
+        f"{THIS}::test_entry_point_help[muloco.launch.local]",
+        f"{THIS}::test_local_job_script[muloco.sh]",
+        "tests/test_diloco.py::test_sharded_replicas_compress_their_shards_and_resume",
+    ),
+    "muloco.launch.rank_process": (
+        f"{THIS}::test_entry_point_help[muloco.launch.rank_process]",
+        "tests/test_launch.py::test_rank_process_ends_as_its_rank_ended",
+    ),
+    "muloco.launch.replica_group": (
+        f"{THIS}::test_entry_point_help[muloco.launch.replica_group]",
+        f"{THIS}::test_local_job_script[muloco.sh]",
+    ),
+    "muloco.launch.slurm": (
+        f"{THIS}::test_entry_point_help[muloco.launch.slurm]",
+        f"{THIS}::test_slurm_script_dry_run[submit.sh]",
+        "tests/test_slurm_jobs.py::test_k2_muloco_2bit_job_runs_to_completion_under_slurm",
+    ),
     "muloco.launch.slurm_group": (f"{THIS}::test_entry_point_help[muloco.launch.slurm_group]", SLURM_ARRAY),
-    "muloco.model_map": (f"{THIS}::test_entry_point_help[muloco.model_map]",
-                         "tests/test_model_map.py::test_the_table_as_users_print_it"),
-    "muloco.report": (f"{THIS}::test_entry_point_help[muloco.report]",
-                      "tests/test_report.py::test_table_rows_match_each_runs_summary"),
-    "muloco.train": (f"{THIS}::test_entry_point_help[muloco.train]",
-                     "tests/test_training.py::test_loss_falls_on_embedded_corpus"),
+    "muloco.model_map": (
+        f"{THIS}::test_entry_point_help[muloco.model_map]",
+        "tests/test_model_map.py::test_the_table_as_users_print_it",
+    ),
+    "muloco.report": (
+        f"{THIS}::test_entry_point_help[muloco.report]",
+        "tests/test_report.py::test_table_rows_match_each_runs_summary",
+    ),
+    "muloco.train": (
+        f"{THIS}::test_entry_point_help[muloco.train]",
+        "tests/test_training.py::test_loss_falls_on_embedded_corpus",
+    ),
     # top-level executables
     "torchft_lighthouse": f"{THIS}::test_torchft_lighthouse_script_serves_and_stops",
     "setup.sh": ".ci/run",  # CI runs it before the tests
@@ -232,9 +270,9 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
 
 def user_runnable() -> set[str]:
     """Everything a user can run, found on disk (the table's keys must be exactly these)."""
+
     def public(paths):
-        return {p.relative_to(REPO).as_posix() for p in paths
-                if p.is_file() and not p.name.startswith("_")}
+        return {p.relative_to(REPO).as_posix() for p in paths if p.is_file() and not p.name.startswith("_")}
 
     found = public((REPO / "jobs").rglob("*.sh"))
     found |= public((REPO / "jobs" / "sweeps").glob("*.py"))
@@ -249,14 +287,16 @@ def test_everything_user_runnable_is_in_the_coverage_table():
     found = user_runnable()
     missing = sorted(found - COVERAGE.keys())
     stale = sorted(COVERAGE.keys() - found)
-    assert not missing, ("user-runnable, but no test in tests/test_smoke.py's COVERAGE runs it (add a smoke "
-                         f"test and a row): {missing}")
+    assert not missing, (
+        f"user-runnable, but no test in tests/test_smoke.py's COVERAGE runs it (add a smoke test and a row): {missing}"
+    )
     assert not stale, f"COVERAGE rows for things that no longer exist: {stale}"
 
 
 def _named_tests() -> list[tuple[str, str]]:
-    return [(thing, node) for thing, nodes in COVERAGE.items()
-            for node in ((nodes,) if isinstance(nodes, str) else nodes)]
+    return [
+        (thing, node) for thing, nodes in COVERAGE.items() for node in ((nodes,) if isinstance(nodes, str) else nodes)
+    ]
 
 
 def test_every_test_the_table_names_exists():
@@ -279,6 +319,7 @@ def test_every_test_the_table_names_exists():
 
 
 # -- background runs -----------------------------------------------------------------------------
+
 
 @dataclass
 class Ran:
@@ -314,7 +355,7 @@ class Background:
         """One item of the ``modules`` driver: {"key", "code", "out", "cwd"}."""
         ran = self.result("modules")
         if not self._replayed:
-            items = (json.loads(line[len(RESULT):]) for line in ran.out.splitlines() if line.startswith(RESULT))
+            items = (json.loads(line[len(RESULT) :]) for line in ran.out.splitlines() if line.startswith(RESULT))
             self._replayed = {item["key"]: item for item in items}
         assert key in self._replayed, f"the modules driver ended ({ran.rc}) before {key}:\n{_tail(ran.out)}"
         return self._replayed[key]
@@ -323,8 +364,15 @@ class Background:
         with self.lock:
             if self.closing:
                 return Ran(None, "not started: the module ended", cwd)
-            proc = subprocess.Popen(cmd, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=cwd,
+                env=env,
+                text=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             self.live.add(proc)
         try:
             followed = Watched(proc, timeout)  # timeout: seconds without a new line of output
@@ -360,10 +408,17 @@ def _kill_session(proc: subprocess.Popen) -> None:
 def clean_env(**extra: str) -> dict[str, str]:
     """This environment without what a surrounding job, SLURM allocation or test would leak into
     a user's run; unbuffered, one thread per process (two runs share 2 cores)."""
-    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHFT_LIGHTHOUSE", "CUDA_VISIBLE_DEVICES")
-    env = {k: v for k, v in os.environ.items()
-           if k not in drop and not k.startswith(("SLURM_", "MULOCO_"))}
+    drop = (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHFT_LIGHTHOUSE",
+        "CUDA_VISIBLE_DEVICES",
+    )
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("SLURM_", "MULOCO_"))}
     return {**env, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **extra}
 
 
@@ -376,7 +431,6 @@ esac
 """
 
 
-
 @pytest.fixture(scope="module")
 def fake_cluster(tmp_path_factory) -> dict[str, str]:
     """Environment entries for a dry run placed on a fake GPU cluster, never this machine's
@@ -386,8 +440,10 @@ def fake_cluster(tmp_path_factory) -> dict[str, str]:
     sinfo.parent.mkdir()
     sinfo.write_text(FAKE_SINFO)
     sinfo.chmod(0o755)
-    return {"PATH": f"{sinfo.parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            "MULOCO_CLUSTER_FILE": str(root / "no-cluster.toml")}
+    return {
+        "PATH": f"{sinfo.parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "MULOCO_CLUSTER_FILE": str(root / "no-cluster.toml"),
+    }
 
 
 def _record(script: Path, args: list[str], folder: Path, env: dict[str, str]) -> Ran:
@@ -422,19 +478,36 @@ def runs(request, tmp_path_factory, fake_cluster):
             if f"test_slurm_script_dry_run[{script}]" not in selected:
                 continue
             folder = tmp_path_factory.mktemp(f"slurm-{script}")
-            args = [*([kind, "--config", config] if script == "submit.sh" else []), *extra, "--dry-run", "--",
-                    *SLURM_OVERRIDES]
+            args = [
+                *([kind, "--config", config] if script == "submit.sh" else []),
+                *extra,
+                "--dry-run",
+                "--",
+                *SLURM_OVERRIDES,
+            ]
             if script == "submit.sh":
-                bg.submit(f"slurm/{script}", [str(REPO / "jobs" / "slurm" / script), *args], folder, 120,
-                          clean_env(**fake_cluster))
+                bg.submit(
+                    f"slurm/{script}",
+                    [str(REPO / "jobs" / "slurm" / script), *args],
+                    folder,
+                    120,
+                    clean_env(**fake_cluster),
+                )
                 continue
             bg.recorded[script] = _record(REPO / "jobs" / "slurm" / script, args, folder, fake_cluster)
             argv = bg.recorded[script].argv
             if argv[:2] == ["-m", "muloco.launch.slurm"]:
                 cwd = folder / "cwd"
                 cwd.mkdir()
-                modules.append({"key": f"slurm:{script}", "module": argv[1], "argv": argv[2:], "cwd": str(cwd),
-                                "env": fake_cluster})
+                modules.append(
+                    {
+                        "key": f"slurm:{script}",
+                        "module": argv[1],
+                        "argv": argv[2:],
+                        "cwd": str(cwd),
+                        "env": fake_cluster,
+                    }
+                )
         if "test_eight_gpu_node_script_dry_run" in selected:
             folder = tmp_path_factory.mktemp("8workers")
             script = REPO / "jobs" / "diloco" / "8workers_x1gpu.sh"
@@ -443,10 +516,20 @@ def runs(request, tmp_path_factory, fake_cluster):
             if argv[:2] == ["-m", "muloco.launch.local"]:
                 cwd = folder / "cwd"
                 cwd.mkdir()
-                modules.append({"key": "8workers", "module": argv[1], "argv": argv[2:], "cwd": str(cwd),
-                                "env": {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}})
-        modules += [{"key": f"help:{m}", "module": m, "argv": HELP_ARGS.get(m, ["--help"]), "cwd": str(REPO),
-                     "env": {}} for m in ENTRY_POINTS if f"test_entry_point_help[{m}]" in selected]
+                modules.append(
+                    {
+                        "key": "8workers",
+                        "module": argv[1],
+                        "argv": argv[2:],
+                        "cwd": str(cwd),
+                        "env": {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"},
+                    }
+                )
+        modules += [
+            {"key": f"help:{m}", "module": m, "argv": HELP_ARGS.get(m, ["--help"]), "cwd": str(REPO), "env": {}}
+            for m in ENTRY_POINTS
+            if f"test_entry_point_help[{m}]" in selected
+        ]
         if modules:
             spec = tmp_path_factory.mktemp("modules") / "spec.json"
             spec.write_text(json.dumps(modules))
@@ -458,10 +541,23 @@ def runs(request, tmp_path_factory, fake_cluster):
         for script in LOCAL_SCRIPTS:
             if f"test_local_job_script[{script}]" in selected:
                 dump = tmp_path_factory.mktemp(f"local-{script}") / "run"
-                extra = ["--validator.no-enable"] if script == "diffusion.sh" else \
-                        ["--checkpoint.no-enable", "--validator.freq", "1000"]
-                cmd = [str(REPO / "jobs" / "local" / script), "--replicas", "1", "--threads", "1", "--",
-                       *TINY_RUN, *extra, "--dump_folder", str(dump)]
+                extra = (
+                    ["--validator.no-enable"]
+                    if script == "diffusion.sh"
+                    else ["--checkpoint.no-enable", "--validator.freq", "1000"]
+                )
+                cmd = [
+                    str(REPO / "jobs" / "local" / script),
+                    "--replicas",
+                    "1",
+                    "--threads",
+                    "1",
+                    "--",
+                    *TINY_RUN,
+                    *extra,
+                    "--dump_folder",
+                    str(dump),
+                ]
                 bg.submit(f"local/{script}", cmd, dump.parent, 300)
         yield bg
     finally:
@@ -477,6 +573,7 @@ def _summary(folder: Path) -> dict:
 
 
 # -- sweeps (in this process, while the background runs) -----------------------------------------
+
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", SWEEPS)
@@ -500,18 +597,25 @@ def test_sweep_dry_run(name, tmp_path, monkeypatch, capsys, fake_cluster):
     planned = re.findall(r"^run (\S+): (\w+) --config (\S+) -- ", out, re.M)
     assert [(kind, config) for _, kind, config in planned] == [(r.kind, r.config) for r in runs]
     assert len({n for n, _, _ in planned}) == len(runs), "run names are unique"
-    assert "#SBATCH --partition=\"gpu\"" in out
+    assert '#SBATCH --partition="gpu"' in out
     assert not list(tmp_path.iterdir()), "a dry run wrote files"
 
 
 # -- the lighthouse script -----------------------------------------------------------------------
 
+
 @pytest.mark.timeout(120)
 def test_torchft_lighthouse_script_serves_and_stops(tmp_path):
     """./torchft_lighthouse prints its URL, serves its status page and stops on SIGTERM."""
-    proc = subprocess.Popen([str(REPO / "torchft_lighthouse"), "--replicas", "1", "--bind", "127.0.0.1:0"],
-                            cwd=tmp_path, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(REPO / "torchft_lighthouse"), "--replicas", "1", "--bind", "127.0.0.1:0"],
+        cwd=tmp_path,
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         line = proc.stdout.readline()  # the first line: its URL (blocks until printed)
         m = re.fullmatch(r"lighthouse listening on (http://127\.0\.0\.1:\d+) \(status page: \1/\)\n", line)
@@ -528,6 +632,7 @@ def test_torchft_lighthouse_script_serves_and_stops(tmp_path):
 
 # -- dry runs and --help (the modules driver) ----------------------------------------------------
 
+
 def _recorded(runs, key: str, want: list[str]) -> None:
     ran = runs.recorded[key]
     assert ran.rc == 0, ran.out
@@ -539,8 +644,23 @@ def test_eight_gpu_node_script_dry_run(runs):
     """jobs/diloco/8workers_x1gpu.sh (through workers.sh) on an 8-GPU node
     (CUDA_VISIBLE_DEVICES=0..7): one GPU per worker, the GPU preset, a majority quorum; the dry
     run starts and writes nothing."""
-    _recorded(runs, "8workers", ["-m", "muloco.launch.local", "--config", "gpu/muloco_2bit", "--replicas", "2",
-                                 "--replicas", "8", "--gpus-per-replica", "1", "--dry-run"])
+    _recorded(
+        runs,
+        "8workers",
+        [
+            "-m",
+            "muloco.launch.local",
+            "--config",
+            "gpu/muloco_2bit",
+            "--replicas",
+            "2",
+            "--replicas",
+            "8",
+            "--gpus-per-replica",
+            "1",
+            "--dry-run",
+        ],
+    )
     r = runs.replayed("8workers")
     assert r["code"] == 0, _tail(r["out"])
     out = r["out"]
@@ -548,8 +668,9 @@ def test_eight_gpu_node_script_dry_run(runs):
     assert "[lh] torchft lighthouse in the launcher's process: bind 127.0.0.1:0, min_replicas 5," in out
     for i in range(8):
         assert f"[r{i}] CUDA_VISIBLE_DEVICES={i} " in out
-        assert (f"-m muloco.train --config gpu/muloco_2bit --fault_tolerance.replica_id {i} "
-                f"--fault_tolerance.group_size 8") in out
+        assert (
+            f"-m muloco.train --config gpu/muloco_2bit --fault_tolerance.replica_id {i} --fault_tolerance.group_size 8"
+        ) in out
     assert not list(Path(r["cwd"]).iterdir()), "a dry run wrote files"
 
 
@@ -563,15 +684,18 @@ def test_slurm_script_dry_run(runs, script):
         ran = runs.result(f"slurm/{script}")
         code, out, cwd = ran.rc, ran.out, ran.cwd
     else:
-        _recorded(runs, script, ["-m", "muloco.launch.slurm", kind, "--config", config, *extra, "--dry-run", "--",
-                                 *SLURM_OVERRIDES])
+        _recorded(
+            runs,
+            script,
+            ["-m", "muloco.launch.slurm", kind, "--config", config, *extra, "--dry-run", "--", *SLURM_OVERRIDES],
+        )
         r = runs.replayed(f"slurm:{script}")
         code, out, cwd = r["code"], r["out"], Path(r["cwd"])
     assert code == 0, _tail(out)
     assert "warning" not in out, "the dry run was not checked against the (fake) cluster"
     headers = re.findall(r"^# ===== (\S+) \(dry run: not written, not submitted\) =====$", out, re.M)
     assert headers, _tail(out)
-    assert out.count("#!/bin/bash") == len(headers) == out.count("#SBATCH --partition=\"gpu\"\n")
+    assert out.count("#!/bin/bash") == len(headers) == out.count('#SBATCH --partition="gpu"\n')
     assert f"\nCONFIG={config}\n" in out and f"OVERRIDES=({' '.join(SLURM_OVERRIDES)})" in out, _tail(out)
     for module in modules:
         assert f" -m {module} " in out, f"{module} not in\n{_tail(out)}"
@@ -591,6 +715,7 @@ def test_entry_point_help(runs, module):
 
 
 # -- job scripts ---------------------------------------------------------------------------------
+
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("script", list(LOCAL_SCRIPTS))
@@ -616,6 +741,7 @@ def test_local_job_script(runs, script):
 
 # -- configs -------------------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def trained(runs) -> tuple[Ran, dict[str, dict]]:
     """The config driver's run and, per config it finished, its result line."""
@@ -623,7 +749,7 @@ def trained(runs) -> tuple[Ran, dict[str, dict]]:
     done = {}
     for line in ran.out.splitlines():
         if line.startswith(RESULT):
-            result = json.loads(line[len(RESULT):])
+            result = json.loads(line[len(RESULT) :])
             done[result["config"]] = result
     return ran, done
 
@@ -674,28 +800,55 @@ def _train_configs(root: Path, names: list[str]) -> None:
     from muloco.utils.ports import free_port
 
     sft = root / "sft.jsonl"
-    sft.write_text("".join(json.dumps({"prompt": f"What is {i} plus {i}?", "response": f"It is {2 * i}."}) + "\n"
-                           for i in range(64)))
+    sft.write_text(
+        "".join(
+            json.dumps({"prompt": f"What is {i} plus {i}?", "response": f"It is {2 * i}."}) + "\n" for i in range(64)
+        )
+    )
     for name in names:
         print(f"{BEGIN}{name}", flush=True)
-        args = ["--config", name, *TINY, "--training.steps", "3" if name in STREAMING else "2",
-                "--metrics.log_freq", "1", "--checkpoint.no-enable", "--validator.no-enable",
-                "--training.global_batch_size", "-1", "--compile.no-enable",  # a GPU preset's, on CPU
-                "--dump_folder", str(root / name.replace("/", "-"))]
+        args = [
+            "--config",
+            name,
+            *TINY,
+            "--training.steps",
+            "3" if name in STREAMING else "2",
+            "--metrics.log_freq",
+            "1",
+            "--checkpoint.no-enable",
+            "--validator.no-enable",
+            "--training.global_batch_size",
+            "-1",
+            "--compile.no-enable",  # a GPU preset's, on CPU
+            "--dump_folder",
+            str(root / name.replace("/", "-")),
+        ]
         if name == "diffusion/sft":  # and Transformer Lab's controls: the length in epochs (0.1 of about 61
             # rows at 4 a step: 2 steps), the log interval as a fraction of the run, Dream's per-batch cut
             at = args.index("--training.steps")
-            args[at:at + 2] = ["--training.epochs", "0.1"]
+            args[at : at + 2] = ["--training.epochs", "0.1"]
             args[args.index("--metrics.log_freq") + 1] = "0.5"
             args += ["--dataloader.source.dataset_path", str(sft), "--dataloader.source.per_batch_cutoff"]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        os.environ.update(
+            RANK="0",
+            LOCAL_RANK="0",
+            WORLD_SIZE="1",
+            LOCAL_WORLD_SIZE="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_port()),
+        )
         lighthouse, outer, code, folder = None, False, None, ""
         try:
             outer = hasattr(parse_args(["--config", name])[1], "outer")
             if outer:
-                args += ["--outer.sync_every", "9" if name in STREAMING else "1",
-                         "--fault_tolerance.replica_id", "0", "--fault_tolerance.group_size", "1"]
+                args += [
+                    "--outer.sync_every",
+                    "9" if name in STREAMING else "1",
+                    "--fault_tolerance.replica_id",
+                    "0",
+                    "--fault_tolerance.group_size",
+                    "1",
+                ]
                 lighthouse = start_lighthouse("127.0.0.1:0", min_replicas=1)
                 os.environ["TORCHFT_LIGHTHOUSE"] = lighthouse.url
             folder = str(run_folder(parse_args(args)[1]))
@@ -736,8 +889,10 @@ def _run_modules(spec: Path) -> None:
         if isinstance(code, str):
             out.write(code + "\n")
             code = 1
-        print(RESULT + json.dumps({"key": item["key"], "code": code or 0, "out": out.getvalue(),
-                                   "cwd": item["cwd"]}), flush=True)
+        print(
+            RESULT + json.dumps({"key": item["key"], "code": code or 0, "out": out.getvalue(), "cwd": item["cwd"]}),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

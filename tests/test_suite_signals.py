@@ -26,9 +26,15 @@ def test_a_terminated_suite_stops_the_processes_its_tests_started(tmp_path):
     workers = "2"
     pids = tmp_path / "pids"
     pids.mkdir()
-    suite = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers,
-                              "tests/sigterm_target.py"], cwd=REPO, env={**os.environ, "SIGTERM_TARGET_PIDS": str(pids)},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    suite = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", workers, "tests/sigterm_target.py"],
+        cwd=REPO,
+        env={**os.environ, "SIGTERM_TARGET_PIDS": str(pids)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     children: list[int] = []
     try:
         last, seen = time.monotonic(), 0

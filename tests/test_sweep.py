@@ -19,14 +19,22 @@ SWEEP_FILES = sorted((REPO / "jobs" / "sweeps").glob("*.py"))
 
 def test_lr_grid_is_the_root_two_ladder_around_its_centre():
     center = 0.0224
-    assert lr_grid(center, 3) == [pytest.approx(center / 2 ** 0.5, rel=1e-3), center,
-                                  pytest.approx(center * 2 ** 0.5, rel=1e-3)]
+    assert lr_grid(center, 3) == [
+        pytest.approx(center / 2**0.5, rel=1e-3),
+        center,
+        pytest.approx(center * 2**0.5, rel=1e-3),
+    ]
     assert len(lr_grid(center, 2)) == 2 and lr_grid(center, 1) == [center]
 
 
 def test_grid_is_the_product_of_its_values_with_the_fixed_flags_on_every_run():
-    runs = grid("groups", "diloco/muloco", replicas=4, fixed={"--training.steps": 60},
-                vary={"--optimizer.lr": [0.01, 0.02], "--outer.optimizer.lr": [0.7, 0.9, 1.0]})
+    runs = grid(
+        "groups",
+        "diloco/muloco",
+        replicas=4,
+        fixed={"--training.steps": 60},
+        vary={"--optimizer.lr": [0.01, 0.02], "--outer.optimizer.lr": [0.7, 0.9, 1.0]},
+    )
     assert len(runs) == 6
     assert all(r.overrides[:2] == ["--training.steps", "60"] and r.options == {"replicas": 4} for r in runs)
     pairs = {(r.overrides[3], r.overrides[5]) for r in runs}
@@ -56,20 +64,37 @@ def test_runs_of_one_shape_share_an_array_and_mixed_kinds_do_not(tmp_path):
     same = plan(runpy.run_path(str(REPO / "jobs/sweeps/tiny_cpu.py"))["SWEEP"], str(tmp_path), spec, [])
     assert same_shape(same)
     from muloco.launch.sweep import Sweep
-    mixed = Sweep("m", grid("ddp", "ddp/adamw", nodes=1, fixed=tiny)
-                  + grid("groups", "diloco/muloco", replicas=2, fixed={**tiny, "--training.steps": 30}))
+
+    mixed = Sweep(
+        "m",
+        grid("ddp", "ddp/adamw", nodes=1, fixed=tiny)
+        + grid("groups", "diloco/muloco", replicas=2, fixed={**tiny, "--training.steps": 30}),
+    )
     assert not same_shape(plan(mixed, str(tmp_path), spec, []))
 
 
 def test_runs_with_different_k_are_not_one_array_and_spanning_runs_render_as_one(tmp_path):
     from muloco.launch.sweep import Sweep
+
     spec = lambda c, o: JobSpec(c, o, ClusterSettings(gpus_per_node=8))  # noqa: E731
     fixed = {"--model.flavor": "llama3-w64-d2-h2", "--training.steps": 30}
-    ks = Sweep("k", grid("groups", "diloco/muloco", replicas=2, fixed=fixed)
-               + grid("groups", "diloco/muloco", replicas=4, fixed=fixed))
+    ks = Sweep(
+        "k",
+        grid("groups", "diloco/muloco", replicas=2, fixed=fixed)
+        + grid("groups", "diloco/muloco", replicas=4, fixed=fixed),
+    )
     assert not same_shape(plan(ks, str(tmp_path), spec, []))
-    span = Sweep("s", grid("spanning", "diloco/muloco", replicas=2, nodes_per_replica=2, fixed=fixed,
-                           vary={"--optimizer.lr": [0.01, 0.02]}))
+    span = Sweep(
+        "s",
+        grid(
+            "spanning",
+            "diloco/muloco",
+            replicas=2,
+            nodes_per_replica=2,
+            fixed=fixed,
+            vary={"--optimizer.lr": [0.01, 0.02]},
+        ),
+    )
     planned = plan(span, str(tmp_path), spec, [])
     assert same_shape(planned)
     (submission,) = render(planned, span, str(tmp_path), SimpleNamespace(max_nodes=None, parallel=2))
@@ -80,20 +105,33 @@ def test_runs_with_different_k_are_not_one_array_and_spanning_runs_render_as_one
 
 def test_a_run_larger_than_max_nodes_is_refused_instead_of_waiting_forever():
     from muloco.launch.sweep import wait_for_nodes
+
     with pytest.raises(JobError, match="more than --max-nodes 2: it could never start"):
         wait_for_nodes(3, 2, 0.1, print)
 
 
 def test_two_runs_with_one_name_are_refused(tmp_path):
     from muloco.launch.sweep import Sweep
+
     twice = Sweep("d", grid("ddp", "ddp/adamw", nodes=1, vary={"--debug.seed": [1, 2]}))
     with pytest.raises(JobError, match="both named"):
         plan(twice, str(tmp_path), lambda c, o: JobSpec(c, o, ClusterSettings(gpus_per_node=0)), [])
 
 
 def test_manifest_round_trips_and_a_broken_line_is_named(tmp_path):
-    entries = {n: Entry(n, "ddp", "ddp/adamw", ["--optimizer.lr", "0.01"], {"nodes": 1}, str(tmp_path / n),
-                        ["12_0", "15"], "COMPLETED") for n in ("a", "b")}
+    entries = {
+        n: Entry(
+            n,
+            "ddp",
+            "ddp/adamw",
+            ["--optimizer.lr", "0.01"],
+            {"nodes": 1},
+            str(tmp_path / n),
+            ["12_0", "15"],
+            "COMPLETED",
+        )
+        for n in ("a", "b")
+    }
     write_manifest(str(tmp_path), entries)
     assert read_manifest(str(tmp_path)) == entries
     assert [p.name for p in tmp_path.iterdir()] == ["manifest.jsonl"], "written atomically, no temp left"
@@ -101,8 +139,10 @@ def test_manifest_round_trips_and_a_broken_line_is_named(tmp_path):
     write_manifest(str(tmp_path), entries)
     assert read_manifest(str(tmp_path))["a"].job_files == {"groups.sh": "15", "lighthouse.sh": "16"}
     with open(tmp_path / "manifest.jsonl", "a") as f:  # a line of an older manifest, without job_files
-        f.write('{"name": "c", "kind": "ddp", "config": "ddp/adamw", "overrides": [], "options": {}, '
-                '"run_dir": "c", "jobs": ["9"], "state": "NEW"}\n')
+        f.write(
+            '{"name": "c", "kind": "ddp", "config": "ddp/adamw", "overrides": [], "options": {}, '
+            '"run_dir": "c", "jobs": ["9"], "state": "NEW"}\n'
+        )
     assert read_manifest(str(tmp_path))["c"].job_files == {}
     with open(tmp_path / "manifest.jsonl", "a") as f:
         f.write("{not json\n")
@@ -147,8 +187,10 @@ def test_paper_settings_split_the_batch_over_k_and_rescale_the_weight_decay():
 def test_an_array_jobs_state_covers_every_task():
     """scontrol answers an array job id with one record per task: the state is all of them (it
     was the first task's)."""
-    two = ("JobId=41 ArrayJobId=40 ArrayTaskId=0 JobName=g\n   JobState=COMPLETED Reason=None\n\n"
-           "JobId=42 ArrayJobId=40 ArrayTaskId=1 JobName=g\n   JobState=RUNNING Reason=None\n")
+    two = (
+        "JobId=41 ArrayJobId=40 ArrayTaskId=0 JobName=g\n   JobState=COMPLETED Reason=None\n\n"
+        "JobId=42 ArrayJobId=40 ArrayTaskId=1 JobName=g\n   JobState=RUNNING Reason=None\n"
+    )
     assert states_in(two) == ["COMPLETED", "RUNNING"] and combined_state(states_in(two)) == "RUNNING"
     assert combined_state(["COMPLETED", "FAILED"]) == "FAILED"
     assert combined_state(["COMPLETED", "COMPLETED"]) == "COMPLETED"
@@ -165,8 +207,12 @@ def test_the_smoke_copy_asks_for_the_gpus_and_cpus_its_run_asks_for(tmp_path):
     from muloco.launch.sweep import Sweep, smoke_script
 
     nodes = [NodeInfo("gpu", f"n{i}", cpus=64, gpus=8) for i in range(2)]
-    sweep = Sweep("s", grid("groups", "diloco/muloco", replicas=2,
-                            fixed={"--model.flavor": "llama3-w64-d2-h2", "--training.steps": 30}))
+    sweep = Sweep(
+        "s",
+        grid(
+            "groups", "diloco/muloco", replicas=2, fixed={"--model.flavor": "llama3-w64-d2-h2", "--training.steps": 30}
+        ),
+    )
     (run,) = plan(sweep, str(tmp_path / "sweep"), lambda c, o: JobSpec(c, o, ClusterSettings()), [])
     run.job.place(nodes, "gpu")
     smoke, smoke_dir = smoke_script(run, 60, str(tmp_path / "sweep"))
@@ -181,8 +227,12 @@ def test_the_smoke_copy_of_a_run_given_in_epochs_trains_the_smoke_steps(tmp_path
     beside it (both set the length): the smoke copy leaves the epochs out."""
     from muloco.launch.sweep import Sweep, smoke_script
 
-    sweep = Sweep("s", grid("groups", "diloco/muloco", replicas=2,
-                            fixed={"--model.flavor": "llama3-w64-d2-h2", "--training.epochs": 2}))
+    sweep = Sweep(
+        "s",
+        grid(
+            "groups", "diloco/muloco", replicas=2, fixed={"--model.flavor": "llama3-w64-d2-h2", "--training.epochs": 2}
+        ),
+    )
     (run,) = plan(sweep, str(tmp_path / "sweep"), lambda c, o: JobSpec(c, o, ClusterSettings()), [])
     smoke, _ = smoke_script(run, 60, str(tmp_path / "sweep"))
     assert "--training.epochs 2" in run.job.scripts()[0].text

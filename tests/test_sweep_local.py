@@ -19,10 +19,13 @@ from muloco.launch.sweep import Sweep, grid, main
 
 pytestmark = pytest.mark.timeout(900)
 SHORT = [*TINY, "--training.steps", "4", "--validator.freq", "4", "--checkpoint.interval", "4"]
-SWEEP = Sweep("tiny_local", [
-    *grid("ddp", "ddp/adamw", fixed={}, vary={"--optimizer.lr": [0.003]}),
-    *grid("groups", "diloco/muloco", replicas=2, fixed={"--outer.sync_every": 2}, vary={"--optimizer.lr": [0.02]}),
-])
+SWEEP = Sweep(
+    "tiny_local",
+    [
+        *grid("ddp", "ddp/adamw", fixed={}, vary={"--optimizer.lr": [0.003]}),
+        *grid("groups", "diloco/muloco", replicas=2, fixed={"--outer.sync_every": 2}, vary={"--optimizer.lr": [0.02]}),
+    ],
+)
 
 
 def test_a_sweep_runs_here_with_local_and_reuses_its_finished_runs(tmp_path, capsys):
@@ -54,18 +57,26 @@ def test_a_sweep_folder_another_launcher_holds_is_one_error(tmp_path, capsys):
     with DumpFolderLock(str(out)):
         assert main(SWEEP, ["--local", "1", "--out", str(out), "--", *SHORT]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"muloco sweep: error: tiny_local: the folder {out} is in use by ") and err.count("\n") == 1, err
+    assert (
+        err.startswith(f"muloco sweep: error: tiny_local: the folder {out} is in use by ") and err.count("\n") == 1
+    ), err
     assert err.rstrip().endswith("or pass another --out"), err
     assert not (out / "logs").exists() and not (out / "manifest.jsonl").exists()
 
 
-def test_a_local_sweep_lets_groups_share_the_gpus_only_where_a_run_has_more_groups_than_gpus(capsys, monkeypatch,
-                                                                                             tmp_path):
+def test_a_local_sweep_lets_groups_share_the_gpus_only_where_a_run_has_more_groups_than_gpus(
+    capsys, monkeypatch, tmp_path
+):
     """Two visible GPUs: a K=4 run's groups share them (as compare's runs do), a K=2 run's get one
     each, and the sweep says so; a dry run shows the commands."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    sweep = Sweep("gpu_share", [*grid("groups", "diloco/muloco", replicas=4, fixed={"--outer.sync_every": 2}),
-                                *grid("groups", "diloco/muloco", replicas=2, fixed={"--outer.sync_every": 2})])
+    sweep = Sweep(
+        "gpu_share",
+        [
+            *grid("groups", "diloco/muloco", replicas=4, fixed={"--outer.sync_every": 2}),
+            *grid("groups", "diloco/muloco", replicas=2, fixed={"--outer.sync_every": 2}),
+        ],
+    )
     assert main(sweep, ["--local", "1", "--dry-run", "--out", str(tmp_path / "s"), "--", *SHORT]) == 0
     out, err = capsys.readouterr()
     k4, k2 = (line for line in out.splitlines() if line.startswith("run "))
@@ -91,9 +102,14 @@ def test_sigterm_stops_the_running_run_of_a_runner_started_with_sigint_ignored(t
     is how submitit cancels a local job: SIGTERM to the runner must still stop the running run
     (``sweep --local`` and ``compare`` run their runs so), not leave it orphaned."""
     log = tmp_path / "logs" / "sleeper.log"
-    proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", RUNNER, str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     sleeper = None
     try:
         last = time.monotonic()
@@ -137,8 +153,9 @@ def test_a_cancel_while_a_runs_launcher_starts_is_held_until_it_has_started(tmp_
         with pytest.raises(KeyboardInterrupt):
             local_runs.run_command(cmd, str(tmp_path / "log"))
     assert signal.getsignal(signal.SIGINT) is before  # put back
-    leftovers = [int(pid) for pid in subprocess.run(["pgrep", "-f", marker], capture_output=True,
-                                                    text=True).stdout.split()]
+    leftovers = [
+        int(pid) for pid in subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    ]
     for pid in leftovers:  # by PID, so a failure here leaves nothing running either
         os.kill(pid, signal.SIGKILL)
     assert not leftovers, f"the launcher was left running: {leftovers}"

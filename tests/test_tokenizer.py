@@ -56,9 +56,7 @@ def check_tokenizer(tok: MulocoTokenizer, text: str = SAMPLE) -> list[int]:
     assert not specials & set(ids), "special-token text must not encode to special ids"
     wrapped = tok.encode(text, add_bos=True, add_eos=True)
     assert wrapped == [tok.bos_id, *ids, tok.eos_id]
-    assert tok.encode_batch([text, "", "x"], add_bos=True) == [
-        tok.encode(t, add_bos=True) for t in (text, "", "x")
-    ]
+    assert tok.encode_batch([text, "", "x"], add_bos=True) == [tok.encode(t, add_bos=True) for t in (text, "", "x")]
     assert tok.decode(torch.tensor(ids)) == text
     assert max(ids) < tok.get_vocab_size()
     return ids
@@ -97,7 +95,9 @@ def train_hf(tmp_path: Path, special_tokens: list[str], name: str = "tokenizer.j
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=special_tokens, show_progress=False,
+        vocab_size=300,
+        special_tokens=special_tokens,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(["the quick brown fox", "jumps over the lazy dog"] * 20, trainer)
@@ -308,7 +308,8 @@ def test_build_script_is_reproducible(tmp_path):
         out = tmp_path / run / "A.json"
         run_watched(
             [sys.executable, str(BUILD_SCRIPT), "--max-files", "20", "--vocab-size", "400", "--output", str(out)],
-            check=True, )
+            check=True,
+        )
         outputs.append((out.read_bytes(), out.with_name("A.meta.json").read_bytes()))
     assert outputs[0] == outputs[1]
     meta = json.loads(outputs[0][1])
@@ -324,8 +325,11 @@ TEXTS = ["def f(x):\n    return x  # é ü 中文 🙂\n", "import os\n\nprint(o
 def test_token_bytes_add_up_to_the_bytes_of_the_text_and_specials_weigh_nothing(which, embedded_as_tiktoken, tmp_path):
     """What bits per byte divide by: Σ token_bytes over a document's ids (BOS and EOS included)
     is the UTF-8 size of its text, multi-byte characters split across tokens included."""
-    tok = {"embedded": lambda: build(), "tiktoken": lambda: build(embedded_as_tiktoken, kind="tiktoken"),
-           "huggingface": lambda: build(train_hf(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>"]))}[which]()
+    tok = {
+        "embedded": lambda: build(),
+        "tiktoken": lambda: build(embedded_as_tiktoken, kind="tiktoken"),
+        "huggingface": lambda: build(train_hf(tmp_path, ["<|begin_of_text|>", "<|end_of_text|>"])),
+    }[which]()
     sizes = tok.token_bytes()
     assert len(sizes) == tok.get_vocab_size()
     assert sizes[tok.bos_id] == sizes[tok.eos_id] == sizes[tok.mask_id] == 0

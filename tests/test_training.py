@@ -11,10 +11,27 @@ from conftest import TINY, hand_bits_per_byte, read_metrics, run_train, train_lo
 def test_loss_falls_on_embedded_corpus(tmp_path):
     out = tmp_path / "run"
     proc = run_train(
-        ["--config", "base", *TINY, "--model.flavor", "llama3-w128-d4-h2",
-         "--training.seq_len", "128", "--training.local_batch_size", "8",
-         "--training.steps", "60", "--metrics.log_freq", "5",
-         "--validator.freq", "30", "--optimizer.lr", "3e-3", "--dump_folder", str(out)]
+        [
+            "--config",
+            "base",
+            *TINY,
+            "--model.flavor",
+            "llama3-w128-d4-h2",
+            "--training.seq_len",
+            "128",
+            "--training.local_batch_size",
+            "8",
+            "--training.steps",
+            "60",
+            "--metrics.log_freq",
+            "5",
+            "--validator.freq",
+            "30",
+            "--optimizer.lr",
+            "3e-3",
+            "--dump_folder",
+            str(out),
+        ]
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     losses = train_losses(out)
@@ -27,7 +44,8 @@ def test_loss_falls_on_embedded_corpus(tmp_path):
     assert summary["tokens_seen"] == 60 * 8 * 128
     assert summary["final_validation_loss"] == pytest.approx(vals[-1])
     assert summary["final_validation_bits_per_byte"] == pytest.approx(
-        hand_bits_per_byte(vals[-1], next_token=True, seq_len=128, batch=8, steps=2), rel=1e-9)
+        hand_bits_per_byte(vals[-1], next_token=True, seq_len=128, batch=8, steps=2), rel=1e-9
+    )
     assert "run summary" in proc.stderr + proc.stdout
     assert list((out / "tb").rglob("events.out.tfevents.*")), "no TensorBoard event file"
     assert (out / "checkpoint" / "step-60" / ".metadata").is_file()
@@ -35,8 +53,22 @@ def test_loss_falls_on_embedded_corpus(tmp_path):
 
 def test_console_lines_show_progress(tmp_path):
     out = tmp_path / "run"
-    proc = run_train(["--config", "base", *TINY, "--training.steps", "4", "--metrics.log_freq", "2",
-                      "--validator.freq", "100", "--checkpoint.no-enable", "--dump_folder", str(out)])
+    proc = run_train(
+        [
+            "--config",
+            "base",
+            *TINY,
+            "--training.steps",
+            "4",
+            "--metrics.log_freq",
+            "2",
+            "--validator.freq",
+            "100",
+            "--checkpoint.no-enable",
+            "--dump_folder",
+            str(out),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     log = proc.stdout + proc.stderr
     line = next(ln for ln in log.splitlines() if "step 4/4" in ln)
@@ -51,8 +83,21 @@ def test_validation_off_trains_and_summarises(tmp_path, objective):
     """``--validator.no-enable``: torchtitan builds no validator; the run trains, and the summary
     says there is no validation loss instead of failing."""
     out = tmp_path / "run"
-    proc = run_train(["--config", "base", *TINY, "--objective", objective, "--training.steps", "2",
-                      "--validator.no-enable", "--checkpoint.no-enable", "--dump_folder", str(out)])
+    proc = run_train(
+        [
+            "--config",
+            "base",
+            *TINY,
+            "--objective",
+            objective,
+            "--training.steps",
+            "2",
+            "--validator.no-enable",
+            "--checkpoint.no-enable",
+            "--dump_folder",
+            str(out),
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["objective"] == objective and summary["steps"] == 2

@@ -1,4 +1,5 @@
-"""A slower replica group for ``bench/unequal_groups.py`` and ``bench/round_modes.py``: put this folder on ``PYTHONPATH`` with
+"""A slower replica group for ``bench/unequal_groups.py`` and ``bench/round_modes.py``: put this folder on
+``PYTHONPATH`` with
 ``MULOCO_BENCH_SLOW=REPLICA:SECONDS`` and that group's trainer sleeps SECONDS after each inner step
 (inside the step, before the outer loop sees it: to its peers it is a group on slower GPUs). The
 setting is the bench's, read here; muloco reads nothing of it. Other groups, and processes that

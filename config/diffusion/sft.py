@@ -1,6 +1,7 @@
 """Masked-diffusion SFT (LLaDA style): one prompt/response example per row, the prompt never
 masked, the response and its one EOS masked and scored (so the model learns where to stop), the
-padding unscored mask tokens, the loss normalised per response. Give the data and, usually, a pre-trained run to start from:
+padding unscored mask tokens, the loss normalised per response. Give the data and, usually, a pre-trained run to start
+from:
 
     python -m muloco.train --config diffusion/sft --dataloader.source.dataset_path chat.jsonl \\
         --checkpoint.initial_load_path outputs/diffusion-ddp-adamw/checkpoint/step-300 \\

@@ -15,10 +15,13 @@ OUTER = {"--outer.optimizer.lr": [0.5, 0.7, 1.0], "--outer.sync_every": [15, 30,
 FIXED = {"--checkpoint.interval": 60}
 """A multiple of every H: no exchange is in flight when a checkpoint is taken."""
 
-SWEEP = Sweep("diffusion_outer", [
-    *grid("groups", "diffusion/muloco", replicas=2, fixed=FIXED, vary=OUTER),
-    *grid("groups", "diloco/diloco", replicas=2, fixed={**FIXED, "--objective": "mdlm"}, vary=OUTER),
-])
+SWEEP = Sweep(
+    "diffusion_outer",
+    [
+        *grid("groups", "diffusion/muloco", replicas=2, fixed=FIXED, vary=OUTER),
+        *grid("groups", "diloco/diloco", replicas=2, fixed={**FIXED, "--objective": "mdlm"}, vary=OUTER),
+    ],
+)
 
 if __name__ == "__main__":
     raise SystemExit(main(SWEEP))

@@ -13,12 +13,25 @@ TUNED = parse_flavor(FLAVOR).shape.tuned_lr
 K = 8
 OUTER_LR = [0.7, 0.9]
 
-SWEEP = Sweep("diloco_vs_muloco", [
-    *grid("groups", "gpu/diloco", replicas=K, fixed=paper_batch_and_decay(FLAVOR, "adamw", K),
-          vary={"--optimizer.lr": lr_grid(TUNED["diloco_k8"]), "--outer.optimizer.lr": OUTER_LR}),
-    *grid("groups", "gpu/muloco", replicas=K, fixed=paper_batch_and_decay(FLAVOR, "muon", K),
-          vary={"--optimizer.lr": lr_grid(TUNED["muloco_k8_quantized"]), "--outer.optimizer.lr": OUTER_LR}),
-])
+SWEEP = Sweep(
+    "diloco_vs_muloco",
+    [
+        *grid(
+            "groups",
+            "gpu/diloco",
+            replicas=K,
+            fixed=paper_batch_and_decay(FLAVOR, "adamw", K),
+            vary={"--optimizer.lr": lr_grid(TUNED["diloco_k8"]), "--outer.optimizer.lr": OUTER_LR},
+        ),
+        *grid(
+            "groups",
+            "gpu/muloco",
+            replicas=K,
+            fixed=paper_batch_and_decay(FLAVOR, "muon", K),
+            vary={"--optimizer.lr": lr_grid(TUNED["muloco_k8_quantized"]), "--outer.optimizer.lr": OUTER_LR},
+        ),
+    ],
+)
 
 if __name__ == "__main__":
     raise SystemExit(main(SWEEP))

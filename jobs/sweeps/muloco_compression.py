@@ -20,16 +20,24 @@ def with_ef(runs, flag):
     return runs
 
 
-SWEEP = Sweep("muloco_compression", [
-    run
-    for flag in EF
-    for run in with_ef(
-        grid("groups", "gpu/muloco_2bit", replicas=8, fixed=PAPER, vary={"--optimizer.lr": LRS})
-        + grid("groups", "gpu/muloco", replicas=8,
-               fixed={**PAPER, "--outer.exchange.codec": "topk", "--outer.exchange.codec.fraction": 0.02},
-               vary={"--optimizer.lr": LRS}),
-        flag)
-])
+SWEEP = Sweep(
+    "muloco_compression",
+    [
+        run
+        for flag in EF
+        for run in with_ef(
+            grid("groups", "gpu/muloco_2bit", replicas=8, fixed=PAPER, vary={"--optimizer.lr": LRS})
+            + grid(
+                "groups",
+                "gpu/muloco",
+                replicas=8,
+                fixed={**PAPER, "--outer.exchange.codec": "topk", "--outer.exchange.codec.fraction": 0.02},
+                vary={"--optimizer.lr": LRS},
+            ),
+            flag,
+        )
+    ],
+)
 
 if __name__ == "__main__":
     raise SystemExit(main(SWEEP))

@@ -1,13 +1,15 @@
 """The paper's comparisons in one command.
 
-    python -m muloco.compare [--suite paper-mini|paper-long|outer-steps|paper-158m] [--objective ar|mdlm] [--data stdlib|shakespeare|PATH]
+    python -m muloco.compare [--suite paper-mini|paper-long|outer-steps|paper-158m] [--objective ar|mdlm] [--data
+    stdlib|shakespeare|PATH]
                              [--seeds 2] [--device cpu|cuda] [--out DIR] [--dry-run] [--only LABEL ...]
                              [--tune [--tune-points POINT ...]]
                              [--link 100mbps,1gbps [--link-latency-ms L] [--target LOSS]]
                              [-- trainer overrides for every run]
 
 Runs, with one model and one token budget per replica group, DDP AdamW and DDP Muon, DiLoCo
-and MuLoCo at K=2 and K=4 (dense), dense MuLoCo with the compressed configs' outer step, MuLoCo 2-bit and 4-bit with and without error feedback,
+and MuLoCo at K=2 and K=4 (dense), dense MuLoCo with the compressed configs' outer step, MuLoCo 2-bit and 4-bit with
+and without error feedback,
 top-k 10% with and without, SparseLoCo and streaming MuLoCo (``muloco.compare.suites``); then
 prints one table (final θ_g validation loss or NELBO, gaps to dense MuLoCo with the same outer
 step and to DDP in %,
@@ -103,31 +105,48 @@ def _check_out(folder: Path) -> None:
 def _in_compare_terms(message: str) -> str:
     """A trainer's message with compare's own flag for what compare sets: ``--steps`` sets every run's
     ``training.steps``."""
-    return re.sub(r"try --training\.steps (\d+)", r"try --steps \1 (compare's --steps sets every run's training.steps)",
-                  message)
+    return re.sub(
+        r"try --training\.steps (\d+)", r"try --steps \1 (compare's --steps sets every run's training.steps)", message
+    )
 
 
 def _resolve(p: Planned) -> None:
     """Parse the run's trainer config once: its folder name (``runs.names.run_name`` and the seed),
     its steps and local batch."""
 
-    cfg = load_trainer_config(p.row.config, p.overrides, replicas=None if p.row.ddp else p.row.replicas,
-                              who=PROG, prog=PROG)
+    cfg = load_trainer_config(
+        p.row.config, p.overrides, replicas=None if p.row.ddp else p.row.replicas, who=PROG, prog=PROG
+    )
     p.name = f"{run_name(cfg)}_seed{p.seed}"
     p.steps, p.local_batch = cfg.training.steps, cfg.training.local_batch_size
     p.warmup = cfg.lr_scheduler.warmup_steps
     p.sync_every = cfg.outer.sync_every if hasattr(cfg, "outer") else None
 
 
-def _later_seeds(suite, args: CompareOptions, extra: list[str], chosen: dict[str, set[str]] | None,
-                 points: dict[str, set[str]] | None = None) -> list[Planned]:
+def _later_seeds(
+    suite,
+    args: CompareOptions,
+    extra: list[str],
+    chosen: dict[str, set[str]] | None,
+    points: dict[str, set[str]] | None = None,
+) -> list[Planned]:
     """Seeds 1 and up of a tuned suite: each tuned row at its points in ``chosen`` (``Line.later_points``:
     the chosen one, and averaging and the best with momentum on the Nesterov grid; a row seed 0
     could not score is left out), the rows without an outer step as they are; resolved.
     ``chosen`` None (a dry run): each tuned row's first point (of ``points``, ``--tune-points``) and
     its averaging point stand in."""
-    later = plan(suite, objective=args.objective, data=args.data, seeds=args.seeds, steps=args.steps, extra=extra,
-                 only=args.only, tune=True, first_seed=1, chosen=chosen if chosen is not None else points)
+    later = plan(
+        suite,
+        objective=args.objective,
+        data=args.data,
+        seeds=args.seeds,
+        steps=args.steps,
+        extra=extra,
+        only=args.only,
+        tune=True,
+        first_seed=1,
+        chosen=chosen if chosen is not None else points,
+    )
     if chosen is None:
         firsts: dict[str, str] = {}
         for p in later:
@@ -169,12 +188,16 @@ def _tune_points(suite, args: CompareOptions) -> dict[str, set[str]] | None:
     known = {setting for r in rows for setting, _ in GRIDS[r.grid]}
     unknown = [p for p in args.tune_points if p not in known]
     if unknown:
-        raise UsageError(f"--tune-points {' '.join(map(shlex.quote, unknown))}: not a point of the chosen rows' grids; "
-                         "their points, quoted as --tune-points takes them: " + " ".join(map(shlex.quote, sorted(known))))
+        raise UsageError(
+            f"--tune-points {' '.join(map(shlex.quote, unknown))}: not a point of the chosen rows' grids; "
+            "their points, quoted as --tune-points takes them: " + " ".join(map(shlex.quote, sorted(known)))
+        )
     bare = [r.label for r in rows if not {s for s, _ in GRIDS[r.grid]} & set(args.tune_points)]
     if bare:
-        raise UsageError(f"--tune-points leaves no point for {', '.join(bare)}: add one of its grid's points, or "
-                         "leave the row out of --only")
+        raise UsageError(
+            f"--tune-points leaves no point for {', '.join(bare)}: add one of its grid's points, or "
+            "leave the row out of --only"
+        )
     return {r.label: set(args.tune_points) for r in rows}
 
 
@@ -194,8 +217,10 @@ def _check_device(device: str, suite_name: str) -> None:
         import torch
 
         if not torch.cuda.is_available():
-            raise UsageError(f"{suite_name} runs on CUDA and this machine has no CUDA device; use "
-                             f"--suite paper-mini, or --device cpu to run it here anyway (slowly)")
+            raise UsageError(
+                f"{suite_name} runs on CUDA and this machine has no CUDA device; use "
+                f"--suite paper-mini, or --device cpu to run it here anyway (slowly)"
+            )
 
 
 def _share_gpus(device: str, planned: list[Planned]) -> bool:
@@ -209,8 +234,11 @@ def _share_gpus(device: str, planned: list[Planned]) -> bool:
     gpus = torch.cuda.device_count()
     if gpus >= groups:
         return False
-    print(f"note: {gpus} GPU(s) for up to {groups} replica groups: the groups share GPUs "
-          f"(--share-gpus), so wall times include the sharing", file=sys.stderr)
+    print(
+        f"note: {gpus} GPU(s) for up to {groups} replica groups: the groups share GPUs "
+        f"(--share-gpus), so wall times include the sharing",
+        file=sys.stderr,
+    )
     return True
 
 
@@ -225,8 +253,9 @@ def _environment(device: str) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
 
 
-def _targets(args: CompareOptions, planned: list[Planned], linked: list[Planned],
-             folder: Path) -> tuple[dict[int, float], str]:
+def _targets(
+    args: CompareOptions, planned: list[Planned], linked: list[Planned], folder: Path
+) -> tuple[dict[int, float], str]:
     """The loss each seed's time to target is measured to (that seed's dense DiLoCo K=2 final loss,
     from its run without a link or else over a link; or ``--target``), and where it came from."""
     from muloco.tools.report import ReportError, load_run  # start-up: the report's readers, once runs ended
@@ -245,8 +274,10 @@ def _targets(args: CompareOptions, planned: list[Planned], linked: list[Planned]
                 found[p.seed] = loss
     missing = [s for s in seeds if s not in found]
     if missing:
-        raise UsageError(f"no finished {timing.DILOCO_REFERENCE} run of seed(s) {missing} to take the target loss "
-                         "from: add it to --only or give --target")
+        raise UsageError(
+            f"no finished {timing.DILOCO_REFERENCE} run of seed(s) {missing} to take the target loss "
+            "from: add it to --only or give --target"
+        )
     return found, f"{timing.DILOCO_REFERENCE}'s final loss, seed by seed"
 
 
@@ -261,8 +292,12 @@ def _finish_links(args: CompareOptions, planned: list[Planned], linked: list[Pla
     timing.plot(timed, folder, targets[min(targets)])
     with open(folder / "compare.md", "a") as f:
         f.write(f"\nTime to target over emulated links:\n\n```\n{text}\n\nfastest to target, per link:\n{order}\n```\n")
-    return {"target": shown, "targets_by_seed": {str(k): v for k, v in targets.items()}, "target_source": source,
-            "rows": rows}
+    return {
+        "target": shown,
+        "targets_by_seed": {str(k): v for k, v in targets.items()},
+        "target_source": source,
+        "rows": rows,
+    }
 
 
 def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | None = None) -> None:
@@ -276,8 +311,9 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
     found = table.lines(suite, planned, folder, tuning_seeds)
     values = table.rows(suite, found)
     checks = table.targets(suite, values)
-    made = table.setup(planned, suite, objective=args.objective, data=args.data, tuning_seeds=tuning_seeds,
-                       tuned=args.tune)
+    made = table.setup(
+        planned, suite, objective=args.objective, data=args.data, tuning_seeds=tuning_seeds, tuned=args.tune
+    )
     text = f"{table.setup_text(made)}\n\n{table.text(values)}"
     tuned = table.tuning_note(found, tuning_seeds)
     if tuned:
@@ -299,9 +335,15 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
     shown = f"\nTargets:\n\n```\n{targets}\n```\n" if checks else ""
     (folder / "compare.md").write_text(f"# {folder.name}\n\n```\n{text}\n```\n{note}{shown}")
     word = {True: "met", False: "missed", "tie": "tie", None: "not measured"}
-    result = {"suite": suite.name, "setup": made, "rows": values,
-              "targets": [{"target": t.removesuffix(table.ONE_SEED), "verdict": word[ok],
-                           "one_seed": t.endswith(table.ONE_SEED)} for t, ok in checks]}
+    result = {
+        "suite": suite.name,
+        "setup": made,
+        "rows": values,
+        "targets": [
+            {"target": t.removesuffix(table.ONE_SEED), "verdict": word[ok], "one_seed": t.endswith(table.ONE_SEED)}
+            for t, ok in checks
+        ],
+    }
     try:
         if linked:
             result["links"] = _finish_links(args, planned, linked, folder)
@@ -314,8 +356,12 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args, extra = parse(CompareOptions, list(sys.argv[1:] if argv is None else argv), prog=PROG,
-                            description=__doc__.split("\n\n")[0])
+        args, extra = parse(
+            CompareOptions,
+            list(sys.argv[1:] if argv is None else argv),
+            prog=PROG,
+            description=__doc__.split("\n\n")[0],
+        )
         _check(args)
         suite = SUITES[args.suite]
         device = args.device or suite.device
@@ -326,17 +372,30 @@ def main(argv: list[str] | None = None) -> int:
         _check_out(folder)
         staged = args.tune and args.seeds > 1 and not args.tune_every_seed
         points = _tune_points(suite, args)
-        planned = plan(suite, objective=args.objective, data=args.data, seeds=1 if staged else args.seeds,
-                       steps=args.steps, extra=extra, only=args.only, tune=args.tune, chosen=points)
+        planned = plan(
+            suite,
+            objective=args.objective,
+            data=args.data,
+            seeds=1 if staged else args.seeds,
+            steps=args.steps,
+            extra=extra,
+            only=args.only,
+            tune=args.tune,
+            chosen=points,
+        )
         if args.tune and args.link:
-            raise UsageError("--tune and --link: tune first, then time the chosen settings over links "
-                             "(give the chosen setting as trainer overrides after --)")
+            raise UsageError(
+                "--tune and --link: tune first, then time the chosen settings over links "
+                "(give the chosen setting as trainer overrides after --)"
+            )
         linked = over_links(suite, planned, _links(args.link), args.link_latency_ms, extra)
         if args.link and not linked:
             raise UsageError("--link: none of the chosen rows has replica groups (DDP rows have no link)")
         if linked and args.target is None and timing.DILOCO_REFERENCE not in {p.row.label for p in planned}:
-            raise UsageError(f"--link times runs to the {timing.DILOCO_REFERENCE} run's final loss: add "
-                             f'"{timing.DILOCO_REFERENCE}" to --only, or give --target LOSS')
+            raise UsageError(
+                f"--link times runs to the {timing.DILOCO_REFERENCE} run's final loss: add "
+                f'"{timing.DILOCO_REFERENCE}" to --only, or give --target LOSS'
+            )
         planned += linked
         for p in planned:
             _resolve(p)
@@ -348,8 +407,14 @@ def main(argv: list[str] | None = None) -> int:
         return err.status
     if args.dry_run:
         later = _later_seeds(suite, args, extra, None, points) if staged else []
-        made = table.setup([p for p in [*planned, *later] if p.link_mbps is None], suite, objective=args.objective,
-                           data=args.data, tuning_seeds={0} if staged else None, tuned=args.tune)
+        made = table.setup(
+            [p for p in [*planned, *later] if p.link_mbps is None],
+            suite,
+            objective=args.objective,
+            data=args.data,
+            tuning_seeds={0} if staged else None,
+            tuned=args.tune,
+        )
         print(table.setup_text(made))
         share = _share_gpus(device, planned) if device == "cuda" and _cuda_available() else False
         for p in planned:
@@ -357,9 +422,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{p.row.label} (seed {p.seed}): {folder / p.name}\n  {shlex.join(command)}")
         if later:
             rows = len(later) // (args.seeds - 1)
-            print(f"then seeds 1 to {args.seeds - 1}: each tuned row at the point seed 0 chooses (a Nesterov row also "
-                  f"at averaging and its best point with momentum), the other rows as they are (about {rows} runs "
-                  f"per seed)")
+            print(
+                f"then seeds 1 to {args.seeds - 1}: each tuned row at the point seed 0 chooses (a Nesterov row also "
+                f"at averaging and its best point with momentum), the other rows as they are (about {rows} runs "
+                f"per seed)"
+            )
         print(f"{len(planned) + len(later)} runs; nothing started (--dry-run)")
         return 0
     try:
@@ -387,8 +454,11 @@ def _run_suite(suite, planned: list[Planned], folder: Path, args, extra: list[st
         return failed("compare", err)
     unfinished = [name for name, state in states.items() if state != "COMPLETED"]
     if unfinished:
-        print(f"{PROG}: {len(unfinished)} run(s) failed: {', '.join(unfinished)}; logs in {folder / 'logs'}; "
-              f"run the same command again to retry them", file=sys.stderr)
+        print(
+            f"{PROG}: {len(unfinished)} run(s) failed: {', '.join(unfinished)}; logs in {folder / 'logs'}; "
+            f"run the same command again to retry them",
+            file=sys.stderr,
+        )
         return 1
     print(f"wrote compare.md, compare.json and the plots to {folder}")
     return 0

@@ -37,8 +37,13 @@ from muloco.runs.sweep_manifest import Entry, read_manifest, run_finished, write
 def command(p: Planned, folder: Path, *, share_gpus: bool = False) -> list[str]:
     """The command that trains ``p`` into ``folder``; ``share_gpus`` lets its replica groups
     share the machine's GPUs (fewer GPUs than groups)."""
-    return local_command("ddp" if p.row.ddp else "groups", p.row.config, [*p.overrides, "--dump_folder", str(folder)],
-                         replicas=p.row.replicas, share_gpus=share_gpus and not p.row.ddp)
+    return local_command(
+        "ddp" if p.row.ddp else "groups",
+        p.row.config,
+        [*p.overrides, "--dump_folder", str(folder)],
+        replicas=p.row.replicas,
+        share_gpus=share_gpus and not p.row.ddp,
+    )
 
 
 def _work(p: Planned) -> int:
@@ -100,8 +105,7 @@ class Progress:
         left = self.total_work - self.done_work - work_now
         trained_now = _work(p) * max(step - from_step, 0) // max(steps, 1)
         eta = self._left(left, self.measured_work + trained_now, self.measured_seconds + elapsed)
-        line = (f"[{self.done_runs}/{self.total_runs} runs done] {p.row.label} seed {p.seed}: "
-                f"step {step}/{steps}, {eta}")
+        line = f"[{self.done_runs}/{self.total_runs} runs done] {p.row.label} seed {p.seed}: step {step}/{steps}, {eta}"
         if self.out.isatty():
             self.out.write("\r\033[K" + line)
         else:
@@ -121,16 +125,24 @@ class Progress:
         self._last_decile = -1
         prefix = "\r\033[K" if self.out.isatty() else ""
         took = f" in {int(seconds // 60)}m{int(seconds % 60):02d}s" if seconds is not None else ""
-        self.out.write(f"{prefix}[{self.done_runs}/{self.total_runs} runs done] {p.row.label} seed {p.seed}: "
-                       f"{state}{took}\n")
+        self.out.write(
+            f"{prefix}[{self.done_runs}/{self.total_runs} runs done] {p.row.label} seed {p.seed}: {state}{took}\n"
+        )
         self.out.flush()
 
 
 def _entry(p: Planned, folder: Path, state: str, jobs: list[str]) -> Entry:
     kind = "ddp" if p.row.ddp else "groups"
-    return Entry(name=p.name, kind=kind, config=p.row.config, overrides=p.overrides,
-                 options={"replicas": p.row.replicas, "label": p.row.label, "seed": p.seed}, run_dir=str(folder),
-                 jobs=jobs, state=state)
+    return Entry(
+        name=p.name,
+        kind=kind,
+        config=p.row.config,
+        overrides=p.overrides,
+        options={"replicas": p.row.replicas, "label": p.row.label, "seed": p.seed},
+        run_dir=str(folder),
+        jobs=jobs,
+        state=state,
+    )
 
 
 def stop_on_sigterm() -> None:
@@ -141,8 +153,14 @@ def stop_on_sigterm() -> None:
         signal.signal(sig, lambda signum, frame: sys.exit(128 + signum))
 
 
-def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str] | None = None,
-            share_gpus: bool = False, progress_out: TextIO | None = None) -> dict[str, str]:
+def run_all(
+    planned: list[Planned],
+    suite_dir: Path,
+    *,
+    extra_env: dict[str, str] | None = None,
+    share_gpus: bool = False,
+    progress_out: TextIO | None = None,
+) -> dict[str, str]:
     """Train every planned run not yet finished (with ``extra_env`` set on top of this process's
     environment); {name: COMPLETED | FAILED (log path)}; the progress line goes to
     ``progress_out`` (default: sys.stderr as it is when called)."""
@@ -172,9 +190,14 @@ def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str
         p = by_name[event.name]
         states[p.name] = event.state
         ok = event.state == "COMPLETED"
-        progress.finished(p, event.seconds if ok else None, "done" if ok else
-                          f"FAILED ({event.error or 'no summary written'}); see {suite_dir / 'logs' / f'{p.name}.log'}",
-                          from_step=picked_up_at[p.name])
+        progress.finished(
+            p,
+            event.seconds if ok else None,
+            "done"
+            if ok
+            else f"FAILED ({event.error or 'no summary written'}); see {suite_dir / 'logs' / f'{p.name}.log'}",
+            from_step=picked_up_at[p.name],
+        )
 
     def watch(event: RunEvent) -> None:
         p = by_name[event.name]
@@ -183,12 +206,15 @@ def run_all(planned: list[Planned], suite_dir: Path, *, extra_env: dict[str, str
     if todo:
         runs = LocalRuns(str(suite_dir), 1, manifest, record, say=lambda _: None, extra_env=extra_env)
         try:
-            runs.run([(entries[p.name], command(p, suite_dir / p.name, share_gpus=share_gpus)) for p in todo],
-                     watch=watch)
+            runs.run(
+                [(entries[p.name], command(p, suite_dir / p.name, share_gpus=share_gpus)) for p in todo], watch=watch
+            )
         except BaseException:  # Ctrl-C, SIGTERM: the running run was stopped where it stood
-            print(f"\nstopped after {sum(s == 'COMPLETED' for s in states.values())} of {len(planned)} runs; the same "
-                  "command again reuses the finished ones and resumes the stopped run from its last checkpoint",
-                  file=progress_out or sys.stderr)
+            print(
+                f"\nstopped after {sum(s == 'COMPLETED' for s in states.values())} of {len(planned)} runs; the same "
+                "command again reuses the finished ones and resumes the stopped run from its last checkpoint",
+                file=progress_out or sys.stderr,
+            )
             raise
     write_manifest(str(suite_dir), manifest)
     return states

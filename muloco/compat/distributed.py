@@ -26,10 +26,7 @@ def _set_timeout(timeout: timedelta, group=None) -> None:
 def set_pg_timeouts_without_device_ids(timeout: timedelta, parallel_dims) -> None:
     """torchtitan's set_pg_timeouts with a barrier that gloo on CPU accepts."""
     dist.barrier()
-    groups = [
-        mesh.get_group()
-        for mesh in parallel_dims.get_all_one_dimensional_meshes().values()
-    ] + [None]
+    groups = [mesh.get_group() for mesh in parallel_dims.get_all_one_dimensional_meshes().values()] + [None]
     for group in groups:
         dist.set_timeout(timeout, group)
 

@@ -50,7 +50,6 @@ def _cause(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0].rstrip('.') if text else 'file ended early or is unreadable'}"
 
 
-
 def run_folder(config) -> str:
     """Where this process writes: the dump folder, or its replica group's own
     ``replica_<id>/`` under it (as DilocoTrainer sets it) for a DiLoCo config."""
@@ -200,12 +199,16 @@ class MulocoCheckpointManager(CheckpointManager):
                 return
             require_steps_or_fraction("checkpoint.interval", self.interval)
             if "://" in self.folder or "://" in (self.initial_load_path or ""):
-                raise ValueError("checkpoint.folder and checkpoint.initial_load_path must be local folders: muloco "
-                                 "verifies a checksum manifest of every checkpoint before loading it; mount the "
-                                 "bucket, or copy the checkpoint to local storage.")
+                raise ValueError(
+                    "checkpoint.folder and checkpoint.initial_load_path must be local folders: muloco "
+                    "verifies a checksum manifest of every checkpoint before loading it; mount the "
+                    "bucket, or copy the checkpoint to local storage."
+                )
             if self.async_mode == "async_with_pinned_mem" and not torch.cuda.is_available():
-                raise ValueError("checkpoint.async_mode 'async_with_pinned_mem' stages checkpoints in pinned "
-                                 "CUDA memory and there is no CUDA device here; use 'async' or 'disabled'.")
+                raise ValueError(
+                    "checkpoint.async_mode 'async_with_pinned_mem' stages checkpoints in pinned "
+                    "CUDA memory and there is no CUDA device here; use 'async' or 'disabled'."
+                )
 
     def __init__(self, config: Config, **kwargs):
         super().__init__(config, **kwargs)
@@ -255,11 +258,22 @@ class MulocoCheckpointManager(CheckpointManager):
         super().dcp_load(state_dict, checkpoint_id=checkpoint_id, from_hf=from_hf, from_quantized=from_quantized)
 
     # ------------------------------------------------------------------ save
-    def dcp_save(self, state_dict, checkpoint_id: str, async_mode: AsyncMode,
-                 enable_garbage_collection: bool = False, to_hf: bool = False):
+    def dcp_save(
+        self,
+        state_dict,
+        checkpoint_id: str,
+        async_mode: AsyncMode,
+        enable_garbage_collection: bool = False,
+        to_hf: bool = False,
+    ):
         manifest.discard_manifest(checkpoint_id)  # every rank, before any of them writes
-        result = super().dcp_save(state_dict, checkpoint_id=checkpoint_id, async_mode=async_mode,
-                                  enable_garbage_collection=enable_garbage_collection, to_hf=to_hf)
+        result = super().dcp_save(
+            state_dict,
+            checkpoint_id=checkpoint_id,
+            async_mode=async_mode,
+            enable_garbage_collection=enable_garbage_collection,
+            to_hf=to_hf,
+        )
         if async_mode == AsyncMode.DISABLED:
             self._seal_when_all_ranks_saved(checkpoint_id)
         else:
@@ -334,7 +348,7 @@ class MulocoCheckpointManager(CheckpointManager):
         if not self._should_purge():
             return
         complete = manifest.complete_steps(self.folder)
-        keep = set(complete[-self.keep_latest_k:])
+        keep = set(complete[-self.keep_latest_k :])
         newest = complete[-1] if complete else -1
         for step, path in sorted(manifest.step_folders(self.folder).items()):
             if step not in keep and step < newest:

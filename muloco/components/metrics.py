@@ -36,11 +36,21 @@ def _fmt_duration(seconds: float) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-_PART_LABELS = {"quorum": "quorum", "cut_off": "cut off (lighthouse unreachable)", "wait_slowest": "waiting for the slowest", "queued": "queued (device)",
-                "pseudo_gradient": "Δ",
-                "encode": "encode", "collective": "collective", "link": "link (emulated)",
-                "decode": "decode/average",
-                "commit": "commit", "outer_step": "outer step", "pull": "pull", "other": "other"}
+_PART_LABELS = {
+    "quorum": "quorum",
+    "cut_off": "cut off (lighthouse unreachable)",
+    "wait_slowest": "waiting for the slowest",
+    "queued": "queued (device)",
+    "pseudo_gradient": "Δ",
+    "encode": "encode",
+    "collective": "collective",
+    "link": "link (emulated)",
+    "decode": "decode/average",
+    "commit": "commit",
+    "outer_step": "outer step",
+    "pull": "pull",
+    "other": "other",
+}
 
 
 def _breakdown(record: dict[str, Any]) -> str:
@@ -197,15 +207,24 @@ class MulocoMetrics(MetricsProcessor):
         if self.validation_started is not None:
             self.validation_seconds_total += time.perf_counter() - self.validation_started
             self.validation_started = None
-        self._record({"validation_loss": loss, "validation_ppl": ppl, **extra,
-                      "validation_seconds_total": self.validation_seconds_total}, step)
+        self._record(
+            {
+                "validation_loss": loss,
+                "validation_ppl": ppl,
+                **extra,
+                "validation_seconds_total": self.validation_seconds_total,
+            },
+            step,
+        )
         self.last_validation_loss = loss
         self.last_validation_step = step
         self.last_validation_extra = extra
         bpb = f"  {extra['validation_bits_per_byte']:.4f} bits/byte" if "validation_bits_per_byte" in extra else ""
         if "validation_masked_accuracy" in extra:
-            logger.info(f"validation at step {step}: NELBO {loss:7.4f} nats/token  ppl bound {ppl:,.2f}{bpb}  "
-                        f"masked-token accuracy {extra['validation_masked_accuracy']:.3f}")
+            logger.info(
+                f"validation at step {step}: NELBO {loss:7.4f} nats/token  ppl bound {ppl:,.2f}{bpb}  "
+                f"masked-token accuracy {extra['validation_masked_accuracy']:.3f}"
+            )
             return
         logger.info(f"validation at step {step}: loss {loss:7.4f}  ppl {ppl:,.2f}{bpb}")
 

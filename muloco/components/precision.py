@@ -41,22 +41,25 @@ class MulocoTrainingConfig(TrainingConfig):
         require_positive("training.local_batch_size", self.local_batch_size, "a positive integer")
         require_positive("training.steps", self.steps, "a positive integer")
         if self.epochs:
-            require_positive("training.epochs", self.epochs, "a positive number of passes over the training "
-                                                            "split (0: train training.steps)")
+            require_positive(
+                "training.epochs",
+                self.epochs,
+                "a positive number of passes over the training split (0: train training.steps)",
+            )
         if self.global_batch_size != -1:
             require_positive("training.global_batch_size", self.global_batch_size, "a positive integer or -1")
             if self.global_batch_size % self.local_batch_size:
-                raise ValueError(f"training.global_batch_size {self.global_batch_size} is not a multiple of "
-                                 f"training.local_batch_size {self.local_batch_size}.")
+                raise ValueError(
+                    f"training.global_batch_size {self.global_batch_size} is not a multiple of "
+                    f"training.local_batch_size {self.local_batch_size}."
+                )
         require_positive("training.max_norm", self.max_norm)
 
 
 def resolve_precision(requested: str, device_type: str) -> str:
     """The parameter dtype torchtitan trains in for ``requested`` on ``device_type``."""
     if requested not in PRECISIONS:
-        raise ValueError(
-            f"training.mixed_precision_param must be one of {', '.join(PRECISIONS)}; got {requested!r}"
-        )
+        raise ValueError(f"training.mixed_precision_param must be one of {', '.join(PRECISIONS)}; got {requested!r}")
     if requested != "auto":
         return requested
     return "bfloat16" if device_type == "cuda" else "float32"

@@ -31,8 +31,9 @@ class RunPreempted(Exception):
     """The run stopped on request after writing a checkpoint at ``step``."""
 
     def __init__(self, step: int, folder: str):
-        super().__init__(f"stopped on request at step {step} with a checkpoint in {folder}; the same "
-                         f"command resumes it")
+        super().__init__(
+            f"stopped on request at step {step} with a checkpoint in {folder}; the same command resumes it"
+        )
         self.step = step
 
 

@@ -64,18 +64,23 @@ class MulocoValidator(Validator):
             if self.enable:
                 require_steps_or_fraction("validator.freq", self.freq)
                 if self.tuning_steps < 0:
-                    raise ValueError(f"validator.tuning_steps is {self.tuning_steps}; it must be >= 0 (0: no tuning "
-                                     "batches).")
+                    raise ValueError(
+                        f"validator.tuning_steps is {self.tuning_steps}; it must be >= 0 (0: no tuning batches)."
+                    )
                 if self.tuning_steps and self.steps == -1:
-                    raise ValueError("validator.tuning_steps reads the held-out batches after the validator.steps "
-                                     "reported ones, and validator.steps -1 reports on all of them; give "
-                                     "validator.steps a count.")
+                    raise ValueError(
+                        "validator.tuning_steps reads the held-out batches after the validator.steps "
+                        "reported ones, and validator.steps -1 reports on all of them; give "
+                        "validator.steps a count."
+                    )
             self.dataloader.validate("validator.dataloader")
             if self.follow_training_data and self.dataloader != type(self.dataloader)(split="validation"):
-                raise ValueError("validator.dataloader is set but not read: validation follows the training data's "
-                                 "held-out split (validator.follow_training_data). Add "
-                                 "--validator.no-follow-training-data to validate on validator.dataloader, or "
-                                 "drop its settings.")
+                raise ValueError(
+                    "validator.dataloader is set but not read: validation follows the training data's "
+                    "held-out split (validator.follow_training_data). Add "
+                    "--validator.no-follow-training-data to validate on validator.dataloader, or "
+                    "drop its settings."
+                )
 
         def data_config(self, training_data: PackedTextDataLoader.Config) -> PackedTextDataLoader.Config:
             """The data the validator will read, given the training data."""
@@ -162,9 +167,13 @@ class MulocoValidator(Validator):
 
     def _batches(self):
         """The validation batches: the same first ``steps`` of this rank's shard every time."""
-        loader = self.dl_config.build(dp_world_size=self.dp_world_size, dp_rank=self.dp_rank,
-                                      tokenizer=self.tokenizer, seq_len=self.seq_len,
-                                      local_batch_size=self.local_batch_size)
+        loader = self.dl_config.build(
+            dp_world_size=self.dp_world_size,
+            dp_rank=self.dp_rank,
+            tokenizer=self.tokenizer,
+            seq_len=self.seq_len,
+            local_batch_size=self.local_batch_size,
+        )
         for index, batch in enumerate(loader):
             if self.config.steps != -1 and index >= self.config.steps:
                 return
@@ -203,8 +212,10 @@ class MulocoValidator(Validator):
         nelbo, tokens, correct, masked = sums.tolist()
         nelbo /= max(tokens, 1.0)
         self.metrics_processor.log_validation(
-            loss=nelbo, step=step,
-            extra_metrics={"validation_nelbo": nelbo, "validation_masked_accuracy": correct / max(masked, 1.0)})
+            loss=nelbo,
+            step=step,
+            extra_metrics={"validation_nelbo": nelbo, "validation_masked_accuracy": correct / max(masked, 1.0)},
+        )
         model.train()
 
 

@@ -29,5 +29,17 @@ CodecConfig = (
 )
 """One codec's config; the command line picks it by name (``--outer.exchange.codec quantize``)."""
 
-__all__ = ["CODECS", "Codec", "CodecConfig", "Dense", "ErrorFeedback", "Pieces", "Quantizer", "TopK", "pack",
-           "packed_bytes", "sparseloco_codec", "unpack"]
+__all__ = [
+    "CODECS",
+    "Codec",
+    "CodecConfig",
+    "Dense",
+    "ErrorFeedback",
+    "Pieces",
+    "Quantizer",
+    "TopK",
+    "pack",
+    "packed_bytes",
+    "sparseloco_codec",
+    "unpack",
+]

@@ -70,8 +70,13 @@ class Codec(Configurable):
         """``(..., payload_bytes(numel))`` uint8 -> ``(..., numel)`` float32."""
         raise NotImplementedError
 
-    def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None,
-                  weights: list[float] | None = None) -> None:
+    def mean_into(
+        self,
+        out: torch.Tensor,
+        rows: torch.Tensor,
+        payloads: torch.Tensor | None = None,
+        weights: list[float] | None = None,
+    ) -> None:
         """``out`` ← the mean of the decoded payloads ``rows`` (c, m), c ≥ 1, added in row
         order so every replica gets the same bits whatever its bucket sizes. ``payloads``
         (c, payload_bytes(m)) are the encoded rows, for a codec whose mean needs more than
@@ -107,8 +112,10 @@ class Codec(Configurable):
         """The payload size for ``numel``; a clear error if ``payload`` is not ``(..., size)`` uint8."""
         size = self.payload_bytes(numel)
         if payload.dtype != torch.uint8 or payload.shape[-1:] != (size,):
-            raise ValueError(f"{self.describe()} expects (..., {size}) uint8 payloads for {numel} elements, "
-                             f"got {tuple(payload.shape)} {payload.dtype}")
+            raise ValueError(
+                f"{self.describe()} expects (..., {size}) uint8 payloads for {numel} elements, "
+                f"got {tuple(payload.shape)} {payload.dtype}"
+            )
         return size
 
     def bits_per_element(self, numel: int) -> float:

@@ -74,8 +74,9 @@ class ErrorFeedback(Configurable):
         if key not in self._residuals:
             self._residuals[key] = torch.zeros(numel, dtype=torch.float32, device=device)
 
-    def compress(self, key: str, delta: torch.Tensor, codec: Codec, offset: int = 0,
-                 keep: torch.Tensor | None = None) -> torch.Tensor:
+    def compress(
+        self, key: str, delta: torch.Tensor, codec: Codec, offset: int = 0, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Encode ``delta`` (a piece of ``key``'s stream starting at ``offset``) plus its carried error.
 
         ``keep`` (as many elements as ``delta``; it may be ``delta`` itself) receives the
@@ -84,7 +85,7 @@ class ErrorFeedback(Configurable):
         flat = delta.detach().reshape(-1)
         if not self.enabled:
             return codec.encode(flat)
-        e = self._residual(key, offset + flat.numel(), flat.device)[offset:offset + flat.numel()]
+        e = self._residual(key, offset + flat.numel(), flat.device)[offset : offset + flat.numel()]
         if self.delta_scale == 1.0:
             target = torch.add(flat, e, alpha=self.beta)  # β·e + Δ in one pass
         else:
@@ -99,7 +100,7 @@ class ErrorFeedback(Configurable):
         """Put back the residual piece ``compress(..., keep=saved)`` replaced."""
         e = self._residuals.get(key)
         if e is not None:
-            e[offset:offset + saved.numel()].copy_(saved.reshape(-1))
+            e[offset : offset + saved.numel()].copy_(saved.reshape(-1))
 
     def _residual(self, key: str, numel: int, device: torch.device) -> torch.Tensor:
         e = self._residuals.get(key)

@@ -56,8 +56,10 @@ def compiled_kernel(fn: Callable) -> Callable:
             except Exception as err:  # noqa: BLE001 - any compiler failure; the eager path is equivalent
                 state["broken"] = err
                 first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-                logger.warning(f"compiled codec kernel {fn.__name__} failed ({type(err).__name__}: {first}); "
-                               "using the eager kernels (the same payloads) from now on")
+                logger.warning(
+                    f"compiled codec kernel {fn.__name__} failed ({type(err).__name__}: {first}); "
+                    "using the eager kernels (the same payloads) from now on"
+                )
         return fn(*args, **kwargs)
 
     return run

@@ -58,8 +58,13 @@ class Pieces(Codec):
         parts = payload.split(self.sizes, dim=-1)
         return torch.cat([self.base.decode(p, b - a) for p, (a, b) in zip(parts, self.bounds)], dim=-1)
 
-    def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None,
-                  weights: list[float] | None = None) -> None:
+    def mean_into(
+        self,
+        out: torch.Tensor,
+        rows: torch.Tensor,
+        payloads: torch.Tensor | None = None,
+        weights: list[float] | None = None,
+    ) -> None:
         if payloads is not None:
             self.check_payload(payloads, self.numel)
         parts = payloads.split(self.sizes, dim=-1) if payloads is not None else [None] * len(self.bounds)

@@ -139,8 +139,10 @@ class Quantizer(Codec):
     def __init__(self, config: Config, *, compiled: bool = False):
         super().__init__(config, compiled=compiled)
         if compiled and config.statistics == "float":
-            raise ValueError("statistics 'float' runs only in eager kernels (float sums are not reproducible "
-                             "by compiled ones); use statistics 'exact' or 'auto'")
+            raise ValueError(
+                "statistics 'float' runs only in eager kernels (float sums are not reproducible "
+                "by compiled ones); use statistics 'exact' or 'auto'"
+            )
         self.bits = config.bits
         self.scheme = config.scheme
         self.block_size = config.block_size or DEFAULT_BLOCK_SIZE[config.scheme][config.bits]
@@ -169,8 +171,9 @@ class Quantizer(Codec):
     def describe(self) -> str:
         extra = f", R {self.range_sigmas:.2f}σ" if self.scheme == "statistical" else ""
         if self.scheme == "statistical":
-            extra += (", mean at a bin's centre" if self.centred else "") + (", σ over N−1" if
-                                                                            self.config.sample_sigma else "")
+            extra += (", mean at a bin's centre" if self.centred else "") + (
+                ", σ over N−1" if self.config.sample_sigma else ""
+            )
         return f"quantize({self.scheme}, {self.bits}b, block {self.block_size}{extra})"
 
     def exact_statistics(self, device: torch.device) -> bool:
@@ -297,8 +300,9 @@ def _float_moments(xb: torch.Tensor, width_per_sigma: float) -> tuple[torch.Tens
     return mu, var.clamp_min_(0).sqrt_().mul_(width_per_sigma)
 
 
-def _statistical_grid(mu: torch.Tensor, step: torch.Tensor, n: int,
-                      centred: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _statistical_grid(
+    mu: torch.Tensor, step: torch.Tensor, n: int, centred: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per block (lowest bin edge, 1 / bin width): bin = floor((x − edge) / width). The edge is
     μ − R·σ/2 (μ a bin edge), or half a bin lower with ``centred`` (μ a bin's centre: floor of
     (x − μ)/s + n/2 + 1/2, which is round((x − μ)/s + n/2))."""
@@ -387,7 +391,7 @@ def _blocks(x: torch.Tensor, nb: int, block: int) -> torch.Tensor:
     x = x.float()
     pad = nb * block - x.numel()
     if pad:
-        tail = x[(nb - 1) * block:]
+        tail = x[(nb - 1) * block :]
         x = torch.cat([x, tail.repeat(-(-pad // tail.numel()))[:pad]])
     return x.view(nb, block)
 
@@ -479,8 +483,9 @@ def _code_counts(bits: int, device: torch.device) -> torch.Tensor:
     return (codes.unsqueeze(-1) == torch.arange(n, device=device)).sum(1).float()
 
 
-def segment_sum(index: torch.Tensor, weights: torch.Tensor | None, size: int,
-                use_bincount: bool | None = None) -> torch.Tensor:
+def segment_sum(
+    index: torch.Tensor, weights: torch.Tensor | None, size: int, use_bincount: bool | None = None
+) -> torch.Tensor:
     """Sum of ``weights`` (or the count, if None) per value of ``index`` in ``[0, size)``.
 
     CPU: ``bincount`` (about twice as fast as ``index_add_`` there). Other devices:

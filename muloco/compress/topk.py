@@ -10,7 +10,8 @@ float16 or float32, or quantized to ``value_bits`` = 8, 4 or 2 bits by the ``val
 quantizer, one block per ``value_block_chunks`` chunks' kept values, or with
 ``value_block_chunks`` 0 one block per parameter tensor (SparseLoCo's authors' table per tensor;
 the exchange then encodes tensor by tensor): ``absmax`` (a scale per block) or ``statistical``
-(mean shift, σ-range bins, per-bin means: SparseLoCo's and MuLoCo's value quantizer). A tensor smaller than a chunk is one chunk of its own size; a last partial
+(mean shift, σ-range bins, per-bin means: SparseLoCo's and MuLoCo's value quantizer). A tensor smaller than a chunk is
+one chunk of its own size; a last partial
 chunk is zero-padded (the padding can only be picked when the chunk has fewer than k
 non-zeros, and decodes to zeros that are cut off).
 
@@ -76,26 +77,32 @@ class TopK(Codec):
             if not 0 < self.fraction <= 1:  # also rejects NaN
                 raise ValueError(f"fraction must be in (0, 1], got {self.fraction!r}")
             if not 1 <= self.chunk_size <= MAX_CHUNK or self.chunk_size != int(self.chunk_size):
-                raise ValueError(f"chunk_size must be an integer in [1, {MAX_CHUNK}] (16-bit indices), "
-                                 f"got {self.chunk_size!r}")
+                raise ValueError(
+                    f"chunk_size must be an integer in [1, {MAX_CHUNK}] (16-bit indices), got {self.chunk_size!r}"
+                )
             resolve_dtype(self.value_dtype, "value_dtype")
             if self.value_bits not in VALUE_BITS:
-                raise ValueError(f"value_bits must be one of {VALUE_BITS} (0: values in value_dtype), "
-                                 f"got {self.value_bits!r}")
+                raise ValueError(
+                    f"value_bits must be one of {VALUE_BITS} (0: values in value_dtype), got {self.value_bits!r}"
+                )
             if self.value_scheme not in VALUE_SCHEMES:
                 raise ValueError(f"value_scheme must be one of {VALUE_SCHEMES}, got {self.value_scheme!r}")
             if self.value_mean_at not in ("edge", "centre"):
                 raise ValueError(f"value_mean_at must be edge or centre, got {self.value_mean_at!r}")
             if self.value_block_chunks < 0 or self.value_block_chunks != int(self.value_block_chunks):
-                raise ValueError(f"value_block_chunks must be an integer >= 1, or 0 (one block per parameter "
-                                 f"tensor), got {self.value_block_chunks!r}")
+                raise ValueError(
+                    f"value_block_chunks must be an integer >= 1, or 0 (one block per parameter "
+                    f"tensor), got {self.value_block_chunks!r}"
+                )
             if not (self.value_range_sigmas >= 0 and self.value_range_sigmas < float("inf")):
                 raise ValueError(f"value_range_sigmas must be >= 0 (0: the default), got {self.value_range_sigmas!r}")
             if self.index_bits not in INDEX_BITS:
                 raise ValueError(f"index_bits must be one of {INDEX_BITS}, got {self.index_bits!r}")
             if self.chunk_size > 2**self.index_bits:
-                raise ValueError(f"chunk_size {self.chunk_size} needs more than index_bits {self.index_bits}; "
-                                 f"use chunk_size <= {2**self.index_bits} or index_bits 16")
+                raise ValueError(
+                    f"chunk_size {self.chunk_size} needs more than index_bits {self.index_bits}; "
+                    f"use chunk_size <= {2**self.index_bits} or index_bits 16"
+                )
 
     def __init__(self, config: Config, *, compiled: bool = False):
         super().__init__(config, compiled=compiled)
@@ -131,10 +138,14 @@ class TopK(Codec):
         """The quantizer of ``nc`` chunks' ``k`` kept values each (None: values sent as they are)."""
         if not self.value_bits:
             return None
-        return Quantizer.Config(bits=self.value_bits, scheme=self.config.value_scheme,
-                                block_size=max(k, 1) * (self.block_chunks or max(nc, 1)),
-                                range_sigmas=self.config.value_range_sigmas, mean_at=self.config.value_mean_at,
-                                sample_sigma=self.config.value_sample_sigma).build(compiled=self.compiled)
+        return Quantizer.Config(
+            bits=self.value_bits,
+            scheme=self.config.value_scheme,
+            block_size=max(k, 1) * (self.block_chunks or max(nc, 1)),
+            range_sigmas=self.config.value_range_sigmas,
+            mean_at=self.config.value_mean_at,
+            sample_sigma=self.config.value_sample_sigma,
+        ).build(compiled=self.compiled)
 
     def _value_bytes(self, nc: int, k: int) -> int:
         quantizer = self._values_codec(nc, k)
@@ -157,8 +168,13 @@ class TopK(Codec):
         mean = ", mean over selectors" if self.mean_over_selectors else ""
         return f"topk({self.fraction:g}, chunk {self.chunk_size}, {values}, {self.index_bits}-bit indices{mean})"
 
-    def mean_into(self, out: torch.Tensor, rows: torch.Tensor, payloads: torch.Tensor | None = None,
-                  weights: list[float] | None = None) -> None:
+    def mean_into(
+        self,
+        out: torch.Tensor,
+        rows: torch.Tensor,
+        payloads: torch.Tensor | None = None,
+        weights: list[float] | None = None,
+    ) -> None:
         """``out`` ← the average of the decoded payloads ``rows`` (c, m): their sum, added in
         row order (bitwise the same on every replica), over c or, with
         ``mean_over_selectors``, over the rows that *selected* each coordinate: read from the
@@ -183,12 +199,16 @@ class TopK(Codec):
         c = payloads.shape[0]
         if nc == 0:
             return torch.zeros(0, device=payloads.device)
-        index = unpack_indices(payloads[:, self._value_bytes(nc, k):], self.index_bits, nc * k)
+        index = unpack_indices(payloads[:, self._value_bytes(nc, k) :], self.index_bits, nc * k)
         index = index.reshape(c, nc, k).clamp(max=chunk - 1).permute(1, 0, 2).reshape(nc, c * k)
         if weights is None:
             ones = torch.ones(index.shape, dtype=torch.float32, device=payloads.device)
         else:  # row j's k indices per chunk carry its weight
-            ones = torch.tensor(weights, dtype=torch.float32, device=payloads.device).repeat_interleave(k).expand(nc, c * k)
+            ones = (
+                torch.tensor(weights, dtype=torch.float32, device=payloads.device)
+                .repeat_interleave(k)
+                .expand(nc, c * k)
+            )
         counts = torch.zeros(nc, chunk, dtype=torch.float32, device=payloads.device)
         counts.scatter_add_(1, index, ones)
         return counts.view(-1)[:numel]
@@ -231,8 +251,15 @@ def sparseloco_codec() -> TopK.Config:
     link planner, which reads it without loading a trainer config): the 64 largest of every
     4,096-element chunk (1.56%), 12-bit chunk-local indices, 2-bit statistical values with one
     table per 8 chunks, each coordinate averaged over the replicas that selected it."""
-    return TopK.Config(fraction=64 / 4096, chunk_size=4096, value_bits=2, value_scheme="statistical",
-                       value_block_chunks=8, index_bits=12, mean_over_selectors=True)
+    return TopK.Config(
+        fraction=64 / 4096,
+        chunk_size=4096,
+        value_bits=2,
+        value_scheme="statistical",
+        value_block_chunks=8,
+        index_bits=12,
+        mean_over_selectors=True,
+    )
 
 
 def _select(x: torch.Tensor, nc: int, chunk: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:

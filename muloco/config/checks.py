@@ -79,16 +79,26 @@ def _check_hf_vocabulary(config, tokenizer, rows: int) -> None:
     if causal and tokenizer.mask_id == needed - 1:  # a mask id added after the folder's vocabulary: never fed
         needed -= 1
     if needed > rows:
-        unused = "" if causal else (" (a masked-diffusion run: if the mask token was added after a full vocabulary, "
-                                    "name an unused one of its special tokens with --tokenizer.mask_token, e.g. Llama "
-                                    "3's <|reserved_special_token_0|>)")
-        raise ConfigError(f"model.flavor {config.model.flavor}: the tokenizer's ids need {needed} embedding rows and "
-                          f"the folder's model has {rows}; use the folder's tokenizer (--tokenizer.path {folder}){unused}")
+        unused = (
+            ""
+            if causal
+            else (
+                " (a masked-diffusion run: if the mask token was added after a full vocabulary, "
+                "name an unused one of its special tokens with --tokenizer.mask_token, e.g. Llama "
+                "3's <|reserved_special_token_0|>)"
+            )
+        )
+        raise ConfigError(
+            f"model.flavor {config.model.flavor}: the tokenizer's ids need {needed} embedding rows and "
+            f"the folder's model has {rows}; use the folder's tokenizer (--tokenizer.path {folder}){unused}"
+        )
     trained_mask = read(folder).get("mask_token_id")
     if not causal and trained_mask is not None and trained_mask != tokenizer.mask_id:
-        raise ConfigError(f"model.flavor {config.model.flavor}: its config.json masks with id {trained_mask} and the "
-                          f"tokenizer's mask token is {tokenizer.mask_id}; use the folder's tokenizer "
-                          f"(--tokenizer.path {folder})")
+        raise ConfigError(
+            f"model.flavor {config.model.flavor}: its config.json masks with id {trained_mask} and the "
+            f"tokenizer's mask token is {tokenizer.mask_id}; use the folder's tokenizer "
+            f"(--tokenizer.path {folder})"
+        )
 
 
 def model_units(flavor: str, lora: bool = False) -> int:
@@ -110,23 +120,29 @@ def _check_hf_initial_load(config) -> None:
 
     folder = Path(ckpt.initial_load_path)
     if not (folder / "config.json").is_file():
-        raise ConfigError(f"checkpoint.initial_load_path {folder} holds no config.json: give a Hugging Face "
-                          "model folder (config.json and *.safetensors), or drop --checkpoint.initial_load_in_hf "
-                          "to load a muloco checkpoint.")
+        raise ConfigError(
+            f"checkpoint.initial_load_path {folder} holds no config.json: give a Hugging Face "
+            "model folder (config.json and *.safetensors), or drop --checkpoint.initial_load_in_hf "
+            "to load a muloco checkpoint."
+        )
     if not any(folder.glob("*.safetensors")):
         raise ConfigError(f"checkpoint.initial_load_path {folder} holds no .safetensors weights.")
 
     if adapter_for(str(folder)) is not hf_adapter(config.model):
-        raise ConfigError(f"checkpoint.initial_load_path {folder} and model.flavor {config.model.flavor} name their "
-                          f"weights differently (LLaDA's names, Llama's); take the folder's own shapes and names with "
-                          f"--model.flavor hf:{folder}")
+        raise ConfigError(
+            f"checkpoint.initial_load_path {folder} and model.flavor {config.model.flavor} name their "
+            f"weights differently (LLaDA's names, Llama's); take the folder's own shapes and names with "
+            f"--model.flavor hf:{folder}"
+        )
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
     model = build_model_config(config.model, tokenizer.get_vocab_size(), config.objective._owner.causal)
     why = first_mismatch(folder, llama_config(model, tokenizer.bos_id, tokenizer.eos_id, config.training.seq_len))
     if why:
-        raise ConfigError(f"{folder}/config.json does not fit model.flavor {config.model.flavor}: {why}. Pick the "
-                          "flavor of that shape (llama3-w<hidden_size>-d<layers>-h<heads>) and its tokenizer, or take "
-                          f"the folder's own shapes with --model.flavor hf:{folder}.")
+        raise ConfigError(
+            f"{folder}/config.json does not fit model.flavor {config.model.flavor}: {why}. Pick the "
+            "flavor of that shape (llama3-w<hidden_size>-d<layers>-h<heads>) and its tokenizer, or take "
+            f"the folder's own shapes with --model.flavor hf:{folder}."
+        )
 
 
 def _check_outer_fits_the_run(config) -> None:
@@ -157,12 +173,25 @@ def _check_outer_fits_the_run(config) -> None:
 
 def _check_objective_parallelism(config) -> None:
     if config.parallelism.pipeline_parallel_degree > 1:
-        raise ConfigError("parallelism.pipeline_parallel_degree > 1 is not supported by muloco's "
-                          "objectives; use data parallelism (FSDP) inside a replica group.")
+        raise ConfigError(
+            "parallelism.pipeline_parallel_degree > 1 is not supported by muloco's "
+            "objectives; use data parallelism (FSDP) inside a replica group."
+        )
 
 
-COMPONENTS = ("objective", "training", "optimizer", "model", "dataloader", "validator", "tokenizer", "metrics",
-              "checkpoint", "fault_tolerance", "outer")
+COMPONENTS = (
+    "objective",
+    "training",
+    "optimizer",
+    "model",
+    "dataloader",
+    "validator",
+    "tokenizer",
+    "metrics",
+    "checkpoint",
+    "fault_tolerance",
+    "outer",
+)
 """The parts of a trainer config that check themselves (``Config.validate()``), in the order they
 are checked (the first problem is the one reported)."""
 
@@ -187,17 +216,21 @@ def _check_recipe(config) -> None:
     readout = recipe.build().readout
     block = readout.block_size
     if block is not None and config.training.seq_len % block:
-        raise ConfigError(f"objective.recipe.block_size {block} does not divide training.seq_len "
-                          f"{config.training.seq_len}; pick a divisor (e.g. --objective.recipe.block_size "
-                          f"{math.gcd(block, config.training.seq_len)}) so every row is whole blocks.")
+        raise ConfigError(
+            f"objective.recipe.block_size {block} does not divide training.seq_len "
+            f"{config.training.seq_len}; pick a divisor (e.g. --objective.recipe.block_size "
+            f"{math.gcd(block, config.training.seq_len)}) so every row is whole blocks."
+        )
     ckpt = config.checkpoint
     if readout.shift and ckpt.enable and ckpt.initial_load_path and ckpt.initial_load_in_hf:
         folder = Path(ckpt.initial_load_path)
         if (folder / "config.json").is_file() and bidirectional(read(folder)):
-            raise ConfigError(f"objective.recipe {recipe._owner.name} shifts predictions (the output at i-1 predicts "
-                              f"token i, as an AR model's head does), but {folder} is a masked-diffusion model whose "
-                              "output at i predicts token i: convert an autoregressive model, or train this one with "
-                              "--objective.recipe full.")
+            raise ConfigError(
+                f"objective.recipe {recipe._owner.name} shifts predictions (the output at i-1 predicts "
+                f"token i, as an AR model's head does), but {folder} is a masked-diffusion model whose "
+                "output at i predicts token i: convert an autoregressive model, or train this one with "
+                "--objective.recipe full."
+            )
 
 
 def _check_lr_scheduler(config) -> None:

@@ -26,9 +26,9 @@ DEFAULT_CONFIG = "base"
 
 RETIRED_KEYS = {
     "dataloader.format": "SFT rows are a data source now: --dataloader.source sft "
-                         "--dataloader.source.dataset_path FILE (plain text: --dataloader.source jsonl).",
+    "--dataloader.source.dataset_path FILE (plain text: --dataloader.source jsonl).",
     "model.causal": "the attention direction follows the objective: --objective mdlm trains a "
-                    "bidirectional model, --objective ar (the default) a causal one.",
+    "bidirectional model, --objective ar (the default) a causal one.",
 }
 """Keys that no longer exist, with what replaced them."""
 
@@ -75,9 +75,11 @@ def check_keys(config, args: list[str], config_name: str | None = None) -> None:
             raise ConfigError(f"unknown config key '--{key}': {retired}")
         section_root = key.split(".", 1)[0]
         if section_root in DILOCO_SECTIONS and not any(k.startswith(section_root + ".") for k in keys):
-            raise ConfigError(f"unknown config key '--{key}': {config_name or 'this config'} has no outer loop (it "
-                              "trains one data-parallel group); the outer-loop settings belong to a DiLoCo config "
-                              "such as --config diloco/diloco")
+            raise ConfigError(
+                f"unknown config key '--{key}': {config_name or 'this config'} has no outer loop (it "
+                "trains one data-parallel group); the outer-loop settings belong to a DiLoCo config "
+                "such as --config diloco/diloco"
+            )
         misplaced = misplaced_key_hint(config, key)
         if misplaced:
             raise ConfigError(f"unknown config key '--{key}': {misplaced}")

@@ -69,7 +69,9 @@ def split_batch_over_groups(c) -> None:
         return
     k = c.fault_tolerance.group_size if getattr(c, "outer", None) is not None else 1
     if k < 1 or t.batch_over_groups % k or (t.batch_over_groups // k) % t.local_batch_size:
-        raise ValueError(f"training.batch_over_groups {t.batch_over_groups} does not split over {k} replica "
-                         f"group(s) into multiples of training.local_batch_size {t.local_batch_size}: pick K or "
-                         "--training.local_batch_size so it does, or set --training.global_batch_size per group")
+        raise ValueError(
+            f"training.batch_over_groups {t.batch_over_groups} does not split over {k} replica "
+            f"group(s) into multiples of training.local_batch_size {t.local_batch_size}: pick K or "
+            "--training.local_batch_size so it does, or set --training.global_batch_size per group"
+        )
     t.global_batch_size = t.batch_over_groups // k

@@ -25,9 +25,11 @@ def check_held_out_rows(config, world_size: int) -> None:
         return
     data = v.data_config(config.dataloader)
     if isinstance(data.source, HuggingFaceDataset):  # streamed: it cannot be counted before the run
-        logger.warning("validator.tuning_steps: a huggingface held-out split is streamed and not counted before "
-                       "the run; if it is shorter than validator.steps + validator.tuning_steps batches, the tuning "
-                       "batches wrap around into the reported ones")
+        logger.warning(
+            "validator.tuning_steps: a huggingface held-out split is streamed and not counted before "
+            "the run; if it is shorter than validator.steps + validator.tuning_steps batches, the tuning "
+            "batches wrap around into the reported ones"
+        )
         return
     ranks = batch_degree(config, world_size)
     batch = config.training.local_batch_size
@@ -35,9 +37,14 @@ def check_held_out_rows(config, world_size: int) -> None:
     rows = count_rows(config, data, why="validator.tuning_steps")
     if rows < needed:
         fits = rows // (batch * ranks) - v.steps
-        fix = (f"at most --validator.tuning_steps {fits}" if fits > 0 else
-               "fewer --validator.steps and --validator.tuning_steps")
-        raise ConfigError(f"the held-out split makes {rows} rows of {config.training.seq_len} tokens, and "
-                          f"validator.steps {v.steps} + validator.tuning_steps {v.tuning_steps} batches of {batch} rows "
-                          f"on {ranks} rank(s) need {needed}: the tuning batches would wrap around into the reported "
-                          f"ones. Give {fix}, or more held-out data.")
+        fix = (
+            f"at most --validator.tuning_steps {fits}"
+            if fits > 0
+            else "fewer --validator.steps and --validator.tuning_steps"
+        )
+        raise ConfigError(
+            f"the held-out split makes {rows} rows of {config.training.seq_len} tokens, and "
+            f"validator.steps {v.steps} + validator.tuning_steps {v.tuning_steps} batches of {batch} rows "
+            f"on {ranks} rank(s) need {needed}: the tuning batches would wrap around into the reported "
+            f"ones. Give {fix}, or more held-out data."
+        )

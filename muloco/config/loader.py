@@ -32,11 +32,7 @@ def config_root() -> Path:
 
 def available_configs() -> list[str]:
     root = config_root()
-    return sorted(
-        p.relative_to(root).with_suffix("").as_posix()
-        for p in root.rglob("*.py")
-        if p.name != "__init__.py"
-    )
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.py") if p.name != "__init__.py")
 
 
 def resolve_config_path(name: str) -> Path:
@@ -45,7 +41,7 @@ def resolve_config_path(name: str) -> Path:
     rel = stem.replace(".", "/") if "/" not in stem and not stem.startswith(".") else stem
     candidates += [config_root() / f"{rel}.py", config_root() / f"{stem}.py"]
     if stem.startswith("config/"):
-        candidates.append(config_root() / f"{stem[len('config/'):]}.py")
+        candidates.append(config_root() / f"{stem[len('config/') :]}.py")
     for path in candidates:
         if path.is_file():
             return path.resolve()

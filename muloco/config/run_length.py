@@ -51,8 +51,9 @@ def batch_degree(config, world_size: int) -> int:
 def rows_per_step(config, world_size: int) -> int:
     """Training rows one optimizer step consumes, summed over the replica groups."""
     t = config.training
-    per_group = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * batch_degree(config,
-                                                                                                      world_size)
+    per_group = (
+        t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * batch_degree(config, world_size)
+    )
     return per_group * groups(config)
 
 
@@ -61,12 +62,20 @@ def count_rows(config, data: PackedTextDataLoader.Config | None = None, why: str
     (one shard of one); ``why`` names the setting that needs the count."""
     data = data or replace(config.dataloader, split="train")
     if isinstance(data.source, HuggingFaceDataset):
-        raise ConfigError(f"{why} needs a split that can be counted before the run, and a huggingface source is "
-                          "streamed: give --training.steps, or save the split as JSON lines and read it with "
-                          "--dataloader.source jsonl (or sft).")
+        raise ConfigError(
+            f"{why} needs a split that can be counted before the run, and a huggingface source is "
+            "streamed: give --training.steps, or save the split as JSON lines and read it with "
+            "--dataloader.source jsonl (or sft)."
+        )
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
-    loader = PackedTextDataLoader(replace(data, infinite=False), dp_world_size=1, dp_rank=0,
-                                  tokenizer=tokenizer, seq_len=config.training.seq_len, local_batch_size=64)
+    loader = PackedTextDataLoader(
+        replace(data, infinite=False),
+        dp_world_size=1,
+        dp_rank=0,
+        tokenizer=tokenizer,
+        seq_len=config.training.seq_len,
+        local_batch_size=64,
+    )
     logger.info(f"{why}: counting the {data.split} rows of {loader.source.describe()} ...")
     return sum(len(labels) for _, labels in loader)
 
@@ -78,13 +87,17 @@ def resolve_epochs(config, world_size: int) -> str | None:
         return None
     rows, per_step, interval = count_rows(config), rows_per_step(config, world_size), sync_interval(config)
     if rows == 0:
-        raise ConfigError("training.epochs: the training split makes no row (every SFT prompt fills "
-                          f"training.seq_len {config.training.seq_len}?); give data, or raise training.seq_len.")
+        raise ConfigError(
+            "training.epochs: the training split makes no row (every SFT prompt fills "
+            f"training.seq_len {config.training.seq_len}?); give data, or raise training.seq_len."
+        )
     steps = math.ceil(math.ceil(epochs * rows / per_step) / interval) * interval
     config.training.steps = steps
     whole = f", rounded up to whole syncs of {interval} steps" if interval > 1 else ""
-    return (f"training.epochs {epochs:g}: {steps} steps ({rows} rows in the training split, {per_step} rows a step "
-            f"over {groups(config)} replica group(s){whole})")
+    return (
+        f"training.epochs {epochs:g}: {steps} steps ({rows} rows in the training split, {per_step} rows a step "
+        f"over {groups(config)} replica group(s){whole})"
+    )
 
 
 def resolve_intervals(config) -> list[str]:

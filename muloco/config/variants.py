@@ -132,37 +132,46 @@ def misplaced_key_hint(config, key: str) -> str | None:
         chosen = name_of(getattr(owner, name), options)
         section = field_key.rpartition(".")[0]
         if key.startswith(field_key + "."):
-            leaf, where = key[len(field_key) + 1:], field_key
-        elif section and key.startswith(section + ".") and "." not in key[len(section) + 1:]:
-            leaf, where = key[len(section) + 1:], None
+            leaf, where = key[len(field_key) + 1 :], field_key
+        elif section and key.startswith(section + ".") and "." not in key[len(section) + 1 :]:
+            leaf, where = key[len(section) + 1 :], None
         else:
             continue
-        owners = [n for n, cls in options.items()
-                  if cls is not None and leaf in {f.name for f in dataclasses.fields(cls)}]
+        owners = [
+            n for n, cls in options.items() if cls is not None and leaf in {f.name for f in dataclasses.fields(cls)}
+        ]
         if not owners:
             known = {f.name for cls in options.values() if cls is not None for f in dataclasses.fields(cls)}
             if where is not None and "." not in leaf and not difflib.get_close_matches(leaf, known):
                 # not a typo of a variant's setting: --outer.round.mode, a spelling of picking one
-                return (f"no {field_key} variant ({', '.join(options)}; now {chosen}) has a setting {leaf!r}; "
-                        f"a variant is picked with --{field_key} NAME.")
+                return (
+                    f"no {field_key} variant ({', '.join(options)}; now {chosen}) has a setting {leaf!r}; "
+                    f"a variant is picked with --{field_key} NAME."
+                )
             continue
         if where is None:
             if chosen in owners:
                 return f"did you mean --{field_key}.{leaf} (a setting of {field_key} {chosen})?"
-            return (f"{leaf} is a setting of {field_key} {' or '.join(owners)}: pick it with "
-                    f"--{field_key} {owners[0]}, then set --{field_key}.{leaf}.")
+            return (
+                f"{leaf} is a setting of {field_key} {' or '.join(owners)}: pick it with "
+                f"--{field_key} {owners[0]}, then set --{field_key}.{leaf}."
+            )
         if chosen in owners:
             continue
         value = getattr(owner, name)
         mine = ", ".join(f.name for f in dataclasses.fields(value)) if value is not None else ""
         mine = f"its settings: {mine}" if mine else "it has none"
-        return (f"{field_key} is {chosen}, which has no setting {leaf!r} ({mine}); "
-                f"{leaf} belongs to {' or '.join(owners)}: pick it with --{field_key} {owners[0]}.")
+        return (
+            f"{field_key} is {chosen}, which has no setting {leaf!r} ({mine}); "
+            f"{leaf} belongs to {' or '.join(owners)}: pick it with --{field_key} {owners[0]}."
+        )
     return None
 
 
 def describe_choices(config) -> str:
     """One line for --help: every variant field, its choices and what is chosen now."""
-    parts = [f"--{key} {'|'.join(options)} (now: {name_of(getattr(owner, name), options)})"
-             for key, owner, name, options in variant_fields(config)]
+    parts = [
+        f"--{key} {'|'.join(options)} (now: {name_of(getattr(owner, name), options)})"
+        for key, owner, name, options in variant_fields(config)
+    ]
     return "Choices: " + "; ".join(parts) + "." if parts else ""

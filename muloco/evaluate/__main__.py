@@ -81,8 +81,14 @@ def _check(args: EvaluateOptions) -> list[str]:
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     if not tasks:
         raise UsageError("--tasks names no task; give lm-eval task names, e.g. --tasks hellaswag,arc_easy")
-    for name, low in (("batch_size", 1), ("mc_samples", 1), ("num_fewshot", 0), ("step", 0), ("block_length", 1),
-                      ("max_length", 2)):
+    for name, low in (
+        ("batch_size", 1),
+        ("mc_samples", 1),
+        ("num_fewshot", 0),
+        ("step", 0),
+        ("block_length", 1),
+        ("max_length", 2),
+    ):
         value = getattr(args, name)
         if value is not None and value < low:
             raise UsageError(f"--{name.replace('_', '-')} {value}: must be at least {low}")
@@ -104,8 +110,10 @@ def _task_manager(include_path: str | None, tasks: list[str]):
     if missing:
         close = difflib.get_close_matches(missing[0], manager.all_tasks, n=3, cutoff=0.6)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise UsageError(f"--tasks: lm-eval knows no task {missing[0]!r}.{hint} See `lm-eval ls tasks`, or pass "
-                         f"--include-path DIR for a folder of your own task YAMLs")
+        raise UsageError(
+            f"--tasks: lm-eval knows no task {missing[0]!r}.{hint} See `lm-eval ls tasks`, or pass "
+            f"--include-path DIR for a folder of your own task YAMLs"
+        )
     return manager
 
 
@@ -121,8 +129,10 @@ def _check_block_length(manager, tasks: list[str], block_length: int | None) -> 
             continue
         length = int((task.get_config("generation_kwargs") or {}).get("max_gen_toks", DEFAULT_GEN_TOKENS))
         if length % block_length:
-            raise UsageError(f"--block-length {block_length} does not divide task {name}'s max_gen_toks {length}; "
-                             f"choose a divisor of it")
+            raise UsageError(
+                f"--block-length {block_length} does not divide task {name}'s max_gen_toks {length}; "
+                f"choose a divisor of it"
+            )
 
 
 def _check_block_model(manager, tasks: list[str], source) -> None:
@@ -132,9 +142,12 @@ def _check_block_model(manager, tasks: list[str], source) -> None:
         return
     for name, task in manager.load(tasks)["tasks"].items():
         if task.get_config("output_type") != "generate_until":
-            raise UsageError(f"task {name} scores continuations ({task.get_config('output_type')}); "
-                             f"{source.results_dir} is a block-wise diffusion model (--objective.recipe block), whose bound muloco does not "
-                             "score yet: evaluate it on generation tasks")
+            raise UsageError(
+                f"task {name} scores continuations ({task.get_config('output_type')}); "
+                f"{source.results_dir} is a block-wise diffusion model (--objective.recipe block), whose bound "
+                "muloco does not "
+                "score yet: evaluate it on generation tasks"
+            )
 
 
 def _writable(folder: Path) -> None:
@@ -147,8 +160,10 @@ def _writable(folder: Path) -> None:
         probe.unlink()
         remove_dirs(created)
     except OSError as e:
-        raise UsageError(f"cannot write the results to {folder} ({e.strerror}); give --out DIR, or evaluate a copy of the folder "
-                         "in a place you can write to") from None
+        raise UsageError(
+            f"cannot write the results to {folder} ({e.strerror}); give --out DIR, or evaluate a copy of the folder "
+            "in a place you can write to"
+        ) from None
 
 
 def results_folder(source, args: EvaluateOptions) -> Path:
@@ -185,10 +200,18 @@ def write_results(results: dict, source, args: EvaluateOptions, seconds: float) 
     make_dirs(str(folder))
     written = []
     for task, metrics in results["results"].items():
-        record = {"task": task, "metrics": _metrics(metrics),
-                  "n_samples": results.get("n-samples", {}).get(task), "num_fewshot": results.get("n-shot", {}).get(task),
-                  "limit": args.limit, "mc_samples": None if source.causal else args.mc_samples, "seed": args.seed,
-                  "model": source.facts, "lm_eval": lm_eval.__version__, "seconds": round(seconds, 1)}
+        record = {
+            "task": task,
+            "metrics": _metrics(metrics),
+            "n_samples": results.get("n-samples", {}).get(task),
+            "num_fewshot": results.get("n-shot", {}).get(task),
+            "limit": args.limit,
+            "mc_samples": None if source.causal else args.mc_samples,
+            "seed": args.seed,
+            "model": source.facts,
+            "lm_eval": lm_eval.__version__,
+            "seconds": round(seconds, 1),
+        }
         if args.log_samples and task in results.get("samples", {}):
             record["samples"] = [_answer(item) for item in sorted(results["samples"][task], key=lambda i: i["doc_id"])]
         path = folder / _file_name(task)
@@ -218,8 +241,10 @@ def evaluate(args: EvaluateOptions) -> tuple[dict, list[Path]]:
     try:
         from lm_eval import simple_evaluate
     except ImportError:
-        raise UsageError("lm-evaluation-harness is not installed; it is the optional extra 'eval': "
-                         "pip install 'muloco[eval]' (in a clone: .venv/bin/pip install -e '.[eval]')") from None
+        raise UsageError(
+            "lm-evaluation-harness is not installed; it is the optional extra 'eval': "
+            "pip install 'muloco[eval]' (in a clone: .venv/bin/pip install -e '.[eval]')"
+        ) from None
     # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
     from muloco import compat
 
@@ -237,20 +262,34 @@ def evaluate(args: EvaluateOptions) -> tuple[dict, list[Path]]:
     if args.max_length is not None:
         source.max_length = min(source.max_length, args.max_length)
     _writable(results_folder(source, args))
-    lm = MulocoLM(source, batch_size=args.batch_size, mc_samples=args.mc_samples, seed=args.seed,
-                  block_length=args.block_length)
+    lm = MulocoLM(
+        source, batch_size=args.batch_size, mc_samples=args.mc_samples, seed=args.seed, block_length=args.block_length
+    )
     began = time.monotonic()
-    results = simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
-                              task_manager=manager, log_samples=args.log_samples, random_seed=args.seed,
-                              numpy_random_seed=args.seed, torch_random_seed=args.seed,
-                              fewshot_random_seed=args.seed)
+    results = simple_evaluate(
+        model=lm,
+        tasks=tasks,
+        num_fewshot=args.num_fewshot,
+        limit=args.limit,
+        task_manager=manager,
+        log_samples=args.log_samples,
+        random_seed=args.seed,
+        numpy_random_seed=args.seed,
+        torch_random_seed=args.seed,
+        fewshot_random_seed=args.seed,
+    )
     return results, write_results(results, source, args, time.monotonic() - began)
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args, _ = parse(EvaluateOptions, list(sys.argv[1:] if argv is None else argv), prog=PROG,
-                        description=__doc__.split("\n\n")[0], overrides=False)
+        args, _ = parse(
+            EvaluateOptions,
+            list(sys.argv[1:] if argv is None else argv),
+            prog=PROG,
+            description=__doc__.split("\n\n")[0],
+            overrides=False,
+        )
     except UsageError as err:
         return failed("evaluate", err)
     # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)

@@ -35,8 +35,15 @@ DEFAULT_GEN_TOKENS = 256
 
 
 class MulocoLM(TemplateLM):
-    def __init__(self, source: Source, *, batch_size: int = 8, mc_samples: int = 128, seed: int = 0,
-                 block_length: int | None = None):
+    def __init__(
+        self,
+        source: Source,
+        *,
+        batch_size: int = 8,
+        mc_samples: int = 128,
+        seed: int = 0,
+        block_length: int | None = None,
+    ):
         super().__init__()
         self.source, self.batch_size, self.mc_samples, self.seed = source, batch_size, mc_samples, seed
         self.block_length = block_length
@@ -64,9 +71,11 @@ class MulocoLM(TemplateLM):
         token fewer than it is given)."""
         room = self.source.max_length + (1 if self.source.causal else 0)
         if len(continuation) >= room:
-            raise EvaluationError(f"a continuation of {len(continuation)} tokens does not fit the model's "
-                                  f"{self.source.max_length}-token length with any context")
-        return context[max(0, len(context) - (room - len(continuation))):], continuation
+            raise EvaluationError(
+                f"a continuation of {len(continuation)} tokens does not fit the model's "
+                f"{self.source.max_length}-token length with any context"
+            )
+        return context[max(0, len(context) - (room - len(continuation))) :], continuation
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         pairs = [self._fit(context, continuation) for _, context, continuation in requests]
@@ -74,7 +83,7 @@ class MulocoLM(TemplateLM):
             return [self._diffusion_loglikelihood(c, t) for c, t in pairs]
         out: list[tuple[float, bool]] = []
         for first in range(0, len(pairs), self.batch_size):
-            out += self._causal_batch(pairs[first:first + self.batch_size])
+            out += self._causal_batch(pairs[first : first + self.batch_size])
         return out
 
     @torch.no_grad()
@@ -84,7 +93,7 @@ class MulocoLM(TemplateLM):
         width = max(len(r) for r in rows)
         x = torch.zeros(len(rows), width, dtype=torch.long, device=self.device_)
         for i, r in enumerate(rows):
-            x[i, :len(r)] = torch.tensor(r, device=self.device_)
+            x[i, : len(r)] = torch.tensor(r, device=self.device_)
         logits = self.model(x).float()
         out = []
         for i, (context, target) in enumerate(pairs):
@@ -101,12 +110,20 @@ class MulocoLM(TemplateLM):
     @torch.no_grad()
     def _diffusion_loglikelihood(self, context: list[int], target: list[int]) -> tuple[float, bool]:
         mask_id = self.source.mask_id
-        nll = diffusion_nll(self.model, context, target, mask_id, samples=self.mc_samples,
-                            batch=min(self.mc_samples, max(1, self.batch_size)), generator=self._generator(),
-                            device=self.device_, readout=self.source.readout)
+        nll = diffusion_nll(
+            self.model,
+            context,
+            target,
+            mask_id,
+            samples=self.mc_samples,
+            batch=min(self.mc_samples, max(1, self.batch_size)),
+            generator=self._generator(),
+            device=self.device_,
+            readout=self.source.readout,
+        )
         x = torch.tensor([context + [mask_id] * len(target)], device=self.device_)
         first = len(context) - 1 if self.source.readout.shift else len(context)  # the outputs that predict the target
-        logits = self.model(x).float()[0, first:first + len(target)]
+        logits = self.model(x).float()[0, first : first + len(target)]
         logits[:, mask_id] = -torch.inf
         greedy = bool((logits.argmax(-1) == torch.tensor(target, device=self.device_)).all())
         return -nll, greedy
@@ -116,13 +133,19 @@ class MulocoLM(TemplateLM):
         for (text,) in (r.args for r in requests):
             ids = self.tok_encode(text, add_special_tokens=False)
             if self.source.causal:
-                windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
-                    ids, self.prefix_token_id, self.source.max_length, 1)]
+                windows = [
+                    make_disjoint_window(w)
+                    for w in get_rolling_token_windows(ids, self.prefix_token_id, self.source.max_length, 1)
+                ]
                 out.append(sum(logp for logp, _ in self._loglikelihood_tokens([(None, c, t) for c, t in windows])))
             else:
                 span = self.source.max_length - 1
-                out.append(sum(self._diffusion_loglikelihood([self.prefix_token_id], ids[i:i + span])[0]
-                               for i in range(0, len(ids), span)))
+                out.append(
+                    sum(
+                        self._diffusion_loglikelihood([self.prefix_token_id], ids[i : i + span])[0]
+                        for i in range(0, len(ids), span)
+                    )
+                )
         return out
 
     # -- generation --
@@ -137,22 +160,32 @@ class MulocoLM(TemplateLM):
         ids = self.tok_encode(context)
         room = self.source.max_length - length
         if room < 1:
-            raise EvaluationError(f"max_gen_toks {length} leaves no room for a context in the model's "
-                                  f"{self.source.max_length}-token length")
+            raise EvaluationError(
+                f"max_gen_toks {length} leaves no room for a context in the model's "
+                f"{self.source.max_length}-token length"
+            )
         ids = ids[-room:]
         tokenizer = self.source.tokenizer
         if self.source.causal:
-            tokens = sample_autoregressive(self.model, ids, tokenizer.eos_id, length, temperature,
-                                           self._generator(), self.device_)
+            tokens = sample_autoregressive(
+                self.model, ids, tokenizer.eos_id, length, temperature, self._generator(), self.device_
+            )
         else:
             readout = self.source.readout
-            how = sampling_for(DiffusionSampling(length=length, steps=length, temperature=temperature), readout,
-                               self.block_length, None)
+            how = sampling_for(
+                DiffusionSampling(length=length, steps=length, temperature=temperature),
+                readout,
+                self.block_length,
+                None,
+            )
             if not readout.block_size and length % how.block_length:
-                raise EvaluationError(f"block length {how.block_length} does not divide the task's max_gen_toks "
-                                      f"{length}; choose a divisor of it (--block-length)")
-            tokens = sample_model(self.model, [ids], self.source.mask_id, how, self._generator(), self.device_,
-                                  readout)[0]
+                raise EvaluationError(
+                    f"block length {how.block_length} does not divide the task's max_gen_toks "
+                    f"{length}; choose a divisor of it (--block-length)"
+                )
+            tokens = sample_model(
+                self.model, [ids], self.source.mask_id, how, self._generator(), self.device_, readout
+            )[0]
         text = tokenizer.decode(until_eos(tokens, tokenizer.eos_id))
         for stop in until:
             text = text.split(stop)[0] if stop else text

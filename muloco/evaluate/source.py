@@ -58,16 +58,18 @@ def is_hf_folder(path: Path) -> bool:
     return (path / "config.json").is_file() and not (path / RUN_FILE).is_file()
 
 
-def load(path: str, *, step: int | None, replica: int | None, device: torch.device,
-         adapter: str | None = None) -> Source:
+def load(
+    path: str, *, step: int | None, replica: int | None, device: torch.device, adapter: str | None = None
+) -> Source:
     folder = Path(path)
     if is_hf_folder(folder):
         if step is not None or replica is not None:
             raise SourceError(f"--step/--replica choose a checkpoint of a run; {path} is a Hugging Face folder")
         return from_hf_folder(folder, device, adapter=Path(adapter) if adapter else None)
     if adapter is not None:
-        raise SourceError(f"--adapter applies a LoRA adapter to a Hugging Face folder; {path} is a run, which "
-                          "loads its own adapters")
+        raise SourceError(
+            f"--adapter applies a LoRA adapter to a Hugging Face folder; {path} is a run, which loads its own adapters"
+        )
     return from_run(path, step=step, replica=replica, device=device)
 
 
@@ -81,10 +83,15 @@ def from_run(path: str, *, step: int | None, replica: int | None, device: torch.
     from muloco.objectives.recipes import readout_of  # a run's objective config, only for a run
 
     readout = readout_of(config.objective)
-    return Source(model=model, tokenizer=tokenizer, causal=objective.causal, max_length=config.training.seq_len,
-                  readout=readout,
-                  results_dir=job, facts={"source": "run", "objective": objective.name, "step": step,
-                                          "weights": "θ_g" if is_global else "model"})
+    return Source(
+        model=model,
+        tokenizer=tokenizer,
+        causal=objective.causal,
+        max_length=config.training.seq_len,
+        readout=readout,
+        results_dir=job,
+        facts={"source": "run", "objective": objective.name, "step": step, "weights": "θ_g" if is_global else "model"},
+    )
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -144,8 +151,10 @@ def from_hf_folder(folder: Path, device: torch.device, adapter: Path | None = No
     model.eval()
     tokenizer = MulocoTokenizer(MulocoTokenizer.Config(path=str(folder)))
     if not causal and theirs.get("mask_token_id") not in (None, tokenizer.mask_id):
-        raise SourceError(f"{folder}: config.json's mask_token_id {theirs['mask_token_id']} is not its tokenizer's "
-                          f"mask token ({tokenizer.mask_id})")
+        raise SourceError(
+            f"{folder}: config.json's mask_token_id {theirs['mask_token_id']} is not its tokenizer's "
+            f"mask token ({tokenizer.mask_id})"
+        )
     from muloco.hf.llada import is_llada, llama_view  # the Hugging Face side, only for a folder
 
     length = (llama_view(theirs) if is_llada(theirs) else theirs).get("max_position_embeddings") or 2048
@@ -153,6 +162,12 @@ def from_hf_folder(folder: Path, device: torch.device, adapter: Path | None = No
         readout = Readout.from_json(theirs.get(READOUT_KEY))
     except ValueError as e:
         raise SourceError(f"{folder}: {e}") from None
-    return Source(model=model, tokenizer=tokenizer, causal=causal, max_length=int(length), results_dir=folder,
-                  readout=readout,
-                  facts={"source": "huggingface", "objective": "ar" if causal else "mdlm", "weights": "folder"})
+    return Source(
+        model=model,
+        tokenizer=tokenizer,
+        causal=causal,
+        max_length=int(length),
+        results_dir=folder,
+        readout=readout,
+        facts={"source": "huggingface", "objective": "ar" if causal else "mdlm", "weights": "folder"},
+    )

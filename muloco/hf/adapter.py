@@ -97,7 +97,6 @@ def adapter_for(folder: str | None) -> type[Llama3Adapter]:
     """The adapter class for the weights of ``folder`` (an ``hf:DIR`` flavor's): LLaDA's names or
     Llama's (None: a model-map flavor, Llama's)."""
     if folder:
-
         if is_llada(read(folder)):
             return LladaAdapter
     return Llama3Adapter

@@ -13,8 +13,15 @@ from pathlib import Path
 
 from muloco.hf.llada import is_llada, llama_view
 
-SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "intermediate_size", "head_dim", "vocab_size")
+SHAPE_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "intermediate_size",
+    "head_dim",
+    "vocab_size",
+)
 """What must agree for the weights to load, in the order a mismatch is reported."""
 
 
@@ -24,9 +31,14 @@ def _rope_parameters(rope, theta: float) -> dict:
         return {"rope_type": "default", "rope_theta": theta}
     if rope.scaling != "llama":
         raise ValueError(f"RoPE scaling {rope.scaling!r} has no Hugging Face form here (only Llama 3's)")
-    return {"rope_type": "llama3", "factor": rope.scaling_factor, "low_freq_factor": rope.low_freq_factor,
-            "high_freq_factor": rope.high_freq_factor,
-            "original_max_position_embeddings": rope.original_max_position_embeddings, "rope_theta": theta}
+    return {
+        "rope_type": "llama3",
+        "factor": rope.scaling_factor,
+        "low_freq_factor": rope.low_freq_factor,
+        "high_freq_factor": rope.high_freq_factor,
+        "original_max_position_embeddings": rope.original_max_position_embeddings,
+        "rope_theta": theta,
+    }
 
 
 def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
@@ -39,12 +51,21 @@ def llama_config(model_config, bos_id: int, eos_id: int, seq_len: int) -> dict:
     heads = attention.n_heads
     theta = attention.rope.theta
     block = model_config.layers[0]
-    post = {"post_attention_norm": block.post_attention_norm is not None, "post_ffn_norm": block.post_ffn_norm is not None}
+    post = {
+        "post_attention_norm": block.post_attention_norm is not None,
+        "post_ffn_norm": block.post_ffn_norm is not None,
+    }
     qk_norm = attention.qk_norm is not None
     qkv_bias = bool(attention.qkv_linear.wq.bias)
     if any(post.values()) or (qk_norm and qkv_bias):  # the shipped sandwich-block class
-        variant = {"architectures": ["MulocoForCausalLM"], "model_type": "muloco", "use_sliding_window": False,
-                   "qk_norm": qk_norm, "qkv_bias": qkv_bias, **post}
+        variant = {
+            "architectures": ["MulocoForCausalLM"],
+            "model_type": "muloco",
+            "use_sliding_window": False,
+            "qk_norm": qk_norm,
+            "qkv_bias": qkv_bias,
+            **post,
+        }
     elif qk_norm:
         variant = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "use_sliding_window": False}
     elif qkv_bias:
@@ -83,8 +104,10 @@ LLAMA_FAMILY = ("llama", "qwen2", "qwen3", "muloco", *BIDIRECTIONAL)
 """Model types muloco's Llama model computes (Llama 2/3.x, Qwen2/Qwen2.5, Qwen3, LLaDA): ``qwen2``
 is Llama with biases on q/k/v, ``qwen3`` Llama with per-head QK norms, ``muloco`` the shipped
 sandwich-block class (``muloco/hf/remote_code/modeling_muloco.py``)."""
-SUPPORTED = ("Llama 2/3/3.1/3.2/3.3 (llama), Qwen2/Qwen2.5 (qwen2), Qwen3 (qwen3), LLaDA (llada) and "
-             "muloco's own exports (muloco, muloco_mdlm)")
+SUPPORTED = (
+    "Llama 2/3/3.1/3.2/3.3 (llama), Qwen2/Qwen2.5 (qwen2), Qwen3 (qwen3), LLaDA (llada) and "
+    "muloco's own exports (muloco, muloco_mdlm)"
+)
 """What :data:`LLAMA_FAMILY` means to a user, for the error naming an unsupported folder."""
 ROPE_SCALINGS = ("default", "llama3")
 """RoPE variants muloco computes: plain, and Llama 3.1's frequency scaling (torchtitan's)."""
@@ -122,8 +145,10 @@ def _inconsistent_heads(theirs: dict) -> str | None:
     if heads % kv_heads:
         return f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
     if hidden % heads:  # also with head_dim given: transformers' config validation refuses it
-        return (f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}: transformers refuses "
-                "such a config (head_dim given or not), so a run from it could never be exported")
+        return (
+            f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}: transformers refuses "
+            "such a config (head_dim given or not), so a run from it could never be exported"
+        )
     return None
 
 
@@ -134,17 +159,22 @@ def _unexpressible(theirs: dict) -> str | None:
     if theirs.get("use_sliding_window"):
         return "it uses sliding-window attention, which muloco's models do not compute"
     if theirs["_rope_type"] not in ROPE_SCALINGS:
-        return (f"its RoPE has {theirs['_rope_type']!r} scaling; muloco computes plain RoPE and Llama 3's "
-                f"('llama3') scaling")
+        return (
+            f"its RoPE has {theirs['_rope_type']!r} scaling; muloco computes plain RoPE and Llama 3's "
+            f"('llama3') scaling"
+        )
     if theirs["_rope_type"] == "llama3":
         missing = [k for k in ("factor",) if not isinstance(theirs["_rope_scaling"].get(k), (int, float))]
         if missing:
             return f"its llama3 RoPE scaling gives no {missing[0]}"
     for key, want in (("hidden_act", "silu"), ("attention_bias", False), ("mlp_bias", False)):
         if theirs.get(key, want) != want:
-            return (f"{key} is {theirs.get(key)} there; muloco's Llama models have {want} (Qwen2's biases on "
-                    "q/k/v only load from a qwen2 folder)" if key == "attention_bias" else
-                    f"{key} is {theirs.get(key)} there; muloco's Llama models have {want}")
+            return (
+                f"{key} is {theirs.get(key)} there; muloco's Llama models have {want} (Qwen2's biases on "
+                "q/k/v only load from a qwen2 folder)"
+                if key == "attention_bias"
+                else f"{key} is {theirs.get(key)} there; muloco's Llama models have {want}"
+            )
     return None
 
 
@@ -163,12 +193,17 @@ def _rope_scaling(theirs: dict) -> dict | None:
     if theirs["_rope_type"] != "llama3":
         return None
     given = theirs["_rope_scaling"]
-    fields = dict(factor=float(given["factor"]), low_freq_factor=float(given.get("low_freq_factor", 1.0)),
-                  high_freq_factor=float(given.get("high_freq_factor", 4.0)),
-                  original_max_position_embeddings=int(given.get("original_max_position_embeddings", 8192)))
+    fields = dict(
+        factor=float(given["factor"]),
+        low_freq_factor=float(given.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(given.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(given.get("original_max_position_embeddings", 8192)),
+    )
     if fields["high_freq_factor"] <= fields["low_freq_factor"]:
-        raise ValueError(f"its llama3 RoPE scaling has high_freq_factor {fields['high_freq_factor']:g} <= "
-                         f"low_freq_factor {fields['low_freq_factor']:g}; the blend between them needs high > low")
+        raise ValueError(
+            f"its llama3 RoPE scaling has high_freq_factor {fields['high_freq_factor']:g} <= "
+            f"low_freq_factor {fields['low_freq_factor']:g}; the blend between them needs high > low"
+        )
     return fields
 
 
@@ -203,13 +238,23 @@ def architecture_fields(theirs: dict) -> dict:
     why = _inconsistent_heads(t)
     if why:
         raise ValueError(why)
-    return dict(dim=t["hidden_size"], depth=t["num_hidden_layers"], heads=t["num_attention_heads"],
-                kv_heads=t["num_key_value_heads"], head_dim=t["head_dim"], ffn_dim=t["intermediate_size"],
-                vocab_size=t["vocab_size"], norm_eps=float(t.get("rms_norm_eps", 1e-6)),
-                rope_theta=t["_rope_theta"], tied=bool(t.get("tie_word_embeddings", False)),
-                qk_norm=_has(t, "qk_norm"), post_attention_norm=_has(t, "post_attention_norm"),
-                post_ffn_norm=_has(t, "post_ffn_norm"), qkv_bias=_has(t, "qkv_bias"),
-                rope_scaling=_rope_scaling(t))
+    return dict(
+        dim=t["hidden_size"],
+        depth=t["num_hidden_layers"],
+        heads=t["num_attention_heads"],
+        kv_heads=t["num_key_value_heads"],
+        head_dim=t["head_dim"],
+        ffn_dim=t["intermediate_size"],
+        vocab_size=t["vocab_size"],
+        norm_eps=float(t.get("rms_norm_eps", 1e-6)),
+        rope_theta=t["_rope_theta"],
+        tied=bool(t.get("tie_word_embeddings", False)),
+        qk_norm=_has(t, "qk_norm"),
+        post_attention_norm=_has(t, "post_attention_norm"),
+        post_ffn_norm=_has(t, "post_ffn_norm"),
+        qkv_bias=_has(t, "qkv_bias"),
+        rope_scaling=_rope_scaling(t),
+    )
 
 
 def first_mismatch(folder: str | Path, ours: dict) -> str | None:
@@ -228,11 +273,18 @@ def first_mismatch(folder: str | Path, ours: dict) -> str | None:
     why = _unexpressible(theirs)
     if why:
         return why
-    for feature, name in (("qk_norm", "per-head QK norms"), ("post_attention_norm", "post-attention norms"),
-                          ("post_ffn_norm", "post-FFN norms"), ("qkv_bias", "biases on q/k/v")):
+    for feature, name in (
+        ("qk_norm", "per-head QK norms"),
+        ("post_attention_norm", "post-attention norms"),
+        ("post_ffn_norm", "post-FFN norms"),
+        ("qkv_bias", "biases on q/k/v"),
+    ):
         if _has(theirs, feature) != _has(ours, feature):
-            return (f"it has {name} and this flavor does not" if _has(theirs, feature)
-                    else f"this flavor has {name} and it does not")
+            return (
+                f"it has {name} and this flavor does not"
+                if _has(theirs, feature)
+                else f"this flavor has {name} and it does not"
+            )
     if theirs["_rope_theta"] != float(ours["rope_theta"]):
         return f"rope_theta is {theirs['_rope_theta']:g} there and {ours['rope_theta']:g} here"
     mine = _normalized(ours)

@@ -17,19 +17,38 @@ import re
 
 MODEL_TYPE = "llada"
 
-TOP = {"model.embed_tokens.weight": "model.transformer.wte.weight",
-       "model.norm.weight": "model.transformer.ln_f.weight",
-       "lm_head.weight": "model.transformer.ff_out.weight"}
+TOP = {
+    "model.embed_tokens.weight": "model.transformer.wte.weight",
+    "model.norm.weight": "model.transformer.ln_f.weight",
+    "lm_head.weight": "model.transformer.ff_out.weight",
+}
 """Hugging Face Llama name → LLaDA name, outside the blocks."""
 
-BLOCK = {"self_attn.q_proj": "q_proj", "self_attn.k_proj": "k_proj", "self_attn.v_proj": "v_proj",
-         "self_attn.o_proj": "attn_out", "mlp.gate_proj": "ff_proj", "mlp.up_proj": "up_proj",
-         "mlp.down_proj": "ff_out", "input_layernorm": "attn_norm", "post_attention_layernorm": "ff_norm"}
+BLOCK = {
+    "self_attn.q_proj": "q_proj",
+    "self_attn.k_proj": "k_proj",
+    "self_attn.v_proj": "v_proj",
+    "self_attn.o_proj": "attn_out",
+    "mlp.gate_proj": "ff_proj",
+    "mlp.up_proj": "up_proj",
+    "mlp.down_proj": "ff_out",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ff_norm",
+}
 """Within block ``i``: ``model.layers.<i>.<key>.weight`` → ``model.transformer.blocks.<i>.<value>.weight``."""
 
-UNSUPPORTED = {"include_bias": False, "include_qkv_bias": False, "activation_type": "silu",
-               "layer_norm_type": "rms", "attention_layer_norm": False, "alibi": False, "rope": True,
-               "clip_qkv": None, "block_type": "llama", "multi_query_attention": None}
+UNSUPPORTED = {
+    "include_bias": False,
+    "include_qkv_bias": False,
+    "activation_type": "silu",
+    "layer_norm_type": "rms",
+    "attention_layer_norm": False,
+    "alibi": False,
+    "rope": True,
+    "clip_qkv": None,
+    "block_type": "llama",
+    "multi_query_attention": None,
+}
 """LLaDA options and the value muloco's Llama model computes (absent counts as that value)."""
 
 
@@ -75,11 +94,21 @@ def _rename(state: dict, top: dict[str, str], block: dict[str, str], pattern: st
 
 def to_llada_names(state: dict) -> dict:
     """Hugging Face Llama names → LLaDA's."""
-    return _rename(state, TOP, BLOCK, r"model\.layers\.(?P<i>\d+)\.(?P<part>.+)\.weight",
-                   "model.transformer.blocks.{i}.{part}.weight")
+    return _rename(
+        state,
+        TOP,
+        BLOCK,
+        r"model\.layers\.(?P<i>\d+)\.(?P<part>.+)\.weight",
+        "model.transformer.blocks.{i}.{part}.weight",
+    )
 
 
 def to_llama_names(state: dict) -> dict:
     """LLaDA's names → Hugging Face Llama's."""
-    return _rename(state, {v: k for k, v in TOP.items()}, {v: k for k, v in BLOCK.items()},
-                   r"model\.transformer\.blocks\.(?P<i>\d+)\.(?P<part>.+)\.weight", "model.layers.{i}.{part}.weight")
+    return _rename(
+        state,
+        {v: k for k, v in TOP.items()},
+        {v: k for k, v in BLOCK.items()},
+        r"model\.transformer\.blocks\.(?P<i>\d+)\.(?P<part>.+)\.weight",
+        "model.layers.{i}.{part}.weight",
+    )

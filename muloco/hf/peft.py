@@ -55,6 +55,7 @@ def _adapted(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
 def _adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.state_dict().items() if ".lora_" in k}
 
+
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 BASE_FILE = "muloco_base.json"
 """Beside peft's files: the fingerprint of the frozen base the adapter was trained on (peft's
@@ -62,9 +63,20 @@ BASE_FILE = "muloco_base.json"
 SUBLAYER = {t: "self_attn" if t in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp" for t in TARGETS}
 ROTARY = {"q_proj": "q", "k_proj": "k"}
 """The targets whose output rows are in rotary order: their B takes the adapter's permutation."""
-UNSUPPORTED = {"use_dora": False, "use_rslora": False, "use_qalora": False, "fan_in_fan_out": False, "lora_bias": False,
-               "rank_pattern": {}, "alpha_pattern": {}, "layers_to_transform": None, "layer_replication": None,
-               "modules_to_save": None, "trainable_token_indices": None, "alora_invocation_tokens": None}
+UNSUPPORTED = {
+    "use_dora": False,
+    "use_rslora": False,
+    "use_qalora": False,
+    "fan_in_fan_out": False,
+    "lora_bias": False,
+    "rank_pattern": {},
+    "alpha_pattern": {},
+    "layers_to_transform": None,
+    "layer_replication": None,
+    "modules_to_save": None,
+    "trainable_token_indices": None,
+    "alora_invocation_tokens": None,
+}
 """peft settings that change what an adapter computes beyond ``alpha/r · B A x``, with their off
 values (written out, since peft reads the patterns as dicts): a folder must leave them off."""
 _KEY = re.compile(r"(.*)\.lora_([AB])\.weight")
@@ -94,8 +106,9 @@ def base_fingerprint(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def save_adapter(model: torch.nn.Module, model_config, lora_config, folder: str | Path,
-                 base_model_name_or_path: str) -> None:
+def save_adapter(
+    model: torch.nn.Module, model_config, lora_config, folder: str | Path, base_model_name_or_path: str
+) -> None:
     """Write ``model``'s adapters (``model_config`` gives the heads the rotary order needs;
     ``lora_config`` their settings, a :class:`muloco.models.lora.LoraConfig`) as a peft adapter
     folder for the Hugging Face model ``base_model_name_or_path``, with the frozen base's
@@ -110,17 +123,26 @@ def save_adapter(model: torch.nn.Module, model_config, lora_config, folder: str 
             value = adapter._permute(value, adapter._heads(ROTARY[target]))
         tensors[hf_key] = value.detach().cpu().contiguous()
     config = {
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model_name_or_path or None,
-        "r": lora_config.rank, "lora_alpha": lora_config.alpha, "lora_dropout": lora_config.dropout,
-        "target_modules": [t for t in TARGETS if t in lora_config.target_modules], "bias": "none",
-        "inference_mode": True, "init_lora_weights": True, **UNSUPPORTED,
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path or None,
+        "r": lora_config.rank,
+        "lora_alpha": lora_config.alpha,
+        "lora_dropout": lora_config.dropout,
+        "target_modules": [t for t in TARGETS if t in lora_config.target_modules],
+        "bias": "none",
+        "inference_mode": True,
+        "init_lora_weights": True,
+        **UNSUPPORTED,
     }
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     write_atomically(folder / WEIGHTS_FILE, save(tensors, metadata={"format": "pt"}))
     write_atomically(folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
-    write_atomically(folder / BASE_FILE, json.dumps({"base_sha256": base_fingerprint(model),
-                                                     "base_model_name_or_path": base_model_name_or_path}) + "\n")
+    write_atomically(
+        folder / BASE_FILE,
+        json.dumps({"base_sha256": base_fingerprint(model), "base_model_name_or_path": base_model_name_or_path}) + "\n",
+    )
 
 
 def adapter_settings(folder: str | Path) -> dict:
@@ -144,8 +166,12 @@ def adapter_settings(folder: str | Path) -> dict:
     if unknown or not targets:
         raise ValueError(f"{path}: target_modules {targets} must name some of {list(TARGETS)}")
     try:
-        return dict(rank=int(theirs["r"]), alpha=float(theirs["lora_alpha"]),
-                    dropout=float(theirs.get("lora_dropout", 0.0)), target_modules=list(targets))
+        return dict(
+            rank=int(theirs["r"]),
+            alpha=float(theirs["lora_alpha"]),
+            dropout=float(theirs.get("lora_dropout", 0.0)),
+            target_modules=list(targets),
+        )
     except KeyError as e:
         raise ValueError(f"{path} lacks {e}") from None
     except (TypeError, ValueError) as e:
@@ -170,14 +196,18 @@ def _check_base(model: torch.nn.Module, folder: Path) -> None:
     try:
         recorded = json.loads(path.read_text())
         want = recorded["base_sha256"]
-        name = recorded.get("base_model_name_or_path") or \
-            "its base (export the run with --lora-base to write the base beside the adapter)"
+        name = (
+            recorded.get("base_model_name_or_path")
+            or "its base (export the run with --lora-base to write the base beside the adapter)"
+        )
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path} is not a readable muloco base record ({e})") from None
     have = base_fingerprint(model)
     if have != want:
-        raise ValueError(f"{folder} was trained on a base whose weights hash to {want[:16]}…, and the model it is "
-                         f"loaded onto hashes to {have[:16]}…: load it onto {name}, the base it was exported with")
+        raise ValueError(
+            f"{folder} was trained on a base whose weights hash to {want[:16]}…, and the model it is "
+            f"loaded onto hashes to {have[:16]}…: load it onto {name}, the base it was exported with"
+        )
 
 
 def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
@@ -187,8 +217,11 @@ def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
     Load before sharding: the tensors go in through ``load_state_dict``."""
     theirs, (rank, alpha, targets) = adapter_settings(folder), _model_lora(model)
     _check_base(model, Path(folder))
-    for what, folder_value, ours in (("rank", theirs["rank"], rank), ("lora_alpha", theirs["alpha"], alpha),
-                                     ("target_modules", sorted(theirs["target_modules"]), targets)):
+    for what, folder_value, ours in (
+        ("rank", theirs["rank"], rank),
+        ("lora_alpha", theirs["alpha"], alpha),
+        ("target_modules", sorted(theirs["target_modules"]), targets),
+    ):
         if folder_value != ours:
             raise ValueError(f"{folder}: the adapter's {what} is {folder_value}, the model's adapters have {ours}")
     path = Path(folder) / WEIGHTS_FILE
@@ -201,8 +234,10 @@ def load_adapter(model: torch.nn.Module, folder: str | Path) -> None:
     expected = {hf_key for hf_key, _, _ in names.values()}
     missing, unexpected = sorted(expected - set(tensors)), sorted(set(tensors) - expected)
     if missing or unexpected:
-        raise ValueError(f"{path} does not fit the model: " + (f"it lacks {missing[0]}" if missing else
-                                                                 f"it has {unexpected[0]}, which no adapter takes"))
+        raise ValueError(
+            f"{path} does not fit the model: "
+            + (f"it lacks {missing[0]}" if missing else f"it has {unexpected[0]}, which no adapter takes")
+        )
     new = {}
     for key, (hf_key, target, which) in names.items():
         value = tensors[hf_key]

@@ -33,10 +33,13 @@ class GroupReaper:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c",
-             "from muloco.launch.children import reap_groups_on_eof; reap_groups_on_eof()"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True,
-            close_fds=True, text=True)
+            [sys.executable, "-c", "from muloco.launch.children import reap_groups_on_eof; reap_groups_on_eof()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            text=True,
+        )
         self.pid = self.proc.pid
         self._lock = threading.Lock()
 
@@ -96,10 +99,12 @@ def reap_groups_on_eof(stream: IO[str] | None = None) -> None:
             groups.discard(int(line[1:]))
         elif line[:1] == "!":
             logs.append(line[1:])
-    said = (f"=== {datetime.now().isoformat(timespec='seconds')} the launcher (pid {launcher}) died without "
-            f"stopping the run (SIGKILL, out of memory, or a crash: see the system log, e.g. dmesg); its watchdog "
-            f"kills the {len(groups)} process group(s) still running. Rerun the same command to resume from the "
-            "checkpoints. ===\n")
+    said = (
+        f"=== {datetime.now().isoformat(timespec='seconds')} the launcher (pid {launcher}) died without "
+        f"stopping the run (SIGKILL, out of memory, or a crash: see the system log, e.g. dmesg); its watchdog "
+        f"kills the {len(groups)} process group(s) still running. Rerun the same command to resume from the "
+        "checkpoints. ===\n"
+    )
     for path in logs:  # first, so the line is there once the processes are gone
         try:
             with open(path, "a") as f:
@@ -139,19 +144,25 @@ class ManagedProcess:
     descriptor of the launcher's (the dump folder lock among them).
     """
 
-    def __init__(self, cmd: list[str], env: dict[str, str], sink: Any,
-                 reaper: GroupReaper | None = None, name: str = "child"):
+    def __init__(
+        self, cmd: list[str], env: dict[str, str], sink: Any, reaper: GroupReaper | None = None, name: str = "child"
+    ):
         self.cmd, self.sink, self._reaper = cmd, sink, reaper
-        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     start_new_session=True, close_fds=True,
-                                     preexec_fn=die_with_launcher())
+        self.proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=die_with_launcher(),
+        )
         self.pid = self.proc.pid
         if reaper:
             reaper.watch(self.pid)
         self._returncode: int | None = None
-        self._pump = threading.Thread(target=self._pump_lines, daemon=True,
-                                      name=f"pump-{name}-{self.pid}")
+        self._pump = threading.Thread(target=self._pump_lines, daemon=True, name=f"pump-{name}-{self.pid}")
         self._pump.start()
 
     def _pump_lines(self) -> None:
@@ -184,8 +195,9 @@ class ManagedProcess:
         self._pump.join(timeout)
 
 
-def stop_processes(procs: list[ManagedProcess], grace_s: float = 10.0,
-                   hurry: Callable[[], bool] = lambda: False) -> None:
+def stop_processes(
+    procs: list[ManagedProcess], grace_s: float = 10.0, hurry: Callable[[], bool] = lambda: False
+) -> None:
     """SIGTERM every live group, wait up to ``grace_s`` (or until ``hurry()``), then SIGKILL."""
     live = [p for p in procs if p.poll() is None]
     for p in live:

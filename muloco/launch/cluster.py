@@ -134,14 +134,18 @@ class ClusterSettings(ClusterOptions):
             if value is not None and value < (0 if key == "gpus_per_node" else 1):
                 raise ClusterError(f"{key} must be {'>= 0' if key == 'gpus_per_node' else '>= 1'}, got {value}")
         if self.socket_ifname is not None and not _IFNAME.match(self.socket_ifname):
-            raise ClusterError(f"socket_ifname {self.socket_ifname!r} is not a list of network interfaces: names (or "
-                               "prefixes) separated by commas, no spaces, optionally led by ^ (all but these, NCCL "
-                               "only) or = (exact names), e.g. ib0, eth0,eth1 or ^docker,lo")
+            raise ClusterError(
+                f"socket_ifname {self.socket_ifname!r} is not a list of network interfaces: names (or "
+                "prefixes) separated by commas, no spaces, optionally led by ^ (all but these, NCCL "
+                "only) or = (exact names), e.g. ib0, eth0,eth1 or ^docker,lo"
+            )
         secrets = sorted(k for k in self.env if _SECRET.search(k))
         if secrets:
-            raise ClusterError(f"cluster env sets {', '.join(secrets)}: secrets are never written into job "
-                               f"files; export them in your shell before submitting (sbatch passes the "
-                               f"environment on) and drop them from the [env] table")
+            raise ClusterError(
+                f"cluster env sets {', '.join(secrets)}: secrets are never written into job "
+                f"files; export them in your shell before submitting (sbatch passes the "
+                f"environment on) and drop them from the [env] table"
+            )
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ClusterSettings)}
@@ -179,8 +183,9 @@ def _merge(settings: ClusterSettings, values: dict, source: str) -> None:
         setattr(settings, key, _coerce(key, value, source))
 
 
-def load_cluster_settings(flags: dict | None = None, path: Path | None = None,
-                          environ: dict[str, str] | None = None) -> ClusterSettings:
+def load_cluster_settings(
+    flags: dict | None = None, path: Path | None = None, environ: dict[str, str] | None = None
+) -> ClusterSettings:
     """Defaults, then the user's file, then ``MULOCO_SLURM_*``, then ``flags`` (None: unset)."""
     settings = ClusterSettings()
     path = path or default_cluster_file()
@@ -190,8 +195,11 @@ def load_cluster_settings(flags: dict | None = None, path: Path | None = None,
         except tomli.TOMLDecodeError as e:
             raise ClusterError(f"{path}: not valid TOML ({e}); fix or remove it") from None
     environ = os.environ if environ is None else environ
-    from_env = {k[len(ENV_PREFIX):].lower(): v for k, v in environ.items()
-                if k.startswith(ENV_PREFIX) and k != CLUSTER_FILE_VAR}
+    from_env = {
+        k[len(ENV_PREFIX) :].lower(): v
+        for k, v in environ.items()
+        if k.startswith(ENV_PREFIX) and k != CLUSTER_FILE_VAR
+    }
     _merge(settings, from_env, "environment " + ENV_PREFIX + "*")
     _merge(settings, {k: v for k, v in (flags or {}).items() if v is not None}, "command line")
     settings.validate()
@@ -222,8 +230,22 @@ class NodeInfo:
         return not base.endswith("*") and base not in UNUSABLE_STATES
 
 
-UNUSABLE_STATES = {"down", "drain", "drng", "drained", "draining", "fail", "failg", "failing", "inval", "maint",
-                   "unk", "unknown", "futr", "future"}
+UNUSABLE_STATES = {
+    "down",
+    "drain",
+    "drng",
+    "drained",
+    "draining",
+    "fail",
+    "failg",
+    "failing",
+    "inval",
+    "maint",
+    "unk",
+    "unknown",
+    "futr",
+    "future",
+}
 
 
 def _gpus(gres: str) -> int:
@@ -259,7 +281,7 @@ def mem_mb(value: str) -> int:
     m = re.match(r"^(\d+)([KMGT]?)B?$", value.strip(), re.IGNORECASE)
     if not m:
         raise ClusterError(f"mem {value!r} is not SLURM's format (a number with an optional K, M, G or T: 64G)")
-    return int(int(m.group(1)) * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 ** 2, "": 1}[m.group(2).upper()])
+    return int(int(m.group(1)) * {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024**2, "": 1}[m.group(2).upper()])
 
 
 SINFO_TIMEOUT_S = 60.0
@@ -283,7 +305,7 @@ def controllers(env: dict[str, str] | None = None) -> tuple[Path, list[tuple[str
         key, _, value = line.split("#", 1)[0].strip().partition("=")
         key, value = key.strip().lower(), value.strip()
         if key in ("slurmctldhost", "controlmachine") and value:  # name(address): the address if given
-            hosts.append(value[value.index("(") + 1:value.rindex(")")] if "(" in value and ")" in value else value)
+            hosts.append(value[value.index("(") + 1 : value.rindex(")")] if "(" in value and ")" in value else value)
         elif key == "slurmctldport" and value.split("-")[0].isdigit():
             port = int(value.split("-")[0])
     return (conf, [(host, port) for host in hosts]) if hosts else None
@@ -303,8 +325,10 @@ def probe_controllers(env: dict[str, str] | None = None, timeout: float = CONTRO
             return
         except OSError as e:
             reasons.append(f"{host}:{port} ({e.strerror or type(e).__name__})")
-    raise ClusterUnreachable(f"slurmctld does not answer at {', '.join(reasons)}, the controller {conf} names: "
-                             f"is it up, and is this the cluster's slurm.conf (SLURM_CONF)?")
+    raise ClusterUnreachable(
+        f"slurmctld does not answer at {', '.join(reasons)}, the controller {conf} names: "
+        f"is it up, and is this the cluster's slurm.conf (SLURM_CONF)?"
+    )
 
 
 def query_sinfo(env: dict[str, str] | None = None, timeout: float = SINFO_TIMEOUT_S) -> list[NodeInfo]:
@@ -315,19 +339,31 @@ def query_sinfo(env: dict[str, str] | None = None, timeout: float = SINFO_TIMEOU
     try:
         out = slurm("sinfo", "-h", "-N", "-o", "%P|%N|%c|%G|%m|%t|%l", env=env, timeout=timeout)
     except SlurmCommandError as e:
-        raise ClusterUnreachable({
-            "missing": "sinfo was not found: run this on a SLURM login node, or use --dry-run to print the job "
-                       "without checking the cluster",
-            "failed": f"sinfo failed ({(e.stderr.splitlines() or [str(e)])[-1]}): is SLURM reachable from here "
-                      "(SLURM_CONF, slurmctld)?",
-            "timeout": f"sinfo did not answer in {timeout:g} s: is slurmctld up (SLURM_CONF)? Use --dry-run to "
-                       "print the job without checking the cluster"}[e.kind]) from None
+        raise ClusterUnreachable(
+            {
+                "missing": "sinfo was not found: run this on a SLURM login node, or use --dry-run to print the job "
+                "without checking the cluster",
+                "failed": f"sinfo failed ({(e.stderr.splitlines() or [str(e)])[-1]}): is SLURM reachable from here "
+                "(SLURM_CONF, slurmctld)?",
+                "timeout": f"sinfo did not answer in {timeout:g} s: is slurmctld up (SLURM_CONF)? Use --dry-run to "
+                "print the job without checking the cluster",
+            }[e.kind]
+        ) from None
     nodes = []
     for line in out.splitlines():
         partition, name, cpus, gres, mem, state, limit = line.split("|")
-        nodes.append(NodeInfo(partition.rstrip("*"), name, int(cpus), _gpus(gres),
-                              int(mem.rstrip("+")) if mem.rstrip("+").isdigit() else None, state,
-                              slurm_minutes(limit), partition.endswith("*")))
+        nodes.append(
+            NodeInfo(
+                partition.rstrip("*"),
+                name,
+                int(cpus),
+                _gpus(gres),
+                int(mem.rstrip("+")) if mem.rstrip("+").isdigit() else None,
+                state,
+                slurm_minutes(limit),
+                partition.endswith("*"),
+            )
+        )
     return nodes
 
 
@@ -350,13 +386,17 @@ def resolve_partition(settings: ClusterSettings, nodes: list[NodeInfo], default:
     defaults are those of its nodes with the most GPUs."""
     name = settings.partition or default
     if name is None:
-        raise ClusterError(f"this cluster has no default partition: set --partition or partition in "
-                           f"{default_cluster_file()} (partitions: {', '.join(sorted({n.partition for n in nodes}))})")
+        raise ClusterError(
+            f"this cluster has no default partition: set --partition or partition in "
+            f"{default_cluster_file()} (partitions: {', '.join(sorted({n.partition for n in nodes}))})"
+        )
     members = [n for n in nodes if n.partition == name]
     if not members:
         known = sorted({n.partition for n in nodes})
-        raise ClusterError(f"unknown partition {name!r}: this cluster has {', '.join(known)}; set "
-                           f"--partition or partition in {default_cluster_file()}")
+        raise ClusterError(
+            f"unknown partition {name!r}: this cluster has {', '.join(known)}; set "
+            f"--partition or partition in {default_cluster_file()}"
+        )
     usable = [n for n in members if n.usable]
     pool = usable or members
     gpus = max(n.gpus for n in pool)
@@ -369,8 +409,16 @@ def default_partition(nodes: list[NodeInfo]) -> str | None:
     return next((n.partition for n in nodes if n.default), None)
 
 
-def check_request(partition: Partition, *, nodes: int, gpus_per_node: int, cpus_per_node: int,
-                  mem: str | None = None, time: str | None = None, warn=None) -> None:
+def check_request(
+    partition: Partition,
+    *,
+    nodes: int,
+    gpus_per_node: int,
+    cpus_per_node: int,
+    mem: str | None = None,
+    time: str | None = None,
+    warn=None,
+) -> None:
     """Refuse a request the partition can never satisfy (SLURM would queue it forever or reject
     it after the files were written): its MaxTime, nodes with enough GPUs, CPUs and memory, and
     enough of them. Nodes that are down or drained now count (they may come back: SLURM queues
@@ -378,19 +426,24 @@ def check_request(partition: Partition, *, nodes: int, gpus_per_node: int, cpus_
     where = f"partition {partition.name!r}"
     wanted = slurm_minutes(time) if time else None
     if wanted is not None and partition.max_time_min is not None and wanted > partition.max_time_min:
-        raise ClusterError(f"--time {time} is more than {where}'s MaxTime of {partition.max_time_min} minutes: "
-                           f"ask for less (the job requeues itself at its limit and resumes) or pick another "
-                           f"partition")
+        raise ClusterError(
+            f"--time {time} is more than {where}'s MaxTime of {partition.max_time_min} minutes: "
+            f"ask for less (the job requeues itself at its limit and resumes) or pick another "
+            f"partition"
+        )
     members = partition.members
     if not members:
         return
     if gpus_per_node > max(n.gpus for n in members):
-        raise ClusterError(f"--gpus-per-node {gpus_per_node} is more than the {max(n.gpus for n in members)} "
-                           f"GPU(s) a node of {where} has")
+        raise ClusterError(
+            f"--gpus-per-node {gpus_per_node} is more than the {max(n.gpus for n in members)} "
+            f"GPU(s) a node of {where} has"
+        )
     fit = [n for n in members if n.gpus >= gpus_per_node]
     if cpus_per_node > max(n.cpus for n in fit):
-        raise ClusterError(f"--cpus-per-node {cpus_per_node} is more than the {max(n.cpus for n in fit)} "
-                           f"CPUs a node of {where} has")
+        raise ClusterError(
+            f"--cpus-per-node {cpus_per_node} is more than the {max(n.cpus for n in fit)} CPUs a node of {where} has"
+        )
     fit = [n for n in fit if n.cpus >= cpus_per_node]
     mem_need = mem_mb(mem) if mem else None
     known_mem = [n.mem_mb for n in fit if n.mem_mb is not None]
@@ -399,9 +452,13 @@ def check_request(partition: Partition, *, nodes: int, gpus_per_node: int, cpus_
     fit = [n for n in fit if not mem_need or n.mem_mb is None or n.mem_mb >= mem_need]
     holding = len({n.name for n in fit})
     if nodes > holding:
-        raise ClusterError(f"the job needs {nodes} node(s) but {where} has {holding} that hold the request: "
-                           f"use fewer replica groups or nodes per group")
+        raise ClusterError(
+            f"the job needs {nodes} node(s) but {where} has {holding} that hold the request: "
+            f"use fewer replica groups or nodes per group"
+        )
     up = len({n.name for n in fit if n.usable})
     if nodes > up and warn is not None:
-        warn(f"{where} has {up} node(s) up that hold the request ({holding - up} down or drained); the job "
-             f"waits in the queue until {nodes} are back")
+        warn(
+            f"{where} has {up} node(s) up that hold the request ({holding - up} down or drained); the job "
+            f"waits in the queue until {nodes} are back"
+        )

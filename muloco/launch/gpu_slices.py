@@ -41,13 +41,16 @@ def visible_gpus(environ: dict[str, str] | None = None, ask_torch: bool = True) 
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
-def gpu_slices(visible: list[str], replicas: int, gpus_per_replica: int | None = None,
-               share: bool = False) -> list[list[str]] | None:
+def gpu_slices(
+    visible: list[str], replicas: int, gpus_per_replica: int | None = None, share: bool = False
+) -> list[list[str]] | None:
     """Per replica group, the devices it sees; None when there is no GPU (CPU run)."""
     if not visible:
         if gpus_per_replica:
-            raise GpuLayoutError(f"--gpus-per-replica {gpus_per_replica} but no GPU is visible "
-                                 "(CUDA_VISIBLE_DEVICES empty or no CUDA device); leave it out to run on CPU")
+            raise GpuLayoutError(
+                f"--gpus-per-replica {gpus_per_replica} but no GPU is visible "
+                "(CUDA_VISIBLE_DEVICES empty or no CUDA device); leave it out to run on CPU"
+            )
         return None
     g = len(visible)
     if gpus_per_replica is not None and gpus_per_replica < 1:
@@ -58,7 +61,8 @@ def gpu_slices(visible: list[str], replicas: int, gpus_per_replica: int | None =
         raise GpuLayoutError(
             f"{replicas} replica group(s) x {n or 1} GPU(s) each need {need} GPUs; {g} visible "
             f"({', '.join(visible)}). Use fewer --replicas, a smaller --gpus-per-replica, or "
-            "--share-gpus to let groups share devices")
+            "--share-gpus to let groups share devices"
+        )
     if n > g:
         raise GpuLayoutError(f"--gpus-per-replica {n} is more than the {g} visible GPUs ({', '.join(visible)})")
     return [[visible[(i * n + j) % g] for j in range(n)] for i in range(replicas)]

@@ -35,8 +35,12 @@ class TrainerConfigError(BadInput, ValueError):
         self.status = status
 
 
-LAUNCHER_KEYS = ("--fault_tolerance.replica_id", "--fault_tolerance.group_size", "--fault_tolerance.min_replica_size",
-                 "--fault_tolerance.lighthouse_lost_seconds")
+LAUNCHER_KEYS = (
+    "--fault_tolerance.replica_id",
+    "--fault_tolerance.group_size",
+    "--fault_tolerance.min_replica_size",
+    "--fault_tolerance.lighthouse_lost_seconds",
+)
 """Trainer options the launchers add for each replica group (not the user's own settings)."""
 
 
@@ -45,26 +49,55 @@ def replica_args(i: int, replicas: int) -> list[str]:
     return ["--fault_tolerance.replica_id", str(i), "--fault_tolerance.group_size", str(replicas)]
 
 
-def trainer_command(config: str, i: int, replicas: int, overrides: list[str], quorum: int,
-                    entry: list[str] | None = None) -> list[str]:
+def trainer_command(
+    config: str, i: int, replicas: int, overrides: list[str], quorum: int, entry: list[str] | None = None
+) -> list[str]:
     """Replica group ``i``'s trainer: ``entry`` (default ``python -m muloco.train``) with the
     config, replica id, K, the overrides and the quorum size last."""
-    return [*(entry or TRAINER), "--config", config, *replica_args(i, replicas), *overrides,
-            "--fault_tolerance.min_replica_size", str(quorum)]
+    return [
+        *(entry or TRAINER),
+        "--config",
+        config,
+        *replica_args(i, replicas),
+        *overrides,
+        "--fault_tolerance.min_replica_size",
+        str(quorum),
+    ]
 
 
-def torchrun_args(replica: int | str, *, procs: int, max_restarts: int, hosts: list[str] | None = None,
-                  port: int = 0, rdzv_id: str | None = None, tee_dir: str | None = None,
-                  is_host: bool | None = None, address: str = "127.0.0.1") -> list[str]:
+def torchrun_args(
+    replica: int | str,
+    *,
+    procs: int,
+    max_restarts: int,
+    hosts: list[str] | None = None,
+    port: int = 0,
+    rdzv_id: str | None = None,
+    tee_dir: str | None = None,
+    is_host: bool | None = None,
+    address: str = "127.0.0.1",
+) -> list[str]:
     """torchrun's options for a group of ``procs`` ranks per node: on one node a c10d rendezvous
     on a free port of ``address`` (loopback; a testbed host's own address); over ``hosts``
     (several nodes) on the first host's ``port``. ``tee_dir``: torchrun tees each rank's output,
     prefixed, and keeps per-attempt copies there."""
     nodes = len(hosts) if hosts else 1
     endpoint = f"{hosts[0]}:{port}" if nodes > 1 else f"{address}:0"
-    args = ["--nnodes", str(nodes), "--nproc-per-node", str(procs), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", endpoint, *(["--rdzv-id", rdzv_id] if rdzv_id else []),
-            "--max-restarts", str(max_restarts), "--role", f"replica_{replica}"]
+    args = [
+        "--nnodes",
+        str(nodes),
+        "--nproc-per-node",
+        str(procs),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        *(["--rdzv-id", rdzv_id] if rdzv_id else []),
+        "--max-restarts",
+        str(max_restarts),
+        "--role",
+        f"replica_{replica}",
+    ]
     if nodes == 1:
         args += ["--local-addr", address]
         if address != "127.0.0.1":  # torchrun's guess (is the address this machine's name?) misses a namespace's
@@ -78,15 +111,28 @@ def torchrun_args(replica: int | str, *, procs: int, max_restarts: int, hosts: l
 
 def torchrun_group(torchrun: list[str], rank_command: list[str]) -> list[str]:
     """A replica group as one torchrun whose ranks each run ``rank_command``."""
-    return [sys.executable, "-m", "muloco.launch.replica_group", *torchrun, "--no-python",
-            sys.executable, "-m", "muloco.launch.rank_process", *rank_command]
+    return [
+        sys.executable,
+        "-m",
+        "muloco.launch.replica_group",
+        *torchrun,
+        "--no-python",
+        sys.executable,
+        "-m",
+        "muloco.launch.rank_process",
+        *rank_command,
+    ]
 
 
 def group_variables(lighthouse_url: str, i: int, replicas: int) -> dict[str, str]:
     """What every rank of replica group ``i`` finds in its environment besides torchrun's own."""
-    return {"TORCHFT_LIGHTHOUSE": lighthouse_url, "REPLICA_GROUP_ID": str(i),
-            "NUM_REPLICA_GROUPS": str(replicas), "PYTHONUNBUFFERED": "1",
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${local_rank}] "}
+    return {
+        "TORCHFT_LIGHTHOUSE": lighthouse_url,
+        "REPLICA_GROUP_ID": str(i),
+        "NUM_REPLICA_GROUPS": str(replicas),
+        "PYTHONUNBUFFERED": "1",
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${local_rank}] ",
+    }
 
 
 def load_trainer_config(config: str, overrides: list[str], *, replicas: int | None, who: str, prog: str):
@@ -122,14 +168,18 @@ def load_trainer_config(config: str, overrides: list[str], *, replicas: int | No
 
 def _check_kind(has_outer: bool, config: str, overrides: list[str], replicas: int | None, who: str) -> None:
     if replicas is None and has_outer:
-        raise TrainerConfigError(f"{who} runs one replica group; --config {config} has an outer loop (DiLoCo): "
-                                 f"launch it as replica groups (the groups, spanning or array kind, or "
-                                 f"python -m muloco.launch.local), or use a ddp/* config")
+        raise TrainerConfigError(
+            f"{who} runs one replica group; --config {config} has an outer loop (DiLoCo): "
+            f"launch it as replica groups (the groups, spanning or array kind, or "
+            f"python -m muloco.launch.local), or use a ddp/* config"
+        )
     if replicas is not None and not has_outer:
         direct = shlex.join(["python", "-m", "muloco.train", "--config", config, *overrides])
-        raise TrainerConfigError(f"{who} runs DiLoCo replica groups; --config {config} has no outer loop: use a "
-                                 f"diloco/* config (e.g. diloco/diloco, diloco/muloco_2bit), or run it as one "
-                                 f"group: {direct}")
+        raise TrainerConfigError(
+            f"{who} runs DiLoCo replica groups; --config {config} has no outer loop: use a "
+            f"diloco/* config (e.g. diloco/diloco, diloco/muloco_2bit), or run it as one "
+            f"group: {direct}"
+        )
 
 
 def _check_launcher_owned(config, replicas: int) -> None:
@@ -137,10 +187,14 @@ def _check_launcher_owned(config, replicas: int) -> None:
     a K that is not the job's, or another lighthouse than the one it started."""
     ft = config.fault_tolerance
     if ft.group_size != replicas:
-        raise TrainerConfigError(f"--fault_tolerance.group_size {ft.group_size} disagrees with --replicas "
-                                 f"{replicas}: drop it, the launcher sets it")
+        raise TrainerConfigError(
+            f"--fault_tolerance.group_size {ft.group_size} disagrees with --replicas "
+            f"{replicas}: drop it, the launcher sets it"
+        )
     if ft.replica_id != 0:
         raise TrainerConfigError("drop --fault_tolerance.replica_id: the launcher gives each replica group its own")
     if getattr(ft, "lighthouse", ""):
-        raise TrainerConfigError(f"drop --fault_tolerance.lighthouse {ft.lighthouse}: the launcher starts its "
-                                 f"own lighthouse and points the replicas at it")
+        raise TrainerConfigError(
+            f"drop --fault_tolerance.lighthouse {ft.lighthouse}: the launcher starts its "
+            f"own lighthouse and points the replicas at it"
+        )

@@ -82,8 +82,10 @@ def below_majority_warning(option: str, min_replicas: int, replicas: int) -> str
     """The one-line warning for a quorum smaller than a majority, or None when it is one."""
     if min_replicas >= majority(replicas):
         return None
-    return (f"{option} {min_replicas} is below a majority of {replicas}: two disjoint groups of "
-            f"replicas could both commit (split brain)")
+    return (
+        f"{option} {min_replicas} is below a majority of {replicas}: two disjoint groups of "
+        f"replicas could both commit (split brain)"
+    )
 
 
 def quorum_size(replicas: int | None, min_replicas: int | None) -> int:
@@ -94,11 +96,11 @@ def quorum_size(replicas: int | None, min_replicas: int | None) -> int:
         if replicas is None:
             raise LighthouseError(
                 "give --replicas K (the number of replica groups; a quorum is then a majority, "
-                "K//2+1) or --min_replicas N (the replica groups a quorum needs)")
+                "K//2+1) or --min_replicas N (the replica groups a quorum needs)"
+            )
         return majority(replicas)
     if replicas is not None and min_replicas > replicas:
-        raise LighthouseError(f"--min_replicas {min_replicas} exceeds --replicas {replicas}: "
-                              f"a quorum could never form")
+        raise LighthouseError(f"--min_replicas {min_replicas} exceeds --replicas {replicas}: a quorum could never form")
     return min_replicas
 
 
@@ -135,8 +137,12 @@ def resolve_bind(bind: str) -> str:
         return bind
     address = node_address()
     if address.startswith("127."):
-        print(f"muloco lighthouse: warning: this node's only address is {address}: groups on other nodes cannot "
-              f"reach it (pass --bind ADDRESS:PORT)", file=sys.stderr, flush=True)
+        print(
+            f"muloco lighthouse: warning: this node's only address is {address}: groups on other nodes cannot "
+            f"reach it (pass --bind ADDRESS:PORT)",
+            file=sys.stderr,
+            flush=True,
+        )
     return f"{address}:{port}"
 
 
@@ -154,8 +160,12 @@ def start_lighthouse(
     """
     bind = resolve_bind(bind)
     host, port = parse_bind(bind)
-    _check_settings(min_replicas, join_timeout_ms=join_timeout_ms,
-                    quorum_tick_ms=quorum_tick_ms, heartbeat_timeout_ms=heartbeat_timeout_ms)
+    _check_settings(
+        min_replicas,
+        join_timeout_ms=join_timeout_ms,
+        quorum_tick_ms=quorum_tick_ms,
+        heartbeat_timeout_ms=heartbeat_timeout_ms,
+    )
     # Imported late: loading torchft's Rust extension takes a moment, and bad arguments fail before it.
     from muloco.compat.torchft_native import lighthouse_server
 
@@ -219,8 +229,9 @@ def stop_on_signal() -> threading.Event:
     return stop
 
 
-def serve(lh: Lighthouse, stop: threading.Event, poll_s: float = 0.5,
-          finished: Callable[[], bool] = lambda: False) -> None:
+def serve(
+    lh: Lighthouse, stop: threading.Event, poll_s: float = 0.5, finished: Callable[[], bool] = lambda: False
+) -> None:
     """Serve until SIGINT/SIGTERM (``stop``) or ``finished()`` says so, then shut down."""
     try:
         while not stop.wait(poll_s) and not finished():
@@ -240,8 +251,14 @@ def _job_gone(job_id: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     prog = "python -m muloco.launch.lighthouse"
     try:
-        args, _ = parse(LighthouseOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
-                        description=LighthouseOptions.__doc__, underscores=True, overrides=False)
+        args, _ = parse(
+            LighthouseOptions,
+            list(sys.argv[1:] if argv is None else argv),
+            prog=prog,
+            description=LighthouseOptions.__doc__,
+            underscores=True,
+            overrides=False,
+        )
     except UsageError as e:
         return failed("lighthouse", e)
     stop = stop_on_signal()
@@ -257,8 +274,9 @@ def main(argv: list[str] | None = None) -> int:
             warning = below_majority_warning("--min_replicas", min_replicas, args.replicas)
             if warning:
                 print(f"muloco lighthouse: warning: {warning}", file=sys.stderr, flush=True)
-        lh = start_lighthouse(args.bind, min_replicas, args.join_timeout_ms,
-                              args.quorum_tick_ms, args.heartbeat_timeout_ms)
+        lh = start_lighthouse(
+            args.bind, min_replicas, args.join_timeout_ms, args.quorum_tick_ms, args.heartbeat_timeout_ms
+        )
     except LighthouseError as e:
         return failed("lighthouse", e)
     if args.url_file:

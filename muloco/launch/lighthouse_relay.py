@@ -182,8 +182,13 @@ class RelayOptions:
 def main(argv: list[str] | None = None) -> int:
     prog = "python -m muloco.launch.lighthouse_relay"
     try:
-        args, _ = parse(RelayOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
-                        description=RelayOptions.__doc__, overrides=False)
+        args, _ = parse(
+            RelayOptions,
+            list(sys.argv[1:] if argv is None else argv),
+            prog=prog,
+            description=RelayOptions.__doc__,
+            overrides=False,
+        )
     except UsageError as e:
         return failed("slurm", f"lighthouse relay: {e}", BAD_INPUT)
     for sig in (signal.SIGTERM, signal.SIGINT):

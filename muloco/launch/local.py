@@ -6,7 +6,8 @@ Before starting anything it parses and checks the trainer config once (a non-DiL
 a bad override is refused with one message, exit 2) and locks the dump folder (a second launch
 on a folder a live run holds is refused, exit 2, without touching it). Then it starts the
 lighthouse inside the launcher's own process (torchft's server thread; loopback only; a quorum is a majority
-of the K groups unless ``--min-replicas`` says otherwise), then K replica groups, each one ``torchrun`` (``muloco.launch.replica_group``)
+of the K groups unless ``--min-replicas`` says otherwise), then K replica groups, each one ``torchrun``
+(``muloco.launch.replica_group``)
 with N ranks on its own slice of the GPUs (``CUDA_VISIBLE_DEVICES``; one rank per GPU, FSDP
 inside the group) and its own rendezvous store on a free loopback port. torchrun restarts a
 failed group up to ``--max-restarts`` times (it heals from a peer) and tees the ranks' output;
@@ -73,8 +74,14 @@ _RANK_PREFIX = re.compile(r"^\[rank(\d+)\] ")  # torchrun's tee, TORCHELASTIC_LO
 _RESTART = re.compile(r"exited with (.+); restart (\d+)/\d+$")
 _FAILED_RANK = re.compile(r"^rank (\d+) ")
 # Set by torchrun/torchelastic in a parent shell; stale values would confuse the children.
-_INHERITED_DIST_VARS = ("GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
-                        "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+_INHERITED_DIST_VARS = (
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+)
 
 
 class LaunchError(MulocoError):
@@ -90,8 +97,14 @@ class GroupOutput:
     (rank 0 and torchrun itself) or ``replica_<i>_rank<r>.log``, prefixed lines to the
     console; the agent's ``[muloco]`` failure lines go to ``on_failure`` (not the console)."""
 
-    def __init__(self, index: int, log_paths: list[str], console: Console,
-                 on_failure: Callable[[str], None], prefix: str | None = None):
+    def __init__(
+        self,
+        index: int,
+        log_paths: list[str],
+        console: Console,
+        on_failure: Callable[[str], None],
+        prefix: str | None = None,
+    ):
         self.index, self.ranks = index, len(log_paths)
         self._console, self._on_failure, self._prefix = console, on_failure, prefix
         self._logs = [open(path, "ab") for path in log_paths]
@@ -106,13 +119,13 @@ class GroupOutput:
         rank = None
         m = _RANK_PREFIX.match(text) if self.ranks > 1 else None
         if m and int(m.group(1)) < self.ranks:
-            rank, text = int(m.group(1)), text[m.end():]
+            rank, text = int(m.group(1)), text[m.end() :]
             raw = text.encode() + b"\n"
         log = self._logs[rank or 0]
         log.write(raw)
         log.flush()  # so `tail -f` shows progress as it happens
         if rank is None and text.startswith(GROUP_TAG):
-            self._on_failure(text[len(GROUP_TAG):])
+            self._on_failure(text[len(GROUP_TAG) :])
         else:
             self._console.line(f"{self.prefix(rank)} {text}")
 
@@ -236,8 +249,13 @@ class LocalJob(LaunchOptions):
         if self.command is not None:
             return None
         try:
-            return load_trainer_config(self.config, self.overrides, replicas=self.replicas,
-                                       who="the local launcher", prog="python -m muloco.launch.local")
+            return load_trainer_config(
+                self.config,
+                self.overrides,
+                replicas=self.replicas,
+                who="the local launcher",
+                prog="python -m muloco.launch.local",
+            )
         except TrainerConfigError as e:
             raise LaunchError(str(e), e.status) from None
 
@@ -260,8 +278,11 @@ class LocalJob(LaunchOptions):
         ``fault_tolerance.min_replica_size``, else a majority (no split brain)."""
         if self.min_replicas:
             return self.min_replicas
-        return self.trainer_config.fault_tolerance.quorum_size(self.replicas) if self.trainer_config \
+        return (
+            self.trainer_config.fault_tolerance.quorum_size(self.replicas)
+            if self.trainer_config
             else majority(self.replicas)
+        )
 
     @cached_property
     def resolved_join_timeout_ms(self) -> int:
@@ -288,9 +309,13 @@ class LocalJob(LaunchOptions):
         its agent). With N > 1 torchrun tees each rank's output, prefixed with its rank, and
         keeps its own per-attempt copies under ``<log_dir>/torchrun/replica_<i>``."""
         address = self._testbed().address(f"r{i}") if self.netns else "127.0.0.1"
-        torchrun = torchrun_args(i, procs=self.procs_per_replica, max_restarts=self.max_restarts,
-                                 tee_dir=os.path.join(self.resolved_log_dir, "torchrun", f"replica_{i}"),
-                                 address=address)
+        torchrun = torchrun_args(
+            i,
+            procs=self.procs_per_replica,
+            max_restarts=self.max_restarts,
+            tee_dir=os.path.join(self.resolved_log_dir, "torchrun", f"replica_{i}"),
+            address=address,
+        )
         inside = self._testbed().exec_prefix(f"r{i}") if self.netns else []
         return [*inside, *torchrun_group(torchrun, self.replica_command(i))]
 
@@ -310,7 +335,8 @@ class LocalJob(LaunchOptions):
         MASTER_ADDR/PORT): its GPU slice, the torchft/DiLoCo variables, threads per rank."""
         env = {k: v for k, v in os.environ.items() if k not in _INHERITED_DIST_VARS}
         threads = self.threads or (
-            None if "OMP_NUM_THREADS" in os.environ
+            None
+            if "OMP_NUM_THREADS" in os.environ
             else max(1, (os.cpu_count() or 1) // (self.replicas * self.procs_per_replica))
         )
         if threads:  # by default share the cores: K·N processes each with all cores thrash
@@ -342,16 +368,22 @@ class LocalJob(LaunchOptions):
         if self.max_restarts < 0:
             raise LaunchError("--max-restarts must be >= 0", 2)
         if not 0 <= (self.min_replicas or 0) <= self.replicas:
-            raise LaunchError(f"--min-replicas must be between 1 and --replicas "
-                              f"({self.replicas}) (0: a majority), got {self.min_replicas}: a "
-                              f"larger value means the quorum could never form", 2)
+            raise LaunchError(
+                f"--min-replicas must be between 1 and --replicas "
+                f"({self.replicas}) (0: a majority), got {self.min_replicas}: a "
+                f"larger value means the quorum could never form",
+                2,
+            )
         if self.join_timeout_ms is not None and self.join_timeout_ms < 0:
             raise LaunchError(f"--join-timeout-ms must be >= 0, got {self.join_timeout_ms}", 2)
         if self.threads is not None and self.threads < 1:
             raise LaunchError("--threads must be at least 1", 2)
         if (self.link or self.link_queue_ms != 50) and not self.netns:
-            raise LaunchError("--link and --link-queue-ms shape the links of --netns; add --netns (or use the "
-                              "emulated link: compare --link)", 2)
+            raise LaunchError(
+                "--link and --link-queue-ms shape the links of --netns; add --netns (or use the "
+                "emulated link: compare --link)",
+                2,
+            )
         if self.netns:
             self._testbed()  # --link's own check first: bad input whatever the machine
             why = unavailable()
@@ -369,15 +401,21 @@ class LocalJob(LaunchOptions):
         if self.procs_per_replica is None:
             self.procs_per_replica = n
         elif self.slices and self.procs_per_replica != n:
-            raise LaunchError(f"--procs-per-replica {self.procs_per_replica} does not match the "
-                              f"{n} GPU(s) of each replica group (one rank per GPU); pass "
-                              f"--gpus-per-replica {self.procs_per_replica} instead", 2)
+            raise LaunchError(
+                f"--procs-per-replica {self.procs_per_replica} does not match the "
+                f"{n} GPU(s) of each replica group (one rank per GPU); pass "
+                f"--gpus-per-replica {self.procs_per_replica} instead",
+                2,
+            )
 
     def _check_quorum(self) -> None:
         """A quorum size taken from the trainer config gets the same range check."""
         if not 1 <= self.quorum_size <= self.replicas:
-            raise LaunchError(f"--fault_tolerance.min_replica_size {self.quorum_size} must be "
-                              f"between 0 (a majority) and --replicas ({self.replicas})", 2)
+            raise LaunchError(
+                f"--fault_tolerance.min_replica_size {self.quorum_size} must be "
+                f"between 0 (a majority) and --replicas ({self.replicas})",
+                2,
+            )
 
     def run(self) -> int:
         """Check, lock, start everything, supervise until done or failed, always tear down.
@@ -417,10 +455,15 @@ class LocalJob(LaunchOptions):
             self._out.line(f"local job failed: {e}")
             return e.status
         self.lighthouse_url = "<lighthouse url>"
-        layout = ("CPU (no GPU visible)" if self.slices is None else
-                  f"{len(self.slices[0])} GPU(s) per group" + (", shared" if self.share_gpus else ""))
-        self._out.line(f"dry run: {self.replicas} replica group(s) x {self.procs_per_replica} rank(s), "
-                       f"{layout}; dump folder {os.path.abspath(self.dump_folder)}; nothing is started")
+        layout = (
+            "CPU (no GPU visible)"
+            if self.slices is None
+            else f"{len(self.slices[0])} GPU(s) per group" + (", shared" if self.share_gpus else "")
+        )
+        self._out.line(
+            f"dry run: {self.replicas} replica group(s) x {self.procs_per_replica} rank(s), "
+            f"{layout}; dump folder {os.path.abspath(self.dump_folder)}; nothing is started"
+        )
         self._out.line(f"[lh] {self._lighthouse_settings()}")
         for i in range(self.replicas):
             env = self.group_env(i)
@@ -428,10 +471,11 @@ class LocalJob(LaunchOptions):
             self._out.line(f"[r{i}] " + " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items()))
             self._out.line(f"[r{i}]   {shlex.join(self.group_command(i))}")
             for rank in range(self.procs_per_replica):
-                device = ("" if self.slices is None else
-                          f"  (cuda:{rank} = GPU {self.slices[i][rank]} of this machine)")
-                self._out.line(f"{self._prefix(i, rank)}   rank {rank}: torchrun sets RANK={rank} "
-                               f"LOCAL_RANK={rank} WORLD_SIZE={self.procs_per_replica}{device}")
+                device = "" if self.slices is None else f"  (cuda:{rank} = GPU {self.slices[i][rank]} of this machine)"
+                self._out.line(
+                    f"{self._prefix(i, rank)}   rank {rank}: torchrun sets RANK={rank} "
+                    f"LOCAL_RANK={rank} WORLD_SIZE={self.procs_per_replica}{device}"
+                )
         return 0
 
     def _install_signal_handlers(self) -> Callable[[], None]:
@@ -444,6 +488,7 @@ class LocalJob(LaunchOptions):
         def restore() -> None:
             for sig, handler in old.items():
                 signal.signal(sig, handler)
+
         return restore
 
     def _lock_dump_folder(self) -> None:
@@ -454,8 +499,9 @@ class LocalJob(LaunchOptions):
         except DumpFolderBusy as e:
             raise LaunchError(str(e), 2) from None
         except OSError as e:
-            raise LaunchError(f"cannot create or lock the dump folder {self.dump_folder}: "
-                              f"{e.strerror or e}", 2) from None
+            raise LaunchError(
+                f"cannot create or lock the dump folder {self.dump_folder}: {e.strerror or e}", 2
+            ) from None
         self._lock = lock
         if lock.stale is not None:
             self._out.line(f"local job: taking over a stale lock left by PID {lock.stale.pid}")
@@ -463,8 +509,10 @@ class LocalJob(LaunchOptions):
     def _announce_quorum(self) -> None:
         size, k, join_ms = self.quorum_size, self.replicas, self.resolved_join_timeout_ms
         rule = f"majority {size} of {k}" if size == majority(k) else f"{size} of {k}"
-        self._out.line(f"local job: quorum = {rule} replica groups; the lighthouse waits up to "
-                       f"{join_ms / 1000:g} s for heartbeating groups")
+        self._out.line(
+            f"local job: quorum = {rule} replica groups; the lighthouse waits up to "
+            f"{join_ms / 1000:g} s for heartbeating groups"
+        )
         source = "--min-replicas" if self.min_replicas else "--fault_tolerance.min_replica_size"
         warning = below_majority_warning(source, size, k)
         if warning:
@@ -472,17 +520,18 @@ class LocalJob(LaunchOptions):
         cfg = self.trainer_config
         quorum_s = cfg.fault_tolerance.quorum_timeout_seconds if cfg is not None else None
         if quorum_s is not None and join_ms >= quorum_s * 1000:
-            self._out.line(f"local job: warning: --join-timeout-ms {join_ms} is not below the "
-                           f"replicas' quorum timeout ({quorum_s:g} s): a replica gives up on "
-                           f"its quorum before the lighthouse stops waiting for a late group")
+            self._out.line(
+                f"local job: warning: --join-timeout-ms {join_ms} is not below the "
+                f"replicas' quorum timeout ({quorum_s:g} s): a replica gives up on "
+                f"its quorum before the lighthouse stops waiting for a late group"
+            )
 
     def _start(self) -> None:
         self._announce_quorum()
         try:
             self._created_dirs = make_dirs(self.resolved_log_dir)
         except OSError as e:
-            raise LaunchError(f"cannot create the log folder {self.resolved_log_dir}: "
-                              f"{e.strerror or e}", 2) from None
+            raise LaunchError(f"cannot create the log folder {self.resolved_log_dir}: {e.strerror or e}", 2) from None
         self._reaper = GroupReaper()
         self._reaper.note_log(os.path.join(self.resolved_log_dir, "lighthouse.log"))  # if this launcher dies: why
         clear_stop_request()  # a request that stopped the last launch must not stop this one
@@ -490,20 +539,25 @@ class LocalJob(LaunchOptions):
             self._build_testbed()
         self._start_lighthouse()
         self._out.line(f"local job: logs in {os.path.abspath(self.resolved_log_dir)}")
-        self._out.line(f"local job: {self.replicas} replica group(s) x {self.procs_per_replica} "
-                       f"rank(s), one torchrun each; replica 0's ranks run: "
-                       f"{shlex.join(self.replica_command(0))}")
+        self._out.line(
+            f"local job: {self.replicas} replica group(s) x {self.procs_per_replica} "
+            f"rank(s), one torchrun each; replica 0's ranks run: "
+            f"{shlex.join(self.replica_command(0))}"
+        )
         self._groups = [ReplicaGroup(i) for i in range(self.replicas)]
         for g in self._groups:
             self._launch_group(g)
-        self._out.line("local job: torchrun pids " + " ".join(
-            f"r{g.index}={g.agent.pid}" for g in self._groups if g.agent))
+        self._out.line(
+            "local job: torchrun pids " + " ".join(f"r{g.index}={g.agent.pid}" for g in self._groups if g.agent)
+        )
         self.started.set()
 
     def _lighthouse_settings(self) -> str:
-        return (f"torchft lighthouse in the launcher's process: bind {self.lighthouse_bind}, min_replicas "
-                f"{self.quorum_size}, join_timeout_ms {self.resolved_join_timeout_ms}, quorum_tick_ms "
-                f"{self.quorum_tick_ms}, heartbeat_timeout_ms {self.heartbeat_timeout_ms}")
+        return (
+            f"torchft lighthouse in the launcher's process: bind {self.lighthouse_bind}, min_replicas "
+            f"{self.quorum_size}, join_timeout_ms {self.resolved_join_timeout_ms}, quorum_tick_ms "
+            f"{self.quorum_tick_ms}, heartbeat_timeout_ms {self.heartbeat_timeout_ms}"
+        )
 
     def _build_testbed(self) -> None:
         tb = self._testbed()
@@ -514,8 +568,11 @@ class LocalJob(LaunchOptions):
         state = tb.write_state(self.resolved_log_dir)
         self._created_files.append(state)
         shaped = f", links {self.link} (queue {self.link_queue_ms} ms)" if self.link else ", links unshaped"
-        self._out.line(f"local job: hosts in network namespaces {tb.prefix}-*: " + ", ".join(
-            f"{h} {tb.address(h)}" for h in tb.hosts) + f"{shaped}; recorded in {state}")
+        self._out.line(
+            f"local job: hosts in network namespaces {tb.prefix}-*: "
+            + ", ".join(f"{h} {tb.address(h)}" for h in tb.hosts)
+            + f"{shaped}; recorded in {state}"
+        )
 
     def _start_lighthouse(self) -> None:
         """The lighthouse runs in this process (torchft's server is a thread): its address is
@@ -525,17 +582,25 @@ class LocalJob(LaunchOptions):
             self._start_lighthouse_host()
             return
         try:
-            self._lighthouse = start_lighthouse(self.lighthouse_bind, self.quorum_size, self.resolved_join_timeout_ms,
-                                                self.quorum_tick_ms, self.heartbeat_timeout_ms)
+            self._lighthouse = start_lighthouse(
+                self.lighthouse_bind,
+                self.quorum_size,
+                self.resolved_join_timeout_ms,
+                self.quorum_tick_ms,
+                self.heartbeat_timeout_ms,
+            )
         except LighthouseError as e:
             raise LaunchError(f"the lighthouse refused to start: {e}", 2) from None
         self.lighthouse_url = self._lighthouse.url
-        self._mark([os.path.join(self.resolved_log_dir, "lighthouse.log")],
-                   f"=== launch {datetime.now().isoformat(timespec='seconds')} ===\n"
-                   f"{self._lighthouse_settings()}\nlighthouse listening on {self.lighthouse_url} "
-                   f"(status page: {self.lighthouse_url}/)")
-        self._out.line(f"local job: lighthouse {self.lighthouse_url} (in this process; status page: "
-                       f"{self.lighthouse_url}/)")
+        self._mark(
+            [os.path.join(self.resolved_log_dir, "lighthouse.log")],
+            f"=== launch {datetime.now().isoformat(timespec='seconds')} ===\n"
+            f"{self._lighthouse_settings()}\nlighthouse listening on {self.lighthouse_url} "
+            f"(status page: {self.lighthouse_url}/)",
+        )
+        self._out.line(
+            f"local job: lighthouse {self.lighthouse_url} (in this process; status page: {self.lighthouse_url}/)"
+        )
 
     def _start_lighthouse_host(self) -> None:
         """``python -m muloco.launch.lighthouse`` on the testbed's lighthouse host; up once it
@@ -543,13 +608,27 @@ class LocalJob(LaunchOptions):
         tb = self._testbed()
         url_file = os.path.join(self.resolved_log_dir, "lighthouse.url")
         log = os.path.join(self.resolved_log_dir, "lighthouse.log")
-        self._mark([log], f"=== launch {datetime.now().isoformat(timespec='seconds')} ===\n"
-                          f"{self._lighthouse_settings()}")
-        command = [*tb.exec_prefix("lighthouse"), sys.executable, "-m", "muloco.launch.lighthouse",
-                   "--bind", f"{tb.address('lighthouse')}:{LIGHTHOUSE_PORT}", "--min_replicas", str(self.quorum_size),
-                   "--join_timeout_ms", str(self.resolved_join_timeout_ms), "--quorum_tick_ms",
-                   str(self.quorum_tick_ms), "--heartbeat_timeout_ms", str(self.heartbeat_timeout_ms),
-                   "--url_file", url_file]
+        self._mark(
+            [log], f"=== launch {datetime.now().isoformat(timespec='seconds')} ===\n{self._lighthouse_settings()}"
+        )
+        command = [
+            *tb.exec_prefix("lighthouse"),
+            sys.executable,
+            "-m",
+            "muloco.launch.lighthouse",
+            "--bind",
+            f"{tb.address('lighthouse')}:{LIGHTHOUSE_PORT}",
+            "--min_replicas",
+            str(self.quorum_size),
+            "--join_timeout_ms",
+            str(self.resolved_join_timeout_ms),
+            "--quorum_tick_ms",
+            str(self.quorum_tick_ms),
+            "--heartbeat_timeout_ms",
+            str(self.heartbeat_timeout_ms),
+            "--url_file",
+            url_file,
+        ]
         output = GroupOutput(-1, [log], self._out, lambda text: None, prefix="[lh]")
         self._lighthouse_process = ManagedProcess(command, dict(os.environ), output, self._reaper, name="lh")
         self.pids.append(self._lighthouse_process.pid)
@@ -557,14 +636,15 @@ class LocalJob(LaunchOptions):
             rc = self._lighthouse_process.poll()
             if rc is not None:
                 self._lighthouse_process.join_pump()
-                raise LaunchError(f"the lighthouse exited with {describe_exit(rc)} before it listened (log: {log})",
-                                  2)
+                raise LaunchError(f"the lighthouse exited with {describe_exit(rc)} before it listened (log: {log})", 2)
             time.sleep(0.05)
         self._created_files.append(url_file)
         with open(url_file) as f:
             self.lighthouse_url = f.read().strip()
-        self._out.line(f"local job: lighthouse {self.lighthouse_url} (host 'lighthouse', pid "
-                       f"{self._lighthouse_process.pid}; status page: {self.lighthouse_url}/ from inside the testbed)")
+        self._out.line(
+            f"local job: lighthouse {self.lighthouse_url} (host 'lighthouse', pid "
+            f"{self._lighthouse_process.pid}; status page: {self.lighthouse_url}/ from inside the testbed)"
+        )
 
     def _group_logs(self, g: ReplicaGroup) -> list[str]:
         return [self.log_path(g.index, r) for r in range(self.procs_per_replica)]
@@ -587,8 +667,9 @@ class LocalJob(LaunchOptions):
         for log in logs:
             self._reaper.note_log(log)
         output = GroupOutput(g.index, logs, self._out, lambda text: self._on_failure(g, output, text))
-        g.agent = ManagedProcess(self.group_command(g.index), self.group_env(g.index), output,
-                                 self._reaper, name=f"r{g.index}")
+        g.agent = ManagedProcess(
+            self.group_command(g.index), self.group_env(g.index), output, self._reaper, name=f"r{g.index}"
+        )
         self.pids.append(g.agent.pid)
 
     def _on_failure(self, g: ReplicaGroup, output: GroupOutput, text: str) -> None:
@@ -599,8 +680,9 @@ class LocalJob(LaunchOptions):
         if restart is None:
             return  # no restart left: the agent exits with that status, _check_group says so
         g.restarts = int(restart.group(2))
-        self._out.line(f"local job: replica {g.index} exited with {restart.group(1)}; "
-                       f"restart {g.restarts}/{self.max_restarts}")
+        self._out.line(
+            f"local job: replica {g.index} exited with {restart.group(1)}; restart {g.restarts}/{self.max_restarts}"
+        )
         output.mark(f"=== restart {g.restarts} ===")
 
     def _stopped(self) -> int:
@@ -621,8 +703,10 @@ class LocalJob(LaunchOptions):
             if all(g.done for g in self._groups):
                 stopped = [g.index for g in self._groups if g.preempted]
                 if stopped:
-                    self._out.line(f"local job stopped on request: replica(s) {', '.join(map(str, stopped))} "
-                                   f"wrote a checkpoint and stopped; the same command resumes")
+                    self._out.line(
+                        f"local job stopped on request: replica(s) {', '.join(map(str, stopped))} "
+                        f"wrote a checkpoint and stopped; the same command resumes"
+                    )
                     return EXIT_PREEMPTED
                 self._out.line(f"local job finished: {self.replicas} replicas ok")
                 return 0
@@ -640,8 +724,10 @@ class LocalJob(LaunchOptions):
             g.done, g.preempted = True, rc == EXIT_PREEMPTED
             return None
         g.agent.join_pump()  # its last lines (and the failed rank) first
-        self._out.line(f"local job failed: replica {g.index} exited with {describe_exit(rc)} "
-                       f"(log: {self.log_path(g.index, g.failed_rank)})")
+        self._out.line(
+            f"local job failed: replica {g.index} exited with {describe_exit(rc)} "
+            f"(log: {self.log_path(g.index, g.failed_rank)})"
+        )
         return shell_status(rc) or 1
 
     def _hurry(self) -> bool:
@@ -684,8 +770,9 @@ class LocalJob(LaunchOptions):
 
 def job_from_args(argv: list[str]) -> LocalJob:
     """The command line to a LocalJob: the launcher's options, and the trainer overrides after ``--``."""
-    options, overrides = parse(LaunchOptions, argv, prog="python -m muloco.launch.local",
-                               description=LaunchOptions.__doc__)
+    options, overrides = parse(
+        LaunchOptions, argv, prog="python -m muloco.launch.local", description=LaunchOptions.__doc__
+    )
     return LocalJob(**dataclasses.asdict(options), overrides=overrides)
 
 

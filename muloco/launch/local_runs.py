@@ -67,20 +67,50 @@ def run_command(cmd: list[str], log: str, extra_env: dict[str, str] | None = Non
     return code
 
 
-def local_command(kind: str, config: str, overrides: list[str], *, replicas: int, procs: int = 1,
-                  gpus: int = 0, share_gpus: bool = False) -> list[str]:
+def local_command(
+    kind: str,
+    config: str,
+    overrides: list[str],
+    *,
+    replicas: int,
+    procs: int = 1,
+    gpus: int = 0,
+    share_gpus: bool = False,
+) -> list[str]:
     """The command that runs one run on this machine: DDP over ``gpus`` visible GPUs (else
     ``procs`` CPU ranks), or K replica groups through the local launcher (GPU slices its own;
     ``share_gpus`` when the machine has fewer GPUs than groups)."""
     if kind == "ddp":
         ranks = gpus or procs
         if ranks > 1:
-            return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-                    "-m", "muloco.train", "--config", config, *overrides]
+            return [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc-per-node",
+                str(ranks),
+                "-m",
+                "muloco.train",
+                "--config",
+                config,
+                *overrides,
+            ]
         return [sys.executable, "-m", "muloco.train", "--config", config, *overrides]
     per_group = [] if gpus or procs == 1 else ["--procs-per-replica", str(procs)]
-    return [sys.executable, "-m", "muloco.launch.local", "--config", config, "--replicas", str(replicas),
-            *per_group, *(["--share-gpus"] if share_gpus else []), "--", *overrides]
+    return [
+        sys.executable,
+        "-m",
+        "muloco.launch.local",
+        "--config",
+        config,
+        "--replicas",
+        str(replicas),
+        *per_group,
+        *(["--share-gpus"] if share_gpus else []),
+        "--",
+        *overrides,
+    ]
 
 
 @dataclass
@@ -99,8 +129,15 @@ class RunEvent:
 class LocalRuns:
     """Runs named commands through submitit's LocalExecutor, ``parallel`` at a time."""
 
-    def __init__(self, folder: str, parallel: int, manifest: dict[str, Entry],
-                 record: Callable[[RunEvent], None] | None = None, say=print, extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        folder: str,
+        parallel: int,
+        manifest: dict[str, Entry],
+        record: Callable[[RunEvent], None] | None = None,
+        say=print,
+        extra_env: dict[str, str] | None = None,
+    ):
         """``manifest``: the folder's entries by run name (a run's own is put there as it starts,
         kept there, and the whole written to the folder); ``record`` hears each run start and
         end after its entry is kept; ``extra_env``: variables set for the runs on top of this process's environment.
@@ -134,8 +171,9 @@ class LocalRuns:
     def controller_log(self) -> str:
         return os.path.join(self.folder, "submitit", "controllers.log")
 
-    def run(self, runs: list[tuple[Entry, list[str]]],
-            watch: Callable[[RunEvent], None] | None = None) -> dict[str, RunEvent]:
+    def run(
+        self, runs: list[tuple[Entry, list[str]]], watch: Callable[[RunEvent], None] | None = None
+    ) -> dict[str, RunEvent]:
         """Each (manifest entry, command) to its end, ``watch`` told of the running ones on every
         poll; how each ended, by name."""
         self._entries = {entry.name: entry for entry, _ in runs}
@@ -162,8 +200,10 @@ class LocalRuns:
                     ended[name] = event
                     self.record(event)
                     failed = event.state == "FAILED"
-                    self.say(f"{'FAILED' if failed else 'finished'} {name}"
-                             + (f": {event.error}; see {self.log(name)}" if failed else ""))
+                    self.say(
+                        f"{'FAILED' if failed else 'finished'} {name}"
+                        + (f": {event.error}; see {self.log(name)}" if failed else "")
+                    )
                 time.sleep(POLL_S)
         except BaseException:
             for job, _ in running.values():
@@ -199,7 +239,10 @@ def _cancellable_jobs() -> Iterator[None]:
     would the jobs it starts: a cancel would do nothing and the run go on, orphaned. While a job
     is started, this process handles SIGINT (as Python does by default, with KeyboardInterrupt),
     which a child receives as the default action; the ignoring is put back afterwards."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN or threading.current_thread() is not threading.main_thread():
+    if (
+        signal.getsignal(signal.SIGINT) is not signal.SIG_IGN
+        or threading.current_thread() is not threading.main_thread()
+    ):
         yield
         return
     signal.signal(signal.SIGINT, signal.default_int_handler)

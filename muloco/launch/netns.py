@@ -215,8 +215,25 @@ class Testbed:
         if rate is None:
             return
         burst = max(32 * 1024, int(bits_per_second(rate) / 8 / 100))
-        _run("ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", rate,
-             "burst", str(burst), "latency", f"{queue_ms}ms")
+        _run(
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "tc",
+            "qdisc",
+            "replace",
+            "dev",
+            dev,
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            str(burst),
+            "latency",
+            f"{queue_ms}ms",
+        )
 
     def close(self) -> None:
         """Delete every namespace (their veths and addresses with them); then stop the watchdog."""
@@ -236,7 +253,12 @@ class Testbed:
     def _start_watchdog(self) -> None:
         self._watchdog = subprocess.Popen(
             [sys.executable, "-c", "from muloco.launch.netns import delete_on_eof; delete_on_eof()"],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True, close_fds=True, text=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+            text=True,
+        )
 
     def _tell(self, line: str) -> None:
         if self._watchdog is None or self._watchdog.stdin is None:
@@ -270,9 +292,18 @@ class Testbed:
 
     # -- a record for drills run from another process -----------------------------------------
     def describe(self) -> dict:
-        return {"prefix": self.prefix, "hosts": {h: {"namespace": self.namespace(h), "address": self.address(h),
-                                                      "hub_port": self.port(h), **asdict(self.links.get(h, Link()))}
-                                                  for h in self.hosts}}
+        return {
+            "prefix": self.prefix,
+            "hosts": {
+                h: {
+                    "namespace": self.namespace(h),
+                    "address": self.address(h),
+                    "hub_port": self.port(h),
+                    **asdict(self.links.get(h, Link())),
+                }
+                for h in self.hosts
+            },
+        }
 
     def write_state(self, folder: str) -> str:
         path = os.path.join(folder, STATE_FILE)
@@ -332,8 +363,9 @@ def _drill(args) -> int:
     tb = Testbed.attach(args.log_dir)
     count, act, end = ACTIONS[args.action]
     if len(args.hosts) != count:
-        raise TestbedError(f"{args.action} takes {count} host(s) (e.g. {'r1' if count == 1 else 'lighthouse r1'}), "
-                           f"got {args.hosts}")
+        raise TestbedError(
+            f"{args.action} takes {count} host(s) (e.g. {'r1' if count == 1 else 'lighthouse r1'}), got {args.hosts}"
+        )
     target = " and ".join(args.hosts)
 
     def say(what: str) -> None:
@@ -357,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(
         prog="python -m muloco.launch.netns",
-        description="Cut or block the links of a running `muloco.launch.local --netns` job (a partition drill).")
+        description="Cut or block the links of a running `muloco.launch.local --netns` job (a partition drill).",
+    )
     parser.add_argument("action", choices=["cut", "restore", "block", "unblock", "show"])
     parser.add_argument("log_dir", help="the job's log folder (<dump folder>/logs), where it recorded its testbed")
     parser.add_argument("hosts", nargs="*", help="cut/restore: one host (r0, r1, lighthouse); block/unblock: two")

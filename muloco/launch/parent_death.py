@@ -31,8 +31,7 @@ def _libc_prctl() -> Callable[..., int] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                      ctypes.c_ulong]
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     prctl.restype = ctypes.c_int
     return prctl
 
@@ -65,4 +64,5 @@ def die_with_launcher() -> Callable[[], None] | None:
     def arm() -> None:
         if not signal_on_parent_death(sigkill, launcher):
             os._exit(1)
+
     return arm

@@ -30,9 +30,11 @@ def _kill_own_group(*_args) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
-USAGE = ("usage: python -m muloco.launch.rank_process CMD [ARG ...]\n"
-         "Runs CMD as one rank of a replica group: it dies with its torchrun agent.\n"
-         "  -h, --help  show this message and exit")
+USAGE = (
+    "usage: python -m muloco.launch.rank_process CMD [ARG ...]\n"
+    "Runs CMD as one rank of a replica group: it dies with its torchrun agent.\n"
+    "  -h, --help  show this message and exit"
+)
 
 
 def main(argv: list[str]) -> None:

@@ -41,10 +41,14 @@ class FailureReporter:
 
     def __call__(self, f: "WorkerFailure") -> None:
         self.failures += 1
-        then = (f"restart {self.failures}/{self.max_restarts}"
-                if self.failures <= self.max_restarts else "no restart left")
-        print(f"{TAG}rank {f.local_rank} (pid {f.pid}) exited with {describe_exit(f.exitcode)}; "
-              f"{then}", file=sys.stderr, flush=True)
+        then = (
+            f"restart {self.failures}/{self.max_restarts}" if self.failures <= self.max_restarts else "no restart left"
+        )
+        print(
+            f"{TAG}rank {f.local_rank} (pid {f.pid}) exited with {describe_exit(f.exitcode)}; {then}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def main(argv: list[str]) -> None:

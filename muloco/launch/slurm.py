@@ -138,8 +138,10 @@ def sbatch_value(key: str, value) -> str:
     control character could end the comment line and start a shell command: refused."""
     text = str(value)
     if _CONTROL.search(text):
-        raise JobError(f"--{key} {text!r} contains a control character (a newline, tab, ...): SLURM "
-                       f"job files cannot carry it; choose a value without one")
+        raise JobError(
+            f"--{key} {text!r} contains a control character (a newline, tab, ...): SLURM "
+            f"job files cannot carry it; choose a value without one"
+        )
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -156,30 +158,47 @@ def log_path(run_dir: str, pattern: str) -> str:
     """A log file under ``run_dir`` for ``#SBATCH --output``: ``%`` of the folder escaped (SLURM
     expands ``%j``, ``%x``, ...), a backslash refused (it turns every pattern off)."""
     if "\\" in run_dir:
-        raise JobError(f"the run folder {run_dir!r} contains a backslash, which makes SLURM ignore the %j "
-                       f"patterns of its log files; choose a folder without one")
+        raise JobError(
+            f"the run folder {run_dir!r} contains a backslash, which makes SLURM ignore the %j "
+            f"patterns of its log files; choose a folder without one"
+        )
     return os.path.join(run_dir.replace("%", "%%"), pattern)
 
 
-def sbatch_header(spec: JobSpec, res: Resources, *, name: str, output: str, array: str | None = None,
-                  requeue: bool | None = None) -> list[str]:
+def sbatch_header(
+    spec: JobSpec, res: Resources, *, name: str, output: str, array: str | None = None, requeue: bool | None = None
+) -> list[str]:
     c = spec.cluster
-    lines = [f"#SBATCH --job-name={sbatch_value('job-name', name)}", f"#SBATCH --nodes={res.nodes}",
-             f"#SBATCH --ntasks-per-node={res.ntasks_per_node}"]
+    lines = [
+        f"#SBATCH --job-name={sbatch_value('job-name', name)}",
+        f"#SBATCH --nodes={res.nodes}",
+        f"#SBATCH --ntasks-per-node={res.ntasks_per_node}",
+    ]
     if res.cpus_per_node is not None:
         lines.append(f"#SBATCH --cpus-per-task={max(1, res.cpus_per_node // res.ntasks_per_node)}")
     if res.gpus_per_node and not _gres_has_gpus(c.gres):  # a gpu gres asks for them already
         lines.append(f"#SBATCH --gpus-per-node={res.gpus_per_node}")
-    for key, value in (("partition", c.partition), ("account", c.account), ("qos", c.qos),
-                       ("reservation", c.reservation), ("mem", c.mem), ("constraint", c.constraint),
-                       ("gres", c.gres), ("exclude", c.exclude), ("mail-type", c.mail_type),
-                       ("mail-user", c.mail_user)):
+    for key, value in (
+        ("partition", c.partition),
+        ("account", c.account),
+        ("qos", c.qos),
+        ("reservation", c.reservation),
+        ("mem", c.mem),
+        ("constraint", c.constraint),
+        ("gres", c.gres),
+        ("exclude", c.exclude),
+        ("mail-type", c.mail_type),
+        ("mail-user", c.mail_user),
+    ):
         if value:
             lines.append(f"#SBATCH --{key}={sbatch_value(key, value)}")
     if c.exclusive:
         lines.append("#SBATCH --exclusive")
-    lines += [f"#SBATCH --time={sbatch_value('time', c.time)}", f"#SBATCH --output={sbatch_value('output', output)}",
-              "#SBATCH --open-mode=append"]
+    lines += [
+        f"#SBATCH --time={sbatch_value('time', c.time)}",
+        f"#SBATCH --output={sbatch_value('output', output)}",
+        "#SBATCH --open-mode=append",
+    ]
     if array:
         lines.append(f"#SBATCH --array={array}")
     if spec.requeue if requeue is None else requeue:
@@ -187,8 +206,10 @@ def sbatch_header(spec: JobSpec, res: Resources, *, name: str, output: str, arra
     else:
         lines.append("#SBATCH --no-requeue")
     if spec.dependency:  # a dependency that can never be met cancels the job instead of leaving it queued
-        lines += [f"#SBATCH --dependency={sbatch_value('dependency', spec.dependency)}",
-                  "#SBATCH --kill-on-invalid-dep=yes"]
+        lines += [
+            f"#SBATCH --dependency={sbatch_value('dependency', spec.dependency)}",
+            "#SBATCH --kill-on-invalid-dep=yes",
+        ]
     return lines
 
 
@@ -201,8 +222,9 @@ def preamble(spec: JobSpec) -> list[str]:
     env = {**ENV_BLOCK, **sockets, **spec.cluster.env}
     lines = render("preamble", exports="\n".join(f"export {k}={_q(v)}" for k, v in env.items()))
     if spec.cluster.setup:
-        lines += render("setup", cluster_file=default_cluster_file(), setup_failed=SETUP_FAILED,
-                        setup="\n".join(spec.cluster.setup))
+        lines += render(
+            "setup", cluster_file=default_cluster_file(), setup_failed=SETUP_FAILED, setup="\n".join(spec.cluster.setup)
+        )
     return lines
 
 
@@ -214,15 +236,25 @@ def requeue_block(spec: JobSpec, *, trains: bool = True) -> list[str]:
     lighthouse's job requeues at once."""
     if not spec.requeue:
         return [*render("wait_all"), *render("no_requeue")]
-    on_usr1 = (render("stop_then_requeue", slurm_dir=SLURM_DIR, watchdog_s=max(10, spec.signal_s - 30)) if trains
-               else render("requeue_on_usr1"))
-    return [*render("wait_all"), *render("requeue_self"), *on_usr1,
-            *render("finish_run", retries=spec.retries, slurm_dir=SLURM_DIR, exit_preempted=EXIT_PREEMPTED)]
+    on_usr1 = (
+        render("stop_then_requeue", slurm_dir=SLURM_DIR, watchdog_s=max(10, spec.signal_s - 30))
+        if trains
+        else render("requeue_on_usr1")
+    )
+    return [
+        *render("wait_all"),
+        *render("requeue_self"),
+        *on_usr1,
+        *render("finish_run", retries=spec.retries, slurm_dir=SLURM_DIR, exit_preempted=EXIT_PREEMPTED),
+    ]
 
 
 def overrides_block(spec: JobSpec, run_dir: str) -> list[str]:
-    return [f"CONFIG={_q(spec.config)}", "OVERRIDES=(" + " ".join(_q(o) for o in spec.overrides) + ")",
-            f"RUN_DIR={_q(run_dir)}  # the trainer's dump folder"]
+    return [
+        f"CONFIG={_q(spec.config)}",
+        "OVERRIDES=(" + " ".join(_q(o) for o in spec.overrides) + ")",
+        f"RUN_DIR={_q(run_dir)}  # the trainer's dump folder",
+    ]
 
 
 def wait_block(pids: str = '"$!"') -> list[str]:
@@ -231,16 +263,35 @@ def wait_block(pids: str = '"$!"') -> list[str]:
     return [f"wait_all {pids}", "finish_run $?"]
 
 
-def job_script(spec: JobSpec, res: Resources, comment: str, *, name: str, output: str, setup: list[str],
-               launch: list[str], array: str | None = None, trains: bool = True,
-               header_spec: JobSpec | None = None) -> str:
+def job_script(
+    spec: JobSpec,
+    res: Resources,
+    comment: str,
+    *,
+    name: str,
+    output: str,
+    setup: list[str],
+    launch: list[str],
+    array: str | None = None,
+    trains: bool = True,
+    header_spec: JobSpec | None = None,
+) -> str:
     """One sbatch file, as every kind writes it: the header (``header_spec``'s request, default
     ``spec``'s), the preamble, ``setup`` (what the job runs and where), the requeue handling,
     then ``launch`` (its srun lines)."""
     header = sbatch_header(header_spec or spec, res, name=name, output=output, array=array)
     body = [*preamble(spec), "", *setup, *requeue_block(spec, trains=trains), "", *launch]
-    return "\n".join(["#!/bin/bash", f"# {comment}", "# Generated by python -m muloco.launch.slurm; "
-                      "edit the command, not this file.", *header, "", *body, ""])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"# {comment}",
+            "# Generated by python -m muloco.launch.slurm; edit the command, not this file.",
+            *header,
+            "",
+            *body,
+            "",
+        ]
+    )
 
 
 class Kind:
@@ -280,20 +331,39 @@ class Kind:
         raise NotImplementedError
 
     def scripts(self) -> list[Script]:
-        return [Script("job.sh", job_script(self.spec, self.resources(), self.description(), name=self.spec.name,
-                                            output=self._log(f"{SLURM_DIR}/%x-%j.out"),
-                                            setup=overrides_block(self.spec, self.run_dir), launch=self.launch_lines()))]
+        return [
+            Script(
+                "job.sh",
+                job_script(
+                    self.spec,
+                    self.resources(),
+                    self.description(),
+                    name=self.spec.name,
+                    output=self._log(f"{SLURM_DIR}/%x-%j.out"),
+                    setup=overrides_block(self.spec, self.run_dir),
+                    launch=self.launch_lines(),
+                ),
+            )
+        ]
 
     def check(self) -> None:
         """Refuse layouts the node cannot hold; then what the partition cannot satisfy."""
         if self.spec.procs != 1 and self.gpus_per_node:
-            raise JobError(f"--procs {self.spec.procs} is for jobs without GPUs; with GPUs each rank gets "
-                           f"one GPU (set --gpus-per-node, or --gpus-per-node 0 to run on CPUs)")
+            raise JobError(
+                f"--procs {self.spec.procs} is for jobs without GPUs; with GPUs each rank gets "
+                f"one GPU (set --gpus-per-node, or --gpus-per-node 0 to run on CPUs)"
+            )
         if self.partition is not None:
             res = self.resources()
-            check_request(self.partition, nodes=res.nodes, gpus_per_node=res.gpus_per_node,
-                          cpus_per_node=res.cpus_per_node, mem=self.spec.cluster.mem, time=self.spec.cluster.time,
-                          warn=lambda text: print(f"{PROG}: warning: {text}", file=sys.stderr))
+            check_request(
+                self.partition,
+                nodes=res.nodes,
+                gpus_per_node=res.gpus_per_node,
+                cpus_per_node=res.cpus_per_node,
+                mem=self.spec.cluster.mem,
+                time=self.spec.cluster.time,
+                warn=lambda text: print(f"{PROG}: warning: {text}", file=sys.stderr),
+            )
 
     def place(self, nodes: list[NodeInfo], default: str | None) -> None:
         """Send the job to its partition (the cluster's default when none is set), then check it."""
@@ -321,14 +391,18 @@ class DdpJob(Kind):
         if self.cfg.nodes == 1:  # one node: a free loopback port, nothing to collide with
             endpoint = ["RDZV=127.0.0.1:0"]
         else:  # below the ephemeral range (32768+), different for jobs sharing a first node
-            endpoint = ['HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-                        'RDZV="$HEAD:$((29500 + SLURM_JOB_ID % 3000))"']
-        return [*endpoint,
-                f"srun --kill-on-bad-exit=1 \"$PYTHON\" -m torch.distributed.run --nnodes \"$SLURM_JOB_NUM_NODES\" "
-                f"--nproc-per-node {procs} --rdzv-backend c10d --rdzv-endpoint \"$RDZV\" "
-                f"--rdzv-id \"$SLURM_JOB_ID\" --max-restarts {self.spec.max_restarts} "
-                f"-m muloco.train --config \"$CONFIG\" \"${{OVERRIDES[@]}}\" &",
-                *wait_block()]
+            endpoint = [
+                'HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+                'RDZV="$HEAD:$((29500 + SLURM_JOB_ID % 3000))"',
+            ]
+        return [
+            *endpoint,
+            f'srun --kill-on-bad-exit=1 "$PYTHON" -m torch.distributed.run --nnodes "$SLURM_JOB_NUM_NODES" '
+            f'--nproc-per-node {procs} --rdzv-backend c10d --rdzv-endpoint "$RDZV" '
+            f'--rdzv-id "$SLURM_JOB_ID" --max-restarts {self.spec.max_restarts} '
+            f'-m muloco.train --config "$CONFIG" "${{OVERRIDES[@]}}" &',
+            *wait_block(),
+        ]
 
     def description(self) -> str:
         return f"DDP: one replica group over {self.cfg.nodes} node(s)"
@@ -351,17 +425,21 @@ class _DilocoKind(Kind):
 
     def lighthouse_cmd(self, url_file: str, until_job: str | None) -> str:
         until = f" --until_job {until_job}" if until_job else ""
-        return (f"\"$PYTHON\" -m muloco.launch.lighthouse --replicas {self.replicas} "
-                f"--min_replicas {self.quorum} --join_timeout_ms {self.join_timeout_ms} "
-                f"--bind node:0 --url_file {url_file}{until}")
+        return (
+            f'"$PYTHON" -m muloco.launch.lighthouse --replicas {self.replicas} '
+            f"--min_replicas {self.quorum} --join_timeout_ms {self.join_timeout_ms} "
+            f"--bind node:0 --url_file {url_file}{until}"
+        )
 
     def group_cmd(self, replica: str, url_file: str, lighthouse_moves: bool = True) -> str:
         """A group's ``slurm_group`` command; a lighthouse that cannot move (a step of the same
         job) gets no relay and no long wait (``--lighthouse-lost-s 0``)."""
         stays = "" if lighthouse_moves else "--lighthouse-lost-s 0 "
-        return (f"\"$PYTHON\" -m muloco.launch.slurm_group --config \"$CONFIG\" --replica {replica} "
-                f"--replicas {self.replicas} --min-replicas {self.quorum} --lighthouse-file {url_file} {stays}"
-                f"--procs {self.spec.procs} --max-restarts {self.spec.max_restarts} -- \"${{OVERRIDES[@]}}\"")
+        return (
+            f'"$PYTHON" -m muloco.launch.slurm_group --config "$CONFIG" --replica {replica} '
+            f"--replicas {self.replicas} --min-replicas {self.quorum} --lighthouse-file {url_file} {stays}"
+            f'--procs {self.spec.procs} --max-restarts {self.spec.max_restarts} -- "${{OVERRIDES[@]}}"'
+        )
 
 
 class GroupsJob(_DilocoKind):
@@ -378,17 +456,27 @@ class GroupsJob(_DilocoKind):
     def check(self) -> None:
         g = self.gpus_per_node
         if g and g % self.replicas:
-            raise JobError(f"K={self.replicas} replica groups do not divide the {g} GPUs of the node: "
-                           f"use --replicas with a divisor of {g}, or --gpus-per-node {g - g % self.replicas}")
+            raise JobError(
+                f"K={self.replicas} replica groups do not divide the {g} GPUs of the node: "
+                f"use --replicas with a divisor of {g}, or --gpus-per-node {g - g % self.replicas}"
+            )
         super().check()
 
     def launch_lines(self) -> list[str]:
-        local = (f"\"$PYTHON\" -m muloco.launch.local --config \"$CONFIG\" --replicas {self.replicas} "
-                 f"--max-restarts {self.spec.max_restarts}")
-        local += (f" --gpus-per-replica {self.gpus_per_node // self.replicas}" if self.gpus_per_node
-                  else f" --procs-per-replica {self.spec.procs}")
-        return ["# K replica groups + their lighthouse (loopback) on this node; per-replica logs in $RUN_DIR/logs/",
-                f"srun --ntasks=1 {local} -- \"${{OVERRIDES[@]}}\" &", *wait_block()]
+        local = (
+            f'"$PYTHON" -m muloco.launch.local --config "$CONFIG" --replicas {self.replicas} '
+            f"--max-restarts {self.spec.max_restarts}"
+        )
+        local += (
+            f" --gpus-per-replica {self.gpus_per_node // self.replicas}"
+            if self.gpus_per_node
+            else f" --procs-per-replica {self.spec.procs}"
+        )
+        return [
+            "# K replica groups + their lighthouse (loopback) on this node; per-replica logs in $RUN_DIR/logs/",
+            f'srun --ntasks=1 {local} -- "${{OVERRIDES[@]}}" &',
+            *wait_block(),
+        ]
 
     def description(self) -> str:
         return f"DiLoCo: {self.replicas} replica groups on one node"
@@ -411,25 +499,29 @@ class SpanningJob(_DilocoKind):
         npr = self.cfg.nodes_per_replica
         # a requeued job starts a new lighthouse: a new file, never the last run's stale URL
         url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}.url"'
-        return ['mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-                "# the lighthouse: one CPU on the first node, no GPU (--gres=none leaves them to group 0)",
-                f"srun --nodes=1 --ntasks=1 --overlap --cpus-per-task=1 --gres=none --nodelist=\"${{NODES[0]}}\" "
-                f"{self.lighthouse_cmd(url, None)} >> \"$RUN_DIR/{LOG_DIR}/lighthouse.log\" 2>&1 &",
-                "LIGHTHOUSE=$!",
-                "GROUP_PIDS=()",
-                f"for r in $(seq 0 {self.replicas - 1}); do",
-                f"  group_nodes=$(IFS=,; echo \"${{NODES[*]:$((r * {npr})):{npr}}}\")",
-                f"  srun --nodes={npr} --ntasks={npr} --ntasks-per-node=1 --nodelist=\"$group_nodes\" "
-                f"{self.group_cmd('$r', url, lighthouse_moves=False)} >> \"$RUN_DIR/{LOG_DIR}/replica_$r.log\" 2>&1 &",
-                "  GROUP_PIDS+=($!)",
-                "done",
-                'wait_all "${GROUP_PIDS[@]}"; rc=$?',
-                'kill "$LIGHTHOUSE" 2>/dev/null',
-                "finish_run $rc"]
+        return [
+            'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+            "# the lighthouse: one CPU on the first node, no GPU (--gres=none leaves them to group 0)",
+            f'srun --nodes=1 --ntasks=1 --overlap --cpus-per-task=1 --gres=none --nodelist="${{NODES[0]}}" '
+            f'{self.lighthouse_cmd(url, None)} >> "$RUN_DIR/{LOG_DIR}/lighthouse.log" 2>&1 &',
+            "LIGHTHOUSE=$!",
+            "GROUP_PIDS=()",
+            f"for r in $(seq 0 {self.replicas - 1}); do",
+            f'  group_nodes=$(IFS=,; echo "${{NODES[*]:$((r * {npr})):{npr}}}")',
+            f'  srun --nodes={npr} --ntasks={npr} --ntasks-per-node=1 --nodelist="$group_nodes" '
+            f'{self.group_cmd("$r", url, lighthouse_moves=False)} >> "$RUN_DIR/{LOG_DIR}/replica_$r.log" 2>&1 &',
+            "  GROUP_PIDS+=($!)",
+            "done",
+            'wait_all "${GROUP_PIDS[@]}"; rc=$?',
+            'kill "$LIGHTHOUSE" 2>/dev/null',
+            "finish_run $rc",
+        ]
 
     def description(self) -> str:
-        return (f"DiLoCo: {self.replicas} replica groups of {self.cfg.nodes_per_replica} node(s) each, "
-                f"lighthouse on the first node")
+        return (
+            f"DiLoCo: {self.replicas} replica groups of {self.cfg.nodes_per_replica} node(s) each, "
+            f"lighthouse on the first node"
+        )
 
 
 class ArrayJob(_DilocoKind):
@@ -456,8 +548,10 @@ class ArrayJob(_DilocoKind):
         if g is not None and self.gpus_per_node and (g < 1 or g > self.gpus_per_node):
             raise JobError(f"--gpus-per-replica {g} must be between 1 and the node's {self.gpus_per_node} GPUs")
         if self.spec.dependency and "?" in self.spec.dependency:
-            raise JobError(f"--dependency {self.spec.dependency!r} joins with '?' (any of), but the groups "
-                           f"must also wait for their lighthouse (all of): join yours with ','")
+            raise JobError(
+                f"--dependency {self.spec.dependency!r} joins with '?' (any of), but the groups "
+                f"must also wait for their lighthouse (all of): join yours with ','"
+            )
         super().check()
 
     def _task_share(self) -> tuple[int, int]:
@@ -479,15 +573,26 @@ class ArrayJob(_DilocoKind):
         still queued."""
         url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$SLURM_ARRAY_JOB_ID.url"'
         npr = self.cfg.nodes_per_replica
-        launch = ["# this task is replica group $SLURM_ARRAY_TASK_ID; a requeued task heals from a peer",
-                  f"srun --nodes={npr} --ntasks-per-node=1 {self.group_cmd('$SLURM_ARRAY_TASK_ID', url)} &",
-                  *wait_block()]
-        groups = job_script(self.spec, self.resources(), f"Fault-tolerant DiLoCo: {self.replicas} replica groups, "
-                            f"one array task each", name=self.spec.name, output=self._log(f"{LOG_DIR}/replica_%a.log"),
-                            setup=overrides_block(self.spec, self.run_dir), launch=launch,
-                            array=f"0-{self.replicas - 1}", header_spec=self._task_spec())
-        return [Script("groups.sh", groups, after="@lighthouse.sh", dependency=self.spec.dependency),
-                self._lighthouse_script()]
+        launch = [
+            "# this task is replica group $SLURM_ARRAY_TASK_ID; a requeued task heals from a peer",
+            f"srun --nodes={npr} --ntasks-per-node=1 {self.group_cmd('$SLURM_ARRAY_TASK_ID', url)} &",
+            *wait_block(),
+        ]
+        groups = job_script(
+            self.spec,
+            self.resources(),
+            f"Fault-tolerant DiLoCo: {self.replicas} replica groups, one array task each",
+            name=self.spec.name,
+            output=self._log(f"{LOG_DIR}/replica_%a.log"),
+            setup=overrides_block(self.spec, self.run_dir),
+            launch=launch,
+            array=f"0-{self.replicas - 1}",
+            header_spec=self._task_spec(),
+        )
+        return [
+            Script("groups.sh", groups, after="@lighthouse.sh", dependency=self.spec.dependency),
+            self._lighthouse_script(),
+        ]
 
     def place(self, nodes: list[NodeInfo], default: str | None) -> None:
         """The groups' partition, then the lighthouse's own (if set), which must exist and hold
@@ -503,18 +608,40 @@ class ArrayJob(_DilocoKind):
         groups'); requeues itself before its time limit like the groups, and the groups follow
         it to its new address (``muloco.launch.lighthouse_relay``)."""
         c = self.spec.cluster
-        lh_cluster = replace(c, mem=None, constraint=None, gres=None, exclusive=False, mail_type=None, mail_user=None,
-                             partition=c.lighthouse_partition or c.partition, qos=c.lighthouse_qos or c.qos,
-                             time=c.lighthouse_time or c.time)
-        lh_spec = JobSpec(self.spec.config, cluster=lh_cluster, requeue=True, signal_s=self.spec.signal_s,
-                          dependency=self.spec.dependency)  # it waits for what the groups wait for
+        lh_cluster = replace(
+            c,
+            mem=None,
+            constraint=None,
+            gres=None,
+            exclusive=False,
+            mail_type=None,
+            mail_user=None,
+            partition=c.lighthouse_partition or c.partition,
+            qos=c.lighthouse_qos or c.qos,
+            time=c.lighthouse_time or c.time,
+        )
+        lh_spec = JobSpec(
+            self.spec.config,
+            cluster=lh_cluster,
+            requeue=True,
+            signal_s=self.spec.signal_s,
+            dependency=self.spec.dependency,
+        )  # it waits for what the groups wait for
         lh_url = f'"$RUN_DIR/{SLURM_DIR}/lighthouse-$MULOCO_GROUPS_JOB.url"'
-        setup = [f"RUN_DIR={_q(self.run_dir)}",
-                 ': "${MULOCO_GROUPS_JOB:?the job id of the replica groups array (set at submission)}"']
-        text = job_script(lh_spec, Resources(1, 0, 1), "The lighthouse of groups.sh (its own job)",
-                          name=f"{self.spec.name}-lighthouse", output=self._log(f"{LOG_DIR}/lighthouse-%j.log"),
-                          setup=setup, launch=[self.lighthouse_cmd(lh_url, '"$MULOCO_GROUPS_JOB"') + " &",
-                                               *wait_block()], trains=False)
+        setup = [
+            f"RUN_DIR={_q(self.run_dir)}",
+            ': "${MULOCO_GROUPS_JOB:?the job id of the replica groups array (set at submission)}"',
+        ]
+        text = job_script(
+            lh_spec,
+            Resources(1, 0, 1),
+            "The lighthouse of groups.sh (its own job)",
+            name=f"{self.spec.name}-lighthouse",
+            output=self._log(f"{LOG_DIR}/lighthouse-%j.log"),
+            setup=setup,
+            launch=[self.lighthouse_cmd(lh_url, '"$MULOCO_GROUPS_JOB"') + " &", *wait_block()],
+            trains=False,
+        )
         return Script("lighthouse.sh", text, exports={"MULOCO_GROUPS_JOB": "@groups.sh"})
 
 
@@ -529,10 +656,19 @@ def array_script(jobs: list[Kind], labels: list[str], name: str, log_folder: str
         cases.append("    ;;")
     cases += ['  *) echo "no run for array task $SLURM_ARRAY_TASK_ID" >&2; exit 2 ;;', "esac"]
     n = len(jobs)
-    return Script("sweep_array.sh", job_script(
-        first.spec, first.resources(), f"Sweep {name}: {n} runs, one array task each", name=name,
-        output=log_path(log_folder, "%x-%A_%a.out"), array=f"0-{n - 1}%{min(parallel, n)}",
-        setup=[*cases, f'mkdir -p "$RUN_DIR/{SLURM_DIR}" "$RUN_DIR/{LOG_DIR}"'], launch=first.launch_lines()))
+    return Script(
+        "sweep_array.sh",
+        job_script(
+            first.spec,
+            first.resources(),
+            f"Sweep {name}: {n} runs, one array task each",
+            name=name,
+            output=log_path(log_folder, "%x-%A_%a.out"),
+            array=f"0-{n - 1}%{min(parallel, n)}",
+            setup=[*cases, f'mkdir -p "$RUN_DIR/{SLURM_DIR}" "$RUN_DIR/{LOG_DIR}"'],
+            launch=first.launch_lines(),
+        ),
+    )
 
 
 KINDS: dict[str, type[Kind]] = {"ddp": DdpJob, "groups": GroupsJob, "spanning": SpanningJob, "array": ArrayJob}
@@ -546,8 +682,13 @@ def trainer_config(kind: type[Kind], spec: JobSpec, replicas: int | None):
     """The trainer config the job would run, parsed and checked here (a bad override is one
     message now, not K failed jobs later)."""
     try:
-        return load_trainer_config(spec.config, spec.overrides, replicas=None if kind is DdpJob else replicas,
-                                   who=f"the {KIND_NAMES[kind]} kind", prog=f"{PROG} {KIND_NAMES[kind]}")
+        return load_trainer_config(
+            spec.config,
+            spec.overrides,
+            replicas=None if kind is DdpJob else replicas,
+            who=f"the {KIND_NAMES[kind]} kind",
+            prog=f"{PROG} {KIND_NAMES[kind]}",
+        )
     except TrainerConfigError as e:
         if e.status == 0:
             raise SystemExit(0) from None  # the trainer's --help was printed
@@ -596,8 +737,11 @@ def submit_scripts(scripts: list[Script], folder: str, *, env: dict[str, str] | 
         for s in scripts:
             if s.after:
                 after = f"after:{ids[s.after[1:]]}"
-                _scontrol("update", f"JobId={ids[s.file]}", f"Dependency={s.dependency},{after}" if s.dependency
-                          else f"Dependency={after}")
+                _scontrol(
+                    "update",
+                    f"JobId={ids[s.file]}",
+                    f"Dependency={s.dependency},{after}" if s.dependency else f"Dependency={after}",
+                )
                 _scontrol("release", ids[s.file])
     except (JobError, OSError) as e:
         cancel(list(ids.values()))
@@ -634,10 +778,14 @@ def cluster_nodes(dry_run: bool, settings: ClusterSettings) -> list[NodeInfo] | 
             raise ClusterError(
                 f"{e}. Without the cluster a dry run cannot know its nodes: give the node shape with "
                 f"--gpus-per-node N (0 for CPU nodes) and --cpus-per-node C, or set gpus_per_node and "
-                f"cpus_per_node in {default_cluster_file()}") from None
+                f"cpus_per_node in {default_cluster_file()}"
+            ) from None
         cpus = "SLURM's default CPUs" if settings.cpus_per_node is None else f"{settings.cpus_per_node} CPUs"
-        print(f"{PROG}: warning: {e}; the dry run is not checked against a cluster (nodes of "
-              f"{settings.gpus_per_node} GPUs and {cpus}, as given)", file=sys.stderr)
+        print(
+            f"{PROG}: warning: {e}; the dry run is not checked against a cluster (nodes of "
+            f"{settings.gpus_per_node} GPUs and {cpus}, as given)",
+            file=sys.stderr,
+        )
         return None
 
 
@@ -682,25 +830,39 @@ class SubmitOptions:
                 raise JobError(f"--{key.replace('_', '-')} must be >= {low}")
         if not self.requeue and self.retries:
             raise JobError("--retries requeues failed runs: it needs --requeue (drop --no-requeue or --retries)")
-        return JobSpec(self.config, overrides, self.cluster.settings(), job_name=self.job_name,
-                       requeue=self.requeue, retries=self.retries, signal_s=self.signal_s,
-                       max_restarts=self.max_restarts, procs=self.procs, dependency=self.dependency)
+        return JobSpec(
+            self.config,
+            overrides,
+            self.cluster.settings(),
+            job_name=self.job_name,
+            requeue=self.requeue,
+            retries=self.retries,
+            signal_s=self.signal_s,
+            max_restarts=self.max_restarts,
+            procs=self.procs,
+            dependency=self.dependency,
+        )
 
 
 def _kind_options(kind: type[Kind]) -> type[SubmitOptions]:
     """A kind's command line: what every kind takes, and its layout's options."""
     layout = Annotated[kind.Config, tyro.conf.OmitArgPrefixes]
-    return make_dataclass(kind.__name__.replace("Job", "Options"),
-                          [("layout", layout, field(default_factory=kind.Config))], bases=(SubmitOptions,),
-                          namespace={"__doc__": kind.__doc__, "__module__": __name__})
+    return make_dataclass(
+        kind.__name__.replace("Job", "Options"),
+        [("layout", layout, field(default_factory=kind.Config))],
+        bases=(SubmitOptions,),
+        namespace={"__doc__": kind.__doc__, "__module__": __name__},
+    )
 
 
 OPTIONS: dict[str, type[SubmitOptions]] = {name: _kind_options(kind) for name, kind in KINDS.items()}
 PROG = "python -m muloco.launch.slurm"
-USAGE = (f"usage: {PROG} KIND --config C [options] [-- trainer overrides]\n\nGenerate (and submit) a SLURM job "
-         f"for a muloco config. Kinds (`{PROG} KIND --help` lists each one's options):\n"
-         + "".join(f"  {name:<9} {cls.__doc__}\n" for name, cls in OPTIONS.items())
-         + "  -h, --help  show this message and exit")
+USAGE = (
+    f"usage: {PROG} KIND --config C [options] [-- trainer overrides]\n\nGenerate (and submit) a SLURM job "
+    f"for a muloco config. Kinds (`{PROG} KIND --help` lists each one's options):\n"
+    + "".join(f"  {name:<9} {cls.__doc__}\n" for name, cls in OPTIONS.items())
+    + "  -h, --help  show this message and exit"
+)
 
 
 def parse_command(argv: list[str]) -> tuple[str, SubmitOptions, list[str]]:
@@ -737,8 +899,10 @@ def main(argv: list[str] | None = None) -> int:
         scripts = job.scripts()
         if options.dry_run:
             for s in scripts:
-                print(f"# ===== {os.path.join(job.run_dir, SLURM_DIR, s.file)} (dry run: not written, "
-                      f"not submitted) =====")
+                print(
+                    f"# ===== {os.path.join(job.run_dir, SLURM_DIR, s.file)} (dry run: not written, "
+                    f"not submitted) ====="
+                )
                 print(s.text)
             return 0
         created = prepare_folder(job.run_dir)
@@ -750,12 +914,17 @@ def main(argv: list[str] | None = None) -> int:
     except (JobError, ClusterError) as e:
         return failed("slurm", e)
     except OSError as e:
-        return failed("slurm", f"cannot write the job into {job.run_dir}: {e.strerror or e}; pick a writable "
-                      "--dump_folder", BAD_INPUT)
+        return failed(
+            "slurm",
+            f"cannot write the job into {job.run_dir}: {e.strerror or e}; pick a writable --dump_folder",
+            BAD_INPUT,
+        )
     for file, job_id in ids.items():
         print(f"submitted {os.path.join(job.run_dir, SLURM_DIR, file)} as job {job_id}")
-    print(f"logs: {os.path.join(job.run_dir, LOG_DIR)}/ and {os.path.join(job.run_dir, SLURM_DIR)}/; "
-          f"results: python -m muloco.report {job.run_dir}")
+    print(
+        f"logs: {os.path.join(job.run_dir, LOG_DIR)}/ and {os.path.join(job.run_dir, SLURM_DIR)}/; "
+        f"results: python -m muloco.report {job.run_dir}"
+    )
     return 0
 
 

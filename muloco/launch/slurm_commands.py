@@ -64,19 +64,41 @@ def cancel(job_ids: list[str]) -> None:
 
 # -- what SLURM says of a job ----------------------------------------------------------------
 
-FAILED_STATES = {"FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                 "DEADLINE", "PREEMPTED", "LOST"}
+FAILED_STATES = {
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "PREEMPTED",
+    "LOST",
+}
 """LOST: SLURM no longer knows the job (no accounting, older than MinJobAge) and the run has no summary."""
-KNOWN_STATES = FAILED_STATES | {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED", "REQUEUED",
-                                "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED", "SPECIAL_EXIT"}
+KNOWN_STATES = FAILED_STATES | {
+    "PENDING",
+    "RUNNING",
+    "CONFIGURING",
+    "COMPLETING",
+    "COMPLETED",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SUSPENDED",
+    "STOPPED",
+    "SPECIAL_EXIT",
+}
 ACTIVE_STATES = "PENDING,RUNNING,CONFIGURING,COMPLETING,REQUEUED,RESIZING,SUSPENDED"
 
 
 def states_in(text: str) -> list[str]:
     """Every job state named in scontrol's or sacct's answer (one per record: an array job's
     tasks each have one)."""
-    return [word for token in text.replace("|", " ").split()
-            if (word := token.removeprefix("JobState=")) in KNOWN_STATES]
+    return [
+        word for token in text.replace("|", " ").split() if (word := token.removeprefix("JobState=")) in KNOWN_STATES
+    ]
 
 
 def combined_state(states: list[str]) -> str | None:
@@ -84,8 +106,17 @@ def combined_state(states: list[str]) -> str | None:
     else the first failure, else COMPLETED when every task completed."""
     if not states:
         return None
-    for active in ("RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED", "PENDING",
-                   "REQUEUE_HOLD", "REQUEUE_FED"):
+    for active in (
+        "RUNNING",
+        "COMPLETING",
+        "CONFIGURING",
+        "REQUEUED",
+        "RESIZING",
+        "SUSPENDED",
+        "PENDING",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+    ):
         if active in states:
             return active
     failed = [s for s in states if s != "COMPLETED"]

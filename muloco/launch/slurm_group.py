@@ -56,17 +56,23 @@ def wait_for_url(path: str, timeout_s: float) -> str:
             pass
         if time.monotonic() > deadline:
             seen = f"{url} does not answer" if url else f"no lighthouse URL in {path}"
-            raise GroupStartError(f"{seen} after {timeout_s:.0f} s: is the lighthouse job running? "
-                                  f"(squeue --me; its log is in the run's logs/)")
+            raise GroupStartError(
+                f"{seen} after {timeout_s:.0f} s: is the lighthouse job running? "
+                f"(squeue --me; its log is in the run's logs/)"
+            )
         time.sleep(1.0)
 
 
 def start_relay(url_file: str, wait_s: float) -> str:
     """A lighthouse relay on this node (``muloco.launch.lighthouse_relay``) that dies with this
     process, which then becomes torchrun (exec keeps the PID); the relay's URL."""
-    relay = subprocess.Popen([sys.executable, "-m", "muloco.launch.lighthouse_relay", "--url-file", url_file,
-                              "--wait-s", f"{wait_s:g}"], stdout=subprocess.PIPE, text=True,
-                             stdin=subprocess.DEVNULL, preexec_fn=die_with_launcher())
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "muloco.launch.lighthouse_relay", "--url-file", url_file, "--wait-s", f"{wait_s:g}"],
+        stdout=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=die_with_launcher(),
+    )
     line = relay.stdout.readline().strip() if relay.stdout else ""
     if not line.startswith("relay http://"):
         relay.kill()
@@ -103,11 +109,18 @@ def rendezvous_port(job_id: int, replica: int) -> int:
 def torchrun_command(args: GroupOptions, hosts: list[str], overrides: list[str]) -> list[str]:
     """The group's torchrun (through replica_group) and each rank's trainer command."""
     job_id = int(os.environ.get("SLURM_JOB_ID", "0"))
-    torchrun = torchrun_args(args.replica, procs=len(visible_gpus(ask_torch=False)) or args.procs, max_restarts=args.max_restarts,
-                             hosts=hosts, port=rendezvous_port(job_id, args.replica), rdzv_id=f"{job_id}_{args.replica}",
-                             is_host=os.environ.get("SLURM_NODEID", "0") == "0")  # the step's first node
-    return torchrun_group(torchrun, trainer_command(args.config, args.replica, args.replicas, overrides,
-                                                    args.min_replicas))
+    torchrun = torchrun_args(
+        args.replica,
+        procs=len(visible_gpus(ask_torch=False)) or args.procs,
+        max_restarts=args.max_restarts,
+        hosts=hosts,
+        port=rendezvous_port(job_id, args.replica),
+        rdzv_id=f"{job_id}_{args.replica}",
+        is_host=os.environ.get("SLURM_NODEID", "0") == "0",
+    )  # the step's first node
+    return torchrun_group(
+        torchrun, trainer_command(args.config, args.replica, args.replicas, overrides, args.min_replicas)
+    )
 
 
 @dataclass
@@ -139,8 +152,9 @@ class GroupOptions:
 def main(argv: list[str] | None = None) -> int:
     prog = "python -m muloco.launch.slurm_group"
     try:
-        args, overrides = parse(GroupOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
-                                description=GroupOptions.__doc__)
+        args, overrides = parse(
+            GroupOptions, list(sys.argv[1:] if argv is None else argv), prog=prog, description=GroupOptions.__doc__
+        )
     except UsageError as e:
         return failed("slurm", e)
     try:
@@ -158,8 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, **group_variables(reach, args.replica, args.replicas)}
     env.setdefault("RUST_LOG", "warn")
     through = f" (through {reach}, which follows {args.lighthouse_file})" if moves else ""
-    print(f"replica group {args.replica}/{args.replicas} on {','.join(hosts)}, lighthouse {url}{through}",
-          flush=True)
+    print(f"replica group {args.replica}/{args.replicas} on {','.join(hosts)}, lighthouse {url}{through}", flush=True)
     os.execvpe(cmd[0], cmd, env)
     return 1  # not reached
 

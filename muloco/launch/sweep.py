@@ -92,20 +92,24 @@ def lr_grid(center: float, points: int = 3) -> list[float]:
     return [float(f"{center * 2 ** (k / 2):.4g}") for k in range(-half, points - half)]
 
 
-def paper_batch_and_decay(flavor: str, weight_decay_key: str, replicas: int = 1,
-                          global_batch: int = 512) -> dict[str, object]:
+def paper_batch_and_decay(
+    flavor: str, weight_decay_key: str, replicas: int = 1, global_batch: int = 512
+) -> dict[str, object]:
     """Fixed flags that hold MuLoCo's setup for K groups: the global batch split over the groups
     (the GPU presets split it by the config's own K, not the launcher's ``--replicas``) and the
     weight decay tuned at batch 512, rescaled by steps and divided by K (the model map's rule)."""
     if global_batch % replicas:
         raise ValueError(f"global batch {global_batch} does not split over K={replicas} groups")
     wd = parse_flavor(flavor).shape.weight_decay[weight_decay_key]
-    return {"--training.global_batch_size": global_batch // replicas,
-            "--optimizer.weight_decay": float(f"{rescaled_weight_decay(wd, flavor, global_batch, replicas=replicas):.6g}")}
+    return {
+        "--training.global_batch_size": global_batch // replicas,
+        "--optimizer.weight_decay": float(f"{rescaled_weight_decay(wd, flavor, global_batch, replicas=replicas):.6g}"),
+    }
 
 
-def grid(kind: str, config: str, *, vary: dict[str, list] | None = None, fixed: dict | None = None,
-         **options) -> list[RunSpec]:
+def grid(
+    kind: str, config: str, *, vary: dict[str, list] | None = None, fixed: dict | None = None, **options
+) -> list[RunSpec]:
     """Every combination of ``vary`` (trainer flag → values), with ``fixed`` flags on all."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
@@ -119,8 +123,6 @@ def grid(kind: str, config: str, *, vary: dict[str, list] | None = None, fixed: 
 
 
 # -- building and submitting -----------------------------------------------------------------
-
-
 
 
 @dataclass
@@ -138,8 +140,10 @@ def plan(sweep: Sweep, folder: str, spec_for, extra: list[str]) -> list[Planned]
         job = build(run.kind, kind_cfg, spec)
         name = run_name(job.trainer)
         if name in names:
-            raise JobError(f"two runs of sweep {sweep.name} are both named {name}: they differ only in "
-                           f"settings the name does not show; vary a named setting or split the sweep")
+            raise JobError(
+                f"two runs of sweep {sweep.name} are both named {name}: they differ only in "
+                f"settings the name does not show; vary a named setting or split the sweep"
+            )
         names.add(name)
         run_dir = os.path.join(folder, name)
         spec.overrides = [*spec.overrides, "--dump_folder", run_dir]
@@ -153,9 +157,12 @@ def same_shape(planned: list[Planned]) -> bool:
     """One array needs one header and one launch line: the same kind with the same options
     (K, nodes) and resources, of a kind that is one script per run (not ``array``)."""
     first = planned[0]
-    return (first.entry.kind != "array"
-            and all(p.entry.kind == first.entry.kind and p.entry.options == first.entry.options
-                    and p.job.resources() == first.job.resources() for p in planned))
+    return first.entry.kind != "array" and all(
+        p.entry.kind == first.entry.kind
+        and p.entry.options == first.entry.options
+        and p.job.resources() == first.job.resources()
+        for p in planned
+    )
 
 
 @dataclass
@@ -178,8 +185,9 @@ def render(planned: list[Planned], sweep: Sweep, folder: str, args) -> list[Subm
     each run's own scripts."""
     if not args.max_nodes and len(planned) > 1 and same_shape(planned):
         logs = os.path.join(folder, SLURM_DIR)
-        script = array_script([p.job for p in planned], [p.entry.name for p in planned], sweep.name, logs,
-                              args.parallel)
+        script = array_script(
+            [p.job for p in planned], [p.entry.name for p in planned], sweep.name, logs, args.parallel
+        )
         return [Submission([script], planned, logs)]
     return [Submission(p.job.scripts(), [p], os.path.join(p.job.run_dir, SLURM_DIR)) for p in planned]
 
@@ -201,13 +209,21 @@ def smoke_script(p: Planned, steps: int, folder: str) -> tuple[Script, str]:
     """A short copy of run ``p`` in its own folder; the sweep waits for it to succeed."""
     spec = p.job.spec
     if p.entry.kind == "array":
-        raise JobError("--smoke-steps is not available for array-kind sweeps (its lighthouse is a job of "
-                       "its own); smoke-test one run with python -m muloco.launch.slurm array first")
+        raise JobError(
+            "--smoke-steps is not available for array-kind sweeps (its lighthouse is a job of "
+            "its own); smoke-test one run with python -m muloco.launch.slurm array first"
+        )
     smoke_dir = os.path.join(folder, "smoke-" + time.strftime("%Y%m%d-%H%M%S"))  # never reuse a checkpoint
     overrides = _without(spec.overrides, "--training.epochs")  # its length is the steps asked
-    smoke = JobSpec(spec.config, [*overrides, "--training.steps", str(steps), "--dump_folder", smoke_dir],
-                    spec.cluster, job_name=f"{spec.name}-smoke"[:120], requeue=False, procs=spec.procs,
-                    max_restarts=spec.max_restarts)
+    smoke = JobSpec(
+        spec.config,
+        [*overrides, "--training.steps", str(steps), "--dump_folder", smoke_dir],
+        spec.cluster,
+        job_name=f"{spec.name}-smoke"[:120],
+        requeue=False,
+        procs=spec.procs,
+        max_restarts=spec.max_restarts,
+    )
     job = build(p.entry.kind, p.job.cfg, smoke)
     job.partition = p.job.partition  # the run's partition, placed and checked: the same GPUs and CPUs asked
     prepare_folder(smoke_dir)
@@ -221,8 +237,7 @@ def wait_for_nodes(needed: int, max_nodes: int, poll_s: float, say) -> None:
     announced = False
     while (used := _nodes_in_use(user)) + needed > max_nodes:
         if not announced:
-            say(f"waiting: {used} node(s) in use by {user}, the next job needs {needed}, "
-                f"--max-nodes {max_nodes}")
+            say(f"waiting: {used} node(s) in use by {user}, the next job needs {needed}, --max-nodes {max_nodes}")
             announced = True
         time.sleep(poll_s)
 
@@ -252,10 +267,15 @@ class SweepRunner:
         folder would mix two runs)."""
         old = self.entries.get(p.entry.name)
         if old is not None and (old.overrides, old.config, old.options) != (
-                p.entry.overrides, p.entry.config, p.entry.options):
-            raise JobError(f"run {p.entry.name} is in {MANIFEST} with other settings "
-                           f"({old.config} {' '.join(old.overrides)}): its folder would mix two "
-                           f"runs; use a new --out for changed settings")
+            p.entry.overrides,
+            p.entry.config,
+            p.entry.options,
+        ):
+            raise JobError(
+                f"run {p.entry.name} is in {MANIFEST} with other settings "
+                f"({old.config} {' '.join(old.overrides)}): its folder would mix two "
+                f"runs; use a new --out for changed settings"
+            )
         return old
 
     def pending(self, planned: list[Planned]) -> list[Planned]:
@@ -287,8 +307,9 @@ class SweepRunner:
                 array_id = submit_scripts(sub.scripts, sub.folder)[file]
                 for i, p in enumerate(sub.runs):
                     self.record(p, f"{array_id}_{i}", {file: f"{array_id}_{i}"})
-                self.say(f"submitted {len(sub.runs)} runs as job array {array_id} "
-                         f"(at most {self.args.parallel} at once)")
+                self.say(
+                    f"submitted {len(sub.runs)} runs as job array {array_id} (at most {self.args.parallel} at once)"
+                )
                 continue
             (p,) = sub.runs
             if self.args.max_nodes:
@@ -341,9 +362,12 @@ class SweepOptions:
 def main(sweep: Sweep, argv: list[str] | None = None) -> int:
     prog = f"sweep {sweep.name}"
     try:
-        args, extra = parse(SweepOptions, list(sys.argv[1:] if argv is None else argv), prog=prog,
-                            description=f"Submit sweep {sweep.name} ({len(sweep.runs)} runs) to SLURM "
-                                        f"(or run it here with --local N).")
+        args, extra = parse(
+            SweepOptions,
+            list(sys.argv[1:] if argv is None else argv),
+            prog=prog,
+            description=f"Submit sweep {sweep.name} ({len(sweep.runs)} runs) to SLURM (or run it here with --local N).",
+        )
     except UsageError as e:
         return failed("sweep", f"{sweep.name}: {e}", BAD_INPUT)
     args.out = args.out or os.path.join("outputs", "sweeps", sweep.name)
@@ -386,8 +410,10 @@ def _submit(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]) -
     runner.entries = read_manifest(args.out)  # as it is now that we hold the folder
     todo = runner.pending(planned)
     if not todo:
-        print(f"sweep {sweep.name}: every run already has a job (--status shows them; "
-              f"--resubmit-failed resubmits the failed ones)")
+        print(
+            f"sweep {sweep.name}: every run already has a job (--status shows them; "
+            f"--resubmit-failed resubmits the failed ones)"
+        )
         return 0
     os.makedirs(os.path.join(args.out, SLURM_DIR), exist_ok=True)
     dependency = None
@@ -408,23 +434,47 @@ def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]
     """``--local N``: every run not finished yet, on this machine (:mod:`muloco.launch.local_runs`)."""
     from muloco.launch.local_runs import LocalRuns, local_command  # start-up: submitit, for --local only
 
-    refused = [flag for flag, on in (("--smoke-steps", args.smoke_steps), ("--max-nodes", args.max_nodes),
-                                     ("--resubmit-failed", args.resubmit_failed)) if on]
+    refused = [
+        flag
+        for flag, on in (
+            ("--smoke-steps", args.smoke_steps),
+            ("--max-nodes", args.max_nodes),
+            ("--resubmit-failed", args.resubmit_failed),
+        )
+        if on
+    ]
     if refused:
-        raise JobError(f"{', '.join(refused)} apply to SLURM submissions, not to --local (which runs every "
-                       f"unfinished run, failed ones included, N at a time)")
+        raise JobError(
+            f"{', '.join(refused)} apply to SLURM submissions, not to --local (which runs every "
+            f"unfinished run, failed ones included, N at a time)"
+        )
     for p in planned:
         p.job.check()  # the layout, without a cluster to place it on
     gpus = len(visible_gpus())
     todo = [p for p in planned if not run_finished(p.entry.run_dir)]
     groups = {p.entry.name: getattr(p.job, "replicas", 1) for p in todo}
     shared = {name for name, k in groups.items() if 0 < gpus < k}  # as compare does: fewer GPUs than groups
-    runs = [(p.entry.name, local_command(p.entry.kind, p.entry.config, p.entry.overrides, replicas=groups[p.entry.name],
-                                         procs=args.procs, gpus=gpus, share_gpus=p.entry.name in shared))
-            for p in todo]
+    runs = [
+        (
+            p.entry.name,
+            local_command(
+                p.entry.kind,
+                p.entry.config,
+                p.entry.overrides,
+                replicas=groups[p.entry.name],
+                procs=args.procs,
+                gpus=gpus,
+                share_gpus=p.entry.name in shared,
+            ),
+        )
+        for p in todo
+    ]
     if shared:
-        print(f"note: {gpus} GPU(s) for up to {max(groups.values())} replica groups: the groups of {len(shared)} run(s) "
-              f"share GPUs (--share-gpus), so their wall times include the sharing", file=sys.stderr)
+        print(
+            f"note: {gpus} GPU(s) for up to {max(groups.values())} replica groups: the groups of {len(shared)} run(s) "
+            f"share GPUs (--share-gpus), so their wall times include the sharing",
+            file=sys.stderr,
+        )
     reused = len(planned) - len(todo)
     if args.dry_run:
         for name, cmd in runs:
@@ -434,15 +484,19 @@ def _run_local(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned]
     with DumpFolderLock(args.out, option="--out"):
         failed = _run_here(sweep, args, runner, planned, runs, reused, LocalRuns)
     if failed:
-        print(f"sweep {sweep.name}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in "
-              f"{os.path.join(args.out, 'logs')}; run the sweep again to retry them", file=sys.stderr)
+        print(
+            f"sweep {sweep.name}: {len(failed)} run(s) failed: {', '.join(failed)}; logs in "
+            f"{os.path.join(args.out, 'logs')}; run the sweep again to retry them",
+            file=sys.stderr,
+        )
         return 1
     print(f"manifest: {os.path.join(args.out, MANIFEST)}; results: python -m muloco.report {args.out}")
     return 0
 
 
-def _run_here(sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned], runs, reused: int,
-              local_runs) -> list[str]:
+def _run_here(
+    sweep: Sweep, args, runner: "SweepRunner", planned: list[Planned], runs, reused: int, local_runs
+) -> list[str]:
     """The manifest first (finished runs marked as such), then the runs, each entry kept by
     ``local_runs`` as it starts and ends."""
     runner.entries = read_manifest(args.out)

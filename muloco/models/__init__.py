@@ -38,7 +38,7 @@ NORM_EPS = 1e-6
 
 def hf_folder(flavor: str) -> str | None:
     """The folder of an ``hf:DIR`` flavor (None: a model-map flavor)."""
-    return flavor[len(HF_FLAVOR):] if flavor.startswith(HF_FLAVOR) else None
+    return flavor[len(HF_FLAVOR) :] if flavor.startswith(HF_FLAVOR) else None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,7 +46,8 @@ class ModelConfig:
     flavor: str = "llama3-w128-d4-h2"
     """Model-map flavor: llama3-w{dim}-d{depth}-h{heads}[_qk_torch-rmsnorm][_pa][_pf]; or hf:DIR, the
     shapes a Hugging Face folder's config.json states (Llama 2/3.x, Qwen2/2.5, Qwen3, LLaDA: heads,
-    KV heads, FFN size, RoPE base and Llama 3's scaling, q/k/v biases, norm epsilon, tying, vocabulary). Its shapes only: to start from its weights add
+    KV heads, FFN size, RoPE base and Llama 3's scaling, q/k/v biases, norm epsilon, tying, vocabulary). Its shapes
+    only: to start from its weights add
     --checkpoint.initial_load_path DIR --checkpoint.initial_load_in_hf."""
     vocab_multiple_of: int = 64
     """The embedding/head rows are padded to a multiple of this (GPU-friendly shapes)."""
@@ -79,9 +80,13 @@ class RopeScaling:
 
     def rope_fields(self) -> dict:
         """The arguments of torchtitan's ``RoPE.Config`` that apply this scaling."""
-        return dict(scaling="llama", scaling_factor=self.factor, low_freq_factor=self.low_freq_factor,
-                    high_freq_factor=self.high_freq_factor,
-                    original_max_position_embeddings=self.original_max_position_embeddings)
+        return dict(
+            scaling="llama",
+            scaling_factor=self.factor,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
+            original_max_position_embeddings=self.original_max_position_embeddings,
+        )
 
 
 @dataclass(frozen=True)
@@ -116,10 +121,18 @@ class Architecture:
             return cls.from_hf(hf_config.read(folder))
         flavor = parse_flavor(cfg.flavor)
         s = flavor.shape
-        return cls(dim=s.dim, depth=s.depth, heads=s.heads, kv_heads=s.heads, head_dim=s.head_dim,
-                   ffn_dim=s.ffn_dim, vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple_of),
-                   qk_norm=flavor.qk_norm, post_attention_norm=flavor.post_attention_norm,
-                   post_ffn_norm=flavor.post_ffn_norm)
+        return cls(
+            dim=s.dim,
+            depth=s.depth,
+            heads=s.heads,
+            kv_heads=s.heads,
+            head_dim=s.head_dim,
+            ffn_dim=s.ffn_dim,
+            vocab_size=padded_vocab(vocab_size, cfg.vocab_multiple_of),
+            qk_norm=flavor.qk_norm,
+            post_attention_norm=flavor.post_attention_norm,
+            post_ffn_norm=flavor.post_ffn_norm,
+        )
 
     @classmethod
     def from_hf(cls, theirs: dict) -> "Architecture":
@@ -176,13 +189,9 @@ def architecture_config(a: Architecture, causal: bool = True) -> Llama3Model.Con
         dim=a.dim,
         vocab_size=a.vocab_size,
         enable_weight_tying=a.tied,
-        tok_embeddings=Embedding.Config(
-            num_embeddings=a.vocab_size, embedding_dim=a.dim, param_init=_EMBEDDING_INIT
-        ),
+        tok_embeddings=Embedding.Config(num_embeddings=a.vocab_size, embedding_dim=a.dim, param_init=_EMBEDDING_INIT),
         norm=_norm(a.dim, a.norm_eps),
-        lm_head=Linear.Config(
-            in_features=a.dim, out_features=a.vocab_size, param_init=_output_linear_init(a.dim)
-        ),
+        lm_head=Linear.Config(in_features=a.dim, out_features=a.vocab_size, param_init=_output_linear_init(a.dim)),
         layers=[_layer(a, i, causal) for i in range(a.depth)],
     )
 
@@ -233,5 +242,15 @@ def hf_adapter(cfg: ModelConfig):
     return Llama3Adapter
 
 
-__all__ = ["Architecture", "RopeScaling", "HF_FLAVOR", "ModelConfig", "hf_folder", "architecture_config", "build", "build_model_config", "build_model_spec",
-           "init_model"]
+__all__ = [
+    "Architecture",
+    "RopeScaling",
+    "HF_FLAVOR",
+    "ModelConfig",
+    "hf_folder",
+    "architecture_config",
+    "build",
+    "build_model_config",
+    "build_model_spec",
+    "init_model",
+]

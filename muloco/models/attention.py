@@ -84,8 +84,10 @@ def kv_cache(model: torch.nn.Module, cache: PrefixKV | BlockKV | None = None) ->
     block-wise model) installed in every attention layer of ``model`` for the ``with`` body."""
     layers = [m for m in model.modules() if isinstance(m, SwitchableSDPA)]
     if not layers or any(m.is_causal for m in layers):
-        raise ValueError("a sampling cache is for bidirectional (masked-diffusion) models built from muloco's "
-                         "attention layers (SwitchableSDPA)")
+        raise ValueError(
+            "a sampling cache is for bidirectional (masked-diffusion) models built from muloco's "
+            "attention layers (SwitchableSDPA)"
+        )
     cache = PrefixKV() if cache is None else cache
     for m in layers:
         m.prefix_cache = cache
@@ -113,14 +115,12 @@ class SwitchableSDPA(ScaledDotProductAttention):
         if self.prefix_cache is not None:
             k_BLNH, v_BLNH = self.prefix_cache.keys_values(id(self), k_BLNH, v_BLNH)
         if attention_masks is None:
-            return super().forward(q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa,
-                                   is_causal=self.is_causal)
+            return super().forward(q_BLNH, k_BLNH, v_BLNH, scale=scale, enable_gqa=enable_gqa, is_causal=self.is_causal)
         if isinstance(attention_masks, BlockMask):
             return self._flex_forward(q_BLNH, k_BLNH, v_BLNH, attention_masks, scale, enable_gqa)
         q, k, v = (x.transpose(1, 2) for x in (q_BLNH, k_BLNH, v_BLNH))
         with sdpa_kernel(MASKED_BACKENDS, set_priority=True):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_masks, scale=scale,
-                                                 enable_gqa=enable_gqa)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_masks, scale=scale, enable_gqa=enable_gqa)
         return out.transpose(1, 2)
 
     def _flex_forward(self, q_BLNH, k_BLNH, v_BLNH, block_mask: BlockMask, scale, enable_gqa):
@@ -132,9 +132,17 @@ class SwitchableSDPA(ScaledDotProductAttention):
             # held as a submodule: torchtitan would then take every model for a flex model and
             # refuse compile backends other than inductor, whichever mask kernel a run uses)
             with maybe_regional_inductor(FlexAttention.inductor_configs):
-                out, _ = FlexAttention.compiled_flex_attn(q, k, v, score_mod=None, block_mask=block_mask,
-                                                          scale=scale, enable_gqa=enable_gqa,
-                                                          return_aux=AuxRequest(lse=False), kernel_options={})
+                out, _ = FlexAttention.compiled_flex_attn(
+                    q,
+                    k,
+                    v,
+                    score_mod=None,
+                    block_mask=block_mask,
+                    scale=scale,
+                    enable_gqa=enable_gqa,
+                    return_aux=AuxRequest(lse=False),
+                    kernel_options={},
+                )
             return out.transpose(1, 2)
         with warnings.catch_warnings():  # "use torch.compile": unfused is what CPU tests and evaluation want
             warnings.filterwarnings("ignore", message=".*flex_attention.*without torch.compile", category=UserWarning)

@@ -22,9 +22,7 @@ class SandwichBlock(Llama3TransformerBlock):
 
     def __init__(self, config: Config):
         super().__init__(config)
-        self.post_attention_norm = (
-            config.post_attention_norm.build() if config.post_attention_norm else None
-        )
+        self.post_attention_norm = config.post_attention_norm.build() if config.post_attention_norm else None
         self.post_ffn_norm = config.post_ffn_norm.build() if config.post_ffn_norm else None
 
     def forward(self, x: torch.Tensor, attention_masks, positions=None):

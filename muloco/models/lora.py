@@ -56,8 +56,10 @@ class LoraConfig:
             raise ValueError(f"model.lora.dropout {self.dropout} is not in [0, 1)")
         unknown = [t for t in self.target_modules if t not in TARGETS]
         if unknown or not self.target_modules:
-            raise ValueError(f"model.lora.target_modules {self.target_modules} must name some of {list(TARGETS)} "
-                             "(peft's names of the projections)")
+            raise ValueError(
+                f"model.lora.target_modules {self.target_modules} must name some of {list(TARGETS)} "
+                "(peft's names of the projections)"
+            )
 
 
 class LoraLinear(nn.Linear):
@@ -101,11 +103,12 @@ def apply_lora(model: nn.Module, config: LoraConfig) -> list[str]:
     if lora_modules(model):
         raise ValueError("the model already has LoRA adapters")
     wanted = set(config.target_modules)
-    names = [n for n, m in model.named_modules()
-             if isinstance(m, nn.Linear) and (s := site(n)) and s[1] in wanted]
+    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and (s := site(n)) and s[1] in wanted]
     if not names:
-        raise ValueError(f"model.lora.target_modules {config.target_modules} match no projection of the model "
-                         f"(known targets: {list(TARGETS)})")
+        raise ValueError(
+            f"model.lora.target_modules {config.target_modules} match no projection of the model "
+            f"(known targets: {list(TARGETS)})"
+        )
     model.requires_grad_(False)
     modules = dict(model.named_modules())
     for name in names:
@@ -127,8 +130,12 @@ def frozen_keys(model_parts: list[nn.Module]) -> set[str]:
     """The state-dict keys of the frozen parameters (a LoRA model's base), as the state dict
     names them: activation checkpointing's wrapper inserts ``_checkpoint_wrapped_module.`` into
     ``named_parameters()`` but not into the state dict's keys."""
-    return {k for m in model_parts for k, v in m.state_dict(keep_vars=True).items()
-            if isinstance(v, nn.Parameter) and not v.requires_grad}
+    return {
+        k
+        for m in model_parts
+        for k, v in m.state_dict(keep_vars=True).items()
+        if isinstance(v, nn.Parameter) and not v.requires_grad
+    }
 
 
 def trainable_names(model: nn.Module) -> list[str]:
@@ -160,5 +167,14 @@ def with_lora(parallelize_fn, config: LoraConfig):
     return parallelize
 
 
-__all__ = ["LoraConfig", "LoraLinear", "apply_lora", "frozen_keys", "lora_modules", "lora_state", "merge_lora", "trainable_names",
-           "with_lora"]
+__all__ = [
+    "LoraConfig",
+    "LoraLinear",
+    "apply_lora",
+    "frozen_keys",
+    "lora_modules",
+    "lora_state",
+    "merge_lora",
+    "trainable_names",
+    "with_lora",
+]

@@ -39,8 +39,10 @@ def _objective_config():
     from muloco.objectives.autoregressive import Autoregressive
     from muloco.objectives.diffusion import MaskedDiffusion
 
-    return (Annotated[Autoregressive.Config, tyro.conf.subcommand(Autoregressive.name)]
-            | Annotated[MaskedDiffusion.Config, tyro.conf.subcommand(MaskedDiffusion.name)])
+    return (
+        Annotated[Autoregressive.Config, tyro.conf.subcommand(Autoregressive.name)]
+        | Annotated[MaskedDiffusion.Config, tyro.conf.subcommand(MaskedDiffusion.name)]
+    )
 
 
 def __getattr__(name: str):

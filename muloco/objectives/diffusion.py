@@ -103,21 +103,25 @@ class MaskedDiffusion(Objective):
             super(MaskedDiffusion.Config, self).validate()
             self.recipe.validate()
             if self.recipe.per_token() and self.complementary_masks:
-                raise ValueError("objective.recipe.position_masking draws each token's own probability; "
-                                 "--objective.complementary-masks pairs rows masked with p and 1 − p: use one")
+                raise ValueError(
+                    "objective.recipe.position_masking draws each token's own probability; "
+                    "--objective.complementary-masks pairs rows masked with p and 1 − p: use one"
+                )
             if not 0.0 < self.eps < 1.0:
                 raise ValueError(f"objective.eps is {self.eps!r}; it must be in (0, 1), e.g. 1e-3.")
             check_schedule(self.schedule, "objective.schedule")
             if self.weight not in WEIGHTS:
                 raise ValueError(f"objective.weight must be one of {', '.join(WEIGHTS)}; got {self.weight!r}")
             if self.normaliser not in NORMALISERS:
-                raise ValueError(f"objective.normaliser must be one of {', '.join(NORMALISERS)}; "
-                                 f"got {self.normaliser!r}")
+                raise ValueError(
+                    f"objective.normaliser must be one of {', '.join(NORMALISERS)}; got {self.normaliser!r}"
+                )
             if not 0.0 < self.cart_p < 1.0:
                 raise ValueError(f"objective.cart_p is {self.cart_p!r}; it must be in (0, 1).")
             if not 0.0 <= self.truncate_probability <= 1.0:
-                raise ValueError(f"objective.truncate_probability is {self.truncate_probability!r}; "
-                                 "it must be in [0, 1].")
+                raise ValueError(
+                    f"objective.truncate_probability is {self.truncate_probability!r}; it must be in [0, 1]."
+                )
             if self.eval_samples < 1:
                 raise ValueError(f"objective.eval_samples is {self.eval_samples}; it must be >= 1.")
 
@@ -127,7 +131,8 @@ class MaskedDiffusion(Objective):
             raise ValueError(
                 "the tokenizer has no mask token distinct from bos/eos, which the mdlm objective "
                 "needs; use a tokenizer with <|mask|> (muloco adds one to tokenizer.json files) "
-                "or --objective ar.")
+                "or --objective ar."
+            )
         self.recipe: Recipe = config.recipe.build()
 
     scoring: MaskedCrossEntropyLoss = MaskedCrossEntropyLoss.Config().build()
@@ -177,8 +182,9 @@ class MaskedDiffusion(Objective):
         x0, maskable = inputs, self.recipe.maskable(labels != IGNORE_INDEX)
         rows = x0.shape[0]
         u0 = torch.rand((), generator=shared).item()
-        t = noise_levels(key.rank * rows, rows, rows * key.world, c.eps, u0, own,
-                         stratified=c.stratified, device=device)
+        t = noise_levels(
+            key.rank * rows, rows, rows * key.world, c.eps, u0, own, stratified=c.stratified, device=device
+        )
         p = mask_probability(t, c.schedule)
         probs = self.recipe.token_probability(p, t, x0.shape[1])
         masked = bernoulli_masks(maskable, probs, own)
@@ -193,13 +199,21 @@ class MaskedDiffusion(Objective):
         xt = x0.masked_fill(masked, self.tokens.mask)
         positions = MaskedPositions.of(masked, self._capacity(key, rows, x0.shape[1], u0))
         reading = self._reading(xt, x0, key.step)
-        return Prepared(reading.inputs, x0, reading.kwargs,
-                        {"masked": masked, "weight": weight, "t": t, "positions": positions})
+        return Prepared(
+            reading.inputs, x0, reading.kwargs, {"masked": masked, "weight": weight, "t": t, "positions": positions}
+        )
 
     def _reading(self, xt: torch.Tensor, x0: torch.Tensor, step: int | None):
         """What the model reads for noised rows ``xt`` (the recipe's tokens, positions and mask)."""
-        return self.recipe.reading(xt, x0, bos=self.tokens.bos, documents=self.config.document_mask,
-                                   flex=self._flex(xt.device), step=step, seed=self.config.seed)
+        return self.recipe.reading(
+            xt,
+            x0,
+            bos=self.tokens.bos,
+            documents=self.config.document_mask,
+            flex=self._flex(xt.device),
+            step=step,
+            seed=self.config.seed,
+        )
 
     def _capacity(self, key: NoiseKey, rows: int, length: int, u0: float) -> int:
         """How many masked positions the loss gathers (:mod:`.gather`), from host values only: the
@@ -208,8 +222,9 @@ class MaskedDiffusion(Objective):
         c = self.config
         if c.complementary_masks or not c.stratified:
             return rows * length
-        t = noise_levels(key.rank * rows + 1, rows, rows * key.world, c.eps, 0.0, None,
-                         stratified=True, device=torch.device("cpu"))
+        t = noise_levels(
+            key.rank * rows + 1, rows, rows * key.world, c.eps, 0.0, None, stratified=True, device=torch.device("cpu")
+        )
         return mask_capacity(mask_probability(t.double(), c.schedule), length)
 
     def _token_weights(self, masked: torch.Tensor, maskable: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -243,8 +258,13 @@ class MaskedDiffusion(Objective):
         at: MaskedPositions = batch.extra["positions"]
         picked = at.take(self.recipe.outputs(pred, batch.labels.shape[1]))
         normaliser = global_valid_tokens if self.config.normaliser == "tokens" else None
-        return self.scoring(self.lm_head(picked) if self.skip_lm_head else picked, at.take(batch.labels),
-                            normaliser, weights=at.weights(batch.extra["weight"]), mask_id=self.tokens.mask)[0]
+        return self.scoring(
+            self.lm_head(picked) if self.skip_lm_head else picked,
+            at.take(batch.labels),
+            normaliser,
+            weights=at.weights(batch.extra["weight"]),
+            mask_id=self.tokens.mask,
+        )[0]
 
     def logits_at(self, pred: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
         """float32 logits at the ``where`` positions (a boolean mask), the mask token's set to −∞."""

@@ -22,14 +22,25 @@ from .sampling_options import Readout
 
 
 @torch.no_grad()
-def diffusion_nll(model, prompt: list[int], target: list[int], mask_id: int, *, samples: int = 128,
-                  batch: int = 32, generator: torch.Generator, device: torch.device,
-                  readout: Readout = Readout()) -> float:
+def diffusion_nll(
+    model,
+    prompt: list[int],
+    target: list[int],
+    mask_id: int,
+    *,
+    samples: int = 128,
+    batch: int = 32,
+    generator: torch.Generator,
+    device: torch.device,
+    readout: Readout = Readout(),
+) -> float:
     """Estimated negative ELBO (nats) of ``target`` given ``prompt`` (a shifted model's output at
     i − 1 scoring token i)."""
     if readout.block_size:
-        raise ValueError("scoring continuations of a block-wise model (--objective.recipe block) is not supported "
-                         "yet: its bound conditions each block on the clean ones before it; sample it instead")
+        raise ValueError(
+            "scoring continuations of a block-wise model (--objective.recipe block) is not supported "
+            "yet: its bound conditions each block on the clean ones before it; sample it instead"
+        )
     if readout.shift and not prompt:
         raise ValueError("a shifted (dream) model scores each token from the one before: give a non-empty prompt")
     T, P = len(target), len(prompt)
@@ -62,5 +73,5 @@ def autoregressive_nll(model, prompt: list[int], target: list[int], device: torc
     if not target:
         return 0.0
     x = torch.tensor([prompt + target], device=device)
-    logits = model(x[:, :-1]).float()[0, len(prompt) - 1:]
-    return F.cross_entropy(logits, x[0, len(prompt):], reduction="sum").item()
+    logits = model(x[:, :-1]).float()[0, len(prompt) - 1 :]
+    return F.cross_entropy(logits, x[0, len(prompt) :], reduction="sum").item()

@@ -22,8 +22,9 @@ from torchtitan.components.loss import BaseLoss
 from torchtitan.config import CompileConfig
 
 
-def masked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor,
-                         mask_id: int) -> torch.Tensor:
+def masked_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, mask_id: int
+) -> torch.Tensor:
     """Σ weights · CE(logits with the mask token's logit −∞, labels): (C, V), (C,), (C,) → scalar.
 
     ``logits`` is handed over (the gather's or the head's output, saved by neither for backward):
@@ -44,7 +45,8 @@ class MaskedCrossEntropyLoss(BaseLoss):
         self.fn = masked_cross_entropy
         self._maybe_compile(compile_config)
 
-    def __call__(self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None,
-                 **kwargs: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def __call__(
+        self, pred: torch.Tensor, labels: torch.Tensor, global_valid_tokens: torch.Tensor | None = None, **kwargs: Any
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss = self.fn(pred, labels, kwargs["weights"], kwargs["mask_id"])
         return (loss if global_valid_tokens is None else loss / global_valid_tokens), {}

@@ -57,8 +57,17 @@ def generator(device: torch.device, *key: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def noise_levels(first: int, count: int, total: int, eps: float, u0: float, own: torch.Generator,
-                 *, stratified: bool, device: torch.device) -> torch.Tensor:
+def noise_levels(
+    first: int,
+    count: int,
+    total: int,
+    eps: float,
+    u0: float,
+    own: torch.Generator,
+    *,
+    stratified: bool,
+    device: torch.device,
+) -> torch.Tensor:
     """t for rows ``first .. first+count-1`` of the ``total`` rows of one step, float32 in [ε, 1).
 
     ``u0`` is the step's shared offset (the same on every rank); unstratified rows draw

@@ -72,8 +72,9 @@ class Objective(Configurable):
         def validate(self) -> None:
             """Raise ValueError naming the bad setting (``objective.<key> ...``)."""
             if self.mask_kernel not in MASK_KERNELS:
-                raise ValueError(f"objective.mask_kernel must be one of {', '.join(MASK_KERNELS)}; "
-                                 f"got {self.mask_kernel!r}")
+                raise ValueError(
+                    f"objective.mask_kernel must be one of {', '.join(MASK_KERNELS)}; got {self.mask_kernel!r}"
+                )
 
     def __init__(self, config: Config, *, tokens: SpecialTokens, rows_per_step: int = 1):
         config.validate()
@@ -114,8 +115,10 @@ class Objective(Configurable):
         if kernel == "auto":
             return device.type == "cuda"
         if kernel == "flex" and device.type != "cuda" and torch.is_grad_enabled():
-            raise ValueError(f"objective.mask_kernel flex trains only on CUDA (FlexAttention has no "
-                             f"backward on {device.type}); use --objective.mask_kernel sdpa or auto there.")
+            raise ValueError(
+                f"objective.mask_kernel flex trains only on CUDA (FlexAttention has no "
+                f"backward on {device.type}); use --objective.mask_kernel sdpa or auto there."
+            )
         return kernel == "flex"
 
     def truncate(self, inputs: torch.Tensor, labels: torch.Tensor, key: NoiseKey):
@@ -133,8 +136,13 @@ class Objective(Configurable):
         steps run eagerly."""
         return None
 
-    def batch_from(self, inputs: torch.Tensor, labels: torch.Tensor, model_kwargs: dict[str, Any],
-                   loss_inputs: dict[str, torch.Tensor]) -> Prepared:
+    def batch_from(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        model_kwargs: dict[str, Any],
+        loss_inputs: dict[str, torch.Tensor],
+    ) -> Prepared:
         """The batch :meth:`loss_inputs` was taken from, rebuilt inside the recorded step."""
         return Prepared(inputs, labels, model_kwargs)
 

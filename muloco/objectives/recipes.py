@@ -81,8 +81,9 @@ class Recipe(Configurable):
 
         def validate(self) -> None:
             if self.anneal_steps < 0:
-                raise ValueError(f"objective.recipe.anneal_steps is {self.anneal_steps}; it must be >= 0 "
-                                 "(0: no annealing)")
+                raise ValueError(
+                    f"objective.recipe.anneal_steps is {self.anneal_steps}; it must be >= 0 (0: no annealing)"
+                )
 
     def __init__(self, config: Config):
         config.validate()
@@ -124,8 +125,9 @@ class Recipe(Configurable):
         noise level ``t`` (the row's probability for every token here)."""
         return p[:, None]
 
-    def reading(self, xt: torch.Tensor, x0: torch.Tensor, *, bos: int, documents: bool, flex: bool,
-                step: int | None, seed: int) -> Reading:
+    def reading(
+        self, xt: torch.Tensor, x0: torch.Tensor, *, bos: int, documents: bool, flex: bool, step: int | None, seed: int
+    ) -> Reading:
         """What the model reads for noised rows ``xt`` of clean rows ``x0`` at training step ``step``
         (None: evaluation, annealing over)."""
         fraction = self._opened(step)
@@ -133,16 +135,18 @@ class Recipe(Configurable):
         if fraction >= 1.0:
             if doc is None:
                 return Reading(xt, {})
-            return Reading(xt, {"attention_masks": document_block_mask(doc, False) if flex
-                                else document_mask(doc, False)})
+            return Reading(
+                xt, {"attention_masks": document_block_mask(doc, False) if flex else document_mask(doc, False)}
+            )
         allowed = annealed_causal(xt.shape[1], fraction, generator(xt.device, seed, ANNEAL_STREAM, step), xt.device)
 
         def mask_mod(b, h, q, kv):
             out = allowed[q, kv]
             return out & (doc[b, q] == doc[b, kv]) if doc is not None else out
 
-        return Reading(xt, {"attention_masks": evaluate_mask(mask_mod, xt.shape[0], xt.shape[1], xt.shape[1],
-                                                             xt.device, flex)})
+        return Reading(
+            xt, {"attention_masks": evaluate_mask(mask_mod, xt.shape[0], xt.shape[1], xt.shape[1], xt.device, flex)}
+        )
 
     def _opened(self, step: int | None) -> float:
         """The share of the causal mask's upper triangle open at ``step`` (1: full attention)."""
@@ -198,11 +202,15 @@ class BlockWise(Recipe):
 
         def validate(self) -> None:
             if not 0.0 <= self.position_masking < 1.0:
-                raise ValueError(f"objective.recipe.position_masking is {self.position_masking}; it must be 0 (off) "
-                                 "or in (0, 1), e.g. 0.1")
+                raise ValueError(
+                    f"objective.recipe.position_masking is {self.position_masking}; it must be 0 (off) "
+                    "or in (0, 1), e.g. 0.1"
+                )
             if self.anneal_steps:
-                raise ValueError("objective.recipe.anneal_steps anneals full attention; the block recipe's "
-                                 "attention is block-causal from the start: use --objective.recipe full or dream")
+                raise ValueError(
+                    "objective.recipe.anneal_steps anneals full attention; the block recipe's "
+                    "attention is block-causal from the start: use --objective.recipe full or dream"
+                )
             if self.block_size < 1:
                 raise ValueError(f"objective.recipe.block_size is {self.block_size}; it must be >= 1")
 
@@ -215,8 +223,11 @@ class BlockWise(Recipe):
         return self.config.block_size
 
     def describe(self) -> str:
-        extras = [f"size {self.block_size}"] + (["shifted"] if self.shift else []) + (
-            [f"position masking λ={self.config.position_masking:g}"] if self.config.position_masking else [])
+        extras = (
+            [f"size {self.block_size}"]
+            + (["shifted"] if self.shift else [])
+            + ([f"position masking λ={self.config.position_masking:g}"] if self.config.position_masking else [])
+        )
         return f"block ({', '.join(extras)})"
 
     def cost(self) -> float:
@@ -242,8 +253,12 @@ class BlockWise(Recipe):
 
     def reading(self, xt, x0, *, bos, documents, flex, step, seed) -> Reading:
         rows, length = xt.shape
-        mask_mod = block_diffusion_mask(length, self.block_size, document_ids(xt, bos) if documents else None,
-                                        document_ids(x0, bos) if documents else None)
+        mask_mod = block_diffusion_mask(
+            length,
+            self.block_size,
+            document_ids(xt, bos) if documents else None,
+            document_ids(x0, bos) if documents else None,
+        )
         positions = torch.arange(length, device=xt.device).repeat(2)[None]
         mask = evaluate_mask(mask_mod, rows, 2 * length, 2 * length, xt.device, flex)
         return Reading(torch.cat([xt, x0], dim=1), {"attention_masks": mask, "positions": positions})
@@ -261,8 +276,9 @@ class BlockWise(Recipe):
         return out.index_copy(1, starts, pred[:, length + starts - 1])
 
 
-def block_diffusion_mask(length: int, block: int, noised_doc: torch.Tensor | None,
-                         clean_doc: torch.Tensor | None) -> MaskMod:
+def block_diffusion_mask(
+    length: int, block: int, noised_doc: torch.Tensor | None, clean_doc: torch.Tensor | None
+) -> MaskMod:
     """BD3-LM's mask over ``[x_t ‖ x_0]`` (2L): a noised block sees itself and the clean blocks
     before it, a clean block itself and the clean blocks before it.
 

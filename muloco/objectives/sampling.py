@@ -56,24 +56,32 @@ class DiffusionSampling:
     def check_block_model(self, block_size: int) -> None:
         """The settings for a block-wise model of ``block_size``: its blocks are the sampler's."""
         if self.block_length != block_size:
-            raise ValueError(f"--block-length {self.block_length}: this model was trained with blocks of {block_size} "
-                             f"(--objective.recipe.block_size); sample with --block-length {block_size} or leave it out")
+            raise ValueError(
+                f"--block-length {self.block_length}: this model was trained with blocks of {block_size} "
+                f"(--objective.recipe.block_size); sample with --block-length {block_size} or leave it out"
+            )
         if self.cache not in ("none", "block"):
-            raise ValueError(f"--cache {self.cache}: a block-wise model keeps its finished blocks exactly with --cache "
-                             "block (the default for it); none runs the whole canvas at every step")
+            raise ValueError(
+                f"--cache {self.cache}: a block-wise model keeps its finished blocks exactly with --cache "
+                "block (the default for it); none runs the whole canvas at every step"
+            )
         # any length: the blocks are the model's, from position 0, the last one as long as the canvas
         whole = -(-self.length // block_size) * block_size
-        DiffusionSampling.check(dataclasses.replace(self, cache="none", length=whole,
-                                                    steps=max(self.steps, whole // block_size)))
+        DiffusionSampling.check(
+            dataclasses.replace(self, cache="none", length=whole, steps=max(self.steps, whole // block_size))
+        )
 
     def check(self) -> None:
         if self.length < 1 or self.block_length < 1 or self.length % self.block_length:
-            raise ValueError(f"--length {self.length} must be a positive multiple of --block-length "
-                             f"{self.block_length}")
+            raise ValueError(
+                f"--length {self.length} must be a positive multiple of --block-length {self.block_length}"
+            )
         blocks = self.length // self.block_length
         if self.steps < blocks or self.steps % blocks:
-            raise ValueError(f"--steps {self.steps} must be a positive multiple of the number of blocks "
-                             f"({blocks} = length / block length)")
+            raise ValueError(
+                f"--steps {self.steps} must be a positive multiple of the number of blocks "
+                f"({blocks} = length / block length)"
+            )
         if self.order not in ORDERS:
             raise ValueError(f"--order must be one of {', '.join(ORDERS)}; got {self.order!r}")
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
@@ -81,15 +89,19 @@ class DiffusionSampling:
         if self.cache not in CACHES:
             raise ValueError(f"--cache must be one of {', '.join(CACHES)}; got {self.cache!r}")
         if self.cache == "block":
-            raise ValueError("--cache block keeps the finished blocks of a block-wise model (one trained with "
-                             "--objective.recipe block); this model attends over the whole canvas: use --cache "
-                             "none, prefix or dual")
+            raise ValueError(
+                "--cache block keeps the finished blocks of a block-wise model (one trained with "
+                "--objective.recipe block); this model attends over the whole canvas: use --cache "
+                "none, prefix or dual"
+            )
         if self.threshold is not None:
             if not 0.0 < self.threshold <= 1.0:
                 raise ValueError(f"--threshold must be in (0, 1] (a probability); got {self.threshold}")
             if self.order != "confidence":
-                raise ValueError(f"--threshold compares the predicted token's probability: use it with "
-                                 f"--order confidence, not {self.order}")
+                raise ValueError(
+                    f"--threshold compares the predicted token's probability: use it with "
+                    f"--order confidence, not {self.order}"
+                )
 
 
 def transfer_counts(masked: int, steps: int) -> list[int]:
@@ -119,8 +131,9 @@ def _confidence(logits: torch.Tensor, chosen: torch.Tensor, order: str, generato
 
 
 @torch.no_grad()
-def sample_diffusion(model, prompt: list[int], mask_id: int, how: DiffusionSampling,
-                     generator: torch.Generator, device: torch.device) -> list[int]:
+def sample_diffusion(
+    model, prompt: list[int], mask_id: int, how: DiffusionSampling, generator: torch.Generator, device: torch.device
+) -> list[int]:
     """The generated tokens (no mask token left) after ``prompt``."""
     return sample_diffusion_batch(model, [prompt], mask_id, how, generator, device)[0]
 
@@ -153,14 +166,24 @@ def _chosen_positions(confidence: torch.Tensor, open_: torch.Tensor, k: int, thr
 
 
 @torch.no_grad()
-def sample_diffusion_batch(model, prompts: list[list[int]], mask_id: int, how: DiffusionSampling,
-                           generator: torch.Generator, device: torch.device, *, shift: bool = False) -> list[list[int]]:
+def sample_diffusion_batch(
+    model,
+    prompts: list[list[int]],
+    mask_id: int,
+    how: DiffusionSampling,
+    generator: torch.Generator,
+    device: torch.device,
+    *,
+    shift: bool = False,
+) -> list[list[int]]:
     """The generated tokens after each prompt, sampled together (see the module docstring).
     ``shift``: the model's output at i − 1 predicts token i (a ``dream`` model)."""
     how.check()
     if shift and not all(prompts):
-        raise ValueError("a shifted (dream) model predicts each token from the one before: give a non-empty prompt "
-                         "(muloco's generate adds BOS)")
+        raise ValueError(
+            "a shifted (dream) model predicts each token from the one before: give a non-empty prompt "
+            "(muloco's generate adds BOS)"
+        )
     x, start, kwargs = _left_padded(prompts, mask_id, how.length, device)
     with kv_cache(model) if how.cache != "none" else contextlib.nullcontext() as cache:
         for block_start in range(start, start + how.length, how.block_length):
@@ -168,8 +191,17 @@ def sample_diffusion_batch(model, prompts: list[list[int]], mask_id: int, how: D
     return [row[start:].tolist() for row in x]
 
 
-def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: DiffusionSampling,
-                generator: torch.Generator, kwargs: dict, cache: PrefixKV | None, shift: bool = False) -> torch.Tensor:
+def _fill_block(
+    model,
+    x: torch.Tensor,
+    block_start: int,
+    mask_id: int,
+    how: DiffusionSampling,
+    generator: torch.Generator,
+    kwargs: dict,
+    cache: PrefixKV | None,
+    shift: bool = False,
+) -> torch.Tensor:
     """The canvas with the block at ``block_start`` filled: the schedule's steps (LLaDA's, zero-count
     steps included) or, with a threshold, as many as the block needs (at least one position per
     row each). With a prefix cache the block's first step runs the whole canvas and keeps the
@@ -182,8 +214,11 @@ def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: Dif
     predicted by the outputs one position earlier, so with a cache the kept prefix ends one
     position before the block."""
     block = slice(block_start, block_start + how.block_length)
-    counts = transfer_counts(how.block_length, how.steps // (how.length // how.block_length)) \
-        if how.threshold is None else [0] * how.block_length
+    counts = (
+        transfer_counts(how.block_length, how.steps // (how.length // how.block_length))
+        if how.threshold is None
+        else [0] * how.block_length
+    )
     greedy = how.temperature == 0 and how.order != "random"
     for step, k in enumerate(counts):
         open_ = x[:, block] == mask_id
@@ -208,8 +243,15 @@ def _fill_block(model, x: torch.Tensor, block_start: int, mask_id: int, how: Dif
     return x
 
 
-def _logits(model, x: torch.Tensor, first: int, mask_id: int, kwargs: dict,
-            columns: slice | None = None, last: int | None = None) -> torch.Tensor:
+def _logits(
+    model,
+    x: torch.Tensor,
+    first: int,
+    mask_id: int,
+    kwargs: dict,
+    columns: slice | None = None,
+    last: int | None = None,
+) -> torch.Tensor:
     """float32 logits (the mask token's −∞) of the canvas from position ``first`` up to ``last``,
     run at their own positions (with a block cache, the kept parts stand in for the rest);
     ``columns`` of those only: the LM head runs on them alone."""
@@ -236,23 +278,40 @@ def sampling_for(how: DiffusionSampling, readout: Readout, block_length: int | N
     """``how`` with the block length and cache a model of ``readout`` samples with by default
     (a block-wise model: its block size and its exact cache), the user's where given."""
     default_block = readout.block_size or how.length
-    return dataclasses.replace(how, block_length=block_length or default_block,
-                               cache=cache or ("block" if readout.block_size else "none"))
+    return dataclasses.replace(
+        how, block_length=block_length or default_block, cache=cache or ("block" if readout.block_size else "none")
+    )
 
 
-def sample_model(model, prompts: list[list[int]], mask_id: int, how: DiffusionSampling, generator: torch.Generator,
-                 device: torch.device, readout: Readout = Readout()) -> list[list[int]]:
+def sample_model(
+    model,
+    prompts: list[list[int]],
+    mask_id: int,
+    how: DiffusionSampling,
+    generator: torch.Generator,
+    device: torch.device,
+    readout: Readout = Readout(),
+) -> list[list[int]]:
     """The generated tokens after each prompt, by the sampler ``readout`` calls for."""
     if readout.block_size:
-        return sample_block_diffusion(model, prompts, mask_id, how, generator, device, block_size=readout.block_size,
-                                      shift=readout.shift)
+        return sample_block_diffusion(
+            model, prompts, mask_id, how, generator, device, block_size=readout.block_size, shift=readout.shift
+        )
     return sample_diffusion_batch(model, prompts, mask_id, how, generator, device, shift=readout.shift)
 
 
 @torch.no_grad()
-def sample_block_diffusion(model, prompts: list[list[int]], mask_id: int, how: DiffusionSampling,
-                           generator: torch.Generator, device: torch.device, *, block_size: int,
-                           shift: bool = False) -> list[list[int]]:
+def sample_block_diffusion(
+    model,
+    prompts: list[list[int]],
+    mask_id: int,
+    how: DiffusionSampling,
+    generator: torch.Generator,
+    device: torch.device,
+    *,
+    block_size: int,
+    shift: bool = False,
+) -> list[list[int]]:
     """The generated tokens after each prompt from a block-wise model (``--objective.recipe block``),
     block by block as it was trained: blocks of ``block_size`` from position 0 (the prompt's last
     block is the first one sampled, its prompt tokens visible; any length, the last block cut at
@@ -266,11 +325,21 @@ def sample_block_diffusion(model, prompts: list[list[int]], mask_id: int, how: D
     return [_sample_blocks(model, prompt, mask_id, how, generator, device, block_size, shift) for prompt in prompts]
 
 
-def _sample_blocks(model, prompt: list[int], mask_id: int, how: DiffusionSampling, generator: torch.Generator,
-                   device: torch.device, block: int, shift: bool) -> list[int]:
+def _sample_blocks(
+    model,
+    prompt: list[int],
+    mask_id: int,
+    how: DiffusionSampling,
+    generator: torch.Generator,
+    device: torch.device,
+    block: int,
+    shift: bool,
+) -> list[int]:
     if not prompt:
-        raise ValueError("block-wise sampling conditions each block on the ones before: give a non-empty prompt "
-                         "(muloco's generate adds BOS)")
+        raise ValueError(
+            "block-wise sampling conditions each block on the ones before: give a non-empty prompt "
+            "(muloco's generate adds BOS)"
+        )
     x = torch.tensor([prompt + [mask_id] * how.length], device=device)
     total, first = x.shape[1], len(prompt) // block * block
     steps = max(1, how.steps // -(-(total - first) // block))  # the steps spread over the blocks sampled
@@ -292,7 +361,7 @@ def _sample_blocks(model, prompt: list[int], mask_id: int, how: DiffusionSamplin
                 x[:, start:stop] = torch.where(picked, chosen, x[:, start:stop])
             if cache is not None:
                 carry = _clean_pass(model, x, start, stop, cache, block)
-    return x[0, len(prompt):].tolist()
+    return x[0, len(prompt) :].tolist()
 
 
 def _block_causal(length: int, block: int, device: torch.device) -> torch.Tensor:
@@ -315,8 +384,17 @@ def _clean_pass(model, x: torch.Tensor, start: int, stop: int, cache: BlockKV, b
         cache.append = False
 
 
-def _block_logits(model, x: torch.Tensor, start: int, stop: int, mask_id: int, cache: BlockKV | None,
-                  carry: torch.Tensor | None, block: int, shift: bool) -> torch.Tensor:
+def _block_logits(
+    model,
+    x: torch.Tensor,
+    start: int,
+    stop: int,
+    mask_id: int,
+    cache: BlockKV | None,
+    carry: torch.Tensor | None,
+    block: int,
+    shift: bool,
+) -> torch.Tensor:
     """float32 logits predicting positions ``[start, stop)`` (the mask token's −∞)."""
     if cache is None:
         out = model(x, attention_masks=_block_causal(x.shape[1], block, x.device)).float()
@@ -332,8 +410,15 @@ def _block_logits(model, x: torch.Tensor, start: int, stop: int, mask_id: int, c
 
 
 @torch.no_grad()
-def sample_autoregressive(model, prompt: list[int], eos_id: int, length: int, temperature: float,
-                          generator: torch.Generator, device: torch.device) -> list[int]:
+def sample_autoregressive(
+    model,
+    prompt: list[int],
+    eos_id: int,
+    length: int,
+    temperature: float,
+    generator: torch.Generator,
+    device: torch.device,
+) -> list[int]:
     """Up to ``length`` next tokens, stopping after EOS."""
     x = torch.tensor([prompt], device=device)
     out: list[int] = []

@@ -29,11 +29,17 @@ class Readout:
         if value is None:
             return cls()
         block = value.get("block_size") if isinstance(value, dict) else None
-        if not isinstance(value, dict) or set(value) - {"shift", "block_size"} or \
-                not isinstance(value.get("shift", False), bool) or not (
-                block is None or (type(block) is int and block > 0)):
-            raise ValueError(f"config.json's {READOUT_KEY} {value!r} is not {{'shift': bool, 'block_size': int or null}}")
+        if (
+            not isinstance(value, dict)
+            or set(value) - {"shift", "block_size"}
+            or not isinstance(value.get("shift", False), bool)
+            or not (block is None or (type(block) is int and block > 0))
+        ):
+            raise ValueError(
+                f"config.json's {READOUT_KEY} {value!r} is not {{'shift': bool, 'block_size': int or null}}"
+            )
         return cls(shift=value.get("shift", False), block_size=value.get("block_size"))
+
 
 ORDERS = ("confidence", "margin", "entropy", "random")
 """Which masked positions a step fills first: the predicted token's probability, the gap between

@@ -68,26 +68,38 @@ class MulocoOptimizers(OptimizersContainer):
         def muon_param_groups(self) -> list[ParamGroupConfig]:
             adamw = {"betas": (self.beta1, self.beta2), "eps": self.eps}
             muon = {
-                "lr": self.lr, "momentum": self.muon_momentum, "nesterov": self.muon_nesterov,
-                "weight_decay": self.weight_decay, "ns_steps": self.muon_ns_steps,
-                "coefficients": self.muon_coefficients, "lr_scaling": self.muon_lr_scaling,
+                "lr": self.lr,
+                "momentum": self.muon_momentum,
+                "nesterov": self.muon_nesterov,
+                "weight_decay": self.weight_decay,
+                "ns_steps": self.muon_ns_steps,
+                "coefficients": self.muon_coefficients,
+                "lr_scaling": self.muon_lr_scaling,
             }
             return [
                 ParamGroupConfig(pattern=self.muon_pattern, optimizer_name="Muon", optimizer_kwargs=muon),
                 ParamGroupConfig(
-                    pattern=NORM_PATTERN, optimizer_name="AdamW",
+                    pattern=NORM_PATTERN,
+                    optimizer_name="AdamW",
                     optimizer_kwargs={**adamw, "lr": self.lr * self.scalar_lr_factor, "weight_decay": 0.0},
                 ),
                 ParamGroupConfig(
-                    pattern=EMBEDDING_PATTERN, optimizer_name="AdamW",
-                    optimizer_kwargs={**adamw, "lr": self.lr * self.embedding_lr_factor, "weight_decay": self.weight_decay},
+                    pattern=EMBEDDING_PATTERN,
+                    optimizer_name="AdamW",
+                    optimizer_kwargs={
+                        **adamw,
+                        "lr": self.lr * self.embedding_lr_factor,
+                        "weight_decay": self.weight_decay,
+                    },
                 ),
                 ParamGroupConfig(
-                    pattern=HEAD_PATTERN, optimizer_name="AdamW",
+                    pattern=HEAD_PATTERN,
+                    optimizer_name="AdamW",
                     optimizer_kwargs={**adamw, "lr": self.lr * self.head_lr_factor, "weight_decay": self.weight_decay},
                 ),
                 ParamGroupConfig(
-                    pattern=".*", optimizer_name="AdamW",
+                    pattern=".*",
+                    optimizer_name="AdamW",
                     optimizer_kwargs={**adamw, "lr": self.lr * self.scalar_lr_factor, "weight_decay": 0.0},
                 ),
             ]
@@ -119,7 +131,6 @@ class MulocoOptimizers(OptimizersContainer):
     @staticmethod
     def _resolve_optimizer_factory(name: str):
         if name == "Muon":
-
             return Muon
         return OptimizersContainer._resolve_optimizer_factory(name)
 

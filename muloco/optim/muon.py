@@ -69,8 +69,14 @@ class Muon(torch.optim.Optimizer):
     ):
         check_settings(momentum, ns_steps, coefficients, lr_scaling)
         defaults = dict(
-            lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-            ns_steps=ns_steps, coefficients=coefficients, lr_scaling=lr_scaling, eps=eps,
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            ns_steps=ns_steps,
+            coefficients=coefficients,
+            lr_scaling=lr_scaling,
+            eps=eps,
         )
         super().__init__(params, defaults)
         for group in self.param_groups:
@@ -176,8 +182,9 @@ def _orthogonalize_sharded(params, updates, indices, kwargs) -> dict[int, torch.
         [done[i].narrow(layout.dim(i), *layout.bounds(i, d)).contiguous().reshape(-1) for i in mine]
         for d in range(world)
     ]
-    recv = _all_to_all(send, [[layout.numel(i, rank) for i in layout.owned_by(s)] for s in range(world)],
-                       mesh.get_group(), like)
+    recv = _all_to_all(
+        send, [[layout.numel(i, rank) for i in layout.owned_by(s)] for s in range(world)], mesh.get_group(), like
+    )
     results: dict[int, torch.Tensor] = {}
     for s in range(world):
         for n, i in enumerate(layout.owned_by(s)):

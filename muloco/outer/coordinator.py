@@ -44,8 +44,11 @@ def _due(said: float | None, unreachable_since: float) -> bool:
     """Whether to say (again) that the lighthouse does not answer: first after CUT_OFF_FIRST_S of
     silence, then every PROGRESS_EVERY_S."""
     now = time.monotonic()
-    return now - (unreachable_since if said is None else said) >= (CUT_OFF_FIRST_S if said is None
-                                                                  else PROGRESS_EVERY_S)
+    return now - (unreachable_since if said is None else said) >= (
+        CUT_OFF_FIRST_S if said is None else PROGRESS_EVERY_S
+    )
+
+
 POLL_S = 0.5
 
 
@@ -160,9 +163,11 @@ class Coordinator:
     def _say_unreachable(self, waiting_since: float, unreachable_since: float) -> None:
         """A cut-off group says so while it waits: how long, and the setting that ends the wait."""
         now = time.monotonic()
-        logger.warning(f"waiting {now - waiting_since:.0f}s for a quorum; the lighthouse at {self.url} has not "
-                       f"answered for {now - unreachable_since:.0f}s (this group may be cut off from it and its "
-                       f"peers); it gives up after {self.lost_timeout:g}s (--fault_tolerance.lighthouse_lost_seconds)")
+        logger.warning(
+            f"waiting {now - waiting_since:.0f}s for a quorum; the lighthouse at {self.url} has not "
+            f"answered for {now - unreachable_since:.0f}s (this group may be cut off from it and its "
+            f"peers); it gives up after {self.lost_timeout:g}s (--fault_tolerance.lighthouse_lost_seconds)"
+        )
 
     def wait_for_groups(self, expected: int, timeout: float, what: str) -> set[int]:
         """Block until ``expected`` replica groups heartbeat (or ``timeout``); the groups seen."""
@@ -190,8 +195,9 @@ class Coordinator:
             return self.last_quorum()
         self.status()  # a lighthouse that is already gone fails here, before torchft blocks
         failure: list[BaseException] = []
-        worker = threading.Thread(target=self._quorum_worker, args=(timeout, failure),
-                                  name="muloco-quorum", daemon=True)
+        worker = threading.Thread(
+            target=self._quorum_worker, args=(timeout, failure), name="muloco-quorum", daemon=True
+        )
         started = time.monotonic()
         worker.start()
         unreachable_since: float | None = None
@@ -220,8 +226,10 @@ class Coordinator:
                 continue
             if time.monotonic() - last_report >= PROGRESS_EVERY_S:
                 alive = sorted(status.alive_groups())
-                logger.info(f"waiting {time.monotonic() - started:.0f}s for a quorum; replica groups alive: "
-                            f"{alive}; lighthouse: {status.next_quorum}")
+                logger.info(
+                    f"waiting {time.monotonic() - started:.0f}s for a quorum; replica groups alive: "
+                    f"{alive}; lighthouse: {status.next_quorum}"
+                )
                 last_report = time.monotonic()
         if unreachable_since is not None:
             self.cut_off_seconds += time.monotonic() - unreachable_since

@@ -84,8 +84,10 @@ def _named(err: Any) -> str:
     """The setting behind a collective's timeout (gloo says only "Timed out waiting 10000ms")."""
     if "timed out" not in _first_line(err).lower():
         return ""
-    return ("; a collective waited past --fault_tolerance.process_group_timeout_ms (a peer cut off, dead, or "
-            "still downloading its heal over a slow link)")
+    return (
+        "; a collective waited past --fault_tolerance.process_group_timeout_ms (a peer cut off, dead, or "
+        "still downloading its heal over a slow link)"
+    )
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
@@ -257,7 +259,9 @@ class _Fragment:
         out = {}
         for name, p, t in zip(self.names, self.params, tensors):
             if isinstance(p, DTensor):
-                t = DTensor.from_local(t, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+                t = DTensor.from_local(
+                    t, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+                )
             out[name] = t
         return out
 
@@ -307,30 +311,37 @@ class OuterLoop(Configurable):
             self.optimizer.validate()
             self.exchange.validate()
             self.step_schedule.validate(momentum=self.optimizer.momentum, beta=self.exchange.error_feedback.beta)
-            if self.optimizer.name == "none" and not (self.step_schedule.lr.constant
-                                                      and self.step_schedule.momentum.constant):
-                raise ValueError("outer.optimizer.name none averages the models (no lr, no momentum): "
-                                 "drop outer.step_schedule.lr/momentum, or use --outer.optimizer.name sgd")
+            if self.optimizer.name == "none" and not (
+                self.step_schedule.lr.constant and self.step_schedule.momentum.constant
+            ):
+                raise ValueError(
+                    "outer.optimizer.name none averages the models (no lr, no momentum): "
+                    "drop outer.step_schedule.lr/momentum, or use --outer.optimizer.name sgd"
+                )
             if not self.step_schedule.feedback_beta.constant and not self.exchange.carries_feedback():
-                raise ValueError("outer.step_schedule.feedback_beta schedules the error-feedback β, but this exchange "
-                                 f"keeps no error feedback (its codec {_codec_label(self.exchange.codec)} is lossless, "
-                                 "or outer.exchange.error_feedback.enabled is off): drop "
-                                 "outer.step_schedule.feedback_beta.*")
+                raise ValueError(
+                    "outer.step_schedule.feedback_beta schedules the error-feedback β, but this exchange "
+                    f"keeps no error feedback (its codec {_codec_label(self.exchange.codec)} is lossless, "
+                    "or outer.exchange.error_feedback.enabled is off): drop "
+                    "outer.step_schedule.feedback_beta.*"
+                )
             self.link.validate()
             self.round.validate()
             if self.round.deadline and self.round.min_steps > (self.round.max_steps or 2 * self.sync_every):
-                raise ValueError(f"outer.round.min_steps {self.round.min_steps} is more than a round's most steps, "
-                                 f"{2 * self.sync_every} (outer.round.max_steps 0: twice outer.sync_every "
-                                 f"{self.sync_every}): lower min_steps, or raise outer.round.max_steps")
+                raise ValueError(
+                    f"outer.round.min_steps {self.round.min_steps} is more than a round's most steps, "
+                    f"{2 * self.sync_every} (outer.round.max_steps 0: twice outer.sync_every "
+                    f"{self.sync_every}): lower min_steps, or raise outer.round.max_steps"
+                )
             self.exchange.check_weighting(self.round.deadline)
             if self.round.deadline and (self.num_fragments != 1 or self.fragment_sync_delay != 0):
-                raise ValueError(f"outer.round deadline syncs the whole model at each round's end: it needs "
-                                 f"outer.num_fragments 1 and outer.fragment_sync_delay 0 (got {self.num_fragments} "
-                                 f"and {self.fragment_sync_delay}); use lockstep rounds for streaming DiLoCo")
-            if not 0.0 <= self.fragment_update_alpha <= 1.0:
                 raise ValueError(
-                    f"outer.fragment_update_alpha must be in [0, 1], got {self.fragment_update_alpha}"
+                    f"outer.round deadline syncs the whole model at each round's end: it needs "
+                    f"outer.num_fragments 1 and outer.fragment_sync_delay 0 (got {self.num_fragments} "
+                    f"and {self.fragment_sync_delay}); use lockstep rounds for streaming DiLoCo"
                 )
+            if not 0.0 <= self.fragment_update_alpha <= 1.0:
+                raise ValueError(f"outer.fragment_update_alpha must be in [0, 1], got {self.fragment_update_alpha}")
             resolve_backup_device(self.backup_device, torch.device("cpu"))
 
     def __init__(
@@ -368,8 +379,16 @@ class OuterLoop(Configurable):
             _Fragment(f, self.placement, config.optimizer) for f in model_fragments(model, config.num_fragments)
         ]
         self.deadline = config.round.deadline
-        self.rounds = config.round.build(sync_every=config.sync_every, total_steps=run_steps or total_steps
-                                         or config.sync_every, groups=groups, group=replica_id) if self.deadline else None
+        self.rounds = (
+            config.round.build(
+                sync_every=config.sync_every,
+                total_steps=run_steps or total_steps or config.sync_every,
+                groups=groups,
+                group=replica_id,
+            )
+            if self.deadline
+            else None
+        )
         """Deadline rounds' agreed state (``outer/rounds.py``); None in lockstep rounds."""
         self.exchange = config.exchange.build(device=device, link=config.link.build(), deadline=self.deadline)
         for frag in self.fragments:
@@ -398,15 +417,18 @@ class OuterLoop(Configurable):
         self.num_params = sum(t.numel() for f in self.fragments for t in f.globals)
         steps = total_steps or self.schedule.sync_every
         self.lr_schedule, self.momentum_schedule, self.beta_schedule = (
-            s.build(total_steps=steps, inner_factor=inner_lr_factor) for s in
-            (config.step_schedule.lr, config.step_schedule.momentum, config.step_schedule.feedback_beta))
+            s.build(total_steps=steps, inner_factor=inner_lr_factor)
+            for s in (config.step_schedule.lr, config.step_schedule.momentum, config.step_schedule.feedback_beta)
+        )
 
     def describe_memory(self) -> str:
         """What the outer state costs this rank, and where it lives."""
         outer = _gib(t for f in self.fragments for t in (*f.globals, *f.optimizer.momentum))
         feedback = _gib(_tensors(self.exchange.state_dict()))
-        return (f"outer state on this rank: θ_g + outer momentum {outer:.3f} GiB in {self.placement.describe()}, "
-                f"error feedback {feedback:.3f} GiB on {self.device}")
+        return (
+            f"outer state on this rank: θ_g + outer momentum {outer:.3f} GiB in {self.placement.describe()}, "
+            f"error feedback {feedback:.3f} GiB on {self.device}"
+        )
 
     # ----------------------------------------------------------------- schedule
     def after_inner_step(self, step: int, tokens: int = 0, started: float | None = None) -> SyncRecord | None:
@@ -472,22 +494,41 @@ class OuterLoop(Configurable):
         if self._healed_to is None and view.healed_from is not None:  # torchft started a heal that failed
             err = self.manager.errored()
             cause = _first_line(err) if err is not None else "the peer's state never arrived"
-            heal = HealRecord(phase=phase, peer=view.healed_from, quorum_id=view.quorum_id, step_from=step,
-                              step_to=step, sync=self.manager.current_step(), bytes_received=0,
-                              failure=f"healing from replica {view.healed_from} failed: {cause}")
+            heal = HealRecord(
+                phase=phase,
+                peer=view.healed_from,
+                quorum_id=view.quorum_id,
+                step_from=step,
+                step_to=step,
+                sync=self.manager.current_step(),
+                bytes_received=0,
+                failure=f"healing from replica {view.healed_from} failed: {cause}",
+            )
             self.heals.append(heal)
-            logger.warning(f"{heal.failure} (quorum {view.quorum_id}); this replica group stays at step {step}, "
-                           f"sync {heal.sync}")
+            logger.warning(
+                f"{heal.failure} (quorum {view.quorum_id}); this replica group stays at step {step}, sync {heal.sync}"
+            )
             view = dataclasses.replace(view, healed_from=None)
         if self._healed_to is not None:
             sync = self.manager.current_step()
             joins_an_exchange = phase != "end" and self._source_phase != "end"  # else the heal is its sync
-            heal = HealRecord(phase=phase, peer=view.healed_from, quorum_id=view.quorum_id, step_from=step,
-                              step_to=self._healed_to, sync=sync, bytes_received=self._heal_bytes,
-                              missed=max(0, sync - sync_from - (0 if joins_an_exchange else 1)))
+            heal = HealRecord(
+                phase=phase,
+                peer=view.healed_from,
+                quorum_id=view.quorum_id,
+                step_from=step,
+                step_to=self._healed_to,
+                sync=sync,
+                bytes_received=self._heal_bytes,
+                missed=max(0, sync - sync_from - (0 if joins_an_exchange else 1)),
+            )
             self.heals.append(heal)
-            missed = (f"; it missed {heal.missed} sync(s) the others committed without it (syncs "
-                      f"{sync_from + 1}..{sync_from + heal.missed})" if heal.missed else "")
+            missed = (
+                f"; it missed {heal.missed} sync(s) the others committed without it (syncs "
+                f"{sync_from + 1}..{sync_from + heal.missed})"
+                if heal.missed
+                else ""
+            )
             logger.info(
                 f"healed from replica {heal.peer if heal.peer is not None else '?'} in quorum "
                 f"{view.quorum_id}: step {step} -> {heal.step_to}, sync {heal.sync} ({phase}){missed}"
@@ -502,8 +543,10 @@ class OuterLoop(Configurable):
         if self._healed_to is not None and self._source_phase == "end":
             # its peers finished while it was away (cut off, slow) and served the heal from their
             # end-of-run agreement, which has no exchange: their final state is this group's now
-            logger.info(f"the other groups have finished: this group took their final state (sync "
-                        f"{self.manager.current_step()}, step {step}); no exchange")
+            logger.info(
+                f"the other groups have finished: this group took their final state (sync "
+                f"{self.manager.current_step()}, step {step}); no exchange"
+            )
             return step
         # a replica that just healed holds a copy of its peer's state: it adds nothing
         self._start_exchange(view, started, step, contributes=self._healed_to is None, catching_up=False)
@@ -522,27 +565,34 @@ class OuterLoop(Configurable):
             record = self._perform(step, may_retry=may_retry)
             if not record.retried:
                 return record, step
-            logger.warning(f"sync at step {step} was not committed ({record.failure}); trying it again in a fresh "
-                           f"quorum, without any group that dropped out (try {attempt + 1} of "
-                           f"{self.sync_retries + 1}, --fault_tolerance.sync_retries {self.sync_retries})")
+            logger.warning(
+                f"sync at step {step} was not committed ({record.failure}); trying it again in a fresh "
+                f"quorum, without any group that dropped out (try {attempt + 1} of "
+                f"{self.sync_retries + 1}, --fault_tolerance.sync_retries {self.sync_retries})"
+            )
             started = time.perf_counter()
             view, step = self._meet(step, "sync")
             if self._healed_to is not None and self._source_phase == "end":
-                logger.info(f"the other groups have finished: this group took their final state (sync "
-                            f"{self.manager.current_step()}, step {step}); no exchange")
+                logger.info(
+                    f"the other groups have finished: this group took their final state (sync "
+                    f"{self.manager.current_step()}, step {step}); no exchange"
+                )
                 return record, step
             self._round_tokens += sync.tokens  # the same work, offered again
-            self._start_exchange(view, started, step, contributes=sync.contributes and self._healed_to is None,
-                                 catching_up=False)
+            self._start_exchange(
+                view, started, step, contributes=sync.contributes and self._healed_to is None, catching_up=False
+            )
         raise AssertionError("unreachable: the last try is never retried")
 
-    def _start_exchange(self, view: QuorumView, started: float, step: int, *, contributes: bool,
-                        catching_up: bool) -> None:
+    def _start_exchange(
+        self, view: QuorumView, started: float, step: int, *, contributes: bool, catching_up: bool
+    ) -> None:
         """Start the exchange of the fragment due now (after inner step ``step``, which sets the
         error-feedback β's schedule); ``started``: when its quorum began."""
         quorum_seconds = time.perf_counter() - started
-        self.exchange.set_feedback_beta(self.config.exchange.error_feedback.beta
-                                        * self.beta_schedule.factor(self._position(step)))
+        self.exchange.set_feedback_beta(
+            self.config.exchange.error_feedback.beta * self.beta_schedule.factor(self._position(step))
+        )
         self.exchange.set_outer_lr(self._outer_step_values(self._position(step))[0])
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
@@ -555,12 +605,19 @@ class OuterLoop(Configurable):
         work = Work(tokens=tokens if contributes else 0, group=self.replica_id)
         if self.deadline and contributes:  # its steps and their seconds: the paces the budgets come from
             work = self.rounds.work(tokens, self._round_end)
-        pending = self.exchange.start(self.manager, frag.names, pseudo_gradient, contributes, quorum_seconds,
-                                      work=work)
-        self._open = _Open(fragment=index, exchange=pending, seconds=time.perf_counter() - started,
-                           quorum=view, quorum_seconds=quorum_seconds, cut_off_seconds=self._cut_off,
-                           catching_up=catching_up, tokens=tokens,
-                           round_steps=work.steps if self.deadline else None, contributes=contributes)
+        pending = self.exchange.start(self.manager, frag.names, pseudo_gradient, contributes, quorum_seconds, work=work)
+        self._open = _Open(
+            fragment=index,
+            exchange=pending,
+            seconds=time.perf_counter() - started,
+            quorum=view,
+            quorum_seconds=quorum_seconds,
+            cut_off_seconds=self._cut_off,
+            catching_up=catching_up,
+            tokens=tokens,
+            round_steps=work.steps if self.deadline else None,
+            contributes=contributes,
+        )
 
     @torch.no_grad()
     def _perform(self, step: int, *, may_retry: bool = False) -> SyncRecord:
@@ -579,8 +636,11 @@ class OuterLoop(Configurable):
         clock.lap("commit")
         if failure is None and not committed:
             err = self.manager.errored()
-            failure = f"a replica failed in the exchange or the commit vote ({_first_line(err)}){_named(err)}" \
-                if err else "fewer replica groups in the quorum than needed to commit"
+            failure = (
+                f"a replica failed in the exchange or the commit vote ({_first_line(err)}){_named(err)}"
+                if err
+                else "fewer replica groups in the quorum than needed to commit"
+            )
         locals_ = frag.locals()
         lr, momentum = self._outer_step_values(self._position(step))
         if committed and self.deadline:
@@ -590,7 +650,9 @@ class OuterLoop(Configurable):
             frag.optimizer.step(self.placement.to_backup(averaged))
             clock.lap("outer_step")
             self._pull(frag.globals, locals_, self.config.fragment_update_alpha)
-        retry = not committed and may_retry and self._group_agrees(vetoed is None and self.manager.errored() is not None)
+        retry = (
+            not committed and may_retry and self._group_agrees(vetoed is None and self.manager.errored() is not None)
+        )
         if not committed:
             sync.exchange.rollback()  # e.g. error-feedback residuals of the dropped Δ
             clock.lap("outer_step")
@@ -662,7 +724,9 @@ class OuterLoop(Configurable):
         if exchange.contributors == 0:
             reason = "no replica contributed a pseudo-gradient"
         elif averaged and not bool(torch.stack(torch._foreach_norm(averaged)).sum().isfinite()):
-            reason = "the averaged pseudo-gradient is not finite (NaN/inf: a replica diverged; check the learning rates)"
+            reason = (
+                "the averaged pseudo-gradient is not finite (NaN/inf: a replica diverged; check the learning rates)"
+            )
         if reason is not None:
             self.manager.report_error(RuntimeError(reason))
         return reason
@@ -709,10 +773,12 @@ class OuterLoop(Configurable):
         ahead = status.max_step > mine or (status.max_step == mine and bool(status.alive_members_at(mine)))
         if not ahead:
             return step, []
-        logger.info(f"this replica group is behind: its checkpoint is at sync {mine}, the last quorum was at "
-                    f"sync {status.max_step}" + (" with peers still running (they may have committed it)"
-                                                 if status.max_step == mine else "")
-                    + "; healing from a peer before training")
+        logger.info(
+            f"this replica group is behind: its checkpoint is at sync {mine}, the last quorum was at "
+            f"sync {status.max_step}"
+            + (" with peers still running (they may have committed it)" if status.max_step == mine else "")
+            + "; healing from a peer before training"
+        )
         need = self.coordinator.quorum_size
         alive = self.coordinator.wait_for_groups(need, wait_seconds, "waiting for peers to heal from")
         if len(alive) < need:
@@ -737,11 +803,16 @@ class OuterLoop(Configurable):
                 return step, records
             failed = self._heal_failure_in(view.quorum_id)
             retry = failed is not None and attempt < HEAL_TRIES  # still behind: heal in the next quorum
-            why = failed or (f"no replica group in quorum {view.quorum_id} stood past sync {before}" if
-                             view.max_step <= before else f"quorum {view.quorum_id} stood at sync {view.max_step} "
-                             "and healed nobody")
-            then = (f"healing again in the next quorum (try {attempt + 1} of {HEAL_TRIES})" if retry else
-                    f"then training from step {step}")
+            why = failed or (
+                f"no replica group in quorum {view.quorum_id} stood past sync {before}"
+                if view.max_step <= before
+                else f"quorum {view.quorum_id} stood at sync {view.max_step} and healed nobody"
+            )
+            then = (
+                f"healing again in the next quorum (try {attempt + 1} of {HEAL_TRIES})"
+                if retry
+                else f"then training from step {step}"
+            )
             logger.warning(f"{why}; taking part in quorum {view.quorum_id}'s sync without contributing, {then}")
             records.append(self._perform(step))
             if not retry:
@@ -777,7 +848,9 @@ class OuterLoop(Configurable):
                 logger.warning(
                     f"replica groups {missing} did not come back within {wait_seconds:g}s of the end of "
                     f"training (--fault_tolerance.end_wait_seconds); those that return later are out of date"
-                    if missing else "some replica groups were still behind at the end (see their logs)")
+                    if missing
+                    else "some replica groups were still behind at the end (see their logs)"
+                )
                 return healed
             time.sleep(0.5)
 
@@ -903,7 +976,9 @@ class OuterLoop(Configurable):
             "heal_log": [asdict(h) for h in self.heals],
             "heal_bytes_received": sum(h.bytes_received for h in self.heals),
             "sync_seconds_total": sum(seconds),
-            "sync_seconds_mean": sum(seconds) / (len(syncs) or len(recs)) if recs else None,  # a sync's tries are its time
+            "sync_seconds_mean": sum(seconds) / (len(syncs) or len(recs))
+            if recs
+            else None,  # a sync's tries are its time
             "sync_seconds_by_part": {part: sum(r.parts.get(part, 0.0) for r in recs) for part in PARTS},
             "cut_off_seconds": self.cut_off_seconds,
             "sync_peak_extra_bytes": max((r.peak_extra_bytes for r in recs), default=0),
@@ -911,16 +986,26 @@ class OuterLoop(Configurable):
             "bytes_received": sum(r.bytes_received for r in recs),
             "payload_bits_per_parameter": 8 * sum(r.payload_bytes for r in recs) / max(1, sum(r.numel for r in recs)),
             "dense_fp32_exchange_bytes": sum(r.dense_fp32_bytes for r in recs),
-            "reduction_vs_dense_fp32": (sum(r.dense_fp32_bytes for r in recs) / sum(r.bytes_sent for r in recs)
-                                        if sum(r.bytes_sent for r in recs) else None),  # None: K=1, nothing sent
-            "healed_from": sorted({h.peer for h in self.heals if h.peer is not None and h.failure is None}
-                                  | {r.healed_from for r in recs if r.healed_from is not None}),
+            "reduction_vs_dense_fp32": (
+                sum(r.dense_fp32_bytes for r in recs) / sum(r.bytes_sent for r in recs)
+                if sum(r.bytes_sent for r in recs)
+                else None
+            ),  # None: K=1, nothing sent
+            "healed_from": sorted(
+                {h.peer for h in self.heals if h.peer is not None and h.failure is None}
+                | {r.healed_from for r in recs if r.healed_from is not None}
+            ),
             "final_global_sha256": self.fingerprint(),
             "exchange": self.exchange.describe(),
             "link": self.config.link.describe() if self.config.link.enabled else None,
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,
             "outer_parameters": self.num_params,
-            "round": {"mode": DeadlineRounds.name, "rounds": int(self.rounds.rounds),
-                      "progress": float(self.rounds.progress), "steps": steps} if self.deadline
+            "round": {
+                "mode": DeadlineRounds.name,
+                "rounds": int(self.rounds.rounds),
+                "progress": float(self.rounds.progress),
+                "steps": steps,
+            }
+            if self.deadline
             else {"mode": Lockstep.name},
         }

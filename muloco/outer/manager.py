@@ -105,31 +105,43 @@ class ReplicaGroupManager(TorchFTManager):
             if not self.enable:
                 raise ValueError("fault_tolerance.enable is false; a DiLoCo config needs its replica groups.")
             if self.semi_sync_method is not None:
-                raise ValueError("fault_tolerance.semi_sync_method must stay unset: muloco's outer loop "
-                                 "(--outer.*) replaces torchtitan's torchft DiLoCo.")
+                raise ValueError(
+                    "fault_tolerance.semi_sync_method must stay unset: muloco's outer loop "
+                    "(--outer.*) replaces torchtitan's torchft DiLoCo."
+                )
             require_positive("fault_tolerance.group_size", self.group_size, "the number of replica groups (>= 1)")
             if not 0 <= self.replica_id < self.group_size:
-                raise ValueError(f"fault_tolerance.replica_id is {self.replica_id}; it must be in [0, "
-                                 f"{self.group_size}) (fault_tolerance.group_size is the number of replica groups).")
+                raise ValueError(
+                    f"fault_tolerance.replica_id is {self.replica_id}; it must be in [0, "
+                    f"{self.group_size}) (fault_tolerance.group_size is the number of replica groups)."
+                )
             for key in ("timeout_seconds", "quorum_timeout_seconds", "connect_timeout_seconds"):
                 require_positive(f"fault_tolerance.{key}", getattr(self, key))
             if self.lighthouse_lost_seconds < 0:
-                raise ValueError(f"fault_tolerance.lighthouse_lost_seconds is {self.lighthouse_lost_seconds:g}; it "
-                                 "must be >= 0 (0 = fault_tolerance.connect_timeout_seconds).")
+                raise ValueError(
+                    f"fault_tolerance.lighthouse_lost_seconds is {self.lighthouse_lost_seconds:g}; it "
+                    "must be >= 0 (0 = fault_tolerance.connect_timeout_seconds)."
+                )
             if not 0 <= self.min_replica_size <= self.group_size:
-                raise ValueError(f"fault_tolerance.min_replica_size is {self.min_replica_size}; it must be in [0, "
-                                 f"{self.group_size}] (0 = a majority of fault_tolerance.group_size; a larger value "
-                                 "could never commit).")
+                raise ValueError(
+                    f"fault_tolerance.min_replica_size is {self.min_replica_size}; it must be in [0, "
+                    f"{self.group_size}] (0 = a majority of fault_tolerance.group_size; a larger value "
+                    "could never commit)."
+                )
             for key in ("start_wait_seconds", "end_wait_seconds"):
                 require_at_least_zero(f"fault_tolerance.{key}", getattr(self, key))
             if self.advertise_address not in ("", "route") and not is_ipv4(self.advertise_address):
-                raise ValueError(f"fault_tolerance.advertise_address is {self.advertise_address!r}; give an IPv4 "
-                                 "address of this host, 'route' (the interface that reaches the lighthouse), or "
-                                 "leave it empty (torchft's choice: the hostname).")
+                raise ValueError(
+                    f"fault_tolerance.advertise_address is {self.advertise_address!r}; give an IPv4 "
+                    "address of this host, 'route' (the interface that reaches the lighthouse), or "
+                    "leave it empty (torchft's choice: the hostname)."
+                )
             require_at_least_zero("fault_tolerance.sync_retries", self.sync_retries)
             if self.max_commit_failures < -1:
-                raise ValueError(f"fault_tolerance.max_commit_failures is {self.max_commit_failures}; it must be "
-                                 ">= 0, or -1 for no limit.")
+                raise ValueError(
+                    f"fault_tolerance.max_commit_failures is {self.max_commit_failures}; it must be "
+                    ">= 0, or -1 for no limit."
+                )
 
         def lighthouse_url(self) -> str:
             url = self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE", "")
@@ -220,13 +232,17 @@ def advertised_address(setting: str, lighthouse_url: str, replica_id: int) -> st
         setting = route_address(parsed.hostname or "127.0.0.1", parsed.port or 80)
     interface = interface_of(setting)
     if interface is None:
-        raise ReplicaGroupError(f"replica {replica_id}: fault_tolerance.advertise_address {setting} is not an "
-                                "address of this host (no interface holds it); give one of this host's "
-                                "addresses (ip -4 addr), or 'route' for the one that reaches the lighthouse.")
+        raise ReplicaGroupError(
+            f"replica {replica_id}: fault_tolerance.advertise_address {setting} is not an "
+            "address of this host (no interface holds it); give one of this host's "
+            "addresses (ip -4 addr), or 'route' for the one that reaches the lighthouse."
+        )
     given = os.environ.get("GLOO_SOCKET_IFNAME")
     if given and given != interface:  # gloo would listen where no peer can reach it
-        logger.warning(f"replica {replica_id}: GLOO_SOCKET_IFNAME={given} does not hold the advertised address "
-                       f"{setting}; the cross-group gloo uses {interface}")
+        logger.warning(
+            f"replica {replica_id}: GLOO_SOCKET_IFNAME={given} does not hold the advertised address "
+            f"{setting}; the cross-group gloo uses {interface}"
+        )
     os.environ["GLOO_SOCKET_IFNAME"] = interface
     os.environ.setdefault("NCCL_SOCKET_IFNAME", interface)  # NCCL's own syntax (^docker,lo) is kept as given
     logger.info(f"replica {replica_id}: peers reach this group at {setting} (interface {interface})")

@@ -57,7 +57,10 @@ class OuterOptimizer(Configurable):
             self.sgd = torch.optim.SGD(params, lr=1.0, momentum=0.0, foreach=True)
         else:
             self.sgd = torch.optim.SGD(
-                params, lr=config.lr, momentum=config.momentum, foreach=True,
+                params,
+                lr=config.lr,
+                momentum=config.momentum,
+                foreach=True,
                 nesterov=config.name == "nesterov" and config.momentum > 0,
             )
         self.momentum: list[torch.Tensor] = []

@@ -71,11 +71,14 @@ class DeadlineRounds(Configurable):
 
         def validate(self) -> None:
             if not 0 < self.quantile <= 1:
-                raise ValueError(f"outer.round.quantile must be in (0, 1] (1: the slowest group's H steps); "
-                                 f"got {self.quantile!r}")
+                raise ValueError(
+                    f"outer.round.quantile must be in (0, 1] (1: the slowest group's H steps); got {self.quantile!r}"
+                )
             if self.min_steps < 1 or self.max_steps < 0 or (self.max_steps and self.max_steps < self.min_steps):
-                raise ValueError(f"outer.round.min_steps {self.min_steps} and max_steps {self.max_steps}: need "
-                                 f"1 <= min_steps <= max_steps (max_steps 0: twice outer.sync_every)")
+                raise ValueError(
+                    f"outer.round.min_steps {self.min_steps} and max_steps {self.max_steps}: need "
+                    f"1 <= min_steps <= max_steps (max_steps 0: twice outer.sync_every)"
+                )
             if not 0 <= self.pace_memory < 1:
                 raise ValueError(f"outer.round.pace_memory must be in [0, 1); got {self.pace_memory!r}")
 
@@ -164,8 +167,13 @@ class DeadlineRounds(Configurable):
         known = sorted(g for g in set(members) if g < self.groups and not math.isnan(float(self.paces[g])))
         budgets = {}
         if known:
-            steps = round_budget.budgets(self.sync_every, [float(self.paces[g]) for g in known], self.config.quantile,
-                                         self.config.min_steps, self.max_steps)
+            steps = round_budget.budgets(
+                self.sync_every,
+                [float(self.paces[g]) for g in known],
+                self.config.quantile,
+                self.config.min_steps,
+                self.max_steps,
+            )
             steps = round_budget.last_round(steps, float(self.progress), self.total_steps)
             budgets = dict(zip(known, steps))
         self.budgets = budgets

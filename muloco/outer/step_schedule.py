@@ -58,11 +58,12 @@ class ValueSchedule(Configurable):
             if not 0.0 <= self.decay_from < 1.0:
                 raise ValueError(f"{name}.decay_from is a share of the run, in [0, 1); got {self.decay_from!r}")
             if self.decay in ("linear", "cosine") and self.decay_from < self.warmup:
-                raise ValueError(f"{name}.decay_from ({self.decay_from:g}) must be at least {name}.warmup "
-                                 f"({self.warmup:g}): the decay starts after the warmup")
+                raise ValueError(
+                    f"{name}.decay_from ({self.decay_from:g}) must be at least {name}.warmup "
+                    f"({self.warmup:g}): the decay starts after the warmup"
+                )
             if self.decay == "inner" and self.warmup:
-                raise ValueError(f"{name}.decay inner follows the inner schedule, warmup included; "
-                                 f"drop {name}.warmup")
+                raise ValueError(f"{name}.decay inner follows the inner schedule, warmup included; drop {name}.warmup")
             for key in ("start", "final"):
                 value = getattr(self, key)
                 if not (math.isfinite(value) and value >= 0):
@@ -70,8 +71,9 @@ class ValueSchedule(Configurable):
 
         def largest_factor(self) -> float:
             """The largest factor the schedule reaches (its values are piecewise monotone)."""
-            return max(1.0, self.start if self.warmup else 1.0, self.final if self.decay in ("linear", "cosine")
-                       else 1.0)
+            return max(
+                1.0, self.start if self.warmup else 1.0, self.final if self.decay in ("linear", "cosine") else 1.0
+            )
 
         def describe(self) -> str:
             if self.constant:
@@ -123,12 +125,22 @@ class StepSchedules:
         for name in ("lr", "momentum", "feedback_beta"):
             getattr(self, name).validate(f"outer.step_schedule.{name}")
         if momentum * self.momentum.largest_factor() >= 1:
-            raise ValueError(f"outer.step_schedule.momentum reaches {momentum * self.momentum.largest_factor():g} "
-                             f"(outer.optimizer.momentum {momentum:g} times its largest factor); momentum must stay < 1")
+            raise ValueError(
+                f"outer.step_schedule.momentum reaches {momentum * self.momentum.largest_factor():g} "
+                f"(outer.optimizer.momentum {momentum:g} times its largest factor); momentum must stay < 1"
+            )
         if beta * self.feedback_beta.largest_factor() > 1:
-            raise ValueError(f"outer.step_schedule.feedback_beta reaches {beta * self.feedback_beta.largest_factor():g}"
-                             f" (outer.exchange.error_feedback.beta {beta:g} times its largest factor); β must stay <= 1")
+            raise ValueError(
+                f"outer.step_schedule.feedback_beta reaches {beta * self.feedback_beta.largest_factor():g}"
+                f" (outer.exchange.error_feedback.beta {beta:g} times its largest factor); β must stay <= 1"
+            )
 
     def describe(self) -> str:
-        return "; ".join(f"{name} {getattr(self, name).describe()}" for name in ("lr", "momentum", "feedback_beta")
-                         if not getattr(self, name).constant) or "constant"
+        return (
+            "; ".join(
+                f"{name} {getattr(self, name).describe()}"
+                for name in ("lr", "momentum", "feedback_beta")
+                if not getattr(self, name).constant
+            )
+            or "constant"
+        )

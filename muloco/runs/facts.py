@@ -31,6 +31,8 @@ FACTS_VERSION = 1
 FACT_KEYS = ("method", "objective", "model", "inner_optimizer", "outer", "data", "seed", "versions", "commit")
 """Every key ``facts_of`` writes (``outer`` is None for a run without an outer loop)."""
 PACKAGES = ("torch", "torchtitan", "torchft", "muloco")
+
+
 def _variant_name(config: Any) -> str:
     """The name a variant config class is chosen by (``quantize``, ``allgather``, ``mdlm``)."""
     owner = getattr(type(config), "_owner", None)
@@ -38,8 +40,9 @@ def _variant_name(config: Any) -> str:
 
 
 def _settings(config: Any) -> dict[str, Any]:
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-            if f.init and not f.name.startswith("_")}
+    return {
+        f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and not f.name.startswith("_")
+    }
 
 
 def codec_facts(exchange: Any) -> dict[str, Any]:
@@ -78,8 +81,11 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "overlap_steps": outer.fragment_sync_delay,
         "fragment_update_alpha": outer.fragment_update_alpha,
         "optimizer": _settings(outer.optimizer),
-        "step_schedule": {name: _settings(getattr(outer.step_schedule, name)) for name in ("lr", "momentum", "feedback_beta")
-                          if not getattr(outer.step_schedule, name).constant},
+        "step_schedule": {
+            name: _settings(getattr(outer.step_schedule, name))
+            for name in ("lr", "momentum", "feedback_beta")
+            if not getattr(outer.step_schedule, name).constant
+        },
         "codec": codec,
         "error_feedback": {"enabled": bool(ef.enabled) and lossy, "beta": ef.beta},
         "strategy": _variant_name(exchange.resolved_strategy()),
@@ -173,10 +179,13 @@ def source_commit() -> dict[str, Any] | None:
     if not (root / ".git").exists():
         return None
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=30)
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=30)
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if head.returncode != 0:

@@ -84,8 +84,9 @@ class Lives:
             rows = json.loads(path.read_text())["lives"]
             return cls(path, [Life(**row) for row in rows])
         except (OSError, ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"{path} is not a lives ledger ({err}); delete it to count from the next "
-                             "start on") from None
+            raise ValueError(
+                f"{path} is not a lives ledger ({err}); delete it to count from the next start on"
+            ) from None
 
     @classmethod
     def begin(cls, folder: str | Path, *, step: int, restart: int = 0) -> "Lives":
@@ -94,8 +95,9 @@ class Lives:
         lives = cls.read(folder) or cls(Path(folder) / LIVES_FILE, [])
         for life in lives.lives:
             life.ended = life.ended or UNSAID
-        lives.lives.append(Life(number=len(lives.lives) + 1, restart=restart, started_at_step=step,
-                                started_at=time.time(), step=step))
+        lives.lives.append(
+            Life(number=len(lives.lives) + 1, restart=restart, started_at_step=step, started_at=time.time(), step=step)
+        )
         lives.save()
         return lives
 
@@ -152,8 +154,14 @@ class Lives:
         return {
             "lives": len(self.lives),
             "first_started_at_step": self.lives[0].started_at_step if self.lives else 0,
-            "restarts": [{"life": life.number, "started_at_step": life.started_at_step,
-                          "previous_ended": self.lives[life.number - 2].ended} for life in self.lives[1:]],
+            "restarts": [
+                {
+                    "life": life.number,
+                    "started_at_step": life.started_at_step,
+                    "previous_ended": self.lives[life.number - 2].ended,
+                }
+                for life in self.lives[1:]
+            ],
             "syncs_committed": len(committed),
             "syncs_contributed": len(contributed),
             "steps_trained": sum(life.steps_trained for life in self.lives),
@@ -170,13 +178,17 @@ class Lives:
 
 def describe(t: dict[str, Any]) -> str:
     """A ledger's totals (:meth:`Lives.totals`) in one line."""
-    restarts = "; ".join(f"life {r['life']} from step {r['started_at_step']} after {_short(r['previous_ended'])}"
-                         for r in t["restarts"])
-    return (f"over {t['lives']} li{'fe' if t['lives'] == 1 else 'ves'}"
-            + (f" ({restarts})" if restarts else "") + f": syncs committed {t['syncs_committed']} "
-            f"(its Δ in {t['syncs_contributed']}), steps trained {t['steps_trained']} (in committed syncs "
-            f"{t['steps_contributed']}), tokens trained {t['tokens_trained']:,} (in committed syncs "
-            f"{t['tokens_contributed']:,}), heals {t['heals']}")
+    restarts = "; ".join(
+        f"life {r['life']} from step {r['started_at_step']} after {_short(r['previous_ended'])}" for r in t["restarts"]
+    )
+    return (
+        f"over {t['lives']} li{'fe' if t['lives'] == 1 else 'ves'}"
+        + (f" ({restarts})" if restarts else "")
+        + f": syncs committed {t['syncs_committed']} "
+        f"(its Δ in {t['syncs_contributed']}), steps trained {t['steps_trained']} (in committed syncs "
+        f"{t['steps_contributed']}), tokens trained {t['tokens_trained']:,} (in committed syncs "
+        f"{t['tokens_contributed']:,}), heals {t['heals']}"
+    )
 
 
 def _short(ended: str | None) -> str:

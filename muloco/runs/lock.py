@@ -66,8 +66,7 @@ class LockHolder:
 
     @classmethod
     def me(cls) -> LockHolder:
-        return cls(os.getpid(), socket.gethostname(),
-                   datetime.now().astimezone().isoformat(timespec="seconds"))
+        return cls(os.getpid(), socket.gethostname(), datetime.now().astimezone().isoformat(timespec="seconds"))
 
     def to_json(self) -> str:
         return json.dumps({"pid": self.pid, "host": self.host, "started": self.started}) + "\n"
@@ -87,8 +86,10 @@ class DumpFolderBusy(BadInput, RuntimeError):
             here = holder.host == socket.gethostname()
             who = holder.describe()
             fix = f"stop that run (kill {holder.pid}{'' if here else ' on ' + holder.host})"
-        super().__init__(f"{'dump' if option == '--dump_folder' else 'the'} folder {folder} is in use by {who}: "
-                         f"{fix} or pass another {option}")
+        super().__init__(
+            f"{'dump' if option == '--dump_folder' else 'the'} folder {folder} is in use by {who}: "
+            f"{fix} or pass another {option}"
+        )
 
 
 class DumpFolderLock:

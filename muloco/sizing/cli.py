@@ -26,8 +26,10 @@ from muloco.sizing.flavors import (
 from muloco.utils.command_line import failed, parse, tyro
 from muloco.utils.errors import BAD_INPUT, MulocoError
 
-_DESCRIPTION = ("The model map: every flavor's shape, parameter count, token budget and tuned settings; with "
-                "--link-mbps, what the link between replica groups costs.")
+_DESCRIPTION = (
+    "The model map: every flavor's shape, parameter count, token budget and tuned settings; with "
+    "--link-mbps, what the link between replica groups costs."
+)
 
 
 def _count(n: int) -> str:
@@ -37,10 +39,23 @@ def _count(n: int) -> str:
     return str(n)
 
 
-PLANNER_DEFAULTS = {"latency_ms": 0.0, "bits": 32, "strategy": "auto", "sync_every": 30, "step_seconds": None,
-                    "mfu": None, "gpu": None, "gpus_per_group": 1, "streaming_fragments": 1, "overlap": 0,
-                    "max_share": 0.05, "group_slowdowns": (), "round_quantile": 1.0, "round_min_steps": 1,
-                    "round_max_steps": 0}
+PLANNER_DEFAULTS = {
+    "latency_ms": 0.0,
+    "bits": 32,
+    "strategy": "auto",
+    "sync_every": 30,
+    "step_seconds": None,
+    "mfu": None,
+    "gpu": None,
+    "gpus_per_group": 1,
+    "streaming_fragments": 1,
+    "overlap": 0,
+    "max_share": 0.05,
+    "group_slowdowns": (),
+    "round_quantile": 1.0,
+    "round_min_steps": 1,
+    "round_max_steps": 0,
+}
 """The planner's options and their defaults (``None`` in ``PlannerOptions``, so a planner option
 given without ``--link-mbps`` is seen and refused instead of dropped)."""
 PLANNER_REPLICAS = 2
@@ -118,8 +133,10 @@ def _check_vocab(vocab: int | str) -> None:
         if vocab < 1:
             raise ValueError(f"--vocab: {vocab} is not a vocabulary size (at least 1)")
     elif vocab not in VOCAB_NAMES and not Path(vocab).expanduser().exists():
-        raise ValueError(f"--vocab: {vocab!r} is not a vocabulary: give a number of tokens, auto, embedded, llama3, "
-                         "or a tokenizer file or folder")
+        raise ValueError(
+            f"--vocab: {vocab!r} is not a vocabulary: give a number of tokens, auto, embedded, llama3, "
+            "or a tokenizer file or folder"
+        )
 
 
 def resolve_vocab(vocab: int | str, flavor: str) -> tuple[int, str]:
@@ -144,17 +161,34 @@ def _plan(args: MapOptions, flavors: list[str]):
     if len(flavors) != 1:
         raise ValueError("--link-mbps plans one model: give exactly one --flavor")
     planner = args.link_planner
-    given = {key: (PLANNER_DEFAULTS[key] if getattr(planner, key) is None else getattr(planner, key))
-             for key in PLANNER_DEFAULTS}
+    given = {
+        key: (PLANNER_DEFAULTS[key] if getattr(planner, key) is None else getattr(planner, key))
+        for key in PLANNER_DEFAULTS
+    }
     vocab, _ = resolve_vocab(args.vocab, flavors[0])
     inputs = link_plan.Inputs(
-        flavor=flavors[0], replicas=args.replicas or PLANNER_REPLICAS, mbps=planner.link_mbps,
-        latency_ms=given["latency_ms"], bits=given["bits"], strategy=given["strategy"],
-        sync_every=given["sync_every"], step_seconds=given["step_seconds"], mfu=given["mfu"], gpu=given["gpu"],
-        gpus_per_group=given["gpus_per_group"], fragments=given["streaming_fragments"], overlap=given["overlap"],
-        max_share=given["max_share"], global_batch=args.global_batch, seq_len=args.seq_len, vocab=vocab,
-        group_slowdowns=tuple(given["group_slowdowns"]), round_quantile=given["round_quantile"],
-        round_min_steps=given["round_min_steps"], round_max_steps=given["round_max_steps"])
+        flavor=flavors[0],
+        replicas=args.replicas or PLANNER_REPLICAS,
+        mbps=planner.link_mbps,
+        latency_ms=given["latency_ms"],
+        bits=given["bits"],
+        strategy=given["strategy"],
+        sync_every=given["sync_every"],
+        step_seconds=given["step_seconds"],
+        mfu=given["mfu"],
+        gpu=given["gpu"],
+        gpus_per_group=given["gpus_per_group"],
+        fragments=given["streaming_fragments"],
+        overlap=given["overlap"],
+        max_share=given["max_share"],
+        global_batch=args.global_batch,
+        seq_len=args.seq_len,
+        vocab=vocab,
+        group_slowdowns=tuple(given["group_slowdowns"]),
+        round_quantile=given["round_quantile"],
+        round_min_steps=given["round_min_steps"],
+        round_max_steps=given["round_max_steps"],
+    )
     planned = link_plan.plan(inputs)
     if args.json:
         return json.dumps(link_plan.as_dict(planned))
@@ -170,13 +204,16 @@ def _check(args: MapOptions) -> list[str]:
         raise ValueError(f"--replicas must be at least 1; got {args.replicas}")
     _check_vocab(args.vocab)
     if args.link_planner.link_mbps is None:
-        stray = [f"--{key.replace('_', '-')}" for key in PLANNER_DEFAULTS
-                 if getattr(args.link_planner, key) is not None]
+        stray = [
+            f"--{key.replace('_', '-')}" for key in PLANNER_DEFAULTS if getattr(args.link_planner, key) is not None
+        ]
         if stray:
-            raise ValueError(f"{', '.join(stray)} {'is a' if len(stray) == 1 else 'are'} link planner option"
-                             f"{'' if len(stray) == 1 else 's'}: add --link-mbps B (the bandwidth between replica "
-                             "groups) to plan a link, or leave "
-                             f"{'it' if len(stray) == 1 else 'them'} out for the sizing table")
+            raise ValueError(
+                f"{', '.join(stray)} {'is a' if len(stray) == 1 else 'are'} link planner option"
+                f"{'' if len(stray) == 1 else 's'}: add --link-mbps B (the bandwidth between replica "
+                "groups) to plan a link, or leave "
+                f"{'it' if len(stray) == 1 else 'them'} out for the sizing table"
+            )
     flavors = args.flavor or list(SHAPES)
     for f in flavors:
         parse_flavor(f)
@@ -184,37 +221,57 @@ def _check(args: MapOptions) -> list[str]:
 
 
 def table(rows, args: MapOptions) -> str:
-    head = (f"{'flavor':<42}{'params':>9}{'non-emb':>9}{'vocab':>8}{'tokens':>9}{'steps':>9}{'micro':>7}{'GPUs':>6}"
-            f"  tuned (weight decay at B={args.global_batch}, K={args.replicas or 1}; inner lr)")
-    lines = [f"model map: global batch {args.global_batch} x {args.seq_len} tokens, 20 tokens per parameter",
-             head, "-" * len(head)]
+    head = (
+        f"{'flavor':<42}{'params':>9}{'non-emb':>9}{'vocab':>8}{'tokens':>9}{'steps':>9}{'micro':>7}{'GPUs':>6}"
+        f"  tuned (weight decay at B={args.global_batch}, K={args.replicas or 1}; inner lr)"
+    )
+    lines = [
+        f"model map: global batch {args.global_batch} x {args.seq_len} tokens, 20 tokens per parameter",
+        head,
+        "-" * len(head),
+    ]
     for r in rows:
-        tuned = [f"wd[{k}] {v:.3g}" for k, v in r.weight_decay.items()] + [f"lr[{k}] {v:.3g}" for k, v in r.tuned_lr.items()]
+        tuned = [f"wd[{k}] {v:.3g}" for k, v in r.weight_decay.items()] + [
+            f"lr[{k}] {v:.3g}" for k, v in r.tuned_lr.items()
+        ]
         micro = f"{'' if r.in_map else '~'}{r.max_micro_batch}"
-        lines.append(f"{r.flavor:<42}{_count(r.parameters):>9}{_count(r.non_embedding_parameters):>9}{r.vocab:>8,}"
-                     f"{_count(r.token_budget):>9}{r.steps:>9,}{micro:>7}{r.gpus:>6}  "
-                     f"{', '.join(tuned) or '-'}")
+        lines.append(
+            f"{r.flavor:<42}{_count(r.parameters):>9}{_count(r.non_embedding_parameters):>9}{r.vocab:>8,}"
+            f"{_count(r.token_budget):>9}{r.steps:>9,}{micro:>7}{r.gpus:>6}  "
+            f"{', '.join(tuned) or '-'}"
+        )
     used = sorted({k for r in rows for k in (*r.weight_decay, *r.tuned_lr)})
     if used:
         lines += ["", "sources:"] + [f"  {k}: {SOURCES[k]}" for k in used]
     sources = sorted({r.vocab_source for r in rows})
-    lines += ["", f"vocab: embedding rows, padded to a multiple of {VOCAB_MULTIPLE} ("
-              + "; ".join(_VOCAB_SOURCES.get(v, f"from {v}") for v in sources) + ")",
-              f"weight decay: tuned at global batch {WD_REFERENCE_BATCH}, times steps({WD_REFERENCE_BATCH}) / "
-              "steps(B), divided by K for DiLoCo/MuLoCo (MuLoCo's launchers); micro: largest micro-batch per "
-              "GPU at seq 2048 (MuLoCo's LBS_MAP; tiny flavors: CPU; ~: a shape outside the map, the next larger "
-              "row's); GPUs: global batch / micro, rounded up"]
+    lines += [
+        "",
+        f"vocab: embedding rows, padded to a multiple of {VOCAB_MULTIPLE} ("
+        + "; ".join(_VOCAB_SOURCES.get(v, f"from {v}") for v in sources)
+        + ")",
+        f"weight decay: tuned at global batch {WD_REFERENCE_BATCH}, times steps({WD_REFERENCE_BATCH}) / "
+        "steps(B), divided by K for DiLoCo/MuLoCo (MuLoCo's launchers); micro: largest micro-batch per "
+        "GPU at seq 2048 (MuLoCo's LBS_MAP; tiny flavors: CPU; ~: a shape outside the map, the next larger "
+        "row's); GPUs: global batch / micro, rounded up",
+    ]
     return "\n".join(lines)
 
 
-_VOCAB_SOURCES = {"embedded": "embedded: the embedded standard-library BPE, what the CPU flavors train with",
-                  "llama3": "llama3: Llama 3's tokenizer, what the GPU configs are meant for"}
+_VOCAB_SOURCES = {
+    "embedded": "embedded: the embedded standard-library BPE, what the CPU flavors train with",
+    "llama3": "llama3: Llama 3's tokenizer, what the GPU configs are meant for",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args, _ = parse(MapOptions, list(sys.argv[1:] if argv is None else argv), prog="python -m muloco.model_map",
-                        description=_DESCRIPTION, overrides=False)
+        args, _ = parse(
+            MapOptions,
+            list(sys.argv[1:] if argv is None else argv),
+            prog="python -m muloco.model_map",
+            description=_DESCRIPTION,
+            overrides=False,
+        )
         flavors = _check(args)
         if args.link_planner.link_mbps is not None:
             print(_plan(args, flavors))
@@ -222,8 +279,16 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for f in flavors:
             vocab, source = resolve_vocab(args.vocab, f)
-            rows.append(sizing(f, global_batch=args.global_batch, vocab_size=vocab, seq_len=args.seq_len,
-                               replicas=args.replicas or 1, vocab_source=source))
+            rows.append(
+                sizing(
+                    f,
+                    global_batch=args.global_batch,
+                    vocab_size=vocab,
+                    seq_len=args.seq_len,
+                    replicas=args.replicas or 1,
+                    vocab_source=source,
+                )
+            )
     except MulocoError as err:
         return failed("map", err)
     except ValueError as err:  # a value no check above named (a bad number in the planner's arithmetic)
@@ -234,4 +299,3 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(table(rows, args))
     return 0
-

@@ -56,7 +56,7 @@ SOURCES: dict[str, str] = {
     "adamw": "MuLoCo model_map.py OPTIMAL_WD_MAP['adamw'] (weight decay, global batch 512)",
     "muloco_k8_topk": "MuLoCo inner_sweep_distributed_quantized_topk.py (MuLoCo inner lr, K=8, B=512, top-k)",
     "muloco_k8_quantized": "MuLoCo inner_sweep_distributed_quantized_streaming.py (MuLoCo inner lr, K=8, "
-                           "B=512, 2-bit; middle of its grid 0.0473/0.0224/0.0106)",
+    "B=512, 2-bit; middle of its grid 0.0473/0.0224/0.0106)",
     "diloco_k8": "MuLoCo inner_sweep_distributed_quantized_topk.py (DiLoCo AdamW inner lr, K=8, B=512)",
     "ddp_muon_gbs8192": "MuLoCo ddp_baselines_h100.py (DDP Muon lr, B=8192; middle of 0.0442/0.0313/0.0221)",
     "muloco_k16": "MuLoCo diloco_muloco_no-compression_h100.py (MuLoCo inner lr, K=16, B=2048)",
@@ -143,8 +143,10 @@ SHAPES: dict[str, Shape] = {
     "llama3-w4608-d54-h36": Shape(4608, 54, 36, 2, {"muon": 1e-4, "adamw": 1e-4}),
 }
 
-_SUFFIX = re.compile(r"^(?P<base>llama3-w(?P<dim>\d+)-d(?P<depth>\d+)-h(?P<heads>\d+))"
-                     r"(?P<qk>_qk_torch-rmsnorm)?(?P<pa>_pa)?(?P<pf>_pf)?$")
+_SUFFIX = re.compile(
+    r"^(?P<base>llama3-w(?P<dim>\d+)-d(?P<depth>\d+)-h(?P<heads>\d+))"
+    r"(?P<qk>_qk_torch-rmsnorm)?(?P<pa>_pa)?(?P<pf>_pf)?$"
+)
 
 
 class UnknownFlavorError(BadInput, ValueError):
@@ -164,20 +166,25 @@ def _shape_outside_the_map(name: str, dim: int, depth: int, heads: int, head_dim
     """A shape the map has no row for: no tuned values, and the micro-batch of the smallest row at
     least as large (by parameters without the embedding), or 1 beyond the largest. ``head_dim``:
     a Hugging Face folder's own (checked there)."""
-    problems = [f"{what} must be at least 1" for what, v in (("width", dim), ("depth", depth), ("heads", heads))
-                if v < 1]
+    problems = [
+        f"{what} must be at least 1" for what, v in (("width", dim), ("depth", depth), ("heads", heads)) if v < 1
+    ]
     if head_dim is not None:
         problems = []  # hf/config.py checked the folder's shapes
     elif not problems and dim % heads:
         problems.append(f"width {dim} is not a multiple of the {heads} heads")
     elif not problems and (dim // heads) % 2:
-        problems.append(f"the head dimension {dim}/{heads} = {dim // heads} is odd (rotary embeddings pair "
-                        "its entries; make width/heads even)")
+        problems.append(
+            f"the head dimension {dim}/{heads} = {dim // heads} is odd (rotary embeddings pair "
+            "its entries; make width/heads even)"
+        )
     if problems:
         close = difflib.get_close_matches(name, known_flavors(), n=3, cutoff=0.6)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
-        raise UnknownFlavorError(f"model.flavor '{name}': {'; '.join(problems)}.{hint} A flavor is "
-                                 "llama3-w{width}-d{depth}-h{heads}, e.g. llama3-w1024-d12-h8.")
+        raise UnknownFlavorError(
+            f"model.flavor '{name}': {'; '.join(problems)}.{hint} A flavor is "
+            "llama3-w{width}-d{depth}-h{heads}, e.g. llama3-w1024-d12-h8."
+        )
     shape = Shape(dim, depth, heads)
     size = depth * _layer_parameters(shape)
     larger = [row for row in SHAPES.values() if row.depth * _layer_parameters(row) >= size]
@@ -193,16 +200,28 @@ def _hf_flavor(name: str) -> Flavor:
     """A Hugging Face folder's shapes, read from its config.json as the trainer reads them."""
     from muloco.hf import config as hf_config  # JSON only, no torch
 
-    folder = name[len(HF_FLAVOR):]
+    folder = name[len(HF_FLAVOR) :]
     try:
         a = hf_config.architecture_fields(hf_config.read(folder))
     except ValueError as err:
         raise UnknownFlavorError(f"model.flavor '{name}': {err}") from None
     shape = _shape_outside_the_map(name, a["dim"], a["depth"], a["heads"], head_dim=a["head_dim"])
-    shape = dataclasses.replace(shape, kv_heads=a["kv_heads"], head_size=a["head_dim"], ffn=a["ffn_dim"],
-                                qkv_bias=a["qkv_bias"], tied=a["tied"], vocab=a["vocab_size"])
-    return Flavor(name=name, shape=shape, qk_norm=a["qk_norm"], post_attention_norm=a["post_attention_norm"],
-                  post_ffn_norm=a["post_ffn_norm"])
+    shape = dataclasses.replace(
+        shape,
+        kv_heads=a["kv_heads"],
+        head_size=a["head_dim"],
+        ffn=a["ffn_dim"],
+        qkv_bias=a["qkv_bias"],
+        tied=a["tied"],
+        vocab=a["vocab_size"],
+    )
+    return Flavor(
+        name=name,
+        shape=shape,
+        qk_norm=a["qk_norm"],
+        post_attention_norm=a["post_attention_norm"],
+        post_ffn_norm=a["post_ffn_norm"],
+    )
 
 
 def parse_flavor(name: str) -> Flavor:
@@ -220,8 +239,9 @@ def parse_flavor(name: str) -> Flavor:
             "_pa, _pf (in that order)."
         )
     base = match["base"]
-    shape = SHAPES.get(base) or _shape_outside_the_map(name, int(match["dim"]), int(match["depth"]),
-                                                       int(match["heads"]))
+    shape = SHAPES.get(base) or _shape_outside_the_map(
+        name, int(match["dim"]), int(match["depth"]), int(match["heads"])
+    )
     return Flavor(
         name=name,
         shape=shape,
@@ -284,9 +304,7 @@ def token_budget(flavor: str, vocab_size: int = LLAMA3_VOCAB) -> int:
     return TOKENS_PER_PARAM * count_parameters(flavor, vocab_size)
 
 
-def steps_for_batch(
-    flavor: str, global_batch: int, seq_len: int = 2048, vocab_size: int = LLAMA3_VOCAB
-) -> int:
+def steps_for_batch(flavor: str, global_batch: int, seq_len: int = 2048, vocab_size: int = LLAMA3_VOCAB) -> int:
     """Steps that spend the 20-tokens-per-parameter budget at this global batch."""
     if global_batch <= 0 or seq_len <= 0:
         raise ValueError("global_batch and seq_len must be positive")
@@ -302,14 +320,22 @@ def gpus_without_accumulation(flavor: str, global_batch: int) -> int:
     return -(-global_batch // parse_flavor(flavor).shape.max_local_batch)
 
 
-def rescaled_weight_decay(weight_decay: float, flavor: str, global_batch: int, *, replicas: int = 1,
-                          seq_len: int = 2048, vocab_size: int = LLAMA3_VOCAB) -> float:
+def rescaled_weight_decay(
+    weight_decay: float,
+    flavor: str,
+    global_batch: int,
+    *,
+    replicas: int = 1,
+    seq_len: int = 2048,
+    vocab_size: int = LLAMA3_VOCAB,
+) -> float:
     """MuLoCo's launchers' rule: the weight decay tuned at global batch 512 scales with the
     number of steps, wd · steps(512) / steps(B), and is divided by K for DiLoCo/MuLoCo."""
     if replicas < 1:
         raise ValueError("replicas must be at least 1")
     ratio = steps_for_batch(flavor, WD_REFERENCE_BATCH, seq_len, vocab_size) / steps_for_batch(
-        flavor, global_batch, seq_len, vocab_size)
+        flavor, global_batch, seq_len, vocab_size
+    )
     return weight_decay * ratio / replicas
 
 
@@ -332,8 +358,15 @@ class SizingRow:
     """False for a shape outside the map (no tuned values; micro-batch from the next larger row)."""
 
 
-def sizing(flavor: str, *, global_batch: int, vocab_size: int = LLAMA3_VOCAB, seq_len: int = 2048,
-           replicas: int = 1, vocab_source: str = "") -> SizingRow:
+def sizing(
+    flavor: str,
+    *,
+    global_batch: int,
+    vocab_size: int = LLAMA3_VOCAB,
+    seq_len: int = 2048,
+    replicas: int = 1,
+    vocab_source: str = "",
+) -> SizingRow:
     """One row of the sizing table (``python -m muloco.model_map``)."""
     shape = parse_flavor(flavor).shape
     params = count_parameters(flavor, vocab_size)
@@ -345,8 +378,10 @@ def sizing(flavor: str, *, global_batch: int, vocab_size: int = LLAMA3_VOCAB, se
         steps=steps_for_batch(flavor, global_batch, seq_len, vocab_size),
         max_micro_batch=shape.max_local_batch,
         gpus=gpus_without_accumulation(flavor, global_batch),
-        weight_decay={k: rescaled_weight_decay(v, flavor, global_batch, replicas=replicas, seq_len=seq_len,
-                                               vocab_size=vocab_size) for k, v in shape.weight_decay.items()},
+        weight_decay={
+            k: rescaled_weight_decay(v, flavor, global_batch, replicas=replicas, seq_len=seq_len, vocab_size=vocab_size)
+            for k, v in shape.weight_decay.items()
+        },
         tuned_lr=dict(shape.tuned_lr),
         vocab=vocab_size,
         vocab_source=vocab_source or str(vocab_size),

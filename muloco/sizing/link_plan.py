@@ -100,30 +100,42 @@ class Inputs:
         if self.strategy not in STRATEGIES:
             raise PlanError(f"--strategy {self.strategy!r}: use one of {', '.join(STRATEGIES)}")
         if self.bits < 16 and self.strategy == "allreduce":
-            raise PlanError(f"--strategy allreduce sums dense numbers only; with --bits {self.bits} use "
-                            "allgather or reduce_scatter")
+            raise PlanError(
+                f"--strategy allreduce sums dense numbers only; with --bits {self.bits} use allgather or reduce_scatter"
+            )
         if self.sync_every < 1 or self.fragments < 1 or self.sync_every % self.fragments:
-            raise PlanError(f"--sync-every {self.sync_every} must be a positive multiple of --streaming-fragments "
-                            f"{self.fragments}")
+            raise PlanError(
+                f"--sync-every {self.sync_every} must be a positive multiple of --streaming-fragments {self.fragments}"
+            )
         if not 0 <= self.overlap < self.sync_every // self.fragments:
-            raise PlanError(f"--overlap {self.overlap}: must be >= 0 and below H/n = "
-                            f"{self.sync_every // self.fragments} (the steps between two fragments' syncs)")
+            raise PlanError(
+                f"--overlap {self.overlap}: must be >= 0 and below H/n = "
+                f"{self.sync_every // self.fragments} (the steps between two fragments' syncs)"
+            )
         if not 0 < self.max_share < 1:
             raise PlanError(f"--max-share {self.max_share}: a fraction between 0 and 1, e.g. 0.05")
         if self.global_batch % self.replicas:
             raise PlanError(f"--global-batch {self.global_batch} does not split over --replicas {self.replicas}")
         if self.group_slowdowns and len(self.group_slowdowns) != self.replicas:
-            raise PlanError(f"--group-slowdowns gives {len(self.group_slowdowns)} numbers for --replicas "
-                            f"{self.replicas}: give one per replica group (1 for a group at the step's pace)")
+            raise PlanError(
+                f"--group-slowdowns gives {len(self.group_slowdowns)} numbers for --replicas "
+                f"{self.replicas}: give one per replica group (1 for a group at the step's pace)"
+            )
         if not all(math.isfinite(f) and f > 0 for f in self.group_slowdowns):
-            raise PlanError(f"--group-slowdowns {' '.join(f'{f:g}' for f in self.group_slowdowns)}: each must be a "
-                            "positive multiple of the step time (1.5: a group 1.5x slower)")
+            raise PlanError(
+                f"--group-slowdowns {' '.join(f'{f:g}' for f in self.group_slowdowns)}: each must be a "
+                "positive multiple of the step time (1.5: a group 1.5x slower)"
+            )
         if not 0 < self.round_quantile <= 1:
-            raise PlanError(f"--round-quantile {self.round_quantile}: a fraction in (0, 1]; 1 ends a round at the "
-                            "slowest group's H steps")
+            raise PlanError(
+                f"--round-quantile {self.round_quantile}: a fraction in (0, 1]; 1 ends a round at the "
+                "slowest group's H steps"
+            )
         if not 1 <= self.round_min_steps <= self.round_max_steps_or_default:
-            raise PlanError(f"--round-min-steps {self.round_min_steps} and --round-max-steps "
-                            f"{self.round_max_steps}: need 1 <= min <= max (max 0: 2H)")
+            raise PlanError(
+                f"--round-min-steps {self.round_min_steps} and --round-max-steps "
+                f"{self.round_max_steps}: need 1 <= min <= max (max 0: 2H)"
+            )
         if self.step_seconds is None:
             if not (math.isfinite(self.mfu_or_default) and 0 < self.mfu_or_default <= 1):
                 raise PlanError(f"--mfu {self.mfu}: a fraction between 0 and 1, e.g. 0.4")
@@ -154,8 +166,9 @@ def peak_tflops(gpu: str) -> float:
     except ValueError:
         value = GPU_PEAK_TFLOPS.get(gpu.lower(), -1.0)
         if value < 0:
-            raise PlanError(f"--gpu {gpu!r}: one of {', '.join(GPU_PEAK_TFLOPS)} or its peak in TFLOPS "
-                            "(e.g. --gpu 989)") from None
+            raise PlanError(
+                f"--gpu {gpu!r}: one of {', '.join(GPU_PEAK_TFLOPS)} or its peak in TFLOPS (e.g. --gpu 989)"
+            ) from None
     if not (math.isfinite(value) and value > 0):
         raise PlanError(f"--gpu {gpu!r}: a peak must be a positive number of TFLOPS")
     return value
@@ -183,11 +196,16 @@ def step_time(inputs: Inputs) -> tuple[float, str]:
     peak = peak_tflops(gpu)
     flops = flops_per_token(inputs.flavor, inputs.vocab, inputs.seq_len) * tokens_per_step(inputs)
     seconds = flops / (mfu * peak * 1e12 * inputs.gpus_per_group)
-    assumed = [what for what, given in ((f"--gpu {DEFAULT_GPU}", inputs.gpu), (f"--mfu {DEFAULT_MFU:g}", inputs.mfu))
-               if given is None]
-    how = (f"{flops / 1e12:,.1f} TFLOP per step ({tokens_per_step(inputs):,} tokens x "
-           f"{flops_per_token(inputs.flavor, inputs.vocab, inputs.seq_len) / 1e9:.2f} GFLOP) / "
-           f"({100 * mfu:g}% MFU x {peak:g} TFLOPS peak ({gpu}) x {inputs.gpus_per_group} GPU)")
+    assumed = [
+        what
+        for what, given in ((f"--gpu {DEFAULT_GPU}", inputs.gpu), (f"--mfu {DEFAULT_MFU:g}", inputs.mfu))
+        if given is None
+    ]
+    how = (
+        f"{flops / 1e12:,.1f} TFLOP per step ({tokens_per_step(inputs):,} tokens x "
+        f"{flops_per_token(inputs.flavor, inputs.vocab, inputs.seq_len) / 1e9:.2f} GFLOP) / "
+        f"({100 * mfu:g}% MFU x {peak:g} TFLOPS peak ({gpu}) x {inputs.gpus_per_group} GPU)"
+    )
     if assumed:
         how += f"; assumed {' and '.join(assumed)}: give --step-seconds, or --gpu and --mfu, for your cluster"
     return seconds, how
@@ -200,12 +218,17 @@ def exchange_config(bits: int, strategy: str):
     from muloco.outer.exchange import Exchange
     from muloco.outer.exchange.strategies import AllGather, AllReduce, ReduceScatter
 
-    chosen = {"auto": None, "allreduce": AllReduce.Config(), "allgather": AllGather.Config(),
-              "reduce_scatter": ReduceScatter.Config()}[strategy]
+    chosen = {
+        "auto": None,
+        "allreduce": AllReduce.Config(),
+        "allgather": AllGather.Config(),
+        "reduce_scatter": ReduceScatter.Config(),
+    }[strategy]
     if bits >= 16:
         return Exchange.Config(codec=Dense.Config(dtype="float32" if bits == 32 else "bfloat16"), strategy=chosen)
-    return Exchange.Config(codec=Quantizer.Config(bits=bits, scheme="statistical"), strategy=chosen,
-                           skip_pattern=r"norm\.weight$")
+    return Exchange.Config(
+        codec=Quantizer.Config(bits=bits, scheme="statistical"), strategy=chosen, skip_pattern=r"norm\.weight$"
+    )
 
 
 @dataclass
@@ -245,7 +268,7 @@ def fragment_sizes(flavor: str, vocab: int, n: int) -> list[tuple[int, int]]:
     out, start = [], 0
     for frag in range(n):
         size = base + (1 if frag < extra else 0)
-        chunk = units[start:start + size]
+        chunk = units[start : start + size]
         out.append((sum(u[0] for u in chunk), sum(u[1] for u in chunk)))
         start += size
     return out
@@ -267,8 +290,9 @@ def sparseloco_exchanges() -> list:
     return [Exchange.Config(codec=sparseloco_codec(), skip_pattern="", strategy=AllGather.Config())]
 
 
-def project_sync(inputs: Inputs, bits: int | None = None, strategy: str | None = None, config=None,
-                 label: str | None = None) -> Sync:
+def project_sync(
+    inputs: Inputs, bits: int | None = None, strategy: str | None = None, config=None, label: str | None = None
+) -> Sync:
     """The link time of a round's syncs, fragment by fragment (the emulated link's model on the
     wire format), for ``--bits``/``--strategy`` or the given exchange ``config``."""
     bits = inputs.bits if bits is None else bits
@@ -338,8 +362,10 @@ class Plan:
     @property
     def group_step_seconds(self) -> tuple[float, ...]:
         """Each group's own step time (all ``step_seconds`` when the groups are equal)."""
-        return tuple(self.step_seconds * f for f in self.inputs.group_slowdowns) or \
-            (self.step_seconds,) * self.inputs.replicas
+        return (
+            tuple(self.step_seconds * f for f in self.inputs.group_slowdowns)
+            or (self.step_seconds,) * self.inputs.replicas
+        )
 
     @property
     def tokens_per_second(self) -> float:
@@ -365,8 +391,13 @@ class Plan:
     def deadline_steps(self) -> list[int]:
         """Each group's inner steps in a deadline round (``round_budget.budgets``)."""
         i = self.inputs
-        return round_budget.budgets(i.sync_every, list(self.group_step_seconds), i.round_quantile,
-                                    i.round_min_steps, i.round_max_steps_or_default)
+        return round_budget.budgets(
+            i.sync_every,
+            list(self.group_step_seconds),
+            i.round_quantile,
+            i.round_min_steps,
+            i.round_max_steps_or_default,
+        )
 
     @property
     def deadline_possible(self) -> bool:
@@ -394,8 +425,10 @@ class Plan:
     def job_tokens_per_second(self) -> dict[str, float]:
         """The job's tokens/s, link included, in lockstep and in deadline rounds."""
         b = tokens_per_step(self.inputs)
-        return {"lockstep": self.inputs.replicas * self.tokens_per_second,
-                "deadline": sum(self.deadline_steps) * b / self.deadline_round_seconds}
+        return {
+            "lockstep": self.inputs.replicas * self.tokens_per_second,
+            "deadline": sum(self.deadline_steps) * b / self.deadline_round_seconds,
+        }
 
     @property
     def own_pace_compute_tokens_per_second(self) -> float:
@@ -435,8 +468,9 @@ def text(p: Plan) -> str:
     i, r, s = p.inputs, p.round, p.round.sync
     params = count_parameters(i.flavor, i.vocab)
     latency = f", {i.latency_ms:g} ms per round" if i.latency_ms else ""
-    streaming = (f", {i.fragments} fragments (streaming)" if i.fragments > 1 else "") + \
-        (f", overlap τ={i.overlap} steps" if i.overlap else "")
+    streaming = (f", {i.fragments} fragments (streaming)" if i.fragments > 1 else "") + (
+        f", overlap τ={i.overlap} steps" if i.overlap else ""
+    )
     share_ok = "met" if r.share <= i.max_share else "over"
     lines = [
         f"link plan: {i.flavor} ({params / 1e6:,.1f}M parameters), K={i.replicas} replica groups, "
@@ -444,23 +478,33 @@ def text(p: Plan) -> str:
         f"  step: {p.step_seconds:.3f} s ({p.step_source}); {tokens_per_step(i):,} tokens per replica group per step",
         f"  exchange: {s.label}, {s.bits_per_parameter:.3f} bits/param; per replica and round: "
         f"{_bytes(s.sent)} each way in {s.collectives} collective(s)",
-        (f"  projected sync time on the link: {s.seconds:.3f} s per sync" if i.fragments == 1 else
-         "  projected sync time on the link: " + " / ".join(f"{f:.3f}" for f in s.fragment_seconds)
-         + f" s per fragment's sync ({s.seconds:.3f} s per round)")
+        (
+            f"  projected sync time on the link: {s.seconds:.3f} s per sync"
+            if i.fragments == 1
+            else "  projected sync time on the link: "
+            + " / ".join(f"{f:.3f}" for f in s.fragment_seconds)
+            + f" s per fragment's sync ({s.seconds:.3f} s per round)"
+        )
         + " (the emulated link's model: bytes / bandwidth + rounds x latency)",
-        f"  round: {r.compute:.2f} s of compute + {r.exposed:.2f} s of link not hidden by the overlap = {r.seconds:.2f} s",
+        f"  round: {r.compute:.2f} s of compute + {r.exposed:.2f} s of link not hidden by the overlap "
+        f"= {r.seconds:.2f} s",
         f"  link share of a round: {100 * r.share:.1f}% (target <= {100 * i.max_share:g}%: {share_ok})",
         *_group_lines(p),
         f"  tokens/s per replica group: {p.tokens_per_second:,.0f} (compute alone: {p.compute_tokens_per_second:,.0f})",
         f"  to keep the share <= {100 * i.max_share:g}%: H >= {p.h_for_share} at these bits; at H={i.sync_every}: "
-        + (f"{p.bits_for_share.label} ({p.bits_for_share.bits_per_parameter:.2f} bits/param) or fewer bits"
-           if p.bits_for_share else "no exchange below is enough (raise H, or add fragments with overlap)"),
+        + (
+            f"{p.bits_for_share.label} ({p.bits_for_share.bits_per_parameter:.2f} bits/param) or fewer bits"
+            if p.bits_for_share
+            else "no exchange below is enough (raise H, or add fragments with overlap)"
+        ),
         "",
         f"  {'exchange':<34}{'bits/param':>11}{'sent/round':>12}{'link s':>9}{'share':>8}{'H for share':>13}",
     ]
     for sync, rnd, h in p.candidates:
-        lines.append(f"  {sync.label:<34}{sync.bits_per_parameter:>11.3f}{_bytes(sync.sent):>12}{sync.seconds:>9.3f}"
-                     f"{100 * rnd.share:>7.1f}%{h:>13}")
+        lines.append(
+            f"  {sync.label:<34}{sync.bits_per_parameter:>11.3f}{_bytes(sync.sent):>12}{sync.seconds:>9.3f}"
+            f"{100 * rnd.share:>7.1f}%{h:>13}"
+        )
     return "\n".join(lines)
 
 
@@ -480,9 +524,15 @@ def _group_lines(p: Plan) -> list[str]:
         f"({i.gpus_per_group} GPU{'s' if i.gpus_per_group > 1 else ''} per group)",
         f"  the job's compute-only tokens/s: {lockstep:,.0f} in lockstep; {own:,.0f} if each group kept its own pace "
         f"(+{100 * (own / lockstep - 1):.1f}%, the most a round that does not wait could add)",
-    ] + (_deadline_lines(p) if p.deadline_possible else [
-        f"  deadline rounds: not with --streaming-fragments {i.fragments} / --overlap {i.overlap} (a deadline round "
-        "syncs the whole model at its end, nothing overlapped); plan them with --streaming-fragments 1 --overlap 0"])
+    ] + (
+        _deadline_lines(p)
+        if p.deadline_possible
+        else [
+            f"  deadline rounds: not with --streaming-fragments {i.fragments} / --overlap {i.overlap} "
+            "(a deadline round "
+            "syncs the whole model at its end, nothing overlapped); plan them with --streaming-fragments 1 --overlap 0"
+        ]
+    )
 
 
 def _deadline_lines(p: Plan) -> list[str]:
@@ -498,10 +548,17 @@ def _deadline_lines(p: Plan) -> list[str]:
 
 
 def _sync_dict(sync: Sync, rnd: Round, h: int | None = None) -> dict:
-    out = {"exchange": sync.label, "bits_per_parameter": sync.bits_per_parameter, "sent_bytes_per_round": sync.sent,
-           "collectives": sync.collectives, "link_seconds_per_round": sync.seconds,
-           "fragment_link_seconds": list(sync.fragment_seconds), "exposed_seconds_per_round": rnd.exposed,
-           "round_seconds": rnd.seconds, "link_share": rnd.share}
+    out = {
+        "exchange": sync.label,
+        "bits_per_parameter": sync.bits_per_parameter,
+        "sent_bytes_per_round": sync.sent,
+        "collectives": sync.collectives,
+        "link_seconds_per_round": sync.seconds,
+        "fragment_link_seconds": list(sync.fragment_seconds),
+        "exposed_seconds_per_round": rnd.exposed,
+        "round_seconds": rnd.seconds,
+        "link_share": rnd.share,
+    }
     return out if h is None else {**out, "h_for_share": h}
 
 
@@ -509,21 +566,35 @@ def as_dict(p: Plan) -> dict:
     """The plan as plain JSON values (``--json``): the inputs as planned, the chosen exchange's
     round, and every alternative's."""
     return {
-        "inputs": {**asdict(p.inputs), "gpu": None if p.inputs.step_seconds else p.inputs.gpu_or_default,
-                   "mfu": None if p.inputs.step_seconds else p.inputs.mfu_or_default},
+        "inputs": {
+            **asdict(p.inputs),
+            "gpu": None if p.inputs.step_seconds else p.inputs.gpu_or_default,
+            "mfu": None if p.inputs.step_seconds else p.inputs.mfu_or_default,
+        },
         "parameters": count_parameters(p.inputs.flavor, p.inputs.vocab),
-        "step_seconds": p.step_seconds, "step_source": p.step_source,
+        "step_seconds": p.step_seconds,
+        "step_source": p.step_source,
         "tokens_per_step": tokens_per_step(p.inputs),
-        "tokens_per_second": p.tokens_per_second, "compute_tokens_per_second": p.compute_tokens_per_second,
-        "groups": None if not p.inputs.group_slowdowns else {
-            "step_seconds": list(p.group_step_seconds), "idle_share": p.idle_share,
+        "tokens_per_second": p.tokens_per_second,
+        "compute_tokens_per_second": p.compute_tokens_per_second,
+        "groups": None
+        if not p.inputs.group_slowdowns
+        else {
+            "step_seconds": list(p.group_step_seconds),
+            "idle_share": p.idle_share,
             "idle_gpu_seconds_per_round": p.idle_seconds_per_round * p.inputs.gpus_per_group,
             "lockstep_compute_tokens_per_second": p.inputs.replicas * p.compute_tokens_per_second,
             "own_pace_compute_tokens_per_second": p.own_pace_compute_tokens_per_second,
             "job_tokens_per_second": p.job_tokens_per_second if p.deadline_possible else None,
-            "deadline": {"steps": p.deadline_steps, "round_seconds": p.deadline_round_seconds,
-                         "idle_share": p.deadline_idle_share, "link_share": p.deadline_link_share}
-            if p.deadline_possible else None},
+            "deadline": {
+                "steps": p.deadline_steps,
+                "round_seconds": p.deadline_round_seconds,
+                "idle_share": p.deadline_idle_share,
+                "link_share": p.deadline_link_share,
+            }
+            if p.deadline_possible
+            else None,
+        },
         "chosen": _sync_dict(p.round.sync, p.round, p.h_for_share),
         "bits_for_share": p.bits_for_share.label if p.bits_for_share else None,
         "alternatives": [_sync_dict(sync, rnd, h) for sync, rnd, h in p.candidates],

@@ -96,22 +96,35 @@ def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar")
     config = _llama_config(model_config, tokenizer, seq_len)
     if objective_name == "mdlm" and config.get("model_type") in (None, "llama"):
         module = MDLM_CODE.stem
-        config.update(architectures=["MulocoMdlmForMaskedLM"], model_type="muloco_mdlm",
-                      mask_token_id=tokenizer.mask_id,
-                      auto_map={"AutoConfig": f"{module}.MulocoMdlmConfig",
-                                "AutoModel": f"{module}.MulocoMdlmForMaskedLM",
-                                "AutoModelForMaskedLM": f"{module}.MulocoMdlmForMaskedLM"})
+        config.update(
+            architectures=["MulocoMdlmForMaskedLM"],
+            model_type="muloco_mdlm",
+            mask_token_id=tokenizer.mask_id,
+            auto_map={
+                "AutoConfig": f"{module}.MulocoMdlmConfig",
+                "AutoModel": f"{module}.MulocoMdlmForMaskedLM",
+                "AutoModelForMaskedLM": f"{module}.MulocoMdlmForMaskedLM",
+            },
+        )
     elif objective_name == "mdlm" or config.get("model_type") == "muloco":
         module = MULOCO_CODE.stem
         block = model_config.layers[0]
-        config.update(architectures=["MulocoForCausalLM"], model_type="muloco", use_sliding_window=False,
-                      qk_norm=block.attention.qk_norm is not None,
-                      qkv_bias=bool(block.attention.qkv_linear.wq.bias),
-                      post_attention_norm=block.post_attention_norm is not None,
-                      post_ffn_norm=block.post_ffn_norm is not None, bidirectional=objective_name == "mdlm",
-                      auto_map={"AutoConfig": f"{module}.MulocoConfig", "AutoModel": f"{module}.MulocoForCausalLM",
-                                "AutoModelForCausalLM": f"{module}.MulocoForCausalLM",
-                                "AutoModelForMaskedLM": f"{module}.MulocoForCausalLM"})
+        config.update(
+            architectures=["MulocoForCausalLM"],
+            model_type="muloco",
+            use_sliding_window=False,
+            qk_norm=block.attention.qk_norm is not None,
+            qkv_bias=bool(block.attention.qkv_linear.wq.bias),
+            post_attention_norm=block.post_attention_norm is not None,
+            post_ffn_norm=block.post_ffn_norm is not None,
+            bidirectional=objective_name == "mdlm",
+            auto_map={
+                "AutoConfig": f"{module}.MulocoConfig",
+                "AutoModel": f"{module}.MulocoForCausalLM",
+                "AutoModelForCausalLM": f"{module}.MulocoForCausalLM",
+                "AutoModelForMaskedLM": f"{module}.MulocoForCausalLM",
+            },
+        )
         if objective_name == "mdlm":
             config["mask_token_id"] = tokenizer.mask_id
     return config
@@ -154,8 +167,10 @@ def _check_global(model: torch.nn.Module, summary: dict, step: int) -> str:
     fingerprint = global_fingerprint(model)
     recorded = (summary.get("diloco") or {}).get("final_global_sha256")
     if recorded and summary.get("steps") == step and recorded != fingerprint:
-        raise ExportError(f"θ_g of step {step} hashes to {fingerprint[:16]}…, but the run recorded "
-                          f"{recorded[:16]}… at its end: the checkpoint is not the run's final θ_g")
+        raise ExportError(
+            f"θ_g of step {step} hashes to {fingerprint[:16]}…, but the run recorded "
+            f"{recorded[:16]}… at its end: the checkpoint is not the run's final θ_g"
+        )
     return fingerprint
 
 
@@ -163,8 +178,16 @@ LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]*")
 """The Hub's license ids (apache-2.0, mit, cc-by-4.0, llama3, other, ...)."""
 
 
-def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerprint: str | None,
-          remote_code: bool = False, license: str | None = None) -> str:
+def _card(
+    run: Path,
+    config,
+    step: int,
+    is_global: bool,
+    summary: dict,
+    fingerprint: str | None,
+    remote_code: bool = False,
+    license: str | None = None,
+) -> str:
     """The model card: what was trained, how (the run's own command), and what it reached."""
     record = json.loads((run / RUN_FILE).read_text())
     ft = getattr(config, "fault_tolerance", None)
@@ -173,10 +196,15 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
     name = config.objective._owner.name
     recipe = getattr(config.objective, "recipe", None)
     what = "next-token prediction" if name == "ar" else f"masked diffusion, recipe {recipe.build().describe()}"
-    lines = [*_front_matter(config, name, license), f"# {config.model.flavor}, trained with muloco", "",
-             f"- objective: {what} (`{name}`)",
-             f"- weights: {'θ_g, the global model of the run' if is_global else 'the model'} at step {step}",
-             f"- config module: `{_config_name(record['config'])}`; overrides: `{' '.join(_shown(record['args'])) or '(none)'}`"]
+    lines = [
+        *_front_matter(config, name, license),
+        f"# {config.model.flavor}, trained with muloco",
+        "",
+        f"- objective: {what} (`{name}`)",
+        f"- weights: {'θ_g, the global model of the run' if is_global else 'the model'} at step {step}",
+        f"- config module: `{_config_name(record['config'])}`; "
+        f"overrides: `{' '.join(_shown(record['args'])) or '(none)'}`",
+    ]
     if k > 1:
         outer = config.outer
         lines.append(f"- outer loop: K={k} replica groups, H={outer.sync_every}")
@@ -184,10 +212,14 @@ def _card(run: Path, config, step: int, is_global: bool, summary: dict, fingerpr
             lines.append(f"- bits per parameter sent per sync: {diloco['bits_per_parameter']}")
     if fingerprint:
         lines.append(f"- θ_g sha256: `{fingerprint}`")
-    lines += [f"- tokens seen (per replica group): {summary.get('tokens_seen', 'not recorded')}",
-              f"- final validation loss: {summary.get('final_validation_loss', 'not recorded')} nats/token, "
-              f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
-              "", *(_ar_usage(remote_code) if name == "ar" else _mdlm_usage(recipe)), ""]
+    lines += [
+        f"- tokens seen (per replica group): {summary.get('tokens_seen', 'not recorded')}",
+        f"- final validation loss: {summary.get('final_validation_loss', 'not recorded')} nats/token, "
+        f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
+        "",
+        *(_ar_usage(remote_code) if name == "ar" else _mdlm_usage(recipe)),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -197,9 +229,15 @@ def _front_matter(config, objective: str, license: str | None = None) -> list[st
     source = config.dataloader.source
     dataset = getattr(source, "dataset", "") if getattr(source, "name", "") == "huggingface" else ""
     dataset = "" if getattr(source, "dataset_path", None) else dataset
-    lines = ["---", *([f"license: {license}"] if license else []), "library_name: transformers",
-             f"pipeline_tag: {'text-generation' if objective == 'ar' else 'fill-mask'}",
-             "tags:", "  - muloco", f"  - {'masked-diffusion' if objective != 'ar' else 'causal-lm'}"]
+    lines = [
+        "---",
+        *([f"license: {license}"] if license else []),
+        "library_name: transformers",
+        f"pipeline_tag: {'text-generation' if objective == 'ar' else 'fill-mask'}",
+        "tags:",
+        "  - muloco",
+        f"  - {'masked-diffusion' if objective != 'ar' else 'causal-lm'}",
+    ]
     if hasattr(config, "outer"):
         lines.append("  - diloco")
     if dataset:
@@ -217,21 +255,34 @@ def _mdlm_usage(recipe) -> list[str]:
     if readout.shift:
         how.append("- the logits at position i - 1 predict token i (Dream's token shift);")
     if readout.block_size:
-        how.append(f"- it attends block-wise: blocks of {readout.block_size} tokens, each seeing itself and the "
-                   "finished blocks before it; sample block by block.")
-    return how + ["", "`python -m muloco.generate --checkpoint RUN` and `python -m muloco.evaluate DIR` sample and "
-                  "score it as it was trained (block-wise models with an exact key/value cache)."]
+        how.append(
+            f"- it attends block-wise: blocks of {readout.block_size} tokens, each seeing itself and the "
+            "finished blocks before it; sample block by block."
+        )
+    return how + [
+        "",
+        "`python -m muloco.generate --checkpoint RUN` and `python -m muloco.evaluate DIR` sample and "
+        "score it as it was trained (block-wise models with an exact key/value cache).",
+    ]
 
 
 def _ar_usage(remote_code: bool) -> list[str]:
     shipped = ", trust_remote_code=True" if remote_code else ""
-    return ["```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
-            f"model = AutoModelForCausalLM.from_pretrained(DIR{shipped})",
-            "tokenizer = AutoTokenizer.from_pretrained(DIR)", "```"]
+    return [
+        "```python",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        f"model = AutoModelForCausalLM.from_pretrained(DIR{shipped})",
+        "tokenizer = AutoTokenizer.from_pretrained(DIR)",
+        "```",
+    ]
+
+
 _MDLM_USAGE = [
     "Load it with the model class shipped here, then denoise: start from mask tokens after the prompt and,",
     "at each step, fix the most confident of the masked positions (LLaDA's low-confidence remasking).",
-    "", "```python", "import torch",
+    "",
+    "```python",
+    "import torch",
     "from transformers import AutoModelForMaskedLM, AutoTokenizer",
     "model = AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True).eval()",
     "tokenizer = AutoTokenizer.from_pretrained(DIR)",
@@ -240,19 +291,22 @@ _MDLM_USAGE = [
     "with torch.no_grad():",
     "    for _ in range(length):",
     "        logits = model(x).logits",
-    "        logits[..., mask] = -float(\"inf\")",
+    '        logits[..., mask] = -float("inf")',
     "        confidence, token = logits.softmax(-1).max(-1)",
     "        confidence[x != mask] = -1",
     "        i = confidence.argmax()",
     "        x.view(-1)[i] = token.view(-1)[i]",
-    "print(tokenizer.decode(x[0]))", "```",
-    "", "`python -m muloco.generate --checkpoint RUN` samples with muloco's own sampler (blocks, cache, threshold)."]
+    "print(tokenizer.decode(x[0]))",
+    "```",
+    "",
+    "`python -m muloco.generate --checkpoint RUN` samples with muloco's own sampler (blocks, cache, threshold).",
+]
 
 
 def _config_name(path: str) -> str:
     """``ddp/adamw`` for ``/somewhere/config/ddp/adamw.py`` (no path of this machine in the card)."""
     parts = Path(path).with_suffix("").parts
-    return "/".join(parts[parts.index("config") + 1:]) if "config" in parts else Path(path).stem
+    return "/".join(parts[parts.index("config") + 1 :]) if "config" in parts else Path(path).stem
 
 
 def _shown(args: list[str]) -> list[str]:
@@ -293,14 +347,16 @@ def _write_tokenizer(tokenizer, out: Path, max_length: int) -> None:
 
     hf = _hf_tokenizer(tokenizer)
     bos, eos = hf.id_to_token(tokenizer.bos_id), hf.id_to_token(tokenizer.eos_id)
-    hf.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
-                                           special_tokens=[(bos, tokenizer.bos_id)])
+    hf.post_processor = TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tokenizer.bos_id)]
+    )
     hf.save(str(out / "tokenizer.json"))
     special = {"bos_token": bos, "eos_token": eos}
     if getattr(tokenizer, "mask_id", None) is not None:
         special["mask_token"] = hf.id_to_token(tokenizer.mask_id)
-    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special,
-                                                           "model_max_length": max_length}, indent=2))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special, "model_max_length": max_length}, indent=2)
+    )
 
 
 def _summary(run: Path) -> dict:
@@ -331,8 +387,9 @@ def _save_weights(state: dict[str, torch.Tensor], out: Path) -> None:
         name = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         save_file(shard, str(out / name), metadata={"format": "pt"})
         weight_map.update({k: name for k in shard})
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+    )
 
 
 ADAPTER_FOLDER = "adapter"
@@ -371,8 +428,16 @@ def _check_writable(out: str) -> None:
         raise ExportError(str(err)) from None
 
 
-def export(checkpoint: str, out: str, *, step: int | None = None, replica: int | None = None,
-           force: bool = False, license: str | None = None, lora_base: bool = False) -> Path:
+def export(
+    checkpoint: str,
+    out: str,
+    *,
+    step: int | None = None,
+    replica: int | None = None,
+    force: bool = False,
+    license: str | None = None,
+    lora_base: bool = False,
+) -> Path:
     """Write the Hugging Face folder ``out`` (atomically: a failed export leaves nothing)."""
     target = Path(out).resolve()
     if target == Path.cwd().resolve() or target in Path.cwd().resolve().parents:
@@ -416,11 +481,13 @@ def export(checkpoint: str, out: str, *, step: int | None = None, replica: int |
         code = _shipped_code(written)
         if code is not None:
             shutil.copyfile(code, staging / code.name)
-        (staging / "generation_config.json").write_text(json.dumps(
-            {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2))
+        (staging / "generation_config.json").write_text(
+            json.dumps({"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}, indent=2)
+        )
         _write_tokenizer(tokenizer, staging, config.training.seq_len)
-        (staging / "README.md").write_text(_card(run, config, step, is_global, summary, fingerprint,
-                                                 remote_code=code is not None, license=license))
+        (staging / "README.md").write_text(
+            _card(run, config, step, is_global, summary, fingerprint, remote_code=code is not None, license=license)
+        )
         for path in staging.rglob("*"):  # safetensors writes its files 0600
             as_umask_says(path, folder=path.is_dir())
         old = None
@@ -450,8 +517,10 @@ def _hub_token(repo: str) -> str:
         raise ExportError(f"--push-to-hub {repo!r} is not a valid Hub repository name: {str(err).splitlines()[0]}")
     token = get_token()
     if not token:
-        raise ExportError("--push-to-hub needs a Hub token: run `hf auth login` once, or export HF_TOKEN=... "
-                          "(never on the command line)")
+        raise ExportError(
+            "--push-to-hub needs a Hub token: run `hf auth login` once, or export HF_TOKEN=... "
+            "(never on the command line)"
+        )
     return token
 
 
@@ -466,14 +535,22 @@ def push_to_hub(folder: Path, repo: str, *, private: bool) -> str:
     try:
         api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
         if private and not api.repo_info(repo, repo_type="model").private:
-            raise ExportError(f"--push-to-hub {repo} --private: that repository exists and is public; nothing was "
-                              f"uploaded. Make it private on the Hub or push to another one. {later}")
-        info = api.create_commit(repo, [CommitOperationAdd(str(p.relative_to(folder)), str(p)) for p in files],
-                                 commit_message=f"muloco export ({len(files)} files)", repo_type="model")
+            raise ExportError(
+                f"--push-to-hub {repo} --private: that repository exists and is public; nothing was "
+                f"uploaded. Make it private on the Hub or push to another one. {later}"
+            )
+        info = api.create_commit(
+            repo,
+            [CommitOperationAdd(str(p.relative_to(folder)), str(p)) for p in files],
+            commit_message=f"muloco export ({len(files)} files)",
+            repo_type="model",
+        )
     except HfHubHTTPError as e:
         status = e.response.status_code if e.response is not None else "no response"
-        raise ExportError(f"--push-to-hub {repo}: the Hub refused the upload ({status}); check that your Hub token "
-                          f"(HF_TOKEN or `hf auth login`) may write to {repo}. {later}") from None
+        raise ExportError(
+            f"--push-to-hub {repo}: the Hub refused the upload ({status}); check that your Hub token "
+            f"(HF_TOKEN or `hf auth login`) may write to {repo}. {later}"
+        ) from None
     except ExportError:
         raise
     except Exception as e:  # the Hub client's network and validation errors have no common base
@@ -511,16 +588,23 @@ class ExportOptions:
 
 def _check(args: ExportOptions) -> None:
     if args.license is not None and not LICENSE_ID.fullmatch(args.license):
-        raise UsageError(f"--license {args.license!r} is not a license id: lowercase letters, digits, '.', '-' and "
-                         "'+', e.g. apache-2.0, mit, cc-by-4.0 or other")
+        raise UsageError(
+            f"--license {args.license!r} is not a license id: lowercase letters, digits, '.', '-' and "
+            "'+', e.g. apache-2.0, mit, cc-by-4.0 or other"
+        )
     if args.private and not args.push_to_hub:
         raise UsageError("--private applies to --push-to-hub; add it or drop --private")
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        args, _ = parse(ExportOptions, list(sys.argv[1:] if argv is None else argv), prog=PROG,
-                        description=__doc__.split("\n\n")[0], overrides=False)
+        args, _ = parse(
+            ExportOptions,
+            list(sys.argv[1:] if argv is None else argv),
+            prog=PROG,
+            description=__doc__.split("\n\n")[0],
+            overrides=False,
+        )
         _check(args)
     except UsageError as e:
         return failed("export", e)
@@ -531,8 +615,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.push_to_hub:
             _hub_token(args.push_to_hub)
-        out = export(args.checkpoint, args.out, step=args.step, replica=args.replica, force=args.force,
-                     lora_base=args.lora_base, license=args.license)
+        out = export(
+            args.checkpoint,
+            args.out,
+            step=args.step,
+            replica=args.replica,
+            force=args.force,
+            lora_base=args.lora_base,
+            license=args.license,
+        )
     except MulocoError as e:
         return failed("export", e)
     except ValueError as e:  # a library's refusal of the folder or the weights (transformers, safetensors)
@@ -542,8 +633,10 @@ def main(argv: list[str] | None = None) -> int:
     how = f"{auto}.from_pretrained({str(out)!r}{', trust_remote_code=True' if 'auto_map' in config else ''})"
     print(f"exported to {out}: load it with transformers.{how}; its README.md says how it was trained")
     if (out / ADAPTER_FOLDER).is_dir():
-        print(f"its LoRA adapter alone: {out / ADAPTER_FOLDER} (peft.PeftModel.from_pretrained(<the base model>, "
-              f"'{out / ADAPTER_FOLDER}'))")
+        print(
+            f"its LoRA adapter alone: {out / ADAPTER_FOLDER} (peft.PeftModel.from_pretrained(<the base model>, "
+            f"'{out / ADAPTER_FOLDER}'))"
+        )
     if args.push_to_hub:
         try:
             url = push_to_hub(out, args.push_to_hub, private=args.private)

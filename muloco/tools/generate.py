@@ -3,7 +3,8 @@
 ``DIR`` is a run's dump folder (a DiLoCo run's: replica 0 unless ``--replica``), one
 replica's folder, or a ``checkpoint/step-N`` folder, loaded by :mod:`muloco.tools.loading` (the
 newest complete checkpoint or ``--step``, verified, nothing unpickled). A DiLoCo run samples
-from θ_g, the global model the replicas agreed on. A masked-diffusion run samples by iterative unmasking (:mod:`muloco.objectives.sampling`:
+from θ_g, the global model the replicas agreed on. A masked-diffusion run samples by iterative unmasking
+(:mod:`muloco.objectives.sampling`:
 LLaDA's schedule, or ``--threshold`` parallel decoding, an optional ``--cache prefix|dual``, and
 ``--batch-size`` prompts at a time), an autoregressive one token by token. The same seed gives
 the same text. Options are checked against the run before anything is loaded: a value out of
@@ -25,6 +26,7 @@ from muloco.utils.errors import BAD_INPUT, BadInput, MulocoError
 
 # torch and torchtitan are imported once the command line is parsed (``_load``): ``--help`` and a
 # usage error answer without them.
+
 
 class GenerateError(BadInput, ValueError):
     pass
@@ -83,8 +85,14 @@ def parse_args(argv: list[str]) -> GenerateOptions:
     return args
 
 
-DIFFUSION_ONLY = {"steps": "--steps", "block_length": "--block-length", "order": "--order",
-                  "threshold": "--threshold", "cache": "--cache", "batch_size": "--batch-size"}
+DIFFUSION_ONLY = {
+    "steps": "--steps",
+    "block_length": "--block-length",
+    "order": "--order",
+    "threshold": "--threshold",
+    "cache": "--cache",
+    "batch_size": "--batch-size",
+}
 """Options of the diffusion sampler: an error on an autoregressive run and when scoring."""
 
 
@@ -92,13 +100,23 @@ def check_options(args: GenerateOptions, causal: bool) -> None:
     """GenerateError naming an option out of range or one that does not apply to this run."""
     given = [flag for name, flag in DIFFUSION_ONLY.items() if getattr(args, name) is not None]
     if causal and given:
-        raise GenerateError(f"{', '.join(given)}: only for masked-diffusion runs, and this run is "
-                            f"autoregressive (it samples token by token); leave {'them' if len(given) > 1 else 'it'} out.")
+        raise GenerateError(
+            f"{', '.join(given)}: only for masked-diffusion runs, and this run is "
+            f"autoregressive (it samples token by token); leave {'them' if len(given) > 1 else 'it'} out."
+        )
     if args.score and given:
-        raise GenerateError(f"{', '.join(given)}: sampling options, and --score does not sample; leave "
-                            f"{'them' if len(given) > 1 else 'it'} out or drop --score.")
-    for name, low in (("length", 1), ("steps", 1), ("block_length", 1), ("batch_size", 1), ("mc_samples", 1),
-                      ("step", 0)):
+        raise GenerateError(
+            f"{', '.join(given)}: sampling options, and --score does not sample; leave "
+            f"{'them' if len(given) > 1 else 'it'} out or drop --score."
+        )
+    for name, low in (
+        ("length", 1),
+        ("steps", 1),
+        ("block_length", 1),
+        ("batch_size", 1),
+        ("mc_samples", 1),
+        ("step", 0),
+    ):
         value = getattr(args, name)
         if value is not None and value < low:
             raise GenerateError(f"--{name.replace('_', '-')} {value}: must be at least {low}.")
@@ -128,9 +146,18 @@ def generate(args: GenerateOptions) -> list[dict]:
     config = load_config(run, prog=PROG)
     check_options(args, config.objective._owner.causal)
     readout = readout_of(config.objective)
-    how = sampling_for(DiffusionSampling(length=args.length, steps=args.steps or args.length,
-                                         temperature=args.temperature, order=args.order or "confidence",
-                                         threshold=args.threshold), readout, args.block_length, args.cache)
+    how = sampling_for(
+        DiffusionSampling(
+            length=args.length,
+            steps=args.steps or args.length,
+            temperature=args.temperature,
+            order=args.order or "confidence",
+            threshold=args.threshold,
+        ),
+        readout,
+        args.block_length,
+        args.cache,
+    )
     if readout.block_size:
         how.check_block_model(readout.block_size)
     elif not config.objective._owner.causal:
@@ -139,21 +166,31 @@ def generate(args: GenerateOptions) -> list[dict]:
     prompts = args.prompt or [""]
     facts = {"objective": objective.name, "step": step, "run": str(run)}
     if args.score:
-        return [_scores(model, objective, tokenizer, prompt, args, i, device, readout) | facts
-                for i, prompt in enumerate(prompts)]
+        return [
+            _scores(model, objective, tokenizer, prompt, args, i, device, readout) | facts
+            for i, prompt in enumerate(prompts)
+        ]
     out = []
     batch = 1 if objective.causal else args.batch_size or 1
     for first in range(0, len(prompts), batch):
         generator = torch.Generator(device=device).manual_seed(args.seed + first)
-        ids = [tokenizer.encode(p, add_bos=True) for p in prompts[first:first + batch]]
+        ids = [tokenizer.encode(p, add_bos=True) for p in prompts[first : first + batch]]
         if objective.causal:
-            samples = [sample_autoregressive(model, ids[0], tokenizer.eos_id, args.length, args.temperature,
-                                             generator, device)]
+            samples = [
+                sample_autoregressive(model, ids[0], tokenizer.eos_id, args.length, args.temperature, generator, device)
+            ]
         else:
             samples = sample_model(model, ids, tokenizer.mask_id, how, generator, device, readout)
-        out += [{"prompt": prompt, "text": tokenizer.decode(until_eos(tokens, tokenizer.eos_id)), "tokens": tokens,
-                 "weights": "θ_g" if global_model else "model"} | facts
-                for prompt, tokens in zip(prompts[first:first + batch], samples)]
+        out += [
+            {
+                "prompt": prompt,
+                "text": tokenizer.decode(until_eos(tokens, tokenizer.eos_id)),
+                "tokens": tokens,
+                "weights": "θ_g" if global_model else "model",
+            }
+            | facts
+            for prompt, tokens in zip(prompts[first : first + batch], samples)
+        ]
     return out
 
 
@@ -172,8 +209,16 @@ def _score(model, objective, tokenizer, prompt_ids, choice, args, generator, dev
     target = tokenizer.encode(choice)
     if objective.causal:
         return autoregressive_nll(model, prompt_ids, target, device)
-    return diffusion_nll(model, prompt_ids, target, tokenizer.mask_id, samples=args.mc_samples,
-                         generator=generator, device=device, readout=readout)
+    return diffusion_nll(
+        model,
+        prompt_ids,
+        target,
+        tokenizer.mask_id,
+        samples=args.mc_samples,
+        generator=generator,
+        device=device,
+        readout=readout,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

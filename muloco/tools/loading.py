@@ -43,16 +43,19 @@ def locate(path: str, replica: int | None, step: int | None) -> tuple[Path, int 
     if folder.name.startswith("step-") and folder.name[5:].isdigit():
         return locate(str(folder.parent.parent), replica, int(folder.name[5:]) if step is None else step)
     if replica is not None and (folder / RUN_FILE).is_file() and not folder.name.startswith("replica_"):
-        raise RunLoadError(f"--replica {replica}: {path} is a run without replica groups (one folder, "
-                           "no replica_<i>/); leave --replica out.")
+        raise RunLoadError(
+            f"--replica {replica}: {path} is a run without replica groups (one folder, "
+            "no replica_<i>/); leave --replica out."
+        )
     for candidate in (folder, folder / f"replica_{replica or 0}"):
         if (candidate / RUN_FILE).is_file():
             return candidate, step
     if not folder.is_dir():
-        raise RunLoadError(f"{path} is not a folder; give a run's dump folder or a "
-                           "checkpoint/step-N folder of it.")
-    raise RunLoadError(f"{path} holds no {RUN_FILE} (nor replica_{replica or 0}/{RUN_FILE}): "
-                       "it is not a folder written by python -m muloco.train; give the run's dump folder.")
+        raise RunLoadError(f"{path} is not a folder; give a run's dump folder or a checkpoint/step-N folder of it.")
+    raise RunLoadError(
+        f"{path} holds no {RUN_FILE} (nor replica_{replica or 0}/{RUN_FILE}): "
+        "it is not a folder written by python -m muloco.train; give the run's dump folder."
+    )
 
 
 def load_config(run: Path, prog: str = "muloco"):
@@ -75,13 +78,18 @@ def load_model(run: Path, config, step: int | None, device: torch.device):
     folder = run / config.checkpoint.folder
     step = resolve_step(str(folder), -1 if step is None else step, warn=False, flag="--step")
     if step < 0:
-        raise RunLoadError(f"{folder} holds no complete checkpoint; train with checkpoints on "
-                           "(--checkpoint.enable, the default) or wait for the run's first save.")
+        raise RunLoadError(
+            f"{folder} holds no complete checkpoint; train with checkpoints on "
+            "(--checkpoint.enable, the default) or wait for the run's first save."
+        )
     step_dir = str(folder / f"step-{step}")
     others = [s for s in complete_steps(str(folder)) if s != step]
-    fix = (f"Pick an intact step with --step N (steps present: {', '.join(map(str, others))})" if others else
-           "It is the run's only complete checkpoint: delete that step folder and resume the run with its own "
-           "command to write a new one")
+    fix = (
+        f"Pick an intact step with --step N (steps present: {', '.join(map(str, others))})"
+        if others
+        else "It is the run's only complete checkpoint: delete that step folder and resume the run with its own "
+        "command to write a new one"
+    )
     verify_step(step_dir, fix)
     check_metadata(step_dir, fix)
     tokenizer = config.tokenizer.build(tokenizer_path=config.hf_assets_path)
@@ -93,12 +101,12 @@ def load_model(run: Path, config, step: int | None, device: torch.device):
     wanted = {globals_.get(name, name): t for name, t in params.items()}
     missing = sorted(k for k in wanted if k not in saved)
     if missing:
-        raise CheckpointLoadError(f"checkpoint {step_dir} lacks {missing[0]} (and {len(missing) - 1} more) of "
-                                  f"this model ({config.model.flavor}); was it written by another config?")
+        raise CheckpointLoadError(
+            f"checkpoint {step_dir} lacks {missing[0]} (and {len(missing) - 1} more) of "
+            f"this model ({config.model.flavor}); was it written by another config?"
+        )
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(wanted, checkpoint_id=step_dir, no_dist=True)
     model.eval()
     return model, tokenizer, objective, step, bool(globals_)
-
-

@@ -173,8 +173,10 @@ def _facts(folder: Path, run_json: dict[str, Any] | None) -> dict[str, Any] | No
     missing = missing_facts(run_json)
     if missing:
         what = "no run.json" if run_json is None else f"run.json records no {', '.join(missing)}"
-        _warn(f"{folder}: {what} (written by an older muloco, or the run stopped before its model was "
-              "built): its method is shown as '?'; resume or rerun it with this version to record them")
+        _warn(
+            f"{folder}: {what} (written by an older muloco, or the run stopped before its model was "
+            "built): its method is shown as '?'; resume or rerun it with this version to record them"
+        )
         return None
     return run_json["facts"]
 
@@ -225,8 +227,9 @@ def _read_replica(folder: Path) -> _Replica:
         try:
             _add_record(replica, record)
         except (KeyError, TypeError, ValueError) as err:
-            raise ReportError(f"{metrics}:{number}: a missing or mistyped field ({err}); fix or delete that line") \
-                from None
+            raise ReportError(
+                f"{metrics}:{number}: a missing or mistyped field ({err}); fix or delete that line"
+            ) from None
     return replica
 
 
@@ -263,8 +266,12 @@ def _file_round(replica: _Replica, step: int, r: dict[str, Any]) -> None:
         cut = step - 1 if r.get("sync/healed_from") is not None else replica.restarted_at
         replica.rounds = {s: v for s, v in replica.rounds.items() if s <= cut}
         replica.restarted_at = None
-    replica.rounds[step] = (float(r["sync/progress"]), int(r.get("sync/round_steps") or 0),
-                            float(r.get("sync/tokens") or 0), bool(r.get("sync/committed")))
+    replica.rounds[step] = (
+        float(r["sync/progress"]),
+        int(r.get("sync/round_steps") or 0),
+        float(r.get("sync/tokens") or 0),
+        bool(r.get("sync/committed")),
+    )
 
 
 EVAL_METRICS = ("acc_norm", "acc", "exact_match", "word_perplexity")
@@ -294,7 +301,7 @@ def _evaluations(folder: Path) -> dict[str, float]:
 
 def _replica_folders(folder: Path) -> list[Path]:
     """A DiLoCo job's ``replica_<i>/`` run folders, by replica id."""
-    found = [p for p in folder.glob("replica_*") if p.name[len("replica_"):].isdigit() and _is_run_folder(p)]
+    found = [p for p in folder.glob("replica_*") if p.name[len("replica_") :].isdigit() and _is_run_folder(p)]
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 
@@ -335,8 +342,9 @@ def _on_progress(rep: _Replica) -> _Replica:
 
     kept = [k for k in rep.syncs if k[0] <= last]  # (progress, step): a failed sync shares its progress
     syncs = {(p, k[0]): rep.syncs[k] for p, k in zip(_progress_at(rep, [k[0] for k in kept]).tolist(), kept)}
-    return _Replica(rep.summary, move(rep.train), move(rep.validation), syncs, move(rep.bits_per_byte),
-                    move(rep.tuning), rep.rounds)
+    return _Replica(
+        rep.summary, move(rep.train), move(rep.validation), syncs, move(rep.bits_per_byte), move(rep.tuning), rep.rounds
+    )
 
 
 def _train_curve(reps: list[_Replica], on_progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -373,7 +381,9 @@ def _curves(reps: list[_Replica], on_progress: bool = False) -> dict[str, np.nda
     sync_steps = np.array(sorted({s for r in reps for s, _ in r.syncs}), dtype=float)
     per_replica = [_cumulative_bytes(r, sync_steps) for r in reps if r.syncs]
     return {
-        "train_steps": steps, "train_loss": loss, "train_tokens": tokens,
+        "train_steps": steps,
+        "train_loss": loss,
+        "train_tokens": tokens,
         "val_steps": np.array(sorted(validation), dtype=float),
         "val_loss": np.array([validation[s] for s in sorted(validation)]),
         "sync_steps": sync_steps if per_replica else np.zeros(0),
@@ -396,8 +406,16 @@ def _rounds(reps: list[_Replica]) -> dict[str, Any] | None:
     for i, r in enumerate(reps):
         trained = [v for v in r.rounds.values() if v[3] and v[1] > 0]
         steps = [v[1] for v in trained]
-        groups.append({"group": i, "rounds": len(trained), "steps": sum(steps), "min_steps": min(steps, default=0),
-                       "max_steps": max(steps, default=0), "tokens_per_rank": sum(v[2] for v in trained)})
+        groups.append(
+            {
+                "group": i,
+                "rounds": len(trained),
+                "steps": sum(steps),
+                "min_steps": min(steps, default=0),
+                "max_steps": max(steps, default=0),
+                "tokens_per_rank": sum(v[2] for v in trained),
+            }
+        )
     return {"progress": max((v[0] for r in reps for v in r.rounds.values() if v[3]), default=0.0), "groups": groups}
 
 
@@ -425,8 +443,9 @@ def _scalars(reps: list[_Replica], curves: dict[str, np.ndarray]) -> dict[str, A
         "final_train_loss": _mean([s.get("final_train_loss") for s in sums]) if sums else _last(curves["train_loss"]),
         "steps": max((int(s["steps"]) for s in sums), default=None) or _max_step(reps),
         "tokens": _tokens(reps),
-        "wall_seconds": max((float(s["wall_seconds"]) for s in sums if s.get("wall_seconds") is not None),
-                            default=None),
+        "wall_seconds": max(
+            (float(s["wall_seconds"]) for s in sums if s.get("wall_seconds") is not None), default=None
+        ),
         **_traffic(reps, [s["diloco"] for s in sums if "diloco" in s]),
     }
 
@@ -453,10 +472,16 @@ def _traffic(reps: list[_Replica], outer: list[dict[str, Any]]) -> dict[str, flo
     share = _mean([o.get("sync_share_of_wall_time") for o in outer]) if outer else None
     totals = [np.sum(list(r.syncs.values()), axis=0) for r in reps if r.syncs]  # bytes, payload, numel
     if totals:
-        return {"bits_per_parameter": _mean([8 * t[1] / max(1.0, t[2]) for t in totals]),
-                "bytes_sent_per_replica": _mean([t[0] for t in totals]), "sync_share": share}
-    return {"bits_per_parameter": _mean([o.get("payload_bits_per_parameter") for o in outer]),
-            "bytes_sent_per_replica": _mean([o.get("bytes_sent") for o in outer]), "sync_share": share}
+        return {
+            "bits_per_parameter": _mean([8 * t[1] / max(1.0, t[2]) for t in totals]),
+            "bytes_sent_per_replica": _mean([t[0] for t in totals]),
+            "sync_share": share,
+        }
+    return {
+        "bits_per_parameter": _mean([o.get("payload_bits_per_parameter") for o in outer]),
+        "bytes_sent_per_replica": _mean([o.get("bytes_sent") for o in outer]),
+        "sync_share": share,
+    }
 
 
 def _last(values: np.ndarray) -> float | None:
@@ -474,27 +499,40 @@ def load_run(folder: Path | str) -> Run:
     folder = Path(folder)
     parts = [folder] if _is_run_folder(folder) else _replica_folders(folder)
     if not parts:
-        raise ReportError(f"{folder}: not a run folder (no summary.json or metrics.jsonl, no replica_<i>/); "
-                          "pass a run's --dump_folder")
+        raise ReportError(
+            f"{folder}: not a run folder (no summary.json or metrics.jsonl, no replica_<i>/); "
+            "pass a run's --dump_folder"
+        )
     reps = [_read_replica(p) for p in parts]
     run_json = _json_file(parts[0] / RUN_FILE)
     summary = next((r.summary for r in reps if r.summary is not None), None)
     try:
         facts = _facts(parts[0], run_json)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise ReportError(f"{folder}: run.json has a missing or mistyped field ({err!r}); rerun or delete the file") \
-            from None
+        raise ReportError(
+            f"{folder}: run.json has a missing or mistyped field ({err!r}); rerun or delete the file"
+        ) from None
     deadline = _deadline(facts, reps)
     curves = _curves(reps, on_progress=deadline)
     try:
-        return Run(folder=folder, name=folder.resolve().name, method=method_of(facts) if facts else "?",
-                   objective=_objective(facts, summary), facts=facts, replicas=len(parts),
-                   evaluations=_evaluations(folder), rounds=_rounds(reps) if deadline else None,
-                   lives=[r.lives for r in reps],
-                   complete=all(r.summary is not None for r in reps), **_scalars(reps, curves), **curves)
+        return Run(
+            folder=folder,
+            name=folder.resolve().name,
+            method=method_of(facts) if facts else "?",
+            objective=_objective(facts, summary),
+            facts=facts,
+            replicas=len(parts),
+            evaluations=_evaluations(folder),
+            rounds=_rounds(reps) if deadline else None,
+            lives=[r.lives for r in reps],
+            complete=all(r.summary is not None for r in reps),
+            **_scalars(reps, curves),
+            **curves,
+        )
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise ReportError(f"{folder}: summary.json or run.json has a missing or mistyped field ({err!r}); "
-                          "rerun or delete the file") from None
+        raise ReportError(
+            f"{folder}: summary.json or run.json has a missing or mistyped field ({err!r}); rerun or delete the file"
+        ) from None
 
 
 # ---------------------------------------------------------------------------- finding runs
@@ -515,7 +553,7 @@ def _manifest_names(sweep: Path) -> dict[Path, str]:
     for manifest in sorted(sweep.rglob("manifest.jsonl")):
         for number, line in _json_lines(manifest, tolerate_partial_tail=True):
             if "name" not in line:
-                raise ReportError(f"{manifest}:{number}: a manifest line needs a \"name\"; add one")
+                raise ReportError(f'{manifest}:{number}: a manifest line needs a "name"; add one')
             names.update((folder, str(line["name"])) for folder in _manifest_folders(manifest.parent, line))
     return names
 
@@ -547,8 +585,10 @@ def find_runs(paths: list[Path | str]) -> list[Run]:
             raise ReportError(f"{path}: not a folder; pass the run folder that holds it ({path.parent})")
         folders = _run_folders(path)
         if not folders:
-            raise ReportError(f"{path}: no runs found (a run folder holds summary.json or metrics.jsonl, a DiLoCo "
-                              "job replica_<i>/ folders); pass a run's --dump_folder or a folder above runs")
+            raise ReportError(
+                f"{path}: no runs found (a run folder holds summary.json or metrics.jsonl, a DiLoCo "
+                "job replica_<i>/ folders); pass a run's --dump_folder or a folder above runs"
+            )
         if folders == [path]:
             runs.append(load_run(path))
             continue
@@ -575,14 +615,28 @@ def _distinct_names(runs: list[Run]) -> list[Run]:
 # ---------------------------------------------------------------------------- the table
 
 
-COLUMNS = ("", "run", "method", "obj", "val loss", "val bits/byte", "train loss", "steps", "tokens", "bits/param",
-           "sent/replica", "sync", "wall")
+COLUMNS = (
+    "",
+    "run",
+    "method",
+    "obj",
+    "val loss",
+    "val bits/byte",
+    "train loss",
+    "steps",
+    "tokens",
+    "bits/param",
+    "sent/replica",
+    "sync",
+    "wall",
+)
 
 
 def ordered(runs: list[Run], metric: str = "validation") -> list[Run]:
     """By method, objective, then final loss (runs without one last), then name."""
-    return sorted(runs, key=lambda r: (r.method, r.objective, r.final_loss(metric) is None,
-                                       r.final_loss(metric) or 0.0, r.name))
+    return sorted(
+        runs, key=lambda r: (r.method, r.objective, r.final_loss(metric) is None, r.final_loss(metric) or 0.0, r.name)
+    )
 
 
 def best(runs: list[Run], metric: str = "validation") -> set[int]:
@@ -652,8 +706,10 @@ def _header(runs: list[Run]) -> list[str]:
 def _rows(runs: list[Run], metric: str) -> list[list[str]]:
     marks = best(runs, metric)
     extra = eval_columns(runs)
-    return [_cells(run, id(run) in marks) + [format_number(run.evaluations.get(c), ".4f") for c in extra]
-            for run in ordered(runs, metric)]
+    return [
+        _cells(run, id(run) in marks) + [format_number(run.evaluations.get(c), ".4f") for c in extra]
+        for run in ordered(runs, metric)
+    ]
 
 
 def table(runs: list[Run], metric: str = "validation") -> str:
@@ -665,8 +721,9 @@ def table(runs: list[Run], metric: str = "validation") -> str:
 def aligned(rows: list[list[str]], left: set[int]) -> str:
     """Rows of cells as text under a rule: columns in ``left`` left-aligned, the others right-aligned."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
-             for row in rows]
+    lines = [
+        "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(line.rstrip() for line in lines)
 
@@ -677,17 +734,23 @@ def rounds_lines(runs: list[Run]) -> list[str]:
     for run in runs:
         if run.rounds is None:
             continue
-        groups = "; ".join(f"group {g['group']}: {g['steps']} steps in {g['rounds']} rounds "
-                           f"({g['min_steps']}-{g['max_steps']} per round), {g['tokens_per_rank']:,.0f} tokens per rank"
-                           for g in run.rounds["groups"])
+        groups = "; ".join(
+            f"group {g['group']}: {g['steps']} steps in {g['rounds']} rounds "
+            f"({g['min_steps']}-{g['max_steps']} per round), {g['tokens_per_rank']:,.0f} tokens per rank"
+            for g in run.rounds["groups"]
+        )
         lines.append(f"{run.name}: deadline rounds, {run.rounds['progress']:g} nominal steps; {groups}")
     return lines
 
 
 def lives_lines(runs: list[Run]) -> list[str]:
     """One line per replica group that restarted or healed: what it did over its lives."""
-    return [f"{run.name}: replica group {i} {describe_lives(t)}" for run in runs for i, t in enumerate(run.lives)
-            if t is not None and (t["lives"] > 1 or t["heals"])]
+    return [
+        f"{run.name}: replica group {i} {describe_lives(t)}"
+        for run in runs
+        for i, t in enumerate(run.lives)
+        if t is not None and (t["lives"] > 1 or t["heals"])
+    ]
 
 
 def markdown(runs: list[Run], metric: str = "validation") -> str:
@@ -700,12 +763,35 @@ def markdown(runs: list[Run], metric: str = "validation") -> str:
 def rows_json(runs: list[Run], metric: str = "validation") -> list[dict[str, Any]]:
     """The table's rows with unrounded numbers."""
     marks = best(runs, metric)
-    keys = ("name", "method", "objective", "replicas", "complete", "final_validation_loss",
-            "final_validation_bits_per_byte", "final_train_loss",
-            "steps", "tokens", "bits_per_parameter", "bytes_sent_per_replica", "sync_share", "wall_seconds",
-            "evaluations", "rounds", "lives")
-    return [{**{k: getattr(r, k) for k in keys}, "folder": str(r.folder), "sweep": str(r.sweep) if r.sweep else None,
-             "best": id(r) in marks, "facts": r.facts} for r in ordered(runs, metric)]
+    keys = (
+        "name",
+        "method",
+        "objective",
+        "replicas",
+        "complete",
+        "final_validation_loss",
+        "final_validation_bits_per_byte",
+        "final_train_loss",
+        "steps",
+        "tokens",
+        "bits_per_parameter",
+        "bytes_sent_per_replica",
+        "sync_share",
+        "wall_seconds",
+        "evaluations",
+        "rounds",
+        "lives",
+    )
+    return [
+        {
+            **{k: getattr(r, k) for k in keys},
+            "folder": str(r.folder),
+            "sweep": str(r.sweep) if r.sweep else None,
+            "best": id(r) in marks,
+            "facts": r.facts,
+        }
+        for r in ordered(runs, metric)
+    ]
 
 
 # ---------------------------------------------------------------------------- plots
@@ -747,8 +833,11 @@ def _plot(runs: list[Run], axis: str, path: Path, note: str = "") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {"steps": "inner steps (deadline rounds: the run's nominal steps)",
-              "tokens": "tokens (all replica groups)", "bytes": "bytes sent per replica (cumulative)"}
+    labels = {
+        "steps": "inner steps (deadline rounds: the run's nominal steps)",
+        "tokens": "tokens (all replica groups)",
+        "bytes": "bytes sent per replica (cumulative)",
+    }
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     for i, run in enumerate(runs):
         color = f"C{i % 10}" if len(runs) <= 10 else plt.cm.tab20(i % 20)
@@ -791,8 +880,10 @@ def write_plots(runs: list[Run], out_dir: Path | str) -> list[Path]:
     _plot(runs, "tokens", paths[1])
     skipped = without_bytes(runs)
     if skipped:
-        _warn(f"{paths[2].name}: left out {len(skipped)} run(s) without byte counts: "
-              + ", ".join(r.name for r in skipped))
+        _warn(
+            f"{paths[2].name}: left out {len(skipped)} run(s) without byte counts: "
+            + ", ".join(r.name for r in skipped)
+        )
     kept = [r for r in runs if r not in skipped]
     _plot(kept, "bytes", paths[2], note="" if kept else "no run recorded bytes sent (no outer syncs)")
     return paths
@@ -804,15 +895,20 @@ def write_plots(runs: list[Run], out_dir: Path | str) -> list[Path]:
 def _write_text(runs: list[Run], out: Path, metric: str) -> list[Path]:
     """report.md (the table, which plot left out what) and report.json (the rows)."""
     skipped = without_bytes(runs)
-    note = f"\n\n`loss_vs_bytes.png` leaves out runs without byte counts: {', '.join(r.name for r in skipped)}." \
-        if skipped else ""
+    note = (
+        f"\n\n`loss_vs_bytes.png` leaves out runs without byte counts: {', '.join(r.name for r in skipped)}."
+        if skipped
+        else ""
+    )
     plots = "\n".join(f"![{name}]({name})" for name in REPORT_FILES[:3])
     rounds = "".join(f"\n- {line}" for line in rounds_lines(runs))
     rounds = f"\n\nReplica groups in deadline rounds:\n{rounds}" if rounds else ""
     lives = "".join(f"\n- {line}" for line in lives_lines(runs))
     rounds += f"\n\nReplica groups that restarted or healed:\n{lives}" if lives else ""
-    md = (f"# Runs\n\nFinal loss: {metric} (`*`: lowest of its method within a sweep).\n\n"
-          f"{markdown(runs, metric)}{note}{rounds}\n\n{plots}\n")
+    md = (
+        f"# Runs\n\nFinal loss: {metric} (`*`: lowest of its method within a sweep).\n\n"
+        f"{markdown(runs, metric)}{note}{rounds}\n\n{plots}\n"
+    )
     (out / "report.md").write_text(md)
     (out / "report.json").write_text(json.dumps({"metric": metric, "rows": rows_json(runs, metric)}, indent=2) + "\n")
     return [out / "report.md", out / "report.json"]
@@ -825,8 +921,9 @@ PROG = "python -m muloco.report"
 class ReportOptions:
     """Results reader: one table and three plots for run folders and sweeps."""
 
-    paths: tyro.conf.Positional[Annotated[tuple[Path, ...], tyro.conf.arg(metavar="RUN_OR_SWEEP_DIR...",
-                                                                          help_behavior_hint="(required)")]]
+    paths: tyro.conf.Positional[
+        Annotated[tuple[Path, ...], tyro.conf.arg(metavar="RUN_OR_SWEEP_DIR...", help_behavior_hint="(required)")]
+    ]
     """Run folders and sweep folders, one or more."""
     out: Path | None = None
     """Report folder (default: <first path>/report/)."""

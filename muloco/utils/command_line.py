@@ -65,7 +65,7 @@ def split_overrides(argv: list[str]) -> tuple[list[str], list[str]]:
     """(the launcher's own arguments, the trainer overrides after the first ``--``)."""
     if "--" in argv:
         cut = argv.index("--")
-        return argv[:cut], argv[cut + 1:]
+        return argv[:cut], argv[cut + 1 :]
     return list(argv), []
 
 
@@ -114,8 +114,9 @@ def check_options(args: list[str], valid: list[str], prog: str, overrides: bool 
         raise UsageError(f"unknown option '{flag}'.{hint} See {prog} --help{where}.")
 
 
-def parse(cls: type[T], argv: list[str], *, prog: str, description: str, underscores: bool = False,
-          overrides: bool = True) -> tuple[T, list[str]]:
+def parse(
+    cls: type[T], argv: list[str], *, prog: str, description: str, underscores: bool = False, overrides: bool = True
+) -> tuple[T, list[str]]:
     """``cls`` from the launcher's arguments, and the trainer overrides after ``--`` (a command
     that starts no trainer, ``overrides=False``, refuses them)."""
     ours, rest = split_overrides(argv)
@@ -124,11 +125,14 @@ def parse(cls: type[T], argv: list[str], *, prog: str, description: str, undersc
     check_options(ours, option_names(cls, underscores), prog, overrides)
     import tyro  # here, not at import: the launchers' --help answers without it
 
-    options = tyro.cli(cls, args=ours, prog=prog, use_underscores=underscores,
-                       description=f"{description} {OVERRIDES_EPILOG}" if overrides else description)
+    options = tyro.cli(
+        cls,
+        args=ours,
+        prog=prog,
+        use_underscores=underscores,
+        description=f"{description} {OVERRIDES_EPILOG}" if overrides else description,
+    )
     return options, rest
-
-
 
 
 def reader_gone() -> int:

@@ -54,5 +54,6 @@ def parse_rate(text: str) -> float:
             if math.isfinite(value) and value > 0:
                 return value
             break
-    raise ValueError(f"{text!r} is not a link speed: write a positive number and a unit, e.g. 100mbps, 1gbps, "
-                     "10gbps, 500kbps")
+    raise ValueError(
+        f"{text!r} is not a link speed: write a positive number and a unit, e.g. 100mbps, 1gbps, 10gbps, 500kbps"
+    )

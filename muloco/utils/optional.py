@@ -32,5 +32,7 @@ def require(module: str, what: str) -> None:
     """Raise :class:`MissingExtra` naming the extra when ``module`` is not importable."""
     if not installed(module):
         extra = EXTRAS[module]
-        raise MissingExtra(f"{what} needs the optional extra '{extra}' ({module} is not installed): "
-                           f"pip install 'muloco[{extra}]' (in a clone: .venv/bin/pip install -e '.[{extra}]')")
+        raise MissingExtra(
+            f"{what} needs the optional extra '{extra}' ({module} is not installed): "
+            f"pip install 'muloco[{extra}]' (in a clone: .venv/bin/pip install -e '.[{extra}]')"
+        )

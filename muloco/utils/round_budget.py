@@ -29,8 +29,9 @@ def deadline(sync_every: int, step_seconds: list[float], quantile: float = 1.0) 
     return sync_every * ordered[max(0, math.ceil(quantile * len(ordered) - EXACT) - 1)]
 
 
-def budgets(sync_every: int, step_seconds: list[float], quantile: float = 1.0, min_steps: int = 1,
-            max_steps: int | None = None) -> list[int]:
+def budgets(
+    sync_every: int, step_seconds: list[float], quantile: float = 1.0, min_steps: int = 1, max_steps: int | None = None
+) -> list[int]:
     """H_i for each group: the steps of its own pace that fit in the round's deadline, clamped."""
     most = max_steps if max_steps is not None else 2 * sync_every
     end = deadline(sync_every, step_seconds, quantile)

@@ -19,10 +19,16 @@ def require_at_least_zero(key: str, value) -> None:
 def require_steps_or_fraction(key: str, value) -> None:
     """``value`` is a count of steps (a positive whole number) or a fraction of the run in (0, 1),
     as Hugging Face's and Transformer Lab's ``eval_steps`` / ``save_steps`` / ``logging_steps``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-            or not (value < 1 or float(value).is_integer()):
-        raise ValueError(f"{key} is {value!r}; give a whole number of steps (e.g. 50) or a fraction of "
-                         "training.steps between 0 and 1 (e.g. 0.1: every tenth of the run).")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not value > 0
+        or not (value < 1 or float(value).is_integer())
+    ):
+        raise ValueError(
+            f"{key} is {value!r}; give a whole number of steps (e.g. 50) or a fraction of "
+            "training.steps between 0 and 1 (e.g. 0.1: every tenth of the run)."
+        )
 
 
 def is_fraction(value) -> bool:

@@ -26,8 +26,16 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer, Qwen3RMS
 class MulocoConfig(Qwen3Config):
     model_type = "muloco"
 
-    def __init__(self, qk_norm: bool = True, post_attention_norm: bool = False, post_ffn_norm: bool = False,
-                 bidirectional: bool = False, mask_token_id: int | None = None, qkv_bias: bool = False, **kwargs):
+    def __init__(
+        self,
+        qk_norm: bool = True,
+        post_attention_norm: bool = False,
+        post_ffn_norm: bool = False,
+        bidirectional: bool = False,
+        mask_token_id: int | None = None,
+        qkv_bias: bool = False,
+        **kwargs,
+    ):
         self.qk_norm, self.bidirectional, self.mask_token_id = qk_norm, bidirectional, mask_token_id
         self.qkv_bias = qkv_bias
         self.post_attention_norm, self.post_ffn_norm = post_attention_norm, post_ffn_norm
@@ -46,16 +54,32 @@ class MulocoDecoderLayer(Qwen3DecoderLayer):
             for name in ("q_proj", "k_proj", "v_proj"):
                 plain = getattr(self.self_attn, name)
                 setattr(self.self_attn, name, nn.Linear(plain.in_features, plain.out_features, bias=True))
-        self.attn_output_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps) \
-            if config.post_attention_norm else None
-        self.mlp_output_norm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if config.post_ffn_norm \
-            else None
+        self.attn_output_norm = (
+            Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if config.post_attention_norm else None
+        )
+        self.mlp_output_norm = (
+            Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if config.post_ffn_norm else None
+        )
 
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
-                position_embeddings=None, **kwargs):
-        attn, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), attention_mask=attention_mask,
-                                 position_ids=position_ids, past_key_values=past_key_values, use_cache=use_cache,
-                                 position_embeddings=position_embeddings, **kwargs)
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        use_cache=False,
+        position_embeddings=None,
+        **kwargs,
+    ):
+        attn, _ = self.self_attn(
+            hidden_states=self.input_layernorm(hidden_states),
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
         if self.attn_output_norm is not None:
             attn = self.attn_output_norm(attn)
         hidden_states = hidden_states + attn
@@ -75,13 +99,17 @@ class MulocoModel(Qwen3Model):
 
     def forward(self, input_ids=None, attention_mask=None, inputs_embeds=None, **kwargs):
         if not self.config.bidirectional:
-            return super().forward(input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds,
-                                   **kwargs)
+            return super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length = inputs_embeds.shape[:2]
-        keep = (torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device) if attention_mask is None
-                else attention_mask.to(torch.bool))
+        keep = (
+            torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
+            if attention_mask is None
+            else attention_mask.to(torch.bool)
+        )
         # a prepared 4D additive mask (passed through as is): padding keys closed to every query
         mask = torch.zeros(batch, 1, length, length, dtype=inputs_embeds.dtype, device=inputs_embeds.device)
         mask = mask.masked_fill(~keep[:, None, None, :], torch.finfo(inputs_embeds.dtype).min)

@@ -36,8 +36,11 @@ class MulocoMdlmModel(LlamaModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         batch, length = inputs_embeds.shape[:2]
-        keep = (torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device) if attention_mask is None
-                else attention_mask.to(torch.bool))
+        keep = (
+            torch.ones(batch, length, dtype=torch.bool, device=inputs_embeds.device)
+            if attention_mask is None
+            else attention_mask.to(torch.bool)
+        )
         # a prepared 4D additive mask (transformers passes it through as is): keys that are padding
         # are closed to every query, nothing else is
         bidirectional = torch.zeros(batch, 1, length, length, dtype=inputs_embeds.dtype, device=inputs_embeds.device)

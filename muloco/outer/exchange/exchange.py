@@ -108,8 +108,9 @@ class Exchange(Configurable):
             except re.error as err:
                 raise ValueError(f"outer.exchange.skip_pattern is not a valid regex: {err}") from None
             if self.skip_dtype not in DTYPES:
-                raise ValueError(f"outer.exchange.skip_dtype must be one of {', '.join(DTYPES)}; "
-                                 f"got {self.skip_dtype!r}")
+                raise ValueError(
+                    f"outer.exchange.skip_dtype must be one of {', '.join(DTYPES)}; got {self.skip_dtype!r}"
+                )
             if not (math.isfinite(self.bucket_mb) and self.bucket_mb > 0):
                 raise ValueError(f"outer.exchange.bucket_mb must be a positive number, got {self.bucket_mb!r}")
             if self.pipeline_depth < 1:
@@ -117,8 +118,9 @@ class Exchange(Configurable):
             if self.kernels not in KERNELS:
                 raise ValueError(f"outer.exchange.kernels must be one of {', '.join(KERNELS)}; got {self.kernels!r}")
             if self.weighting not in WEIGHTINGS:
-                raise ValueError(f"outer.exchange.weighting must be one of {', '.join(WEIGHTINGS)}; "
-                                 f"got {self.weighting!r}")
+                raise ValueError(
+                    f"outer.exchange.weighting must be one of {', '.join(WEIGHTINGS)}; got {self.weighting!r}"
+                )
             self.check_weighting(deadline=False)  # auto: the outer loop checks it with its round mode
             if self.timing not in TIMINGS:
                 raise ValueError(f"outer.exchange.timing must be one of {', '.join(TIMINGS)}; got {self.timing!r}")
@@ -127,11 +129,15 @@ class Exchange(Configurable):
             if self.tiles:
                 chunk = getattr(self.codec, "chunk_size", None)
                 if chunk is None:
-                    raise ValueError(f"outer.exchange.tiles lays out top-k chunks; the {_codec_name(self.codec)} "
-                                     f"codec has none: use --outer.exchange.codec topk or --outer.exchange.tiles 0")
-                if chunk != self.tiles ** 2:
-                    raise ValueError(f"outer.exchange.tiles {self.tiles} makes tiles of {self.tiles ** 2} elements; "
-                                     f"set --outer.exchange.codec.chunk_size {self.tiles ** 2} so a chunk is a tile")
+                    raise ValueError(
+                        f"outer.exchange.tiles lays out top-k chunks; the {_codec_name(self.codec)} "
+                        f"codec has none: use --outer.exchange.codec topk or --outer.exchange.tiles 0"
+                    )
+                if chunk != self.tiles**2:
+                    raise ValueError(
+                        f"outer.exchange.tiles {self.tiles} makes tiles of {self.tiles**2} elements; "
+                        f"set --outer.exchange.codec.chunk_size {self.tiles**2} so a chunk is a tile"
+                    )
             strategy = self.resolved_strategy().build()
             try:
                 strategy.check_codec(self.codec.build())
@@ -147,18 +153,24 @@ class Exchange(Configurable):
 
         def check_weighting(self, deadline: bool) -> None:
             """A weighted all-reduce scales each Δ before the sum: only lossless payloads allow it."""
-            if self.resolved_weighting(deadline) != "tokens" or not isinstance(self.resolved_strategy(),
-                                                                              AllReduce.Config):
+            if self.resolved_weighting(deadline) != "tokens" or not isinstance(
+                self.resolved_strategy(), AllReduce.Config
+            ):
                 return
-            why = ("outer.exchange.weighting tokens" if self.weighting == "tokens" else
-                   "deadline rounds weigh each group's Δ by its tokens (outer.exchange.weighting auto; equal "
-                   "turns it off), which")
+            why = (
+                "outer.exchange.weighting tokens"
+                if self.weighting == "tokens"
+                else "deadline rounds weigh each group's Δ by its tokens (outer.exchange.weighting auto; equal "
+                "turns it off), which"
+            )
             carried = [self.codec] + ([Dense.Config(dtype=self.skip_dtype)] if self.skip_pattern else [])
             lossy = [c.describe() for c in (c.build() for c in carried) if not c.lossless]
             if lossy:
-                raise ValueError(f"{why} scales each Δ by its weight before an all-reduce sums it, which only a "
-                                 f"lossless (float32) payload allows; with {lossy[0]} use "
-                                 f"--outer.exchange.strategy allgather")
+                raise ValueError(
+                    f"{why} scales each Δ by its weight before an all-reduce sums it, which only a "
+                    f"lossless (float32) payload allows; with {lossy[0]} use "
+                    f"--outer.exchange.strategy allgather"
+                )
 
         def carries_feedback(self) -> bool:
             """Whether any stream of this exchange keeps an error-feedback residual (a lossy codec with
@@ -172,8 +184,9 @@ class Exchange(Configurable):
                 return self.strategy
             return AllReduce.Config() if isinstance(self.codec, Dense.Config) else AllGather.Config()
 
-    def __init__(self, config: Config, *, device: torch.device | None = None, link: Link | None = None,
-                 deadline: bool = False):
+    def __init__(
+        self, config: Config, *, device: torch.device | None = None, link: Link | None = None, deadline: bool = False
+    ):
         """``deadline``: the outer loop runs deadline rounds, so every sync gathers each replica's work
         record whatever the weighting (a weighted exchange always does), and ``auto`` weighs by tokens."""
         config.validate()
@@ -201,8 +214,10 @@ class Exchange(Configurable):
         skip += f", {self.config.tiles}x{self.config.tiles} tiles" if self.config.tiles else ""
         link = f", {self.link.config.describe()}" if self.link.enabled else ""
         link += ", weighted by tokens" if self.weighted else ""
-        return (f"{self.codec.describe()}, {ef}, {self.strategy.name}{skip}, buckets of "
-                f"{self.config.bucket_mb:g} MB, {kernels} kernels{link}")
+        return (
+            f"{self.codec.describe()}, {ef}, {self.strategy.name}{skip}, buckets of "
+            f"{self.config.bucket_mb:g} MB, {kernels} kernels{link}"
+        )
 
     @property
     def feedback_beta(self) -> float | None:
@@ -226,10 +241,21 @@ class Exchange(Configurable):
         layout = FragmentLayout(names, [t.shape for t in tensors], self.skip, tile=self.config.tiles)
         irregular = layout.irregular_tiles(self.config.tiles)
         if irregular:
-            logger.info(f"tile layout: {', '.join(irregular)} have dimensions {self.config.tiles} does not divide: "
-                        f"their tiles are smaller, and a top-k chunk spans several of them")
-        self.plans[tuple(names)] = Plan(layout, self.strategy, self.codecs, self.feedback, self.bucket_numel,
-                                        self.config.pipeline_depth, self.device, self.link, self.config.timing)
+            logger.info(
+                f"tile layout: {', '.join(irregular)} have dimensions {self.config.tiles} does not divide: "
+                f"their tiles are smaller, and a top-k chunk spans several of them"
+            )
+        self.plans[tuple(names)] = Plan(
+            layout,
+            self.strategy,
+            self.codecs,
+            self.feedback,
+            self.bucket_numel,
+            self.config.pipeline_depth,
+            self.device,
+            self.link,
+            self.config.timing,
+        )
         for stream, codec in self.codecs.items():
             if self.feedback.applies_to(codec) and layout.numel[stream]:
                 self.feedback.allocate(f"{layout.key}/{stream}", layout.numel[stream], tensors[0].device)
@@ -238,8 +264,9 @@ class Exchange(Configurable):
         """Residuals under this rank's key: under FSDP each rank's residuals cover its own
         shards, and distinct keys keep DCP from treating them as one replicated tensor."""
         residuals = self.feedback.state_dict()
-        return {_rank_key(): {s: {k: t for k, t in residuals.items() if k.endswith("/" + s)}
-                              for s in (COMPRESSED, DENSE)}}
+        return {
+            _rank_key(): {s: {k: t for k, t in residuals.items() if k.endswith("/" + s)} for s in (COMPRESSED, DENSE)}
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         mine = state.get(_rank_key())
@@ -255,8 +282,15 @@ class Exchange(Configurable):
 
     # -------------------------------------------------------------------- sync
 
-    def start(self, manager: Any, names: list[str], fill: Callable[[list[torch.Tensor]], None], contributes: bool,
-              quorum_seconds: float = 0.0, work: Work | None = None) -> PendingExchange:
+    def start(
+        self,
+        manager: Any,
+        names: list[str],
+        fill: Callable[[list[torch.Tensor]], None],
+        contributes: bool,
+        quorum_seconds: float = 0.0,
+        work: Work | None = None,
+    ) -> PendingExchange:
         """Start averaging one fragment's Δ, which ``fill`` writes into the views it is given
         (one per tensor of the fragment, in ``names`` order).
 
@@ -272,15 +306,23 @@ class Exchange(Configurable):
             raise ValueError(f"exchange.allocate was not called for the fragment {names[0]}..{names[-1]}")
         if self.records and work is None:
             raise ValueError("this exchange gathers work records: start() needs this replica's work")
-        return Sync(plan, manager, fill, contributes=contributes, quorum_seconds=quorum_seconds,
-                    work=work if self.records else None, weighted=self.weighted)
+        return Sync(
+            plan,
+            manager,
+            fill,
+            contributes=contributes,
+            quorum_seconds=quorum_seconds,
+            work=work if self.records else None,
+            weighted=self.weighted,
+        )
 
     @property
     def weighted(self) -> bool:
         return self.weighting == "tokens"
 
-    def wire_phases(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0,
-                    sizes: list[int] | None = None) -> list[dict[str, float]]:
+    def wire_phases(
+        self, k: int, numel: int, numel_dense: int = 0, rank: int = 0, sizes: list[int] | None = None
+    ) -> list[dict[str, float]]:
         """Replica ``rank``'s collectives in one sync of a fragment with ``numel`` compressed and
         ``numel_dense`` skipped elements, from the wire format alone, for any K: per collective
         its payload and the bytes it sends and receives (what the exchange counts from its
@@ -301,8 +343,9 @@ class Exchange(Configurable):
             phases[0][key] = phases[0].get(key, 0.0) + value
         return phases
 
-    def wire_bytes(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0,
-                   sizes: list[int] | None = None) -> dict[str, float]:
+    def wire_bytes(
+        self, k: int, numel: int, numel_dense: int = 0, rank: int = 0, sizes: list[int] | None = None
+    ) -> dict[str, float]:
         """Bytes replica ``rank`` sends and receives in one sync (and its payload): the sum of
         :meth:`wire_phases`."""
         total = {"payload": 0.0, "sent": 0.0, "received": 0.0}
@@ -311,12 +354,14 @@ class Exchange(Configurable):
                 total[key] += phase.get(key, 0.0)
         return total
 
-    def link_transfers(self, k: int, numel: int, numel_dense: int = 0, rank: int = 0,
-                       sizes: list[int] | None = None) -> list[Transfer]:
+    def link_transfers(
+        self, k: int, numel: int, numel_dense: int = 0, rank: int = 0, sizes: list[int] | None = None
+    ) -> list[Transfer]:
         """The collectives of one sync as the emulated link sees them (``link.py``)."""
         rounds = self.strategy.rounds(k) if k > 1 else 0
-        return [Transfer(p["sent"], p["received"], rounds)
-                for p in self.wire_phases(k, numel, numel_dense, rank, sizes)]
+        return [
+            Transfer(p["sent"], p["received"], rounds) for p in self.wire_phases(k, numel, numel_dense, rank, sizes)
+        ]
 
 
 def _rank_key() -> str:

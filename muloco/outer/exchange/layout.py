@@ -123,7 +123,7 @@ class Tiled:
         per = max(1, max_numel // band)
         for y in range(0, self.rows // self.h, per):
             n = min(per, self.rows // self.h - y)
-            flat = buffer[self.offset + y * band:self.offset + (y + n) * band]
+            flat = buffer[self.offset + y * band : self.offset + (y + n) * band]
             yield flat.view(n, self.h, self.cols // self.w, self.w), flat.view(n, self.cols // self.w, self.h, self.w)
 
     def to_tiles(self, buffer: torch.Tensor, max_numel: int) -> None:
@@ -149,9 +149,11 @@ class FragmentLayout:
             self.numel[stream] += shape.numel()
         self.key = "|".join((names[0], names[-1], str(len(names))))
         """The fragment's residual key, stable across runs (DCP flattens nested keys with dots)."""
-        self.tiled = [Tiled(o, s[0], s[1], tile_side(s[0], tile), tile_side(s[1], tile))
-                      for o, s, stream in zip(self.offsets, self.shapes, self.stream_of)
-                      if tile and stream == COMPRESSED and len(s) == 2 and s.numel()]
+        self.tiled = [
+            Tiled(o, s[0], s[1], tile_side(s[0], tile), tile_side(s[1], tile))
+            for o, s, stream in zip(self.offsets, self.shapes, self.stream_of)
+            if tile and stream == COMPRESSED and len(s) == 2 and s.numel()
+        ]
         """The compressed stream's matrices, stored tile by tile (``tile`` > 0)."""
 
     def to_tiles(self, buffers: dict[str, torch.Tensor], max_numel: int) -> None:
@@ -175,8 +177,10 @@ class FragmentLayout:
 
     def views(self, buffers: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """Per tensor, in the fragment's order, its place in the stream buffers."""
-        return [buffers[s][o:o + shape.numel()].view(shape)
-                for s, o, shape in zip(self.stream_of, self.offsets, self.shapes)]
+        return [
+            buffers[s][o : o + shape.numel()].view(shape)
+            for s, o, shape in zip(self.stream_of, self.offsets, self.shapes)
+        ]
 
     def sizes(self, stream: str) -> list[int]:
         """The elements of each tensor of ``stream``, in stream order."""
@@ -184,8 +188,11 @@ class FragmentLayout:
 
     def buckets(self, codecs: dict[str, Codec], bucket_numel: int) -> list[Bucket]:
         """The dense stream first (small; it carries norms), then the compressed one."""
-        return [bucket for s in (DENSE, COMPRESSED) for bucket in stream_buckets(s, self.numel[s], self.sizes(s),
-                                                                                 codecs[s], bucket_numel)]
+        return [
+            bucket
+            for s in (DENSE, COMPRESSED)
+            for bucket in stream_buckets(s, self.numel[s], self.sizes(s), codecs[s], bucket_numel)
+        ]
 
 
 def stream_buckets(stream: str, numel: int, sizes: list[int], codec: Codec, bucket_numel: int) -> list[Bucket]:

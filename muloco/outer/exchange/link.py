@@ -74,11 +74,15 @@ class Link(Configurable):
         def validate(self) -> None:
             for name, value in (("mbps", self.mbps), ("latency_ms", self.latency_ms)):
                 if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                    raise ValueError(f"outer.link.{name} must be a finite number >= 0, got {value!r} "
-                                     "(e.g. --outer.link.mbps 100 --outer.link.latency_ms 50)")
+                    raise ValueError(
+                        f"outer.link.{name} must be a finite number >= 0, got {value!r} "
+                        "(e.g. --outer.link.mbps 100 --outer.link.latency_ms 50)"
+                    )
             if self.latency_ms > 0 and self.mbps == 0:
-                raise ValueError(f"outer.link.latency_ms {self.latency_ms:g} needs an emulated bandwidth: "
-                                 "set --outer.link.mbps too (0 turns the emulated link off)")
+                raise ValueError(
+                    f"outer.link.latency_ms {self.latency_ms:g} needs an emulated bandwidth: "
+                    "set --outer.link.mbps too (0 turns the emulated link off)"
+                )
 
         def describe(self) -> str:
             if not self.enabled:

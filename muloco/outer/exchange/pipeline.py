@@ -80,8 +80,21 @@ class Work:
 WEIGHT_GRID = 2**16
 """Weights are multiples of 1/WEIGHT_GRID (see :func:`work_weights`)."""
 
-PARTS = ("quorum", "cut_off", "wait_slowest", "queued", "pseudo_gradient", "encode", "collective", "link", "decode",
-         "commit", "outer_step", "pull", "other")
+PARTS = (
+    "quorum",
+    "cut_off",
+    "wait_slowest",
+    "queued",
+    "pseudo_gradient",
+    "encode",
+    "collective",
+    "link",
+    "decode",
+    "commit",
+    "outer_step",
+    "pull",
+    "other",
+)
 """The blocked time of a sync, part by part (``cut_off`` is the part of the quorum this group could
 not reach the lighthouse: cut off, not waiting; ``wait_slowest`` the part spent
 waiting for the last replica to arrive, where the strategy carries the headers to tell;
@@ -235,15 +248,26 @@ def work_weights(flags: list[float], work: list[float]) -> list[float]:
     most = max((w for f, w in zip(flags, work) if f == 1), default=0.0)
     if most <= 0:
         return [1.0 if f == 1 else 0.0 for f in flags]
-    return [0.0 if f != 1 else 0.0 if w <= 0 else max(1, round(w / most * WEIGHT_GRID)) / WEIGHT_GRID
-            for f, w in zip(flags, work)]
+    return [
+        0.0 if f != 1 else 0.0 if w <= 0 else max(1, round(w / most * WEIGHT_GRID)) / WEIGHT_GRID
+        for f, w in zip(flags, work)
+    ]
 
 
 class Sync(PendingExchange):
     """One sync of one fragment, from Δ to the average (see the module docstring)."""
 
-    def __init__(self, plan: Plan, manager: Any, fill: Callable[[list[torch.Tensor]], None], *,
-                 contributes: bool, quorum_seconds: float, work: Work | None = None, weighted: bool = False):
+    def __init__(
+        self,
+        plan: Plan,
+        manager: Any,
+        fill: Callable[[list[torch.Tensor]], None],
+        *,
+        contributes: bool,
+        quorum_seconds: float,
+        work: Work | None = None,
+        weighted: bool = False,
+    ):
         self.manager, self.plan, self.strategy, self.device = manager, plan, plan.strategy, plan.device
         self.contributes, self.quorum_seconds = contributes, quorum_seconds
         self.work = work
@@ -259,8 +283,11 @@ class Sync(PendingExchange):
         self.link = plan.link.session()
         self._unsent = [0.0, 0.0]
         """Bytes counted since the last collective was put on the link (sent, received)."""
-        settle = (lambda: torch.cuda.synchronize(self.device)) if plan.timing == "device" \
-            and self.device.type == "cuda" else None
+        settle = (
+            (lambda: torch.cuda.synchronize(self.device))
+            if plan.timing == "device" and self.device.type == "cuda"
+            else None
+        )
         self.tally, self.timer = Tally(), PartTimer(self.clock, settle)
         self.times = {}
         self.peers_quorum_seconds: list[float] | None = None
@@ -296,8 +323,16 @@ class Sync(PendingExchange):
         for b in self.plan.layout.buckets(codecs, bucket_numel):
             codec = Pieces(codecs[b.stream], b.pieces) if b.pieces else codecs[b.stream]  # tensor by tensor
             fed = feedback if feedback.applies_to(codec) else None
-            jobs.append(Job(b, codec, self.deltas[b.stream][b.start:b.end], outs[b.stream][b.start:b.end], fed,
-                            f"{self.plan.layout.key}/{b.stream}"))
+            jobs.append(
+                Job(
+                    b,
+                    codec,
+                    self.deltas[b.stream][b.start : b.end],
+                    outs[b.stream][b.start : b.end],
+                    fed,
+                    f"{self.plan.layout.key}/{b.stream}",
+                )
+            )
         self.outputs = outs
         return jobs
 
@@ -320,8 +355,11 @@ class Sync(PendingExchange):
         """Every replica's work record, before any bucket (the weights are needed to encode an
         all-reduce's Δ); its bytes ride on the emulated link with the first bucket."""
         w = self.work
-        mine = torch.tensor([1.0 if self.contributes else 0.0, float(w.tokens), float(w.steps), float(w.seconds),
-                             float(w.group)], dtype=torch.float64, device=self.device)
+        mine = torch.tensor(
+            [1.0 if self.contributes else 0.0, float(w.tokens), float(w.steps), float(w.seconds), float(w.group)],
+            dtype=torch.float64,
+            device=self.device,
+        )
         gathered = torch.zeros(self.k, len(RECORD_FIELDS), dtype=torch.float64, device=self.device)
         with self.timer("collective"):
             collectives.all_gather(self.manager, gathered, mine).wait()
@@ -378,8 +416,9 @@ class Sync(PendingExchange):
         if job.feedback is None:
             return self.tally.track(codec.encode(job.delta))
         job.encoded = True
-        return self.tally.track(job.feedback.compress(job.key, job.delta, codec, offset=job.bucket.start,
-                                                      keep=job.delta))
+        return self.tally.track(
+            job.feedback.compress(job.key, job.delta, codec, offset=job.bucket.start, keep=job.delta)
+        )
 
     def header(self) -> torch.Tensor:
         flag = torch.tensor([1 if self.contributes else 0], dtype=torch.uint8)
@@ -393,8 +432,9 @@ class Sync(PendingExchange):
             self.peers_quorum_seconds = from_bytes(rows[:, 1:], torch.float32).view(-1).tolist()
         return rows[:, 0].tolist()
 
-    def average_into(self, out: torch.Tensor, rows: torch.Tensor, flags: list[int], codec: Codec,
-                     payloads: torch.Tensor) -> None:
+    def average_into(
+        self, out: torch.Tensor, rows: torch.Tensor, flags: list[int], codec: Codec, payloads: torch.Tensor
+    ) -> None:
         """The codec's mean over the contributing rows of ``rows`` (K, m), decoded from
         ``payloads`` (K, bytes), bitwise the same on every replica; zeros if none contributes."""
         chosen = [j for j, f in enumerate(flags) if f == 1]
@@ -428,7 +468,8 @@ class Sync(PendingExchange):
         for part, seconds in self.timer.within(started, ended).items():
             self.times[part] = self.times.get(part, 0.0) + seconds
         self.times["other"] = self.times.get("other", 0.0) + max(
-            0.0, (ended - started) - sum(self.timer.within(started, ended).values()))
+            0.0, (ended - started) - sum(self.timer.within(started, ended).values())
+        )
         self.peak_extra_bytes = self.tally.peak
         if self.failed():  # the buffers hold garbage; nothing will be committed
             return [torch.zeros(s, device=self.device) for s in self.plan.layout.shapes]

@@ -94,8 +94,10 @@ class AllReduce(Strategy):
 
     def check_codec(self, codec: Codec) -> None:
         if not isinstance(codec, Dense):
-            raise ValueError(f"allreduce sums payloads as numbers, which only the dense codec's are; "
-                             f"use allgather or reduce_scatter with {codec.name}")
+            raise ValueError(
+                f"allreduce sums payloads as numbers, which only the dense codec's are; "
+                f"use allgather or reduce_scatter with {codec.name}"
+            )
 
     def run(self, sync, job):
         """A lossless (float32) bucket is summed in place, in Δ's own buffer; a lossy one is
@@ -208,14 +210,17 @@ class ReduceScatter(Strategy):
 
     def check_codec(self, codec: Codec) -> None:
         if codec.per_tensor:
-            raise ValueError(f"reduce_scatter cuts each bucket into owner ranges, and {codec.describe()} quantizes "
-                             "whole tensors (one table per tensor); use --outer.exchange.strategy allgather")
+            raise ValueError(
+                f"reduce_scatter cuts each bucket into owner ranges, and {codec.describe()} quantizes "
+                "whole tensors (one table per tensor); use --outer.exchange.strategy allgather"
+            )
         if codec.sparse:
             raise ValueError(
                 f"reduce_scatter re-encodes each owner's averaged range with the codec, and the average "
                 f"of K {codec.name} payloads holds up to K times the coordinates one payload can carry: "
                 f"the re-encode would drop about half of them at K=2, with nothing fed back; use "
-                f"--outer.exchange.strategy allgather with {codec.name}")
+                f"--outer.exchange.strategy allgather with {codec.name}"
+            )
 
     def run(self, sync, job):
         k, me, codec = sync.k, sync.rank, job.codec
@@ -259,8 +264,11 @@ class ReduceScatter(Strategy):
     @staticmethod
     def _first_phase_bytes(k: int, sizes: list[int], me: int) -> dict[str, float]:
         pieces = [HEADER_BYTES + s for s in sizes]
-        return {"payload": sum(pieces), "sent": sum(p for j, p in enumerate(pieces) if j != me),
-                "received": (k - 1) * pieces[me]}
+        return {
+            "payload": sum(pieces),
+            "sent": sum(p for j, p in enumerate(pieces) if j != me),
+            "received": (k - 1) * pieces[me],
+        }
 
     @staticmethod
     def _second_phase_bytes(k: int, sizes: list[int], me: int) -> dict[str, float]:

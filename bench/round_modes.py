@@ -10,7 +10,7 @@ run: a lighthouse and K groups, one torchrun and one thread each) training the t
 every round (each job's own seed: ``--debug.seed``). The slow group sleeps (F - 1) x the median
 inner step of the case's equal-speed lockstep run after each of its steps (``bench/slow_site``, this
 bench's own hook; muloco reads no such setting). ``deadline`` runs
-``--outer.round deadline --outer.exchange.weighting tokens`` (``outer/rounds.py``);
+``--outer.round deadline --outer.exchange.weighting tokens`` (``outer/rounds/deadline.py``);
 ``deadline-equal`` the same rounds with every group's Δ counted the same (``--modes`` picks them).
 
 Printed per case, mode and seed: the job's wall-clock (start-up included), the final validation

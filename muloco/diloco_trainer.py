@@ -105,8 +105,7 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
             run_steps=config.training.steps,
             groups=ft.group_size,
         )
-        if self.outer.deadline:  # checkpoints at the rounds whose progress passes the interval
-            self.checkpointer.due = self.outer.checkpoint_due
+        self.checkpointer.due = self.outer.round.checkpoint_due  # None: torchtitan's every-interval rule
         if config.outer.link.enabled:  # the step and summary figures include its waits: they say so
             self.metrics_processor.emulated_link = config.outer.link.describe()
         if self.checkpointer.enable:
@@ -114,7 +113,7 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         self._model_state = ModelWrapper(self.model_parts)  # healing works with checkpoints off too
         manager.register_state_dict_fn(HEALING_KEY, self._load_healing_state, self._healing_state)
         if config.validator.enable:
-            self.validator.evaluate_with(self.outer.global_params, self.outer.validation_due)
+            self.validator.evaluate_with(self.outer.global_params, self.outer.round.validation_due)
             self._validate_on_the_same_data_as_peers()
         self._log_start()
         s = self.outer.schedule
@@ -192,37 +191,38 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
                 self.step, _ = self.outer.catch_up(self.step, wait_seconds=max(ft.start_wait_seconds, 1.0))
         if self.step != before:
             self.metrics_processor.begin(start_step=self.step, total_steps=self.config.training.steps)
-        if self.outer.deadline:  # a heal above may have moved the run: its first step's lr, and pace, start here
-            self._follow_round_schedule()
-            self.outer.rounds.start_round()
+        self._follow_round_schedule()  # a heal above may have moved the run: its first step's lr, and pace,
+        self.outer.round.start_round()  # start here
 
     def train_step(self, data_iterator):
-        before, started = self.ntokens_seen, time.perf_counter()  # its group's pace (deadline rounds)
+        before, started = self.ntokens_seen, time.perf_counter()  # its group's pace (a timed round mode)
         super().train_step(data_iterator)
         if self.lives is not None:  # the group's tokens: this rank's times the data-parallel ranks
             self.lives.trained(self.step, (self.ntokens_seen - before) * self._batch_ranks())
         with self._logging_syncs(), self._coordination_errors():
             self.outer.after_inner_step(self.step, tokens=self.ntokens_seen - before, started=started)
-        if self.outer.deadline:
-            self._follow_round_schedule()
+        self._follow_round_schedule()
 
     def _follow_round_schedule(self) -> None:
-        """Deadline rounds: the next step's inner lr at this group's place in the round (``outer/rounds.py``),
-        not at its own step count, so every group sweeps the run's schedule at the same pace."""
-        position = self.outer.inner_position(self.step)
+        """The next step's inner lr where the round mode places this group (deadline rounds: its place in
+        the round, not its own step count, so every group sweeps the run's schedule at the same pace);
+        a mode that places nothing leaves torchtitan's count."""
+        position = self.outer.round.inner_position()
+        if position is None:
+            return
         for scheduler in self.lr_schedulers.schedulers:
             set_position(scheduler, position)
 
     def _steps_left(self) -> bool:
-        """Deadline rounds end the run on the shared progress (groups train different step counts)."""
-        return not self.outer.finished if self.outer.deadline else super()._steps_left()
+        """The round mode's answer (deadline rounds end the run on the shared progress)."""
+        return self.outer.round.steps_left(super()._steps_left())
 
     def should_continue_training(self) -> bool:
         if super().should_continue_training():
             return True
         if not self.preempted and not getattr(self, "_finished", False):
             self._finished = True
-            if self.outer.deadline:  # torchtitan's last-step save counts this group's steps, not the run's
+            if self.outer.round.saves_at_end():  # its save points are its own, not torchtitan's last step
                 self.checkpointer.save_now(self.step)
             self._meet_peers_at_the_end()
         return False
@@ -231,7 +231,7 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         """Only at a sync boundary, where no exchange is in flight (the checkpoint holds θ_g and
         the outer state of a finished sync, as periodic checkpoints do), and the same boundary
         for every group of the job."""
-        boundary = self.outer.round_boundary(self.step)
+        boundary = self.outer.round.boundary(self.step)
         return boundary is not None and self._stop.agreed_at_sync(*boundary) and self._can_stop()
 
     def _meet_peers_at_the_end(self) -> None:

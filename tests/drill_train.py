@@ -29,7 +29,7 @@ assuming which process is faster:
 One drill sets a pace instead of measuring it, so that deadline rounds plan exact budgets:
 
 - ``pace``       the replica reports ``step`` milliseconds per inner step in each sync's work
-  record (``muloco/outer/rounds.py``), whatever its steps really took.
+  record (``muloco/outer/rounds/deadline.py``), whatever its steps really took.
 
 A drill fires once per run: it leaves ``<MULOCO_TEST_DRILL_DIR>/<kind>-r<id>-<step>`` behind,
 and a restarted process (same command, same environment) skips drills that already fired.
@@ -217,13 +217,13 @@ def _install(drill: Drill) -> None:
 
         from muloco.outer.rounds import DeadlineRounds
 
-        original_work = DeadlineRounds.work
+        original_work = DeadlineRounds.timed_work
 
-        def work(self, tokens, ended):
+        def timed_work(self, tokens, ended):
             real = original_work(self, tokens, ended)
             return dataclasses.replace(real, seconds=real.steps * drill.step / 1000)
 
-        DeadlineRounds.work = work
+        DeadlineRounds.timed_work = timed_work
     else:
         raise SystemExit(f"unknown drill kind {drill.kind!r}")
 

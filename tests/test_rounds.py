@@ -1,4 +1,4 @@
-"""Deadline rounds' state by hand (``muloco/outer/rounds.py``): the paces the quorum agrees, the
+"""Deadline rounds' state by hand (``muloco/outer/rounds/deadline.py``): the paces the quorum agrees, the
 progress, the budgets, the schedules' positions, and the state a checkpoint or a healing peer
 carries. The real jobs are in tests/test_diloco.py: agreement, a resume from a round's checkpoint,
 and a killed group that restarts and heals, each at K=2 and K=3 with one slowed group."""
@@ -18,6 +18,7 @@ from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.outer.exchange import Exchange  # noqa: E402
 from muloco.outer.loop import OuterLoop  # noqa: E402
 from muloco.outer.rounds import DeadlineRounds, Lockstep  # noqa: E402
+from muloco.outer.schedule import SyncSchedule  # noqa: E402
 
 
 def _rounds(**settings) -> DeadlineRounds:
@@ -25,7 +26,7 @@ def _rounds(**settings) -> DeadlineRounds:
         **{k: v for k, v in settings.items() if k in ("quantile", "min_steps", "max_steps", "pace_memory")}
     )
     return config.build(
-        sync_every=settings.get("h", 10),
+        schedule=SyncSchedule(settings.get("h", 10)),
         total_steps=settings.get("total", 100),
         groups=settings.get("groups", 2),
         group=settings.get("group", 0),
@@ -148,9 +149,9 @@ def test_the_round_mode_is_picked_by_name_and_keeps_its_settings_in_any_order():
         ["--config", "diloco/muloco_2bit", "--outer.round.max_steps", "9", "--outer.round", "deadline"]
     )
     assert isinstance(config.outer.round, DeadlineRounds.Config) and config.outer.round.max_steps == 9
-    assert config.outer.round.deadline
+    assert config.outer.round.auto_weighting == "tokens" and config.outer.round.gathers_work
     _, config = parse_args(["--config", "diloco/muloco_2bit"])
-    assert isinstance(config.outer.round, Lockstep.Config) and not config.outer.round.deadline
+    assert isinstance(config.outer.round, Lockstep.Config) and config.outer.round.auto_weighting == "equal"
 
 
 def test_a_round_is_timed_from_its_first_step_to_its_last_leaving_out_the_process_s_warm_up_step():
@@ -161,15 +162,17 @@ def test_a_round_is_timed_from_its_first_step_to_its_last_leaving_out_the_proces
     assert not r.step_done(100.0)  # the warm-up step: untimed
     assert not r.step_done(101.0)
     assert r.step_done(102.0)
-    work = r.work(tokens=96, ended=104.0)  # 2 timed steps in 3 s: 1.5 s per step, times 3 steps
+    work = r.timed_work(tokens=96, ended=104.0)  # 2 timed steps in 3 s: 1.5 s per step, times 3 steps
     assert (work.steps, work.seconds, work.tokens) == (3, 4.5, 96)
     r.start_round()
     r.step_done(110.0), r.step_done(111.0), r.step_done(112.5)
-    assert r.work(tokens=96, ended=113.0).seconds == 3.0  # warm now: every step timed
+    assert r.timed_work(tokens=96, ended=113.0).seconds == 3.0  # warm now: every step timed
 
 
 def test_the_default_weighting_is_tokens_in_deadline_rounds_and_equal_in_lockstep_rounds():
-    assert Exchange.Config().build(deadline=True).weighted
+    deadline = DeadlineRounds.Config()
+    gathers = {"auto_weighting": deadline.auto_weighting, "gathers_work": deadline.gathers_work}
+    assert Exchange.Config().build(**gathers).weighted
     assert not Exchange.Config().build().weighted
-    assert not Exchange.Config(weighting="equal").build(deadline=True).weighted
+    assert not Exchange.Config(weighting="equal").build(**gathers).weighted
     assert Exchange.Config(weighting="tokens").build().weighted

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -47,10 +46,9 @@ from muloco.outer.coordinator import (
 )
 from muloco.outer.exchange import PARTS, Exchange, PendingExchange
 from muloco.outer.exchange.link import Link
-from muloco.outer.exchange.pipeline import Work
 from muloco.outer.optimizer import OuterOptimizer
 from muloco.outer.placement import Placement, resolve_backup_device
-from muloco.outer.rounds import DeadlineRounds, Lockstep, RoundConfig
+from muloco.outer.rounds import Lockstep, RoundConfig
 from muloco.outer.schedule import SyncSchedule, model_fragments
 from muloco.outer.step_schedule import StepSchedules
 from muloco.utils.errors import REPLICA_GROUP, MulocoError
@@ -301,7 +299,7 @@ class OuterLoop(Configurable):
         the exchange is held for the time its bytes would take (``outer/exchange/link.py``)."""
         round: tyro.conf.AvoidSubcommands[RoundConfig] = field(default_factory=Lockstep.Config)
         """lockstep (default) | deadline: rounds for replica groups of unequal speed, picked with
-        ``--outer.round NAME``; deadline's settings are ``--outer.round.SETTING`` (``outer/rounds.py``)."""
+        ``--outer.round NAME``; a mode's settings are ``--outer.round.SETTING`` (``outer/rounds/``)."""
 
         def schedule(self) -> SyncSchedule:
             return SyncSchedule(self.sync_every, self.num_fragments, self.fragment_sync_delay)
@@ -327,19 +325,8 @@ class OuterLoop(Configurable):
                 )
             self.link.validate()
             self.round.validate()
-            if self.round.deadline and self.round.min_steps > (self.round.max_steps or 2 * self.sync_every):
-                raise ValueError(
-                    f"outer.round.min_steps {self.round.min_steps} is more than a round's most steps, "
-                    f"{2 * self.sync_every} (outer.round.max_steps 0: twice outer.sync_every "
-                    f"{self.sync_every}): lower min_steps, or raise outer.round.max_steps"
-                )
-            self.exchange.check_weighting(self.round.deadline)
-            if self.round.deadline and (self.num_fragments != 1 or self.fragment_sync_delay != 0):
-                raise ValueError(
-                    f"outer.round deadline syncs the whole model at each round's end: it needs "
-                    f"outer.num_fragments 1 and outer.fragment_sync_delay 0 (got {self.num_fragments} "
-                    f"and {self.fragment_sync_delay}); use lockstep rounds for streaming DiLoCo"
-                )
+            self.round.validate_outer(self.schedule())
+            self.exchange.check_weighting(self.round.auto_weighting, self.round.name)
             if not 0.0 <= self.fragment_update_alpha <= 1.0:
                 raise ValueError(f"outer.fragment_update_alpha must be in [0, 1], got {self.fragment_update_alpha}")
             resolve_backup_device(self.backup_device, torch.device("cpu"))
@@ -362,7 +349,7 @@ class OuterLoop(Configurable):
     ):
         """``total_steps``: the run's length the schedules' shares refer to (the inner schedule's
         total); ``inner_lr_factor``: the inner lr's factor at a step, for schedules tied to it;
-        ``run_steps``: the run's length in inner steps (deadline rounds end it on progress);
+        ``run_steps``: the run's length in inner steps (a round mode may end it on progress);
         ``groups``: the job's replica groups; ``sync_retries``: fresh quorums a sync whose exchange failed
         is tried in again (:meth:`_perform`)."""
         config.validate()
@@ -378,26 +365,24 @@ class OuterLoop(Configurable):
         self.fragments = [
             _Fragment(f, self.placement, config.optimizer) for f in model_fragments(model, config.num_fragments)
         ]
-        self.deadline = config.round.deadline
-        self.rounds = (
-            config.round.build(
-                sync_every=config.sync_every,
-                total_steps=run_steps or total_steps or config.sync_every,
-                groups=groups,
-                group=replica_id,
-            )
-            if self.deadline
-            else None
+        self.round = config.round.build(
+            schedule=self.schedule,
+            total_steps=run_steps or total_steps,
+            groups=groups,
+            group=replica_id,
+            device=device,
         )
-        """Deadline rounds' agreed state (``outer/rounds.py``); None in lockstep rounds."""
-        self.exchange = config.exchange.build(device=device, link=config.link.build(), deadline=self.deadline)
+        """The round mode (``outer/rounds/``): when syncs happen, where the run stands, what it keeps."""
+        self.exchange = config.exchange.build(
+            device=device,
+            link=config.link.build(),
+            auto_weighting=config.round.auto_weighting,
+            gathers_work=config.round.gathers_work,
+        )
         for frag in self.fragments:
             self.exchange.allocate(frag.names, frag.locals())
         self.records: list[SyncRecord] = []
         self._open: _Open | None = None
-        self._round_end = time.perf_counter()
-        self._round_ended: tuple[int, float, float] | None = None
-        """Deadline rounds: the trainer step the last round ended at, and the progress before and after it."""
         self._round_tokens = 0
         """Tokens trained since the last prepare (a checkpoint is only taken between syncs, where
         it is 0 with τ = 0)."""
@@ -434,49 +419,19 @@ class OuterLoop(Configurable):
     def after_inner_step(self, step: int, tokens: int = 0, started: float | None = None) -> SyncRecord | None:
         """Prepare and/or perform the sync due after inner step ``step``, which trained
         ``tokens`` (on this rank: the work a weighted average counts) and began at ``started``
-        (``time.perf_counter``: its group's pace, for deadline rounds).
+        (``time.perf_counter``: its group's pace, for a round mode that times its rounds).
 
         A heal during the prepare moves this replica to its peer's trainer step; the
         schedule and the record go on from there.
         """
         self._round_tokens += tokens
-        if self.deadline:
-            return self._after_deadline_step(step, time.perf_counter() if started is None else started)
-        if self.schedule.prepare_due(step):
-            step = self._prepare(step)
-        if self.schedule.perform_due(step) and self._open is not None:
-            return self._settle(step)[0]
-        return None
-
-    def _after_deadline_step(self, step: int, started: float) -> SyncRecord | None:
-        """Deadline rounds: the sync (prepared and performed at once) when this group's budget is trained."""
-        if not self.rounds.step_done(started):
-            return None
-        if self.device.type == "cuda":  # the round's last kernels are part of its time (Δ waits for them anyway)
-            torch.cuda.synchronize(self.device)
-        self._round_end = time.perf_counter()
-        before = float(self.rounds.progress)
-        step = self._prepare(step)
         record = None
-        if self._open is not None:
+        if self.round.step_trained(step, time.perf_counter() if started is None else started):
+            step = self._prepare(step)
+        if self._open is not None and self.round.perform_due(step):
             record, step = self._settle(step)
-        self.rounds.start_round()
-        self._round_ended = (step, before, float(self.rounds.progress))
+        self.round.step_ended(step)
         return record
-
-    def _position(self, step: int) -> float:
-        """Where a sync ending at trainer step ``step`` stands on the run's schedules: the step in
-        lockstep, the round's planned progress in deadline rounds (the same on every replica)."""
-        return self.rounds.position_after_round() if self.deadline else step
-
-    def inner_position(self, step: int) -> float:
-        """The inner learning-rate schedule's position after trainer step ``step``."""
-        return self.rounds.inner_position() if self.deadline else step
-
-    @property
-    def finished(self) -> bool:
-        """Deadline rounds: the run's progress reached its steps (lockstep runs end on the trainer step)."""
-        return self.deadline and self.rounds.finished
 
     def _meet(self, step: int, phase: str, timeout: float | None = None) -> tuple[QuorumView, int]:
         """Join a quorum; (what it was, this replica's trainer step afterwards). A heal in it is
@@ -591,9 +546,9 @@ class OuterLoop(Configurable):
         error-feedback β's schedule); ``started``: when its quorum began."""
         quorum_seconds = time.perf_counter() - started
         self.exchange.set_feedback_beta(
-            self.config.exchange.error_feedback.beta * self.beta_schedule.factor(self._position(step))
+            self.config.exchange.error_feedback.beta * self.beta_schedule.factor(self.round.position(step))
         )
-        self.exchange.set_outer_lr(self._outer_step_values(self._position(step))[0])
+        self.exchange.set_outer_lr(self._outer_step_values(self.round.position(step))[0])
         index = self.manager.current_step() % len(self.fragments)
         frag = self.fragments[index]
         locals_ = frag.locals()
@@ -602,9 +557,7 @@ class OuterLoop(Configurable):
             self.placement.subtract_into(views, frag.globals, locals_)
 
         tokens, self._round_tokens = self._round_tokens, 0
-        work = Work(tokens=tokens if contributes else 0, group=self.replica_id)
-        if self.deadline and contributes:  # its steps and their seconds: the paces the budgets come from
-            work = self.rounds.work(tokens, self._round_end)
+        work = self.round.work(tokens, contributes, self.replica_id)
         pending = self.exchange.start(self.manager, frag.names, pseudo_gradient, contributes, quorum_seconds, work=work)
         self._open = _Open(
             fragment=index,
@@ -615,7 +568,7 @@ class OuterLoop(Configurable):
             cut_off_seconds=self._cut_off,
             catching_up=catching_up,
             tokens=tokens,
-            round_steps=work.steps if self.deadline else None,
+            round_steps=self.round.round_steps(work),
             contributes=contributes,
         )
 
@@ -642,10 +595,9 @@ class OuterLoop(Configurable):
                 else "fewer replica groups in the quorum than needed to commit"
             )
         locals_ = frag.locals()
-        lr, momentum = self._outer_step_values(self._position(step))
-        if committed and self.deadline:
-            self.rounds.commit(sync.exchange.records)
+        lr, momentum = self._outer_step_values(self.round.position(step))
         if committed:
+            self.round.commit(sync.exchange.records)
             frag.optimizer.set(lr=lr, momentum=momentum)
             frag.optimizer.step(self.placement.to_backup(averaged))
             clock.lap("outer_step")
@@ -686,7 +638,7 @@ class OuterLoop(Configurable):
             feedback_beta=self.exchange.feedback_beta,
             tokens=sync.tokens,
             round_steps=sync.round_steps,
-            progress=float(self.rounds.progress) if self.deadline else None,
+            progress=self.round.sync_progress(),
         )
         weights = sync.exchange.weights
         if weights is not None and not exchange_failed:
@@ -713,7 +665,7 @@ class OuterLoop(Configurable):
         return next((h.failure for h in self.heals if h.quorum_id == quorum_id and h.failure), None)
 
     def _outer_step_values(self, step: float) -> tuple[float, float]:
-        """The outer lr and momentum of a sync performed at position ``step`` (``_position``)."""
+        """The outer lr and momentum of a sync performed at position ``step`` (the round mode's)."""
         opt = self.config.optimizer
         return opt.lr * self.lr_schedule.factor(step), opt.momentum * self.momentum_schedule.factor(step)
 
@@ -798,7 +750,7 @@ class OuterLoop(Configurable):
                 return step, records  # the peers are done: their final state is ours now, no exchange
             self._start_exchange(view, started, step, contributes=False, catching_up=self._healed_to is None)
             if self._healed_to is not None:
-                if self.deadline or self.schedule.perform_due(step):
+                if self.round.perform_due(step):
                     records.append(self._perform(step))
                 return step, records
             failed = self._heal_failure_in(view.quorum_id)
@@ -830,10 +782,10 @@ class OuterLoop(Configurable):
         k = self.coordinator.group_size
         if self.coordinator.url is None or k <= 1:
             return False
-        deadline = time.monotonic() + wait_seconds
+        until = time.monotonic() + wait_seconds
         healed = False
         while True:
-            remaining = deadline - time.monotonic()
+            remaining = until - time.monotonic()
             try:
                 view, step = self._meet(step, "end", timeout=max(1.0, remaining))
             except CoordinationError as err:
@@ -843,7 +795,7 @@ class OuterLoop(Configurable):
             if view.size >= k and view.settled:
                 logger.info(f"all {k} replica groups stand at sync {view.max_step}")
                 return healed
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= until:
                 missing = sorted(set(range(k)) - set(view.groups))
                 logger.warning(
                     f"replica groups {missing} did not come back within {wait_seconds:g}s of the end of "
@@ -871,33 +823,6 @@ class OuterLoop(Configurable):
         return h.hexdigest()
 
     # --------------------------------------------------------------- evaluation
-    def validation_due(self, step: int, freq: int) -> bool:
-        """At a full-round sync boundary, once per ``freq`` inner steps (deadline rounds: of progress)."""
-        if self.deadline:
-            return self._crossed(step, freq)
-        h = self.config.sync_every
-        return self.schedule.round_complete(step) and step // freq > (step - h) // freq
-
-    def checkpoint_due(self, step: int, interval: int) -> bool:
-        """Deadline rounds: a checkpoint after the round that ended at ``step`` when its progress passed
-        a multiple of ``interval`` (lockstep: every ``interval`` trainer steps, torchtitan's rule)."""
-        return self._crossed(step, interval) if self.deadline else step % interval == 0
-
-    def round_boundary(self, step: int) -> tuple[int, int] | None:
-        """(boundary, spacing) where every group may stop together after trainer step ``step``: the
-        sync boundary in steps (lockstep), or the committed rounds (deadline); None mid-round."""
-        if self.deadline:
-            ended = self._round_ended is not None and self._round_ended[0] == step
-            return (int(self.rounds.rounds), 1) if ended else None
-        interval = self.schedule.interval
-        return (step, interval) if step % interval == 0 else None
-
-    def _crossed(self, step: int, every: int) -> bool:
-        if self._round_ended is None or self._round_ended[0] != step:
-            return False
-        _, before, after = self._round_ended
-        return math.floor(after / every + 1e-9) > math.floor(before / every + 1e-9)
-
     @contextlib.contextmanager
     def global_params(self):
         """Swap θ_g into the model for the duration (validation of the global model)."""
@@ -920,8 +845,9 @@ class OuterLoop(Configurable):
         (error feedback) only for this replica's own checkpoint."""
         state: dict[str, Any] = {f"fragment_{i}": f.state_dict() for i, f in enumerate(self.fragments)}
         state["torchft"] = dict(self.manager.state_dict())
-        if self.deadline:  # the agreed paces, progress and budgets travel and persist with θ_g
-            state["rounds"] = self.rounds.state_dict()
+        rounds = self.round.state_dict()  # what the round mode agreed (deadline: paces, progress, budgets)
+        if rounds:
+            state["rounds"] = rounds
         if with_exchange:
             state["exchange"] = self.exchange.state_dict()
         return state
@@ -930,8 +856,7 @@ class OuterLoop(Configurable):
         for i, f in enumerate(self.fragments):
             f.load_state_dict(state[f"fragment_{i}"])
         self.manager.load_state_dict({k: int(v) for k, v in state["torchft"].items()})
-        if self.deadline:
-            self.rounds.load_state_dict(state["rounds"])
+        self.round.load_state_dict(state.get("rounds", {}))
         if "exchange" in state:
             self.exchange.load_state_dict(state["exchange"])
 
@@ -946,8 +871,7 @@ class OuterLoop(Configurable):
         of everything that came with it (model, optimizers, θ_g), for the summary."""
         for i, f in enumerate(self.fragments):
             f.load_state_dict(state[f"fragment_{i}"])
-        if self.deadline:
-            self.rounds.load_state_dict(state["rounds"])
+        self.round.load_state_dict(state.get("rounds", {}))
         self.exchange.reset()
         self._source_phase = state.get("phase")
         self._healed_to = step
@@ -1000,12 +924,5 @@ class OuterLoop(Configurable):
             "link": self.config.link.describe() if self.config.link.enabled else None,
             "per_step_fp32_allreduce_bytes": steps * self.num_params * 4,
             "outer_parameters": self.num_params,
-            "round": {
-                "mode": DeadlineRounds.name,
-                "rounds": int(self.rounds.rounds),
-                "progress": float(self.rounds.progress),
-                "steps": steps,
-            }
-            if self.deadline
-            else {"mode": Lockstep.name},
+            "round": self.round.describe(steps),
         }

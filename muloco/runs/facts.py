@@ -91,7 +91,7 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "strategy": _variant_name(exchange.resolved_strategy()),
         "skip_pattern": exchange.skip_pattern,
         "tiles": exchange.tiles,
-        "weighting": exchange.resolved_weighting(outer.round.deadline),
+        "weighting": exchange.resolved_weighting(outer.round.auto_weighting),
         "round": {"mode": _variant_name(outer.round), **_settings(outer.round)},
         "link": _link_facts(getattr(outer, "link", None)),
     }
@@ -136,8 +136,8 @@ def facts_of(config: Any, *, parameters: int | None = None, environment: bool = 
 def method_of(facts: dict[str, Any]) -> str:
     """ddp-adamw, ddp-muon, diloco[-codec][-streaming], muloco[-codec][-streaming], from facts:
     MuLoCo is Muon inside an outer loop; the codec suffix is ``-<bits>bit``, ``-topk`` or the
-    wire dtype of a dense exchange other than float32; streaming is more than one fragment; deadline
-    rounds add ``-deadline``."""
+    wire dtype of a dense exchange other than float32; streaming is more than one fragment; a round
+    mode other than the default lockstep adds its name (``-deadline``)."""
     inner = str(facts["inner_optimizer"]["name"]).lower()
     outer = facts["outer"]
     if outer is None:
@@ -151,8 +151,9 @@ def method_of(facts: dict[str, Any]) -> str:
         dtype = codec.get("dtype", "float32")
         suffix = "" if dtype == "float32" else f"-{dtype}"
     streaming = "-streaming" if outer["fragments"] > 1 else ""
-    deadline = "-deadline" if (outer.get("round") or {}).get("mode") == "deadline" else ""
-    return ("muloco" if inner == "muon" else "diloco") + suffix + streaming + deadline
+    mode = (outer.get("round") or {}).get("mode") or "lockstep"
+    rounds = "" if mode == "lockstep" else f"-{mode}"
+    return ("muloco" if inner == "muon" else "diloco") + suffix + streaming + rounds
 
 
 def missing_facts(record: dict[str, Any] | None) -> list[str]:

@@ -78,7 +78,7 @@ class Exchange(Configurable):
         docs/gpu.md) | eager | compiled (torch.compile; the
         same payloads byte for byte)."""
         weighting: str = "auto"
-        """auto (tokens in deadline rounds, equal in lockstep rounds) | equal (every contributor's
+        """auto (the round mode's: tokens in deadline rounds, equal in lockstep rounds) | equal (every contributor's
         Δ counts the same) | tokens (each counts by the tokens its
         group trained since its last sync, agreed in one 40-byte record per replica and sync:
         ``pipeline.work_weights``). Groups that train the same number of steps get the plain
@@ -121,7 +121,7 @@ class Exchange(Configurable):
                 raise ValueError(
                     f"outer.exchange.weighting must be one of {', '.join(WEIGHTINGS)}; got {self.weighting!r}"
                 )
-            self.check_weighting(deadline=False)  # auto: the outer loop checks it with its round mode
+            self.check_weighting("equal")  # auto: the outer loop checks it with its round mode's meaning
             if self.timing not in TIMINGS:
                 raise ValueError(f"outer.exchange.timing must be one of {', '.join(TIMINGS)}; got {self.timing!r}")
             if self.tiles < 0:
@@ -144,23 +144,19 @@ class Exchange(Configurable):
             except ValueError as err:
                 raise ValueError(f"outer.exchange.strategy {strategy.name}: {err}") from None
 
-        def resolved_weighting(self, deadline: bool) -> str:
-            """equal or tokens: ``auto`` is tokens in deadline rounds (a group's Δ from fewer steps
-            counts less; measured in RUNNING_JOBS.md, "Groups of unequal speed") and equal otherwise."""
-            if self.weighting != "auto":
-                return self.weighting
-            return "tokens" if deadline else "equal"
+        def resolved_weighting(self, auto: str) -> str:
+            """equal or tokens: ``auto`` is what the round mode says (``RoundMode.Config.auto_weighting``)."""
+            return auto if self.weighting == "auto" else self.weighting
 
-        def check_weighting(self, deadline: bool) -> None:
-            """A weighted all-reduce scales each Δ before the sum: only lossless payloads allow it."""
-            if self.resolved_weighting(deadline) != "tokens" or not isinstance(
-                self.resolved_strategy(), AllReduce.Config
-            ):
+        def check_weighting(self, auto: str, rounds: str = "") -> None:
+            """A weighted all-reduce scales each Δ before the sum: only lossless payloads allow it
+            (``auto``: the round mode's weighting, ``rounds``: its name, for the message)."""
+            if self.resolved_weighting(auto) != "tokens" or not isinstance(self.resolved_strategy(), AllReduce.Config):
                 return
             why = (
                 "outer.exchange.weighting tokens"
                 if self.weighting == "tokens"
-                else "deadline rounds weigh each group's Δ by its tokens (outer.exchange.weighting auto; equal "
+                else f"{rounds} rounds weigh each group's Δ by its tokens (outer.exchange.weighting auto; equal "
                 "turns it off), which"
             )
             carried = [self.codec] + ([Dense.Config(dtype=self.skip_dtype)] if self.skip_pattern else [])
@@ -185,16 +181,23 @@ class Exchange(Configurable):
             return AllReduce.Config() if isinstance(self.codec, Dense.Config) else AllGather.Config()
 
     def __init__(
-        self, config: Config, *, device: torch.device | None = None, link: Link | None = None, deadline: bool = False
+        self,
+        config: Config,
+        *,
+        device: torch.device | None = None,
+        link: Link | None = None,
+        auto_weighting: str = "equal",
+        gathers_work: bool = False,
     ):
-        """``deadline``: the outer loop runs deadline rounds, so every sync gathers each replica's work
-        record whatever the weighting (a weighted exchange always does), and ``auto`` weighs by tokens."""
+        """``auto_weighting``: what ``auto`` means in the loop's round mode; ``gathers_work``: every sync
+        gathers each replica's work record whatever the weighting (a weighted exchange always does), as
+        deadline rounds need for their paces."""
         config.validate()
         self.config = config
-        self.weighting = config.resolved_weighting(deadline)
-        """equal or tokens (``auto`` resolved: tokens in deadline rounds)."""
-        config.check_weighting(deadline)
-        self.records = deadline or self.weighting == "tokens"
+        self.weighting = config.resolved_weighting(auto_weighting)
+        """equal or tokens (``auto`` resolved by the round mode)."""
+        config.check_weighting(auto_weighting)
+        self.records = gathers_work or self.weighting == "tokens"
         self.device = device or torch.device("cpu")
         self.link = link or Link.Config().build()
         self.compiled = use_compiled(config.kernels, self.device)

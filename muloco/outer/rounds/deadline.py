@@ -1,5 +1,5 @@
-"""The round mode of the outer loop: lockstep (every group trains H inner steps, then waits for the
-slowest) or deadline (each group trains the steps of its own pace that fit in the round).
+"""Deadline rounds: each replica group trains the inner steps of its own pace that fit in the round
+(``--outer.round deadline``), for groups of unequal speed.
 
 In a deadline round (``muloco/utils/round_budget.py`` has the arithmetic, shared with the planner)
 every group's budget H_i comes from the step times the quorum has agreed: each sync gathers a work
@@ -22,43 +22,28 @@ The first round, and a group whose pace is not known yet, trains H steps (lockst
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
-import tyro
-from torchtitan.config import Configurable
 
 from muloco.outer.exchange.pipeline import RECORD_FIELDS, Work
+from muloco.outer.rounds.mode import RoundMode
+from muloco.outer.schedule import SyncSchedule
 from muloco.utils import round_budget
 
 
-class Lockstep(Configurable):
-    """Every group trains H inner steps, then the quorum waits for the slowest (the default). It has
-    no state: the outer loop counts a lockstep round in trainer steps (``SyncSchedule``)."""
-
-    name = "lockstep"
-
-    @dataclass(kw_only=True, slots=True)
-    class Config(Configurable.Config):
-        deadline: ClassVar[bool] = False
-
-        def validate(self) -> None:
-            pass
-
-    def __init__(self, config: Config, **_: Any):
-        """Nothing to keep (the outer loop builds deadline rounds only): ``build`` works on either variant."""
-        self.config = config
-
-
-class DeadlineRounds(Configurable):
+class DeadlineRounds(RoundMode):
     """Each group trains the inner steps of its own pace that fit in the round (the module docstring)."""
 
-    name = "deadline"
-
     @dataclass(kw_only=True, slots=True)
-    class Config(Configurable.Config):
-        deadline: ClassVar[bool] = True
+    class Config(RoundMode.Config):
+        name: ClassVar[str] = "deadline"
+        auto_weighting: ClassVar[str] = "tokens"
+        """A group's Δ from fewer steps counts less (measured in RUNNING_JOBS.md, "Groups of unequal speed")."""
+        gathers_work: ClassVar[bool] = True
+        """The paces come from every replica's steps and seconds."""
         quantile: float = 1.0
         """A round lasts H times this quantile of the groups' step times (1: the slowest's; below 1,
         slower groups train fewer than H steps instead of holding up the round)."""
@@ -82,9 +67,37 @@ class DeadlineRounds(Configurable):
             if not 0 <= self.pace_memory < 1:
                 raise ValueError(f"outer.round.pace_memory must be in [0, 1); got {self.pace_memory!r}")
 
-    def __init__(self, config: Config, *, sync_every: int, total_steps: int, groups: int, group: int):
+        def validate_outer(self, schedule: SyncSchedule) -> None:
+            h = schedule.sync_every
+            if self.min_steps > (self.max_steps or 2 * h):
+                raise ValueError(
+                    f"outer.round.min_steps {self.min_steps} is more than a round's most steps, "
+                    f"{2 * h} (outer.round.max_steps 0: twice outer.sync_every "
+                    f"{h}): lower min_steps, or raise outer.round.max_steps"
+                )
+            if schedule.num_fragments != 1 or schedule.delay != 0:
+                raise ValueError(
+                    f"outer.round deadline syncs the whole model at each round's end: it needs "
+                    f"outer.num_fragments 1 and outer.fragment_sync_delay 0 (got {schedule.num_fragments} "
+                    f"and {schedule.delay}); use lockstep rounds for streaming DiLoCo"
+                )
+
+    name = Config.name
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        schedule: SyncSchedule,
+        total_steps: int = 0,
+        groups: int = 1,
+        group: int = 0,
+        device: torch.device | None = None,
+    ):
         config.validate()
-        self.config, self.sync_every, self.total_steps = config, sync_every, total_steps
+        super().__init__(config, schedule=schedule)
+        sync_every = schedule.sync_every
+        self.sync_every, self.total_steps, self.device = sync_every, total_steps or sync_every, device
         self.group, self.groups = group, max(groups, group + 1)
         self.max_steps = config.max_steps or 2 * sync_every
         self.paces = torch.full((self.groups,), math.nan, dtype=torch.float64)
@@ -103,6 +116,13 @@ class DeadlineRounds(Configurable):
         self._untimed = 0
         """Steps of this round left out of its time: a process's first step (warm-up, compilation)."""
         self._warm = False
+        self._round_end = 0.0
+        """When this round's last step ended (its sync began)."""
+        self._over_from: float | None = None
+        """The progress before this round's sync, from the step that trains the budget to the end of
+        that step's syncs (``step_ended``); None mid-round."""
+        self._last_round: tuple[int, float, float] | None = None
+        """The trainer step the last round ended at, and the progress before and after it."""
 
     # -------------------------------------------------------------- the round
     @property
@@ -123,7 +143,7 @@ class DeadlineRounds(Configurable):
             self._timed_from = started
         return self.steps_done >= self.budget
 
-    def work(self, tokens: float, ended: float) -> Work:
+    def timed_work(self, tokens: float, ended: float) -> Work:
         """This round's record (called as the sync starts; its last step ``ended``): the steps, and the
         seconds they took (the timed steps' seconds scaled to all of them when a warm-up step was left out)."""
         seconds = ended - self._timed_from if self._timed_from is not None else 0.0
@@ -143,6 +163,71 @@ class DeadlineRounds(Configurable):
     @property
     def finished(self) -> bool:
         return float(self.progress) >= self.total_steps - 1e-9
+
+    # -------------------------------------------------------------- the loop's questions (``mode.py``)
+    def step_trained(self, step: int, started: float) -> bool:
+        """The sync (prepared and performed at once) when this group's budget is trained."""
+        if not self.step_done(started):
+            return False
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the round's last kernels are part of its time (Δ waits anyway)
+        self._round_end = time.perf_counter()
+        self._over_from = float(self.progress)
+        return True
+
+    def perform_due(self, step: int) -> bool:
+        """Always right after the prepare (no overlap: the round's end is its sync)."""
+        return True
+
+    def step_ended(self, step: int) -> None:
+        if self._over_from is not None:
+            self.start_round()
+            self._last_round = (step, self._over_from, float(self.progress))
+            self._over_from = None
+
+    def work(self, tokens: float, contributes: bool, group: int) -> Work:
+        """Its steps and their seconds, the paces the budgets come from (nothing from a replica that
+        does not contribute)."""
+        return self.timed_work(tokens, self._round_end) if contributes else Work(tokens=0, group=group)
+
+    def round_steps(self, work: Work) -> int | None:
+        return work.steps
+
+    def position(self, step: int) -> float:
+        return self.position_after_round()
+
+    def sync_progress(self) -> float | None:
+        return float(self.progress)
+
+    def validation_due(self, step: int, freq: int) -> bool:
+        """After the round that ended at ``step`` when its progress passed a multiple of ``freq``."""
+        return self._crossed(step, freq)
+
+    def checkpoint_due(self, step: int, interval: int) -> bool | None:
+        """After the round that ended at ``step`` when its progress passed a multiple of ``interval``."""
+        return self._crossed(step, interval)
+
+    def saves_at_end(self) -> bool:
+        """A group's step count says nothing of the run's end."""
+        return True
+
+    def boundary(self, step: int) -> tuple[int, int] | None:
+        """The committed rounds, after the step a round ended at."""
+        ended = self._last_round is not None and self._last_round[0] == step
+        return (int(self.rounds), 1) if ended else None
+
+    def steps_left(self, trainer_rule: bool) -> bool:
+        """Until the shared progress reaches the run's steps (groups train different step counts)."""
+        return not self.finished
+
+    def describe(self, steps: int) -> dict[str, Any]:
+        return {"mode": self.name, "rounds": int(self.rounds), "progress": float(self.progress), "steps": steps}
+
+    def _crossed(self, step: int, every: int) -> bool:
+        if self._last_round is None or self._last_round[0] != step:
+            return False
+        _, before, after = self._last_round
+        return math.floor(after / every + 1e-9) > math.floor(before / every + 1e-9)
 
     # -------------------------------------------------------------- the sync
     def commit(self, records: list[list[float]]) -> None:
@@ -194,11 +279,3 @@ class DeadlineRounds(Configurable):
         self.rounds.copy_(state["rounds"])
         self.budgets = {g: int(b) for g, b in enumerate(state["budgets"].tolist()) if b >= 0}
         self.start_round()
-
-
-RoundConfig = (
-    Annotated[Lockstep.Config, tyro.conf.subcommand(Lockstep.name)]
-    | Annotated[DeadlineRounds.Config, tyro.conf.subcommand(DeadlineRounds.name)]
-)
-"""``--outer.round lockstep|deadline`` (``muloco/config/variants.py``): a deadline setting is then
-``--outer.round.quantile`` and the like, and one given with lockstep rounds is an error."""

@@ -120,8 +120,8 @@ class DilocoTrainer(MulocoTrainerMixin, fault_tolerant_trainer.FaultTolerantTrai
         logger.info(
             f"DiLoCo replica {config.fault_tolerance.replica_id} of {config.fault_tolerance.group_size}: "
             f"H={s.sync_every}, {s.num_fragments} fragment(s) every {s.interval} steps, "
-            f"τ={s.delay}, α={config.outer.fragment_update_alpha}, outer {config.outer.optimizer.name} "
-            f"lr={config.outer.optimizer.lr} momentum={config.outer.optimizer.momentum}, schedules: "
+            f"τ={s.delay}, α={config.outer.fragment_update_alpha}, outer {config.outer.optimizer.describe()}, "
+            "schedules: "
             f"{config.outer.step_schedule.describe()}"
         )
         logger.info(self.outer.describe_memory())

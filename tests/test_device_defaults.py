@@ -15,7 +15,7 @@ compat.apply()
 from muloco.compat.cpu_device import device_type  # noqa: E402
 from muloco.components.precision import resolve_precision  # noqa: E402
 from muloco.config.cli import parse_args  # noqa: E402
-from muloco.outer.optimizer import OuterOptimizer  # noqa: E402
+from muloco.outer.optimizer import Nesterov  # noqa: E402
 from muloco.outer.placement import Placement, resolve_backup_device  # noqa: E402
 
 
@@ -79,9 +79,7 @@ def test_pinned_placement_round_trips_and_steps_like_the_device_placement():
         placement = Placement(resolve_backup_device(backup, device), device)
         globals_ = [placement.home(t) for t in init]
         assert all(g.is_pinned() for g in globals_) == (backup == "cpu")
-        opt = OuterOptimizer.Config(name="nesterov", lr=0.7, momentum=0.9).build(
-            params=globals_, zeros_like=placement.zeros_like
-        )
+        opt = Nesterov.Config(lr=0.7, momentum=0.9).build(params=globals_, zeros_like=placement.zeros_like)
         locals_ = [t.clone() for t in init]
         for step in range(3):
             torch._foreach_add_(locals_, [torch.full_like(t, 0.01 * (step + 1)) for t in locals_])

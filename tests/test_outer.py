@@ -27,8 +27,11 @@ from torchft.coordination import LighthouseServer  # noqa: E402
 
 from muloco.compat.healing_transport import SafeHTTPTransport  # noqa: E402
 from muloco.compress import Dense, Quantizer  # noqa: E402
-from muloco.outer import OuterLoop, OuterOptimizer, SyncSchedule, model_fragments  # noqa: E402
+from muloco.config.cli import parse_args  # noqa: E402
+from muloco.config.loader import ConfigError  # noqa: E402
+from muloco.outer import OuterLoop, SyncSchedule, model_fragments  # noqa: E402
 from muloco.outer.exchange import PARTS, ReduceScatter  # noqa: E402
+from muloco.outer.optimizer import SGD, Averaging, Nesterov  # noqa: E402
 from muloco.outer.schedule import ScheduleError  # noqa: E402
 from muloco.outer.step_schedule import StepSchedules, ValueSchedule  # noqa: E402
 
@@ -105,7 +108,7 @@ def test_outer_optimizer_matches_hand_written_reference(name):
     ref = [t.double().clone() for t in theta]
     buf = [torch.zeros_like(t) for t in ref]
     lr, mu = 0.7, 0.9
-    opt = OuterOptimizer.Config(name=name, lr=lr, momentum=mu).build(params=theta)
+    opt = _optimizer(name, lr, mu).build(params=theta)
     for _ in range(5):
         grads = [torch.randn_like(t) for t in theta]
         opt.step([g.clone() for g in grads])  # step consumes its grads
@@ -120,12 +123,33 @@ def test_outer_optimizer_matches_hand_written_reference(name):
         torch.testing.assert_close(t.double(), r, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(
-    "kwargs,match", [({"name": "adam"}, "nesterov, sgd, none"), ({"lr": 0}, "lr"), ({"momentum": 1.0}, "momentum")]
-)
+def _optimizer(name: str, lr: float, mu: float):
+    return {"nesterov": Nesterov, "sgd": SGD}[name].Config(lr=lr, momentum=mu) if name != "none" else Averaging.Config()
+
+
+@pytest.mark.parametrize("kwargs,match", [({"lr": 0}, "lr"), ({"momentum": 1.0}, "momentum")])
 def test_bad_outer_optimizer_settings_are_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        OuterOptimizer.Config(**kwargs).validate()
+        Nesterov.Config(**kwargs).validate()
+
+
+def test_the_outer_optimizer_is_picked_by_name_and_keeps_lr_and_momentum_across_nesterov_and_sgd():
+    """``--outer.optimizer NAME`` and ``--outer.optimizer.name NAME`` pick the same variant; a switch
+    between nesterov and sgd keeps the lr and momentum a config module or an earlier flag set (they
+    are declared once, for both); an unknown name is one clear error naming the choices."""
+    _, config = parse_args(["--config", "diloco/diloco", "--outer.optimizer.lr", "0.3", "--outer.optimizer", "sgd"])
+    assert isinstance(config.outer.optimizer, SGD.Config) and config.outer.optimizer.lr == 0.3
+    assert config.outer.optimizer.momentum == 0.9  # diloco's, carried over
+    _, config = parse_args(["--config", "diloco/muloco_2bit", "--outer.optimizer.name", "nesterov"])
+    assert isinstance(config.outer.optimizer, Nesterov.Config)
+    assert (config.outer.optimizer.lr, config.outer.optimizer.momentum) == (1.0, 0.0)
+    _, config = parse_args(["--config", "diloco/diloco", "--outer.optimizer", "none"])
+    assert isinstance(config.outer.optimizer, Averaging.Config)
+    assert config.outer.optimizer.facts() == {"name": "none", "label": "avg"}
+    with pytest.raises(ConfigError, match="--outer.optimizer must be one of nesterov, sgd, none; got 'adam'"):
+        parse_args(["--config", "diloco/diloco", "--outer.optimizer", "adam"])
+    with pytest.raises(ConfigError, match="lr"):  # averaging has no lr to set
+        parse_args(["--config", "diloco/diloco", "--outer.optimizer", "none", "--outer.optimizer.lr", "0.5"])
 
 
 # ------------------------------------------------------ outer-step schedules
@@ -168,7 +192,7 @@ def test_a_momentum_schedule_that_would_reach_one_is_refused():
     with pytest.raises(ValueError, match="momentum must stay < 1"):
         schedules.validate(momentum=0.9, beta=0.95)
     cfg = OuterLoop.Config()
-    cfg.optimizer.name = "none"
+    cfg.optimizer = Averaging.Config()
     cfg.step_schedule.lr.decay = "cosine"
     with pytest.raises(ValueError, match="none averages the models"):
         cfg.validate()
@@ -300,7 +324,7 @@ def test_loop_on_torchft_matches_reference_over_several_rounds(h, p, tau, alpha,
     cfg = OuterLoop.Config(
         sync_every=h, num_fragments=p, fragment_sync_delay=tau, fragment_update_alpha=alpha, backup_device=backup
     )
-    cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.momentum = name, lr, mu
+    cfg.optimizer = _optimizer(name, lr, mu)
     cfg.exchange.codec = Dense.Config(dtype=dtype)
     tol = 1e-5 if dtype == "float32" else 5e-3
     out = _run_replicas(k, init, steps, cfg)

@@ -100,7 +100,14 @@ def test_overrides_change_the_facts_not_the_module_name():
 
 def test_a_dense_fp32_exchange_has_no_error_feedback_and_32_bits():
     facts = facts_of(load_config("diloco/diloco"), environment=False)
-    assert facts["outer"]["codec"] == {"name": "dense", "bits": 32, "dtype": "float32"}
+    assert facts["outer"]["codec"] == {
+        "name": "dense",
+        "bits": 32,
+        "tag": "",
+        "detail": "",
+        "lossless": True,
+        "dtype": "float32",
+    }
     assert facts["outer"]["error_feedback"]["enabled"] is False
 
 
@@ -130,3 +137,13 @@ def test_an_older_run_json_is_missing_every_fact_and_a_record_keeps_what_it_hold
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["args"] == ["--training.steps", "2"] and missing_facts(record) == []
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"], "written atomically, no temp file left"
+
+
+@pytest.mark.parametrize("name", ["diloco/muloco_2bit", "diloco/sparseloco", "diloco/diloco"])
+def test_a_run_recorded_before_codecs_stated_their_tag_is_named_as_then(name):
+    """``run.json`` files of facts version 1 hold a codec's name and settings, no ``tag``: the report
+    still names their method as it did when they were written."""
+    facts = facts_of(load_config(name), environment=False)
+    for key in ("tag", "detail", "lossless"):
+        del facts["outer"]["codec"][key]
+    assert method_of(facts) == EXPECTED_METHOD[name]

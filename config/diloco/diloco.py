@@ -11,6 +11,7 @@ start ``./torchft_lighthouse`` and one ``python -m muloco.train --config diloco/
 
 from muloco.config import derive, load_config
 from muloco.diloco_trainer import DilocoTrainer
+from muloco.outer.optimizer import Nesterov
 
 
 def config() -> DilocoTrainer.Config:
@@ -24,7 +25,5 @@ def config() -> DilocoTrainer.Config:
     c.validator.steps = 16
     c.fault_tolerance.group_size = 2  # K replica groups
     c.outer.sync_every = 30  # H
-    c.outer.optimizer.name = "nesterov"
-    c.outer.optimizer.lr = 0.7
-    c.outer.optimizer.momentum = 0.9
+    c.outer.optimizer = Nesterov.Config(lr=0.7, momentum=0.9)
     return c

@@ -8,12 +8,13 @@ outer momentum, as in SparseLoCo, instead of Nesterov momentum stacked on top of
 measured worse (docs/compression.md). Norm weights go dense in fp32. Override with
 ``--outer.exchange.codec.bits 4``, ``--outer.exchange.strategy reduce_scatter`` (constant
 bytes per replica as K grows), ``--outer.exchange.error_feedback.beta``,
-``--outer.exchange.error_feedback.no-enabled``, ``--outer.optimizer.name nesterov``,
+``--outer.exchange.error_feedback.no-enabled``, ``--outer.optimizer nesterov``,
 ``--outer.exchange.skip_pattern``, ``--outer.exchange.bucket_mb``.
 """
 
 from muloco.compress import Quantizer
 from muloco.config import load_config
+from muloco.outer.optimizer import SGD
 
 
 def config():
@@ -23,7 +24,5 @@ def config():
     c.outer.exchange.error_feedback.enabled = True
     c.outer.exchange.error_feedback.beta = 0.95
     c.outer.exchange.skip_pattern = r"norm\.weight$"
-    c.outer.optimizer.name = "sgd"  # the error feedback is the momentum
-    c.outer.optimizer.lr = 1.0
-    c.outer.optimizer.momentum = 0.0
+    c.outer.optimizer = SGD.Config(lr=1.0, momentum=0.0)  # the error feedback is the momentum
     return c

@@ -133,7 +133,7 @@ class Suite:
     """Whether the paper's targets apply (an experiment suite, whose rows are not the paper's, has none)."""
 
 
-SGD_OUTER = ("--outer.optimizer.name", "sgd", "--outer.optimizer.lr", "1.0", "--outer.optimizer.momentum", "0.0")
+SGD_OUTER = ("--outer.optimizer", "sgd", "--outer.optimizer.lr", "1.0", "--outer.optimizer.momentum", "0.0")
 """The compressed configs' outer step (their error feedback is the momentum: docs/compression.md)."""
 DENSE_SGD = "MuLoCo K=2, SGD outer"
 
@@ -183,7 +183,7 @@ ROWS: tuple[Row, ...] = (
 
 def nesterov(lr: float, momentum: float) -> tuple[str, ...]:
     return (
-        "--outer.optimizer.name",
+        "--outer.optimizer",
         "nesterov",
         "--outer.optimizer.lr",
         f"{lr:g}",

@@ -23,7 +23,9 @@ A codec that is ``per_tensor`` is cut only between tensors instead.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torchtitan.config import Configurable
@@ -47,6 +49,34 @@ class Codec(Configurable):
     class Config(Configurable.Config):
         def validate(self) -> None:
             """Raise ValueError naming the bad setting (the exchange adds the codec's name)."""
+
+        # What a run records of its codec (``runs/facts.py``) and how runs are named after it
+        # (``runs/names.py``): each codec says it of itself, so those modules know no codec by name.
+        def wire_bits(self) -> float:
+            """Bits per element on the wire, before metadata (scales, tables)."""
+            raise NotImplementedError
+
+        def keeps_everything(self) -> bool:
+            """Decoding gives back what was encoded (the component's ``lossless``, known before it is
+            built): error feedback has nothing to carry."""
+            return False
+
+        def method_tag(self) -> str:
+            """What a method's name adds for this codec (``2bit`` in ``muloco-2bit``; "": nothing)."""
+            return ""
+
+        def name_detail(self) -> str:
+            """What a run folder's name adds that the method's name does not say (top-k's fraction)."""
+            return ""
+
+        def facts(self) -> dict[str, Any]:
+            """The codec's name, bits per element, tag and detail, lossless or not, and its settings."""
+            settings = {
+                f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init and not f.name.startswith("_")
+            }
+            facts = {"name": type(self)._owner.name, "bits": self.wire_bits(), "tag": self.method_tag()}
+            facts.update(detail=self.name_detail(), lossless=self.keeps_everything())
+            return {**facts, **settings}
 
     def __init__(self, config: Config, *, compiled: bool = False):
         config.validate()

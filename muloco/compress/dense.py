@@ -42,6 +42,16 @@ class Dense(Codec):
         def validate(self) -> None:
             resolve_dtype(self.dtype)
 
+        def wire_bits(self) -> float:
+            return 32 if self.dtype == "float32" else 16
+
+        def keeps_everything(self) -> bool:
+            return self.dtype == "float32"
+
+        def method_tag(self) -> str:
+            """The wire dtype when it is not float32 (``diloco-bfloat16``)."""
+            return "" if self.dtype == "float32" else self.dtype
+
     def __init__(self, config: Config, *, compiled: bool = False):
         super().__init__(config, compiled=compiled)
         self.dtype = resolve_dtype(config.dtype)

@@ -136,6 +136,12 @@ class Quantizer(Codec):
             if self.mean_at not in MEAN_AT:
                 raise ValueError(f"mean_at must be one of {MEAN_AT}, got {self.mean_at!r}")
 
+        def wire_bits(self) -> float:
+            return self.bits
+
+        def method_tag(self) -> str:
+            return f"{self.bits}bit"
+
     def __init__(self, config: Config, *, compiled: bool = False):
         super().__init__(config, compiled=compiled)
         if compiled and config.statistics == "float":

@@ -104,6 +104,17 @@ class TopK(Codec):
                     f"use chunk_size <= {2**self.index_bits} or index_bits 16"
                 )
 
+        def wire_bits(self) -> float:
+            """Each kept value and its index."""
+            value_bits = self.value_bits or (32 if self.value_dtype == "float32" else 16)
+            return self.fraction * (value_bits + self.index_bits)
+
+        def method_tag(self) -> str:
+            return "topk"
+
+        def name_detail(self) -> str:
+            return f"top{self.fraction:g}"
+
     def __init__(self, config: Config, *, compiled: bool = False):
         super().__init__(config, compiled=compiled)
         self.fraction = float(config.fraction)

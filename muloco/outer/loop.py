@@ -46,7 +46,7 @@ from muloco.outer.coordinator import (
 )
 from muloco.outer.exchange import PARTS, Exchange, PendingExchange
 from muloco.outer.exchange.link import Link
-from muloco.outer.optimizer import OuterOptimizer
+from muloco.outer.optimizer import Nesterov, OuterOptimizer, OuterOptimizerConfig
 from muloco.outer.placement import Placement, resolve_backup_device
 from muloco.outer.rounds import Lockstep, RoundConfig
 from muloco.outer.schedule import SyncSchedule, model_fragments
@@ -264,11 +264,17 @@ class _Fragment:
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        return {"global": self._wrap(self.globals), "momentum": self._wrap(self.optimizer.momentum)}
+        """θ_g and the outer optimizer's state tensors (``momentum``), by parameter name."""
+        optimizer = {key: self._wrap(tensors) for key, tensors in self.optimizer.state_tensors().items()}
+        return {"global": self._wrap(self.globals), **optimizer}
+
+    def tensors(self) -> list[torch.Tensor]:
+        """θ_g and the optimizer's state: what this fragment keeps in the backup device's memory."""
+        return [*self.globals, *(t for ts in self.optimizer.state_tensors().values() for t in ts)]
 
     @torch.no_grad()
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, tensors in (("global", self.globals), ("momentum", self.optimizer.momentum)):
+        for key, tensors in (("global", self.globals), *self.optimizer.state_tensors().items()):
             for name, t in zip(self.names, tensors):
                 t.copy_(_local(state[key][name]))
 
@@ -289,7 +295,9 @@ class OuterLoop(Configurable):
         backup_device: str = "auto"
         """Where θ_g and the outer momentum live: auto (the training device when it is an
         accelerator), device, or cpu (saves accelerator memory; pinned on CUDA)."""
-        optimizer: OuterOptimizer.Config = field(default_factory=OuterOptimizer.Config)
+        optimizer: tyro.conf.AvoidSubcommands[OuterOptimizerConfig] = field(default_factory=Nesterov.Config)
+        """nesterov (default) | sgd | none: ``--outer.optimizer NAME``, its η and μ
+        ``--outer.optimizer.lr``/``.momentum`` (``outer/optimizer.py``)."""
         step_schedule: StepSchedules = field(default_factory=StepSchedules)
         """Schedules of the outer lr, momentum and error-feedback β over the run (constant by
         default; ``outer/step_schedule.py``)."""
@@ -308,14 +316,7 @@ class OuterLoop(Configurable):
             self.schedule()
             self.optimizer.validate()
             self.exchange.validate()
-            self.step_schedule.validate(momentum=self.optimizer.momentum, beta=self.exchange.error_feedback.beta)
-            if self.optimizer.name == "none" and not (
-                self.step_schedule.lr.constant and self.step_schedule.momentum.constant
-            ):
-                raise ValueError(
-                    "outer.optimizer.name none averages the models (no lr, no momentum): "
-                    "drop outer.step_schedule.lr/momentum, or use --outer.optimizer.name sgd"
-                )
+            self.optimizer.check_schedules(self.step_schedule, beta=self.exchange.error_feedback.beta)
             if not self.step_schedule.feedback_beta.constant and not self.exchange.carries_feedback():
                 raise ValueError(
                     "outer.step_schedule.feedback_beta schedules the error-feedback β, but this exchange "
@@ -408,7 +409,7 @@ class OuterLoop(Configurable):
 
     def describe_memory(self) -> str:
         """What the outer state costs this rank, and where it lives."""
-        outer = _gib(t for f in self.fragments for t in (*f.globals, *f.optimizer.momentum))
+        outer = _gib(t for f in self.fragments for t in f.tensors())
         feedback = _gib(_tensors(self.exchange.state_dict()))
         return (
             f"outer state on this rank: θ_g + outer momentum {outer:.3f} GiB in {self.placement.describe()}, "
@@ -666,8 +667,7 @@ class OuterLoop(Configurable):
 
     def _outer_step_values(self, step: float) -> tuple[float, float]:
         """The outer lr and momentum of a sync performed at position ``step`` (the round mode's)."""
-        opt = self.config.optimizer
-        return opt.lr * self.lr_schedule.factor(step), opt.momentum * self.momentum_schedule.factor(step)
+        return self.config.optimizer.values(self.lr_schedule.factor(step), self.momentum_schedule.factor(step))
 
     def _veto(self, exchange: PendingExchange, averaged: list[torch.Tensor]) -> str | None:
         """A reason to refuse this sync on every replica (they all hold the same average),

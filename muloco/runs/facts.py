@@ -27,7 +27,8 @@ from muloco.utils.atomic_file import write_atomically
 RUN_FILE = "run.json"
 """In a run folder: the command that made it (config module, overrides, working directory),
 written by ``muloco.train`` (how ``muloco.tools.generate`` rebuilds the model), and its ``facts``."""
-FACTS_VERSION = 1
+FACTS_VERSION = 2
+"""2: a codec's facts carry its method ``tag``, name ``detail`` and ``lossless`` (``Codec.Config.facts``)."""
 FACT_KEYS = ("method", "objective", "model", "inner_optimizer", "outer", "data", "seed", "versions", "commit")
 """Every key ``facts_of`` writes (``outer`` is None for a run without an outer loop)."""
 PACKAGES = ("torch", "torchtitan", "torchft", "muloco")
@@ -46,22 +47,9 @@ def _settings(config: Any) -> dict[str, Any]:
 
 
 def codec_facts(exchange: Any) -> dict[str, Any]:
-    """The codec's name, its settings, and its bits per element on the wire (before metadata)."""
-    codec = exchange.codec
-    name = _variant_name(codec)
-    settings = _settings(codec)
-    if name == "quantize":
-        bits = settings["bits"]
-    elif name == "topk":
-        value_bits = settings["value_bits"] or _dtype_bits(settings["value_dtype"])
-        bits = settings["fraction"] * (value_bits + settings["index_bits"])  # each kept value and its index
-    else:
-        bits = _dtype_bits(settings.get("dtype", "float32"))
-    return {"name": name, "bits": bits, **settings}
-
-
-def _dtype_bits(dtype: str) -> int:
-    return 32 if dtype == "float32" else 16
+    """The codec's facts as it states them (``Codec.Config.facts``: name, wire bits per element,
+    the tag a method's name carries, lossless or not, its settings)."""
+    return exchange.codec.facts()
 
 
 def outer_facts(config: Any) -> dict[str, Any] | None:
@@ -72,7 +60,7 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
     exchange = outer.exchange
     codec = codec_facts(exchange)
     ef = exchange.error_feedback
-    lossy = codec["name"] != "dense" or codec.get("dtype") != "float32"  # what ErrorFeedback.applies_to asks
+    lossy = not codec["lossless"]  # what ErrorFeedback.applies_to asks
     return {
         "replica_groups": config.fault_tolerance.group_size,
         "quorum": config.fault_tolerance.min_replica_size or None,
@@ -80,7 +68,7 @@ def outer_facts(config: Any) -> dict[str, Any] | None:
         "fragments": outer.num_fragments,
         "overlap_steps": outer.fragment_sync_delay,
         "fragment_update_alpha": outer.fragment_update_alpha,
-        "optimizer": _settings(outer.optimizer),
+        "optimizer": outer.optimizer.facts(),
         "step_schedule": {
             name: _settings(getattr(outer.step_schedule, name))
             for name in ("lr", "momentum", "feedback_beta")
@@ -143,17 +131,23 @@ def method_of(facts: dict[str, Any]) -> str:
     if outer is None:
         return f"ddp-{inner}"
     codec = outer["codec"]
-    if codec["name"] == "quantize":
-        suffix = f"-{codec['bits']}bit"
-    elif codec["name"] == "topk":
-        suffix = "-topk"
-    else:
-        dtype = codec.get("dtype", "float32")
-        suffix = "" if dtype == "float32" else f"-{dtype}"
+    tag = codec["tag"] if "tag" in codec else _tag_before_codecs_named_it(codec)
+    suffix = f"-{tag}" if tag else ""
     streaming = "-streaming" if outer["fragments"] > 1 else ""
     mode = (outer.get("round") or {}).get("mode") or "lockstep"
     rounds = "" if mode == "lockstep" else f"-{mode}"
     return ("muloco" if inner == "muon" else "diloco") + suffix + streaming + rounds
+
+
+def _tag_before_codecs_named_it(codec: dict[str, Any]) -> str:
+    """The method tag of a codec recorded before codecs stated their own (facts version 1): the
+    three codecs that existed then, as they were named."""
+    if codec["name"] == "quantize":
+        return f"{codec['bits']}bit"
+    if codec["name"] == "topk":
+        return "topk"
+    dtype = codec.get("dtype", "float32")
+    return "" if dtype == "float32" else dtype
 
 
 def missing_facts(record: dict[str, Any] | None) -> list[str]:

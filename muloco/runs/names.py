@@ -13,11 +13,11 @@ from muloco.utils.link_model import format_rate
 def _codec_detail(outer: dict) -> str:
     """What the method's name does not say about a lossy codec: top-k's fraction, error feedback."""
     codec = outer["codec"]
-    if codec["name"] == "dense" and codec.get("dtype", "float32") == "float32":
+    if codec["lossless"]:
         return ""
     ef = "ef" if outer["error_feedback"]["enabled"] else "noef"
     tiles = f"-tiles{outer['tiles']}" if outer.get("tiles") else ""
-    return f"top{codec['fraction']:g}{tiles}-{ef}" if codec["name"] == "topk" else ef
+    return "-".join(filter(None, [codec["detail"] + tiles, ef]))
 
 
 def _outer_step_label(outer: dict) -> str:
@@ -25,13 +25,7 @@ def _outer_step_label(outer: dict) -> str:
     optimizer and μ when they differ (``olr1-sgd``, ``olr0.7-m0.5``, ``avg``), the error-feedback
     β when it is not the compressed configs' 0.95, and each scheduled value (``-msched-w0.1s0.5c0.9``:
     a warmup from 0.5 over 0.1 of the run, then a cosine decay to 0.9; ``-lrsched-inner``)."""
-    opt = outer["optimizer"]
-    if opt["name"] == "none":
-        label = "avg"
-    else:
-        label = f"olr{opt['lr']:g}"
-        label += "" if opt["name"] == "nesterov" else f"-{opt['name']}"
-        label += "" if opt["momentum"] == (0.9 if opt["name"] == "nesterov" else 0.0) else f"-m{opt['momentum']:g}"
+    label = outer["optimizer"]["label"]  # the optimizer's own (``OuterOptimizer.Config.label``)
     ef = outer["error_feedback"]
     if ef["enabled"] and ef["beta"] != 0.95:
         label += f"-b{ef['beta']:g}"

@@ -23,7 +23,9 @@ the ratio's mean and spread over seeds against the targets: with one group 2x sl
 rounds reach lockstep's loss in at most 0.75x its time; with equal groups, no worse than lockstep
 (final loss within the seeds' spread).
 
-``--smoke`` (what CI runs): ``llama3-w64-d2-h2``, seq 64, batch 2, 8 steps, H=2, case 2x2, one seed.
+``--smoke`` (what CI runs): ``llama3-w64-d2-h2``, seq 64, batch 2, 8 steps, H=2, case 2x2, one seed,
+and no pace-probing job: the slow group sleeps a fixed ``SMOKE_PACE`` after each step (the probe is a
+third job that only sets the sleep).
 Outputs go to a temporary folder removed at the end (``--keep`` leaves it). Nothing here asserts.
 """
 
@@ -48,6 +50,8 @@ MODES = {
     "deadline-equal": [*DEADLINE, "--outer.exchange.weighting", "equal"],
 }
 """``deadline-equal``: deadline rounds whose merge counts every group the same (the weighting's ablation)."""
+SMOKE_PACE = 0.05
+"""Seconds an inner step of the smoke's tiny model stands for, instead of probing it."""
 
 
 def parse_case(text: str) -> tuple[int, float]:
@@ -135,7 +139,7 @@ def main() -> int:
     results: dict[tuple, dict] = {}
     try:
         for k, factor in cases:
-            pace = None
+            pace = SMOKE_PACE if args.smoke else None
             for seed in range(args.seeds):
                 for mode in modes:
                     flags = MODES[mode]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import types
 from pathlib import Path
 
 import pytest
@@ -221,8 +222,14 @@ def test_what_this_export_cannot_write_yet_is_named():
     _, c = parse_args(["--config", "ddp/adamw", *TINY])
     tokenizer = c.tokenizer.build(tokenizer_path=c.hf_assets_path)
     model = init_model(c.model, tokenizer.get_vocab_size(), True, torch.device("cpu"))
-    assert _unsupported(model.config, "ar", tokenizer) is None
-    assert _unsupported(model.config, "bert", tokenizer).startswith("objective 'bert'")
+    from muloco.objectives import Autoregressive, MaskedDiffusion
+
+    assert _unsupported(model.config, Autoregressive, tokenizer) is None
+    assert _unsupported(model.config, MaskedDiffusion, tokenizer) is None  # the embedded tokenizer has a mask token
+    no_mask = types.SimpleNamespace(mask_id=None)
+    assert _unsupported(model.config, MaskedDiffusion, no_mask) == (
+        "a masked diffusion run whose tokenizer has no mask token"
+    )
 
 
 @pytest.mark.parametrize("objective", ["ar", "mdlm"])

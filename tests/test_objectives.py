@@ -444,3 +444,19 @@ def test_a_step_runs_through_the_recorded_body_with_the_objectives_draws_as_inpu
     from torchtitan.components.loss import cross_entropy_loss
 
     assert Autoregressive.Config().build(tokens=TOKENS).loss_fn.fn is cross_entropy_loss  # eager off the trainer
+
+
+def test_the_torch_free_names_are_the_objectives_the_command_line_picks():
+    """``objectives.NAMES`` (compare's choices, the default first) lists exactly the variants of
+    ``ObjectiveConfig``; each objective states the facts export, validation and evaluate ask of it."""
+    from muloco.config.variants import choices
+    from muloco.objectives import NAMES, ObjectiveConfig, named_by_attention
+    from muloco.trainer import MulocoTrainer
+
+    assert tuple(choices(ObjectiveConfig)) == NAMES
+    assert isinstance(MulocoTrainer.Config().objective, choices(ObjectiveConfig)[NAMES[0]])
+    for name, config in choices(ObjectiveConfig).items():
+        objective = config._owner
+        assert named_by_attention(objective.causal) == name
+        assert objective.elbo_validation == objective.mask_token == (not objective.causal)
+        assert config().describe().startswith(objective.title)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from muloco.data import fetch as corpus_fetch
+from muloco.objectives import NAMES
 from muloco.utils.errors import BadInput
 
 EF_OFF = "--outer.exchange.error_feedback.no-enabled"
@@ -329,7 +330,7 @@ SUITES = {
     ),
 }
 
-OBJECTIVES = ("ar", "mdlm")
+OBJECTIVES = NAMES
 DATA = ("stdlib", "shakespeare")
 
 
@@ -413,7 +414,7 @@ def plan(
                 "quoted as --only takes them: " + " ".join(shlex.quote(r.label) for r in rows)
             )
         rows = tuple(r for r in rows if r.label in only)
-    common = data_overrides(data) + (["--objective", "mdlm"] if objective == "mdlm" else [])
+    common = data_overrides(data) + ([] if objective == NAMES[0] else ["--objective", objective])
     if tune:
         rows = tuned(rows)
     if chosen is not None:

@@ -36,7 +36,7 @@ from torchtitan.components.loss import IGNORE_INDEX
 from torchtitan.components.validate import Validator
 
 from muloco.data.loader import PackedTextDataLoader
-from muloco.objectives import MaskedDiffusion, Objective
+from muloco.objectives import Objective
 from muloco.utils.values import require_steps_or_fraction
 
 
@@ -128,7 +128,7 @@ class MulocoValidator(Validator):
 
     def _score(self, model_parts, step: int) -> None:
         """Score the current parameters on the validation batches and log it."""
-        if isinstance(self.objective, MaskedDiffusion):
+        if self.objective.elbo_validation:
             self._validate_elbo(model_parts, step)
         else:
             super().validate(model_parts, step)

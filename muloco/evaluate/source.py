@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 from muloco.components.checkpoint import RUN_FILE
 from muloco.data.tokenizer import MulocoTokenizer
 from muloco.hf import config as hf_config
+from muloco.objectives import named_by_attention
 from muloco.objectives.sampling_options import READOUT_KEY, Readout
 from muloco.utils.errors import BadInput
 
@@ -169,5 +170,5 @@ def from_hf_folder(folder: Path, device: torch.device, adapter: Path | None = No
         max_length=int(length),
         results_dir=folder,
         readout=readout,
-        facts={"source": "huggingface", "objective": "ar" if causal else "mdlm", "weights": "folder"},
+        facts={"source": "huggingface", "objective": named_by_attention(causal), "weights": "folder"},
     )

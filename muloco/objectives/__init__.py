@@ -22,7 +22,11 @@ _WHERE = {
     "SpecialTokens": "muloco.objectives.objective",
 }
 
-__all__ = sorted([*_WHERE, "ObjectiveConfig"])
+__all__ = sorted([*_WHERE, "NAMES", "ObjectiveConfig", "named_by_attention"])
+
+NAMES = ("ar", "mdlm")
+"""The objectives ``--objective NAME`` picks, the default first; torch-free for command lines that
+list them (compare's). ``tests/test_objectives.py`` holds it against ``ObjectiveConfig``."""
 
 if TYPE_CHECKING:
     from muloco.objectives.autoregressive import Autoregressive  # noqa: F401 - for type checkers: the names load lazily (__getattr__)
@@ -43,6 +47,14 @@ def _objective_config():
         Annotated[Autoregressive.Config, tyro.conf.subcommand(Autoregressive.name)]
         | Annotated[MaskedDiffusion.Config, tyro.conf.subcommand(MaskedDiffusion.name)]
     )
+
+
+def named_by_attention(causal: bool) -> str:
+    """The objective whose model attends this way (a Hugging Face folder says only its attention)."""
+    from muloco.objectives.autoregressive import Autoregressive
+    from muloco.objectives.diffusion import MaskedDiffusion
+
+    return next(cls.name for cls in (Autoregressive, MaskedDiffusion) if cls.causal == causal)
 
 
 def __getattr__(name: str):

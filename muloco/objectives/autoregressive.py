@@ -14,6 +14,7 @@ class Autoregressive(Objective):
     name = "ar"
     causal = True
     next_token = True
+    title = "next-token prediction"
 
     @dataclass(kw_only=True, slots=True)
     class Config(Objective.Config):

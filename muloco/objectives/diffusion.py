@@ -66,6 +66,11 @@ class MaskedDiffusion(Objective):
     name = "mdlm"
     causal = False
     next_token = False
+    elbo_validation = True
+    mask_token = True
+    title = "masked diffusion"
+    pipeline_tag = "fill-mask"
+    hub_tag = "masked-diffusion"
 
     @dataclass(kw_only=True, slots=True)
     class Config(Objective.Config):
@@ -98,6 +103,9 @@ class MaskedDiffusion(Objective):
         """full | dream | block: the attention and output alignment (AR-to-diffusion conversion,
         :mod:`muloco.objectives.recipes`); pick with ``--objective.recipe NAME``, then set its own
         settings as ``--objective.recipe.SETTING``."""
+
+        def describe(self) -> str:
+            return f"masked diffusion, recipe {self.recipe.build().describe()}"
 
         def validate(self) -> None:
             super(MaskedDiffusion.Config, self).validate()

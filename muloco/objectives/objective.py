@@ -57,6 +57,16 @@ class Objective(Configurable):
     """The attention direction the model is built with."""
     next_token: bool = True
     """Loader rows: labels are the next tokens (True) or the tokens themselves (False)."""
+    elbo_validation: bool = False
+    """Validation scores the model by the objective's bound (``elbo_terms``), not by the trainer's
+    loss on the held-out rows (``components/validate.py``)."""
+    mask_token: bool = False
+    """Its model reads a mask token (an export needs the tokenizer to have one)."""
+    title: str = "objective"
+    """What it trains the model for, in words (a model card's "objective" line)."""
+    pipeline_tag: str = "text-generation"
+    hub_tag: str = "causal-lm"
+    """The Hugging Face Hub's pipeline and tag for an exported model of it."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(Configurable.Config):
@@ -68,6 +78,10 @@ class Objective(Configurable):
         tiles no query may attend; its backward needs CUDA) or auto (flex on CUDA, sdpa
         elsewhere). sdpa is the default: in a compiled model on an H200 it trained faster than
         flex (0.79x); flex was faster only in an uncompiled model (docs/gpu.md)."""
+
+        def describe(self) -> str:
+            """The objective and its recipe, in words (the exported model card)."""
+            return type(self)._owner.title
 
         def validate(self) -> None:
             """Raise ValueError naming the bad setting (``objective.<key> ...``)."""

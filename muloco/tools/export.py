@@ -64,13 +64,12 @@ class ExportError(BadInput, ValueError):
     """A run this export cannot write as a Hugging Face folder; the message names the feature."""
 
 
-def _unsupported(model_config, objective_name: str, tokenizer) -> str | None:
-    """Why this run cannot be exported yet (None: it can)."""
+def _unsupported(model_config, objective, tokenizer) -> str | None:
+    """Why this run cannot be exported yet (None: it can). ``objective``: the run's objective class
+    (what it says of itself: its attention direction, whether its model reads a mask token)."""
     attention = model_config.layers[0].attention
-    if objective_name not in ("ar", "mdlm"):
-        return f"objective {objective_name!r}: only next-token (ar) and masked-diffusion (mdlm) runs are exported"
-    if objective_name == "mdlm" and getattr(tokenizer, "mask_id", None) is None:
-        return "a masked-diffusion run whose tokenizer has no mask token"
+    if objective.mask_token and getattr(tokenizer, "mask_id", None) is None:
+        return f"a {objective.title} run whose tokenizer has no mask token"
     if attention.rope.scaling not in ("none", "llama"):
         return f"RoPE scaling {attention.rope.scaling!r}: only plain RoPE and Llama 3's scaling are exported"
     return None
@@ -88,13 +87,13 @@ MULOCO_CODE = REMOTE_CODE / "modeling_muloco.py"
 for flavors transformers has no class for."""
 
 
-def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar") -> dict:
+def hf_config(model_config, tokenizer, seq_len: int, bidirectional: bool = False) -> dict:
     """``config.json`` with this model's shapes: ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with QK
-    norms) for next-token runs, the shipped bidirectional Llama class for masked diffusion, and
-    the shipped sandwich-block class (:data:`MULOCO_CODE`) for output norms, or QK norms in a
-    masked-diffusion model."""
+    norms) for next-token runs, the shipped bidirectional Llama class for a bidirectional (masked
+    diffusion) model, and the shipped sandwich-block class (:data:`MULOCO_CODE`) for output norms,
+    or QK norms in a bidirectional model."""
     config = _llama_config(model_config, tokenizer, seq_len)
-    if objective_name == "mdlm" and config.get("model_type") in (None, "llama"):
+    if bidirectional and config.get("model_type") in (None, "llama"):
         module = MDLM_CODE.stem
         config.update(
             architectures=["MulocoMdlmForMaskedLM"],
@@ -106,7 +105,7 @@ def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar")
                 "AutoModelForMaskedLM": f"{module}.MulocoMdlmForMaskedLM",
             },
         )
-    elif objective_name == "mdlm" or config.get("model_type") == "muloco":
+    elif bidirectional or config.get("model_type") == "muloco":
         module = MULOCO_CODE.stem
         block = model_config.layers[0]
         config.update(
@@ -117,7 +116,7 @@ def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar")
             qkv_bias=bool(block.attention.qkv_linear.wq.bias),
             post_attention_norm=block.post_attention_norm is not None,
             post_ffn_norm=block.post_ffn_norm is not None,
-            bidirectional=objective_name == "mdlm",
+            bidirectional=bidirectional,
             auto_map={
                 "AutoConfig": f"{module}.MulocoConfig",
                 "AutoModel": f"{module}.MulocoForCausalLM",
@@ -125,7 +124,7 @@ def hf_config(model_config, tokenizer, seq_len: int, objective_name: str = "ar")
                 "AutoModelForMaskedLM": f"{module}.MulocoForCausalLM",
             },
         )
-        if objective_name == "mdlm":
+        if bidirectional:
             config["mask_token_id"] = tokenizer.mask_id
     return config
 
@@ -194,10 +193,9 @@ def _card(
     k = getattr(ft, "group_size", 1) if ft is not None and getattr(ft, "enable", False) else 1
     diloco = summary.get("diloco") or {}
     name = config.objective._owner.name
-    recipe = getattr(config.objective, "recipe", None)
-    what = "next-token prediction" if name == "ar" else f"masked diffusion, recipe {recipe.build().describe()}"
+    what = config.objective.describe()
     lines = [
-        *_front_matter(config, name, license),
+        *_front_matter(config, config.objective._owner, license),
         f"# {config.model.flavor}, trained with muloco",
         "",
         f"- objective: {what} (`{name}`)",
@@ -217,13 +215,13 @@ def _card(
         f"- final validation loss: {summary.get('final_validation_loss', 'not recorded')} nats/token, "
         f"{summary.get('final_validation_bits_per_byte', 'not recorded')} bits/byte",
         "",
-        *(_ar_usage(remote_code) if name == "ar" else _mdlm_usage(recipe)),
+        *(_ar_usage(remote_code) if config.objective._owner.causal else _mdlm_usage(config.objective.recipe)),
         "",
     ]
     return "\n".join(lines)
 
 
-def _front_matter(config, objective: str, license: str | None = None) -> list[str]:
+def _front_matter(config, objective, license: str | None = None) -> list[str]:
     """The Hub's YAML header: the license when given (muloco cannot know the weights' terms: they
     follow the training data's), library, pipeline, tags and the training data when it is a Hub dataset."""
     source = config.dataloader.source
@@ -233,10 +231,10 @@ def _front_matter(config, objective: str, license: str | None = None) -> list[st
         "---",
         *([f"license: {license}"] if license else []),
         "library_name: transformers",
-        f"pipeline_tag: {'text-generation' if objective == 'ar' else 'fill-mask'}",
+        f"pipeline_tag: {objective.pipeline_tag}",
         "tags:",
         "  - muloco",
-        f"  - {'masked-diffusion' if objective != 'ar' else 'causal-lm'}",
+        f"  - {objective.hub_tag}",
     ]
     if hasattr(config, "outer"):
         lines.append("  - diloco")
@@ -460,7 +458,7 @@ def export(
     run, step = locate(checkpoint, replica, step)
     config = load_config(run, prog="python -m muloco.export")
     model, tokenizer, objective, step, is_global = load_model(run, config, step, torch.device("cpu"))
-    why = _unsupported(model.config, objective.name, tokenizer)
+    why = _unsupported(model.config, type(objective), tokenizer)
     if why:
         raise ExportError(f"cannot export {run}: {why}")
     summary = _summary(run)
@@ -472,7 +470,7 @@ def export(
         _export_lora(model, config, lora_base, target, staging)
         state = {k: v.float() for k, v in model.state_dict().items() if ".lora_" not in k}  # --lora-base: the base
         _save_weights(Llama3Adapter(model.config).to_hf(state), staging)
-        written = hf_config(model.config, tokenizer, config.training.seq_len, objective.name)
+        written = hf_config(model.config, tokenizer, config.training.seq_len, not objective.causal)
         written["max_position_embeddings"] = _longest_context(config, written["max_position_embeddings"])
         readout = readout_of(config.objective).to_json()
         if readout is not None:  # how the outputs line up: muloco's samplers and scorers read it back

@@ -32,7 +32,7 @@ from muloco.objectives.sampling import DiffusionSampling, sample_block_diffusion
 
 def _model(args, device):
     if args.checkpoint:
-        from muloco.tools.loading import load_config, load_model, locate
+        from muloco.trained_model import load_config, load_model, locate
 
         run, step = locate(args.checkpoint, None, None)
         config = load_config(run)

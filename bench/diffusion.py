@@ -245,7 +245,7 @@ def attention_forward(args, tokenizer, device) -> None:
 
 def elbo_variance(args, tokenizer, device) -> None:
     if args.checkpoint:
-        from muloco.tools.loading import load_config, load_model, locate
+        from muloco.trained_model import load_config, load_model, locate
 
         run, step = locate(args.checkpoint, 0, None)
         config = load_config(run)

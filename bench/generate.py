@@ -104,7 +104,7 @@ def reference_generate(
 def _model_and_prompts(args, device):
     tokenizer = MulocoTokenizer()
     if args.checkpoint:
-        from muloco.tools.loading import load_config, load_model, locate
+        from muloco.trained_model import load_config, load_model, locate
 
         run, step = locate(args.checkpoint, 0, None)
         config = load_config(run)

@@ -297,13 +297,19 @@ QUICK = {
     "outer": {"test_outer.py": (), "test_rounds.py": (), "test_link.py": ()},
     "runs": {"test_lives.py": (), "test_run_facts.py": ()},
     "sizing": {"test_model_map.py": ()},
-    "tools": {
+    "report": {
         "test_report.py": (
             "test_the_report_imports_no_torch_and_no_tyro",
             "test_times_of_a_run_over_an_emulated_link_say_so",
             "test_deadline_rounds_are_counted_on_each_group_s_current_timeline",
-        ),
-        "test_export.py": ("test_what_this_export_cannot_write_yet_is_named",),
+        )
+    },
+    "export": {"test_export.py": ("test_what_this_export_cannot_write_yet_is_named",)},
+    "generate": {
+        "test_diffusion.py": (
+            "test_generate_refuses_diffusion_options_on_an_autoregressive_run",
+            "test_generate_names_a_folder_that_is_not_a_run",
+        )
     },
     "utils": {
         "test_created_dirs.py": (),

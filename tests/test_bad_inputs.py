@@ -637,7 +637,7 @@ def test_a_missing_extra_is_one_error_naming_it(monkeypatch, tmp_path, capsys):
     compat.apply()
     from muloco.config import ConfigError, load_config
     from muloco.config.checks import check_config
-    from muloco.tools.report import write_plots
+    from muloco.report.plots import write_plots
 
     for module, extra in optional.EXTRAS.items():
         monkeypatch.setitem(sys.modules, module, None)  # taken away, as in an install without the extra

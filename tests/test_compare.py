@@ -470,7 +470,7 @@ def test_tune_chooses_on_the_seeds_every_point_ran():
     point's two-seed mean is not weighed against the others' one seed); a point never scored is
     not chosen."""
     from muloco.compare import table
-    from muloco.tools.report import Run
+    from muloco.report.runs import Run
 
     def run(seed, tuning, loss=3.0):
         return Run(
@@ -505,7 +505,7 @@ def test_tuned_nesterov_grid_judges_its_best_momentum_point_against_its_averagin
     averaging point, on their reported losses and spreads; later seeds run both."""
     from muloco.compare import table
     from muloco.compare.suites import AVERAGING
-    from muloco.tools.report import Run
+    from muloco.report.runs import Run
 
     def runs(tuning, *losses):
         return [
@@ -543,7 +543,7 @@ def test_tune_picks_the_grid_point_by_its_tuning_loss_and_reports_its_validation
     kept apart), and its gap is to the best tuned dense row."""
     from muloco.compare import __main__ as compare
     from muloco.compare import suites
-    from muloco.tools.report import load_run
+    from muloco.report.runs import load_run
 
     monkeypatch.chdir(REPO)
     grid = (("Nesterov η0.1 μ0.5", suites.nesterov(0.1, 0.5)), ("Nesterov η1 μ0.9", suites.nesterov(1.0, 0.9)))

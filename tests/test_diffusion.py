@@ -89,7 +89,7 @@ def _generate(dump, *args, capfd=None):
     argv = ["--checkpoint", str(dump), "--json", *args]
     if capfd is None:
         return run_watched([sys.executable, "-m", "muloco.generate", *argv], cwd=REPO)
-    from muloco.tools.generate import main
+    from muloco.generate.__main__ import main
     from muloco.utils.command_line import run_main
 
     return run_in_process(lambda: run_main(main), capfd, argv0="muloco.generate", args=argv, cwd=REPO)
@@ -97,7 +97,7 @@ def _generate(dump, *args, capfd=None):
 
 def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diffusion_run):
     from muloco.data.tokenizer import MulocoTokenizer
-    from muloco.tools.generate import generate, parse_args
+    from muloco.generate.__main__ import generate, parse_args
 
     dump, _ = diffusion_run
     args = [
@@ -130,7 +130,7 @@ def test_generate_fills_every_mask_after_the_prompt_and_repeats_with_a_seed(diff
 
 @pytest.mark.parametrize("cache", ["none", "prefix", "dual"])
 def test_generate_samples_a_batch_of_prompts_as_it_samples_each_alone(diffusion_run, cache):
-    from muloco.tools.generate import generate, parse_args
+    from muloco.generate.__main__ import generate, parse_args
 
     dump, _ = diffusion_run
     args = [

@@ -14,9 +14,10 @@ from progress import FolderProgress
 from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, until, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
+from muloco.report.runs import load_run
+from muloco.report.tables import lives_lines, rounds_lines
 from muloco.runs.lives import UNSAID
 from muloco.runs.lives import describe as describe_lives
-from muloco.tools.report import lives_lines, load_run, rounds_lines
 
 H = 10
 
@@ -606,6 +607,8 @@ def test_whole_job_cold_restart_continues_exactly(cluster, tmp_path, config, sch
     job(tmp_path / "restarted", 20)
     job(tmp_path / "restarted", 40)
     for i in range(2):
+        trained = [m["step"] for m in read_metrics(tmp_path / "restarted" / f"replica_{i}") if "loss" in m]
+        assert len(trained) == len(set(trained)), trained  # resumed after step 20: no step trained twice
         straight, restarted = losses(tmp_path / "straight", i), losses(tmp_path / "restarted", i)
         late = [s for s in straight if s > 20]
         assert late and all(abs(straight[s] - restarted[s]) < 1e-6 for s in late), (straight, restarted)

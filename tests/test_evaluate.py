@@ -18,7 +18,7 @@ compat.apply()
 
 from muloco.evaluate.__main__ import main  # noqa: E402
 from muloco.objectives.likelihood import autoregressive_nll, diffusion_nll  # noqa: E402
-from muloco.tools.loading import load_config, load_model  # noqa: E402
+from muloco.trained_model import load_config, load_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)  # hang timeouts: trainings and evaluations on 2 cores
 
@@ -93,7 +93,7 @@ def test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same(ar_run, tmp_
     assert (result["metrics"]["acc"], result["metrics"]["acc_norm"]) == (acc, acc_norm)
     assert "muloco_tiny_mc" in capsys.readouterr().out
 
-    from muloco.tools.report import main as report
+    from muloco.report.__main__ import main as report
 
     assert report([str(ar_run), "--out", str(tmp_path / "report")]) == 0
     header, _, row = capsys.readouterr().out.splitlines()[:3]
@@ -102,7 +102,7 @@ def test_an_ar_run_scores_as_by_hand_and_its_export_scores_the_same(ar_run, tmp_
         f"{TASK} acc_norm": acc_norm
     }
 
-    from muloco.tools.export import main as export
+    from muloco.export.__main__ import main as export
 
     assert export([str(ar_run), "--out", str(tmp_path / "hf")]) == 0
     exported = _evaluate(tmp_path / "hf")

@@ -20,9 +20,10 @@ compat.apply()
 from test_import import _hf_load  # noqa: E402
 
 from muloco.config.cli import parse_args  # noqa: E402
+from muloco.export.__main__ import main  # noqa: E402
+from muloco.export.folder import _unsupported  # noqa: E402
 from muloco.models import init_model  # noqa: E402
-from muloco.tools.export import _unsupported, main  # noqa: E402
-from muloco.tools.loading import load_config, load_model  # noqa: E402
+from muloco.trained_model import load_config, load_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)  # hang timeouts: several trainings on 2 cores
 

@@ -26,9 +26,9 @@ compat.apply()
 
 from muloco.data.tokenizer import MulocoTokenizer  # noqa: E402
 from muloco.evaluate.source import from_hf_folder  # noqa: E402
+from muloco.export.__main__ import main as export_main  # noqa: E402
 from muloco.hf.adapter import adapter_for  # noqa: E402
-from muloco.tools.export import main as export_main  # noqa: E402
-from muloco.tools.loading import load_config, load_model  # noqa: E402
+from muloco.trained_model import load_config, load_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 

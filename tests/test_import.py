@@ -17,9 +17,9 @@ from muloco import compat
 compat.apply()
 
 from muloco.config.cli import parse_args  # noqa: E402
+from muloco.export.__main__ import main  # noqa: E402
 from muloco.models import init_model  # noqa: E402
-from muloco.tools.export import main  # noqa: E402
-from muloco.tools.loading import load_config, load_model  # noqa: E402
+from muloco.trained_model import load_config, load_model  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)  # hang timeouts: several trainings on 2 cores
 
@@ -207,7 +207,7 @@ def diloco_from_llama(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_a_transformers_llama_starts_a_k2_muloco_run_whose_theta_g_starts_from_it(diloco_from_llama):
     """Not from the fresh weights the run was built with before torchtitan loaded the folder."""
-    from muloco.tools.export import global_fingerprint
+    from muloco.export.folder import global_fingerprint
 
     folder, run = diloco_from_llama
     _, c = parse_args(["--config", "ddp/adamw", *TINY, "--model.flavor", f"hf:{folder}"])
@@ -225,7 +225,7 @@ def test_a_transformers_llama_starts_a_k2_muloco_run_whose_theta_g_starts_from_i
 def test_a_diloco_run_exports_theta_g_with_the_fingerprint_the_run_recorded(diloco_from_llama, tmp_path, capsys):
     from transformers import AutoModelForCausalLM
 
-    from muloco.tools.export import global_fingerprint
+    from muloco.export.folder import global_fingerprint
 
     _, run = diloco_from_llama
     out = tmp_path / "hf"
@@ -288,7 +288,7 @@ def test_a_llada_style_folder_starts_a_k2_mdlm_muloco_run_whose_theta_g_is_its_w
     bit for bit the Llama folder's weights, read through LLaDA's names."""
     import sys
 
-    from muloco.tools.export import global_fingerprint
+    from muloco.export.folder import global_fingerprint
 
     llama, _ = diloco_from_llama
     folder, run = _llada_folder(llama, tmp_path / "llada"), tmp_path / "run"

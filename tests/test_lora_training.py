@@ -19,7 +19,7 @@ from muloco import compat
 
 compat.apply()
 
-from muloco.tools.export import main as export_main  # noqa: E402
+from muloco.export.__main__ import main as export_main  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 RANK = 4
@@ -77,7 +77,7 @@ def _adapter_elements() -> int:
 def test_a_lora_muloco_run_exchanges_only_the_adapters_and_keeps_the_base_bit_for_bit(lora_run):
     from safetensors.torch import load_file
 
-    from muloco.tools.loading import load_config, load_model
+    from muloco.trained_model import load_config, load_model
 
     folder, run = lora_run
     summaries = [json.loads((run / f"replica_{r}" / "summary.json").read_text())["diloco"] for r in (0, 1)]
@@ -101,7 +101,7 @@ def test_a_lora_export_is_the_merged_model_and_its_adapter_loads_onto_the_base_w
     from transformers import AutoModelForCausalLM
 
     from muloco.evaluate.source import SourceError, from_hf_folder
-    from muloco.tools.loading import load_config, load_model
+    from muloco.trained_model import load_config, load_model
 
     folder, run = lora_run
     out = tmp_path / "export"

@@ -407,8 +407,8 @@ def test_dream_from_a_diffusion_models_folder_is_refused(tmp_path):
     ],
 )
 def test_each_recipe_trains_validates_records_itself_samples_and_exports_its_readout(tmp_path, recipe):
-    from muloco.tools.generate import main as generate
-    from muloco.tools.loading import load_config
+    from muloco.generate.__main__ import main as generate
+    from muloco.trained_model import load_config
 
     run = tmp_path / "run"
     proc = run_train(
@@ -436,8 +436,8 @@ def test_each_recipe_trains_validates_records_itself_samples_and_exports_its_rea
     assert facts["recipe"].startswith(recipe[1])
     assert generate(["--checkpoint", str(run), "--prompt", "def ", "--length", "32", "--json"]) == 0
     from muloco.evaluate.source import from_hf_folder, from_run
+    from muloco.export.__main__ import main as export
     from muloco.objectives.recipes import readout_of
-    from muloco.tools.export import main as export
 
     readout = readout_of(load_config(run).objective)
     assert readout.shift == (recipe[1] == "dream" or "--objective.recipe.shift" in recipe)

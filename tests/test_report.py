@@ -1,4 +1,4 @@
-"""muloco.tools.report on real tiny runs: the table against each run's own summary.json, the best-run
+"""muloco.report on real tiny runs: the table against each run's own summary.json, the best-run
 mark, the plots and text files, bad input (exit 2), and a live run's half-written last line."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 from conftest import REPO, TINY, run_train, run_watched
 
 from muloco import compat
-from muloco.tools import report
+from muloco.report import __main__ as cli  # noqa: E402
+from muloco.report import plots, runs, tables  # noqa: E402
 
 compat.apply()
 from muloco.config import load_config  # noqa: E402
@@ -89,7 +90,7 @@ def printed(sweep):
     """One report of the sweep into its default folder: (exit status, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        status = report.main([str(sweep)])
+        status = cli.main([str(sweep)])
     return status, out.getvalue(), err.getvalue()
 
 
@@ -124,8 +125,8 @@ def test_best_run_per_method_is_marked(sweep, printed):
 
 def test_outputs_are_the_report_files_only(sweep, printed):
     out = sweep / "report"
-    assert sorted(p.name for p in out.iterdir()) == sorted(report.REPORT_FILES)
-    for name in report.REPORT_FILES[:3]:
+    assert sorted(p.name for p in out.iterdir()) == sorted(cli.REPORT_FILES)
+    for name in cli.REPORT_FILES[:3]:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
     assert "left out 3 run(s) without byte counts" in printed[2]
@@ -140,14 +141,14 @@ def test_outputs_are_the_report_files_only(sweep, printed):
 
 
 def test_missing_path_and_folder_without_runs_are_exit_2(tmp_path, capsys):
-    assert report.main([]) == 2
+    assert cli.main([]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("muloco report: error: give one or more run or sweep folders") and "\n" not in err
-    assert report.main([str(tmp_path / "nope")]) == 2
+    assert cli.main([str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"muloco report: error: {tmp_path / 'nope'}: no such file or folder") and "\n" not in err
     (tmp_path / "empty" / "sub").mkdir(parents=True)
-    assert report.main([str(tmp_path / "empty")]) == 2
+    assert cli.main([str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"muloco report: error: {tmp_path / 'empty'}: no runs found") and "--dump_folder" in err
     assert not (tmp_path / "empty" / "report").exists()
@@ -158,10 +159,10 @@ def test_malformed_line_names_file_and_line(sweep, tmp_path, capsys):
     lines = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
     lines[2] = "{not json\n"
     (run / "metrics.jsonl").write_text("".join(lines))
-    assert report.main([str(run)]) == 2
+    assert cli.main([str(run)]) == 2
     assert f"{run / 'metrics.jsonl'}:3: not valid JSON" in capsys.readouterr().err
     (run / "summary.json").write_text('{"steps": 12,\n')
-    assert report.main([str(run)]) == 2
+    assert cli.main([str(run)]) == 2
     assert f"{run / 'summary.json'}:2: not valid JSON" in capsys.readouterr().err
 
 
@@ -170,7 +171,7 @@ def test_live_runs_partial_last_line_is_skipped(sweep, tmp_path, capsys):
     (run / "summary.json").unlink()
     text = (run / "metrics.jsonl").read_text()
     (run / "metrics.jsonl").write_text(text[:-30])  # the writer died mid-line
-    assert report.main([str(run), "--out", str(tmp_path / "out")]) == 0
+    assert cli.main([str(run), "--out", str(tmp_path / "out")]) == 0
     out, err = capsys.readouterr()
     n = len(text.splitlines())
     assert f"warning: {run / 'metrics.jsonl'}:{n}: skipped a partial last line" in err
@@ -215,18 +216,18 @@ def test_diloco_job_folder_is_one_run(sweep, tmp_path):
             "sync_share_of_wall_time": 0.1 * (i + 1),
         }
         (rep / "summary.json").write_text(json.dumps(s))
-    run = report.find_runs([job])[0]
+    run = runs.find_runs([job])[0]
     one = summary(sweep / "lr_low")
     assert (run.name, run.method, run.objective, run.replicas) == ("job", "muloco-2bit", "ar", 2)
     assert run.tokens == 2 * one["tokens_seen"]
     assert run.bytes_sent_per_replica == pytest.approx(3001.5) and run.bits_per_parameter == 2.0
     assert run.sync_share == pytest.approx(0.15)
     assert list(run.sync_steps) == [4, 8, 12] and list(run.sync_bytes) == pytest.approx([1000.5, 2001, 3001.5])
-    assert "job" in report.table([run]) and report.without_bytes([run]) == []
+    assert "job" in tables.table([run]) and plots.without_bytes([run]) == []
     # against bytes the train line starts at the first sync: no segment from "0 bytes" (nothing was sent then)
-    x, y = report._train_xy(run, "bytes")
+    x, y = plots._train_xy(run, "bytes")
     assert list(x) == pytest.approx([1000.5, 2001, 3001.5]) and len(y) == 3
-    assert report.write_plots([run], tmp_path / "plots")[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plots.write_plots([run], tmp_path / "plots")[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_resumed_runs_bytes_count_every_process_and_a_redone_sync_once(sweep, tmp_path):
@@ -253,7 +254,7 @@ def test_a_resumed_runs_bytes_count_every_process_and_a_redone_sync_once(sweep, 
     s = summary(rep)
     s["diloco"] = {"bytes_sent": 1000, "payload_bits_per_parameter": 2.0, "sync_share_of_wall_time": 0.1}
     (rep / "summary.json").write_text(json.dumps(s))
-    run = report.find_runs([tmp_path / "job"])[0]
+    run = runs.find_runs([tmp_path / "job"])[0]
     assert run.bytes_sent_per_replica == 3000 and run.bits_per_parameter == 2.0 and run.sync_share == 0.1
 
 
@@ -264,7 +265,7 @@ def test_an_older_run_without_facts_is_reported_with_them_named_not_guessed(swee
     record = json.loads((run / "run.json").read_text())
     del record["facts"]
     (run / "run.json").write_text(json.dumps({**record, "config": "/x/config/diloco/muloco_2bit.py"}))
-    assert report.main([str(run), "--out", str(tmp_path / "out")]) == 0
+    assert cli.main([str(run), "--out", str(tmp_path / "out")]) == 0
     out, err = capsys.readouterr()
     _, row = parse_table(out)["diloco-muloco_2bit-K2"]
     assert row["method"] == "?" and row["obj"] == "ar"  # the objective is in the summary: recorded, not guessed
@@ -311,7 +312,7 @@ def test_a_neutrally_named_muloco_run_is_named_by_its_facts_after_its_folder_is_
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     renamed = folder.rename(tmp_path / "ddp-adamw-baseline")
-    assert report.main([str(renamed), "--out", str(tmp_path / "report")]) == 0
+    assert cli.main([str(renamed), "--out", str(tmp_path / "report")]) == 0
     out, _ = capsys.readouterr()
     print(out)  # the closing note of the issue quotes it
     _, row = parse_table(out)["ddp-adamw-baseline"]
@@ -325,7 +326,7 @@ def test_a_neutrally_named_muloco_run_is_named_by_its_facts_after_its_folder_is_
 
 def test_the_report_imports_no_torch_and_no_tyro():
     """Reading results needs neither: the report starts at once, on any machine that has the runs."""
-    code = "import sys, muloco.tools.report; assert not {'torch', 'tyro'} & set(sys.modules), sorted(sys.modules)"
+    code = "import sys, muloco.report.__main__; assert not {'torch', 'tyro'} & set(sys.modules), sorted(sys.modules)"
     proc = run_watched([sys.executable, "-c", code], cwd=REPO)
     assert proc.returncode == 0, proc.stderr
 
@@ -333,7 +334,7 @@ def test_the_report_imports_no_torch_and_no_tyro():
 def test_times_of_a_run_over_an_emulated_link_say_so():
     """A run with ``--outer.link.mbps`` (its facts say so): its sync share and wall time include the
     emulated link's waits, and the table marks both."""
-    over_link = report.Run(
+    over_link = runs.Run(
         folder=Path("a"),
         name="a",
         method="muloco",
@@ -342,7 +343,7 @@ def test_times_of_a_run_over_an_emulated_link_say_so():
         wall_seconds=65.0,
         facts={"outer": {"link": {"mbps": 100.0, "latency_ms": 0.0}}},
     )
-    real = report.Run(
+    real = runs.Run(
         folder=Path("b"),
         name="b",
         method="muloco",
@@ -351,7 +352,7 @@ def test_times_of_a_run_over_an_emulated_link_say_so():
         wall_seconds=60.0,
         facts={"outer": {"link": None}},
     )
-    text = report.table([over_link, real])
+    text = tables.table([over_link, real])
     line_a = next(line for line in text.splitlines() if line.lstrip("* ").startswith("a "))
     line_b = next(line for line in text.splitlines() if line.lstrip("* ").startswith("b "))
     assert line_a.count("(emulated 100 Mbps link)") == 2 and "emulated" not in line_b
@@ -406,7 +407,7 @@ def test_deadline_rounds_are_counted_on_each_group_s_current_timeline(tmp_path):
     for i, rows in enumerate(records):
         (job / f"replica_{i}").mkdir(parents=True)
         (job / f"replica_{i}" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    run = report.load_run(job)
+    run = runs.load_run(job)
     assert run.rounds == {
         "progress": 11.0,
         "groups": [
@@ -420,7 +421,7 @@ def test_deadline_rounds_are_counted_on_each_group_s_current_timeline(tmp_path):
     # every sync sent its bytes, the abandoned one at step 12 too (at group 0's progress 7 + 2/6 of 4)
     assert run.sync_steps.tolist() == pytest.approx([4.0, 6.0, 7.0, 25 / 3, 11.0])
     assert run.sync_bytes.tolist() == [100.0, 150.0, 250.0, 300.0, 400.0] and run.bytes_sent_per_replica == 400
-    assert report.rounds_lines([run]) == [
+    assert tables.rounds_lines([run]) == [
         "job: deadline rounds, 11 nominal steps; group 0: 16 steps in 3 rounds (4-6 per round), 160 tokens per rank; "
         "group 1: 6 steps in 2 rounds (2-4 per round), 60 tokens per rank"
     ]

@@ -258,7 +258,7 @@ def _targets(
 ) -> tuple[dict[int, float], str]:
     """The loss each seed's time to target is measured to (that seed's dense DiLoCo K=2 final loss,
     from its run without a link or else over a link; or ``--target``), and where it came from."""
-    from muloco.tools.report import ReportError, load_run  # start-up: the report's readers, once runs ended
+    from muloco.report.runs import ReportError, load_run  # start-up: the report's readers, once runs ended
 
     seeds = sorted({p.seed for p in linked})
     if args.target is not None:
@@ -302,7 +302,7 @@ def _finish_links(args: CompareOptions, planned: list[Planned], linked: list[Pla
 
 def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | None = None) -> None:
     """Print and write the table, the targets and the plots (and the links' table)."""
-    from muloco.tools.report import write_plots  # start-up: the report's readers, once runs ended
+    from muloco.report.plots import write_plots  # start-up: the report's readers, once runs ended
 
     linked = [p for p in planned if p.link_mbps is not None]
     planned = [p for p in planned if p.link_mbps is None]

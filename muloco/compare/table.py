@@ -1,6 +1,6 @@
 """The comparison table: one line per row of the suite, its seeds averaged, and the targets.
 
-Numbers come from ``muloco.tools.report``'s reading of each run folder (summaries, metrics and the
+Numbers come from ``muloco.report``'s reading of each run folder (summaries, metrics and the
 facts in ``run.json``), never from the suite's own bookkeeping: final validation loss of θ_g
 (the NELBO for ``mdlm``) and its bits per byte of the held-out text (``ar`` and ``mdlm`` suites
 compare on it), bits per parameter and bytes sent per replica, syncs, wall time.
@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from muloco.compare.suites import AVERAGING, DENSE_SGD, SPARSELOCO_PUBLISHED, Planned, Suite, nesterov_label
-from muloco.tools.report import ReportError, Run, aligned, format_bytes, format_duration, format_number, load_run
+from muloco.report.runs import ReportError, Run, load_run
+from muloco.report.tables import aligned, format_bytes, format_duration, format_number
 
 COLUMNS = (
     "run",
@@ -234,7 +235,7 @@ def rows(suite: Suite, found: list[Line]) -> list[dict[str, Any]]:
 
 
 def text(table_rows: list[dict[str, Any]]) -> str:
-    """The table as aligned text, laid out as ``muloco.tools.report``'s (a row still running or failed
+    """The table as aligned text, laid out as ``muloco.report``'s (a row still running or failed
     is marked ``(partial)``)."""
     cells = [list(COLUMNS)]
     for r in table_rows:

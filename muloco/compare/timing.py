@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from muloco.tools.report import aligned, format_duration, format_number
+from muloco.report.tables import aligned, format_duration, format_number
 from muloco.utils import optional
 from muloco.utils.link_model import format_rate
 

@@ -310,7 +310,8 @@ class MulocoCheckpointManager(CheckpointManager):
     _saved_step: int | None = None
     due = None
     """``due(step, interval)``: whether to save after ``step``, for a trainer whose save points are not
-    torchtitan's every ``interval`` steps (deadline rounds set it); None: torchtitan's rule."""
+    torchtitan's every ``interval`` steps (a DiLoCo trainer asks its round mode); None, or a ``due``
+    that answers None: torchtitan's rule."""
 
     def save_now(self, step: int) -> bool:
         """A full, resumable checkpoint at ``step`` whatever the interval (a run stopped on
@@ -329,10 +330,11 @@ class MulocoCheckpointManager(CheckpointManager):
         return saved
 
     def _should_save(self, curr_step: int, last_step: bool = False) -> bool:
-        if self._force_save or self.due is None:
+        verdict = None if self.due is None else self.due(curr_step, self.interval)
+        if self._force_save or verdict is None:
             return self._force_save or super()._should_save(curr_step, last_step)
         # saves where ``due`` says (deadline rounds: a group's step count says nothing of the run's end)
-        return self.enable and not self.load_only and self.due(curr_step, self.interval)
+        return self.enable and not self.load_only and verdict
 
     def _save(self, curr_step: int, last_step: bool = False) -> bool:
         saved = super()._save(curr_step, last_step)

@@ -5,7 +5,7 @@
         [--device auto] [--seed 0] [--block-length L] [--log-samples] [--max-length N] [--out DIR]
 
 A run folder is scored from its newest complete checkpoint (θ_g for a DiLoCo run), a Hugging
-Face folder (``muloco.tools.export``'s, or a Llama-family model's) from its weights; both as
+Face folder (``muloco.export``'s, or a Llama-family model's) from its weights; both as
 muloco's own model (:mod:`muloco.evaluate.source`) through :class:`muloco.evaluate.harness.MulocoLM`.
 Each task's figures go to ``<folder>/eval/<task>.json`` or ``--out DIR`` (written atomically; a run's folder
 is the one holding ``run.json``), where ``python -m muloco.report`` shows them as columns.

@@ -2,7 +2,7 @@
 
 Both become muloco's own torchtitan model (so a folder exported from a run scores exactly as
 the run does, and the diffusion sampler and scorer work on either): a run through
-:mod:`muloco.tools.loading` (newest complete checkpoint or ``--step``, verified, θ_g where the
+:mod:`muloco.trained_model` (newest complete checkpoint or ``--step``, verified, θ_g where the
 run has one), a folder by building the architecture its ``config.json`` states and mapping its
 safetensors weights in with torchtitan's Llama 3 adapter, the same mapping export writes with.
 Nothing is unpickled; no code from the folder runs.
@@ -75,7 +75,7 @@ def load(
 
 
 def from_run(path: str, *, step: int | None, replica: int | None, device: torch.device) -> Source:
-    from muloco.tools.loading import load_config, load_model, locate  # a run's loader, only for a run
+    from muloco.trained_model import load_config, load_model, locate  # a run's loader, only for a run
 
     run, step = locate(path, replica, step)
     config = load_config(run, prog="python -m muloco.evaluate")

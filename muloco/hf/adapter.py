@@ -4,7 +4,7 @@ torchtitan builds the model spec's adapter with ``hf_assets_path`` and, when tha
 ``model.safetensors.index.json``, warns on every run that it will save one safetensors file.
 muloco's ``hf_assets_path`` holds a tokenizer, never weights: an initial Hugging Face load reads
 its files from ``checkpoint.initial_load_path`` (``get_hf_storage_reader``), and the index only
-serves HF-format saves, which muloco leaves to ``muloco.tools.export``. So the adapter is built
+serves HF-format saves, which muloco leaves to ``muloco.export``. So the adapter is built
 without the folder: same mapping, no warning. Composed in by :func:`muloco.models.hf_adapter`.
 A LLaDA folder's weights go through the same mapping after a rename (:class:`LladaAdapter`).
 """

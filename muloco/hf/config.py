@@ -1,6 +1,6 @@
 """A Llama model's shapes as a Hugging Face ``config.json`` says them, for export and import.
 
-``muloco.tools.export`` writes this config; a run started from a Hugging Face folder
+``muloco.export`` writes this config; a run started from a Hugging Face folder
 (``--checkpoint.initial_load_path DIR --checkpoint.initial_load_in_hf``) is checked against the
 folder's config before anything is built, so a flavor of another shape is one error naming the
 first difference instead of a failed load deep in the checkpointer.

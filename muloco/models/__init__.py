@@ -233,7 +233,7 @@ def build_model_spec(cfg: ModelConfig, vocab_size: int, causal: bool = True) -> 
 
 def hf_adapter(cfg: ModelConfig):
     """torchtitan's Llama 3 state-dict adapter, with the QK norms (Qwen3's names) and the sandwich
-    block's output norms (``modeling_muloco.py``'s): what ``muloco.tools.export`` writes with and what
+    block's output norms (``modeling_muloco.py``'s): what ``muloco.export`` writes with and what
     ``--checkpoint.initial_load_in_hf`` reads with."""
 
     folder = hf_folder(cfg.flavor)

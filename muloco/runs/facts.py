@@ -26,7 +26,7 @@ from muloco.utils.atomic_file import write_atomically
 
 RUN_FILE = "run.json"
 """In a run folder: the command that made it (config module, overrides, working directory),
-written by ``muloco.train`` (how ``muloco.tools.generate`` rebuilds the model), and its ``facts``."""
+written by ``muloco.train`` (how ``muloco.generate`` rebuilds the model), and its ``facts``."""
 FACTS_VERSION = 2
 """2: a codec's facts carry its method ``tag``, name ``detail`` and ``lossless`` (``Codec.Config.facts``)."""
 FACT_KEYS = ("method", "objective", "model", "inner_optimizer", "outer", "data", "seed", "versions", "commit")

@@ -6,7 +6,7 @@ An option the launcher does not have is refused the way the trainer refuses an u
 one line naming the closest valid options; then tyro parses the rest (values checked by type,
 ``--flag`` / ``--no-flag`` for booleans, the same help layout as ``python -m muloco.train``).
 
-A command whose module must import light (``muloco.tools.report``, which ``compare`` imports too)
+A command whose module must import light (``muloco.report``, which ``compare`` imports too)
 marks its options with this module's ``tyro`` (``from muloco.utils.command_line import tyro``): it stands
 for the real one, imported when the options' annotations are first read, i.e. when a command
 line is parsed.

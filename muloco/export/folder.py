@@ -1,31 +1,5 @@
-"""Export a run's model to a Hugging Face folder that ``transformers`` loads.
-
-    python -m muloco.export RUN_FOLDER [--step N] [--replica i] --out DIR [--force]
-        [--push-to-hub OWNER/NAME [--private]]
-
-Writes ``config.json`` (``LlamaForCausalLM``), ``model.safetensors`` (sharded with an index above
-5 GB), ``generation_config.json``, the tokenizer (``tokenizer.json`` and its config) and a model
-card (``README.md``) with the run's recipe and figures. A DiLoCo/MuLoCo run exports θ_g, the
-global model, read from a checkpoint verified against its checksums, like ``muloco.tools.generate``.
-The weight names and the rotary permutation come from torchtitan's ``Llama3StateDictAdapter``
-(:class:`muloco.hf.adapter.Llama3Adapter`: the same, with the QK norms).
-
-Next-token (``ar``) runs load as ``LlamaForCausalLM`` (``Qwen3ForCausalLM`` with the per-head QK
-norms of the ``_qk_torch-rmsnorm`` flavors); masked-diffusion (``mdlm``) runs ship a small
-bidirectional model class (``modeling_muloco_mdlm.py``: transformers' Llama layers, no causal
-mask, the mask token in the config) loaded with ``trust_remote_code=True``. Flavors transformers
-has no class for (the sandwich block's output norms of ``_pa``/``_pf``, QK norms in a diffusion
-model, Qwen2's q/k/v biases in a diffusion model) ship ``modeling_muloco.py`` instead. Models
-started from a Qwen2/Qwen2.5 folder export as ``Qwen2ForCausalLM``; Llama 3.x's RoPE scaling is
-written as transformers reads it. A tiktoken tokenizer (Llama 3's ``tokenizer.model``) is
-converted to ``tokenizer.json`` with its special tokens where muloco put them. What this export
-cannot express is one clear error naming it, and nothing is written.
-
-``--push-to-hub`` then uploads the folder to that Hub model repository (created if missing) in
-one commit, so the repository gets every file or none. The token is huggingface_hub's own lookup
-(``HF_TOKEN``, or what ``hf auth login`` saved; ``HF_ENDPOINT`` for a private Hub), never a flag, and
-is never printed or written.
-"""
+"""A run's model written as a Hugging Face folder (``config.json``, weights, tokenizer, model card),
+what ``python -m muloco.export`` does (its docstring says what the folder holds and how it loads)."""
 
 from __future__ import annotations
 
@@ -34,11 +8,9 @@ import json
 import os
 import re
 import shutil
-import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 from muloco.hf.config import llama_config
 from muloco.hf.remote_code import FOLDER as REMOTE_CODE
@@ -47,14 +19,14 @@ from muloco.objectives.sampling_options import READOUT_KEY
 from muloco.runs.facts import RUN_FILE
 from muloco.utils import optional
 from muloco.utils.atomic_file import as_umask_says
-from muloco.utils.command_line import UsageError, failed, parse, tyro
-from muloco.utils.errors import BAD_INPUT, BadInput, MulocoError
+from muloco.utils.errors import BadInput
 
 if TYPE_CHECKING:
     import torch
 
 # torch, safetensors and torchtitan are imported once the command line is parsed (in the
 # functions that use them): ``--help`` and a usage error answer without them.
+
 
 SHARD_BYTES = 5 * 1024**3
 """Above this, the weights go to several files with a ``model.safetensors.index.json``."""
@@ -453,7 +425,7 @@ def export(
 
     from muloco.hf.adapter import Llama3Adapter
     from muloco.objectives.recipes import readout_of
-    from muloco.tools.loading import load_config, load_model, locate
+    from muloco.trained_model import load_config, load_model, locate
 
     run, step = locate(checkpoint, replica, step)
     config = load_config(run, prog="python -m muloco.export")
@@ -499,146 +471,3 @@ def export(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return target
-
-
-def _hub_token(repo: str) -> str:
-    """The token for ``repo`` as huggingface_hub finds it (``HF_TOKEN``, or what ``hf auth login``
-    saved); the name and the token are checked before anything is exported."""
-    from huggingface_hub import get_token
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    if repo.count("/") != 1 or not all(repo.split("/")):
-        raise ExportError(f"--push-to-hub {repo!r}: give the repository as OWNER/NAME")
-    try:
-        validate_repo_id(repo)
-    except HFValidationError as err:
-        raise ExportError(f"--push-to-hub {repo!r} is not a valid Hub repository name: {str(err).splitlines()[0]}")
-    token = get_token()
-    if not token:
-        raise ExportError(
-            "--push-to-hub needs a Hub token: run `hf auth login` once, or export HF_TOKEN=... "
-            "(never on the command line)"
-        )
-    return token
-
-
-def push_to_hub(folder: Path, repo: str, *, private: bool) -> str:
-    """Upload ``folder`` to the Hub repository ``repo`` in one commit; the commit's URL."""
-    from huggingface_hub import CommitOperationAdd, HfApi
-    from huggingface_hub.errors import HfHubHTTPError
-
-    api = HfApi(token=_hub_token(repo))
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
-    later = "The folder was written and can be pushed later"
-    try:
-        api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
-        if private and not api.repo_info(repo, repo_type="model").private:
-            raise ExportError(
-                f"--push-to-hub {repo} --private: that repository exists and is public; nothing was "
-                f"uploaded. Make it private on the Hub or push to another one. {later}"
-            )
-        info = api.create_commit(
-            repo,
-            [CommitOperationAdd(str(p.relative_to(folder)), str(p)) for p in files],
-            commit_message=f"muloco export ({len(files)} files)",
-            repo_type="model",
-        )
-    except HfHubHTTPError as e:
-        status = e.response.status_code if e.response is not None else "no response"
-        raise ExportError(
-            f"--push-to-hub {repo}: the Hub refused the upload ({status}); check that your Hub token "
-            f"(HF_TOKEN or `hf auth login`) may write to {repo}. {later}"
-        ) from None
-    except ExportError:
-        raise
-    except Exception as e:  # the Hub client's network and validation errors have no common base
-        raise ExportError(f"--push-to-hub {repo}: the upload failed ({type(e).__name__}: {e}). {later}") from None
-    return info.commit_url
-
-
-PROG = "python -m muloco.export"
-
-
-@dataclass
-class ExportOptions:
-    """Export a run's model to a Hugging Face folder that ``transformers`` loads."""
-
-    checkpoint: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="RUN_FOLDER")]]
-    """Run dump folder, replica folder or checkpoint/step-N."""
-    out: str
-    """The Hugging Face folder to write."""
-    step: int | None = None
-    """Checkpoint step (default: the newest complete)."""
-    replica: int | None = None
-    """A DiLoCo run's replica folder to read (default 0)."""
-    force: bool = False
-    """Replace a non-empty --out."""
-    push_to_hub: Annotated[str | None, tyro.conf.arg(metavar="OWNER/NAME")] = None
-    """Then upload the folder to this Hub model repository (token: HF_TOKEN, or what `hf auth login` saved)."""
-    private: bool = False
-    """With --push-to-hub: create the repository private."""
-    license: str | None = None
-    """The card's license, a Hub license id: apache-2.0, mit, other... (default: none; your data's terms apply)."""
-    lora_base: bool = False
-    """A LoRA run: write its frozen base, not the merged model (the adapter goes to OUT/adapter either way;
-    peft.PeftModel.from_pretrained(model of OUT, OUT/adapter) is then the merged model)."""
-
-
-def _check(args: ExportOptions) -> None:
-    if args.license is not None and not LICENSE_ID.fullmatch(args.license):
-        raise UsageError(
-            f"--license {args.license!r} is not a license id: lowercase letters, digits, '.', '-' and "
-            "'+', e.g. apache-2.0, mit, cc-by-4.0 or other"
-        )
-    if args.private and not args.push_to_hub:
-        raise UsageError("--private applies to --push-to-hub; add it or drop --private")
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args, _ = parse(
-            ExportOptions,
-            list(sys.argv[1:] if argv is None else argv),
-            prog=PROG,
-            description=__doc__.split("\n\n")[0],
-            overrides=False,
-        )
-        _check(args)
-    except UsageError as e:
-        return failed("export", e)
-    # torch-bound, so imported only once the command line parsed (--help and usage errors stay fast)
-    from muloco import compat
-
-    compat.apply()  # before torchtitan is imported
-    try:
-        if args.push_to_hub:
-            _hub_token(args.push_to_hub)
-        out = export(
-            args.checkpoint,
-            args.out,
-            step=args.step,
-            replica=args.replica,
-            force=args.force,
-            lora_base=args.lora_base,
-            license=args.license,
-        )
-    except MulocoError as e:
-        return failed("export", e)
-    except ValueError as e:  # a library's refusal of the folder or the weights (transformers, safetensors)
-        return failed("export", e, BAD_INPUT)
-    config = json.loads((out / "config.json").read_text())
-    auto = "AutoModelForMaskedLM" if config.get("mask_token_id") is not None else "AutoModelForCausalLM"
-    how = f"{auto}.from_pretrained({str(out)!r}{', trust_remote_code=True' if 'auto_map' in config else ''})"
-    print(f"exported to {out}: load it with transformers.{how}; its README.md says how it was trained")
-    if (out / ADAPTER_FOLDER).is_dir():
-        print(
-            f"its LoRA adapter alone: {out / ADAPTER_FOLDER} (peft.PeftModel.from_pretrained(<the base model>, "
-            f"'{out / ADAPTER_FOLDER}'))"
-        )
-    if args.push_to_hub:
-        try:
-            url = push_to_hub(out, args.push_to_hub, private=args.private)
-        except ExportError as e:
-            return failed("export", e)
-        print(f"pushed to the Hub as {args.push_to_hub}: {url}")
-    return 0

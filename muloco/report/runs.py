@@ -1,48 +1,9 @@
-"""Results reader: one table and three plots for run folders and sweeps.
-
-Usage::
-
-    python -m muloco.report RUN_OR_SWEEP_DIR... [--out DIR] [--metric validation|train]
-
-A *run folder* holds ``summary.json`` or ``metrics.jsonl`` (what ``muloco.train`` writes to
-``--dump_folder``). A DiLoCo job's dump folder holds one such folder per replica group,
-``replica_<i>/``; it is read as one run (validation of θ_g from any replica, they agree; train
-loss the mean over replicas; tokens the sum; bytes per replica the mean). A *sweep folder* is any
-folder with run folders somewhere below it. A sweep may carry a ``manifest.jsonl``, one JSON
-object per line with at least ``name`` (and ``overrides``; ``muloco.launch.sweep`` writes one);
-a line names the run found in its ``run_dir``/``dump_folder``/``folder``/``path`` key, in the
-``--dump_folder`` of its overrides, or in the sub-folder called ``name``.
-
-For every run the table shows its method and objective as the run recorded them in the facts
-of its ``run.json`` (``muloco.runs.facts``: from the resolved config, never from a file or folder
-name; a run without facts shows ``?`` and a warning naming what is unknown), the final
-validation loss of θ_g (the NELBO for ``mdlm``) and its bits per byte of the held-out text (the
-one figure that compares ``ar`` with ``mdlm`` runs and runs with different tokenizers), the
-final train loss, steps, tokens (all replica
-groups together; a DiLoCo group's over every process it ran as, from its ``lives.json``, since a
-heal hands a group its peer's counter), bits per parameter and bytes sent per replica (DiLoCo only), the share of wall
-time spent in syncs and the wall time; ``-`` where the run did not record the value (a run still
-going has no summary: no sync share, no wall time). Rows are sorted by method, objective, then
-final loss; within a sweep the lowest final loss of each method (with at least two runs) is
-marked ``*``. ``--metric train`` ranks by the final train loss instead.
-
-A run in deadline rounds (``--outer.round deadline``: its groups train different numbers of steps
-per round) gets one more line under the table: its progress in nominal steps and each group's
-committed rounds, inner steps (in all, and the fewest and most in a round) and tokens, from the
-groups' sync records (``rounds`` in ``report.json``). Its curves are drawn against that progress,
-where every group's step means the same place in the run, instead of against a group's own step.
-
-A replica group that restarted or healed gets a line too: its lives (each restart, and how the
-life before it ended), the syncs it took part in and those its Δ is in, and the steps and tokens it
-trained and those in committed syncs (``muloco/runs/lives.py``; ``lives`` in ``report.json``).
-
-Writes ``loss_vs_steps.png``, ``loss_vs_tokens.png``, ``loss_vs_bytes.png`` (train loss as lines,
-validation as dots, one colour per run), ``report.md`` and ``report.json`` into ``--out``
-(default ``<first path>/report/``), and nothing else. Bad input is exit status 2 with one line
-naming the path: a path that does not exist, a folder without runs, a malformed line in a
-summary, metrics or manifest file. The last line of a ``metrics.jsonl`` that does not parse is a
-live run's partial write: it is skipped with a warning.
-"""
+"""Reading run folders and sweeps back: a :class:`Run` per run (its facts, final and per-step
+losses, tokens, bytes, rounds and lives) from what ``muloco.train`` wrote (``summary.json``,
+``metrics.jsonl``, ``run.json``, ``lives.json``, ``eval/``), and a sweep's runs through its manifest.
+The report (``muloco/report/__main__.py``) and compare's tables read runs through this module;
+what a run folder holds, and how a DiLoCo job's replicas are read as one run, is in the report's
+docstring (``python -m muloco.report --help``)."""
 
 from __future__ import annotations
 
@@ -52,20 +13,15 @@ import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
 
 from muloco.runs.facts import RUN_FILE, dump_folder_in, method_of, missing_facts
 from muloco.runs.lives import Lives
-from muloco.runs.lives import describe as describe_lives
-from muloco.utils import optional
-from muloco.utils.command_line import UsageError, failed, parse, tyro
 from muloco.utils.errors import BadInput
-from muloco.utils.link_model import format_rate
 
 RUN_FILES = ("summary.json", "metrics.jsonl")
-REPORT_FILES = ("loss_vs_steps.png", "loss_vs_tokens.png", "loss_vs_bytes.png", "report.md", "report.json")
 METRICS = ("validation", "train")
 
 
@@ -138,7 +94,7 @@ def _json_lines(path: Path, tolerate_partial_tail: bool) -> list[tuple[int, dict
             record = json.loads(line)
         except json.JSONDecodeError as err:
             if tolerate_partial_tail and number == len(lines):
-                _warn(f"{path}:{number}: skipped a partial last line (a run still writing?)")
+                warn(f"{path}:{number}: skipped a partial last line (a run still writing?)")
                 continue
             raise ReportError(f"{path}:{number}: not valid JSON ({err.msg}); fix or delete that line") from None
         if not isinstance(record, dict):
@@ -160,7 +116,8 @@ def _json_file(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _warn(message: str) -> None:
+def warn(message: str) -> None:
+    """One line on stderr: what the report left out or could not read, and why."""
     print(f"warning: {message}", file=sys.stderr)
 
 
@@ -173,7 +130,7 @@ def _facts(folder: Path, run_json: dict[str, Any] | None) -> dict[str, Any] | No
     missing = missing_facts(run_json)
     if missing:
         what = "no run.json" if run_json is None else f"run.json records no {', '.join(missing)}"
-        _warn(
+        warn(
             f"{folder}: {what} (written by an older muloco, or the run stopped before its model was "
             "built): its method is shown as '?'; resume or rerun it with this version to record them"
         )
@@ -286,10 +243,10 @@ def _evaluations(folder: Path) -> dict[str, float]:
         try:
             record = _json_file(path)
         except ReportError as err:
-            _warn(f"{err}; skipped")
+            warn(f"{err}; skipped")
             continue
         if not record or not isinstance(record.get("metrics"), dict):
-            _warn(f"{path}: not an evaluation record; skipped")
+            warn(f"{path}: not an evaluation record; skipped")
             continue
         metrics = record["metrics"]
         numbers = [k for k, v in metrics.items() if isinstance(v, (int, float)) and "_stderr" not in k]
@@ -610,350 +567,3 @@ def _distinct_names(runs: list[Run]) -> list[Run]:
         if counts[run.name] > 1:
             run.name = f"{run.folder}"
     return runs
-
-
-# ---------------------------------------------------------------------------- the table
-
-
-COLUMNS = (
-    "",
-    "run",
-    "method",
-    "obj",
-    "val loss",
-    "val bits/byte",
-    "train loss",
-    "steps",
-    "tokens",
-    "bits/param",
-    "sent/replica",
-    "sync",
-    "wall",
-)
-
-
-def ordered(runs: list[Run], metric: str = "validation") -> list[Run]:
-    """By method, objective, then final loss (runs without one last), then name."""
-    return sorted(
-        runs, key=lambda r: (r.method, r.objective, r.final_loss(metric) is None, r.final_loss(metric) or 0.0, r.name)
-    )
-
-
-def best(runs: list[Run], metric: str = "validation") -> set[int]:
-    """ids of the lowest-loss run of each method and objective within each sweep (groups of
-    two runs or more: a lone run is not "best" of anything)."""
-    groups: dict[tuple, list[Run]] = {}
-    for run in runs:
-        if run.sweep is not None and run.final_loss(metric) is not None:
-            groups.setdefault((run.sweep, run.method, run.objective), []).append(run)
-    return {id(min(g, key=lambda r: r.final_loss(metric))) for g in groups.values() if len(g) > 1}
-
-
-def format_number(value: float | None, fmt: str) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
-
-
-def format_duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    if seconds < 100:
-        return f"{seconds:.1f}s"
-    h, rem = divmod(int(round(seconds)), 3600)
-    return f"{h}:{rem // 60:02d}:{rem % 60:02d}"
-
-
-def format_bytes(n: float | None) -> str:
-    """Decimal units, as the training logs print them (MB = 1e6 bytes)."""
-    if n is None:
-        return "-"
-    unit, size = next(((u, size) for u, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)) if n >= size), ("B", 1))
-    return f"{n / size:.2f} {unit}"
-
-
-def _cells(run: Run, marked: bool) -> list[str]:
-    return [
-        "*" if marked else "",
-        run.name + ("" if run.complete else " (no summary)"),
-        run.method,
-        run.objective,
-        format_number(run.final_validation_loss, ".4f"),
-        format_number(run.final_validation_bits_per_byte, ".4f"),
-        format_number(run.final_train_loss, ".4f"),
-        format_number(run.steps, "d"),
-        format_number(run.tokens, ",d"),
-        format_number(run.bits_per_parameter, ".2f"),
-        format_bytes(run.bytes_sent_per_replica),
-        "-" if run.sync_share is None else f"{100 * run.sync_share:.1f}%" + _emulated(run),
-        format_duration(run.wall_seconds) + _emulated(run),
-    ]
-
-
-def _emulated(run: Run) -> str:
-    """What a time of a run over an emulated link (``--outer.link.mbps``) is marked with."""
-    link = ((run.facts or {}).get("outer") or {}).get("link")
-    return f" (emulated {format_rate(link['mbps'])} link)" if link else ""
-
-
-def eval_columns(runs: list[Run]) -> list[str]:
-    """One column per task and figure any run was evaluated on."""
-    return sorted({name for run in runs for name in run.evaluations})
-
-
-def _header(runs: list[Run]) -> list[str]:
-    return [*COLUMNS, *eval_columns(runs)]
-
-
-def _rows(runs: list[Run], metric: str) -> list[list[str]]:
-    marks = best(runs, metric)
-    extra = eval_columns(runs)
-    return [
-        _cells(run, id(run) in marks) + [format_number(run.evaluations.get(c), ".4f") for c in extra]
-        for run in ordered(runs, metric)
-    ]
-
-
-def table(runs: list[Run], metric: str = "validation") -> str:
-    """An aligned text table, one row per run (text left-aligned, numbers right-aligned), a
-    column per downstream evaluation."""
-    return aligned([_header(runs), *_rows(runs, metric)], left={0, 1, 2, 3})
-
-
-def aligned(rows: list[list[str]], left: set[int]) -> str:
-    """Rows of cells as text under a rule: columns in ``left`` left-aligned, the others right-aligned."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
-        "  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in rows
-    ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def rounds_lines(runs: list[Run]) -> list[str]:
-    """One line per deadline-rounds run: its progress and each group's rounds, steps and tokens."""
-    lines = []
-    for run in runs:
-        if run.rounds is None:
-            continue
-        groups = "; ".join(
-            f"group {g['group']}: {g['steps']} steps in {g['rounds']} rounds "
-            f"({g['min_steps']}-{g['max_steps']} per round), {g['tokens_per_rank']:,.0f} tokens per rank"
-            for g in run.rounds["groups"]
-        )
-        lines.append(f"{run.name}: deadline rounds, {run.rounds['progress']:g} nominal steps; {groups}")
-    return lines
-
-
-def lives_lines(runs: list[Run]) -> list[str]:
-    """One line per replica group that restarted or healed: what it did over its lives."""
-    return [
-        f"{run.name}: replica group {i} {describe_lives(t)}"
-        for run in runs
-        for i, t in enumerate(run.lives)
-        if t is not None and (t["lives"] > 1 or t["heals"])
-    ]
-
-
-def markdown(runs: list[Run], metric: str = "validation") -> str:
-    """The same table in Markdown."""
-    header = _header(runs)
-    rows = [header, ["---"] * len(header), *_rows(runs, metric)]
-    return "\n".join("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows)
-
-
-def rows_json(runs: list[Run], metric: str = "validation") -> list[dict[str, Any]]:
-    """The table's rows with unrounded numbers."""
-    marks = best(runs, metric)
-    keys = (
-        "name",
-        "method",
-        "objective",
-        "replicas",
-        "complete",
-        "final_validation_loss",
-        "final_validation_bits_per_byte",
-        "final_train_loss",
-        "steps",
-        "tokens",
-        "bits_per_parameter",
-        "bytes_sent_per_replica",
-        "sync_share",
-        "wall_seconds",
-        "evaluations",
-        "rounds",
-        "lives",
-    )
-    return [
-        {
-            **{k: getattr(r, k) for k in keys},
-            "folder": str(r.folder),
-            "sweep": str(r.sweep) if r.sweep else None,
-            "best": id(r) in marks,
-            "facts": r.facts,
-        }
-        for r in ordered(runs, metric)
-    ]
-
-
-# ---------------------------------------------------------------------------- plots
-
-
-def _validation_x(run: Run, axis: str) -> np.ndarray:
-    """Validation steps mapped onto the x axis, through the train records' step -> tokens or
-    the syncs' step -> bytes."""
-    if axis == "steps":
-        return run.val_steps
-    if axis == "tokens":
-        ok = ~np.isnan(run.train_tokens)
-        return np.interp(run.val_steps, np.r_[0.0, run.train_steps[ok]], np.r_[0.0, run.train_tokens[ok]])
-    return _bytes_at(run, run.val_steps)
-
-
-def _bytes_at(run: Run, steps: np.ndarray) -> np.ndarray:
-    return np.r_[0.0, run.sync_bytes][np.searchsorted(run.sync_steps, steps, side="right")]
-
-
-def _train_xy(run: Run, axis: str) -> tuple[np.ndarray, np.ndarray]:
-    """The train-loss line. Against bytes, which grow only at syncs, one point per sync (the
-    train loss there), from the first sync on: before it nothing was sent, and a segment from
-    "0 bytes" to the first sync would draw a slope that is not there."""
-    if axis == "steps":
-        return run.train_steps, run.train_loss
-    if axis == "tokens":
-        return run.train_tokens, run.train_loss
-    if not len(run.train_steps):
-        return np.zeros(0), np.zeros(0)
-    at = run.sync_steps[run.sync_steps >= run.train_steps[0]]
-    return _bytes_at(run, at), np.interp(at, run.train_steps, run.train_loss)
-
-
-def _plot(runs: list[Run], axis: str, path: Path, note: str = "") -> None:
-    """One figure: each run's train loss as a line and its validation of θ_g as dots, same colour."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = {
-        "steps": "inner steps (deadline rounds: the run's nominal steps)",
-        "tokens": "tokens (all replica groups)",
-        "bytes": "bytes sent per replica (cumulative)",
-    }
-    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    for i, run in enumerate(runs):
-        color = f"C{i % 10}" if len(runs) <= 10 else plt.cm.tab20(i % 20)
-        ax.plot(*_train_xy(run, axis), color=color, lw=1.2, label=f"{run.name} ({run.method}, {run.objective})")
-        x = _validation_x(run, axis)
-        sent = x > 0 if axis == "bytes" else np.ones(len(x), dtype=bool)  # a log axis has no 0: after the first sync
-        ax.plot(x[sent], run.val_loss[sent], "o", color=color, ms=4)
-    if note:
-        ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", fontsize=9)
-    if axis == "bytes":  # compressed and dense runs are decades apart: a log axis, from the first sync
-        ax.set_xscale("log")
-    ax.set_xlabel(labels[axis])
-    ax.set_ylabel("loss (nats/token; mdlm: NELBO)")
-    ax.set_title(f"loss vs {axis}: lines train loss, dots validation of θ_g", fontsize=10)
-    ax.grid(alpha=0.3)
-    if runs:
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def without_bytes(runs: list[Run]) -> list[Run]:
-    """Runs that recorded no exchanged bytes (one replica group, or no sync yet)."""
-    return [r for r in runs if not len(r.sync_steps)]
-
-
-def write_plots(runs: list[Run], out_dir: Path | str) -> list[Path]:
-    """loss_vs_steps.png, loss_vs_tokens.png and loss_vs_bytes.png (runs without byte counts
-    left out of the last, with a warning) in ``out_dir``; returns their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        optional.require("matplotlib", "the report's plots")
-    except optional.MissingExtra as err:  # the tables are the report; the plots an extra
-        _warn(f"no plots: {err}")
-        return []
-    paths = [out / "loss_vs_steps.png", out / "loss_vs_tokens.png", out / "loss_vs_bytes.png"]
-    _plot(runs, "steps", paths[0])
-    _plot(runs, "tokens", paths[1])
-    skipped = without_bytes(runs)
-    if skipped:
-        _warn(
-            f"{paths[2].name}: left out {len(skipped)} run(s) without byte counts: "
-            + ", ".join(r.name for r in skipped)
-        )
-    kept = [r for r in runs if r not in skipped]
-    _plot(kept, "bytes", paths[2], note="" if kept else "no run recorded bytes sent (no outer syncs)")
-    return paths
-
-
-# ---------------------------------------------------------------------------- main
-
-
-def _write_text(runs: list[Run], out: Path, metric: str) -> list[Path]:
-    """report.md (the table, which plot left out what) and report.json (the rows)."""
-    skipped = without_bytes(runs)
-    note = (
-        f"\n\n`loss_vs_bytes.png` leaves out runs without byte counts: {', '.join(r.name for r in skipped)}."
-        if skipped
-        else ""
-    )
-    plots = "\n".join(f"![{name}]({name})" for name in REPORT_FILES[:3])
-    rounds = "".join(f"\n- {line}" for line in rounds_lines(runs))
-    rounds = f"\n\nReplica groups in deadline rounds:\n{rounds}" if rounds else ""
-    lives = "".join(f"\n- {line}" for line in lives_lines(runs))
-    rounds += f"\n\nReplica groups that restarted or healed:\n{lives}" if lives else ""
-    md = (
-        f"# Runs\n\nFinal loss: {metric} (`*`: lowest of its method within a sweep).\n\n"
-        f"{markdown(runs, metric)}{note}{rounds}\n\n{plots}\n"
-    )
-    (out / "report.md").write_text(md)
-    (out / "report.json").write_text(json.dumps({"metric": metric, "rows": rows_json(runs, metric)}, indent=2) + "\n")
-    return [out / "report.md", out / "report.json"]
-
-
-PROG = "python -m muloco.report"
-
-
-@dataclass
-class ReportOptions:
-    """Results reader: one table and three plots for run folders and sweeps."""
-
-    paths: tyro.conf.Positional[
-        Annotated[tuple[Path, ...], tyro.conf.arg(metavar="RUN_OR_SWEEP_DIR...", help_behavior_hint="(required)")]
-    ]
-    """Run folders and sweep folders, one or more."""
-    out: Path | None = None
-    """Report folder (default: <first path>/report/)."""
-    metric: Literal[METRICS] = "validation"
-    """Final loss that ranks runs and marks the best: validation of θ_g or train."""
-
-
-def parse_args(argv: list[str]) -> ReportOptions:
-    """The options, or a UsageError (a misspelt option, no folder)."""
-    args, _ = parse(ReportOptions, argv, prog=PROG, description=__doc__.split("\n\n")[0], overrides=False)
-    if not args.paths:  # tyro lets a positional sequence be empty
-        raise UsageError(f"give one or more run or sweep folders: {PROG} RUN_OR_SWEEP_DIR... (see --help)")
-    return args
-
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    except UsageError as err:
-        return failed("report", err)
-    out = args.out or args.paths[0] / "report"
-    try:
-        runs = find_runs(args.paths)
-        if out.exists() and not out.is_dir():
-            raise ReportError(f"{out}: exists and is not a folder; pass another --out")
-        print(table(runs, args.metric))
-        for line in (*rounds_lines(runs), *lives_lines(runs)):
-            print(line)
-        written = [*write_plots(runs, out), *_write_text(runs, out, args.metric)]
-    except ReportError as err:
-        return failed("report", err)
-    print(f"wrote {', '.join(p.name for p in written)} to {out}")
-    return 0

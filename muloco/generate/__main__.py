@@ -1,7 +1,7 @@
 """Sample from a trained run: ``python -m muloco.generate --checkpoint DIR --prompt "..."``.
 
 ``DIR`` is a run's dump folder (a DiLoCo run's: replica 0 unless ``--replica``), one
-replica's folder, or a ``checkpoint/step-N`` folder, loaded by :mod:`muloco.tools.loading` (the
+replica's folder, or a ``checkpoint/step-N`` folder, loaded by :mod:`muloco.trained_model` (the
 newest complete checkpoint or ``--step``, verified, nothing unpickled). A DiLoCo run samples
 from θ_g, the global model the replicas agreed on. A masked-diffusion run samples by iterative unmasking
 (:mod:`muloco.objectives.sampling`:
@@ -139,7 +139,7 @@ def generate(args: GenerateOptions) -> list[dict]:
         sampling_for,
         until_eos,
     )
-    from muloco.tools.loading import load_config, load_model, locate
+    from muloco.trained_model import load_config, load_model, locate
 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     run, step = locate(args.checkpoint, args.replica, args.step)
@@ -247,3 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--- {s['objective']} sample, step {s['step']} ({s['weights']}), prompt {s['prompt']!r}")
             print(s["prompt"] + s["text"])
     return 0
+
+
+if __name__ == "__main__":
+    from muloco.utils.command_line import run_main
+
+    run_main(main)

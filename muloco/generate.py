@@ -1,7 +1,0 @@
-"""``python -m muloco.generate``: kept for the command users type; the command is :mod:`muloco.tools.generate`."""
-
-from muloco.tools.generate import main
-from muloco.utils.command_line import run_main
-
-if __name__ == "__main__":
-    run_main(main)

@@ -40,7 +40,7 @@ from pathlib import Path
 from local_run import add_job_options, run_local_job  # bench/ is on sys.path when a bench script runs
 from machine import exit_on_sigterm, loadavg
 
-from muloco.sizing.flavors import count_parameters, parse_flavor
+from muloco.models.flavors import count_parameters, parse_flavor
 from muloco.utils.link_model import format_rate, parse_rate
 
 K = 2

@@ -15,7 +15,7 @@ compat.apply()  # before torchtitan is imported
 
 from muloco.config.cli import parse_args  # noqa: E402
 from muloco.config.gpu_preset import GLOBAL_BATCH, PAPER_416M  # noqa: E402
-from muloco.sizing.flavors import steps_for_batch  # noqa: E402
+from muloco.models.flavors import steps_for_batch  # noqa: E402
 
 PRESETS = ["gpu/ddp_adamw", "gpu/ddp_muon", "gpu/diloco", "gpu/muloco", "gpu/muloco_2bit"]
 TINY_OVERRIDE = [

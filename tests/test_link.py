@@ -20,10 +20,10 @@ import threading
 import pytest
 from conftest import REPO, run_together, run_watched
 
+from muloco.models.flavors import count_parameters
 from muloco.outer.exchange.link import Clock, Link
 from muloco.sizing import link_plan
 from muloco.sizing.cli import main as model_map_main
-from muloco.sizing.flavors import count_parameters
 from muloco.utils import round_budget
 from muloco.utils.link_model import Transfer, format_rate, parse_rate, transfer_seconds
 

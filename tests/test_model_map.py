@@ -14,8 +14,7 @@ from muloco import compat
 
 compat.apply()
 
-from muloco.sizing.cli import main  # noqa: E402
-from muloco.sizing.flavors import (  # noqa: E402
+from muloco.models.flavors import (  # noqa: E402
     SHAPES,
     SOURCES,
     count_parameters,
@@ -23,6 +22,7 @@ from muloco.sizing.flavors import (  # noqa: E402
     sizing,
     steps_for_batch,
 )
+from muloco.sizing.cli import main  # noqa: E402
 
 
 @pytest.mark.parametrize("global_batch, vocab, replicas", [(512, 128256, 1), (2048, 128256, 8), (64, 2048, 2)])
@@ -121,7 +121,7 @@ def test_bad_arguments_are_one_line(args, message, capsys):
 def test_the_map_is_read_without_torch():
     """Job generators, sweeps and the sizing CLI read the map; none of them pays for a torch import."""
     code = (
-        "import sys, muloco.model_map, muloco.sizing.flavors, muloco.utils.link_model; "
+        "import sys, muloco.model_map, muloco.models.flavors, muloco.utils.link_model; "
         "assert 'torch' not in sys.modules, sorted(sys.modules)"
     )
     proc = run_watched([sys.executable, "-c", code], cwd=REPO)
@@ -152,7 +152,7 @@ def test_any_shape_is_sized_and_builds():
     import torch
 
     from muloco.models import ModelConfig, build_model_config
-    from muloco.sizing.flavors import in_map, parse_flavor
+    from muloco.models.flavors import in_map, parse_flavor
 
     flavor = "llama3-w96-d3-h2_qk_torch-rmsnorm"
     assert not in_map(flavor) and in_map("llama3-w128-d4-h2_pa")

@@ -21,10 +21,10 @@ compat.apply()  # before torchtitan is imported (muloco.models imports it)
 import torch.nn.functional as F  # noqa: E402
 
 from muloco.models import ModelConfig, build_model_config, build_model_spec  # noqa: E402
+from muloco.models import flavors as model_map  # noqa: E402
 from muloco.models.attention import SwitchableSDPA  # noqa: E402
 from muloco.models.block import SandwichBlock  # noqa: E402
-from muloco.sizing import flavors as model_map  # noqa: E402
-from muloco.sizing.flavors import (  # noqa: E402
+from muloco.models.flavors import (  # noqa: E402
     LLAMA3_VOCAB,
     TOKENS_PER_PARAM,
     UnknownFlavorError,

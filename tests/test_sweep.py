@@ -172,7 +172,7 @@ def test_cluster_settings_precedence_and_type_errors(tmp_path):
 
 def test_paper_settings_split_the_batch_over_k_and_rescale_the_weight_decay():
     from muloco.launch.sweep import paper_batch_and_decay
-    from muloco.sizing.flavors import parse_flavor, steps_for_batch
+    from muloco.models.flavors import parse_flavor, steps_for_batch
 
     flavor = "llama3-w1024-d12-h8"
     flags = paper_batch_and_decay(flavor, "muon", 8)

@@ -5,7 +5,7 @@ python jobs/sweeps/ddp_baselines.py --partition gpu --max-nodes 16
 """
 
 from muloco.launch.sweep import Sweep, grid, lr_grid, main
-from muloco.sizing.flavors import parse_flavor
+from muloco.models.flavors import parse_flavor
 
 FLAVOR = "llama3-w1024-d12-h8"  # the GPU presets' shape (416M)
 TUNED = parse_flavor(FLAVOR).shape.tuned_lr

@@ -6,7 +6,7 @@ values.
 """
 
 from muloco.launch.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
-from muloco.sizing.flavors import parse_flavor
+from muloco.models.flavors import parse_flavor
 
 FLAVOR = "llama3-w1024-d12-h8"
 TUNED = parse_flavor(FLAVOR).shape.tuned_lr

@@ -6,7 +6,7 @@ LRs, weight decay rescaled by the model map's rule (divided by K).
 """
 
 from muloco.launch.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
-from muloco.sizing.flavors import parse_flavor
+from muloco.models.flavors import parse_flavor
 
 FLAVOR = "llama3-w1024-d12-h8"  # the GPU presets' shape (416M)
 TUNED = parse_flavor(FLAVOR).shape.tuned_lr

@@ -5,7 +5,7 @@ without error feedback; K=8 groups of one GPU on one node, two inner LRs.
 """
 
 from muloco.launch.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
-from muloco.sizing.flavors import parse_flavor
+from muloco.models.flavors import parse_flavor
 
 FLAVOR = "llama3-w1024-d12-h8"
 TUNED = parse_flavor(FLAVOR).shape.tuned_lr

@@ -22,7 +22,7 @@ from muloco.config.loader import ConfigError  # noqa: E402
 from muloco.hf.adapter import adapter_for  # noqa: E402
 from muloco.hf.config import bidirectional, first_mismatch, llama_config, read  # noqa: E402
 from muloco.models import Architecture, build_model_config, hf_adapter, hf_folder  # noqa: E402
-from muloco.sizing.flavors import parse_flavor  # noqa: E402
+from muloco.models.flavors import parse_flavor  # noqa: E402
 from muloco.utils.created_dirs import make_dirs, missing_dirs, remove_dirs  # noqa: E402
 from muloco.utils.values import is_fraction  # noqa: E402
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from torchtitan.distributed.activation_checkpoint import SelectiveAC
 
-from muloco.sizing.flavors import parse_flavor, steps_for_batch
+from muloco.models.flavors import parse_flavor, steps_for_batch
 
 PAPER_416M = "llama3-w1024-d12-h8_qk_torch-rmsnorm_pa_pf"
 SEQ_LEN = 2048

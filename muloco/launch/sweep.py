@@ -57,10 +57,10 @@ from muloco.launch.slurm import (
     submit_scripts,
 )
 from muloco.launch.slurm_commands import FAILED_STATES, SlurmCommandError, job_state, nodes_in_use
+from muloco.models.flavors import parse_flavor, rescaled_weight_decay
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.runs.names import run_name
 from muloco.runs.sweep_manifest import MANIFEST, Entry, ManifestError, read_manifest, run_finished, write_manifest
-from muloco.sizing.flavors import parse_flavor, rescaled_weight_decay
 from muloco.utils.command_line import UsageError, failed, parse
 from muloco.utils.errors import BAD_INPUT
 

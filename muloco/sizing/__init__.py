@@ -1,4 +1,4 @@
-"""Sizing a run before it is booked: the model map (``flavors``: shapes, parameter counts, token
-budgets, tuned values), the link model (``link_model``: what a transfer costs on a link of given
-bandwidth and latency), the link planner (``link_plan``) and their command line (``cli``,
-``muloco map``). Nothing here imports torch but the planner, which reads the exchange's wire format."""
+"""Sizing a run before it is booked: the model map's command line (``cli``, ``muloco map``: the map
+itself is ``muloco/models/flavors.py``) and the link planner (``link_plan``: what a run's exchange
+costs on a link, from ``muloco/utils/link_model.py``). Nothing here imports torch but the planner,
+which reads the exchange's wire format."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
-from muloco.sizing.flavors import (
+from muloco.models.flavors import (
     LLAMA3_VOCAB,
     SHAPES,
     SOURCES,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from muloco.sizing.flavors import (
+from muloco.models.flavors import (
     LLAMA3_VOCAB,
     block_parameters,
     count_parameters,

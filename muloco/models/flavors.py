@@ -196,6 +196,11 @@ HF_FLAVOR = "hf:"
 """``--model.flavor hf:DIR``: the shapes of a Hugging Face folder's config.json."""
 
 
+def hf_folder(flavor: str) -> str | None:
+    """The folder of an ``hf:DIR`` flavor (None: a model-map flavor)."""
+    return flavor[len(HF_FLAVOR) :] if flavor.startswith(HF_FLAVOR) else None
+
+
 def _hf_flavor(name: str) -> Flavor:
     """A Hugging Face folder's shapes, read from its config.json as the trainer reads them."""
     from muloco.hf import config as hf_config  # JSON only, no torch

@@ -469,7 +469,7 @@ def test_tune_chooses_on_the_seeds_every_point_ran():
     """Tuned on seed 0 and the chosen point run again on seed 1: the choice stays seed 0's (a
     point's two-seed mean is not weighed against the others' one seed); a point never scored is
     not chosen."""
-    from muloco.compare import table
+    from muloco.compare import tuning
     from muloco.report.runs import Run
 
     def run(seed, tuning, loss=3.0):
@@ -485,16 +485,16 @@ def test_tune_chooses_on_the_seeds_every_point_ran():
 
     points = {"A @ a": "a", "A @ b": "b", "A @ c": "c"}
     by_label = {"A @ a": [run(0, 3.10), run(1, 2.00)], "A @ b": [run(0, 3.05)], "A @ c": [run(0, None)]}
-    line = table._choose("A", points, by_label)
+    line = tuning.choose("A", points, by_label)
     assert line.setting == "b" and line.grid == {"a": 3.10, "b": 3.05, "c": None}
     by_label["A @ b"].append(run(1, 3.20))  # the whole grid on both seeds: the mean over both
-    line = table._choose("A", points, {**by_label, "A @ a": [run(0, 3.10), run(1, 3.10)]})
+    line = tuning.choose("A", points, {**by_label, "A @ a": [run(0, 3.10), run(1, 3.10)]})
     assert line.setting == "a" and line.grid["b"] == pytest.approx(3.125) and len(line.runs) == 2
-    assert table._choose("A", points, {"A @ c": [run(0, None)]}) is None
+    assert tuning.choose("A", points, {"A @ c": [run(0, None)]}) is None
     # tuned on seed 0 (--tune without --tune-every-seed): the same choice whatever seed 1 ran (as
     # --tune-points can make it run every point), and the row reports seed 1, seed 0 kept apart
     both = {**by_label, "A @ a": [run(0, 3.10), run(1, 2.00, loss=2.9)]}
-    line = table._choose("A", points, both, tuning_seeds={0})
+    line = tuning.choose("A", points, both, tuning_seeds={0})
     assert line.setting == "b" and line.grid == {"a": 3.10, "b": 3.05, "c": None}
     assert [r.facts["seed"] for r in line.runs] == [1] and [r.facts["seed"] for r in line.tuning_runs] == [0]
 
@@ -503,7 +503,7 @@ def test_tuned_nesterov_grid_judges_its_best_momentum_point_against_its_averagin
     """Averaging is a point of the dense rows' grid, so the chosen row may be averaging itself: the
     literature's-order target compares the best point with momentum (by tuning loss) against the
     averaging point, on their reported losses and spreads; later seeds run both."""
-    from muloco.compare import table
+    from muloco.compare import table, tuning
     from muloco.compare.suites import AVERAGING
     from muloco.report.runs import Run
 
@@ -527,8 +527,8 @@ def test_tuned_nesterov_grid_judges_its_best_momentum_point_against_its_averagin
         "MuLoCo K=2 @ Nesterov η0.5 μ0.5": runs(3.03, 3.04, 3.04),
         "MuLoCo K=2 @ Nesterov η0.7 μ0.9": runs(3.50, 3.5),
     }
-    line = table._choose("MuLoCo K=2", points, by_label)
-    assert line.setting == AVERAGING and line.later_points() == {AVERAGING, "Nesterov η0.5 μ0.5"}
+    line = tuning.choose("MuLoCo K=2", points, by_label)
+    assert line.setting == AVERAGING and tuning.later_points(line) == {AVERAGING, "Nesterov η0.5 μ0.5"}
     (row,) = table.rows(SUITES["paper-long"], [line])
     assert row["grid_loss"]["Nesterov η0.5 μ0.5"] == pytest.approx(3.04)
     verdicts = dict(table.targets(SUITES["paper-long"], [row]))

@@ -36,8 +36,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from muloco.compare import runner, table, timing
-from muloco.compare.suites import AVERAGING, DATA, GRIDS, SUITES, Planned, SuiteError, over_links, plan
+from muloco.compare import runner, table, timing, tuning
+from muloco.compare.suites import DATA, SUITES, Planned, SuiteError, over_links, plan
 from muloco.launch.group import TrainerConfigError, load_trainer_config
 from muloco.runs.lock import DumpFolderBusy, DumpFolderLock
 from muloco.runs.names import run_name
@@ -130,7 +130,7 @@ def _later_seeds(
     chosen: dict[str, set[str]] | None,
     points: dict[str, set[str]] | None = None,
 ) -> list[Planned]:
-    """Seeds 1 and up of a tuned suite: each tuned row at its points in ``chosen`` (``Line.later_points``:
+    """Seeds 1 and up of a tuned suite: each tuned row at its points in ``chosen`` (``tuning.later_points``:
     the chosen one, and averaging and the best with momentum on the Nesterov grid; a row seed 0
     could not score is left out), the rows without an outer step as they are; resolved.
     ``chosen`` None (a dry run): each tuned row's first point (of ``points``, ``--tune-points``) and
@@ -148,11 +148,7 @@ def _later_seeds(
         chosen=chosen if chosen is not None else points,
     )
     if chosen is None:
-        firsts: dict[str, str] = {}
-        for p in later:
-            if p.row.tunes:
-                firsts.setdefault(p.row.tunes, p.row.setting)
-        later = [p for p in later if not p.row.tunes or p.row.setting in (firsts[p.row.tunes], AVERAGING)]
+        later = tuning.stand_ins(later)
     for p in later:
         _resolve(p)
     return later
@@ -177,28 +173,6 @@ def _check(args: CompareOptions) -> None:
         raise UsageError("--tune-every-seed says how --tune spends its seeds: give --tune too")
     if args.tune_points and not args.tune:
         raise UsageError("--tune-points narrows --tune's grids: give --tune too")
-
-
-def _tune_points(suite, args: CompareOptions) -> dict[str, set[str]] | None:
-    """``--tune-points`` as ``plan``'s ``chosen`` ({tuned row: points}); None: every point. Each
-    point must be on the grid of a chosen row, and each chosen row with a grid must keep one."""
-    if not args.tune_points:
-        return None
-    rows = [r for r in suite.rows if r.grid and (not args.only or r.label in args.only)]
-    known = {setting for r in rows for setting, _ in GRIDS[r.grid]}
-    unknown = [p for p in args.tune_points if p not in known]
-    if unknown:
-        raise UsageError(
-            f"--tune-points {' '.join(map(shlex.quote, unknown))}: not a point of the chosen rows' grids; "
-            "their points, quoted as --tune-points takes them: " + " ".join(map(shlex.quote, sorted(known)))
-        )
-    bare = [r.label for r in rows if not {s for s, _ in GRIDS[r.grid]} & set(args.tune_points)]
-    if bare:
-        raise UsageError(
-            f"--tune-points leaves no point for {', '.join(bare)}: add one of its grid's points, or "
-            "leave the row out of --only"
-        )
-    return {r.label: set(args.tune_points) for r in rows}
 
 
 def _links(values: list[str]) -> list[float]:
@@ -315,7 +289,7 @@ def _finish(suite, planned: list[Planned], folder: Path, args: CompareOptions | 
         planned, suite, objective=args.objective, data=args.data, tuning_seeds=tuning_seeds, tuned=args.tune
     )
     text = f"{table.setup_text(made)}\n\n{table.text(values)}"
-    tuned = table.tuning_note(found, tuning_seeds)
+    tuned = tuning.note(found, tuning_seeds)
     if tuned:
         text += f"\n{tuned}"
     grid = table.grid_text(values)
@@ -371,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = Path(args.out or f"outputs/compare/{suite.name}-{args.objective}-{data_label}")
         _check_out(folder)
         staged = args.tune and args.seeds > 1 and not args.tune_every_seed
-        points = _tune_points(suite, args)
+        points = tuning.check_points(suite, args.only, args.tune_points)
         planned = plan(
             suite,
             objective=args.objective,
@@ -444,7 +418,7 @@ def _run_suite(suite, planned: list[Planned], folder: Path, args, extra: list[st
     if staged:  # the other seeds at the points seed 0 chose
         found = [line for line in table.lines(suite, planned, folder, {0}) if line.setting]
         print("tuned on seed 0: " + "; ".join(f"{line.label}: {line.setting}" for line in found), file=sys.stderr)
-        chosen = {line.label: line.later_points() for line in found}
+        chosen = {line.label: tuning.later_points(line) for line in found}
         later = _later_seeds(suite, args, extra, chosen)
         states.update(runner.run_all(later, folder, extra_env=env, share_gpus=share))
         planned += later

@@ -24,9 +24,10 @@ the target is marked ``[1 seed]``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from muloco.compare import tuning
+from muloco.compare.line import Line
 from muloco.compare.suites import AVERAGING, DENSE_SGD, SPARSELOCO_PUBLISHED, Planned, Suite, nesterov_label
 from muloco.report.runs import ReportError, Run, load_run
 from muloco.report.tables import aligned, format_bytes, format_duration, format_number
@@ -54,54 +55,6 @@ SINGLE_SEED_MARGIN = 0.01
 spreads measured on the CPU suites (0.002–0.03 on losses near 5, docs/compression.md) reach ~0.6%."""
 
 
-@dataclass
-class Line:
-    label: str
-    method: str
-    runs: list[Run]
-    setting: str = ""
-    """The outer step chosen by ``--tune`` (empty: the row as configured)."""
-    grid: dict[str, float | None] = field(default_factory=dict)
-    """``--tune``: each grid point's mean tuning loss (None: not scored)."""
-    points: dict[str, list[Run]] = field(default_factory=dict)
-    """``--tune``: each grid point's runs (every seed it ran)."""
-    tuning_runs: list[Run] = field(default_factory=list)
-    """``--tune`` on a tuning seed: the chosen point's runs on it, kept apart from ``runs`` (the
-    confirmation seeds, whose losses no choice saw) when there are any."""
-
-    def best_nesterov(self) -> str | None:
-        """The grid's best point with momentum (lowest tuning loss, averaging left out)."""
-        scored = [s for s, v in self.grid.items() if v is not None and s != AVERAGING]
-        return min(scored, key=self.grid.get) if scored else None
-
-    def later_points(self) -> set[str]:
-        """What seeds after the tuning seed run: the chosen point and, on a grid with averaging,
-        averaging and the best point with momentum (the literature's-order target needs both)."""
-        points = {self.setting}
-        if AVERAGING in self.grid:
-            points |= {AVERAGING, *([self.best_nesterov()] if self.best_nesterov() else [])}
-        return points
-
-    @property
-    def loss(self) -> float | None:
-        values = [r.final_validation_loss for r in self.runs if r.final_validation_loss is not None]
-        return sum(values) / len(values) if values else None
-
-    @property
-    def spread(self) -> float | None:
-        values = [r.final_validation_loss for r in self.runs if r.final_validation_loss is not None]
-        return max(values) - min(values) if len(values) > 1 else None
-
-    def mean(self, attr: str) -> float | None:
-        values = [getattr(r, attr) for r in self.runs if getattr(r, attr) is not None]
-        return sum(values) / len(values) if values else None
-
-    @property
-    def syncs(self) -> float | None:
-        counts = [len(r.sync_steps) for r in self.runs if r.facts and r.facts.get("outer")]
-        return sum(counts) / len(counts) if counts else None
-
-
 def lines(suite: Suite, planned: list[Planned], suite_dir, tuning_seeds: set[int] | None = None) -> list[Line]:
     """Each row that has at least one finished or partial run, in the suite's order; a tuned
     row as its grid point with the lowest mean tuning loss: of the ``tuning_seeds`` only (then its
@@ -122,61 +75,12 @@ def lines(suite: Suite, planned: list[Planned], suite_dir, tuning_seeds: set[int
     out = []
     for row in suite.rows:
         if row.label in points:
-            line = _choose(row.label, points[row.label], by_label, tuning_seeds)
+            line = tuning.choose(row.label, points[row.label], by_label, tuning_seeds)
             if line is not None:
                 out.append(line)
         elif by_label.get(row.label):
             out.append(Line(row.label, by_label[row.label][0].method, by_label[row.label]))
     return out
-
-
-def _tuning_losses(runs: list[Run]) -> dict[int, float]:
-    """{seed: final tuning loss} of a grid point's runs (runs without one left out)."""
-    return {
-        r.facts.get("seed", 0) if r.facts else 0: r.final_tuning_loss for r in runs if r.final_tuning_loss is not None
-    }
-
-
-def _seed(run: Run) -> int:
-    return run.facts.get("seed", 0) if run.facts else 0
-
-
-def _choose(
-    label: str, points: dict[str, str], by_label: dict[str, list[Run]], tuning_seeds: set[int] | None = None
-) -> Line | None:
-    """The grid point of ``label`` with the lowest mean tuning loss: on the ``tuning_seeds`` only
-    (whatever other seeds ran, as ``--tune-points`` may make them run every point), else over the
-    seeds that every scored point ran; a point without a tuning loss is not chosen. With tuning
-    seeds, the line reports the chosen point's other seeds (confirmation) and keeps the tuning
-    seeds' runs apart."""
-    scores = {p: _tuning_losses(by_label.get(p, [])) for p in points}
-    if tuning_seeds is not None:
-        scores = {p: {s: v for s, v in got.items() if s in tuning_seeds} for p, got in scores.items()}
-    scored = [p for p in points if scores[p]]
-    if not scored:
-        return None
-    common = set.intersection(*(set(scores[p]) for p in scored))
-    if not common:  # no seed every point ran: each point's own mean
-        common = set().union(*(set(scores[p]) for p in scored))
-
-    def mean(p: str) -> float | None:
-        values = [scores[p][s] for s in common if s in scores[p]]
-        return sum(values) / len(values) if values else None
-
-    grid = {points[p]: mean(p) for p in points}
-    best = min((p for p in scored if grid[points[p]] is not None), key=lambda p: grid[points[p]])
-    runs = by_label[best]
-    tuning = [r for r in runs if tuning_seeds is not None and _seed(r) in tuning_seeds]
-    confirming = [r for r in runs if r not in tuning]
-    return Line(
-        label,
-        runs[0].method,
-        confirming or tuning,
-        setting=points[best],
-        grid=grid,
-        points={points[p]: by_label[p] for p in points if by_label.get(p)},
-        tuning_runs=tuning if confirming else [],
-    )
 
 
 def _gap(loss: float | None, base: float | None) -> float | None:
@@ -257,35 +161,6 @@ def text(table_rows: list[dict[str, Any]]) -> str:
             ]
         )
     return aligned(cells, left={0, 1, 2})
-
-
-def tuning_note(found: list[Line], tuning_seeds: set[int] | None) -> str | None:
-    """Which seeds a tuned row's outer step was chosen on and which its loss is of (None: nothing tuned)."""
-    tuned = [line for line in found if line.setting]
-    if not tuned:
-        return None
-    if tuning_seeds is None:
-        return (
-            "tuned rows: each outer step chosen by the mean tuning loss over all seeds, which the reported losses "
-            "share their training noise with (every seed is a tuning seed: --tune-every-seed)"
-        )
-    seeds = ", ".join(map(str, sorted(tuning_seeds)))
-    confirmed = [line.label for line in tuned if line.tuning_runs]
-    chosen = f"tuned rows: each outer step chosen on seed {seeds}'s tuning batches"
-    if len(confirmed) == len(tuned):
-        return (
-            f"{chosen}; their final loss, spread and seeds are the other seeds' (confirmation runs: no choice saw "
-            f"them); seed {seeds}'s own loss is tuning_seed_loss in compare.json"
-        )
-    if not confirmed:
-        return (
-            f"{chosen}, and the final loss shown is of that same seed (no confirmation seed: the choice's luck is "
-            "in it; --seeds 2 adds one)"
-        )
-    return (
-        f"{chosen}; {', '.join(confirmed)} report their confirmation seeds (no choice saw them), the other tuned "
-        f"rows seed {seeds}'s own loss (no confirmation run yet: the choice's luck is in it)"
-    )
 
 
 Verdict = bool | str | None

@@ -430,7 +430,7 @@ def export(
     run, step = locate(checkpoint, replica, step)
     config = load_config(run, prog="python -m muloco.export")
     model, tokenizer, objective, step, is_global = load_model(run, config, step, torch.device("cpu"))
-    why = _unsupported(model.config, type(objective), tokenizer)
+    why = _unsupported(model.config, objective, tokenizer)
     if why:
         raise ExportError(f"cannot export {run}: {why}")
     summary = _summary(run)

@@ -30,8 +30,9 @@ from torchft.coordination import LighthouseServer  # noqa: E402
 
 from muloco.compress import Dense, ErrorFeedback, Pieces, Quantizer, TopK  # noqa: E402
 from muloco.outer.exchange import Exchange  # noqa: E402
+from muloco.outer.exchange.bucket import HEADER_BYTES  # noqa: E402
 from muloco.outer.exchange.layout import ranges, whole_tensors  # noqa: E402
-from muloco.outer.exchange.pipeline import HEADER_BYTES, RECORD_BYTES  # noqa: E402
+from muloco.outer.exchange.pipeline import RECORD_BYTES  # noqa: E402
 from muloco.outer.exchange.strategies import AllGather, AllReduce, ReduceScatter  # noqa: E402
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"

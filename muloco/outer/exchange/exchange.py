@@ -47,7 +47,7 @@ from muloco.compress.dense import DTYPES
 from muloco.compress.kernels import KERNELS, use_compiled
 from muloco.outer.exchange.layout import COMPRESSED, DENSE, FragmentLayout, stream_buckets
 from muloco.outer.exchange.link import Link, Transfer
-from muloco.outer.exchange.pipeline import TIMINGS, PendingExchange, Plan, Sync, Work
+from muloco.outer.exchange.pipeline import TIMINGS, PendingExchange, Plan, Sync, Work, record_bytes
 from muloco.outer.exchange.strategies import STRATEGIES, AllGather, AllReduce, StrategyConfig
 
 MB = 2**20
@@ -339,7 +339,9 @@ class Exchange(Configurable):
             for bucket in stream_buckets(stream, *layout[stream], codec, self.bucket_numel):
                 piece_codec = Pieces(codec, bucket.pieces) if bucket.pieces else codec
                 phases += [dict(p) for p in self.strategy.bucket_phases(k, piece_codec, bucket.numel, rank)]
-        once = self.strategy.sync_bytes(k, rank, self.records, self.weighted)
+        once = self.strategy.sync_bytes(k, rank, self.weighted)
+        if self.records:  # the work records, gathered before any bucket
+            once = {key: value + once[key] for key, value in record_bytes(k).items()}
         if not phases:
             phases.append({"payload": 0.0, "sent": 0.0, "received": 0.0})
         for key, value in once.items():

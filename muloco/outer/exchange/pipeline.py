@@ -4,11 +4,13 @@ The outer loop writes Δ into the fragment's stream buffers (``layout.py``) and 
 :class:`Sync`. A worker thread then takes the buckets through the strategy's stages: a
 strategy's ``run`` is a generator per bucket that encodes, yields the collective it
 issued, and on resumption decodes and averages (a reduce-scatter yields twice: its second
-phase is issued the moment its first one completes). The worker keeps ``depth`` buckets
-in flight: bucket b+1 is encoded while bucket b's collective runs (gloo works on its own
-threads; on CUDA the worker runs on a side stream), and with τ > 0 the whole exchange,
-both reduce-scatter phases included, proceeds while the training loop runs. Every
-replica issues the same collectives in the same order (same buckets, same schedule).
+phase is issued the moment its first one completes). It is handed a ``bucket.BucketContext``,
+not the sync: each collective it yields carries its bytes, which the worker counts, and what
+it returns (contributors, the peers' quorum times) the worker records. The worker keeps
+``depth`` buckets in flight: bucket b+1 is encoded while bucket b's collective runs (gloo
+works on its own threads; on CUDA the worker runs on a side stream), and with τ > 0 the
+whole exchange, both reduce-scatter phases included, proceeds while the training loop runs.
+Every replica issues the same collectives in the same order (same buckets, same schedule).
 
 Memory: Δ's buffers (n float32; with error feedback they then hold the residuals each
 bucket replaced, for a rollback) and, with error feedback, the average's buffers (n
@@ -44,15 +46,10 @@ from typing import Any, Callable, Iterator
 import torch
 
 from muloco.compress import Codec, ErrorFeedback, Pieces
-from muloco.compress.packing import from_bytes
 from muloco.outer.exchange import collectives
-from muloco.outer.exchange.layout import Bucket, FragmentLayout
+from muloco.outer.exchange.bucket import Averaged, BucketContext, ContributorCount, Job, Quorum, Traffic
+from muloco.outer.exchange.layout import FragmentLayout
 from muloco.outer.exchange.link import Clock, Link, Transfer
-
-HEADER_BYTES = 5
-"""Each payload starts with its sender's flag (1: contributes, 0: sends zeros) and the
-sender's quorum time in seconds (float32), from which the time spent waiting for the
-slowest replica is told apart from the quorum's own cost."""
 
 RECORD_FIELDS = ("flag", "tokens", "steps", "seconds", "group")
 RECORD_BYTES = 8 * len(RECORD_FIELDS)
@@ -169,23 +166,6 @@ class PartTimer:
         return out
 
 
-@dataclass
-class Job:
-    """One bucket of one stream: where its Δ is, where its average goes, how it is encoded."""
-
-    bucket: Bucket
-    codec: Codec
-    delta: torch.Tensor
-    out: torch.Tensor
-    feedback: ErrorFeedback | None
-    key: str
-    encoded: bool = False
-
-    @property
-    def numel(self) -> int:
-        return self.bucket.numel
-
-
 class PendingExchange:
     """An exchange in flight; ``wait`` gives the averaged pseudo-gradients (per tensor)."""
 
@@ -291,8 +271,6 @@ class Sync(PendingExchange):
         self.tally, self.timer = Tally(), PartTimer(self.clock, settle)
         self.times = {}
         self.peers_quorum_seconds: list[float] | None = None
-        self.contributor_count = None
-        """The all-reduce strategy's one count of contributors per sync (it sets it)."""
         self._error: BaseException | None = None
         queued_from = self.clock.now()
         if settle is not None:  # device timing: the last training step's kernels are not Δ's
@@ -363,7 +341,7 @@ class Sync(PendingExchange):
         gathered = torch.zeros(self.k, len(RECORD_FIELDS), dtype=torch.float64, device=self.device)
         with self.timer("collective"):
             collectives.all_gather(self.manager, gathered, mine).wait()
-        self.count(**record_bytes(self.k))
+        self._count(Traffic(**record_bytes(self.k)))
         if self.failed():
             return
         self.records = gathered.cpu().tolist()  # one copy to the host: the rows are read on it
@@ -376,9 +354,10 @@ class Sync(PendingExchange):
     def _schedule(self) -> None:
         """Each bucket's generator runs to its first collective; the oldest in flight is
         resumed once ``depth`` are out (so encoding overlaps the previous collectives)."""
+        quorum = self._quorum()
         active: collections.deque[tuple[Iterator, Any]] = collections.deque()
         for job in self.jobs:
-            self._advance(active, self.strategy.run(self, job))
+            self._advance(active, self.strategy.run(BucketContext(job, quorum)))
             while len(active) >= self.plan.depth:
                 self._resume(active)
         while active:
@@ -393,67 +372,55 @@ class Sync(PendingExchange):
                 self.link.hold(held_until)
         self._advance(active, gen)
 
-    def _advance(self, active, gen) -> None:
-        """Run ``gen`` to its next collective (queued behind the others, on the link too), or to its end."""
-        try:
-            pending = next(gen)
-        except StopIteration:
-            return
-        sent, received = self._unsent
-        self._unsent = [0.0, 0.0]
-        active.append((gen, pending, self.link.reserve(Transfer(sent, received, self.strategy.rounds(self.k)))))
-
-    # ------------------------------------------------- used by the strategies
-
-    def failed(self) -> bool:
-        return self.manager.errored() is not None
-
-    def encode(self, job: Job, codec: Codec) -> torch.Tensor:
-        """This replica's payload for ``job`` (zeros if it does not contribute); with error
-        feedback the residual piece it replaces is kept in Δ's buffer for a rollback."""
-        if not self.contributes:  # a healed replica adds nothing and must not feed its buffer
-            return self.tally.track(codec.encode(torch.zeros_like(job.delta)))
-        if job.feedback is None:
-            return self.tally.track(codec.encode(job.delta))
-        job.encoded = True
-        return self.tally.track(
-            job.feedback.compress(job.key, job.delta, codec, offset=job.bucket.start, keep=job.delta)
+    def _quorum(self) -> Quorum:
+        """What the buckets' strategy sees of this sync (after the work records: the weights)."""
+        return Quorum(
+            manager=self.manager,
+            k=self.k,
+            rank=self.rank,
+            contributes=self.contributes,
+            quorum_seconds=self.quorum_seconds,
+            device=self.device,
+            weights=self.weights,
+            count=None if self.weighted else ContributorCount(self.manager, self.contributes, self.device, self.k),
+            timer=self.timer,
+            track=self.tally.track,
         )
 
-    def header(self) -> torch.Tensor:
-        flag = torch.tensor([1 if self.contributes else 0], dtype=torch.uint8)
-        seconds = torch.tensor([self.quorum_seconds], dtype=torch.float32).view(torch.uint8)
-        return torch.cat([flag, seconds]).to(self.device)
-
-    def read_headers(self, headers: torch.Tensor) -> list[int]:
-        """Flags of the K senders (``headers``: (K, HEADER_BYTES)); notes their quorum times."""
-        rows = headers.cpu()
-        if self.peers_quorum_seconds is None:
-            self.peers_quorum_seconds = from_bytes(rows[:, 1:], torch.float32).view(-1).tolist()
-        return rows[:, 0].tolist()
-
-    def average_into(
-        self, out: torch.Tensor, rows: torch.Tensor, flags: list[int], codec: Codec, payloads: torch.Tensor
-    ) -> None:
-        """The codec's mean over the contributing rows of ``rows`` (K, m), decoded from
-        ``payloads`` (K, bytes), bitwise the same on every replica; zeros if none contributes."""
-        chosen = [j for j, f in enumerate(flags) if f == 1]
-        self.contributors = len(chosen)
-        if not chosen:
-            out.zero_()
+    def _advance(self, active, gen) -> None:
+        """Run ``gen`` to its next collective (counted, and queued behind the others, on the link
+        too), or to its end (what the bucket learned is recorded)."""
+        try:
+            collective = next(gen)
+        except StopIteration as end:
+            if end.value is not None:
+                self._record(end.value)
             return
-        if len(chosen) < rows.shape[0]:
-            rows, payloads = rows[chosen], payloads[chosen]
-        weights = None if self.weights is None else [self.weights[j] for j in chosen]
-        codec.mean_into(out, rows, payloads, weights)
+        for traffic in collective.traffic:
+            self._count(traffic)
+        sent, received = self._unsent
+        self._unsent = [0.0, 0.0]
+        active.append((gen, collective, self.link.reserve(Transfer(sent, received, self.strategy.rounds(self.k)))))
 
-    def count(self, *, sent: float = 0, received: float = 0, payload: int = 0) -> None:
+    def _record(self, averaged: Averaged) -> None:
+        """What a bucket learned: the contributors (every bucket counts the same ones) and,
+        from the first headers, the peers' quorum times."""
+        if averaged.contributors is not None:
+            self.contributors = averaged.contributors
+        if averaged.quorum_seconds is not None and self.peers_quorum_seconds is None:
+            self.peers_quorum_seconds = averaged.quorum_seconds
+
+    def _count(self, traffic: Traffic) -> None:
         """Bytes of a collective being issued (the emulated link carries them with it)."""
-        self.bytes_sent += sent
-        self.bytes_received += received
-        self.payload_bytes += payload
-        self._unsent[0] += sent
-        self._unsent[1] += received
+        self.bytes_sent += traffic.sent
+        self.bytes_received += traffic.received
+        self.payload_bytes += traffic.payload
+        self._unsent[0] += traffic.sent
+        self._unsent[1] += traffic.received
+
+    def failed(self) -> bool:
+        """A collective of the quorum failed: the buffers hold garbage, nothing will be committed."""
+        return self.manager.errored() is not None
 
     # ------------------------------------------------------------------ caller
 

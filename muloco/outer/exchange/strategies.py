@@ -2,10 +2,13 @@
 
 Each strategy is a torchtitan ``Configurable`` (chosen by its own config class; on the
 command line ``--outer.exchange.strategy allreduce|allgather|reduce_scatter``) whose
-``run(sync, job)`` is a generator over one bucket: it encodes, issues a collective and
-yields it; when the pipeline resumes it (the collective done), it decodes and writes the
-bucket's average into ``job.out``. ``bucket_bytes`` gives, from the wire format alone,
-what one bucket carries: what the pipeline counts from its buffers (the tests compare).
+``run(bucket)`` is a generator over one bucket: it encodes, issues a collective and
+yields it; when the pipeline resumes it (the collective done), it decodes, writes the
+bucket's average into ``bucket.out`` and returns what it learned of the quorum. It sees the
+sync only through its ``bucket.BucketContext`` (encode, issue, count, average), whose
+collectives carry their own bytes: the pipeline counts them and records what is returned.
+``bucket_bytes`` gives, from the wire format alone, what one bucket carries: what the
+pipeline counts from its buffers (the tests compare).
 
 * ``allreduce`` (dense codecs only: payloads are summed as numbers): one all-reduce per
   bucket in the codec's dtype (float32 in place, in Δ's buffer: no copy), and one
@@ -27,7 +30,7 @@ A replica that does not contribute (it has just healed) sends zeros with flag 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Iterator
+from typing import Annotated, Generator
 
 import torch
 import tyro
@@ -35,12 +38,8 @@ from torchtitan.config import Configurable
 
 from muloco.compress import Codec, Dense, Pieces
 from muloco.compress.packing import from_bytes
-from muloco.outer.exchange import collectives
+from muloco.outer.exchange.bucket import HEADER_BYTES, Averaged, BucketContext, Collective
 from muloco.outer.exchange.layout import ranges
-from muloco.outer.exchange.pipeline import HEADER_BYTES, record_bytes
-
-if TYPE_CHECKING:
-    from muloco.outer.exchange.pipeline import Job, Sync
 
 
 class Strategy(Configurable):
@@ -56,7 +55,9 @@ class Strategy(Configurable):
     def check_codec(self, codec: Codec) -> None:
         """Raise ValueError if this strategy cannot carry ``codec``'s payloads."""
 
-    def run(self, sync: "Sync", job: "Job") -> Iterator:
+    def run(self, bucket: BucketContext) -> Generator[Collective, None, Averaged | None]:
+        """Yield each collective as it is issued; return what the bucket learned (None if the
+        quorum failed before it learned anything)."""
         raise NotImplementedError
 
     def rounds(self, k: int) -> int:
@@ -77,11 +78,9 @@ class Strategy(Configurable):
                 total[key] += value
         return total
 
-    def sync_bytes(self, k: int, rank: int = 0, records: bool = False, weighted: bool = False) -> dict[str, float]:
-        """What a sync carries once, beyond its buckets (``records``: the work records; ``weighted``:
-        the average weighs them)."""
-        if records or weighted:
-            return record_bytes(k)
+    def sync_bytes(self, k: int, rank: int = 0, weighted: bool = False) -> dict[str, float]:
+        """What this strategy carries once per sync, beyond its buckets and the work records
+        (``weighted``: the average weighs each Δ by its record)."""
         return {"payload": 0, "sent": 0, "received": 0}
 
 
@@ -99,51 +98,32 @@ class AllReduce(Strategy):
                 f"use allgather or reduce_scatter with {codec.name}"
             )
 
-    def run(self, sync, job):
+    def run(self, bucket):
         """A lossless (float32) bucket is summed in place, in Δ's own buffer; a lossy one is
         encoded (with error feedback) first. Contributors are counted once per sync, by a
         one-element all-reduce of the flags issued with the first bucket; a weighted sync has
         them from its work records, and scales its own Δ by its weight before the sum (lossless
         codecs only: ``Exchange.Config`` refuses a lossy one)."""
-        in_place = job.codec.lossless and job.feedback is None
-        weights = sync.weights if sync.weighted else None
-        with sync.timer("encode"):
+        in_place = bucket.codec.lossless and not bucket.fed
+        with bucket.timer("encode"):
             if in_place:
-                if not sync.contributes:  # a healed replica adds nothing
-                    job.delta.zero_()
-                elif weights is not None and weights[sync.rank] != 1.0:
-                    job.delta.mul_(weights[sync.rank])
-                buf = job.delta
+                buf = bucket.summand()
             else:
-                buf = sync.tally.track(from_bytes(sync.encode(job, job.codec), job.codec.dtype))
-            counter = None if sync.weighted else self._contributor_count(sync)
-        work = collectives.all_reduce(sync.manager, buf)
-        nbytes = buf.numel() * buf.element_size()
-        ring = 2 * (sync.k - 1) / sync.k * nbytes
-        sync.count(payload=nbytes, sent=ring, received=ring)
-        yield work
-        if sync.failed():
-            return
-        with sync.timer("decode"):
-            if counter is not None:
-                sync.contributors = counter.value()
+                buf = bucket.track(from_bytes(bucket.encode(), bucket.codec.dtype))
+            count = bucket.contributor_count()
+        yield bucket.all_reduce(buf)
+        if bucket.failed():
+            return None
+        with bucket.timer("decode"):
+            contributors = None if count is None else count.value()
             # the contributors, or their weights' sum (exact: see pipeline.work_weights); zeros stay zeros
-            total = max(sync.contributors, 1) if weights is None else (sum(weights) or 1.0)
+            weights = bucket.weights
+            total = max(contributors, 1) if weights is None else (sum(weights) or 1.0)
             if in_place:
-                job.out.div_(total)
+                bucket.out.div_(total)
             else:
-                job.out.copy_(buf).div_(total)
-
-    @staticmethod
-    def _contributor_count(sync) -> "_Count":
-        """The sync's contributor count, all-reduced once (with the first bucket that asks)."""
-        counter = sync.contributor_count
-        if counter is None:
-            flag = torch.full((1,), 1.0 if sync.contributes else 0.0, device=sync.device)
-            counter = sync.contributor_count = _Count(flag, collectives.all_reduce(sync.manager, flag))
-            ring = 2 * (sync.k - 1) / sync.k * 4
-            sync.count(payload=4, sent=ring, received=ring)
-        return counter
+                bucket.out.copy_(buf).div_(total)
+        return Averaged(contributors)
 
     def rounds(self, k):
         return 2 * (k - 1)
@@ -153,23 +133,11 @@ class AllReduce(Strategy):
         ring = 2 * (k - 1) / k * payload
         return [{"payload": payload, "sent": ring, "received": ring}]
 
-    def sync_bytes(self, k, rank=0, records=False, weighted=False):
-        once = super().sync_bytes(k, rank, records, weighted)
+    def sync_bytes(self, k, rank=0, weighted=False):
         if weighted:  # the work records count the contributors
-            return once
+            return super().sync_bytes(k, rank, weighted)
         ring = 2 * (k - 1) / k * 4
-        return {key: value + {"payload": 4, "sent": ring, "received": ring}[key] for key, value in once.items()}
-
-
-class _Count:
-    """A one-element all-reduce of the contributor flags; ``value`` waits for it."""
-
-    def __init__(self, flag: torch.Tensor, work):
-        self.flag, self.work = flag, work
-
-    def value(self) -> int:
-        self.work.wait()
-        return int(self.flag.round().item())
+        return {"payload": 4, "sent": ring, "received": ring}
 
 
 class AllGather(Strategy):
@@ -179,19 +147,18 @@ class AllGather(Strategy):
     class Config(Strategy.Config):
         pass
 
-    def run(self, sync, job):
-        with sync.timer("encode"):
-            buf = torch.cat([sync.header(), sync.encode(job, job.codec)])
-            gathered = sync.tally.track(buf.new_empty(sync.k, buf.numel()))
-        fut = collectives.all_gather(sync.manager, gathered, buf)
-        sync.count(payload=buf.numel(), sent=(sync.k - 1) * buf.numel(), received=(sync.k - 1) * buf.numel())
-        yield fut
-        if sync.failed():
-            return
-        with sync.timer("decode"):
-            flags = sync.read_headers(gathered[:, :HEADER_BYTES])
-            rows = sync.tally.track(job.codec.decode(gathered[:, HEADER_BYTES:], job.numel))
-            sync.average_into(job.out, rows, flags, job.codec, gathered[:, HEADER_BYTES:])
+    def run(self, bucket):
+        with bucket.timer("encode"):
+            buf = torch.cat([bucket.header(), bucket.encode()])
+        gathered, collective = bucket.all_gather(buf)
+        yield collective
+        if bucket.failed():
+            return None
+        with bucket.timer("decode"):
+            senders = bucket.read_headers(gathered[:, :HEADER_BYTES])
+            rows = bucket.track(bucket.codec.decode(gathered[:, HEADER_BYTES:], bucket.numel))
+            averaged = bucket.average(bucket.out, rows, senders, bucket.codec, gathered[:, HEADER_BYTES:])
+        return averaged
 
     def rounds(self, k):
         return k - 1
@@ -222,44 +189,43 @@ class ReduceScatter(Strategy):
                 f"--outer.exchange.strategy allgather with {codec.name}"
             )
 
-    def run(self, sync, job):
-        k, me, codec = sync.k, sync.rank, job.codec
-        ranged = Pieces(codec, ranges(job.numel, k, codec.alignment))  # error feedback sees what is sent
-        with sync.timer("encode"):
-            header = sync.header()
-            pieces = [torch.cat([header, p]) for p in sync.encode(job, ranged).split(ranged.sizes)]
+    def run(self, bucket):
+        """The first phase's average is what the bucket learned; a failure in the second phase
+        still reports it."""
+        k, me, codec = bucket.k, bucket.rank, bucket.codec
+        ranged = Pieces(codec, ranges(bucket.numel, k, codec.alignment))  # error feedback sees what is sent
+        with bucket.timer("encode"):
+            header = bucket.header()
+            pieces = [torch.cat([header, p]) for p in bucket.encode(ranged).split(ranged.sizes)]
             send_splits = [p.numel() for p in pieces]
-            send = sync.tally.track(torch.cat(pieces))
+            send = bucket.track(torch.cat(pieces))
             del pieces
-        recv, fut = collectives.all_to_all(sync.manager, send, send_splits, [send_splits[me]] * k)
-        sync.tally.track(recv)
-        sync.count(payload=send.numel(), sent=send.numel() - send_splits[me], received=recv.numel() - send_splits[me])
-        yield fut
-        if sync.failed():
-            return
+        recv, first = bucket.all_to_all(send, send_splits, [send_splits[me]] * k, payload=True)
+        yield first
+        if bucket.failed():
+            return None
         (a, b) = ranged.bounds[me]
-        with sync.timer("decode"):
+        with bucket.timer("decode"):
             mine = recv.view(k, -1)
-            flags = sync.read_headers(mine[:, :HEADER_BYTES])
-            rows = sync.tally.track(codec.decode(mine[:, HEADER_BYTES:], b - a))
-            average = sync.tally.track(torch.empty(b - a, dtype=torch.float32, device=rows.device))
-            sync.average_into(average, rows, flags, codec, mine[:, HEADER_BYTES:])
+            senders = bucket.read_headers(mine[:, :HEADER_BYTES])
+            rows = bucket.track(codec.decode(mine[:, HEADER_BYTES:], b - a))
+            average = bucket.track(torch.empty(b - a, dtype=torch.float32, device=rows.device))
+            averaged = bucket.average(average, rows, senders, codec, mine[:, HEADER_BYTES:])
             del rows, recv, mine, send
-        with sync.timer("encode"):
-            chunk = sync.tally.track(codec.encode(average))
+        with bucket.timer("encode"):
+            chunk = bucket.track(codec.encode(average))
             del average
-        send2 = sync.tally.track(chunk.repeat(k))
-        recv2, fut2 = collectives.all_to_all(sync.manager, send2, [chunk.numel()] * k, ranged.sizes)
-        sync.tally.track(recv2)
-        sync.count(sent=send2.numel() - chunk.numel(), received=recv2.numel() - ranged.sizes[me])
+        send2 = bucket.track(chunk.repeat(k))
+        recv2, second = bucket.all_to_all(send2, [chunk.numel()] * k, ranged.sizes, payload=False)
         del send2
-        yield fut2
-        if sync.failed():
-            return
-        with sync.timer("decode"):
+        yield second
+        if bucket.failed():
+            return averaged
+        with bucket.timer("decode"):
             for piece, (a, b) in zip(recv2.split(ranged.sizes), ranged.bounds):
                 if b > a:
-                    job.out[a:b].copy_(codec.decode(piece, b - a))
+                    bucket.out[a:b].copy_(codec.decode(piece, b - a))
+        return averaged
 
     @staticmethod
     def _first_phase_bytes(k: int, sizes: list[int], me: int) -> dict[str, float]:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Callable
 
 from drill_train import open_gate, release
-from progress import FolderProgress
+from progress import FolderProgress, until
 from replicas import DILOCO_TINY, DRILL_ENTRY, summary, syncs, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
@@ -442,13 +442,16 @@ class Pacer(threading.Thread):
     def _until(self, what: str, happened: Callable[[], bool]) -> None:
         """Wait for an event of the job; a job that writes nothing (logs, metrics, checkpoints,
         drill markers) for PACE_TIMEOUT seconds is hung, however long it has run."""
-        progress = FolderProgress(PACE_TIMEOUT, self.dump, self.markers)
-        while not happened():
-            if self.done.is_set():
-                raise PacingError(f"the job ended first: {what}")
-            if progress.expired():
-                raise PacingError(f"{what} ({progress})")
-            time.sleep(0.1)
+        try:
+            until(
+                what,
+                lambda: self.done.is_set() or happened(),
+                progress=FolderProgress(PACE_TIMEOUT, self.dump, self.markers),
+            )
+        except AssertionError as err:
+            raise PacingError(str(err).strip()) from None
+        if not happened():
+            raise PacingError(f"the job ended first: {what}")
 
     def _comeback(self, c: Comeback) -> None:
         if c.hold is None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+HANG_S = 300
+"""Seconds without a new log line (or, for ``until``, without the event) that make a wait a hang."""
 JOB_QUIET_S = 300
 """Seconds in which a SLURM job's run writes nothing (no log line, metrics record, checkpoint or
 drill marker) before a test calls it hung: importing torch and torchtitan under load prints
@@ -45,3 +47,24 @@ class FolderProgress:
 
     def __str__(self) -> str:
         return f"nothing under {', '.join(map(str, self.paths))} changed for {self.quiet_s:g} s"
+
+
+def until(
+    what: str,
+    happened,
+    timeout: float = HANG_S,
+    poll: float = 0.1,
+    detail=lambda: "",
+    progress: FolderProgress | None = None,
+) -> None:
+    """Wait for an event (``happened()`` true), polling; fail naming it (and ``detail()``) after a
+    hang timeout. The one way the tests wait: for an event, never for a time. An event that
+    training brings about is given the runs' ``progress``: the wait fails once they stop writing
+    (for its quiet time), however long they take; ``timeout`` is for events nothing writes toward."""
+    deadline = time.monotonic() + timeout
+    while not happened():
+        if progress is not None:
+            assert not progress.expired(), f"{what} ({progress})\n{detail()}"
+        else:
+            assert time.monotonic() < deadline, f"{what} (waited {timeout:.0f} s)\n{detail()}"
+        time.sleep(poll)

@@ -18,13 +18,11 @@ import time
 from pathlib import Path
 
 from conftest import REPO, TINY
-from progress import FolderProgress
+from progress import HANG_S, FolderProgress, until  # noqa: F401 - HANG_S: the tests take it from here too
 
 from muloco.utils.ports import free_ports
 
 DRILL_ENTRY = [sys.executable, str(REPO / "tests" / "drill_train.py")]
-HANG_S = 300
-"""Seconds without a new log line (or, for ``until``, without the event) that make a wait a hang."""
 
 DILOCO_TINY = [
     *TINY,
@@ -70,16 +68,16 @@ class Cluster:
             str(self.heartbeat_timeout_ms),
         ]
         proc = self._spawn("lighthouse", cmd, {})
-        deadline = time.time() + HANG_S
-        while time.time() < deadline:
-            m = re.search(r"listening on (http://\S+)", self.logs["lighthouse"].read_text())
-            if m:
-                self.url = m.group(1)
-                return self.url
-            if proc.poll() is not None:
-                break
-            time.sleep(0.1)
-        raise RuntimeError(f"lighthouse did not start: {self.logs['lighthouse'].read_text()}")
+
+        def listening():
+            assert proc.poll() is None, (
+                f"the lighthouse exited {proc.returncode}: {self.logs['lighthouse'].read_text()}"
+            )
+            return re.search(r"listening on (http://\S+)", self.logs["lighthouse"].read_text())
+
+        until("the lighthouse to listen", listening, detail=lambda: self.logs["lighthouse"].read_text())
+        self.url = listening().group(1)
+        return self.url
 
     def start_replica(
         self, i: int, args: list[str], tag: str | None = None, env: dict | None = None, entry: list[str] | None = None
@@ -169,27 +167,6 @@ class Cluster:
                 except ProcessLookupError:
                     pass
                 proc.wait(timeout=30)
-
-
-def until(
-    what: str,
-    happened,
-    timeout: float = HANG_S,
-    poll: float = 0.1,
-    detail=lambda: "",
-    progress: FolderProgress | None = None,
-) -> None:
-    """Wait for an event (``happened()`` true), polling; fail naming it (and ``detail()``) after a
-    hang timeout. The one way the tests wait: for an event, never for a time. An event that
-    training brings about is given the runs' ``progress``: the wait fails once they stop writing
-    (for its quiet time), however long they take; ``timeout`` is for events nothing writes toward."""
-    deadline = time.monotonic() + timeout
-    while not happened():
-        if progress is not None:
-            assert not progress.expired(), f"{what} ({progress})\n{detail()}"
-        else:
-            assert time.monotonic() < deadline, f"{what} (waited {timeout:.0f} s)\n{detail()}"
-        time.sleep(poll)
 
 
 def waiting_in_quorum(url: str) -> int:

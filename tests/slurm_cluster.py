@@ -19,6 +19,8 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from progress import until
+
 REPO = Path(__file__).resolve().parents[1]
 INSTALL_SCRIPT = REPO / "scripts" / "install_test_slurm.sh"
 BINARIES = ("slurmctld", "slurmd", "sbatch", "munged")
@@ -206,13 +208,11 @@ def proc_environ(pid: int) -> dict[str, str]:
 def _wait_until(check, timeout: float, interval: float = 0.1, progress=None) -> bool:
     """Poll ``check`` until true (True) or the wait is over (False): ``timeout`` seconds, or with
     ``progress`` (``tests/progress.py``) once it says the runs stopped making progress."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if check():
-            return True
-        if progress.expired() if progress is not None else time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
+    try:
+        until("", check, timeout, interval, progress=progress)
+    except AssertionError:  # the wait is over: the caller says what did not happen
+        return False
+    return True
 
 
 def _parse_record(line: str) -> dict[str, str]:

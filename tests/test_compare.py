@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import QUIET_S, REPO, run_watched
+from progress import FolderProgress, until
 from slurm_cluster import pid_alive
 
 from muloco.compare.suites import ROWS, SUITES, SuiteError, data_overrides, plan
@@ -673,24 +674,18 @@ def test_sigterm_stops_the_running_run_with_the_suite(tmp_path):
     stderr = tmp_path / "stderr"
     try:
         import re
-        import time
 
-        # Hung means no new output for QUIET_S seconds, never a total time (a busy machine is slow).
-        seen, last = 0, time.monotonic()
-        while not re.search(r"step [1-9]\d*/400", stderr.read_text()):
+        def training():  # hung: no new output for QUIET_S seconds, never a total time (a busy machine is slow)
             assert proc.poll() is None, stderr.read_text()[-3000:]
-            if stderr.stat().st_size != seen:
-                seen, last = stderr.stat().st_size, time.monotonic()
-            assert time.monotonic() - last < QUIET_S, f"no output for {QUIET_S} s:\n{stderr.read_text()[-3000:]}"
-            time.sleep(0.5)
+            return re.search(r"step [1-9]\d*/400", stderr.read_text())
+
+        tail = lambda: stderr.read_text()[-3000:]  # noqa: E731
+        until("a step of the suite's run", training, poll=0.5, detail=tail, progress=FolderProgress(QUIET_S, stderr))
         below = _descendants(proc.pid)
         assert len(below) >= 3  # the local launcher, its lighthouse and groups
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=QUIET_S) != 0
-        stopping = time.monotonic()
-        while any(pid_alive(p) for p in below) and time.monotonic() - stopping < QUIET_S:
-            time.sleep(0.2)
-        assert not [p for p in below if pid_alive(p)]
+        until("every process of the suite to end", lambda: not any(pid_alive(p) for p in below), QUIET_S, 0.2)
         manifest = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
         assert [m["state"] for m in manifest] == ["CANCELLED"]  # not finished: the next invocation resumes it
         said = stderr.read_text()  # how to go on, and no traceback (submitit's controllers write to their own log)

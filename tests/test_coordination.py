@@ -19,7 +19,7 @@ from muloco import compat
 
 compat.apply()
 
-from replicas import until  # noqa: E402
+from progress import until  # noqa: E402
 from torch.distributed import TCPStore  # noqa: E402
 from torchft import Manager, ProcessGroupGloo  # noqa: E402
 from torchft.coordination import LighthouseClient, LighthouseServer  # noqa: E402

@@ -10,8 +10,8 @@ import time
 import pytest
 from conftest import REPO, read_metrics, run_watched
 from drill_train import release
-from progress import FolderProgress
-from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, until, waiting_in_quorum
+from progress import FolderProgress, until
+from replicas import DILOCO_TINY, DRILL_ENTRY, HANG_S, Cluster, losses, summary, syncs, waiting_in_quorum
 
 from muloco.launch.local import LocalJob
 from muloco.report.runs import load_run

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_watched
+from progress import until
 
 from muloco.launch.lighthouse import LighthouseError, parse_bind, quorum_size, start_lighthouse
 from muloco.launch.local import LocalJob, job_from_args, main
@@ -492,10 +493,9 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path):
         term_grace_s=1.0,
     )
     t, result = run_in_thread(job)
-    deadline = time.monotonic() + HANG_S
-    while "[r0] ready" not in console.getvalue():  # it ignores SIGTERM from now on
-        assert time.monotonic() < deadline, console.getvalue()
-        time.sleep(0.05)
+    until(
+        "[r0] ready", lambda: "[r0] ready" in console.getvalue(), HANG_S, 0.05, console.getvalue
+    )  # it ignores SIGTERM now
     t0 = time.monotonic()
     job.stop()
     t.join(HANG_S)
@@ -521,10 +521,12 @@ def test_ctrl_c_stops_everything(tmp_path):
         [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
-        deadline = time.monotonic() + HANG_S
-        while len(list(pid_dir.iterdir())) < 2:
-            assert time.monotonic() < deadline and proc.poll() is None, "the replicas did not start"
-            time.sleep(0.1)
+
+        def started():
+            assert proc.poll() is None, "the launcher exited before its replicas started"
+            return len(list(pid_dir.iterdir())) >= 2
+
+        until("the replicas to start", started, HANG_S)
         pids = [int(p.name) for p in pid_dir.iterdir()]
         assert len(pids) == 2
         proc.send_signal(signal.SIGINT)

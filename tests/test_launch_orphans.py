@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from progress import until
 
 from muloco.launch.parent_death import die_with_launcher
 
@@ -94,11 +95,12 @@ class SleeperJob:
         """Until every replica recorded itself and its child; then record the rank processes
         that torchrun started them through, and the launcher's direct children (torchrun
         agents, watchdog)."""
-        deadline = time.monotonic() + timeout
-        while len(os.listdir(self.pid_dir)) < self.replicas:
+
+        def up():
             assert self.proc.poll() is None, self.out.read_text()
-            assert time.monotonic() < deadline, self.out.read_text()
-            time.sleep(0.1)
+            return len(os.listdir(self.pid_dir)) >= self.replicas
+
+        until("every replica to record itself and its child", up, timeout, detail=self.out.read_text)
         for name in os.listdir(self.pid_dir):
             replica, child = map(int, name.split("-"))
             self.run_pids.update((replica, child, parent_of(replica)))

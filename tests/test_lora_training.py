@@ -220,8 +220,8 @@ def test_a_group_that_heals_in_a_lora_run_receives_the_adapters_not_the_frozen_b
     it receives (model, optimizer, θ_g and the rest) is a fraction of the frozen base alone, and
     both groups end on one θ_g."""
     from conftest import read_metrics
-    from progress import FolderProgress
-    from replicas import DILOCO_TINY, HANG_S, Cluster, summary, until
+    from progress import FolderProgress, until
+    from replicas import DILOCO_TINY, HANG_S, Cluster, summary
 
     c = Cluster(tmp_path, 2, min_replicas=1)
     try:

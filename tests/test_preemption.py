@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from conftest import QUIET_S, REPO, TINY, read_metrics
-from progress import FolderProgress
-from replicas import summary, until
+from progress import FolderProgress, until
+from replicas import summary
 
 pytestmark = pytest.mark.timeout(900)
 RUN = [*TINY, "--metrics.log_freq", "1", "--checkpoint.interval", "1000", "--validator.freq", "1000"]

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, TINY, read_metrics, watch
 from drill_train import open_gate, release
-from progress import JOB_QUIET_S, FolderProgress
-from replicas import syncs, until
+from progress import JOB_QUIET_S, FolderProgress, until
+from replicas import syncs
 
 pytestmark = pytest.mark.timeout(1800)  # hang timeouts only: the suite may share the machine with others
 

@@ -442,15 +442,18 @@ class Pacer(threading.Thread):
     def _until(self, what: str, happened: Callable[[], bool]) -> None:
         """Wait for an event of the job; a job that writes nothing (logs, metrics, checkpoints,
         drill markers) for PACE_TIMEOUT seconds is hung, however long it has run."""
+        seen: list[bool] = []  # the event as it was seen once (a status read may change on a second look)
+
+        def over() -> bool:
+            if happened():
+                seen.append(True)
+            return bool(seen) or self.done.is_set()
+
         try:
-            until(
-                what,
-                lambda: self.done.is_set() or happened(),
-                progress=FolderProgress(PACE_TIMEOUT, self.dump, self.markers),
-            )
+            until(what, over, progress=FolderProgress(PACE_TIMEOUT, self.dump, self.markers))
         except AssertionError as err:
             raise PacingError(str(err).strip()) from None
-        if not happened():
+        if not seen:
             raise PacingError(f"the job ended first: {what}")
 
     def _comeback(self, c: Comeback) -> None:

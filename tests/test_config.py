@@ -223,3 +223,15 @@ def test_a_setting_of_another_variant_names_the_chosen_one(args, message):
     with pytest.raises(ConfigError) as err:
         parse_args(["--config", "diloco/muloco_2bit", *args])
     assert message in str(err.value)
+
+
+def test_a_variant_switch_keeps_only_what_its_common_config_carries():
+    """``--objective mdlm`` on a next-token config gets masked diffusion's own defaults (its document
+    mask on), not the AR config's values of the fields both objectives have; the outer optimizers
+    carry their lr and momentum (``carried_on_switch``) and nothing else is carried."""
+    _, config = parse_args(["--config", "diloco/diloco", "--objective", "mdlm"])
+    assert config.objective.document_mask is True
+    _, config = parse_args(["--config", "diffusion/muloco", "--objective", "ar"])
+    assert config.objective.document_mask is False
+    _, config = parse_args(["--config", "diloco/diloco", "--outer.optimizer.lr", "0.3", "--outer.optimizer", "sgd"])
+    assert (config.outer.optimizer.lr, config.outer.optimizer.momentum) == (0.3, 0.9)

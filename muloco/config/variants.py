@@ -7,8 +7,8 @@ config module set, if it is already that class: its settings are kept), and the 
 class's own settings are then ordinary keys (``--outer.exchange.codec.bits 2``): tyro
 parses them because the fields are marked ``AvoidSubcommands`` (no subcommand syntax; the
 default, i.e. the chosen instance, is what it fills in); ``--FIELD.name NAME`` is the same
-as ``--FIELD NAME``. Switching variants keeps the settings declared by a config class both derive
-from (the outer optimizers' lr and momentum). A setting of another variant is
+as ``--FIELD NAME``. Switching variants keeps only the settings their common config class lists in
+``carried_on_switch`` (the outer optimizers' lr and momentum). A setting of another variant is
 an error that names the chosen one and where the setting belongs. The names come from the
 type annotation itself: no registry to keep in step.
 """
@@ -99,18 +99,15 @@ def _index(config) -> dict[str, tuple[Any, str, dict[str, type | None]]]:
 
 
 def _shared_settings(current, cls) -> dict[str, Any]:
-    """The settings ``current`` holds that ``cls`` declares through a config class they both derive
-    from (``--outer.optimizer sgd`` keeps the lr and momentum a config module gave Nesterov):
-    declared once, they mean the same in either; a setting each variant declares for itself is not
-    carried over (a JSONL file's path is no Hugging Face dataset name)."""
+    """The settings a switch from ``current`` to ``cls`` keeps: those their nearest common config
+    class names in its ``carried_on_switch`` (``--outer.optimizer sgd`` keeps the lr and momentum a
+    config module gave Nesterov). Nothing else is carried: a field both variants have may still mean
+    different things or have other defaults in each (an objective's document mask, a recipe's
+    annealing, a JSONL path against a Hugging Face dataset name)."""
     if current is None:
         return {}
     common = next((base for base in type(current).__mro__ if isinstance(base, type) and issubclass(cls, base)), None)
-    if common is None or not dataclasses.is_dataclass(common):
-        return {}
-    return {
-        f.name: getattr(current, f.name) for f in dataclasses.fields(common) if f.init and not f.name.startswith("_")
-    }
+    return {name: getattr(current, name) for name in getattr(common, "carried_on_switch", ())}
 
 
 def apply_choices(config, args: list[str]) -> list[str]:

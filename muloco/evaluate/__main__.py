@@ -113,7 +113,8 @@ def _task_index(include_path: str | None, _version: float):
 
 
 def _task_manager(include_path: str | None, tasks: list[str]):
-    version = Path(include_path).stat().st_mtime if include_path else 0.0
+    folder = Path(include_path) if include_path else None  # its newest change: an edited YAML is read again
+    version = max((p.stat().st_mtime for p in (folder, *folder.rglob("*"))), default=0.0) if folder else 0.0
     manager = _task_index(include_path, version)
     found = manager.match_tasks(tasks)
     missing = [t for t in tasks if t not in found and not fnmatch.filter(found, t)]

@@ -4,13 +4,7 @@ huggingface_hub's own lookup, never a flag, never printed or written."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    pass
-
-# torch, safetensors and torchtitan are imported once the command line is parsed (in the
-# functions that use them): ``--help`` and a usage error answer without them.
 from muloco.export.folder import ExportError
 
 

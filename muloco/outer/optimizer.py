@@ -89,6 +89,8 @@ class _TorchSGD(OuterOptimizer):
 
     @dataclass(kw_only=True, slots=True)
     class Config(OuterOptimizer.Config):
+        carried_on_switch: ClassVar[tuple[str, ...]] = ("lr", "momentum")
+        """``--outer.optimizer nesterov|sgd`` keeps these (``config/variants.py``): the same η and μ in either."""
         lr: float = 0.7
         """Outer learning rate η (DiLoCo: 0.7; MuLoCo's configs 0.8-0.9)."""
         momentum: float = 0.9
@@ -201,4 +203,4 @@ OuterOptimizerConfig = (
 )
 """``--outer.optimizer nesterov|sgd|none`` (``muloco/config/variants.py``): η and μ are then
 ``--outer.optimizer.lr`` and ``--outer.optimizer.momentum``; switching between nesterov and sgd
-keeps them."""
+keeps them (``carried_on_switch``)."""

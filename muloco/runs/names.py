@@ -17,7 +17,7 @@ def _codec_detail(outer: dict) -> str:
         return ""
     ef = "ef" if outer["error_feedback"]["enabled"] else "noef"
     tiles = f"-tiles{outer['tiles']}" if outer.get("tiles") else ""
-    return "-".join(filter(None, [codec["detail"] + tiles, ef]))
+    return "-".join(filter(None, [codec["detail"] + (tiles if codec["detail"] else ""), ef]))
 
 
 def _outer_step_label(outer: dict) -> str:
@@ -42,7 +42,7 @@ def _outer_step_label(outer: dict) -> str:
 
 def _flavor_label(flavor: str) -> str:
     """The flavor as a folder name says it: ``w128-d4-h2``, ``hf-<folder name>`` for ``hf:DIR``."""
-    from muloco.models import hf_folder  # models loads torch: this module stays torch-free for compare's CLI
+    from muloco.models.flavors import hf_folder  # the map, torch-free: this module stays so for compare's CLI
 
     folder = hf_folder(flavor)
     return f"hf-{Path(folder).resolve().name}" if folder is not None else flavor.replace("llama3-", "")

@@ -156,8 +156,8 @@ class Exchange(Configurable):
             why = (
                 "outer.exchange.weighting tokens"
                 if self.weighting == "tokens"
-                else f"{rounds} rounds weigh each group's Δ by its tokens (outer.exchange.weighting auto; equal "
-                "turns it off), which"
+                else f"{rounds or 'these'} rounds weigh each group's Δ by its tokens (outer.exchange.weighting auto; "
+                "equal turns it off), which"
             )
             carried = [self.codec] + ([Dense.Config(dtype=self.skip_dtype)] if self.skip_pattern else [])
             lossy = [c.describe() for c in (c.build() for c in carried) if not c.lossless]

@@ -19,7 +19,7 @@ from muloco.utils.errors import BAD_INPUT, MulocoError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("muloco.train:command", "train one replica group, or a DDP run"),
     "local": ("muloco.launch.local", "K replica groups and a torchft lighthouse on this machine"),
-    "slurm": ("muloco.launch.slurm", "write and submit SLURM jobs (kinds: ddp, groups, spanning, array)"),
+    "slurm": ("muloco.launch.slurm.jobs", "write and submit SLURM jobs (kinds: ddp, groups, spanning, array)"),
     "sweep": ("", "run a sweep file (jobs/sweeps/*.py) on SLURM or here"),
     "compare": ("muloco.compare.__main__", "the paper's comparison suites and their table"),
     "report": ("muloco.report.__main__", "tables and plots of runs and sweeps"),

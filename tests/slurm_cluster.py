@@ -161,7 +161,7 @@ def free_ports(n: int, host: str) -> list[int]:
 
 
 RDZV_PORTS = range(26400, 29400)
-"""Where muloco.launch.slurm_group puts its rendezvous stores: no daemon may sit there."""
+"""Where muloco.launch.slurm.group puts its rendezvous stores: no daemon may sit there."""
 
 
 def _daemon_ports(n: int) -> list[int]:

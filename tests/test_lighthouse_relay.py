@@ -104,7 +104,7 @@ def test_the_relay_process_prints_its_url_ignores_sigterm_and_dies_with_its_pare
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from muloco.launch.slurm_group import start_relay\n"
+            "from muloco.launch.slurm.group import start_relay\n"
             f"print(start_relay({str(url_file)!r}, 5), flush=True)\n"
             "time.sleep(600)\n",
         ],

@@ -556,7 +556,7 @@ def test_dry_run_submits_and_writes_nothing_and_the_scripts_hold_no_secrets(slur
 
 def generate_here(capsys, *args: str) -> tuple[int, str, str]:
     """The generator in this process (no second torchtitan import): status, stdout, stderr."""
-    from muloco.launch.slurm import main
+    from muloco.launch.slurm.jobs import main
 
     status = main(list(args))
     out = capsys.readouterr()

@@ -11,8 +11,8 @@ import subprocess
 import pytest
 from conftest import run_watched
 
-from muloco.launch.cluster import ClusterError, ClusterSettings, NodeInfo, check_request, resolve_partition
-from muloco.launch.slurm import JobSpec, Script, main, preamble, sbatch_value, scale_mem, submit_scripts
+from muloco.launch.slurm.cluster import ClusterError, ClusterSettings, NodeInfo, check_request, resolve_partition
+from muloco.launch.slurm.jobs import JobSpec, Script, main, preamble, sbatch_value, scale_mem, submit_scripts
 
 CPU = ["--gpus-per-node", "0", "--cpus-per-node", "2", "--dry-run"]
 
@@ -251,7 +251,7 @@ def test_down_nodes_warn_instead_of_refusing_and_limits_are_checked():
 def test_a_dry_run_does_not_wait_for_a_silent_sinfo(capsys, monkeypatch, tmp_path):
     """A controller that is down (or no slurm.conf) can leave sinfo retrying for minutes: a dry run
     gives up after its short timeout, says so, and prints the job."""
-    import muloco.launch.slurm as slurm_module
+    import muloco.launch.slurm.jobs as slurm_module
 
     _fake_sinfo(monkeypatch, tmp_path, "exec sleep 600")
     monkeypatch.setattr(slurm_module, "DRY_RUN_SINFO_TIMEOUT_S", 0.5)

@@ -56,7 +56,7 @@ LOCAL_SCRIPTS = {  # jobs/local/<script> -> (its default config, objective)
     "diffusion.sh": ("diffusion/muloco_2bit", "mdlm"),
 }
 
-SLURM_GROUPS = ["muloco.launch.slurm_group", "muloco.launch.lighthouse"]
+SLURM_GROUPS = ["muloco.launch.slurm.group", "muloco.launch.lighthouse"]
 SLURM_SCRIPTS = {  # jobs/slurm/<script> -> (kind, config, extra arguments, the `-m` modules its jobs run)
     "ddp.sh": ("ddp", "gpu/ddp_muon", [], ["torch.distributed.run", "muloco.train"]),
     "diffusion.sh": ("groups", "diffusion/muloco_2bit", [], ["muloco.launch.local"]),
@@ -229,7 +229,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
         f"{THIS}::test_slurm_script_dry_run[submit.sh]",
         "tests/test_slurm_jobs.py::test_k2_muloco_2bit_job_runs_to_completion_under_slurm",
     ),
-    "muloco.launch.slurm_group": (f"{THIS}::test_entry_point_help[muloco.launch.slurm_group]", SLURM_ARRAY),
+    "muloco.launch.slurm.group": (f"{THIS}::test_entry_point_help[muloco.launch.slurm.group]", SLURM_ARRAY),
     "muloco.model_map": (
         f"{THIS}::test_entry_point_help[muloco.model_map]",
         "tests/test_model_map.py::test_the_table_as_users_print_it",

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 from conftest import REPO
 
-from muloco.launch.cluster import ClusterError, ClusterSettings, _gpus, load_cluster_settings
-from muloco.launch.slurm import JobError, JobSpec
-from muloco.launch.slurm_commands import combined_state, states_in
-from muloco.launch.sweep import grid, lr_grid, plan, render, same_shape
+from muloco.launch.slurm.cluster import ClusterError, ClusterSettings, _gpus, load_cluster_settings
+from muloco.launch.slurm.commands import combined_state, states_in
+from muloco.launch.slurm.jobs import JobError, JobSpec
+from muloco.launch.sweeps.sweep import grid, lr_grid, plan, render, same_shape
 from muloco.runs.sweep_manifest import Entry, ManifestError, read_manifest, write_manifest
 
 SWEEP_FILES = sorted((REPO / "jobs" / "sweeps").glob("*.py"))
@@ -63,7 +63,7 @@ def test_runs_of_one_shape_share_an_array_and_mixed_kinds_do_not(tmp_path):
     tiny = {"--model.flavor": "llama3-w64-d2-h2"}
     same = plan(runpy.run_path(str(REPO / "jobs/sweeps/tiny_cpu.py"))["SWEEP"], str(tmp_path), spec, [])
     assert same_shape(same)
-    from muloco.launch.sweep import Sweep
+    from muloco.launch.sweeps.sweep import Sweep
 
     mixed = Sweep(
         "m",
@@ -74,7 +74,7 @@ def test_runs_of_one_shape_share_an_array_and_mixed_kinds_do_not(tmp_path):
 
 
 def test_runs_with_different_k_are_not_one_array_and_spanning_runs_render_as_one(tmp_path):
-    from muloco.launch.sweep import Sweep
+    from muloco.launch.sweeps.sweep import Sweep
 
     spec = lambda c, o: JobSpec(c, o, ClusterSettings(gpus_per_node=8))  # noqa: E731
     fixed = {"--model.flavor": "llama3-w64-d2-h2", "--training.steps": 30}
@@ -104,14 +104,14 @@ def test_runs_with_different_k_are_not_one_array_and_spanning_runs_render_as_one
 
 
 def test_a_run_larger_than_max_nodes_is_refused_instead_of_waiting_forever():
-    from muloco.launch.sweep import wait_for_nodes
+    from muloco.launch.sweeps.sweep import wait_for_nodes
 
     with pytest.raises(JobError, match="more than --max-nodes 2: it could never start"):
         wait_for_nodes(3, 2, 0.1, print)
 
 
 def test_two_runs_with_one_name_are_refused(tmp_path):
-    from muloco.launch.sweep import Sweep
+    from muloco.launch.sweeps.sweep import Sweep
 
     twice = Sweep("d", grid("ddp", "ddp/adamw", nodes=1, vary={"--debug.seed": [1, 2]}))
     with pytest.raises(JobError, match="both named"):
@@ -171,7 +171,7 @@ def test_cluster_settings_precedence_and_type_errors(tmp_path):
 
 
 def test_paper_settings_split_the_batch_over_k_and_rescale_the_weight_decay():
-    from muloco.launch.sweep import paper_batch_and_decay
+    from muloco.launch.sweeps.sweep import paper_batch_and_decay
     from muloco.models.flavors import parse_flavor, steps_for_batch
 
     flavor = "llama3-w1024-d12-h8"
@@ -203,8 +203,8 @@ def test_the_smoke_copy_asks_for_the_gpus_and_cpus_its_run_asks_for(tmp_path):
     """``--smoke-steps``: the short copy of the first run goes to the run's partition with the run's
     request. It was rebuilt without the placed partition and asked for no GPU (a CPU job of one
     rank on a GPU cluster)."""
-    from muloco.launch.cluster import NodeInfo
-    from muloco.launch.sweep import Sweep, smoke_script
+    from muloco.launch.slurm.cluster import NodeInfo
+    from muloco.launch.sweeps.sweep import Sweep, smoke_script
 
     nodes = [NodeInfo("gpu", f"n{i}", cpus=64, gpus=8) for i in range(2)]
     sweep = Sweep(
@@ -225,7 +225,7 @@ def test_the_smoke_copy_asks_for_the_gpus_and_cpus_its_run_asks_for(tmp_path):
 def test_the_smoke_copy_of_a_run_given_in_epochs_trains_the_smoke_steps(tmp_path):
     """A run whose length is ``--training.epochs`` would refuse the smoke's ``--training.steps``
     beside it (both set the length): the smoke copy leaves the epochs out."""
-    from muloco.launch.sweep import Sweep, smoke_script
+    from muloco.launch.sweeps.sweep import Sweep, smoke_script
 
     sweep = Sweep(
         "s",

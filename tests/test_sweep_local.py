@@ -15,7 +15,7 @@ import pytest
 from conftest import QUIET_S, REPO, TINY
 from slurm_cluster import pid_alive
 
-from muloco.launch.sweep import Sweep, grid, main
+from muloco.launch.sweeps.sweep import Sweep, grid, main
 
 pytestmark = pytest.mark.timeout(900)
 SHORT = [*TINY, "--training.steps", "4", "--validator.freq", "4", "--checkpoint.interval", "4"]
@@ -88,7 +88,7 @@ def test_a_local_sweep_lets_groups_share_the_gpus_only_where_a_run_has_more_grou
 RUNNER = """
 import sys
 from muloco.compare.runner import stop_on_sigterm
-from muloco.launch.local_runs import LocalRuns
+from muloco.launch.sweeps.local_runs import LocalRuns
 stop_on_sigterm()
 from muloco.runs.sweep_manifest import Entry
 runs = LocalRuns(sys.argv[1], 1, {}, record=lambda event: print(event.state, flush=True), say=lambda _: None)
@@ -136,7 +136,7 @@ def test_a_cancel_while_a_runs_launcher_starts_is_held_until_it_has_started(tmp_
     """submitit cancels with SIGINT; one that arrives inside ``Popen`` would leave the launcher
     running (its own session) with no handle to stop it. ``run_command`` holds it until the
     launcher has started, then stops the launcher's session and re-raises."""
-    from muloco.launch import local_runs
+    from muloco.launch.sweeps import local_runs
 
     marker = str(tmp_path / "launcher")  # names the stand-in launcher on its command line, for pgrep
     real_popen = subprocess.Popen

@@ -4,7 +4,7 @@ python jobs/sweeps/ddp_baselines.py --dry-run
 python jobs/sweeps/ddp_baselines.py --partition gpu --max-nodes 16
 """
 
-from muloco.launch.sweep import Sweep, grid, lr_grid, main
+from muloco.launch.sweeps.sweep import Sweep, grid, lr_grid, main
 from muloco.models.flavors import parse_flavor
 
 FLAVOR = "llama3-w1024-d12-h8"  # the GPU presets' shape (416M)

@@ -5,7 +5,7 @@ values.
     python jobs/sweeps/diffusion.py --dry-run
 """
 
-from muloco.launch.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
+from muloco.launch.sweeps.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
 from muloco.models.flavors import parse_flavor
 
 FLAVOR = "llama3-w1024-d12-h8"

@@ -9,7 +9,7 @@ tiny model and 300 steps per group: the shape of ``python -m muloco.compare --su
     python jobs/sweeps/diffusion_outer.py --partition debug --gpus-per-node 0 --cpus-per-node 2 --time 30
 """
 
-from muloco.launch.sweep import Sweep, grid, main
+from muloco.launch.sweeps.sweep import Sweep, grid, main
 
 OUTER = {"--outer.optimizer.lr": [0.5, 0.7, 1.0], "--outer.sync_every": [15, 30, 60]}
 FIXED = {"--checkpoint.interval": 60}

@@ -5,7 +5,7 @@ LRs, weight decay rescaled by the model map's rule (divided by K).
     python jobs/sweeps/diloco_vs_muloco.py --dry-run
 """
 
-from muloco.launch.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
+from muloco.launch.sweeps.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
 from muloco.models.flavors import parse_flavor
 
 FLAVOR = "llama3-w1024-d12-h8"  # the GPU presets' shape (416M)

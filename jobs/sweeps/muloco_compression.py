@@ -4,7 +4,7 @@ without error feedback; K=8 groups of one GPU on one node, two inner LRs.
     python jobs/sweeps/muloco_compression.py --dry-run
 """
 
-from muloco.launch.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
+from muloco.launch.sweeps.sweep import Sweep, grid, lr_grid, main, paper_batch_and_decay
 from muloco.models.flavors import parse_flavor
 
 FLAVOR = "llama3-w1024-d12-h8"

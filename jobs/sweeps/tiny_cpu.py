@@ -4,7 +4,7 @@ localhost SLURM, and a quick check that a cluster's set-up works end to end.
     python jobs/sweeps/tiny_cpu.py --partition debug --gpus-per-node 0 --cpus-per-node 1 --time 10
 """
 
-from muloco.launch.sweep import Sweep, grid, main
+from muloco.launch.sweeps.sweep import Sweep, grid, main
 
 TINY = {
     "--model.flavor": "llama3-w64-d2-h2",

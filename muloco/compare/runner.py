@@ -1,7 +1,7 @@
 """Run a suite's runs one after another on this machine, resumably, with a live progress line.
 
 Each run is the project's own launcher, run as a sweep's ``--local`` runs are
-(:mod:`muloco.launch.local_runs`: a job of submitit's LocalExecutor): ``python -m muloco.train``
+(:mod:`muloco.launch.sweeps.local_runs`: a job of submitit's LocalExecutor): ``python -m muloco.train``
 for a DDP row (one replica group), ``python -m muloco.launch.local`` for K replica groups (it
 starts the lighthouse and the groups), with ``--dump_folder <suite>/<name>``; its output goes to
 ``<suite>/logs/<name>.log``. A run whose folder holds its summaries is finished and reused; a
@@ -10,7 +10,7 @@ checkpoint. Ctrl-C, SIGTERM or a closed terminal stops the current run with the 
 launcher stops its own processes), so nothing keeps training behind an interrupted suite. The
 suite's ``manifest.jsonl`` (the sweep's format: name, config, overrides, run folder, local job
 ids, state) is kept by :class:`LocalRuns` as each run starts and ends, so ``python -m
-muloco.report`` and ``muloco.launch.sweep --status``-style readers see the same runs. One
+muloco.report`` and ``muloco.launch.sweeps --status``-style readers see the same runs. One
 compare holds the suite folder at a time (its lock, as a run holds its dump folder).
 
 The progress line (stderr; rewritten in place on a terminal, a line per tenth of a run
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TextIO
 
 from muloco.compare.suites import Planned
-from muloco.launch.local_runs import LocalRuns, RunEvent, local_command
+from muloco.launch.sweeps.local_runs import LocalRuns, RunEvent, local_command
 from muloco.runs.manifest import complete_steps
 from muloco.runs.sweep_manifest import Entry, read_manifest, run_finished, write_manifest
 

@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from muloco.launch.slurm_commands import job_listed
+from muloco.launch.slurm.commands import job_listed
 from muloco.outer.lighthouse_status import majority
 from muloco.utils.atomic_file import write_atomically
 from muloco.utils.command_line import UsageError, failed, parse, run_main

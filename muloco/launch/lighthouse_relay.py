@@ -16,7 +16,7 @@ them. It binds loopback only: it is this node's way to the lighthouse, not a ser
     python -m muloco.launch.lighthouse_relay --url-file RUN/slurm/lighthouse-A.url [--wait-s 600]
 
 prints ``relay http://127.0.0.1:PORT`` once it listens and serves until it is killed
-(``muloco.launch.slurm_group`` starts it to die with the group; SIGTERM and SIGINT are
+(``muloco.launch.slurm.group`` starts it to die with the group; SIGTERM and SIGINT are
 ignored, so a group that is stopping keeps its way to the lighthouse until its ranks are done).
 """
 

@@ -9,7 +9,7 @@ A *run folder* holds ``summary.json`` or ``metrics.jsonl`` (what ``muloco.train`
 ``replica_<i>/``; it is read as one run (validation of θ_g from any replica, they agree; train
 loss the mean over replicas; tokens the sum; bytes per replica the mean). A *sweep folder* is any
 folder with run folders somewhere below it. A sweep may carry a ``manifest.jsonl``, one JSON
-object per line with at least ``name`` (and ``overrides``; ``muloco.launch.sweep`` writes one);
+object per line with at least ``name`` (and ``overrides``; ``muloco.launch.sweeps`` writes one);
 a line names the run found in its ``run_dir``/``dump_folder``/``folder``/``path`` key, in the
 ``--dump_folder`` of its overrides, or in the sub-folder called ``name``.
 

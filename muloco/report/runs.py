@@ -516,7 +516,7 @@ def _manifest_names(sweep: Path) -> dict[Path, str]:
 
 
 def _manifest_folders(base: Path, line: dict[str, Any]) -> list[Path]:
-    """Where a manifest line's run may be: its folder key (``run_dir``, as ``muloco.launch.sweep``
+    """Where a manifest line's run may be: its folder key (``run_dir``, as ``muloco.launch.sweeps``
     writes, ``dump_folder``, ``folder``, ``path``), the ``--dump_folder`` of its overrides, and the
     folder called ``name`` next to the manifest (relative paths may be relative to either the
     manifest or the directory the sweep was started from, so all are candidates)."""

@@ -13,7 +13,7 @@ Kinds (one class each, all for autoregressive and diffusion configs alike):
   heals from a peer while the others keep training.
 
 Every flag is honoured or refused; cluster defaults come from ``~/.config/muloco/cluster.toml``
-or ``MULOCO_SLURM_*`` (``muloco.launch.cluster``) and are checked against ``sinfo`` before any
+or ``MULOCO_SLURM_*`` (``muloco.launch.slurm.cluster``) and are checked against ``sinfo`` before any
 file is written. ``--dry-run`` prints the script(s) and submits nothing; otherwise they are
 written to ``<dump folder>/slurm/`` and submitted with ``sbatch``. The scripts hold relative
 paths and no secrets: they ``cd`` to the directory sbatch was called from, and W&B keys and
@@ -37,7 +37,8 @@ from typing import Annotated
 import tyro
 
 from muloco.components.stop_request import EXIT_PREEMPTED
-from muloco.launch.cluster import (
+from muloco.launch.group import TrainerConfigError, load_trainer_config
+from muloco.launch.slurm.cluster import (
     SINFO_TIMEOUT_S,
     ClusterError,
     ClusterOptions,
@@ -52,10 +53,9 @@ from muloco.launch.cluster import (
     query_sinfo,
     resolve_partition,
 )
-from muloco.launch.group import TrainerConfigError, load_trainer_config
-from muloco.launch.slurm_commands import SlurmCommandError, cancel, slurm
-from muloco.launch.templates import render
-from muloco.utils.command_line import UsageError, failed, parse, run_main
+from muloco.launch.slurm.commands import SlurmCommandError, cancel, slurm
+from muloco.launch.slurm.templates import render
+from muloco.utils.command_line import UsageError, failed, parse
 from muloco.utils.created_dirs import make_dirs, remove_dirs
 from muloco.utils.errors import BAD_INPUT, BadInput
 
@@ -432,11 +432,11 @@ class _DilocoKind(Kind):
         )
 
     def group_cmd(self, replica: str, url_file: str, lighthouse_moves: bool = True) -> str:
-        """A group's ``slurm_group`` command; a lighthouse that cannot move (a step of the same
+        """A group's ``slurm.group`` command; a lighthouse that cannot move (a step of the same
         job) gets no relay and no long wait (``--lighthouse-lost-s 0``)."""
         stays = "" if lighthouse_moves else "--lighthouse-lost-s 0 "
         return (
-            f'"$PYTHON" -m muloco.launch.slurm_group --config "$CONFIG" --replica {replica} '
+            f'"$PYTHON" -m muloco.launch.slurm.group --config "$CONFIG" --replica {replica} '
             f"--replicas {self.replicas} --min-replicas {self.quorum} --lighthouse-file {url_file} {stays}"
             f'--procs {self.spec.procs} --max-restarts {self.spec.max_restarts} -- "${{OVERRIDES[@]}}"'
         )
@@ -927,6 +927,3 @@ def main(argv: list[str] | None = None) -> int:
     )
     return 0
 
-
-if __name__ == "__main__":
-    run_main(main)

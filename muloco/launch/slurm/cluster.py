@@ -38,7 +38,7 @@ from pathlib import Path
 
 import tomli
 
-from muloco.launch.slurm_commands import SlurmCommandError, slurm
+from muloco.launch.slurm.commands import SlurmCommandError, slurm
 from muloco.utils.errors import BadInput
 
 CLUSTER_FILE_VAR = "MULOCO_CLUSTER_FILE"

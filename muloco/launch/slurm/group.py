@@ -1,4 +1,4 @@
-"""One DiLoCo replica group inside a SLURM job: ``srun ... python -m muloco.launch.slurm_group``.
+"""One DiLoCo replica group inside a SLURM job: ``srun ... python -m muloco.launch.slurm.group``.
 
 Run once per node of the group (``srun --nodes N --ntasks-per-node 1``). It waits for the
 lighthouse's URL file (the lighthouse may be another job that starts later), then becomes the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from muloco.launch.gpu_slices import visible_gpus
 from muloco.launch.group import group_variables, torchrun_args, torchrun_group, trainer_command
 from muloco.launch.parent_death import die_with_launcher
-from muloco.launch.slurm_commands import SlurmCommandError, slurm
+from muloco.launch.slurm.commands import SlurmCommandError, slurm
 from muloco.utils.command_line import UsageError, failed, parse
 from muloco.utils.errors import BAD_INPUT, MulocoError
 
@@ -150,7 +150,7 @@ class GroupOptions:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = "python -m muloco.launch.slurm_group"
+    prog = "python -m muloco.launch.slurm.group"
     try:
         args, overrides = parse(
             GroupOptions, list(sys.argv[1:] if argv is None else argv), prog=prog, description=GroupOptions.__doc__

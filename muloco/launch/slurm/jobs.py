@@ -926,4 +926,3 @@ def main(argv: list[str] | None = None) -> int:
         f"results: python -m muloco.report {job.run_dir}"
     )
     return 0
-

@@ -705,10 +705,10 @@ def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path, capsys):
     from muloco.compare.__main__ import main as compare_main
 
     out = tmp_path / "suite"
-    args = ["--only", "DiLoCo K=2", "--steps", "4", "--link", "2mbps", "--out", str(out), "--", *TINY_SUITE]
+    args = ["--only", "DiLoCo K=2", "--steps", "4", "--link", "20mbps", "--out", str(out), "--", *TINY_SUITE]
     assert compare_main([*args[: -len(TINY_SUITE) - 1], "--dry-run", "--", *TINY_SUITE]) == 0
     dry = capsys.readouterr().out
-    assert "_link2mbps_seed0" in dry and "--outer.link.mbps 2 --outer.link.latency_ms 0" in dry
+    assert "_link20mbps_seed0" in dry and "--outer.link.mbps 20 --outer.link.latency_ms 0" in dry
     code, stdout, stderr = _compare(args, REPO)
     assert code == 0, stdout + stderr[-4000:]
     result = json.loads((out / "compare.json").read_text())
@@ -716,12 +716,12 @@ def test_link_runs_time_each_row_to_the_dense_diloco_loss(tmp_path, capsys):
     assert links["target_source"] == "DiLoCo K=2's final loss, seed by seed"
     assert links["target"] == links["targets_by_seed"]["0"] == result["rows"][0]["final_loss"]
     [row] = links["rows"]
-    assert row["run"] == "DiLoCo K=2" and row["link_mbps"] == 2 and row["seeds"] == 1
+    assert row["run"] == "DiLoCo K=2" and row["link_mbps"] == 20 and row["seeds"] == 1
     assert row["final_loss"] == links["target"]  # the emulated link changes no number of the training
     assert row["time_to_target_s"] is not None and 0 < row["time_to_target_s"] <= row["wall_seconds"]
     assert 0 < row["link_share"] < 1
-    assert "over emulated links" in stdout and "2 Mbps" in stdout and "fastest to target, per link" in stdout
-    assert (out / "loss_vs_wallclock_2mbps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "over emulated links" in stdout and "20 Mbps" in stdout and "fastest to target, per link" in stdout
+    assert (out / "loss_vs_wallclock_20mbps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Time to target over emulated links" in (out / "compare.md").read_text()
 
 

@@ -230,6 +230,7 @@ COVERAGE: dict[str, str | tuple[str, ...]] = {
         "tests/test_slurm_jobs.py::test_k2_muloco_2bit_job_runs_to_completion_under_slurm",
     ),
     "muloco.launch.slurm.group": (f"{THIS}::test_entry_point_help[muloco.launch.slurm.group]", SLURM_ARRAY),
+    "muloco.launch.slurm_group": (f"{THIS}::test_entry_point_help[muloco.launch.slurm_group]",),
     "muloco.model_map": (
         f"{THIS}::test_entry_point_help[muloco.model_map]",
         "tests/test_model_map.py::test_the_table_as_users_print_it",

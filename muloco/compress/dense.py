@@ -56,7 +56,7 @@ class Dense(Codec):
         super().__init__(config, compiled=compiled)
         self.dtype = resolve_dtype(config.dtype)
         self.itemsize = torch.empty((), dtype=self.dtype).element_size()
-        self.lossless = self.dtype == torch.float32
+        self.lossless = config.keeps_everything()  # the rule stated once, on the config
 
     def payload_bytes(self, numel: int) -> int:
         return self.itemsize * numel
